@@ -1,0 +1,19 @@
+// The packpipe._core extension: registers each component's bindings in two phases (declare
+// classes, then define methods) so default arguments can name any bound type.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind.h"
+#include "common/config.h"
+#include "common/cuda_probe.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "packpipe native core";
+  m.attr("__version__") = PACKPIPE_VERSION;
+  m.def("cuda_device_count", &packpipe::cuda::device_count,
+        "Number of usable CUDA devices (0 without CUDA or without a device).");
+  m.attr("built_with_cuda") = packpipe::cuda::built_with_cuda();
+  packpipe::bindings::declare_dataloader(m);
+  packpipe::bindings::define_dataloader(m);
+}

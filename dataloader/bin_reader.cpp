@@ -1,0 +1,45 @@
+#include "dataloader/bin_reader.h"
+
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/mapped_file.h"
+#include "dataloader/zstd_seekable.h"
+
+namespace packpipe::dataloader {
+
+namespace {
+
+class PlainBinReader final : public BinReader {
+ public:
+  explicit PlainBinReader(const std::string& path) : file_(path) {}
+  std::uint64_t size() const override { return file_.size(); }
+  void read(std::uint64_t offset, std::uint64_t n, void* out) const override {
+    PACKPIPE_CHECK_RANGE(offset <= file_.size() && n <= file_.size() - offset,
+                         "{}: read of {} bytes at offset {} is past the end ({} bytes)", file_.path(),
+                         n, offset, file_.size());
+    if (n > 0) std::memcpy(out, file_.data() + offset, n);
+  }
+  const std::uint8_t* data() const override { return file_.data(); }
+  const std::string& path() const override { return file_.path(); }
+  void verify() const override {}
+
+ private:
+  MappedFile file_;
+};
+
+}  // namespace
+
+std::unique_ptr<BinReader> open_plain_bin(const std::string& path) {
+  return std::make_unique<PlainBinReader>(path);
+}
+
+std::unique_ptr<BinReader> open_bin(const std::string& prefix) {
+  const std::string plain = prefix + ".bin";
+  if (file_exists(plain)) return open_plain_bin(plain);
+  const std::string zst = prefix + ".bin.zst";
+  if (file_exists(zst)) return open_zstd_bin(zst);
+  PACKPIPE_THROW(Error, "dataset '{}': neither '{}' nor '{}' exists", prefix, plain, zst);
+}
+
+}  // namespace packpipe::dataloader

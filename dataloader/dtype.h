@@ -1,0 +1,35 @@
+// Token dtypes of Megatron indexed datasets and their on-disk codes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace packpipe::dataloader {
+
+/// Megatron dtype codes (MMIDIDX header byte 17, TNTIDX header u64 at offset 16).
+enum class DType : std::uint8_t {
+  UInt8 = 1,
+  Int8 = 2,
+  Int16 = 3,
+  Int32 = 4,
+  Int64 = 5,
+  Float64 = 6,
+  Float32 = 7,
+  UInt16 = 8,
+};
+
+/// True if `code` is one of Megatron's dtype codes 1..8.
+bool is_valid_dtype_code(std::uint64_t code);
+/// DType of a valid code; throws Error "<context>: unsupported dtype code N (expected 1..8)" otherwise.
+DType dtype_from_code(std::uint64_t code, const std::string& context);
+/// Bytes per token of `dt` (1, 2, 4 or 8).
+std::size_t dtype_size(DType dt);
+/// numpy name of `dt` ("uint16", "int32", ...).
+const char* dtype_name(DType dt);
+/// DType from a numpy name; throws InvalidArgument listing the accepted names otherwise.
+DType dtype_from_name(const std::string& name);
+/// The dtype Megatron's preprocess_data.py picks for a vocabulary: uint16 below 65500, else int32.
+DType optimal_dtype(std::uint64_t vocab_size);
+
+}  // namespace packpipe::dataloader

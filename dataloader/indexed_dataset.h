@@ -1,0 +1,166 @@
+// Megatron-LM indexed token datasets: `<prefix>.idx` (MMIDIDX v1, or legacy TNTIDX) plus
+// `<prefix>.bin` or `<prefix>.bin.zst`. Byte layout: docs/design/001-dataloader.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "dataloader/bin_reader.h"
+#include "dataloader/dtype.h"
+
+namespace packpipe::dataloader {
+
+enum class IndexFormat { MMIDIDX, TNTIDX };
+/// "MMIDIDX" or "TNTIDX".
+const char* format_name(IndexFormat f);
+
+/// Whether `.idx` carries the optional int8 sequence_modes array (MMIDIDX only).
+enum class ModesPolicy { Auto, Present, Absent };
+
+/// Header facts and validated array views of one `.idx`, parsed from bytes owned elsewhere.
+struct IndexView {
+  IndexFormat format = IndexFormat::MMIDIDX;
+  std::uint64_t version = 1;
+  DType dtype = DType::UInt16;
+  std::uint64_t num_sequences = 0;  ///< S
+  std::uint64_t num_documents = 0;  ///< D - 1 (the doc_idx array has num_documents + 1 entries)
+  const std::int32_t* sizes = nullptr;     ///< S tokens per sequence (MMIDIDX: points into the bytes)
+  const std::int64_t* pointers = nullptr;  ///< S byte offsets into `.bin`
+  const std::int64_t* doc_idx = nullptr;   ///< num_documents + 1 sequence indices
+  const std::int8_t* modes = nullptr;      ///< S modes, or nullptr
+  /// TNTIDX arrays are converted on parse (int64 sizes, element offsets); they live here.
+  std::vector<std::int32_t> owned_sizes;
+  std::vector<std::int64_t> owned_pointers;
+  std::vector<std::int64_t> owned_doc_idx;
+};
+
+/// Parses and checks the header and the file-size formula of an `.idx` held in memory (O(1) work
+/// for MMIDIDX, O(S) for TNTIDX). `name` is used in error messages. Throws Error on any mismatch.
+/// Never reads outside [data, data + size).
+IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
+                      ModesPolicy modes = ModesPolicy::Auto);
+
+/// Zero-copy view of the tokens of one sequence.
+struct TokenSpan {
+  const void* data = nullptr;
+  std::uint64_t length = 0;  ///< tokens
+  DType dtype = DType::UInt16;
+};
+
+/// One problem found by IndexedDataset::verify.
+struct VerifyProblem {
+  std::string file;
+  std::string message;  ///< names the index/offset and expected versus found
+};
+
+/// A read-only Megatron indexed dataset. Opening maps `.idx` and `.bin` (or opens `.bin.zst`) and
+/// checks the header, the file sizes and the last pointer; it reads no per-sequence data. Every
+/// access checks the pointer and size of the sequence it touches, so a corrupt index gives an
+/// Error, never a wrong or out-of-bounds read. Thread-safe for concurrent reads.
+class IndexedDataset {
+ public:
+  struct Options {
+    ModesPolicy modes = ModesPolicy::Auto;
+    std::size_t zstd_cache_frames = 4;
+  };
+
+  /// Opens `<prefix>.idx` and `<prefix>.bin` (or `<prefix>.bin.zst`). Throws Error naming the file.
+  explicit IndexedDataset(const std::string& prefix);
+  IndexedDataset(const std::string& prefix, const Options& options);
+  ~IndexedDataset();
+  IndexedDataset(IndexedDataset&&) noexcept;
+  IndexedDataset& operator=(IndexedDataset&&) noexcept;
+
+  const std::string& prefix() const { return prefix_; }
+  IndexFormat format() const { return index_.format; }
+  std::uint64_t version() const { return index_.version; }
+  DType dtype() const { return index_.dtype; }
+  std::size_t itemsize() const { return dtype_size(index_.dtype); }
+  /// Number of sequences S.
+  std::uint64_t size() const { return index_.num_sequences; }
+  std::uint64_t num_documents() const { return index_.num_documents; }
+  /// Sum of all sequence lengths (from the `.bin` size; O(1)).
+  std::uint64_t num_tokens() const;
+  bool has_modes() const { return index_.modes != nullptr; }
+  bool compressed() const;
+
+  /// Raw arrays (valid while the dataset lives): S sizes, S pointers, D+1 doc_idx, S modes or null.
+  const std::int32_t* sizes() const { return index_.sizes; }
+  const std::int64_t* pointers() const { return index_.pointers; }
+  const std::int64_t* doc_idx() const { return index_.doc_idx; }
+  const std::int8_t* modes() const { return index_.modes; }
+
+  /// Length of sequence i in tokens; throws OutOfRange if i >= size().
+  std::uint32_t length(std::uint64_t i) const;
+  /// Byte offset of sequence i in `.bin`, after checking it against its size, its predecessor and
+  /// the `.bin` size; throws OutOfRange / Error.
+  std::uint64_t checked_pointer(std::uint64_t i) const;
+  /// Zero-copy view of sequence i (plain `.bin` only; Unsupported for `.bin.zst`).
+  TokenSpan view(std::uint64_t i) const;
+  /// Copies tokens [offset, offset + length) of sequence i into out (length * itemsize bytes).
+  void read(std::uint64_t i, std::uint64_t offset, std::uint64_t length, void* out) const;
+  /// Copies all tokens of sequence i into a new vector of bytes.
+  std::vector<std::uint8_t> read(std::uint64_t i) const;
+  /// The byte source (plain or compressed).
+  const BinReader& bin() const { return *bin_; }
+
+  /// Full consistency check: every pointer equals the prefix sum of sizes, doc_idx starts at 0,
+  /// is non-decreasing and ends at S, the `.bin` size matches, every zstd frame checksum holds.
+  /// Returns every problem found (empty when the dataset is consistent); reads everything.
+  std::vector<VerifyProblem> verify(std::size_t max_problems = 100) const;
+
+ private:
+  std::string prefix_;
+  MappedFile idx_file_;
+  IndexView index_;
+  std::unique_ptr<BinReader> bin_;
+};
+
+/// Streaming writer of a Megatron MMIDIDX v1 dataset (Megatron's IndexedDatasetBuilder). Tokens go
+/// straight to `<prefix>.bin`; index arrays spill to temporary files, so memory does not grow
+/// with the number of sequences. The output is byte-identical to Megatron's writer.
+class IndexedDatasetBuilder {
+ public:
+  /// Creates `<prefix>.bin` (truncating). `with_modes` writes the sequence_modes array.
+  IndexedDatasetBuilder(const std::string& prefix, DType dtype, bool with_modes = false);
+  ~IndexedDatasetBuilder();
+  IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
+  IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
+
+  /// Appends one sequence of `count` tokens already in the builder's dtype.
+  void add_item(const void* tokens, std::uint64_t count, std::int8_t mode = 0);
+  /// Closes the current document (Megatron end_document).
+  void end_document();
+  /// Appends the tokens split into sequences of `lengths` (tokens in the builder's dtype), with
+  /// optional per-sequence modes, then closes the document (Megatron add_document).
+  void add_document(const void* tokens, const std::int64_t* lengths, std::size_t num_sequences,
+                    const std::int8_t* modes = nullptr);
+  /// Appends every sequence and document of another dataset with the same dtype: byte copy of its
+  /// data plus pointer shift, in constant memory (Megatron add_index).
+  void add_index(const std::string& other_prefix);
+  /// Writes `<prefix>.idx` and closes `.bin`. Further calls throw.
+  void finalize();
+
+  std::uint64_t num_sequences() const { return num_sequences_; }
+  std::uint64_t num_documents() const { return num_documents_; }
+  std::uint64_t num_tokens() const { return bin_bytes_ / dtype_size(dtype_); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string prefix_;
+  DType dtype_;
+  bool with_modes_;
+  std::uint64_t num_sequences_ = 0;
+  std::uint64_t num_documents_ = 0;
+  std::uint64_t bin_bytes_ = 0;
+};
+
+/// Merges `inputs` (same dtype, same modes presence) into `out_prefix` in constant memory.
+void merge_datasets(const std::vector<std::string>& inputs, const std::string& out_prefix);
+
+}  // namespace packpipe::dataloader

@@ -1,0 +1,54 @@
+// A manifest opened: the datasets of every task, sample lengths and zero-copy sample access.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataloader/indexed_dataset.h"
+#include "dataloader/manifest.h"
+#include "dataloader/sampler.h"
+
+namespace packpipe::dataloader {
+
+/// Tokens of one sample: input (the whole sample for decoder-only) and target (empty if none).
+struct SampleView {
+  SampleRef ref;
+  TokenSpan input;
+  TokenSpan target;
+};
+
+class MultiTaskDataset : public SampleSource {
+ public:
+  /// Opens every prefix of the manifest; throws Error naming the task and file on a mismatch
+  /// (paired prefixes with different document counts, dtypes that differ within a task, ...).
+  explicit MultiTaskDataset(const Manifest& manifest);
+  /// A one-task dataset of one prefix, layout Sequence.
+  static MultiTaskDataset from_prefix(const std::string& prefix);
+  ~MultiTaskDataset() override;
+  MultiTaskDataset(MultiTaskDataset&&) noexcept;
+
+  const Manifest& manifest() const { return manifest_; }
+  std::size_t num_tasks() const override;
+  std::uint64_t task_size(std::size_t task) const override;
+  std::uint64_t sample_tokens(std::size_t task, std::uint64_t index) const override;
+  /// True if task samples have a target part (paired layouts).
+  bool encoder_decoder(std::size_t task) const;
+  /// Input and target token counts of a sample; throws OutOfRange.
+  std::uint32_t input_length(SampleRef ref) const;
+  std::uint32_t target_length(SampleRef ref) const;
+  /// Zero-copy views of a sample (plain `.bin`); Unsupported for `.bin.zst` (use read_sample).
+  SampleView view(SampleRef ref) const;
+  /// Copies a sample's input and target tokens (any storage) into the two vectors (bytes).
+  void read_sample(SampleRef ref, std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const;
+  /// True if any dataset is stored compressed.
+  bool compressed() const;
+
+ private:
+  struct Task;
+  Manifest manifest_;
+  std::vector<std::unique_ptr<Task>> tasks_;
+};
+
+}  // namespace packpipe::dataloader

@@ -1,0 +1,132 @@
+// Deterministic, resumable multi-task sampling into global batches.
+//
+// An epoch is a permutation of "slots": task t contributes n_t slots (n_t = its split size
+// without weights; with weights, its share of samples_per_epoch, up- or down-sampled). The
+// permutation is counter-based (keyed Feistel network with cycle walking), so the sampler's
+// memory is O(tasks) whatever the epoch size, and state = (seed, epoch, position).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace packpipe::dataloader {
+
+/// What the sampler needs to know about the data: task sizes and per-sample token counts.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual std::size_t num_tasks() const = 0;
+  /// Samples in task t (all splits).
+  virtual std::uint64_t task_size(std::size_t task) const = 0;
+  /// Tokens of sample i of task t (input plus target).
+  virtual std::uint64_t sample_tokens(std::size_t task, std::uint64_t index) const = 0;
+};
+
+/// A sample: task number and index within the task (over all splits).
+struct SampleRef {
+  std::uint32_t task = 0;
+  std::uint64_t index = 0;
+  bool operator==(const SampleRef& o) const { return task == o.task && index == o.index; }
+  bool operator<(const SampleRef& o) const { return task != o.task ? task < o.task : index < o.index; }
+};
+
+struct GlobalBatch {
+  std::uint64_t epoch = 0;
+  std::uint64_t index = 0;           ///< batch number within the epoch
+  std::uint64_t first_position = 0;  ///< epoch position of samples[0]
+  std::uint64_t tokens = 0;          ///< sum of sample_tokens over samples
+  std::vector<SampleRef> samples;
+};
+
+enum class Split : std::uint8_t { Train = 0, Valid = 1, Test = 2 };
+/// "train", "valid" or "test".
+const char* split_name(Split s);
+/// Split from its name; throws InvalidArgument.
+Split split_from_name(const std::string& name);
+
+struct SamplerConfig {
+  std::uint64_t seed = 1234;
+  Split split = Split::Train;
+  std::array<double, 3> split_fractions{1.0, 0.0, 0.0};  ///< contiguous ranges per task, Megatron-style
+  std::vector<double> weights;            ///< empty: each sample once per epoch; else one per task, >= 0
+  std::uint64_t samples_per_epoch = 0;    ///< with weights; 0 means the sum of the split sizes
+  std::uint64_t global_batch_tokens = 0;  ///< batch by token budget ...
+  std::uint64_t global_batch_samples = 0; ///< ... or by sample count: exactly one is non-zero
+};
+
+/// Checkpointable sampler position.
+struct SamplerState {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t position = 0;     ///< next epoch position to deliver
+  std::uint64_t batch_index = 0;  ///< index of the next batch within the epoch
+  std::uint64_t fingerprint = 0;  ///< hash of config and task sizes; restore() checks it
+  /// JSON object with the fields above.
+  std::string to_json() const;
+  /// Parses to_json() output; throws InvalidArgument naming the missing or bad field.
+  static SamplerState from_json(const std::string& text);
+};
+
+class Sampler {
+ public:
+  /// Validates the config against `source` (throws InvalidArgument) and starts epoch 0.
+  /// `source` must outlive the sampler.
+  Sampler(const SampleSource& source, SamplerConfig config);
+
+  const SamplerConfig& config() const { return config_; }
+  /// Samples per epoch of this split.
+  std::uint64_t epoch_size() const { return epoch_size_; }
+  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t position() const { return position_; }
+  /// First and one-past-last sample index of task t in this split.
+  std::uint64_t split_begin(std::size_t task) const { return begin_[task]; }
+  std::uint64_t split_end(std::size_t task) const { return end_[task]; }
+  /// Slots task t has in each epoch.
+  std::uint64_t task_slots(std::size_t task) const { return slots_[task]; }
+
+  /// Restarts at the beginning of `epoch`.
+  void set_epoch(std::uint64_t epoch);
+  /// The sample at `position` of the current epoch; O(log tasks), no state change.
+  SampleRef at(std::uint64_t position) const;
+  /// Fills `out` with the next global batch; false (out untouched) when the epoch is exhausted.
+  /// A sample longer than the token budget forms a batch of its own (never dropped).
+  bool next_batch(GlobalBatch& out);
+
+  SamplerState state() const;
+  /// Resumes from a state of a sampler with the same config and source; throws InvalidArgument
+  /// if the fingerprint differs or the position is past the epoch.
+  void restore(const SamplerState& state);
+
+ private:
+  const SampleSource* source_;
+  SamplerConfig config_;
+  std::vector<std::uint64_t> begin_, end_, slots_, slot_offset_;
+  std::uint64_t epoch_size_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t position_ = 0;
+  std::uint64_t batch_index_ = 0;
+  std::uint64_t fingerprint_ = 0;
+};
+
+/// Splits a global batch across `world` data-parallel ranks without overlap: samples go, in batch
+/// order, to the rank with the fewest tokens so far (ties to the lowest rank). Deterministic.
+std::vector<SampleRef> shard_batch(const GlobalBatch& batch, const SampleSource& source,
+                                   std::uint32_t rank, std::uint32_t world);
+
+/// Keyed bijection on [0, n) (Feistel network with cycle walking); O(1) memory.
+class Permutation {
+ public:
+  Permutation(std::uint64_t n, std::uint64_t key);
+  std::uint64_t size() const { return n_; }
+  /// The image of i in [0, n); throws OutOfRange otherwise.
+  std::uint64_t operator()(std::uint64_t i) const;
+
+ private:
+  std::uint64_t n_;
+  std::uint64_t key_;
+  unsigned half_bits_;
+};
+
+}  // namespace packpipe::dataloader
