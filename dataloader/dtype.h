@@ -29,6 +29,13 @@ std::size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
 /// DType from a numpy name; throws InvalidArgument listing the accepted names otherwise.
 DType dtype_from_name(const std::string& name);
+/// True if integer token id `id` is exactly representable in `dt`.
+bool fits_dtype(std::int64_t id, DType dt);
+/// Writes `n` ids into `out` as `dt` (n * dtype_size(dt) bytes); throws InvalidArgument naming the
+/// position and value of the first id that does not fit.
+void encode_tokens(const std::int64_t* ids, std::size_t n, DType dt, void* out);
+/// Reads `n` tokens of dtype `dt` from `in` as int64 (floating dtypes are truncated toward zero).
+void decode_tokens(const void* in, std::size_t n, DType dt, std::int64_t* out);
 /// The dtype Megatron's preprocess_data.py picks for a vocabulary: uint16 below 65500, else int32.
 DType optimal_dtype(std::uint64_t vocab_size);
 
