@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "dataloader/indexed_dataset.h"
 
@@ -47,19 +46,7 @@ void write_documents(const std::string& prefix, dataloader::DType dt, const Docu
     std::int8_t mode = 0;
     for (const auto& s : d) {
       buf.resize(s.size() * item);
-      for (std::size_t i = 0; i < s.size(); ++i) {
-        std::int64_t v = s[i];
-        switch (dt) {
-          case dataloader::DType::UInt8: { auto x = static_cast<std::uint8_t>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::Int8: { auto x = static_cast<std::int8_t>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::Int16: { auto x = static_cast<std::int16_t>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::UInt16: { auto x = static_cast<std::uint16_t>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::Int32: { auto x = static_cast<std::int32_t>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::Int64: { std::memcpy(&buf[i * item], &v, item); break; }
-          case dataloader::DType::Float32: { auto x = static_cast<float>(v); std::memcpy(&buf[i * item], &x, item); break; }
-          case dataloader::DType::Float64: { auto x = static_cast<double>(v); std::memcpy(&buf[i * item], &x, item); break; }
-        }
-      }
+      dataloader::encode_tokens(s.data(), s.size(), dt, buf.data());
       builder.add_item(buf.data(), s.size(), mode);
       mode = static_cast<std::int8_t>(mode ^ 1);
     }
