@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# End-to-end tests of `packpipe dataset ...` on the real Megatron fixtures.
+# Usage: test_dataset.sh PACKPIPE_BINARY FIXTURES_DIR
+set -euo pipefail
+pp=$1
+fx=$2/megatron-small
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+py=/usr/bin/python3
+
+# --help on every subcommand
+for sub in info verify build compress decompress merge sample; do
+  "$pp" dataset "$sub" --help | grep -q "Usage" || fail "dataset $sub --help"
+done
+
+# info --json has the documented keys and the fixture's values
+"$pp" dataset info "$fx/wordnet_multiseq_int32" --json > "$tmp/info.json"
+$py - "$tmp/info.json" <<'PY' || fail "info --json values"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert (j["format"], j["version"], j["dtype"], j["sequences"], j["documents"], j["tokens"]) == ("MMIDIDX", 1, "int32", 96, 48, 722), j
+PY
+"$pp" dataset info "$fx/wordnet_legacy_tntidx_int32.idx" | grep -q "TNTIDX" || fail "info on TNTIDX"
+
+# verify: every fixture passes; a corrupted copy fails with status 1 and names the index
+for p in wordnet_gpt2_text_document wordnet_mt_inputs_document wordnet_multiseq_int32 wordnet_modes_uint16 wordnet_legacy_tntidx_int32; do
+  "$pp" dataset verify "$fx/$p" > /dev/null || fail "verify $p"
+done
+cp "$fx/wordnet_gpt2_text_document.idx" "$fx/wordnet_gpt2_text_document.bin" "$tmp/"
+$py - "$tmp/wordnet_gpt2_text_document.idx" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+S = 64
+off = 34 + 4 * S + 8 * 10          # pointers[10]
+struct.pack_into("<q", b, off, struct.unpack_from("<q", b, off)[0] + 2)
+open(p, "wb").write(bytes(b))
+PY
+set +e
+"$pp" dataset verify "$tmp/wordnet_gpt2_text_document" > "$tmp/verify.txt" 2>&1
+rc=$?
+set -e
+[[ $rc == 1 ]] || fail "verify of a corrupt dataset returned $rc"
+grep -q "10" "$tmp/verify.txt" || fail "verify does not name sequence 10: $(cat "$tmp/verify.txt")"
+
+# build reproduces Megatron's bytes for the paired inputs/targets fixtures
+$py - "$fx/records.jsonl" "$tmp/records.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
+    for line in f:
+        r = json.loads(line)
+        out.write(json.dumps({"input_ids": r["input_ids"], "target_ids": r["target_ids"]}) + "\n")
+PY
+"$pp" dataset build --input "$tmp/records.jsonl" --output-prefix "$tmp/mt" --append-eod 50256 --json > "$tmp/build.json"
+cmp "$tmp/mt_inputs_document.bin" "$fx/wordnet_mt_inputs_document.bin" || fail "inputs .bin differs"
+cmp "$tmp/mt_inputs_document.idx" "$fx/wordnet_mt_inputs_document.idx" || fail "inputs .idx differs"
+cmp "$tmp/mt_targets_document.bin" "$fx/wordnet_mt_targets_document.bin" || fail "targets .bin differs"
+cmp "$tmp/mt_targets_document.idx" "$fx/wordnet_mt_targets_document.idx" || fail "targets .idx differs"
+(cd "$fx" && sha256sum --quiet -c SHA256SUMS) || fail "fixture checksums"
+
+# build --split-by-task writes a manifest the sampler can read
+"$pp" dataset build --input "$fx/records.jsonl" --output-prefix "$tmp/split/wn" --split-by-task \
+  --append-eod 50256 --manifest "$tmp/split/manifest.json" > /dev/null
+"$pp" dataset info "$tmp/split/manifest.json" --json > "$tmp/minfo.json"
+$py - "$tmp/minfo.json" <<'PY' || fail "manifest info"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [t["name"] for t in j["tasks"]] == ["define", "example", "synonyms"], j
+assert j["samples"] == 144, j
+PY
+"$pp" dataset sample "$tmp/split/manifest.json" --global-batch-tokens 1024 --batches 3 --json > /dev/null
+"$pp" dataset verify "$tmp/split/manifest.json" > /dev/null || fail "verify manifest"
+
+# bad JSON lines name the line
+printf '{"input_ids":[1,2]}\n{"input_ids":[1,-5]}\n' > "$tmp/bad.jsonl"
+if "$pp" dataset build --input "$tmp/bad.jsonl" --output-prefix "$tmp/bad" 2> "$tmp/err.txt"; then fail "negative id accepted"; fi
+grep -q "bad.jsonl:2" "$tmp/err.txt" || fail "error does not name line 2: $(cat "$tmp/err.txt")"
+
+# compress / decompress: zstd -d gives back the exact .bin; reads through .bin.zst match
+cp "$fx/wordnet_mt_targets_document.idx" "$fx/wordnet_mt_targets_document.bin" "$tmp/"
+"$pp" dataset compress "$tmp/wordnet_mt_targets_document" --frame-size 1024 > /dev/null
+zstd -q -d -c "$tmp/wordnet_mt_targets_document.bin.zst" | cmp - "$fx/wordnet_mt_targets_document.bin" || fail "zstd -d differs"
+mv "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin"
+"$pp" dataset info "$tmp/wordnet_mt_targets_document" --json | grep -q '"storage": "bin.zst"' || fail "info on .bin.zst"
+"$pp" dataset verify "$tmp/wordnet_mt_targets_document" > /dev/null || fail "verify .bin.zst"
+"$pp" dataset decompress "$tmp/wordnet_mt_targets_document" > /dev/null
+cmp "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin" || fail "decompress differs"
+
+# merge: inputs + targets = one dataset with 288 sequences
+"$pp" dataset merge "$fx/wordnet_mt_inputs_document" "$fx/wordnet_mt_targets_document" --output-prefix "$tmp/merged" --json > "$tmp/merge.json"
+grep -q '"sequences": 288' "$tmp/merge.json" || fail "merge count"
+"$pp" dataset verify "$tmp/merged" > /dev/null || fail "verify merged"
+
+# a missing dataset is a clear error, exit status 1
+if "$pp" dataset info "$tmp/nope" 2> "$tmp/err.txt"; then fail "missing dataset accepted"; fi
+grep -q "nope.idx" "$tmp/err.txt" || fail "missing file not named: $(cat "$tmp/err.txt")"
+echo "cli dataset tests: ok"

@@ -1,0 +1,188 @@
+"""The packpipe dataloader from Python, against real Megatron-written files."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import packpipe
+
+EOD = 50256
+
+
+def test_reads_megatron_gpt_dataset_without_copy(megatron, records):
+    ds = packpipe.IndexedDataset(str(megatron / "wordnet_gpt2_text_document"))
+    assert len(ds) == 64
+    assert ds.dtype == np.uint16
+    assert ds.format == "MMIDIDX"
+    assert ds.sizes.dtype == np.int32 and len(ds.sizes) == 64
+    assert ds.doc_idx.tolist() == list(range(65))
+    for i in range(64):
+        r = records[i]
+        assert ds[i].tolist() == r["input_ids"] + r["target_ids"] + [EOD]
+    a = ds[3]
+    assert not a.flags.owndata and not a.flags.writeable  # a view into the memory map
+    assert a.base is not None
+    assert ds[-1].tolist() == ds[63].tolist()
+    assert [x.tolist() for x in ds[2:4]] == [ds[2].tolist(), ds[3].tolist()]
+    assert ds.get(5, offset=1, length=2).tolist() == ds[5].tolist()[1:3]
+    assert ds.num_tokens == 1005
+
+
+def test_view_outlives_dataset_object(megatron):
+    ds = packpipe.IndexedDataset(str(megatron / "wordnet_mt_inputs_document"))
+    a = ds[7]
+    expected = a.tolist()
+    del ds
+    assert a.tolist() == expected
+
+
+def test_modes_and_int32(megatron, records):
+    ds = packpipe.IndexedDataset(str(megatron / "wordnet_modes_uint16"))
+    assert ds.modes is not None and ds.modes.tolist() == [0, 1] * 32
+    ds32 = packpipe.IndexedDataset(str(megatron / "wordnet_multiseq_int32"))
+    assert ds32.dtype == np.int32 and ds32.modes is None
+    assert ds32[0].tolist() == records[0]["input_ids"]
+    assert ds32[1].tolist() == records[0]["target_ids"] + [EOD]
+
+
+def test_legacy_tntidx(megatron, records):
+    ds = packpipe.IndexedDataset(str(megatron / "wordnet_legacy_tntidx_int32"))
+    assert ds.format == "TNTIDX"
+    assert len(ds) == 32
+    assert ds[0].tolist() == records[0]["input_ids"]
+
+
+def test_builder_reproduces_megatron_bytes(tmp_path, megatron, records):
+    prefix = str(tmp_path / "gpt")
+    b = packpipe.IndexedDatasetBuilder(prefix, np.uint16)
+    for r in records[:64]:
+        b.add_item(np.array(r["input_ids"] + r["target_ids"] + [EOD], dtype=np.uint16))
+        b.end_document()
+    b.finalize()
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / ("gpt" + ext)).read_bytes() == (megatron / ("wordnet_gpt2_text_document" + ext)).read_bytes()
+
+
+def test_builder_add_document_with_modes(tmp_path, megatron, records):
+    prefix = str(tmp_path / "modes")
+    b = packpipe.IndexedDatasetBuilder(prefix, "uint16", multimodal=True)
+    for r in records[:32]:
+        toks = np.array(r["input_ids"] + r["target_ids"], dtype=np.uint16)
+        b.add_document(toks, [len(r["input_ids"]), len(r["target_ids"])], modes=np.array([0, 1], dtype=np.int8))
+    b.finalize()
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / ("modes" + ext)).read_bytes() == (megatron / ("wordnet_modes_uint16" + ext)).read_bytes()
+
+
+def test_builder_rejects_wrong_dtype_without_casting(tmp_path):
+    b = packpipe.IndexedDatasetBuilder(str(tmp_path / "x"), np.uint16)
+    with pytest.raises(ValueError, match="tokens must have dtype uint16, found int64"):
+        b.add_item(np.array([1, 2, 3], dtype=np.int64))
+    with pytest.raises(ValueError, match="1-D"):
+        b.add_item(np.zeros((2, 2), dtype=np.uint16))
+
+
+def test_errors_map_to_python_exceptions(tmp_path, megatron):
+    with pytest.raises(RuntimeError, match="missing"):
+        packpipe.IndexedDataset(str(tmp_path / "missing"))
+    ds = packpipe.IndexedDataset(str(megatron / "wordnet_gpt2_text_document"))
+    with pytest.raises(IndexError, match="64"):
+        ds[64]
+    (tmp_path / "bad.idx").write_bytes(b"NOTANIDX" + bytes(40))
+    (tmp_path / "bad.bin").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="magic"):
+        packpipe.IndexedDataset(str(tmp_path / "bad"))
+
+
+def test_compressed_dataset_reads_the_same(tmp_path, megatron):
+    import shutil
+    for ext in (".idx", ".bin"):
+        shutil.copy(megatron / ("wordnet_mt_targets_document" + ext), tmp_path / ("t" + ext))
+    plain = packpipe.IndexedDataset(str(tmp_path / "t"))
+    expected = [plain[i].tolist() for i in range(len(plain))]
+    del plain
+    packpipe.compress_dataset(str(tmp_path / "t"), frame_size=256)
+    (tmp_path / "t.bin").unlink()
+    z = packpipe.IndexedDataset(str(tmp_path / "t"))
+    assert z.compressed
+    assert [z[i].tolist() for i in range(len(z))] == expected
+    assert z.verify() == []
+
+
+def _manifest(tmp_path, megatron):
+    m = {
+        "version": 1,
+        "tasks": [
+            {"name": "gpt", "dataset": str(megatron / "wordnet_gpt2_text_document")},
+            {"name": "mt", "inputs": str(megatron / "wordnet_mt_inputs_document"),
+             "targets": str(megatron / "wordnet_mt_targets_document")},
+        ],
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(m))
+    return str(path)
+
+
+def test_multitask_sampler_delivers_every_sample_once(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    assert mt.task_names == ["gpt", "mt"]
+    assert mt.task_size(0) == 64 and mt.task_size(1) == 144
+    inp, tgt = mt.lengths(1)
+    assert inp.dtype == np.uint32 and len(inp) == 144 and tgt.sum() == 1156
+    s = packpipe.Sampler(mt, seed=7, global_batch_tokens=512)
+    seen = []
+    for b in s:
+        assert b["tokens"] <= 512 or len(b["indices"]) == 1
+        seen += list(zip(b["tasks"].tolist(), b["indices"].tolist()))
+    assert sorted(seen) == [(0, i) for i in range(64)] + [(1, i) for i in range(144)]
+
+
+def test_sampler_checkpoint_resumes_exactly(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    a = packpipe.Sampler(mt, seed=3, global_batch_samples=10)
+    for _ in range(4):
+        a.next_batch()
+    state = a.state()
+    rest = [b["indices"].tolist() for b in a]
+    b = packpipe.Sampler(mt, seed=3, global_batch_samples=10)
+    b.restore(state)
+    assert [x["indices"].tolist() for x in b] == rest
+    other = packpipe.Sampler(mt, seed=4, global_batch_samples=10)
+    with pytest.raises(ValueError):
+        other.restore(state)
+
+
+def test_prefetcher_matches_sampler_and_returns_views(tmp_path, megatron, records):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    ref = [b["indices"].tolist() for b in packpipe.Sampler(mt, seed=9, global_batch_tokens=300)]
+    got = []
+    for b in packpipe.Prefetcher(mt, packpipe.Sampler(mt, seed=9, global_batch_tokens=300), depth=3):
+        got.append(b["indices"].tolist())
+        for (task, idx), (inp, tgt) in zip(zip(b["tasks"].tolist(), b["indices"].tolist()), b["samples"]):
+            if task == 1:
+                assert inp.tolist() == records[idx]["input_ids"] + [EOD]
+                assert tgt.tolist() == records[idx]["target_ids"] + [EOD]
+            else:
+                assert len(tgt) == 0
+    assert got == ref
+
+
+def test_shard_batch_is_a_partition(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    b = packpipe.Sampler(mt, seed=1, global_batch_samples=50).next_batch()
+    parts = [packpipe.shard_batch(b, mt, r, 4) for r in range(4)]
+    union = sorted(x for p in parts for x in zip(p["tasks"].tolist(), p["indices"].tolist()))
+    assert union == sorted(zip(b["tasks"].tolist(), b["indices"].tolist()))
+
+
+def test_cli_info_json(megatron):
+    import os
+    cli = os.environ.get("PACKPIPE_CLI")
+    if not cli:
+        pytest.fail("PACKPIPE_CLI is not set (run through ctest)")
+    out = subprocess.run([cli, "dataset", "info", str(megatron / "wordnet_gpt2_text_document"), "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    j = json.loads(out)
+    assert (j["format"], j["version"], j["dtype"], j["sequences"], j["documents"], j["tokens"]) == \
+        ("MMIDIDX", 1, "uint16", 64, 64, 1005)
