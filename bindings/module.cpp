@@ -15,5 +15,7 @@ PYBIND11_MODULE(_core, m) {
         "Number of usable CUDA devices (0 without CUDA or without a device).");
   m.attr("built_with_cuda") = packpipe::cuda::built_with_cuda();
   packpipe::bindings::declare_dataloader(m);
+  packpipe::bindings::declare_costmodel(m);
   packpipe::bindings::define_dataloader(m);
+  packpipe::bindings::define_costmodel(m);
 }

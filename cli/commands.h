@@ -7,6 +7,11 @@ namespace packpipe::cli {
 
 /// `packpipe dataset info|verify|build|compress|decompress|merge`.
 void register_dataset_commands(CLI::App& app);
+/// `packpipe costmodel show|query|validate|import` (creates the subcommand, adds the query
+/// commands and calls add_costmodel_profile_commands).
+void register_costmodel_commands(CLI::App& app);
+/// Adds `validate` and `import` to the `costmodel` subcommand.
+void add_costmodel_profile_commands(CLI::App& costmodel);
 /// Exit status set by the subcommand that ran (0 unless it found a problem).
 int exit_status();
 /// Sets the exit status returned by main.

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("packpipe ") + PACKPIPE_VERSION);
   app.require_subcommand(1);
   packpipe::cli::register_dataset_commands(app);
+  packpipe::cli::register_costmodel_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

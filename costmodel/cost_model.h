@@ -1,0 +1,118 @@
+// The cost-model query: time and memory of layers of a pipeline stage for one micro-batch shape.
+// Implementations: AnalyticCostModel (costmodel/analytic.h, the embedded default) and
+// ProfiledCostModel (costmodel/profiled.h, from real profiles with analytic fallback flagged).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "costmodel/flops.h"
+#include "costmodel/model.h"
+
+namespace packpipe::costmodel {
+
+enum class Recompute { None, Selective, Full };
+/// "none", "selective", "full".
+const char* recompute_name(Recompute rc);
+/// Recompute mode from its name; throws InvalidArgument.
+Recompute recompute_from_name(const std::string& name);
+
+/// Where a number came from, best first.
+enum class Provenance { Profiled, Interpolated, Extrapolated, Analytic };
+/// "profiled", "interpolated", "extrapolated", "analytic".
+const char* provenance_name(Provenance p);
+
+/// One query: `num_layers` consecutive layers of `kind` for a micro-batch of `mbs` samples padded
+/// to `seq` tokens (and `dec_seq` decoder tokens for encoder-decoder models) on one GPU of a
+/// tensor-parallel group of size `tp`.
+struct Query {
+  LayerKind kind = LayerKind::Encoder;
+  std::int64_t num_layers = 1;
+  std::int64_t tp = 1;
+  std::int64_t mbs = 1;
+  std::int64_t seq = 0;
+  std::int64_t dec_seq = 0;
+  Recompute recompute = Recompute::None;
+};
+
+/// Answer for a Query (all layers of the query together). Times in milliseconds, memory in bytes.
+struct LayerCost {
+  double forward_ms = 0;
+  double backward_ms = 0;    ///< excludes recompute
+  double recompute_ms = 0;   ///< extra forward work during backward under the recompute mode
+  double stored_bytes = 0;   ///< activations kept from forward to backward (one in-flight micro-batch)
+  double peak_bytes = 0;     ///< transient peak while the layers run, on top of stored activations
+  double boundary_bytes = 0; ///< bytes sent to the next stage (activations; gradients come back the same size)
+  Provenance time_source = Provenance::Analytic;
+  Provenance memory_source = Provenance::Analytic;
+  /// forward + backward + recompute
+  double total_ms() const { return forward_ms + backward_ms + recompute_ms; }
+};
+
+/// Memory of parameters, gradients and optimizer state of some layers on one GPU.
+struct StaticMemory {
+  double params_bytes = 0;
+  double grads_bytes = 0;
+  double optimizer_bytes = 0;
+  double total() const { return params_bytes + grads_bytes + optimizer_bytes; }
+};
+
+/// Mixed-precision Adam state of `params` parameters on one GPU of a data-parallel group of `dp`
+/// ranks under ZeRO stage `zero_stage` (0-3): 2 bytes weights, 2 bytes grads, 12 bytes optimizer
+/// (fp32 master, m, v) per parameter; stage >= 1 divides the optimizer by dp, >= 2 also the
+/// gradients, 3 also the weights. Throws InvalidArgument for dp < 1 or a stage outside 0-3.
+StaticMemory static_memory(double params, std::int64_t dp, int zero_stage);
+
+/// Communication model: alpha-beta per link kind.
+struct CommModel {
+  double intra_latency_ms = 0;
+  double intra_bytes_per_ms = 0;
+  double inter_latency_ms = 0;
+  double inter_bytes_per_ms = 0;
+  /// From a device's interconnect figures.
+  static CommModel from_device(const DeviceSpec& d);
+  /// Point-to-point transfer of `bytes` inside a node (or across nodes), ms.
+  double p2p_ms(double bytes, bool inter_node = false) const;
+  /// Ring all-reduce of `bytes` over `n` ranks, ms: 2(n-1) steps of bytes/n.
+  double all_reduce_ms(double bytes, std::int64_t n, bool inter_node = false) const;
+  /// Ring all-gather / reduce-scatter of `bytes` (the full buffer) over n ranks, ms.
+  double all_gather_ms(double bytes, std::int64_t n, bool inter_node = false) const;
+  double reduce_scatter_ms(double bytes, std::int64_t n, bool inter_node = false) const;
+};
+
+/// The interface the planner queries (tens of thousands of times per iteration). Implementations
+/// are immutable after construction and safe to query from many threads.
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  /// Time and memory of the query; throws InvalidArgument for a non-positive size or a shape the
+  /// model refuses (e.g. far beyond profiled data), naming the argument.
+  virtual LayerCost query(const Query& q) const = 0;
+  /// The model and device this cost model describes.
+  virtual const ModelSpec& model() const = 0;
+  virtual const DeviceSpec& device() const = 0;
+  /// Communication model for stage boundaries and collectives.
+  virtual const CommModel& comm() const = 0;
+  /// Human-readable description ("analytic", or the profile files loaded).
+  virtual std::string describe() const = 0;
+};
+
+/// The layers one pipeline stage holds: transformer layers of each kind, and whether the
+/// embedding and the LM head / loss live there.
+struct StageLayout {
+  std::int64_t encoder_layers = 0;
+  std::int64_t decoder_layers = 0;
+  bool has_embedding = false;
+  bool has_postprocess = false;
+};
+
+/// Cost of one micro-batch on one stage: the layers of `layout` composed (times add; stored
+/// activations add; peak = max over layers of stored-so-far + that layer's peak).
+LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
+                     std::int64_t seq, std::int64_t dec_seq, Recompute rc);
+/// Static memory of a stage's layers (parameters / tp) under data parallelism and ZeRO.
+StaticMemory stage_static_memory(const ModelSpec& m, const StageLayout& layout, std::int64_t tp,
+                                 std::int64_t dp, int zero_stage);
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,21 @@
+// One entry point for the CLI, the bindings and the planner: a cost model from names and files.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "costmodel/cost_model.h"
+
+namespace packpipe::costmodel {
+
+struct CostModelConfig {
+  std::string model = "gpt-6.7b";    ///< preset name or .json file
+  std::string device = "A100-40GB";  ///< preset name or .json file
+  std::vector<std::string> profiles; ///< empty: the analytic model
+};
+
+/// The analytic model, or the profiled one when profiles are given. Throws as the loaders do.
+std::unique_ptr<CostModel> make_cost_model(const CostModelConfig& config);
+
+}  // namespace packpipe::costmodel

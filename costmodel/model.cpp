@@ -1,0 +1,287 @@
+#include "costmodel/model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+
+namespace packpipe::costmodel {
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+ModelSpec decoder_only(const char* name, std::int64_t layers, std::int64_t h, std::int64_t heads,
+                       std::int64_t kv_heads, std::int64_t head_dim, std::int64_t ffn, bool gated,
+                       std::int64_t vocab) {
+  ModelSpec m;
+  m.name = name;
+  m.arch = Architecture::DecoderOnly;
+  m.num_layers = layers;
+  m.hidden = h;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.ffn_hidden = ffn;
+  m.gated_mlp = gated;
+  m.vocab = vocab;
+  return m;
+}
+
+ModelSpec encoder_decoder(const char* name, std::int64_t enc, std::int64_t dec, std::int64_t h,
+                          std::int64_t heads, std::int64_t head_dim, std::int64_t ffn, std::int64_t vocab) {
+  ModelSpec m = decoder_only(name, 0, h, heads, heads, head_dim, ffn, false, vocab);
+  m.arch = Architecture::EncoderDecoder;
+  m.encoder_layers = enc;
+  m.decoder_layers = dec;
+  return m;
+}
+
+// Shapes: GPT sizes as in Megatron/Aceso (vocab padded to 51200); gpt-6.7b, gpt-13b and t5-11b
+// take hidden, heads, kv_channels and ffn from DynaPipe's experiment model configs (gpt-13b has
+// hidden 5140 there); llama-7b from its published config; t5-770m as Aceso profiles it.
+const std::vector<ModelSpec>& model_presets() {
+  static const std::vector<ModelSpec> presets = {
+      decoder_only("gpt-350m", 24, 1024, 16, 16, 64, 4096, false, 51200),
+      decoder_only("gpt-1.3b", 24, 2048, 16, 16, 128, 8192, false, 51200),
+      decoder_only("gpt-2.6b", 32, 2560, 32, 32, 80, 10240, false, 51200),
+      decoder_only("gpt-6.7b", 32, 4096, 32, 32, 128, 16384, false, 51200),
+      decoder_only("gpt-13b", 40, 5140, 40, 40, 128, 20560, false, 51200),
+      decoder_only("llama-7b", 32, 4096, 32, 32, 128, 11008, true, 32000),
+      decoder_only("llama-13b", 40, 5120, 40, 40, 128, 13824, true, 32000),
+      encoder_decoder("t5-770m", 24, 24, 1024, 16, 64, 4096, 32128),
+      encoder_decoder("t5-11b", 24, 24, 1024, 128, 128, 65536, 32128),
+  };
+  return presets;
+}
+
+DeviceSpec device(const char* name, double tflops, double mem_gb, double hbm, double intra, double inter) {
+  DeviceSpec d;
+  d.name = name;
+  d.peak_tflops = tflops;
+  d.memory_gb = mem_gb;
+  d.hbm_gbps = hbm;
+  d.intra_node_gbps = intra;
+  d.intra_node_latency_us = 10;
+  d.inter_node_gbps = inter;
+  d.inter_node_latency_us = 20;
+  d.gpus_per_node = 8;
+  return d;
+}
+
+// Dense fp16/bf16 tensor-core peaks and memory from the vendor data sheets (SXM parts); intra-node
+// = NVLink bandwidth per direction per GPU; inter-node = one 100/200/400 Gb/s NIC per GPU.
+const std::vector<DeviceSpec>& device_presets() {
+  static const std::vector<DeviceSpec> presets = {
+      device("V100-32GB", 125, 32, 900, 150, 12.5),
+      device("A100-40GB", 312, 40, 1555, 300, 25),
+      device("A100-80GB", 312, 80, 2039, 300, 25),
+      device("H100-80GB", 989, 80, 3350, 450, 50),
+      device("H200", 989, 141, 4800, 450, 50),
+  };
+  return presets;
+}
+
+bool is_json_path(const std::string& s) { return s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  PACKPIPE_CHECK(in.good(), "cannot open '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json parse(const std::string& text, const std::string& name) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    PACKPIPE_CHECK_ARG(j.is_object(), "{}: expected a JSON object, found {}", name, j.type_name());
+    return j;
+  } catch (const nlohmann::json::parse_error& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}: not valid JSON: {}", name, e.what());
+  }
+}
+
+template <typename T>
+void take(const nlohmann::json& j, std::initializer_list<const char*> keys, T& out, const std::string& name) {
+  for (const char* k : keys) {
+    if (!j.contains(k)) continue;
+    const auto& v = j.at(k);
+    if constexpr (std::is_same_v<T, bool>) {
+      PACKPIPE_CHECK_ARG(v.is_boolean(), "{}: '{}' must be true or false, found {}", name, k, v.dump());
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      PACKPIPE_CHECK_ARG(v.is_string(), "{}: '{}' must be a string, found {}", name, k, v.dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      PACKPIPE_CHECK_ARG(v.is_number_integer(), "{}: '{}' must be an integer, found {}", name, k, v.dump());
+    } else {
+      PACKPIPE_CHECK_ARG(v.is_number(), "{}: '{}' must be a number, found {}", name, k, v.dump());
+    }
+    out = v.get<T>();
+    return;
+  }
+}
+
+void reject_unknown(const nlohmann::json& j, std::initializer_list<const char*> known, const std::string& name) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    PACKPIPE_CHECK_ARG(ok, "{}: unknown key '{}'", name, it.key());
+  }
+}
+
+}  // namespace
+
+std::int64_t ModelSpec::total_layers() const {
+  return arch == Architecture::DecoderOnly ? num_layers : encoder_layers + decoder_layers;
+}
+
+std::int64_t ModelSpec::layer_params(bool decoder_layer) const {
+  const std::int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  const std::int64_t attn = hidden * (q + 2 * kv) + q * hidden + q + 2 * kv + hidden;  // weights + biases
+  const std::int64_t mlp = (gated_mlp ? 3 : 2) * hidden * ffn_hidden + ffn_hidden + hidden;
+  const std::int64_t norms = 2 * 2 * hidden;
+  std::int64_t p = attn + mlp + norms;
+  if (decoder_layer) p += attn + 2 * hidden;  // cross-attention and its norm
+  return p;
+}
+
+std::int64_t ModelSpec::total_params() const {
+  const std::int64_t layers = arch == Architecture::DecoderOnly
+                                  ? num_layers * layer_params(false)
+                                  : encoder_layers * layer_params(false) + decoder_layers * layer_params(true);
+  return layers + embedding_params() + 2 * hidden;
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> out;
+  for (const auto& m : model_presets()) out.push_back(m.name);
+  return out;
+}
+
+std::vector<std::string> device_preset_names() {
+  std::vector<std::string> out;
+  for (const auto& d : device_presets()) out.push_back(d.name);
+  return out;
+}
+
+ModelSpec parse_model_json(const std::string& text, const std::string& name) {
+  const auto j = parse(text, name);
+  reject_unknown(j, {"name", "arch", "num_layers", "encoder_layers", "decoder_layers", "encoder_num_layers",
+                     "decoder_num_layers", "hidden", "hidden_size", "heads", "num_attn_heads",
+                     "num_attention_heads", "kv_heads", "num_query_groups", "head_dim", "kv_channels",
+                     "ffn_hidden", "ffn_hidden_size", "gated_mlp", "vocab", "vocab_size", "bytes_per_param"},
+                 name);
+  ModelSpec m;
+  m.name = name;
+  std::string arch;
+  take(j, {"name"}, m.name, name);
+  take(j, {"num_layers"}, m.num_layers, name);
+  take(j, {"encoder_layers", "encoder_num_layers"}, m.encoder_layers, name);
+  take(j, {"decoder_layers", "decoder_num_layers"}, m.decoder_layers, name);
+  take(j, {"arch"}, arch, name);
+  if (arch.empty()) {
+    m.arch = (m.encoder_layers > 0 || m.decoder_layers > 0) ? Architecture::EncoderDecoder : Architecture::DecoderOnly;
+  } else {
+    PACKPIPE_CHECK_ARG(arch == "decoder_only" || arch == "encoder_decoder",
+                       "{}: 'arch' must be decoder_only or encoder_decoder, found '{}'", name, arch);
+    m.arch = arch == "decoder_only" ? Architecture::DecoderOnly : Architecture::EncoderDecoder;
+  }
+  take(j, {"hidden", "hidden_size"}, m.hidden, name);
+  take(j, {"heads", "num_attn_heads", "num_attention_heads"}, m.heads, name);
+  m.kv_heads = m.heads;
+  take(j, {"kv_heads", "num_query_groups"}, m.kv_heads, name);
+  m.head_dim = m.heads > 0 ? m.hidden / m.heads : 0;
+  take(j, {"head_dim", "kv_channels"}, m.head_dim, name);
+  m.ffn_hidden = 4 * m.hidden;
+  take(j, {"ffn_hidden", "ffn_hidden_size"}, m.ffn_hidden, name);
+  take(j, {"gated_mlp"}, m.gated_mlp, name);
+  m.vocab = 51200;
+  take(j, {"vocab", "vocab_size"}, m.vocab, name);
+  take(j, {"bytes_per_param"}, m.bytes_per_param, name);
+  validate(m);
+  return m;
+}
+
+DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
+  const auto j = parse(text, name);
+  reject_unknown(j, {"name", "peak_tflops", "memory_gb", "hbm_gbps", "intra_node_gbps", "intra_node_latency_us",
+                     "inter_node_gbps", "inter_node_latency_us", "gpus_per_node"},
+                 name);
+  DeviceSpec d;
+  d.name = name;
+  d.intra_node_latency_us = 10;
+  d.inter_node_latency_us = 20;
+  take(j, {"name"}, d.name, name);
+  take(j, {"peak_tflops"}, d.peak_tflops, name);
+  take(j, {"memory_gb"}, d.memory_gb, name);
+  take(j, {"hbm_gbps"}, d.hbm_gbps, name);
+  take(j, {"intra_node_gbps"}, d.intra_node_gbps, name);
+  take(j, {"intra_node_latency_us"}, d.intra_node_latency_us, name);
+  take(j, {"inter_node_gbps"}, d.inter_node_gbps, name);
+  take(j, {"inter_node_latency_us"}, d.inter_node_latency_us, name);
+  take(j, {"gpus_per_node"}, d.gpus_per_node, name);
+  validate(d);
+  return d;
+}
+
+ModelSpec load_model(const std::string& name_or_path) {
+  if (is_json_path(name_or_path)) return parse_model_json(read_text(name_or_path), name_or_path);
+  for (const auto& m : model_presets()) {
+    if (lower(m.name) == lower(name_or_path)) return m;
+  }
+  std::string names;
+  for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  PACKPIPE_THROW(InvalidArgument, "unknown model '{}' (presets: {}; or a .json file)", name_or_path, names);
+}
+
+DeviceSpec load_device(const std::string& name_or_path) {
+  if (is_json_path(name_or_path)) return parse_device_json(read_text(name_or_path), name_or_path);
+  for (const auto& d : device_presets()) {
+    if (lower(d.name) == lower(name_or_path)) return d;
+  }
+  std::string names;
+  for (const auto& n : device_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  PACKPIPE_THROW(InvalidArgument, "unknown device '{}' (presets: {}; or a .json file)", name_or_path, names);
+}
+
+void validate(const ModelSpec& m) {
+  const bool dec_only = m.arch == Architecture::DecoderOnly;
+  PACKPIPE_CHECK_ARG(!dec_only || m.num_layers > 0, "model '{}': num_layers must be positive, found {}", m.name,
+                     m.num_layers);
+  PACKPIPE_CHECK_ARG(dec_only || (m.encoder_layers > 0 && m.decoder_layers > 0),
+                     "model '{}': encoder_layers and decoder_layers must be positive, found {} and {}", m.name,
+                     m.encoder_layers, m.decoder_layers);
+  const std::pair<const char*, std::int64_t> sizes[] = {{"hidden", m.hidden},         {"heads", m.heads},
+                                                        {"kv_heads", m.kv_heads},     {"head_dim", m.head_dim},
+                                                        {"ffn_hidden", m.ffn_hidden}, {"vocab", m.vocab},
+                                                        {"bytes_per_param", m.bytes_per_param}};
+  for (const auto& [field, v] : sizes) {
+    PACKPIPE_CHECK_ARG(v > 0, "model '{}': {} must be positive, found {}", m.name, field, v);
+  }
+  PACKPIPE_CHECK_ARG(m.heads % m.kv_heads == 0, "model '{}': heads ({}) must be a multiple of kv_heads ({})", m.name,
+                     m.heads, m.kv_heads);
+}
+
+void validate(const DeviceSpec& d) {
+  const std::pair<const char*, double> fields[] = {{"peak_tflops", d.peak_tflops},
+                                                   {"memory_gb", d.memory_gb},
+                                                   {"hbm_gbps", d.hbm_gbps},
+                                                   {"intra_node_gbps", d.intra_node_gbps},
+                                                   {"inter_node_gbps", d.inter_node_gbps}};
+  for (const auto& [field, v] : fields) {
+    PACKPIPE_CHECK_ARG(v > 0, "device '{}': {} must be positive, found {}", d.name, field, v);
+  }
+  PACKPIPE_CHECK_ARG(d.intra_node_latency_us >= 0 && d.inter_node_latency_us >= 0,
+                     "device '{}': latencies must be non-negative", d.name);
+  PACKPIPE_CHECK_ARG(d.gpus_per_node > 0, "device '{}': gpus_per_node must be positive, found {}", d.name,
+                     d.gpus_per_node);
+}
+
+}  // namespace packpipe::costmodel

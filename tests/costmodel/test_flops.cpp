@@ -1,0 +1,65 @@
+#include <catch2/catch.hpp>
+
+#include "common/errors.h"
+#include "costmodel/flops.h"
+#include "costmodel/model.h"
+
+using namespace packpipe::costmodel;
+
+TEST_CASE("presets match DynaPipe's experiment model configs", "[interface]") {
+  const ModelSpec g = load_model("gpt-6.7b");
+  CHECK(g.hidden == 4096);
+  CHECK(g.heads == 32);
+  CHECK(g.head_dim == 128);
+  CHECK(g.ffn_hidden == 16384);
+  const ModelSpec t = load_model("T5-11B");
+  CHECK(t.arch == Architecture::EncoderDecoder);
+  CHECK(t.hidden == 1024);
+  CHECK(t.heads == 128);
+  CHECK(t.ffn_hidden == 65536);
+  CHECK(load_model("gpt-13b").hidden == 5140);
+  for (const auto& n : model_preset_names()) CHECK_NOTHROW(validate(load_model(n)));
+  for (const auto& n : device_preset_names()) CHECK_NOTHROW(validate(load_device(n)));
+  CHECK(load_device("a100-40gb").peak_tflops == 312);
+}
+
+TEST_CASE("GPT-1.3B parameter count matches the BigScience closed form", "[interface]") {
+  // P = l(12h^2 + 13h) + V h + s h + 2h with s = 2048 position embeddings: 1,317,654,528.
+  const ModelSpec m = load_model("gpt-1.3b");
+  const std::int64_t h = m.hidden;
+  CHECK(m.layer_params() == 12 * h * h + 13 * h);
+  CHECK(m.total_params() + 2048 * h == 1317654528);
+}
+
+TEST_CASE("forward FLOPs of a GPT layer: 24 b s h^2 (1 + s / 6h) for the standard shape", "[interface]") {
+  const ModelSpec m = load_model("gpt-6.7b");
+  const double b = 2, s = 2048, h = 4096;
+  const LayerFlops f = forward_flops(m, LayerKind::Encoder, 2, 2048);
+  CHECK(f.matmul == Approx(24 * b * s * h * h));
+  CHECK(f.attention == Approx(4 * b * s * s * h));
+  CHECK(forward_flops(m, LayerKind::PostProcess, 2, 2048).matmul == Approx(2 * b * s * h * m.vocab));
+  CHECK(forward_flops(m, LayerKind::Embedding, 2, 2048).total() == 0);
+}
+
+TEST_CASE("model and device JSON files, and bad input", "[negative]") {
+  const ModelSpec m = parse_model_json(
+      R"({"num_layers": 16, "hidden_size": 4096, "num_attn_heads": 32, "kv_channels": 128, "ffn_hidden_size": 16384})",
+      "gpt_6.7b_16l.json");
+  CHECK(m.num_layers == 16);
+  CHECK(m.arch == Architecture::DecoderOnly);
+  const ModelSpec t = parse_model_json(
+      R"({"encoder_num_layers": 12, "decoder_num_layers": 12, "hidden_size": 1024, "num_attn_heads": 128, "kv_channels": 128, "ffn_hidden_size": 65536})",
+      "t5.json");
+  CHECK(t.arch == Architecture::EncoderDecoder);
+  REQUIRE_THROWS_AS(load_model("gpt-9b"), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(load_model("gpt-9b"), Catch::Matchers::Contains("gpt-6.7b"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden_size": -1, "num_attn_heads": 2})", "m.json"),
+                      Catch::Matchers::Contains("m.json") && Catch::Matchers::Contains("hidden must be positive"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layer": 2})", "m.json"), Catch::Matchers::Contains("unknown key 'num_layer'"));
+  REQUIRE_THROWS_WITH(parse_device_json(R"({"peak_tflops": "fast"})", "d.json"),
+                      Catch::Matchers::Contains("'peak_tflops' must be a number"));
+  REQUIRE_THROWS_WITH(forward_flops(load_model("gpt-1.3b"), LayerKind::Decoder, 1, 16, 16),
+                      Catch::Matchers::Contains("decoder-only"));
+  REQUIRE_THROWS_WITH(forward_flops(load_model("gpt-1.3b"), LayerKind::Encoder, 0, 16),
+                      Catch::Matchers::Contains("found 0"));
+}
