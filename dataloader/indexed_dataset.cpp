@@ -239,6 +239,7 @@ class SpillFile {
   SpillFile& operator=(const SpillFile&) = delete;
 
   void append(const void* p, std::size_t n) {
+    if (n == 0) return;  // p may be null for an empty sequence
     if (n >= buf_.size()) {
       flush();
       write_all(fd_, p, n, path_);
@@ -309,7 +310,9 @@ const char* format_name(IndexFormat f) { return f == IndexFormat::MMIDIDX ? "MMI
 
 IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
                       ModesPolicy modes) {
-  PACKPIPE_CHECK(size == 0 || data != nullptr, "{}: no data for {} bytes", name, size);
+  PACKPIPE_CHECK(size > 0, "{}: truncated header: expected at least {} bytes, found 0", name,
+                 kMmidxHeader);
+  PACKPIPE_CHECK(data != nullptr, "{}: no data for {} bytes", name, size);
   if (size >= sizeof(kMmidxMagic) && std::memcmp(data, kMmidxMagic, sizeof(kMmidxMagic)) == 0) {
     return parse_mmidx(data, size, name, modes);
   }
