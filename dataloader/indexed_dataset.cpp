@@ -346,7 +346,6 @@ IndexedDataset::IndexedDataset(const std::string& prefix, const Options& options
     bin_ = open_bin(prefix);  // .bin.zst, or an Error naming both candidates
     compressed_ = true;
   }
-  idx_file_.advise(0, idx_file_.size(), false);
   // O(1) check that the index and the data agree in size: the end of the last sequence.
   const std::uint64_t S = index_.num_sequences;
   const std::uint64_t item = itemsize();
