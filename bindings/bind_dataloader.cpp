@@ -177,15 +177,15 @@ void define_dataloader(py::module_& m) {
            "Tokens [offset, offset + length) of sequence idx (length -1: to the end).")
       .def_property_readonly("sizes", [](py::object self) {
         const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int32"), d.size(), d.sizes(), self);
+        return view_array(py::dtype("int32"), d.size(), d.sizes().bytes(), self);
       })
       .def_property_readonly("pointers", [](py::object self) {
         const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int64"), d.size(), d.pointers(), self);
+        return view_array(py::dtype("int64"), d.size(), d.pointers().bytes(), self);
       })
       .def_property_readonly("doc_idx", [](py::object self) {
         const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int64"), d.num_documents() + 1, d.doc_idx(), self);
+        return view_array(py::dtype("int64"), d.num_documents() + 1, d.doc_idx().bytes(), self);
       })
       .def_property_readonly("modes", [](py::object self) -> py::object {
         const auto& d = self.cast<const dl::IndexedDataset&>();

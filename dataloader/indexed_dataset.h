@@ -188,6 +188,8 @@ class IndexedDatasetBuilder {
   std::uint64_t num_sequences() const { return num_sequences_; }
   std::uint64_t num_documents() const { return num_documents_; }
   std::uint64_t num_tokens() const { return bin_bytes_ / dtype_size(dtype_); }
+  /// Token dtype of the dataset being written.
+  DType dtype() const { return dtype_; }
 
  private:
   struct Impl;
