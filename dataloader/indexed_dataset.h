@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,17 +22,49 @@ const char* format_name(IndexFormat f);
 /// Whether `.idx` carries the optional int8 sequence_modes array (MMIDIDX only).
 enum class ModesPolicy { Auto, Present, Absent };
 
+/// Read-only array of little-endian T at any address. MMIDIDX arrays start at byte 34 of the
+/// file, so int32/int64 elements in the mapped `.idx` are not naturally aligned; element access
+/// goes through memcpy (one plain load on x86-64 / arm64) instead of a misaligned T*.
+template <typename T>
+class UnalignedArray {
+ public:
+  UnalignedArray() = default;
+  UnalignedArray(const void* data, std::uint64_t count)
+      : bytes_(static_cast<const std::uint8_t*>(data)), count_(count) {}
+  /// Element i; no bounds check (callers check against size()).
+  T operator[](std::uint64_t i) const {
+    T v;
+    std::memcpy(&v, bytes_ + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  std::uint64_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  /// First byte of the array (count * sizeof(T) bytes), possibly unaligned.
+  const std::uint8_t* bytes() const { return bytes_; }
+
+ private:
+  const std::uint8_t* bytes_ = nullptr;
+  std::uint64_t count_ = 0;
+};
+
 /// Header facts and validated array views of one `.idx`, parsed from bytes owned elsewhere.
+/// Move-only: for TNTIDX the views point into the owned_* vectors.
 struct IndexView {
+  IndexView() = default;
+  IndexView(IndexView&&) = default;
+  IndexView& operator=(IndexView&&) = default;
+  IndexView(const IndexView&) = delete;
+  IndexView& operator=(const IndexView&) = delete;
+
   IndexFormat format = IndexFormat::MMIDIDX;
   std::uint64_t version = 1;
   DType dtype = DType::UInt16;
   std::uint64_t num_sequences = 0;  ///< S
   std::uint64_t num_documents = 0;  ///< D - 1 (the doc_idx array has num_documents + 1 entries)
-  const std::int32_t* sizes = nullptr;     ///< S tokens per sequence (MMIDIDX: points into the bytes)
-  const std::int64_t* pointers = nullptr;  ///< S byte offsets into `.bin`
-  const std::int64_t* doc_idx = nullptr;   ///< num_documents + 1 sequence indices
-  const std::int8_t* modes = nullptr;      ///< S modes, or nullptr
+  UnalignedArray<std::int32_t> sizes;     ///< S tokens per sequence (MMIDIDX: points into the bytes)
+  UnalignedArray<std::int64_t> pointers;  ///< S byte offsets into `.bin`
+  UnalignedArray<std::int64_t> doc_idx;   ///< num_documents + 1 sequence indices
+  const std::int8_t* modes = nullptr;     ///< S modes, or nullptr
   /// TNTIDX arrays are converted on parse (int64 sizes, element offsets); they live here.
   std::vector<std::int32_t> owned_sizes;
   std::vector<std::int64_t> owned_pointers;
@@ -39,8 +72,8 @@ struct IndexView {
 };
 
 /// Parses and checks the header and the file-size formula of an `.idx` held in memory (O(1) work
-/// for MMIDIDX, O(S) for TNTIDX). `name` is used in error messages. Throws Error on any mismatch.
-/// Never reads outside [data, data + size).
+/// for MMIDIDX, O(S) for TNTIDX), plus doc_idx[0] == 0 and doc_idx[last] == S. `name` is used in
+/// error messages. Throws Error on any mismatch. Never reads outside [data, data + size).
 IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
                       ModesPolicy modes = ModesPolicy::Auto);
 
@@ -86,22 +119,24 @@ class IndexedDataset {
   /// Sum of all sequence lengths (from the `.bin` size; O(1)).
   std::uint64_t num_tokens() const;
   bool has_modes() const { return index_.modes != nullptr; }
-  bool compressed() const;
+  bool compressed() const { return compressed_; }
 
-  /// Raw arrays (valid while the dataset lives): S sizes, S pointers, D+1 doc_idx, S modes or null.
-  const std::int32_t* sizes() const { return index_.sizes; }
-  const std::int64_t* pointers() const { return index_.pointers; }
-  const std::int64_t* doc_idx() const { return index_.doc_idx; }
+  /// Raw, unchecked arrays (valid while the dataset lives): S sizes, S pointers,
+  /// num_documents() + 1 doc_idx, S modes or null. Use length()/checked_pointer() for checked access.
+  const UnalignedArray<std::int32_t>& sizes() const { return index_.sizes; }
+  const UnalignedArray<std::int64_t>& pointers() const { return index_.pointers; }
+  const UnalignedArray<std::int64_t>& doc_idx() const { return index_.doc_idx; }
   const std::int8_t* modes() const { return index_.modes; }
 
-  /// Length of sequence i in tokens; throws OutOfRange if i >= size().
+  /// Length of sequence i in tokens; throws OutOfRange if i >= size(), Error if it is negative.
   std::uint32_t length(std::uint64_t i) const;
   /// Byte offset of sequence i in `.bin`, after checking it against its size, its predecessor and
   /// the `.bin` size; throws OutOfRange / Error.
   std::uint64_t checked_pointer(std::uint64_t i) const;
   /// Zero-copy view of sequence i (plain `.bin` only; Unsupported for `.bin.zst`).
   TokenSpan view(std::uint64_t i) const;
-  /// Copies tokens [offset, offset + length) of sequence i into out (length * itemsize bytes).
+  /// Copies tokens [offset, offset + length) of sequence i into out (length * itemsize bytes);
+  /// throws OutOfRange if the slice is not inside the sequence.
   void read(std::uint64_t i, std::uint64_t offset, std::uint64_t length, void* out) const;
   /// Copies all tokens of sequence i into a new vector of bytes.
   std::vector<std::uint8_t> read(std::uint64_t i) const;
@@ -118,6 +153,7 @@ class IndexedDataset {
   MappedFile idx_file_;
   IndexView index_;
   std::unique_ptr<BinReader> bin_;
+  bool compressed_ = false;
 };
 
 /// Streaming writer of a Megatron MMIDIDX v1 dataset (Megatron's IndexedDatasetBuilder). Tokens go
@@ -125,13 +161,16 @@ class IndexedDataset {
 /// with the number of sequences. The output is byte-identical to Megatron's writer.
 class IndexedDatasetBuilder {
  public:
-  /// Creates `<prefix>.bin` (truncating). `with_modes` writes the sequence_modes array.
+  /// Creates `<prefix>.bin` (truncating) and removes a stale `<prefix>.idx`. `with_modes` writes
+  /// the sequence_modes array. Temporary files `<prefix>.idx.tmp*` live until finalize().
   IndexedDatasetBuilder(const std::string& prefix, DType dtype, bool with_modes = false);
+  /// Without finalize(): removes the temporary files and the incomplete `.bin`; no `.idx` is left.
   ~IndexedDatasetBuilder();
   IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
   IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
 
-  /// Appends one sequence of `count` tokens already in the builder's dtype.
+  /// Appends one sequence of `count` tokens already in the builder's dtype (count < 2^31).
+  /// `mode` is stored only when the builder writes modes.
   void add_item(const void* tokens, std::uint64_t count, std::int8_t mode = 0);
   /// Closes the current document (Megatron end_document).
   void end_document();
@@ -142,7 +181,8 @@ class IndexedDatasetBuilder {
   /// Appends every sequence and document of another dataset with the same dtype: byte copy of its
   /// data plus pointer shift, in constant memory (Megatron add_index).
   void add_index(const std::string& other_prefix);
-  /// Writes `<prefix>.idx` and closes `.bin`. Further calls throw.
+  /// Writes `<prefix>.idx` (via a temporary file and rename) and closes `.bin`. Sequences added
+  /// after the last end_document() are closed as one document first. Further calls throw.
   void finalize();
 
   std::uint64_t num_sequences() const { return num_sequences_; }
@@ -160,7 +200,8 @@ class IndexedDatasetBuilder {
   std::uint64_t bin_bytes_ = 0;
 };
 
-/// Merges `inputs` (same dtype, same modes presence) into `out_prefix` in constant memory.
+/// Merges `inputs` (same dtype, same modes presence) into `out_prefix` in constant memory;
+/// throws InvalidArgument if inputs is empty, Error naming both files on a dtype/modes mismatch.
 void merge_datasets(const std::vector<std::string>& inputs, const std::string& out_prefix);
 
 }  // namespace packpipe::dataloader
