@@ -26,7 +26,7 @@ struct MultiTaskDataset::Task {
 
   /// First sequence of document d of `ds` after checking it holds exactly `expected` sequences.
   std::uint64_t document_sequence(const IndexedDataset& ds, std::uint64_t d, std::int64_t expected) const {
-    const std::int64_t* doc = ds.doc_idx();
+    const auto& doc = ds.doc_idx();
     const std::int64_t first = doc[d], last = doc[d + 1];
     const auto S = static_cast<std::int64_t>(ds.size());
     PACKPIPE_CHECK(first >= 0 && last >= first && last <= S,
