@@ -48,7 +48,7 @@ std::uint64_t task_key(std::uint64_t epoch_key, std::size_t task, std::uint64_t 
 
 // ---- Permutation -----------------------------------------------------------
 
-Permutation::Permutation(std::uint64_t n, std::uint64_t key) : n_(n), key_(key), half_bits_(0) {
+Permutation::Permutation(std::uint64_t n, std::uint64_t key) : n_(n), half_bits_(0) {
   // Smallest h with 4^h >= n, so the Feistel domain 2^(2h) is below 4n and cycle walking takes
   // fewer than 4 steps on average.
   while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n) ++half_bits_;

@@ -75,7 +75,6 @@ class Permutation {
  private:
   std::uint64_t encrypt(std::uint64_t x) const;
   std::uint64_t n_;
-  std::uint64_t key_;
   unsigned half_bits_;
   std::uint64_t round_keys_[kRounds];
 };

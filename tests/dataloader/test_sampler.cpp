@@ -133,7 +133,8 @@ TEST_CASE("Permutation values are pinned (checkpoints depend on them)", "[regres
 TEST_CASE("train/valid/test ranges are contiguous, disjoint and cover each task", "[interface]") {
   const auto seed = GENERATE(take(20, random(0, 1000000)));
   std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
-  auto src = SyntheticSource::random(rng, 1 + rng() % 6, 3000, 64);
+  const std::size_t tasks = 1 + rng() % 6;
+  auto src = SyntheticSource::random(rng, tasks, 3000, 64);
   const auto fractions = random_split(rng);
   std::vector<std::uint64_t> covered(src.num_tasks(), 0);
   for (Split split : {Split::Train, Split::Valid, Split::Test}) {
@@ -171,8 +172,10 @@ TEST_CASE("split ranges follow Megatron's round(bookend * n)", "[regression]") {
 TEST_CASE("without weights every sample of the split is delivered exactly once per epoch", "[interface]") {
   const auto seed = GENERATE(take(25, random(0, 1000000)));
   std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
-  auto src = SyntheticSource::random(rng, 1 + rng() % 8, 2000, 512);
-  SamplerConfig c = token_config(rng(), 256 + rng() % 4096);
+  const std::size_t tasks = 1 + rng() % 8;
+  auto src = SyntheticSource::random(rng, tasks, 2000, 512);
+  const std::uint64_t sampler_seed = rng();
+  SamplerConfig c = token_config(sampler_seed, 256 + rng() % 4096);
   c.split_fractions = random_split(rng);
   c.split = static_cast<Split>(rng() % 3);
   Sampler s(src, c);
@@ -223,7 +226,8 @@ TEST_CASE("with weights each sample appears floor or ceil of n_t / size times an
           "[interface]") {
   const auto seed = GENERATE(take(25, random(0, 1000000)));
   std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
-  auto src = SyntheticSource::random(rng, 1 + rng() % 6, 500, 128);
+  const std::size_t tasks = 1 + rng() % 6;
+  auto src = SyntheticSource::random(rng, tasks, 500, 128);
   SamplerConfig c;
   c.seed = rng();
   c.global_batch_samples = 1 + rng() % 64;
@@ -359,10 +363,13 @@ TEST_CASE("same seed gives the same order; epochs and seeds give different order
 TEST_CASE("restoring a checkpoint in a fresh sampler yields exactly the remaining batches", "[interface]") {
   const auto seed = GENERATE(take(20, random(0, 1000000)));
   std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
-  auto src = SyntheticSource::random(rng, 1 + rng() % 5, 1500, 300);
-  SamplerConfig c = rng() % 2 ? token_config(rng(), 200 + rng() % 3000) : SamplerConfig{};
-  if (c.global_batch_tokens == 0) {
-    c.seed = rng();
+  const std::size_t tasks = 1 + rng() % 5;
+  auto src = SyntheticSource::random(rng, tasks, 1500, 300);
+  SamplerConfig c;
+  c.seed = rng();
+  if (rng() % 2) {
+    c.global_batch_tokens = 200 + rng() % 3000;
+  } else {
     c.global_batch_samples = 1 + rng() % 50;
   }
   if (rng() % 2) {
@@ -467,7 +474,8 @@ TEST_CASE("shards of a batch are disjoint, cover the batch and balance tokens gr
   const auto seed = GENERATE(take(20, random(0, 1000000)));
   std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
   auto src = SyntheticSource::random(rng, 3, 2000, 1024);
-  Sampler s(src, token_config(rng(), 20000 + rng() % 50000));
+  const std::uint64_t sampler_seed = rng();
+  Sampler s(src, token_config(sampler_seed, 20000 + rng() % 50000));
   const std::uint32_t world = 1 + static_cast<std::uint32_t>(rng() % 16);
   GlobalBatch b;
   REQUIRE(s.next_batch(b));
