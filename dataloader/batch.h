@@ -12,14 +12,22 @@
 namespace packpipe::dataloader {
 
 /// A global batch with its samples' tokens: views into `.bin` maps, or copies held in `storage`
-/// for compressed datasets. Views stay valid while the dataset lives.
+/// for compressed datasets. Views stay valid while the dataset and this object live. Move-only:
+/// a copy's views would point into the original's storage.
 struct AssembledBatch {
+  AssembledBatch() = default;
+  AssembledBatch(AssembledBatch&&) noexcept = default;
+  AssembledBatch& operator=(AssembledBatch&&) noexcept = default;
+  AssembledBatch(const AssembledBatch&) = delete;
+  AssembledBatch& operator=(const AssembledBatch&) = delete;
+
   GlobalBatch batch;
   std::vector<SampleView> samples;
   std::vector<std::vector<std::uint8_t>> storage;
 };
 
-/// Assembles `batch` from `dataset`: zero-copy for `.bin`, decompressed copies for `.bin.zst`.
+/// Assembles `batch` from `dataset`: zero-copy for `.bin`, decompressed copies for `.bin.zst`
+/// (per task). Thread-safe for concurrent calls on one dataset.
 AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch);
 
 /// Runs the sampler and assembly ahead of the consumer on background threads (a oneTBB
@@ -29,11 +37,13 @@ class Prefetcher {
  public:
   /// Takes over `sampler` (copied) from its current state; stops at the end of the epoch.
   Prefetcher(const MultiTaskDataset& dataset, const Sampler& sampler, std::size_t depth = 4);
-  /// Stops the background work and joins.
+  /// Stops the background work (in-flight batches are dropped) and joins; never blocks on a
+  /// consumer that stopped early.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
-  /// Next batch, blocking until ready; false at the end of the epoch. Rethrows a background error.
+  /// Next batch, blocking until ready; false at the end of the epoch. Rethrows an error of the
+  /// sampler or of assembly (again on every later call). Not thread-safe: one consumer.
   bool next(AssembledBatch& out);
 
  private:

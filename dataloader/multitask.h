@@ -23,6 +23,10 @@ class MultiTaskDataset : public SampleSource {
  public:
   /// Opens every prefix of the manifest; throws Error naming the task and file on a mismatch
   /// (paired prefixes with different document counts, dtypes that differ within a task, ...).
+  /// Samples: Sequence = one per sequence over the concatenated shards; PairedPrefixes = document
+  /// i of inputs with document i of targets (one sequence each); PairedSequences = the two
+  /// sequences of document i (modes 0 then 1 if present). Per-document shape is checked at access
+  /// (Error naming file and document); lengths come from the mapped `.idx` arrays.
   explicit MultiTaskDataset(const Manifest& manifest);
   /// A one-task dataset of one prefix, layout Sequence.
   static MultiTaskDataset from_prefix(const std::string& prefix);
@@ -44,9 +48,15 @@ class MultiTaskDataset : public SampleSource {
   void read_sample(SampleRef ref, std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const;
   /// True if any dataset is stored compressed.
   bool compressed() const;
+  /// Token dtype of task t (all its shards, inputs and targets, share it); throws OutOfRange.
+  DType dtype(std::size_t task) const;
+  /// True if a dataset of task t is stored compressed (its samples need read_sample, not view).
+  bool task_compressed(std::size_t task) const;
 
  private:
   struct Task;
+  /// The task of `ref` after checking ref.task and ref.index; throws OutOfRange.
+  const Task& checked(SampleRef ref) const;
   Manifest manifest_;
   std::vector<std::unique_ptr<Task>> tasks_;
 };

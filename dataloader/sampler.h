@@ -50,10 +50,33 @@ struct SamplerConfig {
   std::uint64_t seed = 1234;
   Split split = Split::Train;
   std::array<double, 3> split_fractions{1.0, 0.0, 0.0};  ///< contiguous ranges per task, Megatron-style
-  std::vector<double> weights;            ///< empty: each sample once per epoch; else one per task, >= 0
-  std::uint64_t samples_per_epoch = 0;    ///< with weights; 0 means the sum of the split sizes
+  /// Empty: each sample of the split once per epoch. Else one finite weight >= 0 per task: task t
+  /// gets n_t = its largest-remainder share of samples_per_epoch (tasks with an empty split range
+  /// get 0 and the others share their weight), and each of its samples appears floor or ceil of
+  /// n_t / split size times per epoch.
+  std::vector<double> weights;
+  std::uint64_t samples_per_epoch = 0;    ///< with weights only; 0 means the sum of the split sizes
   std::uint64_t global_batch_tokens = 0;  ///< batch by token budget ...
   std::uint64_t global_batch_samples = 0; ///< ... or by sample count: exactly one is non-zero
+};
+
+/// Keyed bijection on [0, n): a 4-round Feistel network (splitmix64 round function) on the
+/// smallest even power of two >= n, with cycle walking back into [0, n). O(1) memory, about
+/// 4 x 4 mixes per call in the worst case; identical on every platform for the same (n, key).
+class Permutation {
+ public:
+  static constexpr int kRounds = 4;
+  /// n may be 0 (then every call throws); key selects the permutation.
+  Permutation(std::uint64_t n = 0, std::uint64_t key = 0);
+  std::uint64_t size() const { return n_; }
+  /// The image of i in [0, n); throws OutOfRange otherwise.
+  std::uint64_t operator()(std::uint64_t i) const;
+
+ private:
+  std::uint64_t encrypt(std::uint64_t x) const;
+  std::uint64_t n_;
+  unsigned half_bits_;
+  std::uint64_t round_keys_[kRounds];
 };
 
 /// Checkpointable sampler position.
@@ -86,14 +109,18 @@ class Sampler {
   /// Slots task t has in each epoch.
   std::uint64_t task_slots(std::size_t task) const { return slots_[task]; }
 
-  /// Restarts at the beginning of `epoch`.
+  /// Restarts at the beginning of `epoch` (each epoch has its own order).
   void set_epoch(std::uint64_t epoch);
-  /// The sample at `position` of the current epoch; O(log tasks), no state change.
+  /// The sample at `position` of the current epoch (throws OutOfRange past the epoch); O(log tasks),
+  /// no state change. Slot = epoch permutation(position); slot k of task t is pass k / size, element
+  /// perm_(seed, epoch, t, pass)(k mod size) of the task's split range.
   SampleRef at(std::uint64_t position) const;
   /// Fills `out` with the next global batch; false (out untouched) when the epoch is exhausted.
-  /// A sample longer than the token budget forms a batch of its own (never dropped).
+  /// Token budget: samples are added while the total stays <= budget; a sample longer than the
+  /// budget forms a batch of its own (never dropped). The last batch of an epoch may be short.
   bool next_batch(GlobalBatch& out);
 
+  /// Current position; restore() on a sampler with the same config and source resumes exactly here.
   SamplerState state() const;
   /// Resumes from a state of a sampler with the same config and source; throws InvalidArgument
   /// if the fingerprint differs or the position is past the epoch.
@@ -108,6 +135,10 @@ class Sampler {
   std::uint64_t position_ = 0;
   std::uint64_t batch_index_ = 0;
   std::uint64_t fingerprint_ = 0;
+  Permutation epoch_perm_;                 ///< slot order of the current epoch
+  std::vector<Permutation> first_pass_;    ///< per task: element order of pass 0 this epoch
+  std::uint64_t epoch_key_ = 0;
+  void start_epoch(std::uint64_t epoch);
 };
 
 /// Splits a global batch across `world` data-parallel ranks without overlap: samples go, in batch
@@ -115,18 +146,5 @@ class Sampler {
 std::vector<SampleRef> shard_batch(const GlobalBatch& batch, const SampleSource& source,
                                    std::uint32_t rank, std::uint32_t world);
 
-/// Keyed bijection on [0, n) (Feistel network with cycle walking); O(1) memory.
-class Permutation {
- public:
-  Permutation(std::uint64_t n, std::uint64_t key);
-  std::uint64_t size() const { return n_; }
-  /// The image of i in [0, n); throws OutOfRange otherwise.
-  std::uint64_t operator()(std::uint64_t i) const;
-
- private:
-  std::uint64_t n_;
-  std::uint64_t key_;
-  unsigned half_bits_;
-};
 
 }  // namespace packpipe::dataloader

@@ -1,0 +1,127 @@
+#include "dataloader/batch.h"
+
+#include <atomic>
+#include <exception>
+#include <thread>
+
+#include <tbb/concurrent_queue.h>
+#include <tbb/parallel_pipeline.h>
+
+#include "common/errors.h"
+
+namespace packpipe::dataloader {
+
+AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch) {
+  AssembledBatch out;
+  out.batch = std::move(batch);
+  const auto& refs = out.batch.samples;
+  out.samples.reserve(refs.size());
+  // Copies live in `storage`; moving the outer vector keeps every inner buffer in place, and the
+  // reserve avoids even that, so SampleView pointers stay valid as long as the AssembledBatch.
+  std::size_t copies = 0;
+  for (const auto& r : refs) copies += dataset.task_compressed(r.task) ? 2 : 0;
+  out.storage.reserve(copies);
+  for (const auto& r : refs) {
+    if (!dataset.task_compressed(r.task)) {
+      out.samples.push_back(dataset.view(r));
+      continue;
+    }
+    const DType input_dtype = dataset.dtype(r.task);
+    std::vector<std::uint8_t> input, target;
+    dataset.read_sample(r, input, target);
+    const std::size_t item = dtype_size(input_dtype);
+    SampleView v;
+    v.ref = r;
+    out.storage.push_back(std::move(input));
+    v.input = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, input_dtype};
+    out.storage.push_back(std::move(target));
+    v.target = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, input_dtype};
+    out.samples.push_back(v);
+  }
+  return out;
+}
+
+struct Prefetcher::Impl {
+  using Item = std::shared_ptr<AssembledBatch>;  // nullptr marks the end of the epoch (or an error)
+
+  const MultiTaskDataset& dataset;
+  Sampler sampler;
+  std::size_t depth;
+  tbb::concurrent_bounded_queue<Item> queue;
+  std::atomic<bool> stop{false};
+  std::exception_ptr error;  // written before the end marker is pushed, read after it is popped
+  bool finished = false;
+  std::thread thread;
+
+  Impl(const MultiTaskDataset& d, const Sampler& s, std::size_t n) : dataset(d), sampler(s), depth(n) {
+    queue.set_capacity(static_cast<std::ptrdiff_t>(depth));
+    thread = std::thread([this] { run(); });
+  }
+
+  void run() {
+    try {
+      tbb::parallel_pipeline(
+          depth,
+          tbb::make_filter<void, std::shared_ptr<GlobalBatch>>(
+              tbb::filter_mode::serial_in_order,
+              [this](tbb::flow_control& fc) -> std::shared_ptr<GlobalBatch> {
+                auto b = std::make_shared<GlobalBatch>();
+                if (stop.load(std::memory_order_relaxed) || !sampler.next_batch(*b)) {
+                  fc.stop();
+                  return nullptr;
+                }
+                return b;
+              }) &
+              tbb::make_filter<std::shared_ptr<GlobalBatch>, Item>(
+                  tbb::filter_mode::parallel,
+                  [this](std::shared_ptr<GlobalBatch> b) -> Item {
+                    if (stop.load(std::memory_order_relaxed)) return nullptr;  // being destroyed: skip work
+                    return std::make_shared<AssembledBatch>(assemble_batch(dataset, std::move(*b)));
+                  }) &
+              tbb::make_filter<Item, void>(tbb::filter_mode::serial_in_order, [this](Item a) {
+                // Blocks while `depth` batches wait; the destructor drains the queue, so this returns.
+                if (a) queue.push(std::move(a));
+              }));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    queue.push(nullptr);
+  }
+
+  ~Impl() {
+    stop.store(true);
+    // Drain until the end marker: the pipeline finishes its in-flight batches (assembly is skipped
+    // once `stop` is set), pushes the marker and exits, whatever the consumer did before.
+    Item item;
+    while (!finished) {
+      queue.pop(item);
+      if (!item) finished = true;
+    }
+    if (thread.joinable()) thread.join();
+  }
+};
+
+Prefetcher::Prefetcher(const MultiTaskDataset& dataset, const Sampler& sampler, std::size_t depth) {
+  PACKPIPE_CHECK_ARG(depth > 0, "prefetch depth 0 (expected >= 1)");
+  impl_ = std::make_unique<Impl>(dataset, sampler, depth);
+}
+
+Prefetcher::~Prefetcher() = default;
+
+bool Prefetcher::next(AssembledBatch& out) {
+  Impl& im = *impl_;
+  if (!im.finished) {
+    Impl::Item item;
+    im.queue.pop(item);
+    if (item) {
+      out = std::move(*item);
+      return true;
+    }
+    im.finished = true;
+    im.thread.join();
+  }
+  if (im.error) std::rethrow_exception(im.error);
+  return false;
+}
+
+}  // namespace packpipe::dataloader

@@ -1,0 +1,220 @@
+#include "dataloader/multitask.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "common/errors.h"
+
+namespace packpipe::dataloader {
+
+struct MultiTaskDataset::Task {
+  std::string name;
+  TaskLayout layout = TaskLayout::Sequence;
+  std::vector<IndexedDataset> shards;   ///< sequences, or inputs for PairedPrefixes
+  std::vector<IndexedDataset> targets;  ///< PairedPrefixes: one per shard
+  std::vector<std::uint64_t> offsets;   ///< first sample of each shard, plus the total
+  bool compressed = false;
+
+  std::uint64_t size() const { return offsets.back(); }
+
+  /// Shard holding sample i (i < size()) and the sample's index within it.
+  std::pair<std::size_t, std::uint64_t> locate(std::uint64_t i) const {
+    const auto it = std::upper_bound(offsets.begin(), offsets.end(), i);
+    const auto s = static_cast<std::size_t>(it - offsets.begin() - 1);
+    return {s, i - offsets[s]};
+  }
+
+  /// First sequence of document d of `ds` after checking it holds exactly `expected` sequences.
+  std::uint64_t document_sequence(const IndexedDataset& ds, std::uint64_t d, std::int64_t expected) const {
+    const auto& doc = ds.doc_idx();
+    const std::int64_t first = doc[d], last = doc[d + 1];
+    const auto S = static_cast<std::int64_t>(ds.size());
+    PACKPIPE_CHECK(first >= 0 && last >= first && last <= S,
+                   "{}.idx: document {} spans sequences [{}, {}) (expected a range within [0, {}]); task '{}'",
+                   ds.prefix(), d, first, last, S, name);
+    PACKPIPE_CHECK(last - first == expected,
+                   "{}.idx: document {} holds {} sequences (expected exactly {} for layout {}); task '{}'",
+                   ds.prefix(), d, last - first, expected, layout_name(layout), name);
+    return static_cast<std::uint64_t>(first);
+  }
+
+  /// Sequence numbers (input, target) of sample i; target is meaningful for paired layouts only.
+  struct Where {
+    const IndexedDataset* input;
+    std::uint64_t input_seq;
+    const IndexedDataset* target;
+    std::uint64_t target_seq;
+  };
+  Where where(std::uint64_t i) const {
+    const auto [s, j] = locate(i);
+    const IndexedDataset& ds = shards[s];
+    switch (layout) {
+      case TaskLayout::Sequence:
+        return {&ds, j, nullptr, 0};
+      case TaskLayout::PairedPrefixes: {
+        const IndexedDataset& tg = targets[s];
+        return {&ds, document_sequence(ds, j, 1), &tg, document_sequence(tg, j, 1)};
+      }
+      case TaskLayout::PairedSequences: {
+        const std::uint64_t a = document_sequence(ds, j, 2);
+        if (const std::int8_t* modes = ds.modes()) {
+          PACKPIPE_CHECK(modes[a] == 0 && modes[a + 1] == 1,
+                         "{}.idx: document {} has sequence modes ({}, {}) (expected 0 then 1 for input and "
+                         "target); task '{}'",
+                         ds.prefix(), j, int(modes[a]), int(modes[a + 1]), name);
+        }
+        return {&ds, a, &ds, a + 1};
+      }
+    }
+    PACKPIPE_ASSERT(false);
+    return {};
+  }
+};
+
+MultiTaskDataset::MultiTaskDataset(const Manifest& manifest) : manifest_(manifest) {
+  PACKPIPE_CHECK_ARG(!manifest_.tasks.empty(), "manifest '{}': no tasks (expected at least one)", manifest_.path);
+  PACKPIPE_CHECK_ARG(manifest_.tasks.size() <= 0xffffffffULL, "manifest '{}': {} tasks (expected < 2^32)",
+                     manifest_.path, manifest_.tasks.size());
+  for (std::size_t t = 0; t < manifest_.tasks.size(); ++t) {
+    const TaskSpec& spec = manifest_.tasks[t];
+    auto task = std::make_unique<Task>();
+    task->name = spec.name;
+    task->layout = spec.layout;
+    const std::string where = fmt::format("manifest '{}': task {} ('{}')", manifest_.path, t, spec.name);
+    PACKPIPE_CHECK_ARG(!spec.prefixes.empty(), "{}: no prefixes (expected at least one)", where);
+    if (spec.layout == TaskLayout::PairedPrefixes) {
+      PACKPIPE_CHECK_ARG(spec.target_prefixes.size() == spec.prefixes.size(),
+                         "{}: {} target prefixes for {} input prefixes (expected one per input)", where,
+                         spec.target_prefixes.size(), spec.prefixes.size());
+    }
+    task->offsets.push_back(0);
+    for (std::size_t s = 0; s < spec.prefixes.size(); ++s) {
+      task->shards.emplace_back(spec.prefixes[s]);
+      const IndexedDataset& ds = task->shards.back();
+      PACKPIPE_CHECK(ds.dtype() == task->shards.front().dtype(),
+                     "{}: '{}' has dtype {} but '{}' has {} (expected one dtype per task)", where, ds.prefix(),
+                     dtype_name(ds.dtype()), task->shards.front().prefix(), dtype_name(task->shards.front().dtype()));
+      std::uint64_t samples = 0;
+      switch (spec.layout) {
+        case TaskLayout::Sequence:
+          samples = ds.size();
+          break;
+        case TaskLayout::PairedSequences:
+          samples = ds.num_documents();
+          break;
+        case TaskLayout::PairedPrefixes: {
+          task->targets.emplace_back(spec.target_prefixes[s]);
+          const IndexedDataset& tg = task->targets.back();
+          PACKPIPE_CHECK(ds.num_documents() == tg.num_documents(),
+                         "{}: inputs '{}.idx' has {} documents but targets '{}.idx' has {} (expected equal counts, "
+                         "document i of both being sample i)",
+                         where, ds.prefix(), ds.num_documents(), tg.prefix(), tg.num_documents());
+          PACKPIPE_CHECK(tg.dtype() == ds.dtype(),
+                         "{}: targets '{}' has dtype {} but inputs '{}' has {} (expected one dtype per task)", where,
+                         tg.prefix(), dtype_name(tg.dtype()), ds.prefix(), dtype_name(ds.dtype()));
+          task->compressed = task->compressed || tg.compressed();
+          samples = ds.num_documents();
+          break;
+        }
+      }
+      task->compressed = task->compressed || ds.compressed();
+      task->offsets.push_back(add_checked(task->offsets.back(), samples, "task sample count"));
+    }
+    tasks_.push_back(std::move(task));
+  }
+}
+
+MultiTaskDataset MultiTaskDataset::from_prefix(const std::string& prefix) {
+  Manifest m;
+  m.path = prefix;
+  TaskSpec spec;
+  spec.name = std::filesystem::path(prefix).filename().string();
+  if (spec.name.empty()) spec.name = prefix;
+  spec.prefixes = {prefix};
+  m.tasks.push_back(std::move(spec));
+  return MultiTaskDataset(m);
+}
+
+MultiTaskDataset::~MultiTaskDataset() = default;
+MultiTaskDataset::MultiTaskDataset(MultiTaskDataset&&) noexcept = default;
+
+std::size_t MultiTaskDataset::num_tasks() const { return tasks_.size(); }
+
+std::uint64_t MultiTaskDataset::task_size(std::size_t task) const {
+  PACKPIPE_CHECK_RANGE(task < tasks_.size(), "task {} out of range (expected < {})", task, tasks_.size());
+  return tasks_[task]->size();
+}
+
+std::uint64_t MultiTaskDataset::sample_tokens(std::size_t task, std::uint64_t index) const {
+  return std::uint64_t{input_length(SampleRef{static_cast<std::uint32_t>(task), index})} +
+         target_length(SampleRef{static_cast<std::uint32_t>(task), index});
+}
+
+bool MultiTaskDataset::encoder_decoder(std::size_t task) const {
+  PACKPIPE_CHECK_RANGE(task < tasks_.size(), "task {} out of range (expected < {})", task, tasks_.size());
+  return tasks_[task]->layout != TaskLayout::Sequence;
+}
+
+DType MultiTaskDataset::dtype(std::size_t task) const {
+  PACKPIPE_CHECK_RANGE(task < tasks_.size(), "task {} out of range (expected < {})", task, tasks_.size());
+  return tasks_[task]->shards.front().dtype();
+}
+
+bool MultiTaskDataset::task_compressed(std::size_t task) const {
+  PACKPIPE_CHECK_RANGE(task < tasks_.size(), "task {} out of range (expected < {})", task, tasks_.size());
+  return tasks_[task]->compressed;
+}
+
+const MultiTaskDataset::Task& MultiTaskDataset::checked(SampleRef ref) const {
+  PACKPIPE_CHECK_RANGE(ref.task < tasks_.size(), "sample ({}, {}): task out of range (expected < {})", ref.task,
+                       ref.index, tasks_.size());
+  const Task& t = *tasks_[ref.task];
+  PACKPIPE_CHECK_RANGE(ref.index < t.size(), "sample ({}, {}): index out of range (task '{}' has {} samples)",
+                       ref.task, ref.index, t.name, t.size());
+  return t;
+}
+
+std::uint32_t MultiTaskDataset::input_length(SampleRef ref) const {
+  const Task& t = checked(ref);
+  const auto w = t.where(ref.index);
+  return w.input->length(w.input_seq);
+}
+
+std::uint32_t MultiTaskDataset::target_length(SampleRef ref) const {
+  const Task& t = checked(ref);
+  if (t.layout == TaskLayout::Sequence) return 0;
+  const auto w = t.where(ref.index);
+  return w.target->length(w.target_seq);
+}
+
+SampleView MultiTaskDataset::view(SampleRef ref) const {
+  const Task& t = checked(ref);
+  const auto w = t.where(ref.index);
+  SampleView v;
+  v.ref = ref;
+  v.input = w.input->view(w.input_seq);
+  if (w.target != nullptr) {
+    v.target = w.target->view(w.target_seq);
+  } else {
+    v.target = TokenSpan{nullptr, 0, w.input->dtype()};
+  }
+  return v;
+}
+
+void MultiTaskDataset::read_sample(SampleRef ref, std::vector<std::uint8_t>& input,
+                                   std::vector<std::uint8_t>& target) const {
+  const Task& t = checked(ref);
+  const auto w = t.where(ref.index);
+  input = w.input->read(w.input_seq);
+  if (w.target != nullptr) {
+    target = w.target->read(w.target_seq);
+  } else {
+    target.clear();
+  }
+}
+
+bool MultiTaskDataset::compressed() const {
+  return std::any_of(tasks_.begin(), tasks_.end(), [](const auto& t) { return t->compressed; });
+}
+
+}  // namespace packpipe::dataloader

@@ -1,0 +1,376 @@
+#include "dataloader/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <queue>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+
+namespace packpipe::dataloader {
+
+namespace {
+
+// splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
+inline std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+inline std::uint64_t combine(std::uint64_t a, std::uint64_t b) {
+  return mix64(a ^ mix64(b + 0x9e3779b97f4a7c15ULL));
+}
+
+std::uint64_t double_bits(double d) {
+  std::uint64_t u = 0;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+// Domain-separation constants for the keys derived from the seed.
+constexpr std::uint64_t kEpochTag = 0x45504f4348ULL;  // "EPOCH"
+constexpr std::uint64_t kTaskTag = 0x5441534bULL;     // "TASK"
+
+std::uint64_t epoch_key(std::uint64_t seed, std::uint64_t epoch) {
+  return combine(combine(seed, kEpochTag), epoch);
+}
+
+std::uint64_t task_key(std::uint64_t epoch_key, std::size_t task, std::uint64_t pass) {
+  return combine(combine(combine(epoch_key, kTaskTag), task), pass);
+}
+
+}  // namespace
+
+// ---- Permutation -----------------------------------------------------------
+
+Permutation::Permutation(std::uint64_t n, std::uint64_t key) : n_(n), half_bits_(0) {
+  // Smallest h with 4^h >= n, so the Feistel domain 2^(2h) is below 4n and cycle walking takes
+  // fewer than 4 steps on average.
+  while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n) ++half_bits_;
+  std::uint64_t k = mix64(key ^ 0x5045524dULL);  // "PERM"
+  for (int r = 0; r < kRounds; ++r) {
+    k = mix64(k + 0x9e3779b97f4a7c15ULL);
+    round_keys_[r] = k;
+  }
+}
+
+std::uint64_t Permutation::encrypt(std::uint64_t x) const {
+  const unsigned h = half_bits_;
+  const std::uint64_t mask = (h == 32) ? 0xffffffffULL : ((std::uint64_t{1} << h) - 1);
+  std::uint64_t left = (x >> h) & mask;
+  std::uint64_t right = x & mask;
+  for (int r = 0; r < kRounds; ++r) {
+    const std::uint64_t f = mix64(right ^ round_keys_[r]) & mask;
+    const std::uint64_t next = left ^ f;
+    left = right;
+    right = next;
+  }
+  return (left << h) | right;
+}
+
+std::uint64_t Permutation::operator()(std::uint64_t i) const {
+  PACKPIPE_CHECK_RANGE(i < n_, "permutation index {} out of range (expected < {})", i, n_);
+  if (n_ <= 1) return i;
+  std::uint64_t x = i;
+  // x stays on i's cycle of the domain permutation, which holds i itself: this terminates.
+  do {
+    x = encrypt(x);
+  } while (x >= n_);
+  return x;
+}
+
+// ---- names -------------------------------------------------------------------
+
+const char* split_name(Split s) {
+  switch (s) {
+    case Split::Train: return "train";
+    case Split::Valid: return "valid";
+    case Split::Test: return "test";
+  }
+  return "unknown";
+}
+
+Split split_from_name(const std::string& name) {
+  if (name == "train") return Split::Train;
+  if (name == "valid" || name == "validation") return Split::Valid;
+  if (name == "test") return Split::Test;
+  PACKPIPE_THROW(InvalidArgument, "unknown split '{}' (expected train, valid or test)", name);
+}
+
+// ---- SamplerState --------------------------------------------------------------
+
+std::string SamplerState::to_json() const {
+  nlohmann::json j;
+  j["seed"] = seed;
+  j["epoch"] = epoch;
+  j["position"] = position;
+  j["batch_index"] = batch_index;
+  // As a hex string: JSON readers that hold numbers in doubles would round a 64-bit hash.
+  j["fingerprint"] = fmt::format("{:016x}", fingerprint);
+  return j.dump();
+}
+
+SamplerState SamplerState::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    PACKPIPE_THROW(InvalidArgument, "sampler state: malformed JSON: {}", e.what());
+  }
+  PACKPIPE_CHECK_ARG(j.is_object(), "sampler state: expected a JSON object, found {}", j.type_name());
+  auto field = [&](const char* key) -> std::uint64_t {
+    PACKPIPE_CHECK_ARG(j.contains(key), "sampler state: missing field '{}'", key);
+    const auto& v = j[key];
+    PACKPIPE_CHECK_ARG(v.is_number_unsigned(), "sampler state: field '{}': expected an integer >= 0, found {}",
+                       key, v.dump());
+    return v.get<std::uint64_t>();
+  };
+  SamplerState s;
+  s.seed = field("seed");
+  s.epoch = field("epoch");
+  s.position = field("position");
+  s.batch_index = field("batch_index");
+  PACKPIPE_CHECK_ARG(j.contains("fingerprint"), "sampler state: missing field 'fingerprint'");
+  const auto& f = j["fingerprint"];
+  if (f.is_number_unsigned()) {
+    s.fingerprint = f.get<std::uint64_t>();
+  } else {
+    const std::string hex = f.is_string() ? f.get<std::string>() : std::string();
+    bool ok = !hex.empty() && hex.size() <= 16;
+    std::uint64_t v = 0;
+    for (char c : hex) {
+      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                                 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      if (d < 0) ok = false;
+      v = (v << 4) | static_cast<std::uint64_t>(d < 0 ? 0 : d);
+    }
+    PACKPIPE_CHECK_ARG(ok, "sampler state: field 'fingerprint': expected up to 16 hex digits, found {}", f.dump());
+    s.fingerprint = v;
+  }
+  return s;
+}
+
+// ---- Sampler -------------------------------------------------------------------
+
+Sampler::Sampler(const SampleSource& source, SamplerConfig config)
+    : source_(&source), config_(std::move(config)) {
+  const std::size_t T = source.num_tasks();
+  PACKPIPE_CHECK_ARG(T > 0, "sampler: the source has no tasks (expected at least 1)");
+  PACKPIPE_CHECK_ARG(T <= 0xffffffffULL, "sampler: {} tasks (expected at most 2^32 - 1)", T);
+  PACKPIPE_CHECK_ARG((config_.global_batch_tokens == 0) != (config_.global_batch_samples == 0),
+                     "sampler: expected exactly one of global_batch_tokens and global_batch_samples to be "
+                     "non-zero, found {} and {}",
+                     config_.global_batch_tokens, config_.global_batch_samples);
+  const auto s = static_cast<std::size_t>(config_.split);
+  PACKPIPE_CHECK_ARG(s < 3, "sampler: split {} (expected train, valid or test)", s);
+
+  // Megatron-style bookends: normalise, accumulate, round(b * n).
+  double total = 0.0;
+  for (double f : config_.split_fractions) {
+    PACKPIPE_CHECK_ARG(std::isfinite(f) && f >= 0.0, "sampler: split fraction {} (expected a finite number >= 0)", f);
+    total += f;
+  }
+  PACKPIPE_CHECK_ARG(total > 0.0 && std::isfinite(total), "sampler: split fractions sum to {} (expected > 0)", total);
+  std::array<double, 4> bookend{0.0, 0.0, 0.0, 1.0};
+  for (int i = 0; i < 3; ++i) bookend[i + 1] = bookend[i] + config_.split_fractions[i] / total;
+
+  begin_.resize(T);
+  end_.resize(T);
+  slots_.assign(T, 0);
+  slot_offset_.assign(T + 1, 0);
+  std::uint64_t split_total = 0;
+  for (std::size_t t = 0; t < T; ++t) {
+    const std::uint64_t n = source.task_size(t);
+    auto at = [&](int b) -> std::uint64_t {
+      if (b == 0) return 0;
+      if (b == 3) return n;
+      const double x = std::nearbyint(bookend[b] * static_cast<double>(n));
+      return x <= 0.0 ? 0 : std::min<std::uint64_t>(n, static_cast<std::uint64_t>(x));
+    };
+    begin_[t] = at(static_cast<int>(s));
+    end_[t] = std::max(begin_[t], at(static_cast<int>(s) + 1));
+    split_total = add_checked(split_total, end_[t] - begin_[t], "sampler split size");
+  }
+
+  if (config_.weights.empty()) {
+    PACKPIPE_CHECK_ARG(config_.samples_per_epoch == 0,
+                       "sampler: samples_per_epoch = {} needs weights (without weights every sample of the split "
+                       "is drawn once per epoch)",
+                       config_.samples_per_epoch);
+    for (std::size_t t = 0; t < T; ++t) slots_[t] = end_[t] - begin_[t];
+  } else {
+    PACKPIPE_CHECK_ARG(config_.weights.size() == T, "sampler: {} weights for {} tasks (expected one per task)",
+                       config_.weights.size(), T);
+    double wsum = 0.0;
+    for (std::size_t t = 0; t < T; ++t) {
+      const double w = config_.weights[t];
+      PACKPIPE_CHECK_ARG(std::isfinite(w) && w >= 0.0, "sampler: weight of task {} is {} (expected a finite number >= 0)",
+                         t, w);
+      if (end_[t] > begin_[t]) wsum += w;
+    }
+    const std::uint64_t E = config_.samples_per_epoch != 0 ? config_.samples_per_epoch : split_total;
+    if (E > 0) {
+      PACKPIPE_CHECK_ARG(wsum > 0.0 && std::isfinite(wsum),
+                         "sampler: the tasks with samples in split '{}' have total weight {} (expected > 0 to fill "
+                         "{} samples per epoch)",
+                         split_name(config_.split), wsum, E);
+      // Largest remainder: floors of the quotas, then +1 by descending remainder (ties: lower task).
+      std::vector<double> rem(T, -1.0);
+      std::uint64_t assigned = 0;
+      std::vector<std::size_t> eligible;
+      for (std::size_t t = 0; t < T; ++t) {
+        if (end_[t] == begin_[t] || config_.weights[t] == 0.0) continue;
+        const double q = static_cast<double>(E) * (config_.weights[t] / wsum);
+        const double fl = std::floor(q);
+        slots_[t] = std::min<std::uint64_t>(E, static_cast<std::uint64_t>(fl));
+        rem[t] = q - fl;
+        assigned += slots_[t];
+        eligible.push_back(t);
+      }
+      std::stable_sort(eligible.begin(), eligible.end(),
+                       [&](std::size_t a, std::size_t b) { return rem[a] > rem[b]; });
+      // Rounding can leave more than #tasks to place, or overshoot by a few: loop until exact.
+      for (std::size_t i = 0; assigned < E; i = (i + 1) % eligible.size()) {
+        ++slots_[eligible[i]];
+        ++assigned;
+      }
+      for (std::size_t i = eligible.size(); assigned > E;) {
+        i = (i == 0 ? eligible.size() : i) - 1;
+        if (slots_[eligible[i]] > 0) {
+          --slots_[eligible[i]];
+          --assigned;
+        }
+      }
+    }
+  }
+  for (std::size_t t = 0; t < T; ++t) {
+    slot_offset_[t + 1] = add_checked(slot_offset_[t], slots_[t], "sampler epoch size");
+  }
+  epoch_size_ = slot_offset_[T];
+
+  // Fingerprint: everything that changes the sequence of batches, except per-sample lengths (O(N)).
+  std::uint64_t h = combine(0x5041434b50495045ULL, config_.seed);  // "PACKPIPE"
+  h = combine(h, static_cast<std::uint64_t>(config_.split));
+  for (double f : config_.split_fractions) h = combine(h, double_bits(f));
+  h = combine(h, config_.weights.size());
+  for (double w : config_.weights) h = combine(h, double_bits(w));
+  h = combine(h, config_.samples_per_epoch);
+  h = combine(h, config_.global_batch_tokens);
+  h = combine(h, config_.global_batch_samples);
+  h = combine(h, T);
+  for (std::size_t t = 0; t < T; ++t) h = combine(combine(h, source.task_size(t)), slots_[t]);
+  fingerprint_ = h;
+
+  start_epoch(0);
+}
+
+void Sampler::start_epoch(std::uint64_t epoch) {
+  epoch_ = epoch;
+  position_ = 0;
+  batch_index_ = 0;
+  epoch_key_ = epoch_key(config_.seed, epoch);
+  epoch_perm_ = Permutation(epoch_size_, epoch_key_);
+  first_pass_.resize(slots_.size());
+  for (std::size_t t = 0; t < slots_.size(); ++t) {
+    first_pass_[t] = Permutation(end_[t] - begin_[t], task_key(epoch_key_, t, 0));
+  }
+}
+
+void Sampler::set_epoch(std::uint64_t epoch) { start_epoch(epoch); }
+
+SampleRef Sampler::at(std::uint64_t position) const {
+  PACKPIPE_CHECK_RANGE(position < epoch_size_, "sampler: position {} out of range (epoch size {})", position,
+                       epoch_size_);
+  const std::uint64_t slot = epoch_perm_(position);
+  const auto it = std::upper_bound(slot_offset_.begin(), slot_offset_.end(), slot);
+  const auto t = static_cast<std::size_t>(it - slot_offset_.begin() - 1);
+  const std::uint64_t k = slot - slot_offset_[t];
+  const std::uint64_t size = end_[t] - begin_[t];
+  const std::uint64_t pass = k / size;
+  const std::uint64_t j = k % size;
+  const std::uint64_t element =
+      pass == 0 ? first_pass_[t](j) : Permutation(size, task_key(epoch_key_, t, pass))(j);
+  return SampleRef{static_cast<std::uint32_t>(t), begin_[t] + element};
+}
+
+bool Sampler::next_batch(GlobalBatch& out) {
+  if (position_ >= epoch_size_) return false;
+  GlobalBatch b;
+  b.epoch = epoch_;
+  b.index = batch_index_;
+  b.first_position = position_;
+  std::uint64_t pos = position_;
+  if (config_.global_batch_samples != 0) {
+    const std::uint64_t n = std::min(config_.global_batch_samples, epoch_size_ - pos);
+    b.samples.reserve(n);
+    for (std::uint64_t i = 0; i < n; ++i, ++pos) {
+      const SampleRef r = at(pos);
+      b.tokens += source_->sample_tokens(r.task, r.index);
+      b.samples.push_back(r);
+    }
+  } else {
+    const std::uint64_t budget = config_.global_batch_tokens;
+    while (pos < epoch_size_) {
+      const SampleRef r = at(pos);
+      const std::uint64_t tok = source_->sample_tokens(r.task, r.index);
+      if (!b.samples.empty() && (tok > budget - b.tokens)) break;  // b.tokens <= budget here
+      b.samples.push_back(r);
+      b.tokens += tok;
+      ++pos;
+      if (b.tokens > budget) break;  // a single oversize sample is a batch of its own
+    }
+  }
+  position_ = pos;
+  ++batch_index_;
+  out = std::move(b);
+  return true;
+}
+
+SamplerState Sampler::state() const {
+  SamplerState s;
+  s.seed = config_.seed;
+  s.epoch = epoch_;
+  s.position = position_;
+  s.batch_index = batch_index_;
+  s.fingerprint = fingerprint_;
+  return s;
+}
+
+void Sampler::restore(const SamplerState& state) {
+  PACKPIPE_CHECK_ARG(state.fingerprint == fingerprint_ && state.seed == config_.seed,
+                     "sampler restore: state fingerprint {:016x} (seed {}) does not match this sampler's {:016x} "
+                     "(seed {}): the config or the task sizes differ",
+                     state.fingerprint, state.seed, fingerprint_, config_.seed);
+  PACKPIPE_CHECK_ARG(state.position <= epoch_size_, "sampler restore: position {} is past the epoch size {}",
+                     state.position, epoch_size_);
+  start_epoch(state.epoch);
+  position_ = state.position;
+  batch_index_ = state.batch_index;
+}
+
+// ---- sharding -------------------------------------------------------------------
+
+std::vector<SampleRef> shard_batch(const GlobalBatch& batch, const SampleSource& source, std::uint32_t rank,
+                                   std::uint32_t world) {
+  PACKPIPE_CHECK_ARG(world > 0, "shard_batch: world size 0 (expected >= 1)");
+  PACKPIPE_CHECK_ARG(rank < world, "shard_batch: rank {} (expected < world size {})", rank, world);
+  using Load = std::pair<std::uint64_t, std::uint32_t>;  // (tokens so far, rank): ties to the lowest rank
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+  for (std::uint32_t r = 0; r < world; ++r) heap.emplace(0, r);
+  std::vector<SampleRef> out;
+  for (const SampleRef& s : batch.samples) {
+    Load l = heap.top();
+    heap.pop();
+    if (l.second == rank) out.push_back(s);
+    l.first += source.sample_tokens(s.task, s.index);
+    heap.push(l);
+  }
+  return out;
+}
+
+}  // namespace packpipe::dataloader
