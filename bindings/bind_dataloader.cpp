@@ -75,7 +75,7 @@ py::array sequence_array(const dl::IndexedDataset& ds, py::handle self, std::uin
     return view_array(numpy_dtype(ds.dtype()), n,
                       static_cast<const std::uint8_t*>(s.data) + offset * ds.itemsize(), self);
   }
-  py::array out(numpy_dtype(ds.dtype()), {static_cast<py::ssize_t>(n)});
+  py::array out(numpy_dtype(ds.dtype()), std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
   ds.read(i, offset, n, out.mutable_data());
   return out;
 }
@@ -221,13 +221,14 @@ void define_dataloader(py::module_& m) {
            py::arg("tokens"), py::arg("mode") = 0, "Append one sequence (a 1-D array of the builder's dtype).")
       .def("end_document", &dl::IndexedDatasetBuilder::end_document)
       .def("add_document",
-           [](dl::IndexedDatasetBuilder& self, py::array tokens, py::array lengths, py::object modes) {
-             py::array_t<std::int64_t> lens = py::array_t<std::int64_t>::ensure(lengths);
-             PACKPIPE_CHECK_ARG(lens && lens.ndim() == 1, "lengths must be a 1-D integer array");
+           [](dl::IndexedDatasetBuilder& self, py::array tokens, py::object lengths, py::object modes) {
+             // Lengths and modes are small index arrays: lists or any integer array are accepted.
+             py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> lens(lengths);
+             PACKPIPE_CHECK_ARG(lens.ndim() == 1, "lengths must be 1-D, found {} dimensions", lens.ndim());
              std::vector<std::int8_t> mv;
              if (!modes.is_none()) {
-               py::array_t<std::int8_t> ma = py::array_t<std::int8_t>::ensure(modes);
-               PACKPIPE_CHECK_ARG(ma && ma.ndim() == 1 && ma.size() == lens.size(),
+               py::array_t<std::int8_t, py::array::c_style | py::array::forcecast> ma(modes);
+               PACKPIPE_CHECK_ARG(ma.ndim() == 1 && ma.size() == lens.size(),
                                   "modes must be a 1-D int8 array with one entry per length");
                mv.assign(ma.data(), ma.data() + ma.size());
              }

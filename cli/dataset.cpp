@@ -667,6 +667,14 @@ void register_dataset_commands(CLI::App& app) {
                     b["index"].get<unsigned long long>(), b["samples"].get<unsigned long long>(),
                     b["tokens"].get<unsigned long long>(), b["max_sample_tokens"].get<unsigned long long>(),
                     tasks.c_str());
+        if (b.contains("ranks")) {
+          std::string ranks;
+          for (const auto& r : b["ranks"]) {
+            ranks += fmt::format("{}{}/{}", ranks.empty() ? "" : "  ", r["samples"].get<std::uint64_t>(),
+                                 r["tokens"].get<std::uint64_t>());
+          }
+          std::printf("           per rank (samples/tokens): %s\n", ranks.c_str());
+        }
       }
     });
   }

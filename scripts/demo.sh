@@ -16,4 +16,4 @@ echo "== consistency check of every dataset =="
 "$pp" dataset verify "$manifest"
 echo
 echo "== first global batches (64K-token budget, seed 1234, 4 data-parallel ranks) =="
-"$pp" dataset sample "$manifest" --global-batch-tokens 65536 --batches 4
+"$pp" dataset sample "$manifest" --global-batch-tokens 65536 --batches 4 --dp 4

@@ -61,4 +61,5 @@ if [[ ! -x $PACKPIPE ]]; then
   exit 0
 fi
 mkdir -p data/demo
-$PACKPIPE dataset build --input "$jsonl" --output-prefix data/demo/demo --split-by-task --manifest data/demo/manifest.json
+"$PACKPIPE" dataset build --input "$jsonl" --output-prefix data/demo/demo --split-by-task \
+  --append-eod 50256 --manifest data/demo/manifest.json

@@ -136,7 +136,7 @@ TEST_CASE("paired sequences take the two sequences of each document (modes fixtu
   }
 }
 
-TEST_CASE("sequence tasks concatenate shards; several tasks keep their own indices", "[interface]") {
+TEST_CASE("sequence tasks concatenate shards and several tasks keep their own indices", "[interface]") {
   TempDir dir;
   std::mt19937_64 rng(3);
   const Documents a = packpipe::test::random_documents(rng, 7, 3, 20, 1000);

@@ -49,7 +49,7 @@ SamplerConfig token_config(std::uint64_t seed, std::uint64_t budget) {
 
 // ---- Permutation ---------------------------------------------------------------
 
-TEST_CASE("Permutation is a bijection on [0, n) for small and edge sizes", "[boundary]") {
+TEST_CASE("Permutation is a bijection on 0..n-1 for small and edge sizes", "[boundary]") {
   const std::uint64_t sizes[] = {1,  2,  3,   4,   5,   7,   8,    9,    15,   16,   17,    31,    63,   64,
                                  65, 99, 255, 256, 257, 1000, 1023, 1024, 1025, 4095, 4096, 4097, 65535,
                                  65536, 65537, 100003};
