@@ -3,10 +3,8 @@
 // activations) MAPE per (model, stage, rc), plus an optional refit of AnalyticOptions on a few
 // grid points (--fit), reported on all points.
 //
-// Not part of the default build. Build against a configured tree, e.g.
-//   g++ -std=c++17 -O2 -I. benchmarks/analytic_vs_profile.cpp build/costmodel/libpackpipe_costmodel.a \
-//       build/common/libpackpipe_common.a -lfmt -o build/analytic_vs_profile
-//   build/analytic_vs_profile ../shared/fixtures/dynapipe/derived_from_cost_models_pkl [--fit]
+// Built as build/packpipe_analytic_vs_profile; run as
+//   build/packpipe_analytic_vs_profile ../shared/fixtures/dynapipe/derived_from_cost_models_pkl [--fit]
 //
 // DynaPipe's backward under selective / full recompute includes the recompute, so it is compared
 // with backward_ms + recompute_ms. Repeated grid points (T5) are reduced to their median.
