@@ -12,6 +12,16 @@ void register_dataset_commands(CLI::App& app);
 void register_costmodel_commands(CLI::App& app);
 /// Adds `validate` and `import` to the `costmodel` subcommand.
 void add_costmodel_profile_commands(CLI::App& costmodel);
+/// `packpipe partition`: micro-batches of one global batch by any method.
+void register_partition_commands(CLI::App& app);
+/// `packpipe pack`: pack sample lengths into rows.
+void register_pack_commands(CLI::App& app);
+/// `packpipe schedule`: simulate and search pipeline schedules for given micro-batches.
+void register_schedule_commands(CLI::App& app);
+/// `packpipe plan ...`: the planning job (creates the subcommand and calls add_plan_file_commands).
+void register_plan_commands(CLI::App& app);
+/// Adds `inspect`, `validate` and `export` to the `plan` subcommand.
+void add_plan_file_commands(CLI::App& plan);
 /// Exit status set by the subcommand that ran (0 unless it found a problem).
 int exit_status();
 /// Sets the exit status returned by main.

@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   packpipe::cli::register_dataset_commands(app);
   packpipe::cli::register_costmodel_commands(app);
+  packpipe::cli::register_pack_commands(app);
+  packpipe::cli::register_partition_commands(app);
+  packpipe::cli::register_schedule_commands(app);
+  packpipe::cli::register_plan_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

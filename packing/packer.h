@@ -1,0 +1,46 @@
+// Packing variable-length samples into rows of a token capacity (one or two dimensions).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace packpipe::packing {
+
+enum class Algorithm {
+  FirstFitDecreasing,  ///< longest first, into the first row with room
+  BestFitDecreasing,   ///< longest first, into the row whose remaining room fits tightest
+  Histogram,           ///< SPFHP-style: works on the length histogram, for very large inputs
+};
+/// "ffd", "bfd", "histogram".
+const char* algorithm_name(Algorithm a);
+/// Algorithm from its name; throws InvalidArgument listing the names.
+Algorithm algorithm_from_name(const std::string& name);
+
+struct PackOptions {
+  Algorithm algorithm = Algorithm::BestFitDecreasing;
+  std::uint64_t capacity = 0;         ///< tokens per row (input side, or the whole sample)
+  std::uint64_t target_capacity = 0;  ///< decoder tokens per row for two-dimensional packing; 0: one dimension
+};
+
+/// Rows in CSR form: row r holds samples[row_offsets[r] .. row_offsets[r + 1]), in placement order.
+struct Packing {
+  std::vector<std::uint32_t> samples;
+  std::vector<std::uint64_t> row_offsets;        ///< rows + 1 entries, starts at 0
+  std::vector<std::uint64_t> row_tokens;         ///< input tokens per row
+  std::vector<std::uint64_t> row_target_tokens;  ///< target tokens per row (two-dimensional only)
+  std::uint64_t capacity = 0;
+  std::uint64_t target_capacity = 0;
+  std::size_t rows() const { return row_offsets.empty() ? 0 : row_offsets.size() - 1; }
+  /// Real tokens over rows x capacity (both dimensions together when two-dimensional).
+  double efficiency() const;
+};
+
+/// Packs the `n` samples of `lengths` (and `target_lengths` when target_capacity > 0) into rows.
+/// Every sample lands in exactly one row; deterministic (ties broken by sample index). Throws
+/// InvalidArgument naming the first sample whose length exceeds a capacity, or a zero capacity.
+Packing pack(const std::uint32_t* lengths, std::size_t n, const PackOptions& options,
+             const std::uint32_t* target_lengths = nullptr);
+
+}  // namespace packpipe::packing

@@ -1,0 +1,123 @@
+// Types shared by the partitioner, the schedules, the simulator and the instruction streams: the
+// pipeline shape, its virtual stages, micro-batches, per-stage costs and scheduled operations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "costmodel/cost_model.h"
+
+namespace packpipe::scheduler {
+
+namespace cm = ::packpipe::costmodel;
+
+/// Shape of one training job's pipeline.
+struct PipelineShape {
+  std::int64_t stages = 1;            ///< S: pipeline ranks
+  std::int64_t chunks = 1;            ///< c: virtual stages per rank (interleaved schedules)
+  std::int64_t layers_per_stage = 0;  ///< transformer layers per virtual stage; 0: model layers / (S c)
+  std::int64_t dp = 1;                ///< data-parallel ranks
+  std::int64_t tp = 1;                ///< tensor-parallel ranks
+  int zero_stage = 1;                 ///< ZeRO stage of the optimizer (0-3)
+  double memory_limit_mb = 0;         ///< per device, MB = 1e6 bytes; 0: the device's memory
+  /// S c
+  std::int64_t vstages() const { return stages * chunks; }
+};
+
+/// One virtual stage in pipeline order: its index, the rank that runs it and its layers.
+struct VirtualStage {
+  std::int64_t index = 0;
+  std::int64_t rank = 0;
+  cm::StageLayout layout;
+};
+
+/// The virtual stages of `shape` for `model`: decoder-only layers split evenly (embedding on the
+/// first stage, LM head and loss on the last); encoder-decoder models place the encoder on the
+/// first half of the virtual stages and the decoder on the second (DynaPipe's placement; with one
+/// stage both run on it). Virtual stage v runs on rank v mod S. Throws InvalidArgument naming the
+/// field when the layers do not divide or a size is not positive.
+std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const PipelineShape& shape);
+
+/// Sample lengths of one global batch (tokens): input (encoder, or the whole sample for
+/// decoder-only) and target (decoder side; empty for decoder-only).
+struct BatchLengths {
+  std::vector<std::uint32_t> input;
+  std::vector<std::uint32_t> target;
+  bool encoder_decoder() const { return !target.empty(); }
+  std::size_t size() const { return input.size(); }
+};
+
+/// A micro-batch: some samples of the global batch, their padded shape and recompute mode.
+struct MicroBatch {
+  std::vector<std::uint32_t> samples;      ///< indices into BatchLengths, in row order
+  std::vector<std::uint32_t> row_offsets;  ///< packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample
+  std::int64_t padded_len = 0;             ///< every row padded to this many tokens (encoder, or whole sample)
+  std::int64_t padded_dec_len = 0;         ///< decoder tokens per row (encoder-decoder), else 0
+  std::uint64_t tokens = 0;                ///< real tokens, input plus target
+  cm::Recompute recompute = cm::Recompute::None;
+  double time_ms = 0;    ///< predicted forward + backward (+ recompute) time of its slowest stage
+  double stored_mb = 0;  ///< activations stored per in-flight copy on its largest stage (MB = 1e6 bytes)
+  double peak_mb = 0;    ///< transient peak on its largest stage
+  /// Rows (sequences) of the micro-batch.
+  std::int64_t rows() const {
+    return row_offsets.empty() ? static_cast<std::int64_t>(samples.size())
+                               : static_cast<std::int64_t>(row_offsets.size()) - 1;
+  }
+};
+
+/// Costs of every (micro-batch, virtual stage) for the simulator, row-major [mb * vstages + v].
+struct StageCostTable {
+  std::int64_t microbatches = 0;
+  std::int64_t vstages = 0;
+  std::vector<double> forward_ms;
+  std::vector<double> backward_ms;         ///< input and weight gradients plus recompute
+  std::vector<double> backward_weight_ms;  ///< the weight-gradient share of backward_ms (deferrable)
+  std::vector<double> stored_bytes;        ///< activations kept from forward to backward
+  std::vector<double> peak_bytes;          ///< transient peak while the stage runs
+  std::vector<double> send_bytes;          ///< activation bytes sent to the next virtual stage
+  std::vector<double> static_bytes;        ///< per rank: parameters, gradients, optimizer state
+  std::size_t at(std::int64_t mb, std::int64_t v) const { return static_cast<std::size_t>(mb * vstages + v); }
+};
+
+/// Queries the cost model for every (micro-batch, virtual stage): rows x padded lengths under
+/// each micro-batch's recompute mode. The weight-gradient share is the dense-GEMM part of the
+/// backward FLOPs (weights' gradients), the rest (input gradients, attention, recompute) must run
+/// before the previous stage can continue.
+StageCostTable stage_cost_table(const cm::CostModel& cost, const PipelineShape& shape,
+                                const std::vector<VirtualStage>& vstages, const std::vector<MicroBatch>& mbs);
+
+/// Compute operations a schedule orders.
+enum class OpKind : std::uint8_t {
+  Forward,
+  Backward,        ///< full backward (input and weight gradients)
+  BackwardInput,   ///< input gradients only (zero-bubble schedules)
+  BackwardWeight,  ///< weight gradients only, after BackwardInput of the same (mb, stage)
+};
+/// "F", "B", "I", "W" (PyTorch's action tokens).
+const char* op_kind_token(OpKind k);
+
+/// One compute operation of a rank, with its simulated start and end.
+struct ScheduledOp {
+  OpKind kind = OpKind::Forward;
+  std::uint32_t mb = 0;
+  std::uint32_t vstage = 0;
+  double start_ms = 0;
+  double end_ms = 0;
+};
+
+/// Per-rank ordered operations of one iteration and what the simulator measured.
+struct Schedule {
+  std::string name;  ///< "gpipe", "1f1b", "interleaved-1f1b", "cyclic", "wait-free-cyclic", "zero-bubble"
+  std::int64_t ranks = 0;
+  std::int64_t vstages = 0;
+  std::int64_t microbatches = 0;
+  std::vector<std::vector<ScheduledOp>> ops;  ///< ops[rank], in execution order
+  std::vector<std::uint32_t> order;           ///< micro-batch order used (a permutation)
+  double makespan_ms = 0;
+  double bubble_fraction = 0;                 ///< idle compute time / (ranks x makespan)
+  std::vector<double> peak_bytes;             ///< per rank, static + activations
+  std::vector<double> utilization;            ///< per rank, busy / makespan
+};
+
+}  // namespace packpipe::scheduler

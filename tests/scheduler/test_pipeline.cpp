@@ -1,0 +1,66 @@
+#include <catch2/catch.hpp>
+
+#include "common/errors.h"
+#include "costmodel/analytic.h"
+#include "scheduler/pipeline.h"
+
+using namespace packpipe::scheduler;
+namespace cm = packpipe::costmodel;
+
+TEST_CASE("virtual stages: decoder-only layers split evenly, embedding first, head last", "[interface]") {
+  const cm::ModelSpec m = cm::load_model("gpt-6.7b");
+  PipelineShape s;
+  s.stages = 4;
+  s.chunks = 2;
+  const auto vs = virtual_stages(m, s);
+  REQUIRE(vs.size() == 8);
+  for (const auto& v : vs) {
+    CHECK(v.layout.encoder_layers == 4);
+    CHECK(v.rank == v.index % 4);
+  }
+  CHECK(vs.front().layout.has_embedding);
+  CHECK(vs.back().layout.has_postprocess);
+  CHECK_FALSE(vs[3].layout.has_postprocess);
+  s.chunks = 3;
+  REQUIRE_THROWS_AS(virtual_stages(m, s), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(virtual_stages(m, s), Catch::Matchers::Contains("do not divide"));
+}
+
+TEST_CASE("virtual stages: encoder-decoder puts the encoder first, the decoder second", "[interface]") {
+  const cm::ModelSpec t5 = cm::load_model("t5-11b");
+  PipelineShape s;
+  s.stages = 4;
+  const auto vs = virtual_stages(t5, s);
+  CHECK(vs[0].layout.encoder_layers == 12);
+  CHECK(vs[1].layout.encoder_layers == 12);
+  CHECK(vs[2].layout.decoder_layers == 12);
+  CHECK(vs[3].layout.decoder_layers == 12);
+  CHECK(vs[3].layout.encoder_layers == 0);
+  s.stages = 3;
+  REQUIRE_THROWS_WITH(virtual_stages(t5, s), Catch::Matchers::Contains("even number"));
+}
+
+TEST_CASE("stage cost table: one entry per (micro-batch, stage), weight share of backward", "[interface]") {
+  const cm::AnalyticCostModel cost(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  PipelineShape s;
+  s.stages = 4;
+  const auto vs = virtual_stages(cost.model(), s);
+  MicroBatch a, b;
+  a.samples = {0, 1};
+  a.padded_len = 512;
+  b.samples = {2};
+  b.padded_len = 2048;
+  const auto t = stage_cost_table(cost, s, vs, {a, b});
+  REQUIRE(t.forward_ms.size() == 8);
+  for (std::int64_t v = 0; v < 4; ++v) {
+    CHECK(t.forward_ms[t.at(1, v)] > t.forward_ms[t.at(0, v)]);
+    CHECK(t.backward_weight_ms[t.at(0, v)] > 0);
+    CHECK(t.backward_weight_ms[t.at(0, v)] < t.backward_ms[t.at(0, v)]);
+  }
+  // The last stage also runs the LM head.
+  CHECK(t.forward_ms[t.at(0, 3)] > t.forward_ms[t.at(0, 1)]);
+  CHECK(t.static_bytes.size() == 4);
+  CHECK(t.static_bytes[0] > t.static_bytes[1]);  // the embedding's parameters
+  MicroBatch empty;
+  REQUIRE_THROWS_WITH(stage_cost_table(cost, s, vs, {empty}), Catch::Matchers::Contains("micro-batch 0 is empty"));
+}
