@@ -16,17 +16,18 @@ namespace packpipe::costmodel {
 /// micro-batch size, sequence length and (T5 decoder) decoder length; repeated measurements of a
 /// shape resolve to their median (DynaPipe keeps the maximum).
 ///
-/// Time: efficiency e = time / analytic forward FLOPs (forward_flops, per layer; tokens for the
-/// FLOP-free embedding) is interpolated multilinearly in log2 mbs, log2 seq (and log2 dec_seq),
-/// never across tp, recompute or kind, and multiplied back by the FLOPs of the query. Below the
-/// grid the shape is clamped to the smallest profiled one (latency floor); above the largest
-/// profiled value of an axis (or in an OOM hole of the triangular grid) efficiency is held constant
-/// and the answer is flagged Provenance::Extrapolated; beyond twice the largest profiled value the
-/// query is refused (InvalidArgument naming the argument, the value and the limit).
+/// Time: per grid (never across tp, recompute or kind) a non-negative least-squares fit in relative
+/// error t ~ a + Wm / Pm + Wa / Pa (Wm, Wa: matrix-product and attention FLOPs from forward_flops;
+/// tokens for the FLOP-free embedding) gives an efficiency curve FLOPs / t that falls for small
+/// shapes; the measured efficiency relative to that curve (= measured / fitted time) is interpolated
+/// multilinearly in log2 mbs, log2 seq (and log2 dec_seq) and multiplied back. Grid points are
+/// reproduced exactly. Below the grid the shape is clamped to the smallest profiled one (latency
+/// floor); above the largest profiled value of an axis (or in an OOM hole of the triangular grid)
+/// the ratio is held and the answer flagged Provenance::Extrapolated; beyond twice the largest
+/// profiled value the query is refused (InvalidArgument naming the argument, the value and the limit).
 ///
-/// Memory: per grid a least-squares fit in relative error of stored (and peak) bytes on
-/// b*L and b*L^2 (decoder: b*d, b*s, b*d^2, b*d*s); the measured/fit ratio is interpolated like
-/// efficiency, so grid points are reproduced exactly and the fit carries the shape between them.
+/// Memory: the same scheme with stored (and peak) bytes on 1, b*L, b*L^2 (decoder: 1, b*d, b*s,
+/// b*d^2, b*d*s), i.e. the linear and quadratic terms in tokens and sequence length.
 ///
 /// Shapes whose discrete axes are not profiled go to `fallback` (normally AnalyticCostModel) with
 /// its provenance (Analytic); without a fallback they throw InvalidArgument.
