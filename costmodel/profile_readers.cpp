@@ -1088,6 +1088,18 @@ Profile parse_profile(const std::string& text, const std::string& name, const Pr
 Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOptions& options) {
   PACKPIPE_CHECK_ARG(!paths.empty(), "no profile paths given");
   Profile out;
+  std::string first_with_points;  // grids of two models must not be mixed
+  auto add = [&](Profile p) {
+    if (!p.points.empty() && !p.model.empty()) {
+      if (first_with_points.empty()) {
+        first_with_points = p.sources.empty() ? p.model : p.sources.front();
+        out.model = p.model;
+      }
+      PACKPIPE_CHECK(p.model == out.model, "{}: profile of model '{}' mixed with '{}' ({}): load one model at a time",
+                     p.sources.empty() ? std::string("?") : p.sources.front(), p.model, out.model, first_with_points);
+    }
+    out.merge(std::move(p));
+  };
   for (const auto& path : paths) {
     std::error_code ec;
     if (fs::is_directory(path, ec)) {
@@ -1105,13 +1117,13 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
         } catch (const Error&) {
           continue;  // README.txt, plan JSON, result tables: not profiles
         }
-        out.merge(parse_profile(fmt, text, f, options));
+        add(parse_profile(fmt, text, f, options));
         ++used;
       }
       PACKPIPE_CHECK(used > 0, "{}: folder holds no recognised profile files", path);
     } else {
       PACKPIPE_CHECK(fs::exists(path, ec), "{}: no such file or folder", path);
-      out.merge(parse_profile(read_whole(path), path, options));
+      add(parse_profile(read_whole(path), path, options));
     }
   }
   return out;

@@ -387,9 +387,14 @@ TEST_CASE("packpipe profile file round-trips", "[interface]") {
 }
 
 TEST_CASE("folders: formats detected, other files skipped", "[interface]") {
-  const Profile p = load_profiles({fixture("aceso/profiler/profiled-time-miniset")});
-  CHECK(p.sources.size() == 45);  // 24 GPT + 12 T5 op tables, 8 prim, 1 p2p
-  CHECK_FALSE(p.comm.empty());
+  const Profile p = load_profiles({fixture("aceso/profiler/profiled-time-eurosys")});
+  CHECK(p.sources.size() == 18);  // 16 GPT-13B op tables, 2 p2p tables
+  CHECK(p.model == "gpt_13B");
+  CHECK(p.comm.size() == 22);
+  // The miniset folder holds GPT-1.3B and T5-770M grids: one model at a time.
+  REQUIRE_THROWS_AS(load_profiles({fixture("aceso/profiler/profiled-time-miniset")}), packpipe::Error);
+  REQUIRE_THROWS_WITH(load_profiles({fixture("aceso/profiler/profiled-time-miniset")}),
+                      Catch::Matchers::Contains("t5_770M") && Catch::Matchers::Contains("load one model at a time"));
   REQUIRE_THROWS_AS(load_profiles({fixture("aceso/README.txt")}), packpipe::Error);
   REQUIRE_THROWS_WITH(load_profiles({fixture("aceso/README.txt")}), Catch::Matchers::Contains("not a recognised profile"));
   REQUIRE_THROWS_WITH(load_profiles({"/nonexistent/profile.csv"}), Catch::Matchers::Contains("no such file"));
