@@ -223,7 +223,9 @@ Profile parse_dynapipe_timing(const std::string& text, const std::string& file) 
   Profile p;
   p.model = dynapipe_model_name(file);
   p.sources.push_back(file);
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
     ProfilePoint pt;
@@ -249,7 +251,9 @@ Profile parse_dynapipe_activation(const std::string& text, const std::string& fi
   Profile p;
   p.model = dynapipe_model_name(file);
   p.sources.push_back(file);
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
     ProfilePoint pt;
@@ -271,7 +275,9 @@ Profile parse_dynapipe_model_state(const std::string& text, const std::string& f
   Profile p;
   p.model = dynapipe_model_name(file);
   p.sources.push_back(file);
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
     ProfileParams pp;
@@ -521,10 +527,12 @@ Profile parse_aceso_ops(const std::string& text, const std::string& file, const 
   };
   std::map<LayerKind, Acc> acc;
   bool enc_dec = false;
-  for (const auto& [line, c] : t.rows) {
-    if (c[t.index[0]] == "decoder-embedding") enc_dec = true;
+  for (const auto& row_entry : t.rows) {
+    if (row_entry.second[t.index[0]] == "decoder-embedding") enc_dec = true;
   }
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     auto num = [&](std::size_t i) { return to_nonnegative_double(cell(i), Where{file, line, cols[i]}); };
     const std::string& op = cell(0);
@@ -620,7 +628,9 @@ Profile parse_aceso_prim(const std::string& text, const std::string& file) {
   p.sources.push_back(file);
   p.model = head.substr(5, head.size() - 5 - coll.size() - 1);
   std::size_t missing = 0;
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     const double mib = to_nonnegative_double(c[t.index[0]], Where{file, line, cols[0]});
     const double ms = to_nonnegative_double(c[t.index[1]], Where{file, line, cols[1]});
     if (ms >= kAcesoPrimMissing) {
@@ -840,7 +850,9 @@ Profile parse_aicb_log(const std::string& text, const std::string& file) {
   Profile p;
   p.sources.push_back(file);
   std::size_t skipped = 0;
-  for (const auto& [line, c] : t.rows) {
+  for (const auto& row_entry : t.rows) {
+    const std::size_t line = row_entry.first;
+    const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     const std::string& type = cell(0);
     PACKPIPE_CHECK(starts_with(type, "CommType."), "{} line {} column 'comm_type': expected CommType.<name>, found '{}'",

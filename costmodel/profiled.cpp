@@ -628,7 +628,10 @@ LooReport leave_one_out(const Profile& profile, const ModelSpec& model) {
   report.device = profile.device;
   ErrAcc total;
   std::map<std::pair<LayerKind, Recompute>, ErrAcc> by;
-  for (const auto& [key, cells] : merge_points(profile.points)) {
+  const auto merged = merge_points(profile.points);
+  for (const auto& grid_entry : merged) {
+    const GridKey& key = grid_entry.first;
+    const std::vector<Cell>& cells = grid_entry.second;
     const LayerKind kind = std::get<0>(key);
     const Featurizer fz{&model, kind};
     std::map<Shape, std::size_t> index;
