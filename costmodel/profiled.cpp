@@ -275,7 +275,7 @@ struct Bracket {
 
 /// Position of x on the sorted axis v (log2 values lg): the two nodes around it and the weight of
 /// the upper one, linear in log2 x.
-Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x) {
+Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x, double log2x = kNaN) {
   Bracket b;
   if (x <= v[0]) {
     b.exact = x == v[0];
@@ -289,7 +289,9 @@ Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x) 
     b.above = x > v[n - 1];
     return b;
   }
-  const int i = static_cast<int>(std::upper_bound(v, v + n, x) - v) - 1;
+  // Axes are short (at most a dozen values): a branch-free count beats a binary search here.
+  int i = -1;
+  for (int k = 0; k < n; ++k) i += v[k] <= x;
   b.i0 = i;
   if (v[i] == x) {
     b.i1 = i;
@@ -297,7 +299,8 @@ Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x) 
   }
   b.exact = false;
   b.i1 = i + 1;
-  b.w1 = (std::log2(static_cast<double>(x)) - lg[i]) / (lg[i + 1] - lg[i]);
+  const double lx = std::isnan(log2x) ? std::log2(static_cast<double>(x)) : log2x;
+  b.w1 = (lx - lg[i]) / (lg[i + 1] - lg[i]);
   return b;
 }
 
@@ -319,10 +322,10 @@ struct Grid {
 };
 
 /// Interpolates a row at micro-batch size b; `exact`/`extrap` updated.
-Node row_value(const Grid& g, int row, std::int64_t b, bool& exact, bool& extrap) {
+Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact, bool& extrap) {
   const auto begin = static_cast<std::size_t>(g.row_begin[static_cast<std::size_t>(row)]);
   const int n = g.row_count[static_cast<std::size_t>(row)];
-  const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b);
+  const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b, log2b);
   if (!br.exact) exact = false;
   if (br.above || (br.below && g.cell_mbs[begin] != g.mbs.v[0])) extrap = true;
   const Node& a = g.nodes[begin + static_cast<std::size_t>(br.i0)];
@@ -507,6 +510,7 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
   }
   if (b != q.mbs || (g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
   const std::size_t nd = g->dec.v.size();
+  const double log2b = std::log2(static_cast<double>(b));
   double acc[kFields] = {0, 0, 0, 0};
   double wsum = 0;
   for (int cs = 0; cs < 2; ++cs) {
@@ -524,7 +528,7 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
         exact = false;
         continue;
       }
-      const Node n = row_value(*g, row, b, exact, extrap);
+      const Node n = row_value(*g, row, b, log2b, exact, extrap);
       for (int f = 0; f < kFields; ++f) acc[f] += ws * wd * n.r[f];
       wsum += ws * wd;
     }
