@@ -1,38 +1,57 @@
 // The embedded default cost model: time from FLOPs over an efficiency that falls for small shapes,
-// memory from closed forms for activations under each recompute mode. Equations:
-// docs/design/002-costmodel.md.
+// plus memory traffic and tensor-parallel all-reduces; memory from the closed forms of Korthikanti
+// et al. (2022) for activations under each recompute mode. Equations: docs/design/002-costmodel.md.
 #pragma once
 
 #include "costmodel/cost_model.h"
 
 namespace packpipe::costmodel {
 
-/// Calibration knobs of the analytic model (defaults fitted to real profiles; see the design note).
+/// Calibration knobs of the analytic model. The defaults were fitted on a few points of the
+/// DynaPipe GPT-6.7B and T5-11B A100-40GB profiles (benchmarks/analytic_vs_profile.cpp; errors
+/// on all points in the design note).
 struct AnalyticOptions {
-  double max_efficiency = 0.6;         ///< achieved fraction of peak for large GEMMs
-  double half_efficiency_gflop = 20;   ///< per-GPU GFLOP of a layer at which efficiency is half the max
-  double layer_overhead_ms = 0.05;     ///< fixed per-layer launch/latency cost, forward (backward x2)
-  double backward_factor = 2.0;        ///< backward time / forward time
+  double max_efficiency = 0.73;          ///< achieved fraction of peak for large GEMMs
+  double half_efficiency_tokens = 160;   ///< tokens per micro-batch (b x s) at which GEMM efficiency halves
+  double half_efficiency_width = 290;    ///< per-GPU GEMM width (min(h, q/tp, ffn/tp)) at which it halves
+  double attention_efficiency = 1.0;     ///< efficiency of the score/context products relative to GEMMs
+  double memory_traffic = 2.4;           ///< HBM bytes moved per byte of (no-recompute) activations, forward
+  double layer_overhead_ms = 1.56;       ///< latency floor of one layer's forward or backward (host + launches)
+  double recompute_overhead_ms = 0.6;    ///< latency floor of a selective (core-attention) recompute
+  double backward_factor = 1.6;          ///< backward compute / forward compute
+  bool tp_communication = true;          ///< add Megatron's tensor-parallel all-reduces (not overlapped)
 };
 
 class AnalyticCostModel final : public CostModel {
  public:
-  /// Validates the specs (throws InvalidArgument).
+  /// Validates the specs and the options (throws InvalidArgument naming the field).
   AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options = {});
+  /// Allocation-free and thread-safe; throws InvalidArgument only for bad input.
   LayerCost query(const Query& q) const override;
   const ModelSpec& model() const override { return model_; }
   const DeviceSpec& device() const override { return device_; }
   const CommModel& comm() const override { return comm_; }
   std::string describe() const override;
   const AnalyticOptions& options() const { return options_; }
-  /// Achieved fraction of peak for a layer of `gflop` per GPU.
-  double efficiency(double gflop) const;
+  /// Achieved fraction of peak of a GEMM over `tokens` rows with per-GPU width `width`:
+  /// max_efficiency * tokens / (tokens + half_tokens) * width / (width + half_width).
+  double efficiency(double tokens, double width) const;
 
  private:
+  LayerCost layer(const Query& q) const;
+
   ModelSpec model_;
   DeviceSpec device_;
   CommModel comm_;
   AnalyticOptions options_;
+  double flop_per_ms_ = 0;  ///< peak FLOP per millisecond
+  double hbm_per_ms_ = 0;   ///< HBM bytes per millisecond
 };
+
+/// Activation bytes of one layer on one GPU under a recompute mode (Korthikanti et al. 2022,
+/// tensor parallelism without sequence parallelism; see the design note). `kind` Encoder or
+/// Decoder; exposed for tests and the profile interpolation.
+double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
+                              std::int64_t seq, std::int64_t dec_seq, Recompute rc);
 
 }  // namespace packpipe::costmodel

@@ -1,0 +1,217 @@
+// Python bindings of the cost model: packpipe.CostModel (analytic, or from profiles), its query
+// result, stage composition, static memory, communication and the throughput report. Thin
+// lambdas; every check lives in C++.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings/bind.h"
+#include "costmodel/cost_model.h"
+#include "costmodel/factory.h"
+#include "costmodel/flops.h"
+#include "costmodel/model.h"
+#include "costmodel/report.h"
+
+namespace py = pybind11;
+namespace cm = packpipe::costmodel;
+
+namespace packpipe::bindings {
+
+namespace {
+
+cm::Query make_query(const std::string& kind, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq,
+                     std::int64_t tp, const std::string& recompute, std::int64_t layers) {
+  cm::Query q;
+  q.kind = cm::layer_kind_from_name(kind);
+  q.mbs = mbs;
+  q.seq = seq;
+  q.dec_seq = dec_seq;
+  q.tp = tp;
+  q.recompute = cm::recompute_from_name(recompute);
+  q.num_layers = layers;
+  return q;
+}
+
+py::dict model_dict(const cm::ModelSpec& m) {
+  py::dict d;
+  d["name"] = m.name;
+  d["arch"] = m.arch == cm::Architecture::DecoderOnly ? "decoder_only" : "encoder_decoder";
+  d["num_layers"] = m.num_layers;
+  d["encoder_layers"] = m.encoder_layers;
+  d["decoder_layers"] = m.decoder_layers;
+  d["hidden"] = m.hidden;
+  d["heads"] = m.heads;
+  d["kv_heads"] = m.kv_heads;
+  d["head_dim"] = m.head_dim;
+  d["ffn_hidden"] = m.ffn_hidden;
+  d["gated_mlp"] = m.gated_mlp;
+  d["vocab"] = m.vocab;
+  d["bytes_per_param"] = m.bytes_per_param;
+  d["total_params"] = m.total_params();
+  return d;
+}
+
+py::dict device_dict(const cm::DeviceSpec& v) {
+  py::dict d;
+  d["name"] = v.name;
+  d["peak_tflops"] = v.peak_tflops;
+  d["memory_gb"] = v.memory_gb;
+  d["hbm_gbps"] = v.hbm_gbps;
+  d["intra_node_gbps"] = v.intra_node_gbps;
+  d["intra_node_latency_us"] = v.intra_node_latency_us;
+  d["inter_node_gbps"] = v.inter_node_gbps;
+  d["inter_node_latency_us"] = v.inter_node_latency_us;
+  d["gpus_per_node"] = v.gpus_per_node;
+  return d;
+}
+
+}  // namespace
+
+void declare_costmodel(py::module_& m) {
+  py::class_<cm::LayerCost>(m, "LayerCost", "Time (ms) and memory (bytes) of a cost-model query");
+  py::class_<cm::StaticMemory>(m, "StaticMemory", "Parameters, gradients and optimizer state on one GPU (bytes)");
+  py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>(m, "CostModel",
+                                                              "Cost model: analytic, or from profiles when given");
+}
+
+void define_costmodel(py::module_& m) {
+  py::reinterpret_borrow<py::class_<cm::LayerCost>>(m.attr("LayerCost"))
+      .def_readonly("forward_ms", &cm::LayerCost::forward_ms)
+      .def_readonly("backward_ms", &cm::LayerCost::backward_ms, "excludes recompute")
+      .def_readonly("recompute_ms", &cm::LayerCost::recompute_ms)
+      .def_readonly("stored_bytes", &cm::LayerCost::stored_bytes)
+      .def_readonly("peak_bytes", &cm::LayerCost::peak_bytes, "transient, on top of stored")
+      .def_readonly("boundary_bytes", &cm::LayerCost::boundary_bytes)
+      .def_property_readonly("total_ms", &cm::LayerCost::total_ms)
+      .def_property_readonly("time_source", [](const cm::LayerCost& c) { return cm::provenance_name(c.time_source); })
+      .def_property_readonly("memory_source",
+                             [](const cm::LayerCost& c) { return cm::provenance_name(c.memory_source); })
+      .def("to_dict",
+           [](const cm::LayerCost& c) {
+             py::dict d;
+             d["forward_ms"] = c.forward_ms;
+             d["backward_ms"] = c.backward_ms;
+             d["recompute_ms"] = c.recompute_ms;
+             d["total_ms"] = c.total_ms();
+             d["stored_bytes"] = c.stored_bytes;
+             d["peak_bytes"] = c.peak_bytes;
+             d["boundary_bytes"] = c.boundary_bytes;
+             d["time_source"] = cm::provenance_name(c.time_source);
+             d["memory_source"] = cm::provenance_name(c.memory_source);
+             return d;
+           })
+      .def("__repr__", [](const cm::LayerCost& c) {
+        return "LayerCost(forward_ms=" + std::to_string(c.forward_ms) + ", backward_ms=" + std::to_string(c.backward_ms) +
+               ", recompute_ms=" + std::to_string(c.recompute_ms) + ", stored_bytes=" + std::to_string(c.stored_bytes) +
+               ", time_source=" + cm::provenance_name(c.time_source) + ")";
+      });
+
+  py::reinterpret_borrow<py::class_<cm::StaticMemory>>(m.attr("StaticMemory"))
+      .def_readonly("params_bytes", &cm::StaticMemory::params_bytes)
+      .def_readonly("grads_bytes", &cm::StaticMemory::grads_bytes)
+      .def_readonly("optimizer_bytes", &cm::StaticMemory::optimizer_bytes)
+      .def_property_readonly("total_bytes", &cm::StaticMemory::total);
+
+  py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"))
+      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles) {
+             py::gil_scoped_release release;
+             return std::shared_ptr<cm::CostModel>(cm::make_cost_model(cm::CostModelConfig{model, device, profiles}));
+           }),
+           py::arg("model") = "gpt-6.7b", py::arg("device") = "A100-40GB",
+           py::arg("profiles") = std::vector<std::string>{},
+           "Model and device presets or .json files; profiles (files or folders) select the profiled model")
+      .def(
+          "query",
+          [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,
+             std::int64_t dec_seq, std::int64_t tp, const std::string& recompute, std::int64_t layers) {
+            return self.query(make_query(kind, mbs, seq, dec_seq, tp, recompute, layers));
+          },
+          py::arg("kind") = "encoder", py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
+          py::arg("tp") = 1, py::arg("recompute") = "none", py::arg("layers") = 1,
+          "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples")
+      .def(
+          "stage_cost",
+          [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,
+             bool has_postprocess, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq, std::int64_t tp,
+             const std::string& recompute) {
+            return cm::stage_cost(self, cm::StageLayout{encoder_layers, decoder_layers, has_embedding, has_postprocess},
+                                  tp, mbs, seq, dec_seq, cm::recompute_from_name(recompute));
+          },
+          py::arg("encoder_layers") = 0, py::arg("decoder_layers") = 0, py::arg("has_embedding") = false,
+          py::arg("has_postprocess") = false, py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
+          py::arg("tp") = 1, py::arg("recompute") = "none",
+          "One micro-batch on a stage holding these layers (embedding and LM head included where flagged)")
+      .def(
+          "stage_static_memory",
+          [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,
+             bool has_postprocess, std::int64_t tp, std::int64_t dp, int zero) {
+            return cm::stage_static_memory(self.model(),
+                                           cm::StageLayout{encoder_layers, decoder_layers, has_embedding, has_postprocess},
+                                           tp, dp, zero);
+          },
+          py::arg("encoder_layers") = 0, py::arg("decoder_layers") = 0, py::arg("has_embedding") = false,
+          py::arg("has_postprocess") = false, py::arg("tp") = 1, py::arg("dp") = 1, py::arg("zero") = 0)
+      .def(
+          "p2p_ms", [](const cm::CostModel& self, double bytes, bool inter_node) { return self.comm().p2p_ms(bytes, inter_node); },
+          py::arg("bytes"), py::arg("inter_node") = false)
+      .def(
+          "all_reduce_ms",
+          [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
+            return self.comm().all_reduce_ms(bytes, n, inter_node);
+          },
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
+      .def(
+          "all_gather_ms",
+          [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
+            return self.comm().all_gather_ms(bytes, n, inter_node);
+          },
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
+      .def(
+          "reduce_scatter_ms",
+          [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
+            return self.comm().reduce_scatter_ms(bytes, n, inter_node);
+          },
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
+      .def_property_readonly("model", [](const cm::CostModel& self) { return model_dict(self.model()); })
+      .def_property_readonly("device", [](const cm::CostModel& self) { return device_dict(self.device()); })
+      .def("describe", &cm::CostModel::describe)
+      .def("__repr__", [](const cm::CostModel& self) { return "CostModel(" + self.describe() + ")"; });
+
+  m.def("static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero_stage") = 0,
+        "Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO");
+  m.def("model_presets", &cm::model_preset_names);
+  m.def("device_presets", &cm::device_preset_names);
+  m.def(
+      "bigscience_params", [](const std::string& model, std::int64_t seq) { return cm::bigscience_params(cm::load_model(model), seq); },
+      py::arg("model"), py::arg("seq"), "P = l (12 h^2 + 13 h) + V h + s h + 2 h");
+  m.def("bigscience_tflops_per_gpu", &cm::bigscience_tflops_per_gpu, py::arg("params"), py::arg("seq"),
+        py::arg("global_batch"), py::arg("iteration_s"), py::arg("gpus"), py::arg("factor") = 4,
+        "P * factor * 2 * s * GBS / (T * N * 1e12); factor 4 with full recompute, 3 without");
+  m.def(
+      "training_flops",
+      [](const std::string& model, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq) {
+        return cm::training_flops(cm::load_model(model), mbs, seq, dec_seq);
+      },
+      py::arg("model"), py::arg("mbs"), py::arg("seq"), py::arg("dec_seq") = 0,
+      "Model FLOPs (3 x forward) of one micro-batch");
+  m.def(
+      "throughput_report",
+      [](double model_flops, double samples, double tokens, double iteration_s, std::int64_t gpus,
+         const std::string& device) {
+        const cm::ThroughputReport r =
+            cm::throughput_report(model_flops, samples, tokens, iteration_s, gpus, cm::load_device(device));
+        py::dict d;
+        d["iteration_s"] = r.iteration_s;
+        d["samples_per_s"] = r.samples_per_s;
+        d["tokens_per_s"] = r.tokens_per_s;
+        d["tflops_per_gpu"] = r.tflops_per_gpu;
+        d["mfu"] = r.mfu;
+        return d;
+      },
+      py::arg("model_flops"), py::arg("samples"), py::arg("tokens"), py::arg("iteration_s"), py::arg("gpus"),
+      py::arg("device"), "Tokens per second, TFLOPs per GPU and MFU of an iteration");
+}
+
+}  // namespace packpipe::bindings

@@ -1,0 +1,242 @@
+#include "costmodel/analytic.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "common/errors.h"
+
+namespace packpipe::costmodel {
+
+namespace {
+
+/// Smooth maximum of a latency floor and a compute time: (o^4 + c^4)^(1/4). Host launches overlap
+/// with GPU work, so a small layer costs the floor and a large one its compute (two square roots,
+/// no pow: the query stays cheap).
+inline double smooth_max(double o, double c) {
+  const double o2 = o * o, c2 = c * c;
+  return std::sqrt(std::sqrt(o2 * o2 + c2 * c2));
+}
+
+/// Per-GPU pieces of a layer's activations (bytes), the closed forms of Korthikanti et al. 2022
+/// generalized to GQA, head_dim != h / a, gated MLPs and cross-attention. `e` = bytes per element.
+struct Acts {
+  double replicated = 0;  ///< layer norms, linear inputs and dropout masks every TP rank keeps
+  double parallel = 0;    ///< Q, K, V, context and MLP intermediates, already divided by tp
+  double scores = 0;      ///< softmax output, dropout mask and output: (2e + 1) a s^2 b / tp
+  double input = 0;       ///< the layer input (all full recompute keeps)
+  double largest = 0;     ///< largest single intermediate tensor (bytes), for the workspace
+  double none() const { return replicated + parallel + scores; }
+};
+
+Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s, double d) {
+  const double e = static_cast<double>(m.bytes_per_param);
+  const double h = static_cast<double>(m.hidden);
+  const double a = static_cast<double>(m.heads);
+  const double q = static_cast<double>(m.heads * m.head_dim);
+  const double kv = static_cast<double>(m.kv_heads * m.head_dim);
+  const double f = static_cast<double>(m.ffn_hidden);
+  const double mlp_tensors = m.gated_mlp ? 3.0 : 2.0;  // GeLU in + out, or gate, up and product
+  Acts x;
+  if (kind == LayerKind::Encoder) {
+    // two norms' inputs (2e h), QKV and MLP inputs (2e h), two dropout masks (2 h): (4e + 2) h = 10 h.
+    x.replicated = s * b * h * (4 * e + 2);
+    x.parallel = s * b * e * (2 * q + 2 * kv + mlp_tensors * f) / t;  // 24 h / t for GPT
+    x.scores = (2 * e + 1) * a * s * s * b / t;                      // 5 a s^2 b / t
+    x.input = e * s * b * h;
+    x.largest = e * b * std::max({s * (m.gated_mlp ? 2 : 1) * f, a * s * s, s * (q + 2 * kv)}) / t;
+  } else {
+    // self-attention, cross-attention (queries from d decoder tokens, keys / values from s
+    // encoder tokens; the encoder output itself is held once, as boundary bytes) and MLP.
+    x.replicated = d * b * h * (6 * e + 3);
+    x.parallel = (d * b * e * (2 * q + 2 * kv + 2 * q + mlp_tensors * f) + s * b * e * 2 * kv) / t;
+    x.scores = (2 * e + 1) * a * b * (d * d + d * s) / t;
+    x.input = e * d * b * h;
+    x.largest =
+        e * b * std::max({d * (m.gated_mlp ? 2 : 1) * f, a * d * std::max(d, s), d * (q + 2 * kv), s * 2 * kv}) / t;
+  }
+  return x;
+}
+
+double stored_bytes(const Acts& x, Recompute rc) {
+  switch (rc) {
+    case Recompute::None: return x.none();
+    case Recompute::Selective: return x.replicated + x.parallel;
+    case Recompute::Full: return x.input;
+  }
+  return x.none();
+}
+
+/// Transient bytes on top of the stored ones while one layer runs: a workspace of the largest
+/// intermediate and its gradient, plus what backward rematerializes under recompute.
+double transient_bytes(const Acts& x, Recompute rc) {
+  const double workspace = 2 * x.largest;
+  switch (rc) {
+    case Recompute::None: return workspace;
+    case Recompute::Selective: return workspace + x.scores;
+    case Recompute::Full: return workspace + x.none() - x.input;
+  }
+  return workspace;
+}
+
+void check_options(const AnalyticOptions& o) {
+  PACKPIPE_CHECK_ARG(o.max_efficiency > 0 && o.max_efficiency <= 1, "max_efficiency must be in (0, 1], found {}",
+                     o.max_efficiency);
+  PACKPIPE_CHECK_ARG(o.attention_efficiency > 0 && o.attention_efficiency <= 1,
+                     "attention_efficiency must be in (0, 1], found {}", o.attention_efficiency);
+  const std::pair<const char*, double> nonneg[] = {{"half_efficiency_tokens", o.half_efficiency_tokens},
+                                                   {"half_efficiency_width", o.half_efficiency_width},
+                                                   {"memory_traffic", o.memory_traffic},
+                                                   {"layer_overhead_ms", o.layer_overhead_ms},
+                                                   {"recompute_overhead_ms", o.recompute_overhead_ms}};
+  for (const auto& [name, v] : nonneg) {
+    PACKPIPE_CHECK_ARG(v >= 0 && std::isfinite(v), "{} must be a finite non-negative number, found {}", name, v);
+  }
+  PACKPIPE_CHECK_ARG(o.backward_factor > 0 && std::isfinite(o.backward_factor),
+                     "backward_factor must be positive, found {}", o.backward_factor);
+}
+
+}  // namespace
+
+double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
+                              std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+  PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || kind == LayerKind::Decoder,
+                     "layer_activation_bytes: kind must be encoder or decoder, found {}", layer_kind_name(kind));
+  PACKPIPE_CHECK_ARG(tp > 0 && mbs > 0 && seq > 0, "tp, mbs and seq must be positive, found {}, {} and {}", tp, mbs,
+                     seq);
+  PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || dec_seq > 0, "dec_seq must be positive for a decoder layer, found {}",
+                     dec_seq);
+  return stored_bytes(layer_acts(m, kind, static_cast<double>(tp), static_cast<double>(mbs), static_cast<double>(seq),
+                                 static_cast<double>(dec_seq)),
+                      rc);
+}
+
+AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options)
+    : model_(std::move(model)), device_(std::move(device)), options_(options) {
+  validate(model_);
+  validate(device_);
+  check_options(options_);
+  comm_ = CommModel::from_device(device_);
+  flop_per_ms_ = device_.peak_tflops * 1e9;
+  hbm_per_ms_ = device_.hbm_gbps * 1e6;
+}
+
+std::string AnalyticCostModel::describe() const {
+  return fmt::format("analytic ({} on {}; max efficiency {}, overhead {} ms/layer)", model_.name, device_.name,
+                     options_.max_efficiency, options_.layer_overhead_ms);
+}
+
+double AnalyticCostModel::efficiency(double tokens, double width) const {
+  const double ft = tokens / (tokens + options_.half_efficiency_tokens);
+  const double fw = width / (width + options_.half_efficiency_width);
+  return options_.max_efficiency * ft * fw;
+}
+
+LayerCost AnalyticCostModel::query(const Query& q) const {
+  const ModelSpec& m = model_;
+  const bool enc_dec = m.arch == Architecture::EncoderDecoder;
+  // Validation: only comparisons on the happy path; messages are built only when throwing.
+  PACKPIPE_CHECK_ARG(q.num_layers > 0, "num_layers must be positive, found {}", q.num_layers);
+  PACKPIPE_CHECK_ARG(q.tp > 0, "tp must be positive, found {}", q.tp);
+  PACKPIPE_CHECK_ARG(m.heads % q.tp == 0 && m.kv_heads % q.tp == 0,
+                     "tp ({}) must divide the attention heads ({}) and key/value heads ({}) of model '{}'", q.tp,
+                     m.heads, m.kv_heads, m.name);
+  PACKPIPE_CHECK_ARG(q.mbs > 0, "mbs (micro-batch size) must be positive, found {}", q.mbs);
+  PACKPIPE_CHECK_ARG(q.dec_seq >= 0, "dec_seq must be non-negative, found {}", q.dec_seq);
+  PACKPIPE_CHECK_ARG(q.kind != LayerKind::Decoder || enc_dec,
+                     "kind decoder needs an encoder-decoder model; model '{}' is decoder-only", m.name);
+  PACKPIPE_CHECK_ARG(enc_dec || q.dec_seq == 0, "dec_seq must be 0 for decoder-only model '{}', found {}", m.name,
+                     q.dec_seq);
+  const bool dec_tokens = q.kind == LayerKind::Decoder || (enc_dec && q.kind == LayerKind::PostProcess);
+  PACKPIPE_CHECK_ARG(!dec_tokens || q.dec_seq > 0, "dec_seq (decoder length) must be positive for {} of model '{}', found {}",
+                     layer_kind_name(q.kind), m.name, q.dec_seq);
+  const bool enc_tokens = !(enc_dec && q.kind == LayerKind::PostProcess);
+  PACKPIPE_CHECK_ARG(!enc_tokens || q.seq > 0, "seq (sequence length) must be positive, found {}", q.seq);
+  PACKPIPE_CHECK_ARG(q.recompute == Recompute::None || q.recompute == Recompute::Selective ||
+                         q.recompute == Recompute::Full,
+                     "recompute must be none, selective or full, found {}", static_cast<int>(q.recompute));
+  LayerCost c = layer(q);
+  const double n = static_cast<double>(q.num_layers);
+  c.forward_ms *= n;
+  c.backward_ms *= n;
+  c.recompute_ms *= n;
+  c.stored_bytes *= n;  // the transient peak is one layer's: layers run one at a time
+  return c;
+}
+
+LayerCost AnalyticCostModel::layer(const Query& q) const {
+  const ModelSpec& m = model_;
+  const AnalyticOptions& o = options_;
+  const double e = static_cast<double>(m.bytes_per_param);
+  const double t = static_cast<double>(q.tp), b = static_cast<double>(q.mbs);
+  const double s = static_cast<double>(q.seq), d = static_cast<double>(q.dec_seq);
+  const double h = static_cast<double>(m.hidden);
+  const bool intra = q.tp <= device_.gpus_per_node;
+  auto all_reduce = [&](double bytes) {
+    return o.tp_communication && q.tp > 1 ? comm_.all_reduce_ms(bytes, q.tp, !intra) : 0.0;
+  };
+
+  LayerCost c;
+  switch (q.kind) {
+    case LayerKind::Encoder:
+    case LayerKind::Decoder: {
+      const bool dec = q.kind == LayerKind::Decoder;
+      const double tokens = dec ? d : s;
+      const LayerFlops fl = forward_flops(m, q.kind, q.mbs, q.seq, q.dec_seq);
+      const double width =
+          std::min({h, static_cast<double>(m.heads * m.head_dim) / t, static_cast<double>(m.ffn_hidden) / t});
+      const double eff = efficiency(b * tokens, width);
+      const Acts x = layer_acts(m, q.kind, t, b, s, d);
+      const double attn_ms = fl.attention / t / (flop_per_ms_ * eff * o.attention_efficiency);
+      const double score_traffic_ms = o.memory_traffic * x.scores / hbm_per_ms_;
+      const double compute =
+          fl.matmul / t / (flop_per_ms_ * eff) + attn_ms + o.memory_traffic * x.none() / hbm_per_ms_;
+      // Megatron without sequence parallelism: one all-reduce of the block output per attention
+      // and MLP block forward (three blocks in a T5 decoder layer), one per block backward.
+      const double comm = (dec ? 3.0 : 2.0) * all_reduce(e * b * tokens * h);
+      c.forward_ms = smooth_max(o.layer_overhead_ms, compute) + comm;
+      c.backward_ms = smooth_max(o.layer_overhead_ms, o.backward_factor * compute) + comm;
+      if (q.recompute == Recompute::Full) c.recompute_ms = c.forward_ms;
+      if (q.recompute == Recompute::Selective) {
+        c.recompute_ms = smooth_max(o.recompute_overhead_ms, attn_ms + score_traffic_ms);
+      }
+      c.stored_bytes = stored_bytes(x, q.recompute);
+      c.peak_bytes = transient_bytes(x, q.recompute);
+      c.boundary_bytes = e * b * tokens * h + (dec ? e * b * s * h : 0.0);
+      break;
+    }
+    case LayerKind::Embedding: {
+      // A gather of b s rows and a dropout: memory traffic only; vocabulary-parallel embeddings
+      // all-reduce their output when tp > 1. Backward scatters into the embedding gradient.
+      const double out = e * b * s * h;
+      const double compute = o.memory_traffic * out / hbm_per_ms_;
+      c.forward_ms = compute + all_reduce(out);
+      c.backward_ms = o.backward_factor * compute;
+      c.stored_bytes = b * s * h;  // dropout mask
+      c.peak_bytes = out;
+      c.boundary_bytes = out;
+      break;
+    }
+    case LayerKind::PostProcess: {
+      // Final norm, LM head (column-parallel over the vocabulary) and vocabulary-parallel cross
+      // entropy, which keeps fp32 softmax values (4 bytes per logit).
+      const double tokens = m.arch == Architecture::EncoderDecoder ? d : s;
+      const double v = static_cast<double>(m.vocab);
+      const LayerFlops fl = forward_flops(m, q.kind, q.mbs, q.seq, q.dec_seq);
+      const double eff = efficiency(b * tokens, std::min(h, v / t));
+      const double logits = b * tokens * v / t;
+      const double stored = 2 * e * b * tokens * h + 4 * logits;
+      const double compute = fl.matmul / t / (flop_per_ms_ * eff) + o.memory_traffic * stored / hbm_per_ms_;
+      c.forward_ms = smooth_max(o.layer_overhead_ms, compute) + all_reduce(3 * 4 * b * tokens);
+      c.backward_ms = smooth_max(o.layer_overhead_ms, o.backward_factor * compute) + all_reduce(e * b * tokens * h);
+      c.stored_bytes = stored;
+      c.peak_bytes = (e + 4) * logits;
+      c.boundary_bytes = 0;
+      break;
+    }
+  }
+  return c;
+}
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,162 @@
+#include "costmodel/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/errors.h"
+
+namespace packpipe::costmodel {
+
+const char* recompute_name(Recompute rc) {
+  switch (rc) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Recompute recompute_from_name(const std::string& name) {
+  for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    if (name == recompute_name(rc)) return rc;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown recompute mode '{}' (expected none, selective, full)", name);
+}
+
+const char* provenance_name(Provenance p) {
+  switch (p) {
+    case Provenance::Profiled: return "profiled";
+    case Provenance::Interpolated: return "interpolated";
+    case Provenance::Extrapolated: return "extrapolated";
+    case Provenance::Analytic: return "analytic";
+  }
+  return "?";
+}
+
+StaticMemory static_memory(double params, std::int64_t dp, int zero_stage) {
+  PACKPIPE_CHECK_ARG(params >= 0 && std::isfinite(params), "params must be a finite non-negative number, found {}",
+                     params);
+  PACKPIPE_CHECK_ARG(dp >= 1, "dp (data-parallel size) must be at least 1, found {}", dp);
+  PACKPIPE_CHECK_ARG(zero_stage >= 0 && zero_stage <= 3, "zero stage must be 0, 1, 2 or 3, found {}", zero_stage);
+  const double n = static_cast<double>(dp);
+  StaticMemory s;
+  s.params_bytes = 2 * params / (zero_stage >= 3 ? n : 1.0);
+  s.grads_bytes = 2 * params / (zero_stage >= 2 ? n : 1.0);
+  s.optimizer_bytes = 12 * params / (zero_stage >= 1 ? n : 1.0);
+  return s;
+}
+
+// ---- communication ----------------------------------------------------------------------------
+
+CommModel CommModel::from_device(const DeviceSpec& d) {
+  validate(d);
+  CommModel c;
+  c.intra_latency_ms = d.intra_node_latency_us / 1000.0;
+  c.intra_bytes_per_ms = d.intra_node_gbps * 1e6;  // GB/s = 1e9 B / 1e3 ms
+  c.inter_latency_ms = d.inter_node_latency_us / 1000.0;
+  c.inter_bytes_per_ms = d.inter_node_gbps * 1e6;
+  return c;
+}
+
+namespace {
+
+void check_comm(double bytes, std::int64_t n) {
+  PACKPIPE_CHECK_ARG(bytes >= 0 && std::isfinite(bytes), "bytes must be a finite non-negative number, found {}", bytes);
+  PACKPIPE_CHECK_ARG(n >= 1, "number of ranks must be at least 1, found {}", n);
+}
+
+}  // namespace
+
+double CommModel::p2p_ms(double bytes, bool inter_node) const {
+  check_comm(bytes, 1);
+  if (bytes == 0) return 0;
+  return inter_node ? inter_latency_ms + bytes / inter_bytes_per_ms : intra_latency_ms + bytes / intra_bytes_per_ms;
+}
+
+double CommModel::all_reduce_ms(double bytes, std::int64_t n, bool inter_node) const {
+  check_comm(bytes, n);
+  if (n == 1 || bytes == 0) return 0;
+  const double steps = 2.0 * static_cast<double>(n - 1);
+  const double chunk = bytes / static_cast<double>(n);
+  return steps * (inter_node ? inter_latency_ms + chunk / inter_bytes_per_ms : intra_latency_ms + chunk / intra_bytes_per_ms);
+}
+
+double CommModel::all_gather_ms(double bytes, std::int64_t n, bool inter_node) const {
+  check_comm(bytes, n);
+  if (n == 1 || bytes == 0) return 0;
+  const double steps = static_cast<double>(n - 1);
+  const double chunk = bytes / static_cast<double>(n);
+  return steps * (inter_node ? inter_latency_ms + chunk / inter_bytes_per_ms : intra_latency_ms + chunk / intra_bytes_per_ms);
+}
+
+double CommModel::reduce_scatter_ms(double bytes, std::int64_t n, bool inter_node) const {
+  return all_gather_ms(bytes, n, inter_node);
+}
+
+// ---- stage composition --------------------------------------------------------------------------
+
+LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
+                     std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+  const ModelSpec& m = cm.model();
+  PACKPIPE_CHECK_ARG(layout.encoder_layers >= 0 && layout.decoder_layers >= 0,
+                     "stage layer counts must be non-negative, found {} encoder and {} decoder", layout.encoder_layers,
+                     layout.decoder_layers);
+  PACKPIPE_CHECK_ARG(layout.decoder_layers == 0 || m.arch == Architecture::EncoderDecoder,
+                     "stage has {} decoder layers but model '{}' is decoder-only", layout.decoder_layers, m.name);
+  PACKPIPE_CHECK_ARG(layout.encoder_layers + layout.decoder_layers > 0 || layout.has_embedding || layout.has_postprocess,
+                     "stage holds no layers");
+  LayerCost total;
+  total.time_source = Provenance::Profiled;
+  total.memory_source = Provenance::Profiled;
+  double stored = 0, peak_abs = 0;
+  // Layers in execution order; the stage's transient peak is the largest stored-so-far plus the
+  // running layer's peak (backward of the last layer sees everything stored), reported on top of
+  // the stage's stored total.
+  auto add = [&](LayerKind kind, std::int64_t n) {
+    if (n <= 0) return;
+    Query q;
+    q.kind = kind;
+    q.num_layers = n;
+    q.tp = tp;
+    q.mbs = mbs;
+    q.seq = seq;
+    q.dec_seq = m.arch == Architecture::EncoderDecoder ? dec_seq : 0;
+    q.recompute = rc;
+    const LayerCost c = cm.query(q);
+    total.forward_ms += c.forward_ms;
+    total.backward_ms += c.backward_ms;
+    total.recompute_ms += c.recompute_ms;
+    stored += c.stored_bytes;
+    peak_abs = std::max(peak_abs, stored + c.peak_bytes);
+    total.boundary_bytes = c.boundary_bytes;  // the last kind's output leaves the stage
+    total.time_source = std::max(total.time_source, c.time_source);
+    total.memory_source = std::max(total.memory_source, c.memory_source);
+  };
+  add(LayerKind::Embedding, layout.has_embedding ? 1 : 0);
+  add(LayerKind::Encoder, layout.encoder_layers);
+  add(LayerKind::Decoder, layout.decoder_layers);
+  add(LayerKind::PostProcess, layout.has_postprocess ? 1 : 0);
+  total.stored_bytes = stored;
+  total.peak_bytes = peak_abs - stored;
+  if (layout.has_postprocess) total.boundary_bytes = 0;
+  return total;
+}
+
+StaticMemory stage_static_memory(const ModelSpec& m, const StageLayout& layout, std::int64_t tp, std::int64_t dp,
+                                 int zero_stage) {
+  PACKPIPE_CHECK_ARG(tp > 0, "tp must be positive, found {}", tp);
+  PACKPIPE_CHECK_ARG(layout.encoder_layers >= 0 && layout.decoder_layers >= 0,
+                     "stage layer counts must be non-negative, found {} encoder and {} decoder", layout.encoder_layers,
+                     layout.decoder_layers);
+  PACKPIPE_CHECK_ARG(layout.decoder_layers == 0 || m.arch == Architecture::EncoderDecoder,
+                     "stage has {} decoder layers but model '{}' is decoder-only", layout.decoder_layers, m.name);
+  double params = static_cast<double>(layout.encoder_layers) * static_cast<double>(m.layer_params(false)) +
+                  static_cast<double>(layout.decoder_layers) * static_cast<double>(m.layer_params(true));
+  // The LM head is tied to the word embedding: a last stage without the embedding keeps its own
+  // copy (synchronized by the embedding all-reduce), a stage with both keeps one.
+  if (layout.has_embedding || layout.has_postprocess) params += static_cast<double>(m.embedding_params());
+  if (layout.has_postprocess) params += 2.0 * static_cast<double>(m.hidden);  // final norm
+  return static_memory(params / static_cast<double>(tp), dp, zero_stage);
+}
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# End-to-end tests of `packpipe costmodel show|query`.
+# Usage: test_costmodel.sh PACKPIPE_BINARY FIXTURES_DIR
+set -euo pipefail
+pp=$1
+fx=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+py=/usr/bin/python3
+
+for sub in show query; do
+  "$pp" costmodel "$sub" --help | grep -q "Usage" || fail "costmodel $sub --help"
+done
+
+# show: text and JSON with the documented keys
+"$pp" costmodel show --model gpt-1.3b --device V100-32GB | grep -q "gpt-1.3b" || fail "show text"
+"$pp" costmodel show --model llama-7b --device H100-80GB --json > "$tmp/show.json"
+$py - "$tmp/show.json" <<'PY' || fail "show --json keys"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ("model", "device", "cost_model", "comm", "model_presets", "device_presets"):
+    assert k in j, k
+assert j["model"]["gated_mlp"] is True and j["device"]["name"] == "H100-80GB", j
+PY
+
+# query: JSON keys, recompute ordering, decoder query on T5, static memory under ZeRO
+for rc in none selective full; do
+  "$pp" costmodel query --model gpt-6.7b --device A100-40GB --tp 2 --mbs 2 --seq 2048 --recompute $rc \
+      --layers 4 --dp 8 --zero 1 --json > "$tmp/q_$rc.json"
+done
+$py - "$tmp" <<'PY' || fail "query --json values"
+import json, sys
+d = sys.argv[1]
+q = {rc: json.load(open(f"{d}/q_{rc}.json")) for rc in ("none", "selective", "full")}
+for k in ("model", "device", "cost_model", "query", "forward_ms", "backward_ms", "recompute_ms", "total_ms",
+          "stored_bytes", "peak_bytes", "boundary_bytes", "boundary_p2p_ms", "time_source", "memory_source", "static"):
+    assert k in q["none"], k
+assert q["none"]["query"] == {"kind": "encoder", "layers": 4, "tp": 2, "mbs": 2, "seq": 2048, "dec_seq": 0,
+                              "recompute": "none"}, q["none"]["query"]
+assert q["none"]["total_ms"] < q["selective"]["total_ms"] < q["full"]["total_ms"]
+assert q["none"]["stored_bytes"] > q["selective"]["stored_bytes"] > q["full"]["stored_bytes"]
+s = q["none"]["static"]
+assert abs(s["optimizer_bytes"] - 6 * s["params_bytes"] / 8) < 1e-6 * s["optimizer_bytes"], s
+assert q["none"]["time_source"] == "analytic"
+PY
+"$pp" costmodel query --model t5-11b --kind decoder --enc-seq 512 --dec-seq 128 --mbs 2 --json > "$tmp/t5.json"
+$py - "$tmp/t5.json" <<'PY' || fail "t5 decoder query"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["boundary_bytes"] == 2 * 2 * (512 + 128) * 1024, j
+PY
+"$pp" costmodel query --model gpt-1.3b --seq 1024 | grep -q "forward" || fail "query text"
+
+# bad input: non-zero exit and a message naming the argument
+expect_error() {
+  local pattern=$1; shift
+  if "$pp" "$@" > "$tmp/out" 2> "$tmp/err"; then fail "expected failure: $*"; fi
+  grep -q -- "$pattern" "$tmp/err" || { cat "$tmp/err" >&2; fail "message for: $*"; }
+}
+expect_error "unknown model 'gpt-99b'" costmodel query --model gpt-99b --seq 128
+expect_error "mbs" costmodel query --mbs 0 --seq 128
+expect_error "decoder-only" costmodel query --kind decoder --seq 128 --dec-seq 16
+expect_error "tp (3) must divide" costmodel query --tp 3 --seq 128
+expect_error "--seq" costmodel query --mbs 1
+expect_error "unknown recompute mode" costmodel query --seq 128 --recompute most
+expect_error "zero stage" costmodel query --seq 128 --zero 7
+echo "ok"

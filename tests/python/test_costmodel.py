@@ -1,0 +1,66 @@
+"""packpipe.CostModel: the analytic model's queries, stage helpers, comm and report from Python."""
+import pytest
+
+import packpipe
+
+
+def test_query_properties():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    assert "analytic" in cm.describe()
+    assert cm.model["hidden"] == 4096 and cm.device["peak_tflops"] == 312
+    small = cm.query(kind="encoder", mbs=1, seq=1024)
+    big = cm.query(kind="encoder", mbs=4, seq=1024)
+    assert big.total_ms > small.total_ms and big.stored_bytes > small.stored_bytes
+    rc = {m: cm.query(mbs=2, seq=2048, recompute=m) for m in ("none", "selective", "full")}
+    assert rc["none"].total_ms < rc["selective"].total_ms < rc["full"].total_ms
+    assert rc["none"].stored_bytes > rc["selective"].stored_bytes > rc["full"].stored_bytes
+    assert rc["full"].stored_bytes == pytest.approx(2 * 2 * 2048 * 4096)
+    d = small.to_dict()
+    for key in ("forward_ms", "backward_ms", "recompute_ms", "total_ms", "stored_bytes", "peak_bytes",
+                "boundary_bytes", "time_source", "memory_source"):
+        assert key in d
+    assert d["time_source"] == "analytic"
+    four = cm.query(mbs=1, seq=1024, layers=4)
+    assert four.forward_ms == pytest.approx(4 * small.forward_ms)
+
+
+def test_encoder_decoder_and_stage():
+    cm = packpipe.CostModel(model="t5-11b")
+    dec = cm.query(kind="decoder", mbs=2, seq=512, dec_seq=128)
+    assert dec.boundary_bytes == pytest.approx(2 * 2 * (512 + 128) * 1024)
+    st = cm.stage_cost(encoder_layers=2, decoder_layers=2, has_embedding=True, has_postprocess=True, mbs=2, seq=512,
+                       dec_seq=128)
+    assert st.total_ms > dec.total_ms and st.boundary_bytes == 0
+    sm = cm.stage_static_memory(encoder_layers=4, tp=2, dp=4, zero=1)
+    assert sm.optimizer_bytes == pytest.approx(sm.params_bytes * 6 / 4)
+
+
+def test_static_memory_comm_and_report():
+    s = packpipe.static_memory(1e9, dp=8, zero_stage=3)
+    assert s.total_bytes == pytest.approx(16e9 / 8)
+    cm = packpipe.CostModel()
+    assert cm.all_reduce_ms(1e8, 4) == pytest.approx(cm.all_gather_ms(1e8, 4) + cm.reduce_scatter_ms(1e8, 4))
+    assert cm.p2p_ms(1e8, inter_node=True) > cm.p2p_ms(1e8)
+    p = packpipe.bigscience_params("gpt-1.3b", 2048)
+    assert p == 1317654528
+    assert packpipe.bigscience_tflops_per_gpu(p, 2048, 512, 58.98, 4) == pytest.approx(46.9, abs=0.05)
+    assert packpipe.bigscience_tflops_per_gpu(p, 2048, 512, 58.98, 4, factor=3) == pytest.approx(35.1, abs=0.05)
+    r = packpipe.throughput_report(1e15, 512, 512 * 2048, 10.0, 4, "A100-40GB")
+    assert r["tflops_per_gpu"] == pytest.approx(25.0) and r["mfu"] == pytest.approx(25.0 / 312)
+    assert "gpt-6.7b" in packpipe.model_presets() and "H200" in packpipe.device_presets()
+
+
+def test_bad_input_names_the_argument():
+    cm = packpipe.CostModel()
+    with pytest.raises(ValueError, match="mbs"):
+        cm.query(mbs=0, seq=128)
+    with pytest.raises(ValueError, match="decoder-only"):
+        cm.query(kind="decoder", seq=128, dec_seq=16)
+    with pytest.raises(ValueError, match="tp \\(3\\) must divide"):
+        cm.query(seq=128, tp=3)
+    with pytest.raises(ValueError, match="unknown recompute mode"):
+        cm.query(seq=128, recompute="most")
+    with pytest.raises(ValueError, match="unknown model 'gpt-99b'"):
+        packpipe.CostModel("gpt-99b")
+    with pytest.raises(ValueError, match="zero stage"):
+        packpipe.static_memory(1e9, 2, 5)
