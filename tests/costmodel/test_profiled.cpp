@@ -297,3 +297,21 @@ TEST_CASE("leave-one-out on the Aceso grids: mbs 2 and 4 from their neighbours",
                                   load_model("gpt-1.3b")),
                     packpipe::InvalidArgument);
 }
+
+TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[interface]") {
+  const auto cm = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv")},
+                                           load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const auto hit = cm->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
+  CHECK(hit.time_source == Provenance::Profiled);
+  CHECK(hit.forward_ms == Approx(5.78));
+  const auto tp16 = cm->query(make_query(LayerKind::Encoder, 16, Recompute::None, 1, 2048));
+  CHECK(tp16.time_source == Provenance::Analytic);
+  CHECK(tp16.forward_ms > 0);
+  const auto emb = cm->query(make_query(LayerKind::Embedding, 1, Recompute::None, 1, 2048));
+  CHECK(emb.time_source == Provenance::Analytic);
+  // Post-process memory is not in the activation grid: the analytic model answers it.
+  CHECK(cm->query(make_query(LayerKind::PostProcess, 1, Recompute::None, 1, 2048)).memory_source == Provenance::Analytic);
+  CHECK(cm->describe().find("fallback analytic") != std::string::npos);
+  REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+                    packpipe::Error);
+}
