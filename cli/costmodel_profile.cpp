@@ -1,0 +1,254 @@
+// `packpipe costmodel validate|import`: accuracy of the profiled model by leave-one-out, and
+// conversion of DynaPipe / Aceso / Metis / AIOB / AICB profiles into one packpipe profile file.
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "common/errors.h"
+#include "costmodel/profiled.h"
+
+namespace packpipe::cli {
+
+namespace cm = packpipe::costmodel;
+
+namespace {
+
+/// "gpt_6.7b" -> "gpt-6.7b", "gpt_1_3B" -> "gpt-1.3b", "t5_770M" -> "t5-770m" (preset spelling).
+std::string preset_from_profile_name(const std::string& name) {
+  std::vector<std::string> toks;
+  std::string cur;
+  for (char ch : name) {
+    if (ch == '_' || ch == '-') {
+      if (!cur.empty()) toks.push_back(cur);
+      cur.clear();
+    } else {
+      cur += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+  }
+  if (!cur.empty()) toks.push_back(cur);
+  if (toks.size() < 2) return name;
+  std::string out = toks[0] + "-" + toks[1];
+  for (std::size_t i = 2; i < toks.size(); ++i) out += "." + toks[i];
+  return out;
+}
+
+cm::ModelSpec resolve_model(const std::string& option, const cm::Profile& p) {
+  if (!option.empty()) return cm::load_model(option);
+  PACKPIPE_CHECK_ARG(!p.model.empty(), "the profile does not name its model: pass --model (one of {})",
+                     fmt::join(cm::model_preset_names(), ", "));
+  const std::string guess = preset_from_profile_name(p.model);
+  try {
+    return cm::load_model(guess);
+  } catch (const InvalidArgument&) {
+    PACKPIPE_THROW(InvalidArgument, "the profile's model '{}' is not a preset ('{}' unknown): pass --model", p.model,
+                   guess);
+  }
+}
+
+const char* rc_name(cm::Recompute rc) {
+  switch (rc) {
+    case cm::Recompute::None: return "none";
+    case cm::Recompute::Selective: return "selective";
+    case cm::Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Json errors_json(const cm::LooErrors& e) {
+  Json j;
+  j["points"] = e.points;
+  j["time_predictions"] = e.time_predictions;
+  j["memory_predictions"] = e.memory_predictions;
+  j["time_mape"] = e.time_mape;
+  j["memory_mape"] = e.memory_mape;
+  j["linear_time_mape"] = e.linear_time_mape;
+  j["linear_memory_mape"] = e.linear_memory_mape;
+  j["peak_memory_mape"] = e.peak_memory_mape;
+  j["linear_peak_memory_mape"] = e.linear_peak_memory_mape;
+  return j;
+}
+
+void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+struct ReadOpts {
+  std::int64_t seq = 0, dec_seq = 0, tp = 0, mbs = 0;
+  cm::ProfileReadOptions get() const {
+    cm::ProfileReadOptions o;
+    o.seq = seq;
+    o.dec_seq = dec_seq;
+    o.tp = tp;
+    o.mbs = mbs;
+    return o;
+  }
+};
+
+void add_read_options(CLI::App* sub, ReadOpts& o) {
+  sub->add_option("--seq", o.seq, "sequence length for formats that do not record it (Aceso: 2048, Metis, AIOB)");
+  sub->add_option("--dec-seq", o.dec_seq, "decoder length for Aceso T5 tables (default 512)");
+  sub->add_option("--tp", o.tp, "AIOB: tensor-parallel degree when the file name does not say");
+  sub->add_option("--mbs", o.mbs, "AIOB: micro-batch size when the file name does not say");
+}
+
+// ---- validate -----------------------------------------------------------------------------------
+
+struct ValidateArgs {
+  std::vector<std::string> profiles;
+  std::string model;
+  bool leave_one_out = false;
+  bool json = false;
+  bool groups = false;
+  ReadOpts read;
+};
+
+void run_validate(const ValidateArgs& a) {
+  const cm::Profile p = cm::load_profiles(a.profiles, a.read.get());
+  const cm::ModelSpec model = resolve_model(a.model, p);
+  if (!a.leave_one_out) {
+    // Loading and building the tables is the check; say what was found.
+    const cm::ProfiledCostModel m(p, model, cm::DeviceSpec{});
+    Json j;
+    j["profile"] = a.profiles;
+    j["model"] = model.name;
+    j["device"] = p.device;
+    j["files"] = p.sources.size();
+    j["points"] = p.points.size();
+    j["params"] = p.params.size();
+    j["comm_samples"] = p.comm.size();
+    j["notes"] = p.notes;
+    j["description"] = m.describe();
+    if (a.json) {
+      print_json(j);
+    } else {
+      std::printf("%s\n  model   %s\n  files   %zu\n  points  %zu\n  comm    %zu samples\n", m.describe().c_str(),
+                  model.name.c_str(), p.sources.size(), p.points.size(), p.comm.size());
+      for (const auto& n : p.notes) std::printf("  note    %s\n", n.c_str());
+    }
+    return;
+  }
+  const cm::LooReport r = cm::leave_one_out(p, model);
+  if (a.json) {
+    Json j;
+    j["profile"] = a.profiles;
+    j["model"] = r.model;
+    j["device"] = r.device.empty() ? Json(nullptr) : Json(r.device);
+    j["protocol"] = "leave-one-out: each point with profiled neighbours at the adjacent axis values removed "
+                    "(whole slice for seq and dec_seq) and predicted; MAPE in percent";
+    const Json all = errors_json(r.all);
+    for (auto it = all.begin(); it != all.end(); ++it) j[it.key()] = it.value();
+    Json by = Json::array();
+    for (const auto& b : r.by_stage_rc) {
+      Json e = errors_json(b.errors);
+      Json row;
+      row["stage"] = cm::layer_kind_name(b.kind);
+      row["rc"] = rc_name(b.rc);
+      for (auto it = e.begin(); it != e.end(); ++it) row[it.key()] = it.value();
+      by.push_back(row);
+    }
+    j["by_stage_rc"] = by;
+    if (a.groups) {
+      Json gs = Json::array();
+      for (const auto& g : r.groups) {
+        Json row;
+        row["stage"] = cm::layer_kind_name(g.kind);
+        row["tp"] = g.tp;
+        row["rc"] = rc_name(g.rc);
+        row["variant"] = g.variant;
+        row["axis"] = g.axis;
+        const Json e = errors_json(g.errors);
+        for (auto it = e.begin(); it != e.end(); ++it) row[it.key()] = it.value();
+        gs.push_back(row);
+      }
+      j["groups"] = gs;
+    }
+    print_json(j);
+    return;
+  }
+  std::printf("leave-one-out on %zu file%s, model %s%s\n", p.sources.size(), p.sources.size() == 1 ? "" : "s",
+              r.model.c_str(), r.device.empty() ? "" : (", device " + r.device).c_str());
+  std::printf("  %-24s %7s %10s %10s %10s %10s\n", "stage / rc", "points", "time", "linear", "memory", "linear");
+  auto line = [](const std::string& label, const cm::LooErrors& e) {
+    const std::string mem = e.memory_predictions ? fmt::format("{:9.2f}% {:9.2f}%", e.memory_mape, e.linear_memory_mape)
+                                                 : fmt::format("{:>10} {:>10}", "-", "-");
+    std::printf("  %-24s %7zu %9.2f%% %9.2f%% %s\n", label.c_str(), e.points, e.time_mape, e.linear_time_mape,
+                mem.c_str());
+  };
+  for (const auto& b : r.by_stage_rc) line(fmt::format("{} / {}", cm::layer_kind_name(b.kind), rc_name(b.rc)), b.errors);
+  line("all", r.all);
+  std::printf("  (MAPE: ours = fitted curve x interpolated ratio in log coordinates; linear = DynaPipe's rule on the "
+              "raw grid)\n");
+}
+
+// ---- import -------------------------------------------------------------------------------------
+
+struct ImportArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  std::string model;
+  std::string device;
+  bool json = false;
+  ReadOpts read;
+};
+
+void run_import(const ImportArgs& a) {
+  cm::Profile p = cm::load_profiles(a.inputs, a.read.get());
+  if (!a.model.empty()) p.model = a.model;
+  if (!a.device.empty()) p.device = a.device;
+  const std::string text = cm::write_packpipe_profile(p);
+  {
+    std::ofstream out(a.out, std::ios::binary | std::ios::trunc);
+    PACKPIPE_CHECK(out.good(), "{}: cannot open for writing", a.out);
+    out << text;
+    out.flush();
+    PACKPIPE_CHECK(out.good(), "{}: write failed", a.out);
+  }
+  if (a.json) {
+    Json j;
+    j["out"] = a.out;
+    j["sources"] = p.sources;
+    j["model"] = p.model;
+    j["device"] = p.device;
+    j["points"] = p.points.size();
+    j["params"] = p.params.size();
+    j["comm_samples"] = p.comm.size();
+    j["notes"] = p.notes;
+    j["bytes"] = text.size();
+    print_json(j);
+  } else {
+    std::printf("wrote %s: %zu points, %zu parameter rows, %zu communication samples from %zu file%s\n", a.out.c_str(),
+                p.points.size(), p.params.size(), p.comm.size(), p.sources.size(), p.sources.size() == 1 ? "" : "s");
+    for (const auto& n : p.notes) std::printf("  note: %s\n", n.c_str());
+  }
+}
+
+}  // namespace
+
+void add_costmodel_profile_commands(CLI::App& costmodel) {
+  auto va = std::make_shared<ValidateArgs>();
+  CLI::App* v = costmodel.add_subcommand("validate", "Load profiles and measure interpolation accuracy (leave-one-out)");
+  v->add_option("--profile", va->profiles, "profile files or folders (any supported format)")->required();
+  v->add_option("--model", va->model, "model preset or JSON for the FLOPs (default: from the profile's name)");
+  v->add_flag("--leave-one-out", va->leave_one_out, "remove each interior grid point and predict it from the rest");
+  v->add_flag("--groups", va->groups, "with --json: errors per grid (stage, tp, rc, variant, axis)");
+  v->add_flag("--json", va->json, "one JSON object on stdout");
+  add_read_options(v, va->read);
+  v->callback([va] { run_validate(*va); });
+
+  auto ia = std::make_shared<ImportArgs>();
+  CLI::App* im = costmodel.add_subcommand("import", "Convert profiles into one packpipe profile file (ms, bytes)");
+  im->add_option("inputs", ia->inputs, "profile files or folders")->required();
+  im->add_option("--out", ia->out, "packpipe profile file to write (JSON)")->required();
+  im->add_option("--model", ia->model, "model name to record in the file");
+  im->add_option("--device", ia->device, "device name to record in the file");
+  im->add_flag("--json", ia->json, "summary as JSON");
+  add_read_options(im, ia->read);
+  im->callback([ia] { run_import(*ia); });
+}
+
+}  // namespace packpipe::cli

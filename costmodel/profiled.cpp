@@ -1,0 +1,725 @@
+// ProfiledCostModel: grids of measured shapes, efficiency interpolation, memory fits, and the
+// leave-one-out validation that measures them against plain linear interpolation.
+#include "costmodel/profiled.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/errors.h"
+
+namespace packpipe::costmodel {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+const char* rc_text(Recompute rc) {
+  switch (rc) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+double median_of(std::vector<double>& v) {
+  if (v.empty()) return kNaN;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+using GridKey = std::tuple<LayerKind, std::int64_t, Recompute, std::int64_t>;  // kind, tp, rc, variant
+using Shape = std::tuple<std::int64_t, std::int64_t, std::int64_t>;           // mbs, seq, dec_seq
+
+/// One shape of one grid, repeated measurements resolved to their median.
+struct Cell {
+  std::int64_t mbs = 0, seq = 0, dec = 0;
+  double fwd = kNaN, bwd = kNaN, stored = kNaN, peak = kNaN;
+};
+
+std::map<GridKey, std::vector<Cell>> merge_points(const std::vector<ProfilePoint>& points) {
+  struct Acc {
+    std::vector<double> fwd, bwd, stored, peak;
+  };
+  std::map<GridKey, std::map<Shape, Acc>> acc;
+  for (const auto& p : points) {
+    Acc& a = acc[{p.kind, p.tp, p.rc, p.variant}][{p.mbs, p.seq, p.dec_seq}];
+    if (!std::isnan(p.fwd_ms)) a.fwd.push_back(p.fwd_ms);
+    if (!std::isnan(p.bwd_ms)) a.bwd.push_back(p.bwd_ms);
+    if (!std::isnan(p.stored_bytes)) a.stored.push_back(p.stored_bytes);
+    if (!std::isnan(p.peak_bytes)) a.peak.push_back(p.peak_bytes);
+  }
+  std::map<GridKey, std::vector<Cell>> out;
+  for (auto& [key, shapes] : acc) {
+    auto& cells = out[key];
+    for (auto& [shape, a] : shapes) {
+      Cell c;
+      std::tie(c.mbs, c.seq, c.dec) = shape;
+      c.fwd = median_of(a.fwd);
+      c.bwd = median_of(a.bwd);
+      c.stored = median_of(a.stored);
+      c.peak = median_of(a.peak);
+      cells.push_back(c);
+    }
+  }
+  return out;
+}
+
+// ---- fits ---------------------------------------------------------------------------------------
+//
+// Time and memory are each modelled as a non-negative combination of a few shape features fitted
+// by least squares in relative error over the grid, and the measured/fitted ratio of every grid
+// point is interpolated between points. Time features: 1 (launch latency), matrix-product GFLOP,
+// attention GFLOP (forward_flops), so fitted / FLOPs is an efficiency curve that falls for small
+// shapes; the interpolated ratio is the measured efficiency relative to that curve.
+// Memory features: 1, b*L, b*L^2 (decoder: 1, b*d, b*s, b*d^2, b*d*s).
+
+constexpr int kMaxFeatures = 5;
+
+struct Featurizer {
+  const ModelSpec* m = nullptr;
+  LayerKind kind = LayerKind::Encoder;
+
+  /// FLOPs of the layer (whole layer, all TP ranks) at a profile shape.
+  LayerFlops flops(std::int64_t b, std::int64_t s, std::int64_t d) const {
+    const bool enc_dec = m->arch == Architecture::EncoderDecoder;
+    if (kind == LayerKind::PostProcess) {
+      return forward_flops(*m, kind, b, enc_dec ? std::max<std::int64_t>(s, 1) : s, enc_dec ? (d > 0 ? d : s) : 0);
+    }
+    if (kind == LayerKind::Decoder) return forward_flops(*m, kind, b, s, d);
+    return forward_flops(*m, kind, b, s > 0 ? s : d, d);
+  }
+  int time(std::int64_t b, std::int64_t s, std::int64_t d, double* x) const {
+    const LayerFlops f = flops(b, s, d);
+    x[0] = 1.0;
+    if (f.total() <= 0) {  // the embedding is a gather: tokens instead of FLOPs
+      x[1] = static_cast<double>(b) * static_cast<double>(std::max(s, d)) * 1e-3;
+      return 2;
+    }
+    x[1] = f.matmul * 1e-9;
+    if (f.attention <= 0) return 2;
+    x[2] = f.attention * 1e-9;
+    return 3;
+  }
+  int memory(std::int64_t bi, std::int64_t si, std::int64_t di, double* x) const {
+    const double b = static_cast<double>(bi), s = static_cast<double>(si), d = static_cast<double>(di);
+    x[0] = 1.0;  // buffers that do not scale with the shape
+    if (kind == LayerKind::Decoder) {
+      x[1] = b * d;
+      x[2] = b * s;
+      x[3] = b * d * d;
+      x[4] = b * d * s;
+      return 5;
+    }
+    const double L = s > 0 ? s : d;
+    x[1] = b * L;
+    x[2] = b * L * L;
+    return 3;
+  }
+  int features(bool is_time, std::int64_t b, std::int64_t s, std::int64_t d, double* x) const {
+    return is_time ? time(b, s, d, x) : memory(b, s, d, x);
+  }
+};
+
+struct Fit {
+  int k = 0;
+  double c[kMaxFeatures] = {0, 0, 0, 0, 0};
+  double eval(const double* x, int kx) const {
+    double y = 0;
+    for (int i = 0; i < std::min(k, kx); ++i) y += c[i] * x[i];
+    return y;
+  }
+};
+
+/// Normal equations of least squares in relative error: A = sum x x^T / y^2, v = sum x / y.
+struct FitSums {
+  int k = 0;
+  double A[kMaxFeatures][kMaxFeatures] = {};
+  double v[kMaxFeatures] = {};
+  std::size_t n = 0;
+  void add(const double* x, int kx, double y, double sign) {
+    k = std::max(k, kx);
+    for (int i = 0; i < kx; ++i) {
+      for (int j = 0; j < kx; ++j) A[i][j] += sign * x[i] * x[j] / (y * y);
+      v[i] += sign * x[i] / y;
+    }
+    n = sign > 0 ? n + 1 : n - 1;
+  }
+};
+
+/// Solves the normal equations restricted to the features in `mask`; false when singular.
+bool solve_subset(const FitSums& s, unsigned mask, Fit& f) {
+  int idx[kMaxFeatures], m = 0;
+  for (int i = 0; i < s.k; ++i) {
+    if (mask & (1u << i)) idx[m++] = i;
+  }
+  double M[kMaxFeatures][kMaxFeatures + 1];
+  double scale[kMaxFeatures];
+  for (int a = 0; a < m; ++a) scale[a] = s.A[idx[a]][idx[a]] > 0 ? std::sqrt(s.A[idx[a]][idx[a]]) : 0.0;
+  for (int a = 0; a < m; ++a) {
+    if (!(scale[a] > 0)) return false;
+    for (int b = 0; b < m; ++b) M[a][b] = s.A[idx[a]][idx[b]] / (scale[a] * scale[b]);
+    M[a][m] = s.v[idx[a]] / scale[a];
+  }
+  for (int col = 0; col < m; ++col) {
+    int piv = col;
+    for (int r = col + 1; r < m; ++r) {
+      if (std::abs(M[r][col]) > std::abs(M[piv][col])) piv = r;
+    }
+    if (std::abs(M[piv][col]) < 1e-10) return false;
+    if (piv != col) {
+      for (int j = 0; j <= m; ++j) std::swap(M[piv][j], M[col][j]);
+    }
+    for (int r = 0; r < m; ++r) {
+      if (r == col) continue;
+      const double q = M[r][col] / M[col][col];
+      for (int j = col; j <= m; ++j) M[r][j] -= q * M[col][j];
+    }
+  }
+  f = Fit{};
+  f.k = s.k;
+  for (int a = 0; a < m; ++a) f.c[idx[a]] = M[a][m] / M[a][a] / scale[a];
+  return true;
+}
+
+/// Non-negative least squares by enumerating feature subsets (at most 4 features): the best fit
+/// whose coefficients are all >= 0, so the fit is positive wherever the features are.
+Fit solve(const FitSums& s) {
+  Fit best;
+  best.k = s.k;
+  if (s.k == 0 || s.n == 0) return best;
+  double best_obj = std::numeric_limits<double>::infinity();
+  for (unsigned mask = 1; mask < (1u << s.k); ++mask) {
+    Fit f;
+    if (!solve_subset(s, mask, f)) continue;
+    bool ok = true;
+    for (int i = 0; i < s.k; ++i) ok = ok && f.c[i] >= 0;
+    if (!ok) continue;
+    // sum ((c.x - y) / y)^2 up to the constant n: c^T A c - 2 c.v
+    double obj = 0;
+    for (int i = 0; i < s.k; ++i) {
+      obj -= 2 * f.c[i] * s.v[i];
+      for (int j = 0; j < s.k; ++j) obj += f.c[i] * s.A[i][j] * f.c[j];
+    }
+    if (obj < best_obj) {
+      best_obj = obj;
+      best = f;
+    }
+  }
+  return best;
+}
+
+/// Fit of `field` over the cells not excluded.
+template <typename Excluded>
+Fit fit_field(const Featurizer& fz, bool is_time, const std::vector<Cell>& cells, double Cell::*field,
+              const FitSums& all, const Excluded& excluded) {
+  FitSums s = all;
+  double x[kMaxFeatures];
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const double y = cells[i].*field;
+    if (excluded(i) && y > 0) s.add(x, fz.features(is_time, cells[i].mbs, cells[i].seq, cells[i].dec, x), y, -1.0);
+  }
+  return solve(s);
+}
+
+FitSums fit_sums(const Featurizer& fz, bool is_time, const std::vector<Cell>& cells, double Cell::*field) {
+  FitSums s;
+  double x[kMaxFeatures];
+  for (const auto& c : cells) {
+    const double y = c.*field;
+    if (y > 0) s.add(x, fz.features(is_time, c.mbs, c.seq, c.dec, x), y, 1.0);
+  }
+  return s;
+}
+
+double eval_at(const Featurizer& fz, bool is_time, const Fit& f, const Cell& c) {
+  double x[kMaxFeatures];
+  const int k = fz.features(is_time, c.mbs, c.seq, c.dec, x);
+  return f.eval(x, k);
+}
+
+// ---- grid ---------------------------------------------------------------------------------------
+
+/// The four modelled quantities: forward, backward (time), stored, peak (memory).
+constexpr int kFields = 4;
+double Cell::*const kField[kFields] = {&Cell::fwd, &Cell::bwd, &Cell::stored, &Cell::peak};
+inline bool is_time_field(int f) { return f < 2; }
+
+/// Measured / fitted ratio of each quantity at one grid node (NaN when not measured).
+struct Node {
+  double r[kFields] = {kNaN, kNaN, kNaN, kNaN};
+};
+
+struct Axis {
+  std::vector<std::int64_t> v;
+  std::vector<double> lg;
+  bool used() const { return !(v.size() == 1 && v[0] == 0); }
+  std::int64_t max() const { return v.back(); }
+};
+
+struct Bracket {
+  int i0 = 0, i1 = 0;
+  double w1 = 0;
+  bool exact = true;
+  bool above = false;
+  bool below = false;
+};
+
+/// Position of x on the sorted axis v (log2 values lg): the two nodes around it and the weight of
+/// the upper one, linear in log2 x.
+Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x, double log2x = kNaN) {
+  Bracket b;
+  if (x <= v[0]) {
+    b.exact = x == v[0];
+    b.below = x < v[0];
+    if (n == 1 && b.below) b.above = true;  // one value: no trend known below either
+    return b;
+  }
+  if (x >= v[n - 1]) {
+    b.i0 = b.i1 = n - 1;
+    b.exact = x == v[n - 1];
+    b.above = x > v[n - 1];
+    return b;
+  }
+  // Axes are short (at most a dozen values): a branch-free count beats a binary search here.
+  int i = -1;
+  for (int k = 0; k < n; ++k) i += v[k] <= x;
+  b.i0 = i;
+  if (v[i] == x) {
+    b.i1 = i;
+    return b;
+  }
+  b.exact = false;
+  b.i1 = i + 1;
+  const double lx = std::isnan(log2x) ? std::log2(static_cast<double>(x)) : log2x;
+  b.w1 = (lx - lg[i]) / (lg[i + 1] - lg[i]);
+  return b;
+}
+
+struct Grid {
+  LayerKind kind = LayerKind::Encoder;
+  std::int64_t tp = 1;
+  Recompute rc = Recompute::None;
+  std::int64_t variant = 0;
+  Axis mbs, seq, dec;
+  std::vector<int> row_of;     // seq index * dec count + dec index -> row, -1 when absent
+  std::vector<int> row_begin;  // into cell_mbs / nodes
+  std::vector<int> row_count;
+  std::vector<std::int64_t> cell_mbs;
+  std::vector<double> cell_lmbs;
+  std::vector<Node> nodes;
+  Fit fit[kFields];
+  bool has[kFields] = {false, false, false, false};
+  bool has_time() const { return has[0] || has[1]; }
+};
+
+/// Interpolates a row at micro-batch size b; `exact`/`extrap` updated.
+Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact, bool& extrap) {
+  const auto begin = static_cast<std::size_t>(g.row_begin[static_cast<std::size_t>(row)]);
+  const int n = g.row_count[static_cast<std::size_t>(row)];
+  const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b, log2b);
+  if (!br.exact) exact = false;
+  if (br.above || (br.below && g.cell_mbs[begin] != g.mbs.v[0])) extrap = true;
+  const Node& a = g.nodes[begin + static_cast<std::size_t>(br.i0)];
+  if (br.i0 == br.i1) return a;
+  const Node& c = g.nodes[begin + static_cast<std::size_t>(br.i1)];
+  Node out;
+  for (int f = 0; f < kFields; ++f) out.r[f] = a.r[f] + br.w1 * (c.r[f] - a.r[f]);
+  return out;
+}
+
+Axis make_axis(const std::set<std::int64_t>& values) {
+  Axis a;
+  a.v.assign(values.begin(), values.end());
+  for (auto x : a.v) a.lg.push_back(x > 0 ? std::log2(static_cast<double>(x)) : 0.0);
+  return a;
+}
+
+Grid build_grid(const GridKey& key, const std::vector<Cell>& cells, const ModelSpec& m) {
+  Grid g;
+  std::tie(g.kind, g.tp, g.rc, g.variant) = key;
+  const Featurizer fz{&m, g.kind};
+  std::set<std::int64_t> ms, ss, ds;
+  for (const auto& c : cells) {
+    ms.insert(c.mbs);
+    ss.insert(c.seq);
+    ds.insert(c.dec);
+  }
+  g.mbs = make_axis(ms);
+  g.seq = make_axis(ss);
+  g.dec = make_axis(ds);
+  auto none = [](std::size_t) { return false; };
+  for (int f = 0; f < kFields; ++f) {
+    const FitSums sums = fit_sums(fz, is_time_field(f), cells, kField[f]);
+    g.has[f] = sums.n > 0;
+    if (g.has[f]) g.fit[f] = fit_field(fz, is_time_field(f), cells, kField[f], sums, none);
+  }
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<const Cell*>> rows;
+  for (const auto& c : cells) rows[{c.seq, c.dec}].push_back(&c);
+  g.row_of.assign(g.seq.v.size() * g.dec.v.size(), -1);
+  for (auto& [sd, rcells] : rows) {
+    std::sort(rcells.begin(), rcells.end(), [](const Cell* a, const Cell* b) { return a->mbs < b->mbs; });
+    const auto si = std::lower_bound(g.seq.v.begin(), g.seq.v.end(), sd.first) - g.seq.v.begin();
+    const auto di = std::lower_bound(g.dec.v.begin(), g.dec.v.end(), sd.second) - g.dec.v.begin();
+    g.row_of[static_cast<std::size_t>(si) * g.dec.v.size() + static_cast<std::size_t>(di)] =
+        static_cast<int>(g.row_begin.size());
+    g.row_begin.push_back(static_cast<int>(g.cell_mbs.size()));
+    g.row_count.push_back(static_cast<int>(rcells.size()));
+    for (const Cell* c : rcells) {
+      Node n;
+      for (int f = 0; f < kFields; ++f) {
+        const double y = c->*kField[f];
+        if (g.has[f] && y > 0) n.r[f] = y / eval_at(fz, is_time_field(f), g.fit[f], *c);
+      }
+      g.cell_mbs.push_back(c->mbs);
+      g.cell_lmbs.push_back(std::log2(static_cast<double>(c->mbs)));
+      g.nodes.push_back(n);
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+// ---- the model ----------------------------------------------------------------------------------
+
+struct ProfiledCostModel::Impl {
+  Profile profile;
+  ModelSpec model;
+  DeviceSpec device;
+  CommModel comm;
+  std::unique_ptr<CostModel> fallback;
+  std::vector<Grid> grids;
+  std::vector<AlphaBetaFit> fits;
+
+  const Grid* find(LayerKind k, std::int64_t tp, Recompute rc) const {
+    for (const auto& g : grids) {
+      if (g.kind == k && g.tp == tp && g.rc == rc && g.variant == 0) return &g;
+    }
+    return nullptr;
+  }
+};
+
+ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpec device,
+                                     std::unique_ptr<CostModel> fallback)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.model = std::move(model);
+  I.device = std::move(device);
+  I.fallback = std::move(fallback);
+  PACKPIPE_CHECK_ARG(!profile.points.empty(), "profile {} has no grid points",
+                     profile.sources.empty() ? std::string("(in memory)")
+                                             : fmt::format("{}", fmt::join(profile.sources, ", ")));
+  for (const auto& p : profile.points) {
+    PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || I.model.arch == Architecture::EncoderDecoder,
+                       "profile has decoder layers but model '{}' is decoder-only", I.model.name);
+  }
+  for (const auto& [key, cells] : merge_points(profile.points)) I.grids.push_back(build_grid(key, cells, I.model));
+  // Communication: device figures, replaced by measured p2p where the profile has it.
+  I.comm.intra_latency_ms = I.device.intra_node_latency_us / 1e3;
+  I.comm.intra_bytes_per_ms = I.device.intra_node_gbps * 1e6;
+  I.comm.inter_latency_ms = I.device.inter_node_latency_us / 1e3;
+  I.comm.inter_bytes_per_ms = I.device.inter_node_gbps * 1e6;
+  I.fits = fit_alpha_beta(profile.comm);
+  for (const auto& f : I.fits) {
+    if (f.collective != "p2p" || f.bytes_per_ms <= 0) continue;
+    (f.inter_node ? I.comm.inter_latency_ms : I.comm.intra_latency_ms) = f.alpha_ms;
+    (f.inter_node ? I.comm.inter_bytes_per_ms : I.comm.intra_bytes_per_ms) = f.bytes_per_ms;
+  }
+  I.profile = std::move(profile);
+}
+
+ProfiledCostModel::~ProfiledCostModel() = default;
+
+const ModelSpec& ProfiledCostModel::model() const { return impl_->model; }
+const DeviceSpec& ProfiledCostModel::device() const { return impl_->device; }
+const CommModel& ProfiledCostModel::comm() const { return impl_->comm; }
+const Profile& ProfiledCostModel::profile() const { return impl_->profile; }
+const std::vector<AlphaBetaFit>& ProfiledCostModel::comm_fits() const { return impl_->fits; }
+
+bool ProfiledCostModel::profiled(LayerKind kind, std::int64_t tp, Recompute rc) const {
+  const Grid* g = impl_->find(kind, tp, rc);
+  return g != nullptr && g->has_time();
+}
+
+std::string ProfiledCostModel::describe() const {
+  const auto& p = impl_->profile;
+  return fmt::format("profiled ({} points in {} grids from {} file{}; fallback {})", p.points.size(),
+                     impl_->grids.size(), p.sources.size(), p.sources.size() == 1 ? "" : "s",
+                     impl_->fallback ? "analytic" : "none");
+}
+
+LayerCost ProfiledCostModel::query(const Query& q) const {
+  const Impl& I = *impl_;
+  PACKPIPE_CHECK_ARG(q.mbs > 0, "mbs must be positive, found {}", q.mbs);
+  PACKPIPE_CHECK_ARG(q.tp > 0, "tp must be positive, found {}", q.tp);
+  PACKPIPE_CHECK_ARG(q.num_layers > 0, "num_layers must be positive, found {}", q.num_layers);
+  PACKPIPE_CHECK_ARG(q.seq >= 0, "seq must not be negative, found {}", q.seq);
+  PACKPIPE_CHECK_ARG(q.dec_seq >= 0, "dec_seq must not be negative, found {}", q.dec_seq);
+  const bool enc_dec = I.model.arch == Architecture::EncoderDecoder;
+  if (q.kind == LayerKind::Decoder || (enc_dec && q.kind == LayerKind::PostProcess)) {
+    PACKPIPE_CHECK_ARG(q.dec_seq > 0, "dec_seq must be positive for {} layers of '{}', found {}",
+                       layer_kind_name(q.kind), I.model.name, q.dec_seq);
+  }
+  if (q.kind != LayerKind::PostProcess || !enc_dec) {
+    PACKPIPE_CHECK_ARG(q.seq > 0, "seq must be positive, found {}", q.seq);
+  }
+  PACKPIPE_CHECK_ARG(q.kind != LayerKind::Decoder || enc_dec, "model '{}' is decoder-only: it has no decoder layers",
+                     I.model.name);
+  const Grid* g = I.find(q.kind, q.tp, q.recompute);
+  if (g == nullptr || !g->has_time()) {
+    PACKPIPE_CHECK_ARG(I.fallback != nullptr,
+                       "{} layers at tp {} with recompute {} are not profiled and there is no analytic fallback",
+                       layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+    return I.fallback->query(q);
+  }
+  // Refuse far beyond the grid.
+  PACKPIPE_CHECK_ARG(q.mbs <= 2 * g->mbs.max(),
+                     "mbs {} is beyond twice the largest profiled micro-batch size {} ({} tp {} rc {})", q.mbs,
+                     g->mbs.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+  if (g->seq.used()) {
+    PACKPIPE_CHECK_ARG(q.seq <= 2 * g->seq.max(),
+                       "seq {} is beyond twice the largest profiled sequence length {} ({} tp {} rc {})", q.seq,
+                       g->seq.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+  }
+  if (g->dec.used()) {
+    PACKPIPE_CHECK_ARG(q.dec_seq <= 2 * g->dec.max(),
+                       "dec_seq {} is beyond twice the largest profiled decoder length {} ({} tp {} rc {})", q.dec_seq,
+                       g->dec.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+  }
+  bool exact = true, extrap = false;
+  // Clamp below axes with at least two values (latency floor); a single value gives no trend.
+  auto clamp_low = [](const Axis& a, std::int64_t x) { return a.v.size() > 1 && x < a.v[0] ? a.v[0] : x; };
+  const std::int64_t b = clamp_low(g->mbs, q.mbs);
+  const std::int64_t s = g->seq.used() ? clamp_low(g->seq, q.seq) : 0;
+  const std::int64_t d = g->dec.used() ? clamp_low(g->dec, q.dec_seq) : 0;
+  Bracket bs, bd;
+  if (g->seq.used()) bs = bracket(g->seq.v.data(), g->seq.lg.data(), static_cast<int>(g->seq.v.size()), s);
+  if (g->dec.used()) bd = bracket(g->dec.v.data(), g->dec.lg.data(), static_cast<int>(g->dec.v.size()), d);
+  for (const Bracket* br : {&bs, &bd}) {
+    if (!br->exact) exact = false;
+    if (br->above) extrap = true;
+  }
+  if (b != q.mbs || (g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
+  const std::size_t nd = g->dec.v.size();
+  const double log2b = std::log2(static_cast<double>(b));
+  double acc[kFields] = {0, 0, 0, 0};
+  double wsum = 0;
+  for (int cs = 0; cs < 2; ++cs) {
+    if (cs && bs.i0 == bs.i1) continue;
+    const int si = cs ? bs.i1 : bs.i0;
+    const double ws = cs ? bs.w1 : 1 - bs.w1;
+    for (int cd = 0; cd < 2; ++cd) {
+      if (cd && bd.i0 == bd.i1) continue;
+      const int di = cd ? bd.i1 : bd.i0;
+      const double wd = cd ? bd.w1 : 1 - bd.w1;
+      if (ws * wd <= 0) continue;
+      const int row = g->row_of[static_cast<std::size_t>(si) * nd + static_cast<std::size_t>(di)];
+      if (row < 0) {
+        extrap = true;  // a hole of the grid: the other corners carry the answer
+        exact = false;
+        continue;
+      }
+      const Node n = row_value(*g, row, b, log2b, exact, extrap);
+      for (int f = 0; f < kFields; ++f) acc[f] += ws * wd * n.r[f];
+      wsum += ws * wd;
+    }
+  }
+  if (!(wsum > 0)) {
+    PACKPIPE_CHECK_ARG(I.fallback != nullptr,
+                       "no profiled shape near mbs {} seq {} dec_seq {} ({} tp {} rc {}) and no analytic fallback",
+                       q.mbs, q.seq, q.dec_seq, layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+    return I.fallback->query(q);
+  }
+  const double inv = 1.0 / wsum;
+  const double layers = static_cast<double>(q.num_layers);
+  const Featurizer fz{&I.model, q.kind};
+  // Time at the clamped shape (latency floor below the grid), at the real shape above it.
+  const std::int64_t ts = g->seq.used() ? s : q.seq, td = g->dec.used() ? d : q.dec_seq;
+  double xt[kMaxFeatures];
+  const int kt = fz.time(b, ts, td, xt);
+  const Provenance prov = exact ? Provenance::Profiled : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
+  LayerCost out;
+  const double fwd = g->has[0] ? g->fit[0].eval(xt, kt) * acc[0] * inv : kNaN;
+  const double bwd_profiled = g->has[1] ? g->fit[1].eval(xt, kt) * acc[1] * inv : kNaN;
+  double recompute = 0;
+  if (q.recompute == Recompute::Full) {
+    recompute = fwd;
+  } else if (q.recompute == Recompute::Selective && kt == 3) {
+    recompute = fwd * xt[2] / (xt[1] + xt[2]);  // the attention core is what selective recompute redoes
+  }
+  out.forward_ms = fwd * layers;
+  out.recompute_ms = recompute * layers;
+  out.backward_ms = std::max(0.0, bwd_profiled - recompute) * layers;
+  out.time_source = prov;
+  double xm[kMaxFeatures];
+  const int km = fz.memory(q.mbs, g->seq.used() ? q.seq : 0, g->dec.used() ? q.dec_seq : 0, xm);
+  if (g->has[2] && !std::isnan(acc[2])) {
+    out.stored_bytes = g->fit[2].eval(xm, km) * acc[2] * inv * layers;
+    out.peak_bytes = g->has[3] && !std::isnan(acc[3]) ? g->fit[3].eval(xm, km) * acc[3] * inv : 0.0;
+    out.memory_source = prov;
+  } else if (I.fallback) {
+    const LayerCost a = I.fallback->query(q);
+    out.stored_bytes = a.stored_bytes;
+    out.peak_bytes = a.peak_bytes;
+    out.memory_source = a.memory_source;
+  } else {
+    out.stored_bytes = kNaN;
+    out.peak_bytes = kNaN;
+    out.memory_source = Provenance::Analytic;
+  }
+  // Activations handed to the next stage: hidden states of every token (the encoder output rides
+  // along through decoder stages); the post-process ends the pipeline.
+  const double h = static_cast<double>(I.model.hidden) * static_cast<double>(I.model.bytes_per_param);
+  const double bq = static_cast<double>(q.mbs);
+  switch (q.kind) {
+    case LayerKind::PostProcess: out.boundary_bytes = 0; break;
+    case LayerKind::Decoder: out.boundary_bytes = bq * static_cast<double>(q.seq + q.dec_seq) * h; break;
+    default: out.boundary_bytes = bq * static_cast<double>(q.seq) * h; break;
+  }
+  return out;
+}
+
+// ---- leave-one-out ------------------------------------------------------------------------------
+
+namespace {
+
+struct ErrAcc {
+  std::size_t points = 0;
+  std::size_t n[kFields] = {0, 0, 0, 0};
+  double ours[kFields] = {0, 0, 0, 0}, lin[kFields] = {0, 0, 0, 0};
+  void add(const ErrAcc& o) {
+    points += o.points;
+    for (int f = 0; f < kFields; ++f) {
+      n[f] += o.n[f];
+      ours[f] += o.ours[f];
+      lin[f] += o.lin[f];
+    }
+  }
+  LooErrors done() const {
+    auto pct = [](double sum, std::size_t k) { return k ? 100.0 * sum / static_cast<double>(k) : 0.0; };
+    LooErrors e;
+    e.points = points;
+    e.time_predictions = n[0] + n[1];
+    e.memory_predictions = n[2];
+    e.time_mape = pct(ours[0] + ours[1], n[0] + n[1]);
+    e.linear_time_mape = pct(lin[0] + lin[1], n[0] + n[1]);
+    e.memory_mape = pct(ours[2], n[2]);
+    e.linear_memory_mape = pct(lin[2], n[2]);
+    e.peak_memory_mape = pct(ours[3], n[3]);
+    e.linear_peak_memory_mape = pct(lin[3], n[3]);
+    return e;
+  }
+};
+
+}  // namespace
+
+LooReport leave_one_out(const Profile& profile, const ModelSpec& model) {
+  for (const auto& p : profile.points) {
+    PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || model.arch == Architecture::EncoderDecoder,
+                       "profile has decoder layers but model '{}' is decoder-only", model.name);
+  }
+  LooReport report;
+  report.model = model.name;
+  report.device = profile.device;
+  ErrAcc total;
+  std::map<std::pair<LayerKind, Recompute>, ErrAcc> by;
+  const auto merged = merge_points(profile.points);
+  for (const auto& grid_entry : merged) {
+    const GridKey& key = grid_entry.first;
+    const std::vector<Cell>& cells = grid_entry.second;
+    const LayerKind kind = std::get<0>(key);
+    const Featurizer fz{&model, kind};
+    std::map<Shape, std::size_t> index;
+    for (std::size_t i = 0; i < cells.size(); ++i) index[{cells[i].mbs, cells[i].seq, cells[i].dec}] = i;
+    FitSums sums[kFields];
+    for (int f = 0; f < kFields; ++f) sums[f] = fit_sums(fz, is_time_field(f), cells, kField[f]);
+    for (int axis = 0; axis < 3; ++axis) {
+      auto coord = [axis](const Cell& c) { return axis == 0 ? c.mbs : (axis == 1 ? c.seq : c.dec); };
+      std::set<std::int64_t> vs;
+      for (const auto& c : cells) vs.insert(coord(c));
+      const std::vector<std::int64_t> vals(vs.begin(), vs.end());
+      if (vals.size() < 3) continue;
+      ErrAcc acc;
+      // Fits without the removed point (mbs axis) or the removed slice (seq, dec_seq), cached per slice.
+      std::map<std::int64_t, std::array<Fit, kFields>> slice_fits;
+      for (std::size_t i = 0; i < cells.size(); ++i) {
+        const Cell& c = cells[i];
+        const auto j = static_cast<std::size_t>(std::lower_bound(vals.begin(), vals.end(), coord(c)) - vals.begin());
+        if (j == 0 || j + 1 == vals.size()) continue;
+        auto at = [&](std::int64_t x) -> const Cell* {
+          Shape sh{c.mbs, c.seq, c.dec};
+          (axis == 0 ? std::get<0>(sh) : (axis == 1 ? std::get<1>(sh) : std::get<2>(sh))) = x;
+          auto it = index.find(sh);
+          return it == index.end() ? nullptr : &cells[it->second];
+        };
+        const Cell* lo = at(vals[j - 1]);
+        const Cell* hi = at(vals[j + 1]);
+        if (!lo || !hi) continue;
+        acc.points += 1;
+        std::array<Fit, kFields> fits;
+        if (axis == 0) {
+          auto ex = [i](std::size_t k) { return k == i; };
+          for (int f = 0; f < kFields; ++f) {
+            if (sums[f].n) fits[static_cast<std::size_t>(f)] = fit_field(fz, is_time_field(f), cells, kField[f], sums[f], ex);
+          }
+        } else {
+          const std::int64_t v = coord(c);
+          auto it = slice_fits.find(v);
+          if (it == slice_fits.end()) {
+            auto ex = [&](std::size_t k) { return coord(cells[k]) == v; };
+            std::array<Fit, kFields> fs;
+            for (int f = 0; f < kFields; ++f) {
+              if (sums[f].n) fs[static_cast<std::size_t>(f)] = fit_field(fz, is_time_field(f), cells, kField[f], sums[f], ex);
+            }
+            it = slice_fits.emplace(v, fs).first;
+          }
+          fits = it->second;
+        }
+        const double x = static_cast<double>(coord(c)), xl = static_cast<double>(vals[j - 1]),
+                     xh = static_cast<double>(vals[j + 1]);
+        const double tlin = (x - xl) / (xh - xl);
+        const double tlog = (std::log2(x) - std::log2(xl)) / (std::log2(xh) - std::log2(xl));
+        for (int f = 0; f < kFields; ++f) {
+          const double y = c.*kField[f], yl = lo->*kField[f], yh = hi->*kField[f];
+          if (!(y > 0) || !(yl > 0) || !(yh > 0)) continue;
+          const Fit& fit = fits[static_cast<std::size_t>(f)];
+          const bool t = is_time_field(f);
+          const double fl = eval_at(fz, t, fit, *lo), fh = eval_at(fz, t, fit, *hi), fc = eval_at(fz, t, fit, c);
+          const double lin = yl + tlin * (yh - yl);
+          double ours = lin;  // no usable fit: the raw rule
+          if (fl > 0 && fh > 0 && fc > 0) {
+            const double rl = yl / fl, rh = yh / fh;
+            ours = fc * (rl + tlog * (rh - rl));
+          }
+          acc.ours[f] += std::abs(ours - y) / y;
+          acc.lin[f] += std::abs(lin - y) / y;
+          acc.n[f] += 1;
+        }
+      }
+      if (acc.points == 0) continue;
+      LooGroup grp;
+      std::tie(grp.kind, grp.tp, grp.rc, grp.variant) = key;
+      grp.axis = axis == 0 ? "mbs" : (axis == 1 ? "seq" : "dec_seq");
+      grp.errors = acc.done();
+      report.groups.push_back(grp);
+      total.add(acc);
+      by[{grp.kind, grp.rc}].add(acc);
+    }
+  }
+  PACKPIPE_CHECK_ARG(total.points > 0,
+                     "no interior grid point to leave out (an axis needs a point with profiled neighbours on both sides)");
+  report.all = total.done();
+  for (const auto& [k, acc] : by) report.by_stage_rc.push_back(LooBreakdown{k.first, k.second, acc.done()});
+  return report;
+}
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# End-to-end tests of `packpipe costmodel validate|import` on the DynaPipe and Aceso fixtures.
+# Usage: test_costmodel_profiles.sh PACKPIPE_BINARY FIXTURES_DIR
+set -euo pipefail
+pp=$1
+dyn=$2/dynapipe/derived_from_cost_models_pkl
+aceso=$2/aceso/profiler
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+py=/usr/bin/python3
+
+for sub in validate import; do
+  "$pp" costmodel "$sub" --help | grep -q "Usage" || fail "costmodel $sub --help"
+done
+
+# validate --leave-one-out --json: documented keys, finite figures, ours below linear on DynaPipe grids
+check_loo() {
+  $py - "$1" "$2" <<'PY' || fail "leave-one-out JSON for $2"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+for k in ("points", "time_mape", "memory_mape", "linear_time_mape", "linear_memory_mape", "by_stage_rc", "model"):
+    assert k in j, k
+assert j["model"] == sys.argv[2], j["model"]
+assert j["points"] > 0
+for k in ("time_mape", "memory_mape", "linear_time_mape", "linear_memory_mape"):
+    assert math.isfinite(j[k]), k
+assert j["time_mape"] < j["linear_time_mape"], (j["time_mape"], j["linear_time_mape"])
+assert j["memory_mape"] < j["linear_memory_mape"], (j["memory_mape"], j["linear_memory_mape"])
+assert all({"stage", "rc", "points", "time_mape"} <= set(b) for b in j["by_stage_rc"])
+PY
+}
+"$pp" costmodel validate --profile "$dyn/gpt_6.7b_timing.csv" "$dyn/gpt_6.7b_activation.csv" --leave-one-out --json \
+  > "$tmp/gpt.json" || fail "validate gpt"
+check_loo "$tmp/gpt.json" gpt-6.7b
+"$pp" costmodel validate --profile "$dyn/t5_11b_timing.csv" --profile "$dyn/t5_11b_activation.csv" --leave-one-out \
+  --json > "$tmp/t5.json" || fail "validate t5"
+check_loo "$tmp/t5.json" t5-11b
+
+# Aceso: mbs 2 and 4 from their neighbours; the text report for people
+"$pp" costmodel validate --profile "$aceso/profiled-time-eurosys" --leave-one-out > "$tmp/aceso.txt" || fail "validate aceso"
+grep -q "model gpt-13b" "$tmp/aceso.txt" || fail "aceso text names the model"
+grep -q "^  all " "$tmp/aceso.txt" || fail "aceso text has the total line"
+
+# import: one packpipe profile file that validate (and the cost model) read back
+"$pp" costmodel import "$dyn/gpt_6.7b_timing.csv" "$dyn/gpt_6.7b_activation.csv" "$dyn/gpt_6.7b_model_state.csv" \
+  --out "$tmp/gpt_profile.json" --device A100-40GB --json > "$tmp/import.json" || fail "import"
+$py - "$tmp/import.json" "$tmp/gpt_profile.json" <<'PY' || fail "import output"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["points"] == 4096 + 1024 and s["params"] == 24, s
+p = json.load(open(sys.argv[2]))
+assert p["format"] == "packpipe-profile" and p["units"] == {"time": "ms", "memory": "bytes"}, p["units"]
+assert p["device"] == "A100-40GB" and len(p["points"]) == 5120
+PY
+"$pp" costmodel validate --profile "$tmp/gpt_profile.json" --leave-one-out --json > "$tmp/gpt2.json" || fail "validate imported"
+check_loo "$tmp/gpt2.json" gpt-6.7b
+
+# bad input: a missing column names the file, the line and the column; exit status 1
+sed '1s/,mbs,/,mb,/' "$dyn/gpt_6.7b_timing.csv" > "$tmp/gpt_bad_timing.csv"
+if "$pp" costmodel validate --profile "$tmp/gpt_bad_timing.csv" --model gpt-6.7b 2> "$tmp/err.txt"; then
+  fail "missing column accepted"
+fi
+grep -q "gpt_bad_timing.csv line 1: missing column 'mbs'" "$tmp/err.txt" || fail "missing column message: $(cat "$tmp/err.txt")"
+# mixing two models' grids is refused
+if "$pp" costmodel import "$aceso/profiled-time-miniset" --out "$tmp/mixed.json" 2> "$tmp/err2.txt"; then
+  fail "mixed models accepted"
+fi
+grep -q "load one model at a time" "$tmp/err2.txt" || fail "mixed models message"
+echo "ok"

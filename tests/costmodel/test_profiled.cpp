@@ -1,0 +1,317 @@
+// ProfiledCostModel on the DynaPipe and Aceso fixtures: grid hits, interpolation, clamping,
+// extrapolation flags, refusals, repeated points, fallback, threads, and leave-one-out accuracy.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/errors.h"
+#include "costmodel/profiled.h"
+#include "tests/support/temp_dir.h"
+
+using namespace packpipe::costmodel;
+using packpipe::test::fixture;
+
+namespace {
+
+const std::string kDyn = "dynapipe/derived_from_cost_models_pkl/";
+
+Profile gpt_profile() {
+  return load_profiles({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
+                        fixture(kDyn + "gpt_6.7b_model_state.csv")});
+}
+
+Profile t5_profile() {
+  return load_profiles({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")});
+}
+
+std::vector<std::string> aceso_files(const std::string& dir, const std::string& model, std::vector<int> tps,
+                                     std::vector<int> algos) {
+  std::vector<std::string> out;
+  for (int b : {1, 2, 4, 8}) {
+    for (int tp : tps) {
+      for (int a : algos) {
+        out.push_back(fixture("aceso/profiler/" + dir + "/" + model + "_mbs" + std::to_string(b) + "_tp" +
+                              std::to_string(tp) + "_algo" + std::to_string(a) + ".csv"));
+      }
+    }
+  }
+  return out;
+}
+
+Query make_query(LayerKind k, std::int64_t tp, Recompute rc, std::int64_t mbs, std::int64_t seq,
+                 std::int64_t dec = 0) {
+  Query q;
+  q.kind = k;
+  q.tp = tp;
+  q.recompute = rc;
+  q.mbs = mbs;
+  q.seq = seq;
+  q.dec_seq = dec;
+  return q;
+}
+
+/// A fallback that answers everything with fixed numbers, standing in for the analytic model.
+class StubModel final : public CostModel {
+ public:
+  LayerCost query(const Query&) const override {
+    LayerCost c;
+    c.forward_ms = 1;
+    c.backward_ms = 2;
+    c.stored_bytes = 3;
+    c.time_source = Provenance::Analytic;
+    c.memory_source = Provenance::Analytic;
+    return c;
+  }
+  const ModelSpec& model() const override { return m_; }
+  const DeviceSpec& device() const override { return d_; }
+  const CommModel& comm() const override { return c_; }
+  std::string describe() const override { return "stub"; }
+
+ private:
+  ModelSpec m_;
+  DeviceSpec d_;
+  CommModel c_;
+};
+
+}  // namespace
+
+TEST_CASE("grid hits reproduce the profile and say Profiled", "[interface]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  CHECK(cm.profiled(LayerKind::Encoder, 1, Recompute::None));
+  CHECK_FALSE(cm.profiled(LayerKind::Encoder, 16, Recompute::None));
+  // "1,none,encoder,forward,2048,0,1,5.78", backward 9.65; stored 966.55 MB (README, reference doc)
+  const LayerCost c = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
+  CHECK(c.forward_ms == Approx(5.78));
+  CHECK(c.backward_ms == Approx(9.65));
+  CHECK(c.recompute_ms == 0);
+  CHECK(c.stored_bytes == Approx(966.55e6));
+  CHECK(c.time_source == Provenance::Profiled);
+  CHECK(c.memory_source == Provenance::Profiled);
+  CHECK(c.boundary_bytes == Approx(1.0 * 2048 * 4096 * 2));
+  // Full recompute: the profiled backward (15.43) includes the recomputed forward (5.83).
+  const LayerCost f = cm.query(make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 2048));
+  CHECK(f.forward_ms == Approx(5.83));
+  CHECK(f.recompute_ms == Approx(5.83));
+  CHECK(f.backward_ms + f.recompute_ms == Approx(15.43));
+  // Layers add.
+  Query q4 = make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048);
+  q4.num_layers = 4;
+  const LayerCost c4 = cm.query(q4);
+  CHECK(c4.forward_ms == Approx(4 * c.forward_ms));
+  CHECK(c4.stored_bytes == Approx(4 * c.stored_bytes));
+}
+
+TEST_CASE("between grid points: Interpolated, between the neighbours", "[interface]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const auto lo = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
+  const auto hi = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 4096));
+  const auto mid = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 3072));
+  CHECK(mid.time_source == Provenance::Interpolated);
+  CHECK(mid.memory_source == Provenance::Interpolated);
+  CHECK(mid.forward_ms > lo.forward_ms);
+  CHECK(mid.forward_ms < hi.forward_ms);
+  CHECK(mid.stored_bytes > lo.stored_bytes);
+  CHECK(mid.stored_bytes < hi.stored_bytes);
+  const auto b3 = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 3, 512));
+  CHECK(b3.time_source == Provenance::Interpolated);
+  CHECK(b3.forward_ms > cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 2, 512)).forward_ms);
+  CHECK(b3.forward_ms < cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 4, 512)).forward_ms);
+}
+
+TEST_CASE("below the grid clamps, above it flags, beyond twice it refuses", "[boundary]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  // seq 8 < 16: the latency floor of the smallest profiled shape.
+  const auto at16 = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 16));
+  const auto at8 = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 8));
+  CHECK(at8.forward_ms == Approx(at16.forward_ms));
+  CHECK(at8.time_source == Provenance::Interpolated);
+  // mbs 16 at seq 2048: profiled only up to 8 there (OOM beyond): extrapolated.
+  const auto hole = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 16, 2048));
+  CHECK(hole.time_source == Provenance::Extrapolated);
+  CHECK(hole.forward_ms > cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 8, 2048)).forward_ms);
+  // seq 12288 > 8192 (largest) but < 2 x 8192.
+  CHECK(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 12288)).time_source == Provenance::Extrapolated);
+  CHECK_NOTHROW(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 4096, 16)));
+  REQUIRE_THROWS_AS(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 4097, 16)), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 4097, 16)),
+                      Catch::Matchers::Contains("mbs 4097") && Catch::Matchers::Contains("2048"));
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 16385)),
+                      Catch::Matchers::Contains("seq 16385") && Catch::Matchers::Contains("8192"));
+}
+
+TEST_CASE("non-positive sizes and unprofiled axes", "[negative]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  REQUIRE_THROWS_AS(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 0, 16)), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 0, 16)),
+                      Catch::Matchers::Contains("mbs must be positive, found 0"));
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, -5)),
+                      Catch::Matchers::Contains("seq must not be negative, found -5"));
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 0, Recompute::None, 1, 16)),
+                      Catch::Matchers::Contains("tp must be positive"));
+  Query zero_layers = make_query(LayerKind::Encoder, 1, Recompute::None, 1, 16);
+  zero_layers.num_layers = 0;
+  REQUIRE_THROWS_WITH(cm.query(zero_layers), Catch::Matchers::Contains("num_layers must be positive"));
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 16, Recompute::None, 1, 16)),
+                      Catch::Matchers::Contains("tp 16") && Catch::Matchers::Contains("not profiled"));
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Decoder, 1, Recompute::None, 1, 16, 16)),
+                      Catch::Matchers::Contains("decoder-only"));
+  // A decoder profile for a decoder-only model, and an empty profile.
+  REQUIRE_THROWS_WITH(ProfiledCostModel(t5_profile(), load_model("gpt-6.7b"), load_device("A100-40GB")),
+                      Catch::Matchers::Contains("decoder-only"));
+  REQUIRE_THROWS_AS(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+                    packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+                      Catch::Matchers::Contains("no grid points"));
+}
+
+TEST_CASE("unprofiled discrete axes go to the fallback and say Analytic", "[interface]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"),
+                             std::make_unique<StubModel>());
+  const auto c = cm.query(make_query(LayerKind::Encoder, 16, Recompute::None, 1, 2048));
+  CHECK(c.time_source == Provenance::Analytic);
+  CHECK(c.forward_ms == 1);
+  // Embedding time is not in the DynaPipe timing grid.
+  CHECK(cm.query(make_query(LayerKind::Embedding, 1, Recompute::None, 1, 2048)).time_source == Provenance::Analytic);
+  // Post-process time is profiled, its memory is not: memory from the fallback.
+  const auto pp = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::None, 1, 2048));
+  CHECK(pp.time_source == Provenance::Profiled);
+  CHECK(pp.memory_source == Provenance::Analytic);
+  CHECK(pp.stored_bytes == 3);
+}
+
+TEST_CASE("T5: decoder grid over (enc, dec), repeated encoder points resolve to the median", "[interface]") {
+  const Profile p = t5_profile();
+  const ProfiledCostModel cm(p, load_model("t5-11b"), load_device("A100-40GB"));
+  std::vector<double> fwd;
+  for (const auto& x : p.points) {
+    if (x.kind == LayerKind::Encoder && x.seq == 16 && x.mbs == 1 && !std::isnan(x.fwd_ms)) fwd.push_back(x.fwd_ms);
+  }
+  REQUIRE(fwd.size() == 9);
+  std::sort(fwd.begin(), fwd.end());
+  const auto e = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 16, 64));
+  CHECK(e.forward_ms == Approx(fwd[4]));
+  CHECK(e.time_source == Provenance::Profiled);
+  const auto d = cm.query(make_query(LayerKind::Decoder, 1, Recompute::None, 2, 256, 128));
+  CHECK(d.time_source == Provenance::Profiled);
+  const auto di = cm.query(make_query(LayerKind::Decoder, 1, Recompute::None, 2, 384, 96));
+  CHECK(di.time_source == Provenance::Interpolated);
+  CHECK(std::isfinite(di.forward_ms));
+  CHECK(di.forward_ms > 0);
+  const auto pp = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::None, 1, 999, 16));
+  CHECK(pp.time_source == Provenance::Profiled);  // keyed by the decoder length only
+  REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Decoder, 1, Recompute::None, 1, 16, 0)),
+                      Catch::Matchers::Contains("dec_seq must be positive"));
+}
+
+TEST_CASE("queries from many threads agree", "[stress]") {
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  std::vector<double> expect;
+  std::vector<Query> qs;
+  for (std::int64_t b : {1, 3, 5, 16}) {
+    for (std::int64_t s : {20, 700, 2048, 5000}) {
+      for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        qs.push_back(make_query(LayerKind::Encoder, 2, rc, b, s));
+        expect.push_back(cm.query(qs.back()).total_ms());
+      }
+    }
+  }
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 200; ++rep) {
+        for (std::size_t i = 0; i < qs.size(); ++i) {
+          if (cm.query(qs[i]).total_ms() != expect[i]) ++bad[static_cast<std::size_t>(t)];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == std::vector<int>(4, 0));
+}
+
+TEST_CASE("measured p2p replaces the device's link figures", "[interface]") {
+  Profile p = load_profiles(aceso_files("profiled-time-eurosys", "gpt_13B", {1}, {0}));
+  p.merge(load_profiles({fixture("aceso/profiler/profiled-time-eurosys/p2p_intra_node.csv")}));
+  const DeviceSpec dev = load_device("V100-32GB");
+  const ProfiledCostModel cm(p, load_model("gpt-13b"), dev);
+  REQUIRE(cm.comm_fits().size() == 1);
+  CHECK(cm.comm().intra_bytes_per_ms == cm.comm_fits()[0].bytes_per_ms);
+  CHECK(cm.comm().inter_bytes_per_ms == Approx(dev.inter_node_gbps * 1e6));
+  // 17.22 .. 42.46 GiB/s measured: the fitted bandwidth lies in that range (bytes per ms).
+  CHECK(cm.comm().intra_bytes_per_ms > 17.0 * 1073741824.0 / 1e3);
+  CHECK(cm.comm().intra_bytes_per_ms < 43.0 * 1073741824.0 / 1e3);
+}
+
+TEST_CASE("packpipe profile file gives the same answers", "[regression]") {
+  const Profile p = gpt_profile();
+  packpipe::test::TempDir dir;
+  packpipe::test::write_file(dir.file("gpt.json"), write_packpipe_profile(p));
+  const ProfiledCostModel a(p, load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel b(load_profiles({dir.file("gpt.json")}), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  for (std::int64_t s : {16, 100, 3000}) {
+    const auto qa = a.query(make_query(LayerKind::Encoder, 4, Recompute::Selective, 3, s));
+    const auto qb = b.query(make_query(LayerKind::Encoder, 4, Recompute::Selective, 3, s));
+    CHECK(qa.forward_ms == qb.forward_ms);
+    CHECK(qa.stored_bytes == qb.stored_bytes);
+  }
+}
+
+TEST_CASE("leave-one-out: lower error than linear interpolation on the DynaPipe grids", "[regression]") {
+  for (const auto& [profile, model] : {std::make_pair(gpt_profile(), std::string("gpt-6.7b")),
+                                       std::make_pair(t5_profile(), std::string("t5-11b"))}) {
+    INFO(model);
+    const LooReport r = leave_one_out(profile, load_model(model));
+    CHECK(r.model == model);
+    CHECK(r.all.points > 100);
+    CHECK(r.all.time_predictions == 2 * r.all.points);  // forward and backward of every removal
+    for (double v : {r.all.time_mape, r.all.memory_mape, r.all.linear_time_mape, r.all.linear_memory_mape}) {
+      CHECK(std::isfinite(v));
+    }
+    CHECK(r.all.memory_predictions > 0);
+    CHECK(r.all.time_mape < r.all.linear_time_mape);
+    CHECK(r.all.memory_mape < r.all.linear_memory_mape);
+    CHECK(r.all.peak_memory_mape < r.all.linear_peak_memory_mape);
+    CHECK_FALSE(r.by_stage_rc.empty());
+    CHECK_FALSE(r.groups.empty());
+  }
+}
+
+TEST_CASE("leave-one-out on the Aceso grids: mbs 2 and 4 from their neighbours", "[regression]") {
+  const Profile p = load_profiles(aceso_files("profiled-time-miniset", "gpt_1_3B", {1, 2, 4}, {0, 1}));
+  const LooReport r = leave_one_out(p, load_model("gpt-1.3b"));
+  // 6 grids (tp 1, 2, 4 x algo 0, 1) x 3 kinds (embedding, layer, post-process) x 2 interior sizes
+  CHECK(r.all.points == 36);
+  for (const auto& g : r.groups) CHECK(g.axis == "mbs");
+  CHECK(std::isfinite(r.all.time_mape));
+  CHECK(std::isfinite(r.all.linear_time_mape));
+  CHECK(std::isfinite(r.all.memory_mape));
+  // Four sizes per grid and measurement noise: both rules land within a few percent.
+  CHECK(r.all.time_mape < 5.0);
+  CHECK(r.all.linear_time_mape < 5.0);
+  REQUIRE_THROWS_AS(leave_one_out(load_profiles({fixture("aceso/profiler/profiled-time-miniset/gpt_1_3B_mbs1_tp1_algo0.csv")}),
+                                  load_model("gpt-1.3b")),
+                    packpipe::InvalidArgument);
+}
+
+TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[interface]") {
+  const auto cm = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv")},
+                                           load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const auto hit = cm->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
+  CHECK(hit.time_source == Provenance::Profiled);
+  CHECK(hit.forward_ms == Approx(5.78));
+  const auto tp16 = cm->query(make_query(LayerKind::Encoder, 16, Recompute::None, 1, 2048));
+  CHECK(tp16.time_source == Provenance::Analytic);
+  CHECK(tp16.forward_ms > 0);
+  const auto emb = cm->query(make_query(LayerKind::Embedding, 1, Recompute::None, 1, 2048));
+  CHECK(emb.time_source == Provenance::Analytic);
+  // Post-process memory is not in the activation grid: the analytic model answers it.
+  CHECK(cm->query(make_query(LayerKind::PostProcess, 1, Recompute::None, 1, 2048)).memory_source == Provenance::Analytic);
+  CHECK(cm->describe().find("fallback analytic") != std::string::npos);
+  REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+                    packpipe::Error);
+}
