@@ -12,9 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/analytic.h"
+#include "costmodel/profile_readers.h"
 
 using namespace packpipe::costmodel;
 
@@ -36,26 +35,6 @@ struct Point {
   std::int64_t seq = 0, dec_seq = 0, mbs = 0;
   double value = 0;  // ms (timing) or bytes (memory)
 };
-
-std::vector<std::vector<std::string>> read_csv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "cannot open %s\n", path.c_str());
-    std::exit(2);
-  }
-  std::vector<std::vector<std::string>> rows;
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) cells.push_back(cell);
-    rows.push_back(cells);
-  }
-  return rows;
-}
 
 /// Median of repeated points with the same key.
 std::vector<Point> median_of_repeats(const std::vector<Point>& pts) {
@@ -80,36 +59,36 @@ std::vector<Point> median_of_repeats(const std::vector<Point>& pts) {
 
 void load(const std::string& dir, const std::string& file_prefix, const std::string& model, std::vector<Point>& timing,
           std::vector<Point>& memory) {
-  // tp,rc,lm_stage,train_stage,enc_seqlen,dec_seqlen,mbs,time_ms_per_layer
-  std::vector<Point> t;
-  for (const auto& r : read_csv(dir + "/" + file_prefix + "_timing.csv")) {
+  // The profile readers parse and convert the fixture (ms per layer, MB = 1e6 bytes -> bytes).
+  const Profile prof =
+      load_profiles({dir + "/" + file_prefix + "_timing.csv", dir + "/" + file_prefix + "_activation.csv"});
+  std::vector<Point> t, m;
+  for (const ProfilePoint& q : prof.points) {
     Point p;
     p.model = model;
-    p.tp = std::stoll(r[0]);
-    p.rc = recompute_from_name(r[1]);
-    p.kind = layer_kind_from_name(r[2]);
-    p.backward = r[3] == "backward";
-    p.seq = std::stoll(r[4]);
-    p.dec_seq = std::stoll(r[5]);
-    p.mbs = std::stoll(r[6]);
-    p.value = std::stod(r[7]);
-    t.push_back(p);
+    p.tp = q.tp;
+    p.rc = q.rc;
+    p.kind = q.kind;
+    p.seq = q.seq;
+    p.dec_seq = q.dec_seq;
+    p.mbs = q.mbs;
+    if (!std::isnan(q.fwd_ms)) {
+      p.backward = false;
+      p.value = q.fwd_ms;
+      t.push_back(p);
+    }
+    if (!std::isnan(q.bwd_ms)) {
+      p.backward = true;
+      p.value = q.bwd_ms;
+      t.push_back(p);
+    }
+    if (!std::isnan(q.stored_bytes)) {
+      p.backward = false;
+      p.value = q.stored_bytes;
+      m.push_back(p);
+    }
   }
   for (const auto& p : median_of_repeats(t)) timing.push_back(p);
-  // tp,rc,lm_stage,enc_seqlen,dec_seqlen,mbs,stored_activation_MB_per_layer,peak_activation_MB
-  std::vector<Point> m;
-  for (const auto& r : read_csv(dir + "/" + file_prefix + "_activation.csv")) {
-    Point p;
-    p.model = model;
-    p.tp = std::stoll(r[0]);
-    p.rc = recompute_from_name(r[1]);
-    p.kind = layer_kind_from_name(r[2]);
-    p.seq = std::stoll(r[3]);
-    p.dec_seq = std::stoll(r[4]);
-    p.mbs = std::stoll(r[5]);
-    p.value = std::stod(r[6]) * 1e6;
-    m.push_back(p);
-  }
   for (const auto& p : median_of_repeats(m)) memory.push_back(p);
 }
 
