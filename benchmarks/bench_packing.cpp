@@ -146,6 +146,9 @@ void BM_Pack2D(benchmark::State& state) {
     benchmark::DoNotOptimize(p.samples.data());
   }
   report(state, p, L.a);
+  std::uint64_t target_sum = 0;
+  for (const auto x : L.b) target_sum += x;
+  state.counters["target_lower_bound_rows"] = static_cast<double>((target_sum + 511) / 512);
   state.counters["target_efficiency"] = [&] {
     double t = 0;
     for (const auto x : p.row_target_tokens) t += static_cast<double>(x);

@@ -306,13 +306,21 @@ std::vector<std::uint32_t> sort_2d(const std::uint32_t* a, const std::uint32_t* 
 /// Two-dimensional first fit: the lowest-numbered row with room in both dimensions.
 Packing ffd_2d(const std::vector<std::uint32_t>& ids, const std::uint32_t* a, const std::uint32_t* b,
                std::uint64_t A, std::uint64_t B, std::uint64_t limit) {
-  std::vector<std::uint32_t> row_of(ids.size());
+  const std::size_t n = ids.size();
+  // suffix minima of the lengths still to place: rows with less room can be closed
+  std::vector<std::uint32_t> min_a(n + 1, std::numeric_limits<std::uint32_t>::max());
+  std::vector<std::uint32_t> min_b(n + 1, std::numeric_limits<std::uint32_t>::max());
+  for (std::size_t k = n; k-- > 0;) {
+    min_a[k] = std::min(min_a[k + 1], a[ids[k]]);
+    min_b[k] = std::min(min_b[k + 1], b[ids[k]]);
+  }
+  std::vector<std::uint32_t> row_of(n);
   std::vector<std::uint64_t> used, used_b;
   std::vector<std::uint32_t> count;
   RowTree tree;
-  for (std::size_t k = 0; k < ids.size(); ++k) {
+  for (std::size_t k = 0; k < n; ++k) {
     const std::uint32_t i = ids[k];
-    std::uint64_t row = tree.first_fit(a[i], b[i]);
+    std::uint64_t row = tree.first_fit(a[i], b[i], min_a[k], min_b[k]);
     if (row == RowTree::kNone) {
       row = used.size();
       used.push_back(0);

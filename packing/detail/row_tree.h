@@ -31,15 +31,26 @@ class RowTree {
   }
 
   /// Leftmost row with room >= (a, b) in both dimensions, or kNone. Exact in both dimensions; in
-  /// one dimension (b = 0 everywhere) it never backtracks: O(log rows).
-  std::uint64_t first_fit(std::int64_t a, std::int64_t b) const { return find(1, a, b); }
+  /// one dimension (b = 0 everywhere) it never backtracks: O(log rows). Rows met on the way with
+  /// room below (min_a, min_b), the smallest lengths still to place, are closed: they can take
+  /// nothing more, and closing them keeps the two-dimensional search from revisiting them.
+  std::uint64_t first_fit(std::int64_t a, std::int64_t b, std::int64_t min_a = 0, std::int64_t min_b = 0) {
+    a_ = a;
+    b_ = b;
+    min_a_ = min_a;
+    min_b_ = min_b;
+    return find(1);
+  }
 
  private:
-  std::uint64_t find(std::uint64_t node, std::int64_t a, std::int64_t b) const {
-    if (ra_[node] < a || rb_[node] < b) return kNone;
+  std::uint64_t find(std::uint64_t node) {
+    if (ra_[node] < a_ || rb_[node] < b_) {
+      if (node >= size_ && ra_[node] >= 0 && (ra_[node] < min_a_ || rb_[node] < min_b_)) set(node - size_, -1, -1);
+      return kNone;
+    }
     if (node >= size_) return node - size_;
-    const std::uint64_t left = find(2 * node, a, b);
-    return left != kNone ? left : find(2 * node + 1, a, b);
+    const std::uint64_t left = find(2 * node);
+    return left != kNone ? left : find(2 * node + 1);
   }
 
   void resize(std::uint64_t leaves) {
@@ -61,6 +72,7 @@ class RowTree {
 
   std::uint64_t size_ = 0;
   std::vector<std::int64_t> ra_, rb_;
+  std::int64_t a_ = 0, b_ = 0, min_a_ = 0, min_b_ = 0;
 };
 
 }  // namespace packpipe::packing::detail
