@@ -203,8 +203,12 @@ RcCost Coster::eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld
 
 const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) {
   const std::uint64_t key = (static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld);
-  auto& vec = memo_[key];
-  if (vec.size() <= static_cast<std::size_t>(rows)) vec.resize(static_cast<std::size_t>(rows) + 1);
+  if (key != last_key_ || last_row_ == nullptr) {  // windows of one start mostly share (le, ld)
+    last_row_ = &memo_[key];
+    last_key_ = key;
+  }
+  auto& vec = *last_row_;
+  if (vec.size() <= static_cast<std::size_t>(rows)) vec.resize(static_cast<std::size_t>(rows) * 2 + 8);
   Slot& s = vec[static_cast<std::size_t>(rows)];
   const int k = rc_index(rc);
   if (!(s.have & (1u << k))) {
@@ -236,9 +240,11 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
   };
   switch (policy) {
     case RecomputePolicy::Auto:
+      // Least recompute that fits; recompute only adds work, so it is also the fastest
+      // (assumption checked by the tests on the cost models: time none <= selective <= full).
       consider(cm::Recompute::None);
-      consider(cm::Recompute::Selective);
-      consider(cm::Recompute::Full);
+      if (!best.fits) consider(cm::Recompute::Selective);
+      if (!best.fits) consider(cm::Recompute::Full);
       break;
     case RecomputePolicy::None: consider(cm::Recompute::None); break;
     case RecomputePolicy::Selective: consider(cm::Recompute::Selective); break;

@@ -53,8 +53,8 @@ class Coster {
   bool fits(const RcCost& c) const {
     return basis_ == CostBasis::Stages ? c.fits_stages : (c.stored_mb <= stored_limit_ && c.peak_mb <= peak_limit_);
   }
-  /// The fastest mode allowed by `policy` that fits (Auto: all three; otherwise that one);
-  /// fits = false when none does.
+  /// The mode allowed by `policy` that fits (Auto: the least recompute that fits, which is the
+  /// fastest when recompute only adds time; otherwise that one); fits = false when none does.
   Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy);
   /// Queries so far (for tests and benchmarks).
   std::uint64_t evaluations() const { return evaluations_; }
@@ -91,6 +91,8 @@ class Coster {
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
   double model_state_mb_ = 0, stored_limit_ = 0, peak_limit_ = 0;
   std::unordered_map<std::uint64_t, std::vector<Slot>> memo_;
+  std::uint64_t last_key_ = 0;
+  std::vector<Slot>* last_row_ = nullptr;
   std::uint64_t evaluations_ = 0;
 };
 
