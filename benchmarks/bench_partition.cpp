@@ -1,0 +1,203 @@
+// Micro-batch partition speed and figures: packpipe's DP against the exact DynaPipe tau-DP (the
+// baseline, measured in the same run) on GPT-6.7B (16 layers) and T5-11B (12 + 12 layers) with
+// DynaPipe's fixture cost models when the profiled model is available (analytic otherwise; the
+// benchmark name says which), 36000 MB, S = 4 and 8; batches: the embedded demo data's real
+// lengths (64K-token global batches through the sampler) and synthetic log-normal lengths.
+// Counters: objective_ms, predicted_ms (stage basis), efficiency, microbatches; for dp on the
+// DynaPipe basis also obj_vs_dynapipe (its objective / the tau-DP's on the same costs).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common/errors.h"
+#include "costmodel/factory.h"
+#include "dataloader/manifest.h"
+#include "dataloader/multitask.h"
+#include "dataloader/sampler.h"
+#include "scheduler/partition.h"
+
+namespace {
+
+namespace cm = packpipe::costmodel;
+namespace sch = packpipe::scheduler;
+namespace dl = packpipe::dataloader;
+
+bool small() { return std::getenv("PACKPIPE_BENCH_SMALL") != nullptr; }
+
+std::string repo_root() {
+  std::string f = __FILE__;
+  for (int k = 0; k < 2; ++k) f = f.substr(0, f.find_last_of('/'));
+  return f;
+}
+
+struct Model {
+  std::unique_ptr<cm::CostModel> cost;
+  bool profiled = false;
+};
+
+// The profiled model from DynaPipe's grids, or the analytic one if it cannot be built here.
+const Model& model(bool t5) {
+  static std::map<bool, Model> cache;
+  auto it = cache.find(t5);
+  if (it != cache.end()) return it->second;
+  Model m;
+  cm::CostModelConfig c;
+  c.model = t5 ? "t5-11b" : "gpt-6.7b";
+  c.device = "A100-40GB";
+  const std::string dir = repo_root() + "/../shared/fixtures/dynapipe/derived_from_cost_models_pkl/";
+  const std::string p = t5 ? "t5_11b" : "gpt_6.7b";
+  c.profiles = {dir + p + "_timing.csv", dir + p + "_activation.csv", dir + p + "_model_state.csv"};
+  try {
+    m.cost = cm::make_cost_model(c);
+    m.profiled = true;
+  } catch (const std::exception&) {
+    c.profiles.clear();
+    m.cost = cm::make_cost_model(c);
+  }
+  return cache.emplace(t5, std::move(m)).first->second;
+}
+
+sch::PipelineShape shape(bool t5, std::int64_t S) {
+  sch::PipelineShape s;
+  s.stages = S;
+  s.layers_per_stage = t5 ? 24 / S : 16 / S;
+  s.memory_limit_mb = 36000;
+  return s;
+}
+
+std::uint32_t lognormal(std::mt19937_64& rng, double median, double sigma, std::uint32_t cap) {
+  const double u1 = (static_cast<double>(rng() >> 11) + 0.5) / 9007199254740992.0;
+  const double u2 = (static_cast<double>(rng() >> 11) + 0.5) / 9007199254740992.0;
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return static_cast<std::uint32_t>(std::min<double>(cap, std::max(1.0, std::round(median * std::exp(sigma * z)))));
+}
+
+// Synthetic: n samples, or (n = 0) samples until 64K tokens.
+sch::BatchLengths synthetic(bool t5, std::size_t n) {
+  std::mt19937_64 rng(2024);
+  sch::BatchLengths b;
+  std::uint64_t tokens = 0;
+  while (n ? b.size() < n : tokens < 65536) {
+    const std::uint32_t x = lognormal(rng, 200, 1.0, t5 ? 1536 : 2048);
+    b.input.push_back(x);
+    tokens += x;
+    if (t5) {
+      const std::uint32_t y = lognormal(rng, 60, 1.0, 512);
+      b.target.push_back(y);
+      tokens += y;
+    }
+  }
+  return b;
+}
+
+// The demo data's first 64K-token global batch (GPT: input + target as one sequence).
+sch::BatchLengths demo(bool t5) {
+  const dl::MultiTaskDataset mt(dl::load_manifest(repo_root() + "/data/demo/manifest.json"));
+  dl::SamplerConfig cfg;
+  cfg.seed = 1234;
+  cfg.global_batch_tokens = 65536;
+  dl::Sampler sampler(mt, cfg);
+  dl::GlobalBatch g;
+  PACKPIPE_CHECK(sampler.next_batch(g), "demo data gave no batch");
+  sch::BatchLengths b;
+  for (const auto& r : g.samples) {
+    const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
+    if (t5) {
+      b.input.push_back(std::min<std::uint32_t>(in, 1536));
+      b.target.push_back(std::min<std::uint32_t>(tg, 512));
+    } else {
+      b.input.push_back(std::min<std::uint32_t>(in + tg, 2048));
+    }
+  }
+  return b;
+}
+
+const sch::BatchLengths& batch(bool t5, int kind) {  // kind 0: demo, 1: synthetic 64K, 2: 4096 samples
+  static std::map<std::pair<bool, int>, sch::BatchLengths> cache;
+  auto key = std::make_pair(t5, kind);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  sch::BatchLengths b = kind == 0 ? demo(t5) : synthetic(t5, kind == 1 ? 0 : (small() ? 256 : 4096));
+  return cache.emplace(key, std::move(b)).first->second;
+}
+
+const char* kind_name(int k) { return k == 0 ? "demo64K" : k == 1 ? "lognormal64K" : "lognormal4096"; }
+
+void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sch::PartitionMethod method,
+                  sch::CostBasis basis) {
+  const Model& m = model(t5);
+  const sch::BatchLengths& b = batch(t5, kind);
+  const sch::PipelineShape sh = shape(t5, S);
+  const auto vs = sch::virtual_stages(m.cost->model(), sh);
+  sch::PartitionOptions o;
+  o.method = method;
+  o.basis = basis;
+  o.microbatch_size = 4;
+  o.token_budget = 4096;
+  o.oversize = sch::OversizePolicy::Drop;
+  sch::Partition p;
+  for (auto _ : state) {
+    p = sch::partition(b, *m.cost, sh, vs, o);
+    benchmark::DoNotOptimize(p.objective_ms);
+  }
+  state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + " " + std::to_string(b.size()) + " samples");
+  state.counters["objective_ms"] = p.objective_ms;
+  state.counters["efficiency"] = p.efficiency;
+  state.counters["microbatches"] = static_cast<double>(p.microbatches.size());
+  state.counters["tau_runs"] = static_cast<double>(p.tau_evaluations);
+  try {
+    const sch::Partition e = sch::evaluate_partition(b, *m.cost, sh, vs, p.microbatches, o, sch::CostBasis::Stages);
+    state.counters["predicted_ms"] = e.predicted_iteration_ms;
+  } catch (const std::exception&) {
+    state.counters["predicted_ms"] = -1;  // does not fit on the stage basis
+  }
+  if (method == sch::PartitionMethod::DP && basis == sch::CostBasis::DynaPipe) {
+    sch::PartitionOptions d = o;
+    d.method = sch::PartitionMethod::DynaPipe;
+    const sch::Partition base = sch::partition(b, *m.cost, sh, vs, d);
+    state.counters["obj_vs_dynapipe"] = p.objective_ms / base.objective_ms;
+  }
+}
+
+void register_all() {
+  using M = sch::PartitionMethod;
+  using B = sch::CostBasis;
+  for (bool t5 : {false, true}) {
+    for (int kind : {0, 1, 2}) {
+      for (std::int64_t S : {4, 8}) {
+        const std::string base =
+            std::string(t5 ? "t5-11b" : "gpt-6.7b") + "/" + kind_name(kind) + "/S" + std::to_string(S) + "/";
+        struct Run {
+          const char* name;
+          M m;
+          B b;
+        };
+        std::vector<Run> runs = {{"dynapipe_exact", M::DynaPipe, B::DynaPipe}, {"dp_dynapipe_basis", M::DP, B::DynaPipe},
+                                 {"dp", M::DP, B::Stages}};
+        if (kind != 2) {
+          runs.push_back({"fixed_mbs4", M::Fixed, B::Stages});
+          runs.push_back({"tokens_4096", M::Tokens, B::Stages});
+          runs.push_back({"packing_mbs4", M::Packing, B::Stages});
+        }
+        for (const auto& r : runs) {
+          const M m = r.m;
+          const B bb = r.b;
+          benchmark::RegisterBenchmark(("BM_Partition/" + base + r.name).c_str(),
+                                       [=](benchmark::State& st) { BM_Partition(st, t5, kind, S, m, bb); })
+              ->Unit(benchmark::kMillisecond);
+        }
+      }
+    }
+  }
+}
+
+const int registered = (register_all(), 0);
+
+}  // namespace

@@ -1,0 +1,146 @@
+// Python bindings of the micro-batch partition: packpipe.partition(lengths, cost_model, ...).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bind.h"
+#include "common/errors.h"
+#include "costmodel/cost_model.h"
+#include "scheduler/partition.h"
+
+namespace py = pybind11;
+
+namespace packpipe::bindings {
+
+namespace {
+
+namespace cm = packpipe::costmodel;
+namespace sch = packpipe::scheduler;
+
+template <typename T>
+py::array_t<T> owned(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  py::capsule base(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), base);
+}
+
+// A 1-D uint32 or int64 numpy array (or None) as lengths; names the argument on a bad input.
+std::vector<std::uint32_t> lengths_arg(const py::object& obj, const char* arg) {
+  std::vector<std::uint32_t> out;
+  if (obj.is_none()) return out;
+  PACKPIPE_CHECK_ARG(py::isinstance<py::array>(obj), "{} must be a numpy array of uint32 or int64", arg);
+  const py::array a = obj.cast<py::array>();
+  PACKPIPE_CHECK_ARG(a.ndim() == 1, "{} must be one-dimensional, found {} dimensions", arg, a.ndim());
+  const auto n = static_cast<std::size_t>(a.shape(0));
+  out.resize(n);
+  if (a.dtype().equal(py::dtype::of<std::uint32_t>())) {
+    auto v = a.cast<py::array_t<std::uint32_t, py::array::forcecast>>().unchecked<1>();  // handles strides
+    for (std::size_t k = 0; k < n; ++k) out[k] = v(static_cast<py::ssize_t>(k));
+  } else if (a.dtype().equal(py::dtype::of<std::int64_t>())) {
+    auto v = a.cast<py::array_t<std::int64_t, py::array::forcecast>>().unchecked<1>();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::int64_t x = v(static_cast<py::ssize_t>(k));
+      PACKPIPE_CHECK_ARG(x >= 0 && x <= 0xffffffffLL, "{}[{}] = {} is out of range", arg, k, x);
+      out[k] = static_cast<std::uint32_t>(x);
+    }
+  } else {
+    PACKPIPE_THROW(InvalidArgument, "{} must have dtype uint32 or int64, found {}", arg,
+                   std::string(py::str(a.dtype())));
+  }
+  return out;
+}
+
+py::dict mb_dict(const sch::MicroBatch& mb) {
+  py::dict d;
+  d["samples"] = owned(std::vector<std::uint32_t>(mb.samples));
+  d["row_offsets"] = owned(std::vector<std::uint32_t>(mb.row_offsets));
+  d["rows"] = mb.rows();
+  d["padded_len"] = mb.padded_len;
+  d["padded_dec_len"] = mb.padded_dec_len;
+  d["tokens"] = mb.tokens;
+  d["recompute"] = cm::recompute_name(mb.recompute);
+  d["time_ms"] = mb.time_ms;
+  d["stored_mb"] = mb.stored_mb;
+  d["peak_mb"] = mb.peak_mb;
+  return d;
+}
+
+py::dict partition_dict(const sch::Partition& p) {
+  py::dict d;
+  py::list mbs;
+  for (const auto& mb : p.microbatches) mbs.append(mb_dict(mb));
+  d["microbatches"] = mbs;
+  d["ranks"] = p.ranks;
+  d["rank_time_ms"] = p.rank_time_ms;
+  d["order"] = owned(std::vector<std::uint32_t>(p.order));
+  d["objective_ms"] = p.objective_ms;
+  d["tau_ms"] = p.tau_ms;
+  d["max_time_ms"] = p.max_time_ms;
+  d["sum_time_ms"] = p.sum_time_ms;
+  d["predicted_iteration_ms"] = p.predicted_iteration_ms;
+  d["efficiency"] = p.efficiency;
+  d["input_efficiency"] = p.input_efficiency;
+  d["target_efficiency"] = p.target_efficiency;
+  d["cost_basis"] = sch::cost_basis_name(p.basis);
+  d["truncated"] = owned(std::vector<std::uint32_t>(p.truncated));
+  d["dropped"] = owned(std::vector<std::uint32_t>(p.dropped));
+  return d;
+}
+
+}  // namespace
+
+void declare_partition(py::module_&) {}
+
+void define_partition(py::module_& m) {
+  m.def(
+      "partition",
+      [](const py::object& input_lengths, const std::shared_ptr<cm::CostModel>& cost, const py::object& target_lengths,
+         std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
+         double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, std::uint64_t tokens,
+         std::int64_t round_multiple, const std::string& recompute, const std::string& oversize,
+         const std::string& basis, bool pack_windows) {
+        PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        sch::BatchLengths b;
+        b.input = lengths_arg(input_lengths, "input_lengths");
+        b.target = lengths_arg(target_lengths, "target_lengths");
+        PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
+                           "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
+        sch::PipelineShape sh;
+        sh.stages = stages;
+        sh.layers_per_stage = layers_per_stage;
+        sh.chunks = chunks;
+        sh.dp = dp;
+        sh.tp = tp;
+        sh.memory_limit_mb = memory_mb;
+        sh.zero_stage = zero_stage;
+        sch::PartitionOptions o;
+        o.method = sch::partition_method_from_name(method);
+        o.microbatch_size = mbs;
+        o.token_budget = tokens;
+        o.round_multiple = round_multiple;
+        o.recompute = sch::recompute_policy_from_name(recompute);
+        o.oversize = sch::oversize_policy_from_name(oversize);
+        o.basis = sch::cost_basis_from_name(basis);
+        o.pack_windows = pack_windows;
+        sch::Partition p;
+        {
+          py::gil_scoped_release release;
+          p = sch::partition(b, *cost, sh, o);
+        }
+        return partition_dict(p);
+      },
+      py::arg("input_lengths"), py::arg("cost_model"), py::arg("target_lengths") = py::none(), py::arg("stages") = 1,
+      py::arg("layers_per_stage") = 0, py::arg("chunks") = 1, py::arg("dp") = 1, py::arg("tp") = 1,
+      py::arg("memory_mb") = 0.0, py::arg("zero_stage") = 1, py::arg("method") = "dp", py::arg("mbs") = 0,
+      py::arg("tokens") = 0, py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
+      py::arg("oversize") = "error", py::arg("cost_basis") = "auto", py::arg("pack_windows") = false,
+      "Micro-batches of one global batch. input_lengths (and target_lengths for encoder-decoder models): "
+      "1-D numpy arrays of uint32 or int64. Returns a dict: microbatches (dicts with numpy 'samples'), "
+      "objective_ms, efficiency, predicted_iteration_ms, ranks, truncated, dropped, ...");
+}
+
+}  // namespace packpipe::bindings

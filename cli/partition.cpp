@@ -1,0 +1,303 @@
+// `packpipe partition`: micro-batches of one global batch by any method, with the figures.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "common/errors.h"
+#include "costmodel/factory.h"
+#include "dataloader/manifest.h"
+#include "dataloader/multitask.h"
+#include "dataloader/sampler.h"
+#include "scheduler/partition.h"
+
+namespace packpipe::cli {
+
+namespace cm = packpipe::costmodel;
+namespace sch = packpipe::scheduler;
+namespace dl = packpipe::dataloader;
+
+namespace {
+
+struct PartitionCliOptions {
+  std::string lengths_file, dataset, manifest;
+  std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, batch_index = 0;
+  std::string model = "gpt-6.7b", device = "A100-40GB";
+  std::vector<std::string> profiles;
+  std::int64_t stages = 1, layers_per_stage = 0, chunks = 1, dp = 1, tp = 1;
+  int zero = 1;
+  double memory_mb = 0;
+  std::string method = "dp", recompute = "auto", oversize = "error", basis = "auto";
+  std::int64_t mbs = 0;
+  std::uint64_t tokens = 0;
+  std::int64_t round_multiple = 8;
+  bool pack_windows = false, compare = false, json = false;
+};
+
+// `input_len [target_len]` per line; '#' comments and blank lines skipped.
+sch::BatchLengths read_lengths(const std::string& path) {
+  std::ifstream in(path);
+  PACKPIPE_CHECK(in.good(), "cannot open lengths file '{}'", path);
+  sch::BatchLengths b;
+  std::string line;
+  std::size_t lineno = 0;
+  int columns = -1;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ss(line);
+    std::vector<long long> v;
+    long long x;
+    while (ss >> x) v.push_back(x);
+    PACKPIPE_CHECK(ss.eof(), "{}:{}: expected integers, found '{}'", path, lineno, line);
+    if (v.empty()) continue;
+    PACKPIPE_CHECK(v.size() <= 2, "{}:{}: expected 'input_len [target_len]', found {} numbers", path, lineno, v.size());
+    if (columns < 0) columns = static_cast<int>(v.size());
+    PACKPIPE_CHECK(static_cast<int>(v.size()) == columns, "{}:{}: expected {} column(s) as on the first line, found {}",
+                   path, lineno, columns, v.size());
+    for (long long y : v) {
+      PACKPIPE_CHECK(y >= 0 && y <= 0xffffffffLL, "{}:{}: length {} out of range", path, lineno, y);
+    }
+    b.input.push_back(static_cast<std::uint32_t>(v[0]));
+    if (v.size() == 2) b.target.push_back(static_cast<std::uint32_t>(v[1]));
+  }
+  return b;
+}
+
+sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec) {
+  const dl::MultiTaskDataset mt = !o.manifest.empty() ? dl::MultiTaskDataset(dl::load_manifest(o.manifest))
+                                                      : dl::MultiTaskDataset::from_prefix(o.dataset);
+  PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
+                     "give exactly one of --global-batch-tokens and --global-batch-samples");
+  dl::SamplerConfig cfg;
+  cfg.seed = o.seed;
+  cfg.split_fractions = mt.manifest().split;
+  cfg.samples_per_epoch = mt.manifest().samples_per_epoch;
+  if (mt.manifest().weighted) {
+    for (const auto& t : mt.manifest().tasks) cfg.weights.push_back(t.weight);
+  }
+  cfg.global_batch_tokens = o.batch_tokens;
+  cfg.global_batch_samples = o.batch_samples;
+  dl::Sampler sampler(mt, cfg);
+  dl::GlobalBatch g;
+  for (std::uint64_t k = 0; k <= o.batch_index; ++k) {
+    PACKPIPE_CHECK_ARG(sampler.next_batch(g), "--batch-index {} is past the epoch ({} batches)", o.batch_index, k);
+  }
+  sch::BatchLengths b;
+  for (const auto& r : g.samples) {
+    const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
+    if (encdec) {
+      b.input.push_back(in);
+      b.target.push_back(tg);
+    } else {
+      b.input.push_back(in + tg);  // decoder-only: the whole sample is one sequence
+    }
+  }
+  return b;
+}
+
+Json mb_json(const sch::MicroBatch& mb, bool encdec) {
+  Json j;
+  j["samples"] = mb.samples;
+  if (!mb.row_offsets.empty()) j["row_offsets"] = mb.row_offsets;
+  j["rows"] = mb.rows();
+  j["padded_len"] = mb.padded_len;
+  if (encdec) j["padded_dec_len"] = mb.padded_dec_len;
+  j["tokens"] = mb.tokens;
+  j["time_ms"] = mb.time_ms;
+  j["recompute"] = cm::recompute_name(mb.recompute);
+  j["stored_mb"] = mb.stored_mb;
+  j["peak_mb"] = mb.peak_mb;
+  return j;
+}
+
+Json figures_json(const sch::Partition& p, bool encdec) {
+  Json j;
+  j["microbatch_count"] = p.microbatches.size();
+  j["objective_ms"] = p.objective_ms;
+  j["predicted_iteration_ms"] = p.predicted_iteration_ms;
+  j["max_time_ms"] = p.max_time_ms;
+  j["sum_time_ms"] = p.sum_time_ms;
+  j["efficiency"] = p.efficiency;
+  j["input_efficiency"] = p.input_efficiency;
+  if (encdec) j["target_efficiency"] = p.target_efficiency;
+  j["cost_basis"] = sch::cost_basis_name(p.basis);
+  j["truncated"] = p.truncated;
+  j["dropped"] = p.dropped;
+  return j;
+}
+
+Json run_partition(const PartitionCliOptions& o) {
+  cm::CostModelConfig cc;
+  cc.model = o.model;
+  cc.device = o.device;
+  cc.profiles = o.profiles;
+  const auto cost = cm::make_cost_model(cc);
+  const bool encdec = cost->model().arch == cm::Architecture::EncoderDecoder;
+  const int sources = (!o.lengths_file.empty()) + (!o.dataset.empty()) + (!o.manifest.empty());
+  PACKPIPE_CHECK_ARG(sources == 1, "give exactly one of LENGTHS_FILE, --dataset and --manifest");
+  sch::BatchLengths b = !o.lengths_file.empty() ? read_lengths(o.lengths_file) : sample_lengths(o, encdec);
+  if (encdec && b.target.empty() && !b.input.empty()) {
+    PACKPIPE_THROW(InvalidArgument, "model '{}' is encoder-decoder: the lengths need a target column", o.model);
+  }
+  if (!encdec && !b.target.empty()) {  // decoder-only: input and target form one sequence
+    for (std::size_t k = 0; k < b.input.size(); ++k) b.input[k] += b.target[k];
+    b.target.clear();
+  }
+  sch::PipelineShape sh;
+  sh.stages = o.stages;
+  sh.layers_per_stage = o.layers_per_stage;
+  sh.chunks = o.chunks;
+  sh.dp = o.dp;
+  sh.tp = o.tp;
+  sh.zero_stage = o.zero;
+  sh.memory_limit_mb = o.memory_mb;
+  const auto vs = sch::virtual_stages(cost->model(), sh);
+  sch::PartitionOptions po;
+  po.method = sch::partition_method_from_name(o.method);
+  po.microbatch_size = o.mbs;
+  po.token_budget = o.tokens;
+  po.round_multiple = o.round_multiple;
+  po.recompute = sch::recompute_policy_from_name(o.recompute);
+  po.oversize = sch::oversize_policy_from_name(o.oversize);
+  po.basis = sch::cost_basis_from_name(o.basis);
+  po.pack_windows = o.pack_windows;
+  const sch::Partition p = sch::partition(b, *cost, sh, vs, po);
+  Json j;
+  j["model"] = cost->model().name;
+  j["cost_model"] = cost->describe();
+  j["samples"] = b.size();
+  j["method"] = o.method;
+  j["microbatches"] = Json::array();
+  for (const auto& mb : p.microbatches) j["microbatches"].push_back(mb_json(mb, encdec));
+  j["ranks"] = p.ranks;
+  j["rank_time_ms"] = p.rank_time_ms;
+  const Json fig = figures_json(p, encdec);
+  for (auto it = fig.begin(); it != fig.end(); ++it) j[it.key()] = it.value();
+  if (o.compare) {
+    Json table = Json::array();
+    for (const char* name : {"dp", "dynapipe", "fixed", "tokens", "packing"}) {
+      sch::PartitionOptions q = po;
+      q.method = sch::partition_method_from_name(name);
+      q.basis = sch::CostBasis::Auto;
+      if (q.microbatch_size <= 0) q.microbatch_size = 4;
+      if (q.token_budget == 0) q.token_budget = 4096;
+      Json row;
+      row["method"] = name;
+      try {
+        const sch::Partition r = sch::partition(b, *cost, sh, vs, q);
+        const Json rf = figures_json(r, encdec);
+        for (auto it = rf.begin(); it != rf.end(); ++it) row[it.key()] = it.value();
+        // Every method's micro-batches on the same (stage) basis.
+        const sch::Partition e = sch::evaluate_partition(b, *cost, sh, vs, r.microbatches, q, sch::CostBasis::Stages);
+        row["predicted_iteration_ms"] = e.predicted_iteration_ms;
+        row["feasible"] = true;
+      } catch (const std::exception& e) {
+        row["feasible"] = false;
+        row["error"] = e.what();
+      }
+      table.push_back(std::move(row));
+    }
+    j["compare"] = std::move(table);
+  }
+  return j;
+}
+
+void print_partition(const Json& j, bool encdec) {
+  std::printf("%s (%s): %zu samples, method %s, %zu micro-batches\n", j["model"].get<std::string>().c_str(),
+              j["cost_model"].get<std::string>().c_str(), j["samples"].get<std::size_t>(),
+              j["method"].get<std::string>().c_str(), j["microbatches"].size());
+  std::size_t k = 0;
+  for (const auto& mb : j["microbatches"]) {
+    std::printf("  mb %3zu: %3lld rows x %5lld", k++, static_cast<long long>(mb["rows"].get<std::int64_t>()),
+                static_cast<long long>(mb["padded_len"].get<std::int64_t>()));
+    if (encdec) std::printf(" + %4lld", static_cast<long long>(mb["padded_dec_len"].get<std::int64_t>()));
+    std::printf(" tokens, %8.2f ms, recompute %-9s samples", mb["time_ms"].get<double>(),
+                mb["recompute"].get<std::string>().c_str());
+    std::size_t shown = 0;
+    for (const auto& s : mb["samples"]) {
+      if (shown++ == 8) {
+        std::printf(" ...");
+        break;
+      }
+      std::printf(" %u", s.get<unsigned>());
+    }
+    std::printf("\n");
+  }
+  std::printf("objective %.2f ms, predicted iteration %.2f ms (max %.2f, sum %.2f), efficiency %.2f%%",
+              j["objective_ms"].get<double>(), j["predicted_iteration_ms"].get<double>(), j["max_time_ms"].get<double>(),
+              j["sum_time_ms"].get<double>(), 100 * j["efficiency"].get<double>());
+  if (encdec) {
+    std::printf(" (input %.2f%%, target %.2f%%)", 100 * j["input_efficiency"].get<double>(),
+                100 * j["target_efficiency"].get<double>());
+  }
+  std::printf("\n");
+  if (!j["truncated"].empty() || !j["dropped"].empty()) {
+    std::printf("truncated %zu, dropped %zu samples\n", j["truncated"].size(), j["dropped"].size());
+  }
+  if (j.contains("compare")) {
+    std::printf("%-9s %5s %12s %12s %11s\n", "method", "mbs", "objective", "iteration", "efficiency");
+    for (const auto& r : j["compare"]) {
+      if (!r["feasible"].get<bool>()) {
+        std::printf("%-9s infeasible: %s\n", r["method"].get<std::string>().c_str(), r["error"].get<std::string>().c_str());
+        continue;
+      }
+      std::printf("%-9s %5zu %9.2f ms %9.2f ms %10.2f%%\n", r["method"].get<std::string>().c_str(),
+                  r["microbatch_count"].get<std::size_t>(), r["objective_ms"].get<double>(),
+                  r["predicted_iteration_ms"].get<double>(), 100 * r["efficiency"].get<double>());
+    }
+  }
+}
+
+}  // namespace
+
+void register_partition_commands(CLI::App& app) {
+  auto* cmd = app.add_subcommand("partition", "Partition one global batch into micro-batches (dp, dynapipe, baselines)");
+  auto o = std::make_shared<PartitionCliOptions>();
+  cmd->add_option("LENGTHS_FILE", o->lengths_file, "Text file of 'input_len [target_len]' lines");
+  cmd->add_option("--dataset", o->dataset, "Dataset prefix to sample a global batch from");
+  cmd->add_option("--manifest", o->manifest, "Manifest .json to sample a global batch from");
+  cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget of a global batch");
+  cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
+  cmd->add_option("--seed", o->seed, "Sampler seed");
+  cmd->add_option("--batch-index", o->batch_index, "Which global batch of epoch 0");
+  cmd->add_option("--model", o->model, "Model preset or .json");
+  cmd->add_option("--device", o->device, "Device preset or .json");
+  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable): the profiled cost model");
+  cmd->add_option("--stages", o->stages, "Pipeline stages S");
+  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (0: model layers / (S c))");
+  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank c");
+  cmd->add_option("--dp", o->dp, "Data-parallel ranks");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks");
+  cmd->add_option("--zero", o->zero, "ZeRO stage (0-3)");
+  cmd->add_option("--memory-mb", o->memory_mb, "Memory limit per device, MB (0: the device's memory)");
+  cmd->add_option("--method", o->method, "dp, dynapipe, fixed, tokens or packing")
+      ->check(CLI::IsMember({"dp", "dynapipe", "fixed", "tokens", "packing"}));
+  cmd->add_option("--mbs", o->mbs, "fixed / packing: samples (rows) per micro-batch");
+  cmd->add_option("--tokens", o->tokens, "tokens: padded tokens per micro-batch");
+  cmd->add_option("--round-multiple", o->round_multiple, "Round padded lengths up to this multiple");
+  cmd->add_option("--recompute", o->recompute, "auto, none, selective or full")
+      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
+  cmd->add_option("--oversize", o->oversize, "error, truncate or drop a sample that cannot fit alone")
+      ->check(CLI::IsMember({"error", "truncate", "drop"}));
+  cmd->add_option("--cost-basis", o->basis, "auto, stages or dynapipe")
+      ->check(CLI::IsMember({"auto", "stages", "dynapipe"}));
+  cmd->add_flag("--pack-windows", o->pack_windows, "dp / dynapipe: pack each window's samples when cheaper");
+  cmd->add_flag("--compare", o->compare, "Run every method on the same batch and print a table");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] {
+    const Json j = run_partition(*o);
+    if (o->json) {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_partition(j, j["microbatches"].size() > 0 && j["microbatches"][0].contains("padded_dec_len"));
+    }
+  });
+}
+
+}  // namespace packpipe::cli
