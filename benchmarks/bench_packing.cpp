@@ -34,9 +34,7 @@ std::uint64_t dist_capacity(int d) { return d == LogNormal4096 ? 4096 : 2048; }
 
 std::string demo_dir() {
   if (const char* env = std::getenv("PACKPIPE_DEMO_DIR")) return env;
-  std::string f = __FILE__;  // <repo>/benchmarks/bench_packing.cpp
-  for (int up = 0; up < 2; ++up) f = f.substr(0, f.find_last_of('/'));
-  return f + "/data/demo";
+  return std::string(PACKPIPE_SOURCE_DIR) + "/data/demo";
 }
 
 /// (input, target) lengths of every demo sample: multitask pairs, and the text dataset (target 0).

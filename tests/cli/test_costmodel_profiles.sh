@@ -11,7 +11,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 py=/usr/bin/python3
 
 for sub in validate import; do
-  "$pp" costmodel "$sub" --help | grep -q "Usage" || fail "costmodel $sub --help"
+  "$pp" costmodel "$sub" --help | grep "Usage" > /dev/null || fail "costmodel $sub --help"
 done
 
 # validate --leave-one-out --json: documented keys, finite figures, ours below linear on DynaPipe grids

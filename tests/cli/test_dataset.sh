@@ -11,7 +11,7 @@ py=/usr/bin/python3
 
 # --help on every subcommand
 for sub in info verify build compress decompress merge sample; do
-  "$pp" dataset "$sub" --help | grep -q "Usage" || fail "dataset $sub --help"
+  "$pp" dataset "$sub" --help | grep "Usage" > /dev/null || fail "dataset $sub --help"
 done
 
 # info --json has the documented keys and the fixture's values
@@ -21,7 +21,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert (j["format"], j["version"], j["dtype"], j["sequences"], j["documents"], j["tokens"]) == ("MMIDIDX", 1, "int32", 96, 48, 722), j
 PY
-"$pp" dataset info "$fx/wordnet_legacy_tntidx_int32.idx" | grep -q "TNTIDX" || fail "info on TNTIDX"
+"$pp" dataset info "$fx/wordnet_legacy_tntidx_int32.idx" | grep "TNTIDX" > /dev/null || fail "info on TNTIDX"
 
 # verify: every fixture passes; a corrupted copy fails with status 1 and names the index
 for p in wordnet_gpt2_text_document wordnet_mt_inputs_document wordnet_multiseq_int32 wordnet_modes_uint16 wordnet_legacy_tntidx_int32; do
@@ -82,7 +82,7 @@ cp "$fx/wordnet_mt_targets_document.idx" "$fx/wordnet_mt_targets_document.bin" "
 "$pp" dataset compress "$tmp/wordnet_mt_targets_document" --frame-size 1024 > /dev/null
 zstd -q -d -c "$tmp/wordnet_mt_targets_document.bin.zst" | cmp - "$fx/wordnet_mt_targets_document.bin" || fail "zstd -d differs"
 mv "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin"
-"$pp" dataset info "$tmp/wordnet_mt_targets_document" --json | grep -q '"storage": "bin.zst"' || fail "info on .bin.zst"
+"$pp" dataset info "$tmp/wordnet_mt_targets_document" --json | grep '"storage": "bin.zst"' > /dev/null || fail "info on .bin.zst"
 "$pp" dataset verify "$tmp/wordnet_mt_targets_document" > /dev/null || fail "verify .bin.zst"
 "$pp" dataset decompress "$tmp/wordnet_mt_targets_document" > /dev/null
 cmp "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin" || fail "decompress differs"

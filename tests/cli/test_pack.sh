@@ -9,7 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 py=/usr/bin/python3
 
-"$pp" pack --help | grep -q "Usage" || fail "pack --help"
+"$pp" pack --help | grep "Usage" > /dev/null || fail "pack --help"
 
 # lengths: 3000 log-normal-ish samples (deterministic), and the real lengths of a Megatron fixture
 $py - "$tmp" <<'PY'
@@ -61,10 +61,10 @@ for r in j["row_list"]:
 PY
 
 # human text, deterministic output, a real length distribution (Megatron fixture records)
-"$pp" pack "$tmp/one.txt" --capacity 2048 | grep -q "efficiency" || fail "text output"
-"$pp" pack "$tmp/one.txt" --capacity 2048 --rows | grep -q "^  row 0: " || fail "text rows"
+"$pp" pack "$tmp/one.txt" --capacity 2048 | grep "efficiency" > /dev/null || fail "text output"
+"$pp" pack "$tmp/one.txt" --capacity 2048 --rows | grep "^  row 0: " > /dev/null || fail "text rows"
 cmp <("$pp" pack "$tmp/one.txt" --capacity 2048 --json --rows | grep -v seconds) \
-    <("$pp" pack "$tmp/one.txt" --capacity 2048 --json --rows | grep -v seconds) || fail "deterministic"
+    <("$pp" pack "$tmp/one.txt" --capacity 2048 --json --rows | grep -v seconds) > /dev/null || fail "deterministic"
 if [ -f "$fx/megatron-small/records.jsonl" ]; then
   $py - "$fx/megatron-small/records.jsonl" > "$tmp/real.txt" <<'PY'
 import json, sys
