@@ -341,7 +341,17 @@ void build_zero_bubble(const SimProblem& p, const std::vector<std::uint32_t>& or
     if (whead[r] < wq[r].size()) {
       const auto w = wq[r][whead[r]++];
       start(r, now, OpKind::BackwardWeight, w.first, w.second);
+      return;
     }
+    // Idle: wake up at the next arrival already known (later ones wake it when they are sent).
+    double wake = std::numeric_limits<double>::infinity();
+    for (const auto& cd : fc) {
+      if (cd.arrive > now) wake = std::min(wake, cd.arrive);
+    }
+    for (const auto& cd : ic) {
+      if (cd.arrive > now) wake = std::min(wake, cd.arrive);
+    }
+    if (wake < std::numeric_limits<double>::infinity()) push(Ev{wake, static_cast<std::uint32_t>(r), 1});
   };
   for (std::size_t r = 0; r < Su; ++r) push(Ev{0.0, static_cast<std::uint32_t>(r), 1});
   while (!heap.empty()) {
@@ -363,7 +373,7 @@ void build_zero_bubble(const SimProblem& p, const std::vector<std::uint32_t>& or
         const auto to = static_cast<std::size_t>((run.v + 1) % static_cast<std::uint32_t>(S));
         const double a = deliver(r, to, e.time, p.transfer_ms[i]);
         fcand[to].push_back(Cand{a, run.pos, run.v + 1});
-        if (to != r) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
+        if (to != r && !busy[to]) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
       }
     } else if (run.kind == OpKind::BackwardInput) {
       wq[r].push_back({run.pos, run.v});
@@ -371,7 +381,7 @@ void build_zero_bubble(const SimProblem& p, const std::vector<std::uint32_t>& or
         const auto to = static_cast<std::size_t>((run.v - 1) % static_cast<std::uint32_t>(S));
         const double a = deliver(r, to, e.time, p.transfer_ms[t.at(order[run.pos], run.v - 1)]);
         icand[to].push_back(Cand{a, run.pos, run.v - 1});
-        if (to != r) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
+        if (to != r && !busy[to]) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
       }
     } else {
       mem[r] -= t.stored_bytes[i];

@@ -69,7 +69,9 @@ class Pass {
       ++stats_.early_exits;
       return false;
     }
-    if (!res_.within_memory || !(res_.makespan_ms < best.makespan)) return false;
+    if (!res_.within_memory) return false;
+    finished[static_cast<std::size_t>(kind)] = 1;
+    if (!(res_.makespan_ms < best.makespan)) return false;
     best.have = true;
     best.makespan = res_.makespan_ms;
     best.kind = kind;
@@ -78,6 +80,7 @@ class Pass {
   }
 
   Candidate best;
+  std::array<std::uint8_t, 8> finished{};  ///< per kind: some simulation ran to the end within memory
 
  private:
   const SimProblem& p_;
@@ -101,39 +104,61 @@ Candidate reference_pass(const SimProblem& p, const SearchOptions& o, SearchResu
 // Returns the best candidate and whether the reference candidates alone had a feasible one.
 Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats, bool& reference_feasible) {
   Pass pass(p, o, stats);
-  const auto kinds = candidate_kinds(p, o);
+  // Likely winners first, so the incumbent prunes the rest early.
+  std::vector<ScheduleKind> kinds = candidate_kinds(p, o);
+  auto rank = [](ScheduleKind k) {
+    switch (k) {
+      case ScheduleKind::ZeroBubble: return 0;
+      case ScheduleKind::WaitFreeCyclic: return 1;
+      case ScheduleKind::Interleaved1F1B: return 2;
+      case ScheduleKind::OneFOneB: return 3;
+      case ScheduleKind::Cyclic: return 4;
+      case ScheduleKind::GPipe: return 5;
+    }
+    return 6;
+  };
+  std::stable_sort(kinds.begin(), kinds.end(), [&](ScheduleKind a, ScheduleKind b) { return rank(a) < rank(b); });
   const double lb = makespan_lower_bounds(p).value() * (1 + 1e-12);
   auto done = [&]() { return pass.best.have && pass.best.makespan <= lb; };
   const auto ref = reference_orders(p, o.seed);
-  // Phase 1: the reference candidates, pruned by the incumbent (only a feasible one prunes).
-  for (ScheduleKind k : kinds) {
-    for (const auto& ord : ref) {
+  // Phase 1: the reference candidates (orders outer, so every kind gets a first incumbent on the
+  // given order), pruned by the incumbent; only a feasible candidate becomes the incumbent.
+  for (const auto& ord : ref) {
+    for (ScheduleKind k : kinds) {
       if (done()) break;
       pass.eval(k, ord, true);
     }
   }
   reference_feasible = pass.best.have;
+  // Later phases only try kinds that finished some simulation within memory and at or below the
+  // incumbent of the moment; the others were always slower or too large.
+  kinds.erase(std::remove_if(kinds.begin(), kinds.end(),
+                             [&](ScheduleKind k) { return !pass.finished[static_cast<std::size_t>(k)]; }),
+              kinds.end());
   // Phase 2: constructive orders.
   std::vector<std::vector<std::uint32_t>> extra;
   for (auto& ord : constructive_orders(p)) {
     if (std::find(ref.begin(), ref.end(), ord) == ref.end()) add_unique(extra, std::move(ord));
   }
-  for (ScheduleKind k : kinds) {
-    for (const auto& ord : extra) {
+  for (const auto& ord : extra) {
+    for (ScheduleKind k : kinds) {
       if (done()) break;
       pass.eval(k, ord, true);
     }
   }
-  // Phase 3: local improvement of the incumbent's order under its schedule: adjacent swaps, then
-  // seeded random swaps; first improvement is kept.
+  // Phase 3: local improvement of the incumbent's order under its schedule: adjacent swaps where
+  // the order matters most (the first and last S positions: fill and drain), then m / 4 seeded
+  // random swaps; every improvement is kept.
   if (!pass.best.have) return pass.best;
   const std::size_t m = static_cast<std::size_t>(p.microbatches());
+  const std::size_t edge = static_cast<std::size_t>(p.ranks);
   detail::SplitMix64 rng(o.seed ^ 0x5DEECE66Dull);
   for (int round = 0; round < o.local_rounds && m > 1 && !done(); ++round) {
     bool improved = false;
     std::vector<std::uint32_t> ord = pass.best.order;
     const ScheduleKind k = pass.best.kind;
     for (std::size_t i = 0; i + 1 < m && !done(); ++i) {
+      if (i >= edge && i + 1 + edge < m) continue;
       std::swap(ord[i], ord[i + 1]);
       if (pass.eval(k, ord, true)) {
         improved = true;
@@ -141,7 +166,7 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
         std::swap(ord[i], ord[i + 1]);
       }
     }
-    for (std::size_t s = 0; s < m / 2 && !done(); ++s) {
+    for (std::size_t s = 0; s < m / 4 && !done(); ++s) {
       const auto a = static_cast<std::size_t>(rng.below(m));
       const auto b = static_cast<std::size_t>(rng.below(m));
       if (a == b) continue;

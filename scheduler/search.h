@@ -19,7 +19,7 @@ struct SearchOptions {
   std::vector<ScheduleKind> schedules;  ///< candidates; empty: every kind the shape supports
   std::uint64_t seed = 0;               ///< shuffles inside order clusters, random swaps
   ScheduleOptions schedule_options;
-  int local_rounds = 2;                 ///< fast search: rounds of order improvement
+  int local_rounds = 1;                 ///< fast search: rounds of order improvement (0: none)
   /// Optional: the cost table under one uniform recompute mode. When no candidate fits the memory
   /// limit with the given table, both searches retry with Selective, then Full (as DynaPipe tries
   /// uniform modes); must return a table of the same shape.
