@@ -127,7 +127,7 @@ void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, 
     for (std::int64_t v = 0; v < V; ++v) {
       const std::size_t i = t.at(mb, v), r = static_cast<std::size_t>(v % S);
       new_stored[r] += t.stored_bytes[i];
-      new_peak[r] = std::max(new_peak[r], std::max(t.peak_bytes[i], t.stored_bytes[i]));
+      new_peak[r] = std::max(new_peak[r], t.peak_bytes[i]);
     }
     for (std::size_t r = 0; r < static_cast<std::size_t>(S); ++r) {
       const double bound = t.static_bytes[r] + stored_sum[r] + new_stored[r] + std::max(peak_max[r], new_peak[r]);
@@ -140,7 +140,7 @@ void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, 
     for (std::int64_t v = 0; v < V; ++v) {
       const std::size_t i = t.at(mb, v), r = static_cast<std::size_t>(v % S);
       stored_sum[r] += t.stored_bytes[i];
-      peak_max[r] = std::max(peak_max[r], std::max(t.peak_bytes[i], t.stored_bytes[i]));
+      peak_max[r] = std::max(peak_max[r], t.peak_bytes[i]);
     }
     push_sorted(fq[0], static_cast<std::uint32_t>(injected));
     ++injected;
@@ -229,7 +229,7 @@ void build_zero_bubble(const SimProblem& p, const std::vector<std::uint32_t>& or
     for (std::int64_t v = 0; v < V; ++v) {
       const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S);
       mb_stored[k] += t.stored_bytes[i];
-      mb_peak[k] = std::max(mb_peak[k], std::max(t.peak_bytes[i], t.stored_bytes[i]));
+      mb_peak[k] = std::max(mb_peak[k], t.peak_bytes[i]);
     }
   }
   std::vector<std::uint8_t> busy(Su, 0);

@@ -187,8 +187,9 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
     }
     // Memory: the running op's transient peak on top of what is stored; forward adds its stored
     // activations, B or W releases them at the end.
+    // (peak_bytes is on top of the stage's own stored activations, which a forward is creating.)
     double during = cur_mem_[r] + c.peak_bytes[i];
-    if (op.kind == OpKind::Forward) during = cur_mem_[r] + std::max(c.peak_bytes[i], c.stored_bytes[i]);
+    if (op.kind == OpKind::Forward) during += c.stored_bytes[i];
     res.peak_bytes[r] = std::max(res.peak_bytes[r], during);
     op.start_ms = ready;
     op.end_ms = ready + dur;

@@ -140,7 +140,7 @@ std::vector<double> replay_memory(const SimProblem& p, const Schedule& s) {
     for (const auto& op : s.ops[r]) {
       const std::size_t i = t.at(op.mb, op.vstage);
       if (op.kind == OpKind::Forward) {
-        peak[r] = std::max(peak[r], cur + std::max(t.peak_bytes[i], t.stored_bytes[i]));
+        peak[r] = std::max(peak[r], cur + t.stored_bytes[i] + t.peak_bytes[i]);
         cur += t.stored_bytes[i];
       } else {
         peak[r] = std::max(peak[r], cur + t.peak_bytes[i]);
