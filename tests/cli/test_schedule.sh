@@ -9,7 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 py=/usr/bin/python3
 
-"$pp" schedule --help | grep -q "Usage" || fail "schedule --help"
+"$pp" schedule --help | grep "Usage" > /dev/null || fail "schedule --help"
 
 cat > "$tmp/mbs.txt" <<'MB'
 # rows padded_len [padded_dec_len] [recompute]
@@ -77,11 +77,11 @@ assert rows["gpipe"]["makespan_ms"] >= rows["1f1b"]["makespan_ms"] * 0.999
 assert rows["zero-bubble"]["makespan_ms"] <= rows["1f1b"]["makespan_ms"] * 1.0001
 assert j["makespan_ms"] <= min(r["makespan_ms"] for r in rows.values() if r["supported"] and r["fits_memory"]) + 1e-9
 PY
-"$pp" schedule "$tmp/same.txt" --model gpt-1.3b --stages 4 --schedule all | grep -q "wait-free-cyclic" || fail "all table"
+"$pp" schedule "$tmp/same.txt" --model gpt-1.3b --stages 4 --schedule all | grep "wait-free-cyclic" > /dev/null || fail "all table"
 "$pp" schedule "$tmp/same.txt" --model gpt-1.3b --stages 2 --chunks 2 --schedule interleaved-1f1b --json > "$tmp/il.json"
 $py -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['schedule']=='interleaved-1f1b' and len(j['peak_memory_mb'])==2" "$tmp/il.json" \
   || fail "interleaved"
-cat "$tmp/same.txt" | "$pp" schedule - --model gpt-1.3b --stages 4 --schedule 1f1b | grep -q "1f1b" || fail "stdin"
+cat "$tmp/same.txt" | "$pp" schedule - --model gpt-1.3b --stages 4 --schedule 1f1b | grep "1f1b" > /dev/null || fail "stdin"
 
 # bad input: non-zero exit and a message naming the problem
 expect_error() {
