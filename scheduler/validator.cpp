@@ -253,6 +253,20 @@ class Checker {
                                               : "the buffer it names"));
           continue;
         }
+        const bool no_in = (ins.op == Opcode::Forward && ins.stage == 0) ||
+                           ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage + 1 == V_);
+        const bool no_out = (ins.op == Opcode::Forward && ins.stage + 1 == V_) ||
+                            ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage == 0);
+        if (no_in && ins.in != kNone) {
+          fail(fmt::format("in: expected none ({} stage has no {}), found b{}", ins.stage == 0 ? "the first" : "the last",
+                           ins.op == Opcode::Forward ? "previous activation" : "next gradient", ins.in));
+          continue;
+        }
+        if (no_out && ins.out != kNone) {
+          fail(fmt::format("out: expected none ({} stage sends nothing on), found b{}", ins.stage == 0 ? "the first" : "the last",
+                           ins.out));
+          continue;
+        }
         if (needs_out && ins.out == kNone) {
           fail("out: expected a buffer to write, found none");
           continue;
@@ -524,6 +538,11 @@ class Checker {
                 blocked_k[r] = s.send_k;
                 break;
               }
+              if (s.mb != ins.mb || s.stage != ins.stage || c.dst != ins.peer) {
+                add("dataflow", R, I, fmt::format("in b{}: the wait names micro-batch {} stage {} to rank {}, the send "
+                                                  "pending on it is the {} to rank {}", ins.in, ins.mb, ins.stage, ins.peer,
+                                                  describe_content(s.content, s.mb, s.stage), c.dst));
+              }
               s.send_pending = false;
               break;
             }
@@ -626,6 +645,24 @@ class Checker {
 
   void check_counts() {
     if (full()) return;
+    // Optional instructions: either on every rank (once) or on none.
+    for (Opcode op : {Opcode::IterBegin, Opcode::IterEnd, Opcode::OptStep}) {
+      std::vector<std::size_t> n(S_, 0);
+      std::size_t with = 0;
+      for (std::size_t r = 0; r < S_; ++r) {
+        for (const auto& ins : p_.streams[r]) n[r] += ins.op == op;
+        with += n[r] > 0;
+      }
+      for (std::size_t r = 0; r < S_ && with > 0; ++r) {
+        if (n[r] != 1) {
+          add("count", static_cast<std::int64_t>(r), -1,
+              fmt::format("{}: expected once on every rank (it is on {} of {} ranks), found {} here", opcode_name(op), with,
+                          S_, n[r]));
+        }
+      }
+    }
+    bool any = false;
+    for (std::size_t r = 0; r < S_; ++r) any = any || any_reduce(r);
     for (std::size_t m = 0; m < N_; ++m) {
       for (std::size_t v = 0; v < V_; ++v) {
         const std::size_t k = m * V_ + v;
@@ -641,7 +678,7 @@ class Checker {
     }
     for (std::size_t v = 0; v < V_; ++v) {
       const std::size_t r = p_.stage_rank[v];
-      if (any_reduce(r) && has_reduce_stage_.size() == V_ && !has_reduce_stage_[v]) {
+      if (any && has_reduce_stage_.size() == V_ && !has_reduce_stage_[v]) {
         add("count", static_cast<std::int64_t>(r), -1, fmt::format("REDUCE_GRAD of stage {}: expected once on rank {}, found none", v, r));
       }
     }
