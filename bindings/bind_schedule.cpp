@@ -1,0 +1,267 @@
+// Python bindings of the schedules, the simulator and the search: packpipe.ScheduleProblem (from a
+// cost model and micro-batch shapes, or from cost arrays), .simulate() and .search(), results as
+// packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
+// check lives in C++; the GIL is released while simulating and searching.
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bind.h"
+#include "common/errors.h"
+#include "costmodel/cost_model.h"
+#include "scheduler/pipeline.h"
+#include "scheduler/schedules.h"
+#include "scheduler/search.h"
+#include "scheduler/simulator.h"
+#include "scheduler/trace.h"
+
+namespace py = pybind11;
+namespace cm = packpipe::costmodel;
+namespace sc = packpipe::scheduler;
+
+namespace packpipe::bindings {
+
+namespace {
+
+// A problem plus what the recompute fallback needs (only when built from a cost model).
+struct PyProblem {
+  sc::SimProblem problem;
+  std::shared_ptr<cm::CostModel> cost;
+  sc::PipelineShape shape;
+  std::vector<sc::VirtualStage> vstages;
+  std::vector<sc::MicroBatch> mbs;
+};
+
+struct PySearch {
+  sc::SearchResult result;
+};
+
+py::dtype op_dtype() {
+  py::list names, formats, offsets;
+  names.append("kind");
+  formats.append("u1");
+  offsets.append(offsetof(sc::ScheduledOp, kind));
+  names.append("mb");
+  formats.append("<u4");
+  offsets.append(offsetof(sc::ScheduledOp, mb));
+  names.append("vstage");
+  formats.append("<u4");
+  offsets.append(offsetof(sc::ScheduledOp, vstage));
+  names.append("start_ms");
+  formats.append("<f8");
+  offsets.append(offsetof(sc::ScheduledOp, start_ms));
+  names.append("end_ms");
+  formats.append("<f8");
+  offsets.append(offsetof(sc::ScheduledOp, end_ms));
+  py::dict d;
+  d["names"] = names;
+  d["formats"] = formats;
+  d["offsets"] = offsets;
+  d["itemsize"] = sizeof(sc::ScheduledOp);
+  return py::dtype::from_args(d);
+}
+
+std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t rows, std::int64_t cols, bool required) {
+  if (obj.is_none()) {
+    PACKPIPE_CHECK_ARG(!required, "{} is required", arg);
+    return std::vector<double>(static_cast<std::size_t>(rows * cols), 0.0);
+  }
+  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
+  PACKPIPE_CHECK_ARG(a, "{} must be a float array", arg);
+  PACKPIPE_CHECK_ARG(a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols, "{} must have shape ({}, {})", arg,
+                     rows, cols);
+  return std::vector<double>(a.data(), a.data() + rows * cols);
+}
+
+std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_style | py::array::forcecast>& forward,
+                                      const py::object& backward, const py::object& backward_weight,
+                                      const py::object& stored, const py::object& peak, const py::object& transfer,
+                                      const py::object& static_bytes, std::int64_t ranks, double memory_limit_bytes) {
+  PACKPIPE_CHECK_ARG(forward.ndim() == 2, "forward_ms must be a 2-D (micro-batches, virtual stages) array");
+  const std::int64_t m = forward.shape(0), V = forward.shape(1);
+  sc::StageCostTable t;
+  t.microbatches = m;
+  t.vstages = V;
+  t.forward_ms.assign(forward.data(), forward.data() + m * V);
+  t.backward_ms = matrix(backward, "backward_ms", m, V, true);
+  t.backward_weight_ms = matrix(backward_weight, "backward_weight_ms", m, V, false);
+  t.stored_bytes = matrix(stored, "stored_bytes", m, V, false);
+  t.peak_bytes = matrix(peak, "peak_bytes", m, V, false);
+  t.send_bytes.assign(static_cast<std::size_t>(m * V), 0.0);
+  if (static_bytes.is_none()) {
+    t.static_bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(ranks, 0)), 0.0);
+  } else {
+    t.static_bytes = static_bytes.cast<std::vector<double>>();
+  }
+  auto out = std::make_shared<PyProblem>();
+  out->problem = sc::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
+  if (!transfer.is_none()) out->problem.transfer_ms = matrix(transfer, "transfer_ms", m, V, false);
+  return out;
+}
+
+std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::list& microbatches,
+                                      std::int64_t stages, std::int64_t chunks, std::int64_t layers_per_stage,
+                                      std::int64_t tp, std::int64_t dp, int zero, double memory_mb) {
+  PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must be a packpipe.CostModel");
+  auto out = std::make_shared<PyProblem>();
+  for (std::size_t i = 0; i < microbatches.size(); ++i) {
+    const auto t = microbatches[i].cast<py::tuple>();
+    PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
+                       "microbatches[{}] must be (rows, padded_len[, padded_dec_len[, recompute]])", i);
+    sc::MicroBatch mb;
+    const auto rows = t[0].cast<std::int64_t>();
+    PACKPIPE_CHECK_ARG(rows >= 1, "microbatches[{}]: rows must be at least 1, found {}", i, rows);
+    mb.samples.resize(static_cast<std::size_t>(rows));
+    mb.padded_len = t[1].cast<std::int64_t>();
+    if (t.size() >= 3) mb.padded_dec_len = t[2].cast<std::int64_t>();
+    if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
+    out->mbs.push_back(std::move(mb));
+  }
+  PACKPIPE_CHECK_ARG(!out->mbs.empty(), "microbatches is empty");
+  out->cost = std::move(cost);
+  out->shape.stages = stages;
+  out->shape.chunks = chunks;
+  out->shape.layers_per_stage = layers_per_stage;
+  out->shape.tp = tp;
+  out->shape.dp = dp;
+  out->shape.zero_stage = zero;
+  out->shape.memory_limit_mb = memory_mb;
+  out->vstages = sc::virtual_stages(out->cost->model(), out->shape);
+  out->problem = sc::make_sim_problem(sc::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
+                                      *out->cost, out->shape);
+  return out;
+}
+
+std::vector<py::tuple> op_list(const sc::Schedule& s, std::int64_t rank) {
+  PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(s.ops.size()), "rank {} outside 0..{}", rank,
+                       s.ops.size());
+  std::vector<py::tuple> out;
+  for (const auto& op : s.ops[static_cast<std::size_t>(rank)]) {
+    out.push_back(py::make_tuple(sc::op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, op.end_ms));
+  }
+  return out;
+}
+
+}  // namespace
+
+void declare_schedule(py::module_& m) {
+  py::class_<sc::Schedule>(m, "Schedule", "A simulated pipeline schedule: per-rank ops with start/end (ms)");
+  py::class_<PyProblem, std::shared_ptr<PyProblem>>(m, "ScheduleProblem",
+                                                    "Costs of one iteration's micro-batches on a pipeline");
+  py::class_<PySearch>(m, "ScheduleSearchResult", "Outcome of a schedule search");
+}
+
+void define_schedule(py::module_& m) {
+  py::reinterpret_borrow<py::class_<sc::Schedule>>(m.attr("Schedule"))
+      .def_readonly("name", &sc::Schedule::name)
+      .def_readonly("ranks", &sc::Schedule::ranks)
+      .def_readonly("vstages", &sc::Schedule::vstages)
+      .def_readonly("microbatches", &sc::Schedule::microbatches)
+      .def_readonly("makespan_ms", &sc::Schedule::makespan_ms)
+      .def_readonly("bubble_fraction", &sc::Schedule::bubble_fraction)
+      .def_readonly("peak_bytes", &sc::Schedule::peak_bytes, "per rank")
+      .def_readonly("utilization", &sc::Schedule::utilization, "per rank")
+      .def_readonly("order", &sc::Schedule::order, "micro-batch order used")
+      .def(
+          "ops",
+          [](py::object self, std::int64_t rank) {
+            const auto& s = self.cast<const sc::Schedule&>();
+            PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(s.ops.size()), "rank {} outside 0..{}",
+                                 rank, s.ops.size());
+            const auto& v = s.ops[static_cast<std::size_t>(rank)];
+            static const sc::ScheduledOp kEmpty{};
+            return py::array(op_dtype(), {static_cast<py::ssize_t>(v.size())}, {},
+                             v.empty() ? &kEmpty : v.data(), self);
+          },
+          py::arg("rank"),
+          "Rank's ops as a zero-copy numpy structured array (kind: 0 F, 1 B, 2 I, 3 W; mb; vstage; start_ms; end_ms)")
+      .def("op_list", &op_list, py::arg("rank"), "Rank's ops as (token, mb, vstage, start_ms, end_ms) tuples")
+      .def(
+          "chrome_trace",
+          [](const sc::Schedule& s, const std::string& process_name) {
+            sc::TraceOptions o;
+            o.process_name = process_name;
+            return sc::chrome_trace_json(s, o);
+          },
+          py::arg("process_name") = "packpipe", "Chrome trace / Perfetto JSON of the timeline")
+      .def("__repr__", [](const sc::Schedule& s) {
+        return "Schedule(name='" + s.name + "', makespan_ms=" + std::to_string(s.makespan_ms) +
+               ", bubble_fraction=" + std::to_string(s.bubble_fraction) + ")";
+      });
+
+  py::reinterpret_borrow<py::class_<PySearch>>(m.attr("ScheduleSearchResult"))
+      .def_property_readonly("schedule", [](const PySearch& r) { return r.result.best; })
+      .def_property_readonly("feasible", [](const PySearch& r) { return r.result.feasible; })
+      .def_property_readonly("recompute", [](const PySearch& r) { return r.result.recompute; })
+      .def_property_readonly("simulations", [](const PySearch& r) { return r.result.simulations; })
+      .def_property_readonly("early_exits", [](const PySearch& r) { return r.result.early_exits; })
+      .def_property_readonly("lower_bound_ms", [](const PySearch& r) { return r.result.lower_bound_ms; });
+
+  py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"))
+      .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::arg("stages") = 4,
+           py::arg("chunks") = 1, py::arg("layers_per_stage") = 0, py::arg("tp") = 1, py::arg("dp") = 1,
+           py::arg("zero") = 1, py::arg("memory_mb") = 0.0,
+           "From a cost model and micro-batch shapes [(rows, padded_len[, padded_dec_len[, recompute]]), ...]")
+      .def_static("from_costs", &from_costs, py::arg("forward_ms"), py::arg("backward_ms"),
+                  py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
+                  py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),
+                  py::arg("static_bytes") = py::none(), py::arg("ranks") = 1, py::arg("memory_limit_bytes") = 0.0,
+                  "From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1")
+      .def_property_readonly("microbatches", [](const PyProblem& p) { return p.problem.microbatches(); })
+      .def_property_readonly("vstages", [](const PyProblem& p) { return p.problem.vstages(); })
+      .def_property_readonly("ranks", [](const PyProblem& p) { return p.problem.ranks; })
+      .def_property_readonly("memory_limit_bytes", [](const PyProblem& p) { return p.problem.memory_limit_bytes; })
+      .def_property_readonly("lower_bound_ms",
+                             [](const PyProblem& p) { return sc::makespan_lower_bounds(p.problem).value(); })
+      .def(
+          "simulate",
+          [](const PyProblem& p, const std::string& schedule, std::optional<std::vector<std::uint32_t>> order) {
+            const sc::ScheduleKind k = sc::schedule_kind_from_name(schedule);
+            py::gil_scoped_release release;
+            return sc::make_schedule(k, p.problem, order ? *order : std::vector<std::uint32_t>{});
+          },
+          py::arg("schedule"), py::arg("order") = py::none(),
+          "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)")
+      .def(
+          "search",
+          [](const PyProblem& p, std::uint64_t seed, std::optional<std::vector<std::string>> schedules, bool reference,
+             int local_rounds) {
+            sc::SearchOptions o;
+            o.seed = seed;
+            o.local_rounds = local_rounds;
+            if (schedules) {
+              for (const auto& n : *schedules) o.schedules.push_back(sc::schedule_kind_from_name(n));
+            }
+            if (p.cost) {
+              o.recompute_table = [&p](cm::Recompute rc) {
+                auto mbs = p.mbs;
+                for (auto& mb : mbs) mb.recompute = rc;
+                return sc::stage_cost_table(*p.cost, p.shape, p.vstages, mbs);
+              };
+            }
+            py::gil_scoped_release release;
+            PySearch r;
+            r.result = reference ? sc::reference_search(p.problem, o) : sc::search_schedule(p.problem, o);
+            return r;
+          },
+          py::arg("seed") = 0, py::arg("schedules") = py::none(), py::arg("reference") = false,
+          py::arg("local_rounds") = 1,
+          "Search the schedule and micro-batch order (reference=True: the exhaustive DynaPipe-like search)");
+
+  m.def(
+      "schedule_names",
+      [] {
+        std::vector<std::string> out;
+        for (auto k : sc::all_schedule_kinds()) out.emplace_back(sc::schedule_kind_name(k));
+        return out;
+      },
+      "Names of the pipeline schedules");
+}
+
+}  // namespace packpipe::bindings

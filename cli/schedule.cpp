@@ -1,0 +1,294 @@
+// `packpipe schedule`: simulate pipeline schedules for given micro-batch shapes, or search the
+// schedule and micro-batch order; prints a summary, a table for `--schedule all`, JSON with
+// --json, and writes the winner's Chrome trace with --chrome-trace.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "common/errors.h"
+#include "costmodel/factory.h"
+#include "scheduler/pipeline.h"
+#include "scheduler/schedules.h"
+#include "scheduler/search.h"
+#include "scheduler/simulator.h"
+#include "scheduler/trace.h"
+
+namespace packpipe::cli {
+
+namespace cm = packpipe::costmodel;
+namespace sc = packpipe::scheduler;
+
+namespace {
+
+struct ScheduleOptionsCli {
+  std::string input = "-";
+  std::string model = "gpt-6.7b";
+  std::string device = "A100-40GB";
+  std::vector<std::string> profiles;
+  std::int64_t stages = 4;
+  std::int64_t chunks = 1;
+  std::int64_t layers_per_stage = 0;
+  std::int64_t tp = 1;
+  std::int64_t dp = 1;
+  int zero = 1;
+  double memory_mb = 0;
+  std::string schedule = "search";
+  std::uint64_t seed = 0;
+  std::string chrome_trace;
+  bool reference = false;
+  bool json = false;
+};
+
+// Micro-batch shapes: one per line, `rows padded_len [padded_dec_len] [recompute]`; '#' starts a
+// comment.
+std::vector<sc::MicroBatch> read_microbatches(const std::string& path) {
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (path != "-") {
+    file.open(path);
+    PACKPIPE_CHECK(file.good(), "cannot open micro-batch file '{}'", path);
+    in = &file;
+  }
+  std::vector<sc::MicroBatch> out;
+  std::string line;
+  std::size_t lineno = 0;
+  while (std::getline(*in, line)) {
+    ++lineno;
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::vector<std::string> tok;
+    for (std::string t; ls >> t;) tok.push_back(t);
+    if (tok.empty()) continue;
+    PACKPIPE_CHECK(tok.size() <= 4, "{}:{}: expected 'rows padded_len [padded_dec_len] [recompute]', found {} fields",
+                   path, lineno, tok.size());
+    auto number = [&](const std::string& s, const char* what) {
+      std::size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      PACKPIPE_CHECK(used == s.size() && v >= 0, "{}:{}: {} must be a non-negative integer, found '{}'", path, lineno,
+                     what, s);
+      return static_cast<std::int64_t>(v);
+    };
+    sc::MicroBatch mb;
+    const std::int64_t rows = number(tok[0], "rows");
+    PACKPIPE_CHECK(rows >= 1, "{}:{}: rows must be at least 1, found {}", path, lineno, rows);
+    mb.samples.resize(static_cast<std::size_t>(rows));
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) mb.samples[i] = static_cast<std::uint32_t>(i);
+    PACKPIPE_CHECK(tok.size() >= 2, "{}:{}: missing padded_len", path, lineno);
+    mb.padded_len = number(tok[1], "padded_len");
+    PACKPIPE_CHECK(mb.padded_len >= 1, "{}:{}: padded_len must be at least 1", path, lineno);
+    std::size_t next = 2;
+    if (tok.size() > next && std::isdigit(static_cast<unsigned char>(tok[next][0]))) {
+      mb.padded_dec_len = number(tok[next], "padded_dec_len");
+      ++next;
+    }
+    if (tok.size() > next) {
+      try {
+        mb.recompute = cm::recompute_from_name(tok[next]);
+      } catch (const std::exception&) {
+        PACKPIPE_THROW(::packpipe::Error, "{}:{}: recompute must be none, selective or full, found '{}'", path, lineno,
+                       tok[next]);
+      }
+      ++next;
+    }
+    PACKPIPE_CHECK(next == tok.size(), "{}:{}: unexpected field '{}'", path, lineno, tok[next]);
+    mb.tokens = static_cast<std::uint64_t>(rows * (mb.padded_len + mb.padded_dec_len));
+    out.push_back(std::move(mb));
+  }
+  PACKPIPE_CHECK(!out.empty(), "no micro-batches in '{}'", path);
+  return out;
+}
+
+Json per_rank_mb(const std::vector<double>& bytes) {
+  Json a = Json::array();
+  for (double b : bytes) a.push_back(b / 1e6);
+  return a;
+}
+
+Json schedule_json(const sc::Schedule& s, double limit_bytes) {
+  Json j;
+  j["schedule"] = s.name;
+  j["makespan_ms"] = s.makespan_ms;
+  j["bubble_fraction"] = s.bubble_fraction;
+  j["peak_memory_mb"] = per_rank_mb(s.peak_bytes);
+  j["utilization"] = s.utilization;
+  double peak = 0;
+  for (double b : s.peak_bytes) peak = std::max(peak, b);
+  j["fits_memory"] = limit_bytes <= 0 || peak <= limit_bytes;
+  j["order"] = s.order;
+  return j;
+}
+
+void run_schedule(const ScheduleOptionsCli& o) {
+  const auto mbs = read_microbatches(o.input);
+  const auto cost = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles});
+  sc::PipelineShape shape;
+  shape.stages = o.stages;
+  shape.chunks = o.chunks;
+  shape.layers_per_stage = o.layers_per_stage;
+  shape.tp = o.tp;
+  shape.dp = o.dp;
+  shape.zero_stage = o.zero;
+  shape.memory_limit_mb = o.memory_mb;
+  PACKPIPE_CHECK_ARG(o.memory_mb >= 0, "--memory-mb must be non-negative, found {}", o.memory_mb);
+  const auto vs = sc::virtual_stages(cost->model(), shape);
+  const sc::SimProblem problem = sc::make_sim_problem(sc::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);
+  const double limit = problem.memory_limit_bytes;
+
+  sc::SearchOptions so;
+  so.seed = o.seed;
+  so.recompute_table = [&](cm::Recompute rc) {
+    auto copy = mbs;
+    for (auto& m : copy) m.recompute = rc;
+    return sc::stage_cost_table(*cost, shape, vs, copy);
+  };
+
+  Json j;
+  j["model"] = cost->model().name;
+  j["device"] = cost->device().name;
+  j["cost_model"] = cost->describe();
+  j["microbatches"] = problem.microbatches();
+  j["stages"] = shape.stages;
+  j["chunks"] = shape.chunks;
+  j["memory_limit_mb"] = limit / 1e6;
+  j["lower_bound_ms"] = sc::makespan_lower_bounds(problem).value();
+
+  sc::Schedule winner;
+  std::vector<Json> rows;
+  if (o.schedule == "search" || o.schedule == "all") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const sc::SearchResult r = sc::search_schedule(problem, so);
+    const double search_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    winner = r.best;
+    Json w = schedule_json(r.best, limit);
+    for (auto it = w.begin(); it != w.end(); ++it) j[it.key()] = it.value();
+    j["feasible"] = r.feasible;
+    j["recompute"] = r.recompute;
+    j["search_ms"] = search_ms;
+    j["simulations"] = r.simulations;
+    j["early_exits"] = r.early_exits;
+    if (o.reference) {
+      const auto t1 = std::chrono::steady_clock::now();
+      const sc::SearchResult ref = sc::reference_search(problem, so);
+      const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+      j["reference"] = Json{{"schedule", ref.best.name},
+                            {"makespan_ms", ref.best.makespan_ms},
+                            {"bubble_fraction", ref.best.bubble_fraction},
+                            {"search_ms", ref_ms},
+                            {"simulations", ref.simulations},
+                            {"feasible", ref.feasible}};
+    }
+  }
+  if (o.schedule == "all") {
+    std::vector<std::uint32_t> order(mbs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
+    Json all = Json::array();
+    for (sc::ScheduleKind k : sc::all_schedule_kinds()) {
+      std::string why;
+      if (!sc::schedule_supports(k, shape.stages, shape.chunks, problem.microbatches(), &why)) {
+        all.push_back(Json{{"schedule", sc::schedule_kind_name(k)}, {"supported", false}, {"why", why}});
+        continue;
+      }
+      Json row = schedule_json(sc::make_schedule(k, problem, order), limit);
+      row["supported"] = true;
+      all.push_back(row);
+    }
+    j["schedules"] = all;
+  } else if (o.schedule != "search") {
+    const sc::ScheduleKind k = sc::schedule_kind_from_name(o.schedule);
+    const auto t0 = std::chrono::steady_clock::now();
+    winner = sc::make_schedule(k, problem);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    Json w = schedule_json(winner, limit);
+    for (auto it = w.begin(); it != w.end(); ++it) j[it.key()] = it.value();
+    j["feasible"] = w["fits_memory"];
+    j["search_ms"] = ms;
+  }
+  if (!o.chrome_trace.empty()) {
+    std::ofstream f(o.chrome_trace, std::ios::binary);
+    PACKPIPE_CHECK(f.good(), "cannot write Chrome trace '{}'", o.chrome_trace);
+    f << sc::chrome_trace_json(winner);
+    PACKPIPE_CHECK(f.good(), "error writing Chrome trace '{}'", o.chrome_trace);
+    j["chrome_trace"] = o.chrome_trace;
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%s on %s (%s): %lld micro-batches, %lld stages x %lld chunks, memory limit %.0f MB\n",
+              j["model"].get<std::string>().c_str(), j["device"].get<std::string>().c_str(),
+              j["cost_model"].get<std::string>().c_str(), static_cast<long long>(problem.microbatches()),
+              static_cast<long long>(shape.stages), static_cast<long long>(shape.chunks), limit / 1e6);
+  if (o.schedule == "all") {
+    std::printf("  %-18s %12s %8s %14s %6s\n", "schedule", "makespan ms", "bubble", "peak MB (max)", "fits");
+    for (const auto& row : j["schedules"]) {
+      if (!row["supported"].get<bool>()) {
+        std::printf("  %-18s %s\n", row["schedule"].get<std::string>().c_str(), row["why"].get<std::string>().c_str());
+        continue;
+      }
+      double peak = 0;
+      for (const auto& p : row["peak_memory_mb"]) peak = std::max(peak, p.get<double>());
+      std::printf("  %-18s %12.2f %8.3f %14.0f %6s\n", row["schedule"].get<std::string>().c_str(),
+                  row["makespan_ms"].get<double>(), row["bubble_fraction"].get<double>(), peak,
+                  row["fits_memory"].get<bool>() ? "yes" : "no");
+    }
+  }
+  double peak = 0;
+  for (const auto& p : j["peak_memory_mb"]) peak = std::max(peak, p.get<double>());
+  std::printf("%s %s: makespan %.2f ms (lower bound %.2f), bubble %.3f, peak %.0f MB%s, %s %.3f ms\n",
+              o.schedule == "search" || o.schedule == "all" ? "best" : "schedule",
+              j["schedule"].get<std::string>().c_str(), j["makespan_ms"].get<double>(),
+              j["lower_bound_ms"].get<double>(), j["bubble_fraction"].get<double>(), peak,
+              j["feasible"].get<bool>() ? "" : " (over the memory limit)",
+              o.schedule == "search" || o.schedule == "all" ? "searched in" : "simulated in", j["search_ms"].get<double>());
+  if (j.contains("reference")) {
+    const Json& r = j["reference"];
+    std::printf("reference (exhaustive) %s: makespan %.2f ms, searched in %.3f ms\n",
+                r["schedule"].get<std::string>().c_str(), r["makespan_ms"].get<double>(), r["search_ms"].get<double>());
+  }
+  if (j.contains("chrome_trace")) std::printf("Chrome trace: %s\n", o.chrome_trace.c_str());
+}
+
+}  // namespace
+
+void register_schedule_commands(CLI::App& app) {
+  auto o = std::make_shared<ScheduleOptionsCli>();
+  auto* cmd = app.add_subcommand(
+      "schedule",
+      "Simulate pipeline schedules for micro-batch shapes, or search the schedule and micro-batch order");
+  cmd->add_option("input", o->input,
+                  "Micro-batch shapes, one per line: rows padded_len [padded_dec_len] [recompute] ('-': stdin)");
+  cmd->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
+  cmd->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
+  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
+  cmd->add_option("--stages", o->stages, "Pipeline ranks (default 4)");
+  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank (default 1)");
+  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (default: model layers / stages)");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
+  cmd->add_option("--dp", o->dp, "Data-parallel degree, for the optimizer state (default 1)");
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3 (default 1)");
+  cmd->add_option("--memory-mb", o->memory_mb, "Memory per GPU, MB = 1e6 bytes (default: the device's)");
+  cmd->add_option("--schedule", o->schedule,
+                  "search (default), gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble, or all");
+  cmd->add_option("--seed", o->seed, "Seed of the search (default 0)");
+  cmd->add_option("--chrome-trace", o->chrome_trace, "Write the (best) schedule's timeline as Chrome trace JSON");
+  cmd->add_flag("--reference", o->reference, "Also run the exhaustive DynaPipe-like reference search");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] { run_schedule(*o); });
+}
+
+}  // namespace packpipe::cli

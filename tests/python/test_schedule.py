@@ -1,0 +1,80 @@
+"""packpipe schedules, simulator and search from Python."""
+import json
+
+import numpy as np
+import pytest
+
+import packpipe
+
+SHAPES = [(4, 512), (2, 1024), (16, 128, 0, "selective"), (1, 2048), (8, 256), (4, 512), (2, 1024), (8, 256)]
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return packpipe.ScheduleProblem(packpipe.CostModel("gpt-1.3b"), SHAPES, stages=4)
+
+
+def test_schedule_names():
+    assert packpipe.schedule_names() == ["gpipe", "1f1b", "interleaved-1f1b", "cyclic", "wait-free-cyclic",
+                                         "zero-bubble"]
+
+
+def test_uniform_costs_match_closed_forms():
+    m, S = 8, 4
+    p = packpipe.ScheduleProblem.from_costs(np.ones((m, S)), 2 * np.ones((m, S)), ranks=S)
+    for name in ("gpipe", "1f1b"):
+        s = p.simulate(name)
+        assert s.makespan_ms == pytest.approx((m + S - 1) * 3)
+        assert s.bubble_fraction == pytest.approx((S - 1) / (m + S - 1))
+    assert p.lower_bound_ms == pytest.approx(m * 3)
+
+
+def test_ops_are_zero_copy_structured_arrays(problem):
+    s = problem.simulate("zero-bubble")
+    for r in range(4):
+        a = s.ops(r)
+        assert a.dtype.names == ("kind", "mb", "vstage", "start_ms", "end_ms")
+        assert not a.flags.owndata
+        assert np.all(a["vstage"] % 4 == r)
+        assert np.all(a["end_ms"][:-1] <= a["start_ms"][1:] + 1e-9)  # one op at a time
+        assert set(np.unique(a["kind"])) == {0, 2, 3}  # F, I, W
+        lst = s.op_list(r)
+        assert len(lst) == len(a) and lst[0][0] in ("F", "I", "W")
+    assert max(a["end_ms"].max() for a in (s.ops(r) for r in range(4))) == pytest.approx(s.makespan_ms)
+    with pytest.raises(IndexError):
+        s.ops(4)
+
+
+def test_search_is_deterministic_and_not_worse_than_reference(problem):
+    a = problem.search(seed=5)
+    b = problem.search(seed=5)
+    ref = problem.search(seed=5, reference=True)
+    assert a.schedule.order == b.schedule.order and a.schedule.makespan_ms == b.schedule.makespan_ms
+    assert a.feasible and ref.feasible
+    assert a.schedule.makespan_ms <= ref.schedule.makespan_ms
+    assert a.schedule.makespan_ms >= a.lower_bound_ms * (1 - 1e-12)
+    assert sorted(a.schedule.order) == list(range(len(SHAPES)))
+    only = problem.search(schedules=["1f1b"])
+    assert only.schedule.name == "1f1b"
+
+
+def test_chrome_trace_is_valid_json(problem):
+    s = problem.simulate("1f1b")
+    t = json.loads(s.chrome_trace())
+    ev = [e for e in t["traceEvents"] if e["ph"] == "X"]
+    assert len(ev) == 2 * len(SHAPES) * 4
+    assert {e["tid"] for e in ev} == {0, 1, 2, 3}
+
+
+def test_bad_arguments():
+    cm = packpipe.CostModel("gpt-1.3b")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("pipedream")
+    with pytest.raises(ValueError, match="microbatches is empty"):
+        packpipe.ScheduleProblem(cm, [], stages=4)
+    with pytest.raises(ValueError, match="rows must be at least 1"):
+        packpipe.ScheduleProblem(cm, [(0, 512)], stages=4)
+    with pytest.raises(ValueError, match="not a permutation"):
+        packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("gpipe", order=[0] * len(SHAPES))
+    with pytest.raises(ValueError, match="must have shape"):
+        packpipe.ScheduleProblem.from_costs(np.ones((2, 2)), np.ones((3, 2)), ranks=2)
