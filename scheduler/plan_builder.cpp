@@ -23,8 +23,9 @@ constexpr std::uint32_t U32(std::int64_t v) { return static_cast<std::uint32_t>(
 enum Phase : std::int64_t {
   kBegin = -1,
   kAfterPrev = 0,   // frees of the previous op's inputs, its send starts
-  kSendWait = 1,    // send waits and frees of the sent buffers
-  kRecvStart = 2,   // receive starts
+  kRecvStart = 1,   // receive starts (never block: before the send waits, or ranks waiting on each other's
+                    // receives in the same gap would deadlock)
+  kSendWait = 2,    // send waits and frees of the sent buffers
   kBeforeOp = 3,    // loads and receive waits of op p
   kCompute = 4,     // op p
   kReduce = 5,      // end: ReduceGrad per stage

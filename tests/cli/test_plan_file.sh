@@ -79,6 +79,16 @@ if "$pp" plan export "$tmp/e.plans" --iteration 10 --pytorch-csv "$tmp/x.csv" 2>
 grep -q "one shape" "$tmp/err" || fail "refusal names the reason"
 if "$pp" plan export "$tmp/e.plans" 2> "$tmp/err"; then fail "export without output accepted"; fi
 
+# export: Chrome trace of the simulated timeline
+"$pp" plan export "$tmp/e.plans" --iteration 11 --chrome-trace "$tmp/t.json" > "$tmp/out" || fail "export trace"
+$py - "$tmp/t.json" <<'PY' || fail "trace is Chrome trace JSON with one track per rank"
+import json, sys
+j = json.load(open(sys.argv[1]))
+ev = [e for e in j["traceEvents"] if e.get("ph") == "X"]
+assert ev and all(e["dur"] >= 0 and "ts" in e for e in ev)
+assert {e["tid"] for e in ev} == {0, 1, 2, 3}
+PY
+
 # corrupt files: clear error, exit 1
 head -c 100 "$tmp/e.plans" > "$tmp/cut.plans"
 if "$pp" plan validate "$tmp/cut.plans" 2> "$tmp/err"; then fail "truncated file accepted"; fi
