@@ -584,6 +584,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     j = Json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     PACKPIPE_THROW(Error, "{}: byte {}: not valid JSON: {}", what, e.byte, e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number overflows a double
+    PACKPIPE_THROW(Error, "{}: not valid JSON: {}", what, e.what());
   }
   JIn in(what);
   Plan p;

@@ -103,6 +103,16 @@ class Checker {
     size_is("peak_bytes", p.peak_bytes.size(), nv);
     if (!p.timeline.empty()) size_is("timeline", p.timeline.size(), p.ranks);
     if (rep_.violations.size() != before) return false;
+    for (std::size_t r = 0; r < p.ranks; ++r) {
+      // Every slot is allocated by some instruction: more slots than instructions is corrupt (and
+      // would make the simulation allocate state for slots that cannot be used).
+      if (p.buffer_slots[r] > p.streams[r].size()) {
+        add("header", static_cast<std::int64_t>(r), -1,
+            fmt::format("buffer_slots[{}]: expected at most the stream's {} instructions, found {}", r,
+                        p.streams[r].size(), p.buffer_slots[r]));
+      }
+    }
+    if (rep_.violations.size() != before) return false;
     N_ = p.microbatches.size();
     V_ = p.vstages;
     S_ = p.ranks;

@@ -149,6 +149,9 @@ TEST_CASE("plan format: JSON errors name the field and expected versus found", "
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"op\":\"OPT_STEP\"", "\"op\":\"OPT_STEP\",\"mb\":1"), "j.json"),
                       Catch::Matchers::Contains("has no field 'mb'"));
   REQUIRE_THROWS_AS(plan_from_json(plan_to_json(p, -1, 1)), packpipe::Error);
+  // Regression (found by fuzz_plan): a number overflowing a double is an Error, not a crash.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":0.17e2385"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("not valid JSON"));
 }
 
 TEST_CASE("plan file: written one iteration at a time, read by iteration", "[interface]") {
