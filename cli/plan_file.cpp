@@ -1,0 +1,216 @@
+// `packpipe plan inspect|validate|export`: read plan files (a multi-iteration plan file, one binary
+// plan, or a JSON plan), show an iteration's header and streams, validate every plan, export.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "common/errors.h"
+#include "costmodel/cost_model.h"
+#include "scheduler/export_pytorch.h"
+#include "scheduler/plan_format.h"
+#include "scheduler/trace.h"
+#include "scheduler/validator.h"
+
+namespace packpipe::cli {
+
+namespace sch = packpipe::scheduler;
+
+namespace {
+
+void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+// The plan of `iteration`, or the file's first plan when iteration < 0.
+sch::Plan load(const sch::PlanFileReader& r, std::int64_t iteration) {
+  if (iteration < 0) {
+    PACKPIPE_CHECK(r.size() > 0, "{}: the file holds no plans", r.path());
+    return r.read(0);
+  }
+  return r.read_iteration(static_cast<std::uint64_t>(iteration));
+}
+
+Json header_json(const sch::Plan& p, const sch::ValidationReport& rep) {
+  Json j;
+  j["iteration"] = p.iteration;
+  j["schedule"] = p.schedule;
+  j["ranks"] = p.ranks;
+  j["vstages"] = p.vstages;
+  j["stage_rank"] = p.stage_rank;
+  j["dp"] = p.dp;
+  j["microbatches"] = p.microbatches.size();
+  j["global_tokens"] = p.global_tokens;
+  j["makespan_ms"] = p.makespan_ms;
+  j["memory_limit_bytes"] = p.memory_limit_bytes;
+  j["instructions"] = p.instruction_count();
+  j["shapes"] = p.shapes.size();
+  j["buffer_slots"] = p.buffer_slots;
+  j["peak_bytes"] = rep.peak_bytes;
+  j["valid"] = rep.ok();
+  return j;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  PACKPIPE_CHECK(f.good(), "cannot create '{}'", path);
+  f << text;
+  f.close();
+  PACKPIPE_CHECK(f.good(), "cannot write '{}'", path);
+}
+
+}  // namespace
+
+void add_plan_file_commands(CLI::App& plan) {
+  {
+    auto* cmd = plan.add_subcommand("inspect", "Header, micro-batches and instruction streams of one iteration's plan");
+    auto file = std::make_shared<std::string>();
+    auto iteration = std::make_shared<std::int64_t>(-1);
+    auto rank = std::make_shared<std::int64_t>(-1);
+    auto json = std::make_shared<bool>(false);
+    cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
+    cmd->add_option("--iteration", *iteration, "Iteration to show (default: the file's first plan)");
+    cmd->add_option("--rank", *rank, "Show only this rank's stream");
+    cmd->add_flag("--json", *json, "Print the plan's JSON form (one rank's stream with --rank)");
+    cmd->callback([=] {
+      const sch::PlanFileReader r(*file);
+      const sch::Plan p = load(r, *iteration);
+      PACKPIPE_CHECK_RANGE(*rank < 0 || *rank < static_cast<std::int64_t>(p.ranks), "--rank {}: the plan has {} ranks",
+                           *rank, p.ranks);
+      if (*json) {
+        std::printf("%s\n", sch::plan_to_json(p, 1, *rank).c_str());
+        return;
+      }
+      const sch::ValidationReport rep = sch::validate(p);
+      std::printf("iteration %llu of %zu in %s: schedule %s, %u ranks, %u virtual stages, dp %u\n",
+                  static_cast<unsigned long long>(p.iteration), r.size(), r.path().c_str(), p.schedule.c_str(), p.ranks,
+                  p.vstages, p.dp);
+      std::string map;
+      for (std::size_t v = 0; v < p.stage_rank.size(); ++v) map += fmt::format("{}{}->{}", v ? " " : "", v, p.stage_rank[v]);
+      std::printf("stage -> rank: %s\n", map.c_str());
+      std::printf("%zu micro-batches, %llu tokens, simulated %.3f ms, %zu instructions, %s\n", p.microbatches.size(),
+                  static_cast<unsigned long long>(p.global_tokens), p.makespan_ms, p.instruction_count(),
+                  rep.ok() ? "valid" : fmt::format("{} violations", rep.violations.size()).c_str());
+      for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+        const auto& mb = p.microbatches[m];
+        std::printf("  mb %zu: %u rows x %u%s tokens, %llu real, loss weight %.6f, recompute %s, %zu samples\n", m, mb.rows,
+                    mb.padded_len, mb.padded_dec_len ? fmt::format(" (+ {} decoder)", mb.padded_dec_len).c_str() : "",
+                    static_cast<unsigned long long>(mb.tokens), mb.loss_weight,
+                    costmodel::recompute_name(static_cast<costmodel::Recompute>(p.recompute[p.at(m, 0)])),
+                    mb.samples.size());
+      }
+      for (std::uint32_t k = 0; k < p.ranks; ++k) {
+        if (*rank >= 0 && *rank != k) continue;
+        std::printf("rank %u: %zu instructions, %u buffer slots, peak %s\n", k, p.streams[k].size(), p.buffer_slots[k],
+                    human_bytes(rep.peak_bytes[k]).c_str());
+        for (std::size_t i = 0; i < p.streams[k].size(); ++i) {
+          const auto& ins = p.streams[k][i];
+          std::string extra;
+          if ((sch::opcode_fields(ins.op) & sch::kFieldShape) && ins.shape < p.shapes.size()) {
+            extra = "  [" + sch::to_string(p.shapes[ins.shape]) + "]";
+          }
+          std::printf("  %4zu  %s%s\n", i, sch::to_string(ins).c_str(), extra.c_str());
+        }
+      }
+    });
+  }
+  {
+    auto* cmd = plan.add_subcommand("validate", "Check every plan of a file; exit status 1 on any violation");
+    auto file = std::make_shared<std::string>();
+    auto iteration = std::make_shared<std::int64_t>(-1);
+    auto json = std::make_shared<bool>(false);
+    auto buffers = std::make_shared<bool>(false);
+    cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
+    cmd->add_option("--iteration", *iteration, "Check only this iteration");
+    cmd->add_flag("--count-buffers", *buffers, "Count communication buffers towards the memory limit");
+    cmd->add_flag("--json", *json, "Print one JSON object");
+    cmd->callback([=] {
+      const sch::PlanFileReader r(*file);
+      sch::ValidateOptions o;
+      o.count_buffers = *buffers;
+      std::vector<std::size_t> which;
+      if (*iteration >= 0) {
+        const std::int64_t i = r.find(static_cast<std::uint64_t>(*iteration));
+        PACKPIPE_CHECK_RANGE(i >= 0, "{}: no plan for iteration {}", r.path(), *iteration);
+        which.push_back(static_cast<std::size_t>(i));
+      } else {
+        for (std::size_t i = 0; i < r.size(); ++i) which.push_back(i);
+      }
+      Json plans = Json::array();
+      std::size_t bad = 0, total = 0;
+      Progress progress("validate", which.size());
+      for (std::size_t n = 0; n < which.size(); ++n) {
+        const sch::Plan p = r.read(which[n]);
+        const sch::ValidationReport rep = sch::validate(p, o);
+        total += rep.violations.size();
+        bad += rep.ok() ? 0 : 1;
+        progress.update(n + 1);
+        if (*json) {
+          Json v = Json::array();
+          for (const auto& x : rep.violations) {
+            v.push_back(Json{{"kind", x.kind}, {"rank", x.rank}, {"index", x.index}, {"message", x.message},
+                             {"text", sch::to_string(x, &p)}});
+          }
+          plans.push_back(Json{{"iteration", p.iteration}, {"valid", rep.ok()}, {"peak_bytes", rep.peak_bytes},
+                               {"violations", std::move(v)}});
+        } else if (!rep.ok()) {
+          std::printf("iteration %llu: %zu violations\n", static_cast<unsigned long long>(p.iteration), rep.violations.size());
+          for (const auto& x : rep.violations) std::printf("  %s\n", sch::to_string(x, &p).c_str());
+        }
+      }
+      progress.finish();
+      if (*json) {
+        print_json(Json{{"file", r.path()}, {"plans", which.size()}, {"invalid_plans", bad}, {"violations", total},
+                        {"valid", bad == 0}, {"results", std::move(plans)}});
+      } else {
+        std::printf("%s: %zu plans checked, %zu invalid, %zu violations\n", r.path().c_str(), which.size(), bad, total);
+      }
+      set_exit_status(bad == 0 ? 0 : 1);
+    });
+  }
+  {
+    auto* cmd = plan.add_subcommand("export", "Export one iteration: Chrome trace or PyTorch compute_only CSV");
+    auto file = std::make_shared<std::string>();
+    auto iteration = std::make_shared<std::int64_t>(-1);
+    auto trace = std::make_shared<std::string>();
+    auto csv = std::make_shared<std::string>();
+    cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
+    cmd->add_option("--iteration", *iteration, "Iteration to export (default: the file's first plan)");
+    auto* t = cmd->add_option("--chrome-trace", *trace, "Write the simulated timeline as Chrome trace / Perfetto JSON");
+    auto* c = cmd->add_option("--pytorch-csv", *csv,
+                              "Write torch.distributed.pipelining compute_only CSV (micro-batches of one shape only)");
+    t->excludes(c);
+    cmd->callback([=] {
+      PACKPIPE_CHECK_ARG(!trace->empty() || !csv->empty(), "plan export: pass --chrome-trace OUT or --pytorch-csv OUT");
+      const sch::PlanFileReader r(*file);
+      const sch::Plan p = load(r, *iteration);
+      if (!csv->empty()) {
+        write_text(*csv, sch::pytorch_compute_csv(p));
+        std::printf("wrote %s (iteration %llu, %u ranks, %zu micro-batches)\n", csv->c_str(),
+                    static_cast<unsigned long long>(p.iteration), p.ranks, p.microbatches.size());
+      }
+      if (!trace->empty()) {
+        PACKPIPE_CHECK(!p.timeline.empty(),
+                       "{}: iteration {} carries no simulated timeline (planned without keep_timeline); nothing to trace",
+                       r.path(), p.iteration);
+        sch::Schedule s;
+        s.name = p.schedule;
+        s.ranks = p.ranks;
+        s.vstages = p.vstages;
+        s.microbatches = static_cast<std::int64_t>(p.microbatches.size());
+        s.ops = p.timeline;
+        s.makespan_ms = p.makespan_ms;
+        sch::TraceOptions o;
+        o.process_name = fmt::format("packpipe plan iteration {} ({})", p.iteration, p.schedule);
+        write_text(*trace, sch::chrome_trace_json(s, o));
+        std::printf("wrote %s (iteration %llu, %u ranks, %.3f ms simulated)\n", trace->c_str(),
+                    static_cast<unsigned long long>(p.iteration), p.ranks, p.makespan_ms);
+      }
+    });
+  }
+}
+
+}  // namespace packpipe::cli

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# End-to-end tests of `packpipe plan inspect|validate|export` on plan files written through the
+# Python module (synthetic plans).
+# Usage: test_plan_file.sh PACKPIPE_BINARY FIXTURES_DIR
+set -euo pipefail
+pp=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+py=/usr/bin/python3
+export PYTHONPATH="$(dirname "$pp")/python${PYTHONPATH:+:$PYTHONPATH}"
+
+for sub in inspect validate export; do
+  "$pp" plan "$sub" --help > "$tmp/out" || fail "plan $sub --help"
+  grep -q "Usage" "$tmp/out" || fail "plan $sub --help"
+done
+
+# Write a plan file of 4 iterations, one JSON plan, one plan with one shape, one broken plan.
+$py - "$tmp" <<'PY' || fail "writing plan files"
+import json, sys
+import packpipe
+d = sys.argv[1]
+with packpipe.PlanFileWriter(f"{d}/e.plans", compress=True) as w:
+    for s in range(4):
+        w.append(packpipe.synthetic_plan("zero-bubble", ranks=4, chunks=2, microbatches=8, seed=10 + s))
+open(f"{d}/one.json", "w").write(packpipe.synthetic_plan("gpipe", ranks=2, microbatches=3, seed=1).to_json())
+with packpipe.PlanFileWriter(f"{d}/same.plans") as w:
+    w.append(packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=5, same_shape=True))
+j = json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
+s = j["streams"][1]
+del s[next(i for i, x in enumerate(s) if x["op"] == "RECV_ACT_START")]
+open(f"{d}/bad.json", "w").write(json.dumps(j))
+PY
+
+# inspect: text and JSON, by iteration and rank
+"$pp" plan inspect "$tmp/e.plans" --iteration 12 > "$tmp/out" || fail "inspect text"
+grep -q "schedule zero-bubble, 4 ranks, 8 virtual stages" "$tmp/out" || fail "inspect text"
+"$pp" plan inspect "$tmp/e.plans" --iteration 12 --rank 2 > "$tmp/out" || fail "inspect --rank"
+grep -q "rank 2: " "$tmp/out" || fail "inspect --rank"
+"$pp" plan inspect "$tmp/e.plans" --iteration 13 --json > "$tmp/i.json"
+"$pp" plan inspect "$tmp/e.plans" --iteration 13 --rank 1 --json > "$tmp/r.json"
+$py - "$tmp" <<'PY' || fail "inspect --json"
+import json, sys
+d = sys.argv[1]
+j = json.load(open(f"{d}/i.json"))
+assert j["iteration"] == 13 and j["ranks"] == 4 and len(j["streams"]) == 4, j.keys()
+r = json.load(open(f"{d}/r.json"))
+assert r["rank"] == 1 and r["stream"] == j["streams"][1]
+PY
+if "$pp" plan inspect "$tmp/e.plans" --iteration 99 2> "$tmp/err"; then fail "missing iteration accepted"; fi
+grep -q "no plan for iteration 99" "$tmp/err" || fail "missing iteration message"
+
+# validate: every plan; JSON; exit 1 with the violations listed
+"$pp" plan validate "$tmp/e.plans" > "$tmp/out" || fail "validate ok"
+grep -q "4 plans checked, 0 invalid" "$tmp/out" || fail "validate ok"
+"$pp" plan validate "$tmp/one.json" --json > "$tmp/v.json"
+$py -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['valid'] and j['plans'] == 1" "$tmp/v.json" || fail "validate --json"
+set +e
+"$pp" plan validate "$tmp/bad.json" > "$tmp/bad.txt"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "validate of a broken plan exits $rc, expected 1"
+grep -q "\[channel\]" "$tmp/bad.txt" || fail "channel violation listed"
+grep -q "rank 1" "$tmp/bad.txt" || fail "violation names the rank"
+
+# export: PyTorch CSV for one shape; refusal otherwise
+"$pp" plan export "$tmp/same.plans" --pytorch-csv "$tmp/s.csv" > "$tmp/out" || fail "export csv"
+grep -q "wrote" "$tmp/out" || fail "export csv"
+$py - "$tmp/s.csv" <<'PY' || fail "csv grammar"
+import re, sys
+rows = [l.split(",") for l in open(sys.argv[1]).read().splitlines()]
+assert len(rows) == 4
+for r, row in enumerate(rows):
+    for cell in row:
+        m = re.fullmatch(r"(\d+)(F|I|B|W)(\d+)", cell.strip())
+        assert m, cell
+        assert int(m.group(1)) % 4 == r
+PY
+if "$pp" plan export "$tmp/e.plans" --iteration 10 --pytorch-csv "$tmp/x.csv" 2> "$tmp/err"; then fail "export of varying shapes accepted"; fi
+grep -q "one shape" "$tmp/err" || fail "refusal names the reason"
+if "$pp" plan export "$tmp/e.plans" 2> "$tmp/err"; then fail "export without output accepted"; fi
+
+# export: Chrome trace of the simulated timeline
+"$pp" plan export "$tmp/e.plans" --iteration 11 --chrome-trace "$tmp/t.json" > "$tmp/out" || fail "export trace"
+$py - "$tmp/t.json" <<'PY' || fail "trace is Chrome trace JSON with one track per rank"
+import json, sys
+j = json.load(open(sys.argv[1]))
+ev = [e for e in j["traceEvents"] if e.get("ph") == "X"]
+assert ev and all(e["dur"] >= 0 and "ts" in e for e in ev)
+assert {e["tid"] for e in ev} == {0, 1, 2, 3}
+PY
+
+# corrupt files: clear error, exit 1
+head -c 100 "$tmp/e.plans" > "$tmp/cut.plans"
+if "$pp" plan validate "$tmp/cut.plans" 2> "$tmp/err"; then fail "truncated file accepted"; fi
+grep -q "cut.plans" "$tmp/err" || fail "error names the file"
+echo "ok"

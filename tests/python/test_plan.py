@@ -1,0 +1,116 @@
+"""Plans from Python: header fields, streams as objects and numpy arrays, validation, JSON and
+binary round trips, plan files read by iteration, PyTorch export."""
+import json
+
+import numpy as np
+import pytest
+
+import packpipe
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero-bubble"])
+def test_synthetic_plans_validate(schedule):
+    for seed in range(20):
+        p = packpipe.synthetic_plan(schedule, ranks=4, chunks=2, microbatches=8, seed=seed)
+        rep = p.validate()
+        assert rep["ok"], rep["violations"][:3]
+        assert len(rep["peak_bytes"]) == 4
+
+
+def test_header_fields():
+    p = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=6, seed=3, encoder_decoder=True)
+    assert p.ranks == 4 and p.vstages == 4
+    assert p.stage_rank == [0, 1, 2, 3]
+    mbs = p.microbatches
+    assert len(mbs) == 6
+    assert sum(m["tokens"] for m in mbs) == p.global_tokens
+    assert sum(m["loss_weight"] for m in mbs) == pytest.approx(1.0)
+    for m in mbs:
+        assert m["loss_weight"] == pytest.approx(m["tokens"] / p.global_tokens)
+        assert len(m["recompute"]) == p.vstages
+        assert m["padded_dec_len"] > 0
+    assert all(s["bytes"] > 0 for s in p.shapes)
+
+
+def test_streams_as_objects_and_numpy_agree():
+    p = packpipe.synthetic_plan("zero-bubble", ranks=3, microbatches=5, seed=1)
+    names = packpipe.opcode_names()
+    for r in range(p.ranks):
+        objs = p.streams[r]
+        arr = p.instructions(r)
+        assert arr.dtype.names == ("opcode", "mb", "stage", "peer", "in", "in2", "out", "shape")
+        assert arr.dtype.itemsize == 32
+        assert len(arr) == len(objs)
+        for ins, row in zip(objs, arr):
+            assert names[row["opcode"]] == ins.op
+            for field, attr in (("mb", "mb"), ("stage", "stage"), ("peer", "peer"), ("in", "in_"),
+                                ("in2", "in2"), ("out", "out"), ("shape", "shape")):
+                v = getattr(ins, attr)
+                assert row[field] == (-1 if v is None else v)
+        # Every compute op of the rank appears, in the timeline's order.
+        compute = arr[np.isin(arr["opcode"], [names.index(n) for n in ("FWD", "BWD", "BWD_I", "BWD_W")])]
+        assert len(compute) == len(p.timeline[r])
+        assert list(compute["mb"]) == [t[1] for t in p.timeline[r]]
+    with pytest.raises(IndexError):
+        p.instructions(p.ranks)
+
+
+def test_round_trips():
+    p = packpipe.synthetic_plan("1f1b", ranks=2, chunks=2, microbatches=4, seed=9)
+    j = p.to_json()
+    q = packpipe.Plan.from_json(j)
+    assert q == p and q.to_json() == j
+    assert json.loads(j)["format"] == "packpipe-plan"
+    for compress in (False, True):
+        b = p.to_bytes(compress=compress)
+        r = packpipe.Plan.from_bytes(b)
+        assert r == p and r.to_bytes(compress=compress) == b
+    with pytest.raises(RuntimeError, match="truncated"):
+        packpipe.Plan.from_bytes(p.to_bytes()[:40])
+
+
+def test_plan_file_by_iteration(tmp_path):
+    path = str(tmp_path / "e.plans")
+    plans = [packpipe.synthetic_plan("gpipe", ranks=2, microbatches=3, seed=s) for s in range(5)]
+    with packpipe.PlanFileWriter(path, compress=True) as w:
+        for p in plans:
+            w.append(p)
+    r = packpipe.PlanFileReader(path)
+    assert len(r) == 5
+    assert r.iterations == [p.iteration for p in plans]
+    for p in reversed(plans):
+        assert r.read(p.iteration) == p
+    assert r[0] == plans[0]
+    with pytest.raises(IndexError, match="no plan for iteration"):
+        r.read(12345)
+
+
+def test_validation_reports_violations():
+    p = packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2)
+    d = json.loads(p.to_json())
+    # Drop rank 1's first receive start: channel mismatch and a stuck wait.
+    stream = d["streams"][1]
+    i = next(k for k, ins in enumerate(stream) if ins["op"] == "RECV_ACT_START")
+    del stream[i]
+    bad = packpipe.Plan.from_json(json.dumps(d))
+    rep = bad.validate()
+    assert not rep["ok"]
+    kinds = {v["kind"] for v in rep["violations"]}
+    assert "channel" in kinds
+    assert all(v["rank"] in (-1, 0, 1) for v in rep["violations"])
+    with pytest.raises(RuntimeError, match="invalid"):
+        bad.validate_or_throw()
+
+
+def test_pytorch_export():
+    p = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1, same_shape=True)
+    ok, why = p.pytorch_exportable()
+    assert ok, why
+    rows = p.pytorch_csv().splitlines()
+    assert len(rows) == 4
+    assert rows[0].split(",")[0] == "0F0"
+    q = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1)
+    ok, why = q.pytorch_exportable()
+    assert not ok and "one shape" in why
+    with pytest.raises(RuntimeError, match="PyTorch"):
+        q.pytorch_csv()
