@@ -22,6 +22,7 @@ struct PackOptions {
   Algorithm algorithm = Algorithm::BestFitDecreasing;
   std::uint64_t capacity = 0;         ///< tokens per row (input side, or the whole sample)
   std::uint64_t target_capacity = 0;  ///< decoder tokens per row for two-dimensional packing; 0: one dimension
+  std::uint64_t max_samples_per_row = 0;  ///< at most this many samples in a row (0: no limit)
 };
 
 /// Rows in CSR form: row r holds samples[row_offsets[r] .. row_offsets[r + 1]), in placement order.
@@ -33,13 +34,18 @@ struct Packing {
   std::uint64_t capacity = 0;
   std::uint64_t target_capacity = 0;
   std::size_t rows() const { return row_offsets.empty() ? 0 : row_offsets.size() - 1; }
-  /// Real tokens over rows x capacity (both dimensions together when two-dimensional).
+  /// Real tokens over rows x capacity (both dimensions together when two-dimensional); 0 without rows.
   double efficiency() const;
 };
 
 /// Packs the `n` samples of `lengths` (and `target_lengths` when target_capacity > 0) into rows.
-/// Every sample lands in exactly one row; deterministic (ties broken by sample index). Throws
-/// InvalidArgument naming the first sample whose length exceeds a capacity, or a zero capacity.
+/// Every sample lands in exactly one row and no row exceeds a capacity; deterministic (samples
+/// sorted by decreasing length, ties by sample index; rows numbered in creation order). Throws
+/// InvalidArgument naming the first sample whose length exceeds a capacity, for a zero capacity,
+/// for target lengths without a target capacity (or the reverse), and for histogram packing in
+/// two dimensions. Reads the arrays only during the call; thread-safe (no shared state).
+/// Costs: ffd and bfd O(n log n) (bfd O(n + C) for capacities up to 2^22 by a counting sort and a
+/// bitset over remaining room); histogram O(n + C^2 / 64 + groups). See docs/design/004-packing.md.
 Packing pack(const std::uint32_t* lengths, std::size_t n, const PackOptions& options,
              const std::uint32_t* target_lengths = nullptr);
 

@@ -1,0 +1,120 @@
+// Internal: memoised micro-batch costs (time, memory, fit) for the partitioner, on either cost
+// basis, and the window search shared by the DP methods. Not a public header.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "scheduler/partition.h"
+
+namespace packpipe::scheduler::detail {
+
+/// Cost of one micro-batch shape under one recompute mode.
+struct RcCost {
+  double time_ms = 0;
+  double stored_mb = 0;  ///< Stages: largest stage's stored per copy; DynaPipe: l x s-hat
+  double peak_mb = 0;    ///< Stages: largest stage's transient peak; DynaPipe: max(a) + (l - 1) s-hat
+  bool fits_stages = false;  ///< Stages basis: every rank within the limit
+};
+
+/// A recompute choice for one shape.
+struct Choice {
+  double time_ms = 0;
+  double stored_mb = 0;
+  double peak_mb = 0;
+  cm::Recompute rc = cm::Recompute::None;
+  bool fits = false;
+};
+
+/// Memoised costs of (rows, input length, decoder length) shapes. Not thread-safe (one per call).
+class Coster {
+ public:
+  Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
+         CostBasis basis, double limit_mb);
+  CostBasis basis() const { return basis_; }
+  double limit_mb() const { return limit_mb_; }
+  bool encoder_decoder() const { return encdec_; }
+  /// (S - 1) / c and 1 / d of the objective.
+  double max_weight() const { return max_weight_; }
+  double sum_weight() const { return sum_weight_; }
+  /// DynaPipe basis: model state of GPU 0 (MB) and limit - model state.
+  double dynapipe_model_state_mb() const { return model_state_mb_; }
+  double dynapipe_available_mb() const { return limit_mb_ - model_state_mb_; }
+  /// DynaPipe basis: the stored and peak limits used by fits().
+  void set_dynapipe_limits(double stored_limit_mb, double peak_limit_mb) {
+    stored_limit_ = stored_limit_mb;
+    peak_limit_ = peak_limit_mb;
+  }
+  /// Cost of the shape under `rc` (memoised).
+  const RcCost& get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc);
+  /// Whether a cost fits under the basis (DynaPipe: the limits set above).
+  bool fits(const RcCost& c) const {
+    return basis_ == CostBasis::Stages ? c.fits_stages : (c.stored_mb <= stored_limit_ && c.peak_mb <= peak_limit_);
+  }
+  /// The fastest mode allowed by `policy` that fits (Auto: all three; otherwise that one);
+  /// fits = false when none does.
+  Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy);
+  /// Queries so far (for tests and benchmarks).
+  std::uint64_t evaluations() const { return evaluations_; }
+
+ private:
+  RcCost eval(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
+  RcCost eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
+  RcCost eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
+
+  struct Slot {
+    std::array<RcCost, 3> c;
+    std::uint8_t have = 0;
+  };
+  struct KindQuery {  // one distinct (kind, layers) query of the stage layouts
+    cm::LayerKind kind;
+    std::int64_t layers;
+  };
+  struct StagePlan {  // a virtual stage: indices into the distinct queries, in execution order
+    std::int64_t rank = 0;
+    double inflight = 1;  // copies held under 1F1B: V - v
+    std::vector<int> queries;
+  };
+
+  const cm::CostModel& cost_;
+  PipelineShape shape_;
+  CostBasis basis_;
+  bool encdec_;
+  double limit_mb_;
+  double max_weight_ = 0, sum_weight_ = 1;
+  std::vector<KindQuery> kinds_;
+  std::vector<StagePlan> stages_;
+  std::vector<double> static_mb_;  // per rank
+  // DynaPipe basis
+  std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
+  double model_state_mb_ = 0, stored_limit_ = 0, peak_limit_ = 0;
+  std::unordered_map<std::uint64_t, std::vector<Slot>> memo_;
+  std::uint64_t evaluations_ = 0;
+};
+
+/// Window shape helpers.
+inline std::int64_t round_up(std::int64_t x, std::int64_t mult) { return (x + mult - 1) / mult * mult; }
+
+/// Feasible windows [i, j) of an order, start-major: windows starting at i are j = i+1 .. i+count[i].
+struct WindowTable {
+  std::vector<std::int32_t> count;  ///< per start
+  std::vector<std::int64_t> offset; ///< per start, into the arrays below (n + 1 entries)
+  std::vector<double> time_ms;
+  std::vector<std::uint8_t> rc;
+  std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays)
+  std::int32_t max_count = 0;
+};
+
+/// Min-sum DP with a cap: windows with time <= cap (strict: < cap). Returns the sum (inf when
+/// infeasible), the realised max and the window ends on the optimal path (back-tracking order).
+struct CapResult {
+  double sum = 0;
+  double max = 0;
+  bool feasible = false;
+  std::vector<std::int32_t> cuts;  ///< window starts, ascending, plus n
+};
+CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict);
+
+}  // namespace packpipe::scheduler::detail

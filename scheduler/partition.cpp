@@ -1,0 +1,747 @@
+// Micro-batch partition: driver, oversize policy, DP methods (packpipe's search over every cap and
+// DynaPipe's exact tau-DP), baselines, figures and data-parallel assignment.
+#include "scheduler/partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+
+#include "common/errors.h"
+#include "scheduler/detail/partition_impl.h"
+
+namespace packpipe::scheduler {
+
+using detail::Choice;
+using detail::Coster;
+using detail::WindowTable;
+using detail::Work;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}
+
+const char* partition_method_name(PartitionMethod m) {
+  switch (m) {
+    case PartitionMethod::DP: return "dp";
+    case PartitionMethod::DynaPipe: return "dynapipe";
+    case PartitionMethod::Fixed: return "fixed";
+    case PartitionMethod::Tokens: return "tokens";
+    case PartitionMethod::Packing: return "packing";
+  }
+  return "?";
+}
+PartitionMethod partition_method_from_name(const std::string& name) {
+  for (auto m : {PartitionMethod::DP, PartitionMethod::DynaPipe, PartitionMethod::Fixed, PartitionMethod::Tokens,
+                 PartitionMethod::Packing}) {
+    if (name == partition_method_name(m)) return m;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown partition method '{}'; expected dp, dynapipe, fixed, tokens or packing", name);
+}
+const char* recompute_policy_name(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::Auto: return "auto";
+    case RecomputePolicy::None: return "none";
+    case RecomputePolicy::Selective: return "selective";
+    case RecomputePolicy::Full: return "full";
+  }
+  return "?";
+}
+RecomputePolicy recompute_policy_from_name(const std::string& name) {
+  for (auto p : {RecomputePolicy::Auto, RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full}) {
+    if (name == recompute_policy_name(p)) return p;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown recompute policy '{}'; expected auto, none, selective or full", name);
+}
+const char* oversize_policy_name(OversizePolicy p) {
+  switch (p) {
+    case OversizePolicy::Error: return "error";
+    case OversizePolicy::Truncate: return "truncate";
+    case OversizePolicy::Drop: return "drop";
+  }
+  return "?";
+}
+OversizePolicy oversize_policy_from_name(const std::string& name) {
+  for (auto p : {OversizePolicy::Error, OversizePolicy::Truncate, OversizePolicy::Drop}) {
+    if (name == oversize_policy_name(p)) return p;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown oversize policy '{}'; expected error, truncate or drop", name);
+}
+const char* cost_basis_name(CostBasis b) {
+  switch (b) {
+    case CostBasis::Auto: return "auto";
+    case CostBasis::Stages: return "stages";
+    case CostBasis::DynaPipe: return "dynapipe";
+  }
+  return "?";
+}
+CostBasis cost_basis_from_name(const std::string& name) {
+  for (auto b : {CostBasis::Auto, CostBasis::Stages, CostBasis::DynaPipe}) {
+    if (name == cost_basis_name(b)) return b;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown cost basis '{}'; expected auto, stages or dynapipe", name);
+}
+
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp) {
+  PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
+  std::vector<std::uint32_t> idx(time_ms.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](std::uint32_t a, std::uint32_t b) { return time_ms[a] > time_ms[b]; });
+  std::vector<std::vector<std::uint32_t>> out(static_cast<std::size_t>(dp));
+  std::vector<double> load(static_cast<std::size_t>(dp), 0.0);
+  for (std::uint32_t m : idx) {
+    std::size_t r = 0;
+    for (std::size_t k = 1; k < load.size(); ++k) {
+      if (load[k] < load[r]) r = k;
+    }
+    out[r].push_back(m);
+    load[r] += time_ms[m];
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+namespace {
+
+double resolve_limit(const cm::CostModel& cost, const PipelineShape& shape) {
+  const double limit = shape.memory_limit_mb > 0 ? shape.memory_limit_mb : cost.device().memory_gb * 1000.0;
+  PACKPIPE_CHECK_ARG(limit > 0 && std::isfinite(limit), "memory limit must be positive, found {} MB", limit);
+  return limit;
+}
+
+CostBasis resolve_basis(const PartitionOptions& o) {
+  if (o.basis != CostBasis::Auto) return o.basis;
+  return o.method == PartitionMethod::DynaPipe ? CostBasis::DynaPipe : CostBasis::Stages;
+}
+
+void check_options(const PartitionOptions& o) {
+  PACKPIPE_CHECK_ARG(o.round_multiple >= 1, "round_multiple must be at least 1, found {}", o.round_multiple);
+  PACKPIPE_CHECK_ARG(o.decoder_extra_tokens >= 0, "decoder_extra_tokens must be non-negative, found {}",
+                     o.decoder_extra_tokens);
+  PACKPIPE_CHECK_ARG(o.tau_tolerance >= 0 && o.tau_tolerance < 1, "tau_tolerance must be in [0, 1), found {}",
+                     o.tau_tolerance);
+  PACKPIPE_CHECK_ARG(o.dynapipe_thin_ms >= 0, "dynapipe_thin_ms must be non-negative, found {}", o.dynapipe_thin_ms);
+  if (o.method == PartitionMethod::Fixed || o.method == PartitionMethod::Packing) {
+    PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method {} needs microbatch_size >= 1, found {}",
+                       partition_method_name(o.method), o.microbatch_size);
+  }
+  if (o.method == PartitionMethod::Tokens) {
+    PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method tokens needs token_budget >= 1, found {}", o.token_budget);
+  }
+}
+
+// ---- window tables ---------------------------------------------------------------------------
+
+// First-fit of the window's samples (in window order) into rows of le input tokens (and ld
+// decoder tokens); returns the row count and, when `rows_out` is given, each sample's row.
+struct RowPacker {
+  explicit RowPacker(const Work* work) : w(work) {}
+  const Work* w;
+  std::int64_t le = 0, ld = 0;
+  std::vector<std::int64_t> used_e, used_d;
+  void reset(std::int64_t e, std::int64_t d) {
+    le = e;
+    ld = d;
+    used_e.clear();
+    used_d.clear();
+  }
+  std::size_t add(std::uint32_t s) {
+    const std::int64_t a = w->input[s];
+    const std::int64_t b = w->encdec() ? static_cast<std::int64_t>(w->target[s]) + w->dec_extra : 0;
+    for (std::size_t r = 0; r < used_e.size(); ++r) {
+      if (used_e[r] + a <= le && (!w->encdec() || used_d[r] + b <= ld)) {
+        used_e[r] += a;
+        used_d[r] += b;
+        return r;
+      }
+    }
+    used_e.push_back(a);
+    used_d.push_back(b);
+    return used_e.size() - 1;
+  }
+  std::size_t rows() const { return used_e.size(); }
+};
+
+WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
+                          RecomputePolicy policy, bool pack) {
+  const std::size_t n = order.size();
+  WindowTable t;
+  t.count.assign(n, 0);
+  t.offset.assign(n + 1, 0);
+  t.time_ms.reserve(n * 16);
+  t.rc.reserve(n * 16);
+  t.rows.reserve(n * 16);
+  RowPacker packer(&w);
+  for (std::size_t i = 0; i < n; ++i) {
+    t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+    std::uint32_t max_in = 0, max_tg = 0;
+    std::int64_t pack_le = -1, pack_ld = -1;
+    for (std::size_t j = i + 1; j <= n; ++j) {
+      const std::uint32_t s = order[j - 1];
+      max_in = std::max(max_in, w.input[s]);
+      if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
+      const std::int64_t le = w.le_of(max_in), ld = w.ld_of(max_tg);
+      const auto m = static_cast<std::int64_t>(j - i);
+      Choice c = coster.choose(m, le, ld, policy);
+      std::int64_t rows = m;
+      if (pack && m > 1) {
+        if (le != pack_le || ld != pack_ld) {  // capacity changed: repack the window from scratch
+          packer.reset(le, ld);
+          for (std::size_t k = i; k < j; ++k) packer.add(order[k]);
+          pack_le = le;
+          pack_ld = ld;
+        } else {
+          packer.add(s);
+        }
+        const auto pr = static_cast<std::int64_t>(packer.rows());
+        if (pr < m) {
+          const Choice cp = coster.choose(pr, le, ld, policy);
+          if (cp.fits && (!c.fits || cp.time_ms < c.time_ms)) {
+            c = cp;
+            rows = pr;
+          }
+        }
+      } else if (pack) {
+        packer.reset(le, ld);
+        packer.add(s);
+        pack_le = le;
+        pack_ld = ld;
+      }
+      if (!c.fits) break;
+      t.time_ms.push_back(c.time_ms);
+      t.rc.push_back(static_cast<std::uint8_t>(c.rc));
+      t.rows.push_back(static_cast<std::int32_t>(rows));
+      ++t.count[i];
+    }
+    t.max_count = std::max(t.max_count, t.count[i]);
+  }
+  t.offset[n] = static_cast<std::int64_t>(t.time_ms.size());
+  return t;
+}
+
+// Same for DynaPipe's iteration-wide recompute mode: windows grow until the first infeasible one.
+WindowTable build_windows_fixed_rc(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
+                                   cm::Recompute rc, bool pack) {
+  RecomputePolicy p = rc == cm::Recompute::None        ? RecomputePolicy::None
+                      : rc == cm::Recompute::Selective ? RecomputePolicy::Selective
+                                                       : RecomputePolicy::Full;
+  return build_windows(w, order, coster, p, pack);
+}
+
+// ---- packpipe's search over every cap --------------------------------------------------------
+
+struct SearchOutcome {
+  detail::CapResult best;
+  double objective = kInf;
+  std::int64_t evaluations = 0;
+};
+
+// Exact minimum over caps tau of (S-1) tau/c + G(tau)/d, where G(tau) is the min-sum partition
+// with every window <= tau. G is non-increasing; a run at cap m returns the realised max r <= m
+// and G is constant on [r, m], so the caps in [r, m] need no run. Value bisection with the bound
+// obj(tau) >= (S-1) lo/c + G(hi)/d for tau in [lo, hi) prunes every interval that cannot win.
+SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol) {
+  SearchOutcome out;
+  const std::size_t n = t.count.size();
+  if (n == 0) {
+    out.best.feasible = true;
+    out.best.cuts = {0};
+    out.objective = 0;
+    return out;
+  }
+  // Lower bound on any partition's max: every sample needs a window covering it.
+  std::vector<double> cover(n, kInf);
+  double top = 0;
+  std::vector<double> suffix;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int32_t cnt = t.count[i];
+    const double* c = t.time_ms.data() + t.offset[i];
+    suffix.assign(static_cast<std::size_t>(cnt), kInf);
+    double run = kInf;
+    for (std::int32_t k = cnt - 1; k >= 0; --k) {
+      run = std::min(run, c[k]);
+      suffix[static_cast<std::size_t>(k)] = run;
+      top = std::max(top, c[k]);
+    }
+    for (std::int32_t k = 0; k < cnt; ++k) {
+      cover[i + static_cast<std::size_t>(k)] = std::min(cover[i + static_cast<std::size_t>(k)], suffix[static_cast<std::size_t>(k)]);
+    }
+  }
+  double lb = 0;
+  for (double v : cover) lb = std::max(lb, v);
+  if (lb == kInf) return out;  // some sample has no feasible window
+  const double a = static_cast<double>(shape.stages - 1) / static_cast<double>(shape.chunks);
+  const double b = 1.0 / static_cast<double>(shape.dp);
+  auto consider = [&](detail::CapResult&& r) {
+    const double obj = detail::objective(shape, r.max, r.sum);
+    if (obj < out.objective) {
+      out.objective = obj;
+      out.best = std::move(r);
+    }
+  };
+  auto run = [&](double cap, bool strict) {
+    ++out.evaluations;
+    return detail::min_sum_under_cap(t, cap, strict);
+  };
+  detail::CapResult first = run(top, false);
+  if (!first.feasible) return out;
+  const double g0 = first.sum, r0 = first.max;
+  consider(std::move(first));
+  auto pruned = [&](double lo, double g) { return a * lo + b * g >= out.objective * (1.0 - tol); };
+  // explore(lo, hi, g): caps in [lo, hi), where G >= g.
+  std::function<void(double, double, double)> explore = [&](double lo, double hi, double g) {
+    if (!(lo < hi) || pruned(lo, g)) return;
+    if (hi - lo <= 1e-9 * std::max(1.0, hi)) {
+      detail::CapResult r = run(hi, true);
+      if (!r.feasible || r.max < lo) return;
+      const double rm = r.max, rg = r.sum;
+      consider(std::move(r));
+      explore(lo, rm, rg);
+      return;
+    }
+    const double m = lo + (hi - lo) / 2;
+    detail::CapResult r = run(m, false);
+    if (!r.feasible) {
+      explore(std::nextafter(m, kInf), hi, g);
+      return;
+    }
+    const double rm = r.max, rg = r.sum;
+    consider(std::move(r));
+    explore(lo, rm, rg);
+    explore(std::nextafter(m, kInf), hi, g);
+  };
+  explore(lb, r0, g0);
+  return out;
+}
+
+// ---- DynaPipe's exact tau-DP -----------------------------------------------------------------
+
+struct DynaPipeOutcome {
+  detail::CapResult best;
+  double objective = kInf;
+  double tau = 0;
+  std::int64_t evaluations = 0;
+  cm::Recompute rc = cm::Recompute::None;
+  WindowTable table;
+};
+
+DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
+                            const PipelineShape& shape, cm::Recompute rc, double thin, bool pack) {
+  DynaPipeOutcome out;
+  out.rc = rc;
+  out.table = build_windows_fixed_rc(w, order, coster, rc, pack);
+  std::vector<double> cand(out.table.time_ms);
+  std::sort(cand.begin(), cand.end());
+  std::vector<double> taus;
+  for (double v : cand) {
+    if (!std::isfinite(v)) break;
+    if (taus.empty() || v - taus.back() > thin) taus.push_back(v);
+  }
+  for (double tau : taus) {
+    ++out.evaluations;
+    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false);
+    if (!r.feasible) continue;
+    const double obj = detail::objective(shape, tau, r.sum);
+    if (obj < out.objective) {
+      out.objective = obj;
+      out.tau = tau;
+      out.best = std::move(r);
+    }
+  }
+  return out;
+}
+
+// ---- micro-batches and figures ---------------------------------------------------------------
+
+std::vector<std::uint32_t> sorted_order(const Work& w, const std::vector<std::uint32_t>& ids) {
+  std::vector<std::uint32_t> o(ids);
+  std::stable_sort(o.begin(), o.end(), [&](std::uint32_t a, std::uint32_t b) {
+    if (w.input[a] != w.input[b]) return w.input[a] > w.input[b];
+    if (w.encdec() && w.target[a] != w.target[b]) return w.target[a] > w.target[b];
+    return false;
+  });
+  return o;
+}
+
+// Micro-batches from window cuts of `order` (repacking the windows where the table packed them).
+std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector<std::uint32_t>& order,
+                                                const WindowTable& t, const std::vector<std::int32_t>& cuts) {
+  std::vector<MicroBatch> out;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const auto i = static_cast<std::size_t>(cuts[k]), j = static_cast<std::size_t>(cuts[k + 1]);
+    MicroBatch mb;
+    mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
+    const std::int32_t rows = t.rows[static_cast<std::size_t>(t.offset[i]) + (j - i - 1)];
+    if (static_cast<std::size_t>(rows) < j - i) {
+      std::uint32_t max_in = 0, max_tg = 0;
+      for (auto s : mb.samples) {
+        max_in = std::max(max_in, w.input[s]);
+        if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
+      }
+      RowPacker packer(&w);
+      packer.reset(w.le_of(max_in), w.ld_of(max_tg));
+      std::vector<std::vector<std::uint32_t>> row_samples;
+      for (auto s : mb.samples) {
+        const std::size_t r = packer.add(s);
+        if (r >= row_samples.size()) row_samples.resize(r + 1);
+        row_samples[r].push_back(s);
+      }
+      mb.samples.clear();
+      mb.row_offsets.push_back(0);
+      for (const auto& rs : row_samples) {
+        mb.samples.insert(mb.samples.end(), rs.begin(), rs.end());
+        mb.row_offsets.push_back(static_cast<std::uint32_t>(mb.samples.size()));
+      }
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+// Padded shapes, recompute, costs and figures of given micro-batches. `forced_rc` >= 0 pins the
+// recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
+Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, std::vector<MicroBatch> mbs,
+                   RecomputePolicy policy, int forced_rc, bool require_fit) {
+  Partition p;
+  p.basis = coster.basis();
+  p.memory_limit_mb = coster.limit_mb();
+  std::vector<double> times;
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    MicroBatch& mb = mbs[m];
+    PACKPIPE_CHECK_ARG(!mb.samples.empty(), "micro-batch {} has no samples", m);
+    std::uint64_t max_in = 0, max_tg = 0, in_tok = 0, tg_tok = 0;
+    if (mb.row_offsets.empty()) {
+      for (auto s : mb.samples) {
+        max_in = std::max<std::uint64_t>(max_in, w.input[s]);
+        in_tok += w.input[s];
+        if (w.encdec()) {
+          max_tg = std::max<std::uint64_t>(max_tg, w.target[s]);
+          tg_tok += w.target[s];
+        }
+      }
+    } else {
+      PACKPIPE_CHECK_ARG(mb.row_offsets.front() == 0 && mb.row_offsets.back() == mb.samples.size(),
+                         "micro-batch {}: row_offsets must start at 0 and end at {} samples", m, mb.samples.size());
+      for (std::size_t r = 0; r + 1 < mb.row_offsets.size(); ++r) {
+        PACKPIPE_CHECK_ARG(mb.row_offsets[r] < mb.row_offsets[r + 1], "micro-batch {}: row {} is empty", m, r);
+        std::uint64_t ri = 0, rt = 0;
+        for (std::uint32_t k = mb.row_offsets[r]; k < mb.row_offsets[r + 1]; ++k) {
+          const auto s = mb.samples[k];
+          ri += w.input[s];
+          if (w.encdec()) rt += static_cast<std::uint64_t>(w.target[s]) + static_cast<std::uint64_t>(w.dec_extra);
+        }
+        in_tok += ri;
+        max_in = std::max(max_in, ri);
+        if (w.encdec()) {
+          tg_tok += rt - static_cast<std::uint64_t>(w.dec_extra) * (mb.row_offsets[r + 1] - mb.row_offsets[r]);
+          max_tg = std::max(max_tg, rt);
+        }
+      }
+      // ld_of adds dec_extra once more for a single sample; packed rows already counted theirs.
+      if (w.encdec()) max_tg = max_tg >= static_cast<std::uint64_t>(w.dec_extra) ? max_tg - static_cast<std::uint64_t>(w.dec_extra) : 0;
+    }
+    mb.padded_len = w.le_of(max_in);
+    mb.padded_dec_len = w.ld_of(max_tg);
+    mb.tokens = in_tok + tg_tok;
+    Choice c;
+    if (forced_rc >= 0) {
+      const auto rc = static_cast<cm::Recompute>(forced_rc);
+      const detail::RcCost& rcst = coster.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
+      c.time_ms = rcst.time_ms;
+      c.stored_mb = rcst.stored_mb;
+      c.peak_mb = rcst.peak_mb;
+      c.rc = rc;
+      c.fits = coster.fits(rcst);
+    } else {
+      c = coster.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
+    }
+    if (require_fit) {
+      PACKPIPE_CHECK_ARG(c.fits,
+                         "micro-batch {} ({} rows x {} tokens{}) does not fit in {} MB under recompute {}; use a "
+                         "smaller micro-batch size or token budget",
+                         m, mb.rows(), mb.padded_len,
+                         w.encdec() ? " + " + std::to_string(mb.padded_dec_len) + " decoder tokens" : std::string(),
+                         coster.limit_mb(), recompute_policy_name(policy));
+    }
+    mb.recompute = c.rc;
+    mb.time_ms = c.time_ms;
+    mb.stored_mb = c.stored_mb;
+    mb.peak_mb = c.peak_mb;
+    p.input_tokens += in_tok;
+    p.target_tokens += tg_tok;
+    p.padded_input_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_len);
+    p.padded_target_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_dec_len);
+    p.max_time_ms = std::max(p.max_time_ms, mb.time_ms);
+    p.sum_time_ms += mb.time_ms;
+    times.push_back(mb.time_ms);
+  }
+  p.microbatches = std::move(mbs);
+  p.tau_ms = p.max_time_ms;
+  p.predicted_iteration_ms = detail::objective(shape, p.max_time_ms, p.sum_time_ms);
+  p.objective_ms = p.predicted_iteration_ms;
+  auto ratio = [](std::uint64_t a, std::uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  p.input_efficiency = ratio(p.input_tokens, p.padded_input_tokens);
+  p.target_efficiency = ratio(p.target_tokens, p.padded_target_tokens);
+  p.efficiency = ratio(p.input_tokens + p.target_tokens, p.padded_input_tokens + p.padded_target_tokens);
+  p.ranks = assign_ranks(times, shape.dp);
+  p.rank_time_ms.assign(p.ranks.size(), 0.0);
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    for (auto m : p.ranks[r]) p.rank_time_ms[r] += times[m];
+  }
+  return p;
+}
+
+bool allowed_fits_alone(Coster& coster, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
+  if (coster.basis() == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail, avail);
+    return coster.choose(1, le, ld, policy).fits;  // the caller sets the DP's limits afterwards
+  }
+  return coster.choose(1, le, ld, policy).fits;
+}
+
+}  // namespace
+
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const PartitionOptions& options) {
+  return partition(lengths, cost, shape, virtual_stages(cost.model(), shape), options);
+}
+
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const std::vector<VirtualStage>& vstages, const PartitionOptions& options) {
+  check_options(options);
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder() || (encdec && lengths.size() == 0),
+                     "model '{}' is {} but the batch {} target lengths", cost.model().name,
+                     encdec ? "encoder-decoder" : "decoder-only", lengths.encoder_decoder() ? "has" : "has no");
+  PACKPIPE_CHECK_ARG(!lengths.encoder_decoder() || lengths.target.size() == lengths.input.size(),
+                     "batch has {} input lengths but {} target lengths", lengths.input.size(), lengths.target.size());
+  PACKPIPE_CHECK_ARG(lengths.size() < (1ull << 31), "batch of {} samples is too large", lengths.size());
+  const CostBasis basis = resolve_basis(options);
+  const double limit = resolve_limit(cost, shape);
+  Coster coster(cost, shape, vstages, basis, limit);
+
+  // Working lengths (truncation edits a copy).
+  std::vector<std::uint32_t> in(lengths.input), tg(lengths.target);
+  Work w;
+  w.input = in.data();
+  w.target = encdec ? tg.data() : nullptr;
+  w.round = options.round_multiple;
+  w.dec_extra = options.decoder_extra_tokens;
+  for (std::size_t s = 0; s < in.size(); ++s) {
+    PACKPIPE_CHECK_ARG(in[s] > 0, "sample {} has input length 0", s);
+  }
+
+  // Samples that cannot fit alone, under the most permissive setting the method allows.
+  std::vector<std::uint32_t> ids;
+  std::vector<std::uint32_t> truncated, dropped;
+  ids.reserve(in.size());
+  for (std::uint32_t s = 0; s < in.size(); ++s) {
+    if (allowed_fits_alone(coster, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0), options.recompute)) {
+      ids.push_back(s);
+      continue;
+    }
+    switch (options.oversize) {
+      case OversizePolicy::Error:
+        if (encdec) {
+          PACKPIPE_THROW(InvalidArgument,
+                         "sample {} (input length {}, target length {}) does not fit in {} MB even alone "
+                         "(recompute {}); use oversize truncate or drop",
+                         s, in[s], tg[s], limit, recompute_policy_name(options.recompute));
+        }
+        PACKPIPE_THROW(InvalidArgument,
+                       "sample {} (length {}) does not fit in {} MB even alone (recompute {}); use oversize "
+                       "truncate or drop",
+                       s, in[s], limit, recompute_policy_name(options.recompute));
+      case OversizePolicy::Drop: dropped.push_back(s); break;
+      case OversizePolicy::Truncate: {
+        // Largest cap C (both sides cut to C) that fits.
+        const std::uint32_t hi0 = std::max(in[s], encdec ? tg[s] : 0u);
+        std::uint32_t lo = 0, hi = hi0;  // lo fits (0: nothing yet), hi does not
+        while (hi - lo > 1) {
+          const std::uint32_t mid = lo + (hi - lo) / 2;
+          const std::uint32_t a = std::min(in[s], mid), b = encdec ? std::min(tg[s], mid) : 0;
+          if (allowed_fits_alone(coster, w.le_of(a), w.ld_of(b), options.recompute)) {
+            lo = mid;
+          } else {
+            hi = mid;
+          }
+        }
+        PACKPIPE_CHECK_ARG(lo >= 1, "sample {} (length {}) does not fit in {} MB even truncated to 1 token", s, in[s],
+                           limit);
+        in[s] = std::min(in[s], lo);
+        if (encdec) tg[s] = std::min(tg[s], lo);
+        truncated.push_back(s);
+        ids.push_back(s);
+        break;
+      }
+    }
+  }
+  if (basis == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
+  }
+
+  Partition result;
+  switch (options.method) {
+    case PartitionMethod::DP: {
+      std::vector<std::vector<std::uint32_t>> orders;
+      if (!encdec || options.order != EncDecOrder::Path) orders.push_back(sorted_order(w, ids));
+      if (encdec && options.order != EncDecOrder::Sorted) {
+        std::vector<std::uint32_t> li(ids.size()), lt(ids.size());
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          li[k] = in[ids[k]];
+          lt[k] = tg[ids[k]];
+        }
+        std::vector<std::uint32_t> o = encdec_order(li, lt, true);
+        for (auto& x : o) x = ids[x];
+        orders.push_back(std::move(o));
+      }
+      // The DynaPipe basis keeps its budget rule: stored <= available / S first, then available.
+      const double avail = coster.dynapipe_available_mb();
+      const std::vector<double> budgets =
+          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
+                                       : std::vector<double>{limit};
+      bool done = false;
+      for (double budget : budgets) {
+        if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budget, avail);
+        double best = kInf;
+        std::int64_t evals = 0;
+        for (const auto& order : orders) {
+          const WindowTable t = build_windows(w, order, coster, options.recompute, options.pack_windows);
+          SearchOutcome so = search_caps(t, shape, options.tau_tolerance);
+          evals += so.evaluations;
+          if (!so.best.feasible || !(so.objective < best)) continue;
+          best = so.objective;
+          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, t, so.best.cuts),
+                                 options.recompute, -1, true);
+          p.order = order;
+          p.objective_ms = so.objective;
+          result = std::move(p);
+          done = true;
+        }
+        result.tau_evaluations = evals;
+        if (done) break;
+      }
+      PACKPIPE_CHECK_ARG(done || ids.empty(), "no partition fits in {} MB", limit);
+      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
+      break;
+    }
+    case PartitionMethod::DynaPipe: {
+      const std::vector<std::uint32_t> order = sorted_order(w, ids);
+      std::vector<cm::Recompute> rcs;
+      switch (options.recompute) {
+        case RecomputePolicy::Auto: rcs = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}; break;
+        case RecomputePolicy::None: rcs = {cm::Recompute::None}; break;
+        case RecomputePolicy::Selective: rcs = {cm::Recompute::Selective}; break;
+        case RecomputePolicy::Full: rcs = {cm::Recompute::Full}; break;
+      }
+      const double avail = coster.dynapipe_available_mb();
+      const std::vector<double> budgets =
+          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
+                                       : std::vector<double>{limit};
+      bool done = ids.empty();
+      std::int64_t evals = 0;
+      for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
+        for (cm::Recompute rc : rcs) {
+          if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budgets[bi], avail);
+          DynaPipeOutcome d = dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows);
+          evals += d.evaluations;
+          if (!d.best.feasible) continue;
+          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),
+                                 options.recompute, static_cast<int>(rc), true);
+          p.order = order;
+          p.objective_ms = d.objective;
+          p.tau_ms = d.tau;
+          p.dynapipe_recompute = rc;
+          result = std::move(p);
+          done = true;
+          break;
+        }
+      }
+      PACKPIPE_CHECK_ARG(done, "DynaPipe's partition found no feasible plan in {} MB", limit);
+      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
+      result.tau_evaluations = evals;
+      break;
+    }
+    case PartitionMethod::Fixed: {
+      std::vector<MicroBatch> mbs;
+      for (std::size_t k = 0; k < ids.size(); k += static_cast<std::size_t>(options.microbatch_size)) {
+        MicroBatch mb;
+        const std::size_t e = std::min(ids.size(), k + static_cast<std::size_t>(options.microbatch_size));
+        mb.samples.assign(ids.begin() + static_cast<std::ptrdiff_t>(k), ids.begin() + static_cast<std::ptrdiff_t>(e));
+        mbs.push_back(std::move(mb));
+      }
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = ids;
+      break;
+    }
+    case PartitionMethod::Tokens: {
+      const std::vector<std::uint32_t> order = sorted_order(w, ids);
+      std::vector<MicroBatch> mbs;
+      std::size_t i = 0;
+      while (i < order.size()) {
+        std::uint32_t max_in = 0, max_tg = 0;
+        std::size_t j = i;
+        while (j < order.size()) {
+          const std::uint32_t a = std::max(max_in, in[order[j]]);
+          const std::uint32_t b = encdec ? std::max(max_tg, tg[order[j]]) : 0;
+          const auto padded = static_cast<std::uint64_t>(j - i + 1) *
+                              static_cast<std::uint64_t>(w.le_of(a) + (encdec ? w.ld_of(b) : 0));
+          if (j > i && padded > options.token_budget) break;
+          max_in = a;
+          max_tg = b;
+          ++j;
+        }
+        MicroBatch mb;
+        mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
+        mbs.push_back(std::move(mb));
+        i = j;
+      }
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = order;
+      break;
+    }
+    case PartitionMethod::Packing: {
+      std::vector<MicroBatch> mbs =
+          ids.empty() ? std::vector<MicroBatch>{} : detail::packing_baseline(w, ids, options.microbatch_size);
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = ids;
+      break;
+    }
+  }
+  result.truncated = std::move(truncated);
+  result.dropped = std::move(dropped);
+  return result;
+}
+
+Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                             const std::vector<VirtualStage>& vstages, std::vector<MicroBatch> microbatches,
+                             const PartitionOptions& options, CostBasis basis) {
+  check_options(options);
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder(), "model '{}' and batch disagree on target lengths",
+                     cost.model().name);
+  if (basis == CostBasis::Auto) basis = CostBasis::Stages;
+  const double limit = resolve_limit(cost, shape);
+  Coster coster(cost, shape, vstages, basis, limit);
+  if (basis == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
+  }
+  Work w;
+  w.input = lengths.input.data();
+  w.target = encdec ? lengths.target.data() : nullptr;
+  w.round = options.round_multiple;
+  w.dec_extra = options.decoder_extra_tokens;
+  for (std::size_t m = 0; m < microbatches.size(); ++m) {
+    for (auto s : microbatches[m].samples) {
+      PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {} but the batch has {}", m, s,
+                         lengths.size());
+    }
+  }
+  return finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true);
+}
+
+}  // namespace packpipe::scheduler

@@ -1,0 +1,296 @@
+// Memoised micro-batch costs for the partitioner (stage basis and DynaPipe's formula) and the
+// min-sum DP under a cap shared by the DP methods.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/errors.h"
+#include "scheduler/detail/partition_cost.h"
+
+namespace packpipe::scheduler::detail {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kMB = 1e6;
+
+int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
+}  // namespace
+
+Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
+               CostBasis basis, double limit_mb)
+    : cost_(cost), shape_(shape), basis_(basis), limit_mb_(limit_mb) {
+  PACKPIPE_CHECK_ARG(!vstages.empty(), "virtual stages are empty");
+  PACKPIPE_CHECK_ARG(static_cast<std::int64_t>(vstages.size()) == shape.vstages(),
+                     "{} virtual stages given for stages {} x chunks {}", vstages.size(), shape.stages, shape.chunks);
+  PACKPIPE_CHECK_ARG(basis == CostBasis::Stages || basis == CostBasis::DynaPipe, "cost basis must be resolved");
+  const cm::ModelSpec& model = cost.model();
+  encdec_ = model.arch == cm::Architecture::EncoderDecoder;
+  max_weight_ = static_cast<double>(shape.stages - 1) / static_cast<double>(shape.chunks);
+  sum_weight_ = 1.0 / static_cast<double>(shape.dp);
+  const std::int64_t V = shape.vstages();
+
+  // Stage basis: distinct (kind, layers) queries and each virtual stage's composition.
+  auto query_index = [&](cm::LayerKind kind, std::int64_t layers) {
+    for (std::size_t k = 0; k < kinds_.size(); ++k) {
+      if (kinds_[k].kind == kind && kinds_[k].layers == layers) return static_cast<int>(k);
+    }
+    kinds_.push_back({kind, layers});
+    return static_cast<int>(kinds_.size() - 1);
+  };
+  static_mb_.assign(static_cast<std::size_t>(shape.stages), 0.0);
+  for (const auto& vs : vstages) {
+    StagePlan p;
+    p.rank = vs.rank;
+    p.inflight = static_cast<double>(V - vs.index);
+    if (vs.layout.has_embedding) p.queries.push_back(query_index(cm::LayerKind::Embedding, 1));
+    if (vs.layout.encoder_layers > 0) p.queries.push_back(query_index(cm::LayerKind::Encoder, vs.layout.encoder_layers));
+    if (vs.layout.decoder_layers > 0) p.queries.push_back(query_index(cm::LayerKind::Decoder, vs.layout.decoder_layers));
+    if (vs.layout.has_postprocess) p.queries.push_back(query_index(cm::LayerKind::PostProcess, 1));
+    stages_.push_back(std::move(p));
+    static_mb_[static_cast<std::size_t>(vs.rank)] +=
+        cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total() / kMB;
+  }
+
+  // DynaPipe basis: l layers per stage, c chunks; GPU-0 model state as DynaPipe computes it.
+  if (basis == CostBasis::DynaPipe) {
+    const auto& first = vstages.front().layout;
+    dyn_layers_ = first.encoder_layers > 0 ? first.encoder_layers : first.decoder_layers;
+    dyn_chunks_ = shape.chunks;
+    if (encdec_ && V == 1) {  // DynaPipe plans T5 at pp = 1 as c = 2 with l / 2 layers
+      dyn_chunks_ = 2;
+      dyn_layers_ = std::max<std::int64_t>(1, first.encoder_layers / 2);
+    }
+    PACKPIPE_CHECK_ARG(encdec_ || dyn_chunks_ == 1,
+                       "the DynaPipe cost basis needs chunks = 1 for decoder-only models, found chunks {} "
+                       "(DynaPipe raises ValueError)",
+                       dyn_chunks_);
+    auto state = [&](std::int64_t enc, std::int64_t dec) {
+      cm::StageLayout l;
+      l.encoder_layers = enc;
+      l.decoder_layers = dec;
+      l.has_embedding = true;
+      return cm::stage_static_memory(model, l, shape.tp, shape.dp, shape.zero_stage).total() / kMB;
+    };
+    if (dyn_chunks_ == 1) {
+      model_state_mb_ = state(dyn_layers_, 0);
+      if (encdec_) model_state_mb_ = std::max(model_state_mb_, state(0, dyn_layers_));
+    } else {
+      const std::int64_t half = dyn_layers_ * dyn_chunks_ / 2;
+      model_state_mb_ = state(half, half);
+    }
+    const double available = limit_mb_ - model_state_mb_;
+    stored_limit_ = available / static_cast<double>(shape.stages);
+    peak_limit_ = available;
+  }
+}
+
+RcCost Coster::eval(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
+  try {
+    return basis_ == CostBasis::Stages ? eval_stages(rows, le, ld, rc) : eval_dynapipe(rows, le, ld, rc);
+  } catch (const InvalidArgument&) {
+    // A shape the cost model refuses (far beyond its data) cannot be run: infinitely costly.
+    RcCost c;
+    c.time_ms = kInf;
+    c.stored_mb = kInf;
+    c.peak_mb = kInf;
+    c.fits_stages = false;
+    return c;
+  }
+}
+
+RcCost Coster::eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
+  // Each distinct (kind, layers) query once, then every virtual stage composed as
+  // costmodel::stage_cost does (times add, stored adds, peak = max of stored-so-far + layer peak).
+  cm::LayerCost q[8];
+  PACKPIPE_ASSERT(kinds_.size() <= 8);
+  for (std::size_t k = 0; k < kinds_.size(); ++k) {
+    cm::Query query;
+    query.kind = kinds_[k].kind;
+    query.num_layers = kinds_[k].layers;
+    query.tp = shape_.tp;
+    query.mbs = rows;
+    query.seq = le;
+    query.dec_seq = encdec_ ? ld : 0;
+    query.recompute = rc;
+    q[k] = cost_.query(query);
+  }
+  double rank_time[64];
+  double rank_mem[64];
+  double rank_peak[64];
+  const std::size_t S = static_mb_.size();
+  std::vector<double> big_time, big_mem, big_peak;
+  double* t = rank_time;
+  double* mem = rank_mem;
+  double* pk = rank_peak;
+  if (S > 64) {
+    big_time.assign(S, 0);
+    big_mem.assign(S, 0);
+    big_peak.assign(S, 0);
+    t = big_time.data();
+    mem = big_mem.data();
+    pk = big_peak.data();
+  }
+  for (std::size_t r = 0; r < S; ++r) {
+    t[r] = 0;
+    mem[r] = static_mb_[r];
+    pk[r] = 0;
+  }
+  RcCost out;
+  for (const auto& st : stages_) {
+    double time = 0, stored = 0, peak_abs = 0;
+    for (int k : st.queries) {
+      time += q[k].total_ms();
+      stored += q[k].stored_bytes;
+      peak_abs = std::max(peak_abs, stored + q[k].peak_bytes);
+    }
+    const double stored_mb = stored / kMB;
+    const double peak_mb = (peak_abs - stored) / kMB;
+    const auto r = static_cast<std::size_t>(st.rank);
+    t[r] += time;
+    mem[r] += st.inflight * stored_mb;
+    pk[r] = std::max(pk[r], peak_mb);
+    out.stored_mb = std::max(out.stored_mb, stored_mb);
+    out.peak_mb = std::max(out.peak_mb, peak_mb);
+  }
+  out.fits_stages = true;
+  for (std::size_t r = 0; r < S; ++r) {
+    out.time_ms = std::max(out.time_ms, t[r]);
+    if (!(mem[r] + pk[r] <= limit_mb_)) out.fits_stages = false;
+  }
+  return out;
+}
+
+RcCost Coster::eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
+  // Section 3, step 3 of DynaPipe: per-layer costs times l, postprocess once.
+  auto one = [&](cm::LayerKind kind) {
+    cm::Query query;
+    query.kind = kind;
+    query.num_layers = 1;
+    query.tp = shape_.tp;
+    query.mbs = rows;
+    query.seq = le;
+    query.dec_seq = encdec_ ? ld : 0;
+    query.recompute = rc;
+    return cost_.query(query);
+  };
+  const double l = static_cast<double>(dyn_layers_);
+  const cm::LayerCost e = one(cm::LayerKind::Encoder);
+  const cm::LayerCost p = one(cm::LayerKind::PostProcess);
+  double t_enc = l * e.total_ms();
+  double t_dec = 0, s_d = 0, a_d = 0;
+  if (encdec_) {
+    const cm::LayerCost d = one(cm::LayerKind::Decoder);
+    t_dec = l * d.total_ms() + p.total_ms();
+    s_d = d.stored_bytes / kMB;
+    a_d = (d.stored_bytes + d.peak_bytes) / kMB;
+  } else {
+    t_enc += p.total_ms();
+  }
+  const double s_e = e.stored_bytes / kMB;
+  const double a_e = (e.stored_bytes + e.peak_bytes) / kMB;
+  RcCost out;
+  if (dyn_chunks_ == 1) {
+    out.time_ms = encdec_ ? std::max(t_enc, t_dec) : t_enc;
+  } else {
+    out.time_ms = (t_enc + t_dec) * static_cast<double>(dyn_chunks_ / 2);
+  }
+  const double s_hat = dyn_chunks_ == 1 ? std::max(s_e, s_d) : (s_e + s_d) * static_cast<double>(dyn_chunks_) / 2.0;
+  out.stored_mb = l * s_hat;
+  out.peak_mb = std::max(a_e, a_d) + (l - 1) * s_hat;
+  out.fits_stages = false;
+  return out;
+}
+
+const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) {
+  const std::uint64_t key = (static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld);
+  auto& vec = memo_[key];
+  if (vec.size() <= static_cast<std::size_t>(rows)) vec.resize(static_cast<std::size_t>(rows) + 1);
+  Slot& s = vec[static_cast<std::size_t>(rows)];
+  const int k = rc_index(rc);
+  if (!(s.have & (1u << k))) {
+    s.c[static_cast<std::size_t>(k)] = eval(rows, le, ld, rc);
+    s.have = static_cast<std::uint8_t>(s.have | (1u << k));
+    ++evaluations_;
+  }
+  return s.c[static_cast<std::size_t>(k)];
+}
+
+Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
+  Choice best;
+  best.time_ms = kInf;
+  auto consider = [&](cm::Recompute rc) {
+    const RcCost& c = get(rows, le, ld, rc);
+    const bool ok = fits(c);
+    if (ok && (!best.fits || c.time_ms < best.time_ms)) {
+      best.fits = true;
+      best.time_ms = c.time_ms;
+      best.stored_mb = c.stored_mb;
+      best.peak_mb = c.peak_mb;
+      best.rc = rc;
+    } else if (!best.fits && !ok && rc == cm::Recompute::None) {
+      best.time_ms = c.time_ms;
+      best.stored_mb = c.stored_mb;
+      best.peak_mb = c.peak_mb;
+      best.rc = rc;
+    }
+  };
+  switch (policy) {
+    case RecomputePolicy::Auto:
+      consider(cm::Recompute::None);
+      consider(cm::Recompute::Selective);
+      consider(cm::Recompute::Full);
+      break;
+    case RecomputePolicy::None: consider(cm::Recompute::None); break;
+    case RecomputePolicy::Selective: consider(cm::Recompute::Selective); break;
+    case RecomputePolicy::Full: consider(cm::Recompute::Full); break;
+  }
+  if (!best.fits && policy != RecomputePolicy::Auto && policy != RecomputePolicy::None) {
+    const cm::Recompute rc = policy == RecomputePolicy::Selective ? cm::Recompute::Selective : cm::Recompute::Full;
+    const RcCost& c = get(rows, le, ld, rc);
+    best.time_ms = c.time_ms;
+    best.stored_mb = c.stored_mb;
+    best.peak_mb = c.peak_mb;
+    best.rc = rc;
+  }
+  return best;
+}
+
+CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict) {
+  const std::size_t n = w.count.size();
+  std::vector<double> F(n + 1, kInf);
+  std::vector<std::int32_t> arg(n + 1, -1);
+  std::vector<double> mx(n + 1, 0.0);
+  F[0] = 0;
+  // Push-style: each finite prefix extends through its feasible windows under the cap.
+  for (std::size_t i = 0; i < n; ++i) {
+    const double fi = F[i];
+    if (fi == kInf) continue;
+    const std::int64_t off = w.offset[i];
+    const std::int32_t cnt = w.count[i];
+    const double* t = w.time_ms.data() + off;
+    for (std::int32_t k = 0; k < cnt; ++k) {
+      const double c = t[k];
+      if (strict ? !(c < cap) : !(c <= cap)) continue;
+      const std::size_t j = i + static_cast<std::size_t>(k) + 1;
+      const double v = fi + c;
+      if (v < F[j]) {
+        F[j] = v;
+        arg[j] = static_cast<std::int32_t>(i);
+        mx[j] = std::max(mx[i], c);
+      }
+    }
+  }
+  CapResult r;
+  if (F[n] == kInf) return r;
+  r.feasible = true;
+  r.sum = F[n];
+  r.max = mx[n];
+  for (std::int64_t j = static_cast<std::int64_t>(n); j > 0; j = arg[static_cast<std::size_t>(j)]) {
+    r.cuts.push_back(static_cast<std::int32_t>(j));
+  }
+  r.cuts.push_back(0);
+  std::reverse(r.cuts.begin(), r.cuts.end());
+  return r;
+}
+
+}  // namespace packpipe::scheduler::detail
