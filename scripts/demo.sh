@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# The demo: the embedded multi-task dataset (data/demo) inspected, verified and sampled into
-# global batches with the built CLI.
+# The demo: plan every iteration of the embedded multi-task dataset (data/demo) with the default
+# analytic cost model, and show the report, the plan file and the trace of iteration 0.
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 pp="$build/packpipe"
 manifest="$root/data/demo/manifest.json"
+out="$build/demo"
 [[ -x $pp ]] || { echo "demo: $pp not built (run 'make build')" >&2; exit 1; }
 [[ -f $manifest ]] || { echo "demo: $manifest missing (rebuild with scripts/demo-data/build.sh)" >&2; exit 1; }
+mkdir -p "$out"
 
-echo "== packpipe demo: embedded multi-task dataset =="
+echo "== the embedded multi-task dataset =="
 "$pp" dataset info "$manifest"
+"$pp" dataset verify "$manifest" > /dev/null && echo "  (every dataset verified)"
 echo
-echo "== consistency check of every dataset =="
-"$pp" dataset verify "$manifest"
+echo "== packpipe plan: GPT-6.7B (16 layers) on 4 x A100-40GB stages, 64K-token global batches =="
+"$pp" plan --manifest "$manifest" --model gpt-6.7b --device A100-40GB --stages 4 --layers-per-stage 4 \
+  --global-batch-tokens 65536 --seed 1234 --out "$out/demo.plan" --report "$out/report.json" \
+  --chrome-trace "$out/trace.json"
 echo
-echo "== first global batches (64K-token budget, seed 1234, 4 data-parallel ranks) =="
-"$pp" dataset sample "$manifest" --global-batch-tokens 65536 --batches 4 --dp 4
+echo "  report (JSON): $out/report.json"
+echo "  inspect a plan: $pp plan inspect $out/demo.plan --iteration 0 --rank 0"

@@ -1,0 +1,476 @@
+// `packpipe plan`: plans every iteration of an epoch of a multi-task dataset (micro-batches by DP on
+// the cost model, schedule search, instruction streams) in parallel, streams the plans to one file
+// and reports packpipe's simulated throughput against the baselines a user would run.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_pipeline.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "common/errors.h"
+#include "costmodel/factory.h"
+#include "costmodel/report.h"
+#include "dataloader/manifest.h"
+#include "dataloader/multitask.h"
+#include "dataloader/sampler.h"
+#include "scheduler/plan_format.h"
+#include "scheduler/planner.h"
+#include "scheduler/trace.h"
+
+namespace packpipe::cli {
+
+namespace dl = packpipe::dataloader;
+namespace cm = packpipe::costmodel;
+namespace sc = packpipe::scheduler;
+
+namespace {
+
+struct PlanCliOptions {
+  std::string manifest, dataset;
+  std::string model = "gpt-6.7b", device = "A100-40GB";
+  std::vector<std::string> profiles;
+  std::int64_t stages = 4, chunks = 1, layers_per_stage = 0, dp = 1, tp = 1;
+  int zero = 1;
+  double memory_mb = 0;
+  std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, epoch = 0, iterations = 0;
+  std::string split = "train";
+  std::string schedule = "search";
+  std::string method = "dp";
+  std::string recompute = "auto";
+  std::int64_t round_multiple = 8;
+  std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};
+  bool no_baselines = false, validate = false, compress = false, json = false;
+  std::string out, report, trace;
+  int threads = 0;
+};
+
+/// One iteration's outcome kept for the report (plans are already written).
+struct Row {
+  std::uint64_t iteration = 0, samples = 0, tokens = 0;
+  double model_flops = 0;
+  sc::MethodFigures packpipe;
+  sc::BaselineGrid fixed, packing;
+  double partition_ms = 0, schedule_ms = 0, build_ms = 0, planning_ms = 0;
+};
+
+/// The baseline grid column with the least total time over all iterations (infeasible anywhere:
+/// excluded), as a user tuning one micro-batch size for the run would pick.
+std::int64_t best_column(const std::vector<Row>& rows, sc::BaselineGrid Row::*grid, double* total_ms) {
+  std::int64_t best = -1;
+  double best_total = std::numeric_limits<double>::infinity();
+  if (rows.empty()) return best;
+  const std::size_t columns = ((rows.front()).*grid).mbs.size();
+  for (std::size_t c = 0; c < columns; ++c) {
+    double total = 0;
+    for (const auto& r : rows) {
+      const auto& f = (r.*grid).figures[c];
+      total += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
+    }
+    if (total < best_total) {
+      best_total = total;
+      best = static_cast<std::int64_t>(c);
+    }
+  }
+  *total_ms = best_total;
+  return best;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+}
+
+Json figures_json(const sc::MethodFigures& f, std::uint64_t tokens) {
+  Json j{{"feasible", f.feasible}, {"microbatches", f.microbatches}, {"efficiency", f.efficiency}};
+  j["iteration_ms"] = std::isfinite(f.iteration_ms) ? Json(f.iteration_ms) : Json(nullptr);
+  j["tokens_per_s"] = f.feasible && f.iteration_ms > 0 ? Json(static_cast<double>(tokens) / (f.iteration_ms / 1e3))
+                                                        : Json(nullptr);
+  j["peak_mb"] = f.peak_mb;
+  if (!f.schedule.empty()) j["schedule"] = f.schedule;
+  if (!f.why.empty()) j["why"] = f.why;
+  return j;
+}
+
+Json run_plan(const PlanCliOptions& o) {
+  PACKPIPE_CHECK_ARG(o.manifest.empty() != o.dataset.empty(), "give exactly one of --manifest and --dataset");
+  PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
+                     "give exactly one of --global-batch-tokens and --global-batch-samples");
+  const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
+                                                       : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
+  cm::CostModelConfig cc;
+  cc.model = o.model;
+  cc.device = o.device;
+  cc.profiles = o.profiles;
+  const auto cost = cm::make_cost_model(cc);
+  const cm::ModelSpec& model = cost->model();
+  const bool enc_dec = model.arch == cm::Architecture::EncoderDecoder;
+
+  sc::PlannerOptions po;
+  po.shape.stages = o.stages;
+  po.shape.chunks = o.chunks;
+  po.shape.layers_per_stage = o.layers_per_stage;
+  po.shape.dp = o.dp;
+  po.shape.tp = o.tp;
+  po.shape.zero_stage = o.zero;
+  po.shape.memory_limit_mb = o.memory_mb;
+  po.partition.method = sc::partition_method_from_name(o.method);
+  po.partition.recompute = sc::recompute_policy_from_name(o.recompute);
+  po.partition.round_multiple = o.round_multiple;
+  po.schedule = o.schedule;
+  if (o.schedule != "search") (void)sc::schedule_kind_from_name(o.schedule);  // reject a bad name early
+  po.search.seed = o.seed;
+  po.validate = o.validate;
+  po.baselines = !o.no_baselines;
+  po.baseline_mbs = o.baseline_mbs;
+  po.keep_timeline = true;
+  const auto vstages = sc::virtual_stages(model, po.shape);
+
+  dl::SamplerConfig sconf;
+  sconf.seed = o.seed;
+  sconf.split = dl::split_from_name(o.split);
+  sconf.split_fractions = data.manifest().split;
+  sconf.samples_per_epoch = data.manifest().samples_per_epoch;
+  if (data.manifest().weighted) {
+    for (const auto& t : data.manifest().tasks) sconf.weights.push_back(t.weight);
+  }
+  sconf.global_batch_tokens = o.batch_tokens;
+  sconf.global_batch_samples = o.batch_samples;
+  dl::Sampler sampler(data, sconf);
+  sampler.set_epoch(o.epoch);
+
+  std::unique_ptr<sc::PlanFileWriter> writer;
+  if (!o.out.empty()) {
+    sc::EncodeOptions eo;
+    eo.compress = o.compress;
+    writer = std::make_unique<sc::PlanFileWriter>(o.out, eo);
+  }
+
+  // Estimate the iteration count for the progress line (exact for sample-count batches).
+  const std::uint64_t epoch_samples = sampler.epoch_size();
+  std::uint64_t expected = 0;
+  if (o.batch_samples > 0) {
+    expected = (epoch_samples + o.batch_samples - 1) / o.batch_samples;
+  }
+  if (o.iterations > 0) expected = expected > 0 ? std::min(expected, o.iterations) : o.iterations;
+  Progress progress("planning", expected);
+
+  struct Work {
+    std::uint64_t iteration = 0;
+    sc::BatchLengths lengths;
+    std::vector<sc::SampleRef> refs;
+    sc::IterationResult result;
+    std::vector<std::vector<std::uint8_t>> blobs;
+  };
+  std::vector<Row> rows;
+  std::string trace_json;
+  std::uint64_t next_iteration = 0;
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
+                                    static_cast<std::size_t>(threads));
+  const auto t_start = std::chrono::steady_clock::now();
+  oneapi::tbb::parallel_pipeline(
+      static_cast<std::size_t>(2 * threads),
+      oneapi::tbb::make_filter<void, std::shared_ptr<Work>>(
+          oneapi::tbb::filter_mode::serial_in_order,
+          [&](oneapi::tbb::flow_control& fc) -> std::shared_ptr<Work> {
+            dl::GlobalBatch b;
+            if ((o.iterations > 0 && next_iteration >= o.iterations) || !sampler.next_batch(b)) {
+              fc.stop();
+              return nullptr;
+            }
+            auto w = std::make_shared<Work>();
+            w->iteration = next_iteration++;
+            w->lengths.input.reserve(b.samples.size());
+            for (const auto& ref : b.samples) {
+              const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
+              if (enc_dec) {
+                // Decoder-only tasks in an encoder-decoder run get a one-token target (as DynaPipe's
+                // --is-supervised pads an empty side).
+                w->lengths.input.push_back(std::max<std::uint32_t>(in, 1));
+                w->lengths.target.push_back(std::max<std::uint32_t>(tg, 1));
+              } else {
+                w->lengths.input.push_back(in + tg);
+              }
+              w->refs.push_back(sc::SampleRef{ref.task, ref.index});
+            }
+            return w;
+          }) &
+          oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
+              oneapi::tbb::filter_mode::parallel,
+              [&](std::shared_ptr<Work> w) {
+                w->result = sc::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po);
+                if (writer) {
+                  for (const auto& p : w->result.plans) w->blobs.push_back(sc::encode_plan(p, {o.compress, 3}));
+                }
+                return w;
+              }) &
+          oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
+              oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
+                auto& r = w->result;
+                if (writer) {
+                  for (const auto& blob : w->blobs) writer->append_encoded(r.iteration, blob);
+                }
+                if (r.iteration == 0 && !o.trace.empty()) trace_json = sc::chrome_trace_json(r.schedules.front());
+                Row row;
+                row.iteration = r.iteration;
+                row.samples = r.samples;
+                row.tokens = r.tokens;
+                row.model_flops = r.model_flops;
+                row.packpipe = std::move(r.packpipe);
+                row.fixed = std::move(r.fixed);
+                row.packing = std::move(r.packing);
+                row.partition_ms = r.partition_ms;
+                row.schedule_ms = r.schedule_ms;
+                row.build_ms = r.build_ms;
+                row.planning_ms = r.planning_ms;
+                rows.push_back(std::move(row));
+                progress.update(rows.size());
+              }));
+  progress.finish();
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (writer) writer->close();
+  if (!o.trace.empty() && !trace_json.empty()) {
+    std::ofstream t(o.trace, std::ios::trunc);
+    PACKPIPE_CHECK(t.good(), "cannot write '{}'", o.trace);
+    t << trace_json;
+  }
+  PACKPIPE_CHECK_ARG(!rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
+
+  // ---- report ----
+  const std::int64_t gpus = o.stages * o.dp * o.tp;
+  Json j;
+  j["config"] = Json{{"source", o.manifest.empty() ? o.dataset : o.manifest},
+                     {"model", model.name},
+                     {"device", cost->device().name},
+                     {"cost_model", cost->describe()},
+                     {"stages", o.stages},
+                     {"chunks", o.chunks},
+                     {"dp", o.dp},
+                     {"tp", o.tp},
+                     {"memory_limit_mb", o.memory_mb > 0 ? o.memory_mb : cost->device().memory_gb * 1e3},
+                     {"global_batch_tokens", o.batch_tokens},
+                     {"global_batch_samples", o.batch_samples},
+                     {"seed", o.seed},
+                     {"epoch", o.epoch},
+                     {"method", o.method},
+                     {"schedule", o.schedule},
+                     {"threads", threads}};
+  double fixed_total = 0, packing_total = 0;
+  const std::int64_t fixed_col = po.baselines ? best_column(rows, &Row::fixed, &fixed_total) : -1;
+  const std::int64_t packing_col = po.baselines ? best_column(rows, &Row::packing, &packing_total) : -1;
+  Json iters = Json::array();
+  double pp_total = 0, flops = 0;
+  std::uint64_t samples = 0, tokens = 0, microbatches = 0;
+  std::vector<double> plan_ms;
+  std::vector<double> peak(static_cast<std::size_t>(o.stages), 0.0);
+  bool pp_feasible = true;
+  for (const auto& r : rows) {
+    Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
+    it["packpipe"] = figures_json(r.packpipe, r.tokens);
+    if (fixed_col >= 0) {
+      it["fixed"] = figures_json(r.fixed.figures[fixed_col], r.tokens);
+      it["fixed"]["mbs"] = r.fixed.mbs[fixed_col];
+    }
+    if (packing_col >= 0) {
+      it["packing"] = figures_json(r.packing.figures[packing_col], r.tokens);
+      it["packing"]["mbs"] = r.packing.mbs[packing_col];
+    }
+    it["planning_ms"] = r.planning_ms;
+    it["partition_ms"] = r.partition_ms;
+    it["schedule_ms"] = r.schedule_ms;
+    it["build_ms"] = r.build_ms;
+    iters.push_back(std::move(it));
+    pp_total += r.packpipe.iteration_ms;
+    pp_feasible = pp_feasible && r.packpipe.feasible;
+    flops += r.model_flops;
+    samples += r.samples;
+    tokens += r.tokens;
+    microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
+    plan_ms.push_back(r.planning_ms);
+    for (std::size_t s = 0; s < peak.size() && s < r.packpipe.peak_mb.size(); ++s) {
+      peak[s] = std::max(peak[s], r.packpipe.peak_mb[s]);
+    }
+  }
+  auto total_json = [&](double total_ms) {
+    const auto tr = cm::throughput_report(flops, static_cast<double>(samples), static_cast<double>(tokens),
+                                          total_ms / 1e3, gpus, cost->device());
+    return Json{{"time_s", total_ms / 1e3},
+                {"tokens_per_s", tr.tokens_per_s},
+                {"samples_per_s", tr.samples_per_s},
+                {"tflops_per_gpu", tr.tflops_per_gpu},
+                {"mfu", tr.mfu}};
+  };
+  Json total{{"iterations", rows.size()}, {"samples", samples}, {"tokens", tokens}};
+  total["packpipe"] = total_json(pp_total);
+  total["packpipe"]["feasible"] = pp_feasible;
+  total["packpipe"]["microbatches"] = microbatches;
+  total["packpipe"]["peak_mb"] = peak;
+  auto baseline_total = [&](const char* name, std::int64_t col, double tot, sc::BaselineGrid Row::*grid) {
+    if (!po.baselines) return;
+    if (col < 0 || !std::isfinite(tot)) {
+      total[name] = Json{{"feasible", false}, {"why", "no micro-batch size of the grid fits every iteration"}};
+      return;
+    }
+    total[name] = total_json(tot);
+    total[name]["mbs"] = (rows.front().*grid).mbs[col];
+    total[name]["speedup_of_packpipe"] = tot / pp_total;
+    Json grid_json = Json::array();
+    for (std::size_t c = 0; c < (rows.front().*grid).mbs.size(); ++c) {
+      double t = 0;
+      for (const auto& r : rows) {
+        const auto& f = (r.*grid).figures[c];
+        t += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
+      }
+      grid_json.push_back(Json{{"mbs", (rows.front().*grid).mbs[c]},
+                               {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
+    }
+    total[name]["grid"] = std::move(grid_json);
+  };
+  baseline_total("fixed", fixed_col, fixed_total, &Row::fixed);
+  baseline_total("packing", packing_col, packing_total, &Row::packing);
+  total["planning_ms"] = Json{{"median", percentile(plan_ms, 0.5)},
+                              {"p90", percentile(plan_ms, 0.9)},
+                              {"max", percentile(plan_ms, 1.0)},
+                              {"mean", std::accumulate(plan_ms.begin(), plan_ms.end(), 0.0) /
+                                           static_cast<double>(plan_ms.size())}};
+  total["wall_s"] = wall_s;
+  j["iterations"] = std::move(iters);
+  j["total"] = std::move(total);
+  if (!o.out.empty()) j["plan_file"] = o.out;
+  if (!o.trace.empty()) j["chrome_trace"] = o.trace;
+  if (!o.report.empty()) {
+    std::ofstream rf(o.report, std::ios::trunc);
+    PACKPIPE_CHECK(rf.good(), "cannot write '{}'", o.report);
+    rf << j.dump(2) << "\n";
+  }
+  return j;
+}
+
+void print_report(const Json& j) {
+  const auto& c = j["config"];
+  const auto& t = j["total"];
+  std::printf("packpipe plan: %s\n", c["source"].get<std::string>().c_str());
+  std::printf("  %s on %s, %lld stages x %lld chunks, dp %lld, tp %lld, memory %.0f MB, cost model: %s\n",
+              c["model"].get<std::string>().c_str(), c["device"].get<std::string>().c_str(),
+              c["stages"].get<long long>(), c["chunks"].get<long long>(), c["dp"].get<long long>(),
+              c["tp"].get<long long>(), c["memory_limit_mb"].get<double>(), c["cost_model"].get<std::string>().c_str());
+  const bool fixed = t.contains("fixed") && t["fixed"].contains("mbs");
+  const bool packing = t.contains("packing") && t["packing"].contains("mbs");
+  std::printf("\n  %5s %7s %7s %4s %5s %11s", "iter", "samples", "tokens", "mbs", "eff", "packpipe ms");
+  if (fixed) std::printf(" %11s", fmt::format("fixed({})", t["fixed"]["mbs"].get<long long>()).c_str());
+  if (packing) std::printf(" %11s", fmt::format("packing({})", t["packing"]["mbs"].get<long long>()).c_str());
+  std::printf(" %9s\n", "plan ms");
+  const auto& iters = j["iterations"];
+  const std::size_t n = iters.size();
+  auto ms = [](const Json& v) { return v.is_null() ? std::string("-") : fmt::format("{:.1f}", v.get<double>()); };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (n > 12 && i == 6) std::printf("  %5s\n", "...");
+    if (n > 12 && i >= 6 && i < n - 6) continue;
+    const auto& it = iters[i];
+    std::printf("  %5llu %7llu %7llu %4lld %5.2f %11s", it["iteration"].get<unsigned long long>(),
+                it["samples"].get<unsigned long long>(), it["tokens"].get<unsigned long long>(),
+                it["packpipe"]["microbatches"].get<long long>(), it["packpipe"]["efficiency"].get<double>(),
+                ms(it["packpipe"]["iteration_ms"]).c_str());
+    if (fixed) std::printf(" %11s", ms(it["fixed"]["iteration_ms"]).c_str());
+    if (packing) std::printf(" %11s", ms(it["packing"]["iteration_ms"]).c_str());
+    std::printf(" %9.2f\n", it["planning_ms"].get<double>());
+  }
+  auto line = [](const char* name, const Json& m) {
+    std::printf("  %-9s %9.2f s  %10.0f tokens/s  %6.1f TFLOPs/GPU  MFU %4.1f%%", name, m["time_s"].get<double>(),
+                m["tokens_per_s"].get<double>(), m["tflops_per_gpu"].get<double>(), 100 * m["mfu"].get<double>());
+  };
+  std::printf("\n  simulated time of %zu iterations (%llu samples, %llu tokens):\n", n,
+              t["samples"].get<unsigned long long>(), t["tokens"].get<unsigned long long>());
+  line("packpipe", t["packpipe"]);
+  std::printf("  %s\n", t["packpipe"]["feasible"].get<bool>() ? "" : "(over the memory limit somewhere)");
+  for (const char* b : {"fixed", "packing"}) {
+    if (!t.contains(b)) continue;
+    if (!t[b].contains("mbs")) {
+      std::printf("  %-9s no micro-batch size of the grid fits every iteration\n", b);
+      continue;
+    }
+    line(b, t[b]);
+    std::printf("  (micro-batch size %lld; packpipe is %.2fx faster)\n", t[b]["mbs"].get<long long>(),
+                t[b]["speedup_of_packpipe"].get<double>());
+  }
+  const auto& p = t["planning_ms"];
+  std::printf("\n  planning time per iteration: median %.2f ms, p90 %.2f ms, max %.2f ms (%.2f s wall for all)\n",
+              p["median"].get<double>(), p["p90"].get<double>(), p["max"].get<double>(), t["wall_s"].get<double>());
+  std::string peaks;
+  for (const auto& v : t["packpipe"]["peak_mb"]) peaks += fmt::format("{}{:.0f}", peaks.empty() ? "" : " / ", v.get<double>());
+  std::printf("  peak memory per stage (MB): %s\n", peaks.c_str());
+  if (j.contains("plan_file")) std::printf("  plans: %s\n", j["plan_file"].get<std::string>().c_str());
+  if (j.contains("chrome_trace")) {
+    std::printf("  trace of iteration 0: %s (open in chrome://tracing or ui.perfetto.dev)\n",
+                j["chrome_trace"].get<std::string>().c_str());
+  }
+}
+
+}  // namespace
+
+void register_plan_commands(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Plan every iteration of a dataset: micro-batches, schedule, instruction streams");
+  auto o = std::make_shared<PlanCliOptions>();
+  auto* src = cmd->add_option_group("source", "What to plan");
+  src->add_option("--manifest", o->manifest, "Multi-task manifest (.json)")->check(CLI::ExistingFile);
+  src->add_option("--dataset", o->dataset, "One dataset prefix");
+  cmd->add_option("--model", o->model, "Model preset or .json file")->capture_default_str();
+  cmd->add_option("--device", o->device, "Device preset or .json file")->capture_default_str();
+  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable); default: the analytic model");
+  cmd->add_option("--stages", o->stages, "Pipeline stages")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank (interleaving)")->capture_default_str();
+  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (default: model layers / stages)");
+  cmd->add_option("--dp", o->dp, "Data-parallel replicas")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str()->check(CLI::Range(0, 3));
+  cmd->add_option("--memory-mb", o->memory_mb, "Memory limit per device, MB (default: the device's)");
+  cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
+  cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
+  cmd->add_option("--seed", o->seed, "Sampler and search seed")->capture_default_str();
+  cmd->add_option("--epoch", o->epoch, "Epoch to plan")->capture_default_str();
+  cmd->add_option("--split", o->split, "train, valid or test")->check(CLI::IsMember({"train", "valid", "test"}));
+  cmd->add_option("--iterations", o->iterations, "Plan only the first N iterations (default: the whole epoch)");
+  cmd->add_option("--schedule", o->schedule,
+                  "search, or one of gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble")
+      ->capture_default_str();
+  cmd->add_option("--method", o->method, "Partition: dp (packpipe) or dynapipe (DynaPipe's exact DP)")
+      ->check(CLI::IsMember({"dp", "dynapipe"}))
+      ->capture_default_str();
+  cmd->add_option("--recompute", o->recompute, "auto (per micro-batch), none, selective, full")
+      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
+  cmd->add_option("--round-multiple", o->round_multiple, "Pad lengths to a multiple of this")->capture_default_str();
+  cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the baselines' grid search tries");
+  cmd->add_flag("--no-baselines", o->no_baselines, "Skip the fixed and packing baselines");
+  cmd->add_flag("--validate", o->validate, "Validate every plan (slower)");
+  cmd->add_flag("--compress", o->compress, "zstd-compress the plans in the file");
+  cmd->add_option("--out", o->out, "Write the plans of every iteration to this file");
+  cmd->add_option("--report", o->report, "Also write the JSON report to this file");
+  cmd->add_option("--chrome-trace", o->trace, "Write the simulated timeline of iteration 0 (Chrome trace JSON)");
+  cmd->add_option("--threads", o->threads, "Planning threads (default: all cores)");
+  cmd->add_flag("--json", o->json, "Print the report as one JSON object");
+  cmd->callback([cmd, o] {
+    if (!cmd->get_subcommands().empty()) return;  // `plan inspect|validate|export` ran instead
+    const Json j = run_plan(*o);
+    if (o->json) {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_report(j);
+    }
+  });
+  add_plan_file_commands(*cmd);
+}
+
+}  // namespace packpipe::cli

@@ -1,0 +1,197 @@
+#include "scheduler/planner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/errors.h"
+#include "scheduler/plan_builder.h"
+#include "scheduler/schedules.h"
+#include "scheduler/simulator.h"
+#include "scheduler/validator.h"
+
+namespace packpipe::scheduler {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// The micro-batches of one data-parallel replica.
+std::vector<MicroBatch> replica_microbatches(const Partition& p, std::size_t replica) {
+  std::vector<MicroBatch> out;
+  if (p.ranks.empty()) {
+    if (replica == 0) out = p.microbatches;
+    return out;
+  }
+  for (auto i : p.ranks[replica]) out.push_back(p.microbatches[i]);
+  return out;
+}
+
+std::size_t replicas(const Partition& p) { return p.ranks.empty() ? 1 : p.ranks.size(); }
+
+/// A problem for one replica's micro-batches.
+SimProblem replica_problem(const std::vector<MicroBatch>& mbs, const cm::CostModel& cost,
+                           const std::vector<VirtualStage>& vstages, const PipelineShape& shape) {
+  return make_sim_problem(stage_cost_table(cost, shape, vstages, mbs), cost, shape);
+}
+
+void account(const Schedule& s, const PipelineShape& shape, double limit_bytes, MethodFigures& f) {
+  f.iteration_ms = std::max(f.iteration_ms, s.makespan_ms);
+  if (f.peak_mb.empty()) f.peak_mb.assign(static_cast<std::size_t>(shape.stages), 0.0);
+  for (std::size_t r = 0; r < s.peak_bytes.size() && r < f.peak_mb.size(); ++r) {
+    f.peak_mb[r] = std::max(f.peak_mb[r], s.peak_bytes[r] / 1e6);
+    if (limit_bytes > 0 && s.peak_bytes[r] > limit_bytes) {
+      f.feasible = false;
+      f.why = fmt::format("rank {} peaks at {:.0f} MB, over the {:.0f} MB limit", r, s.peak_bytes[r] / 1e6,
+                          limit_bytes / 1e6);
+    }
+  }
+}
+
+void partition_figures(const Partition& p, MethodFigures& f) {
+  f.microbatches = static_cast<std::int64_t>(p.microbatches.size());
+  f.efficiency = p.efficiency;
+}
+
+/// One baseline method over the grid of micro-batch sizes.
+BaselineGrid baseline_grid(const BatchLengths& lengths, const cm::CostModel& cost,
+                           const std::vector<VirtualStage>& vstages, const PlannerOptions& o,
+                           PartitionMethod method) {
+  BaselineGrid g;
+  for (std::int64_t m : o.baseline_mbs) {
+    MethodFigures f;
+    PartitionOptions po = o.partition;
+    po.method = method;
+    po.microbatch_size = m;
+    po.pack_windows = false;
+    try {
+      const Partition p = partition(lengths, cost, o.shape, vstages, po);
+      partition_figures(p, f);
+      simulate_method(lengths, p, cost, vstages, o.shape, ScheduleKind::OneFOneB, f);
+    } catch (const InvalidArgument& e) {
+      f.feasible = false;
+      f.iteration_ms = std::numeric_limits<double>::infinity();
+      f.why = e.what();
+    }
+    g.mbs.push_back(m);
+    g.figures.push_back(std::move(f));
+  }
+  return g;
+}
+
+}  // namespace
+
+double batch_model_flops(const cm::ModelSpec& model, const BatchLengths& lengths) {
+  double flops = 0;
+  const bool ed = model.arch == cm::Architecture::EncoderDecoder;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const std::int64_t in = std::max<std::int64_t>(1, lengths.input[i]);
+    const std::int64_t tg = ed ? std::max<std::int64_t>(1, lengths.encoder_decoder() ? lengths.target[i] : 1) : 0;
+    flops += cm::training_flops(model, 1, in, tg);
+  }
+  return flops;
+}
+
+void simulate_method(const BatchLengths& lengths, const Partition& p, const cm::CostModel& cost,
+                     const std::vector<VirtualStage>& vstages, const PipelineShape& shape, ScheduleKind kind,
+                     MethodFigures& f) {
+  (void)lengths;
+  f.feasible = true;
+  f.iteration_ms = 0;
+  f.schedule = schedule_kind_name(kind);
+  for (std::size_t r = 0; r < replicas(p); ++r) {
+    const auto mbs = replica_microbatches(p, r);
+    if (mbs.empty()) continue;
+    const SimProblem prob = replica_problem(mbs, cost, vstages, shape);
+    ScheduleKind k = kind;
+    if (!schedule_supports(k, shape.stages, shape.chunks, static_cast<std::int64_t>(mbs.size()))) {
+      k = ScheduleKind::GPipe;  // e.g. interleaving with a partial group: fall back, as a user must
+    }
+    const Schedule s = make_schedule(k, prob);
+    account(s, shape, prob.memory_limit_bytes, f);
+  }
+}
+
+IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                               std::uint64_t iteration, const cm::CostModel& cost,
+                               const std::vector<VirtualStage>& vstages, const PlannerOptions& o) {
+  PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
+  IterationResult r;
+  r.iteration = iteration;
+  r.samples = lengths.size();
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    r.tokens += lengths.input[i] + (lengths.encoder_decoder() ? lengths.target[i] : 0);
+  }
+  r.model_flops = batch_model_flops(cost.model(), lengths);
+
+  // 1. Partition.
+  auto t0 = std::chrono::steady_clock::now();
+  const Partition part = partition(lengths, cost, o.shape, vstages, o.partition);
+  r.partition_ms = ms_since(t0);
+  partition_figures(part, r.packpipe);
+
+  // 2. Schedule per data-parallel replica.
+  t0 = std::chrono::steady_clock::now();
+  const bool search = o.schedule == "search";
+  const ScheduleKind fixed_kind = search ? ScheduleKind::OneFOneB : schedule_kind_from_name(o.schedule);
+  std::vector<Schedule> schedules;
+  std::vector<StageCostTable> tables;
+  std::vector<std::vector<MicroBatch>> replica_mbs;
+  r.packpipe.feasible = true;
+  r.packpipe.iteration_ms = 0;
+  for (std::size_t k = 0; k < replicas(part); ++k) {
+    replica_mbs.push_back(replica_microbatches(part, k));
+    const auto& mbs = replica_mbs.back();
+    PACKPIPE_CHECK_ARG(!mbs.empty(), "iteration {}: data-parallel replica {} of {} received no micro-batch "
+                                     "({} micro-batches in all); use a larger global batch or a smaller --dp",
+                       iteration, k, replicas(part), part.microbatches.size());
+    tables.push_back(stage_cost_table(cost, o.shape, vstages, mbs));
+    const SimProblem prob = make_sim_problem(tables.back(), cost, o.shape);
+    Schedule s;
+    if (search) {
+      s = search_schedule(prob, o.search).best;
+    } else {
+      std::string why;
+      PACKPIPE_CHECK_ARG(schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
+                                           static_cast<std::int64_t>(mbs.size()), &why),
+                         "iteration {}: schedule '{}' cannot run {} micro-batches: {}", iteration, o.schedule,
+                         mbs.size(), why);
+      s = make_schedule(fixed_kind, prob, {}, o.search.schedule_options);
+    }
+    account(s, o.shape, prob.memory_limit_bytes, r.packpipe);
+    if (k == 0) r.packpipe.schedule = s.name;
+    schedules.push_back(std::move(s));
+  }
+  r.schedule_ms = ms_since(t0);
+
+  // 3. Instruction streams.
+  t0 = std::chrono::steady_clock::now();
+  std::vector<SampleRef> none;
+  for (std::size_t k = 0; k < schedules.size(); ++k) {
+    PlanOptions po;
+    po.iteration = iteration;
+    po.hidden = cost.model().hidden;
+    po.dtype = o.dtype;
+    po.dp = static_cast<std::uint32_t>(o.shape.dp);
+    po.global_tokens = r.tokens;
+    po.memory_limit_bytes = static_cast<std::uint64_t>(make_sim_problem(tables[k], cost, o.shape).memory_limit_bytes);
+    po.sample_refs = refs;
+    po.keep_timeline = o.keep_timeline;
+    Plan plan = build_plan(schedules[k], replica_mbs[k], vstages, &tables[k], po);
+    if (o.validate) validate_or_throw(plan);
+    r.plans.push_back(std::move(plan));
+  }
+  r.build_ms = ms_since(t0);
+  r.schedules = std::move(schedules);
+  r.planning_ms = r.partition_ms + r.schedule_ms + r.build_ms;
+
+  // 4. Baselines on the same batch.
+  if (o.baselines) {
+    r.fixed = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Fixed);
+    r.packing = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Packing);
+  }
+  return r;
+}
+
+}  // namespace packpipe::scheduler

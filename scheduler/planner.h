@@ -1,0 +1,81 @@
+// The planning job for one iteration: partition the global batch into micro-batches, search the
+// pipeline schedule, build the per-rank instruction streams, and measure the same batch under the
+// baselines a user would run (fixed micro-batch size with padding, and packing plus a fixed
+// micro-batch size, both under 1F1B). `packpipe plan` runs it over every iteration of an epoch.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "scheduler/partition.h"
+#include "scheduler/pipeline.h"
+#include "scheduler/plan.h"
+#include "scheduler/search.h"
+
+namespace packpipe::scheduler {
+
+struct PlannerOptions {
+  PipelineShape shape;
+  PartitionOptions partition;       ///< method dp by default
+  std::string schedule = "search";  ///< "search", or one schedule kind ("1f1b", "zero-bubble", ...)
+  SearchOptions search;             ///< candidates and seed of the search
+  Dtype dtype = Dtype::BF16;        ///< activations and gradients on the wire
+  bool validate = false;            ///< run the plan validator on every plan (throws on a violation)
+  bool baselines = true;            ///< also measure the fixed and packing baselines
+  std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< micro-batch sizes of the grid
+  bool keep_timeline = true;        ///< store the simulated ops in the plans (for traces)
+};
+
+/// What one method achieves on one global batch (all data-parallel replicas).
+struct MethodFigures {
+  bool feasible = false;           ///< partitioned and every replica's schedule within memory
+  std::int64_t microbatches = 0;
+  double efficiency = 0;           ///< real tokens / padded tokens
+  double iteration_ms = std::numeric_limits<double>::infinity();  ///< simulated, max over replicas
+  std::vector<double> peak_mb;     ///< per pipeline rank, max over replicas (MB = 1e6 bytes)
+  std::string schedule;            ///< the schedule used (of replica 0)
+  std::string why;                 ///< why infeasible
+};
+
+/// Figures of a baseline for each micro-batch size of the grid.
+struct BaselineGrid {
+  std::vector<std::int64_t> mbs;
+  std::vector<MethodFigures> figures;
+};
+
+/// The plans and figures of one iteration.
+struct IterationResult {
+  std::uint64_t iteration = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t tokens = 0;         ///< real tokens of the global batch
+  double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
+  std::vector<Plan> plans;          ///< one per data-parallel replica, in replica order
+  std::vector<Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
+  MethodFigures packpipe;
+  BaselineGrid fixed;               ///< fixed micro-batch size, padded to the longest, 1F1B
+  BaselineGrid packing;             ///< packed rows of the longest sample, fixed rows per micro-batch, 1F1B
+  double partition_ms = 0;          ///< wall time of packpipe's partition
+  double schedule_ms = 0;           ///< wall time of the schedule search (all replicas)
+  double build_ms = 0;              ///< wall time of building (and validating) the plans
+  double planning_ms = 0;           ///< the three together
+};
+
+/// Plans one global batch. `refs` (optional) names each sample as (task, index) in the plans.
+/// Thread-safe (the cost model is only queried); deterministic. Throws InvalidArgument when
+/// packpipe's own partition is impossible (e.g. a sample cannot fit alone), naming it.
+IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                               std::uint64_t iteration, const cm::CostModel& cost,
+                               const std::vector<VirtualStage>& vstages, const PlannerOptions& options);
+
+/// Simulated iteration time of given micro-batches under one schedule kind ("1f1b" for the
+/// baselines), replicas as assigned; fills `figures` (feasible, iteration_ms, peak_mb).
+void simulate_method(const BatchLengths& lengths, const Partition& partition, const cm::CostModel& cost,
+                     const std::vector<VirtualStage>& vstages, const PipelineShape& shape, ScheduleKind kind,
+                     MethodFigures& figures);
+
+/// Forward + backward FLOPs of the real samples (each at its own length, as model FLOPs count).
+double batch_model_flops(const cm::ModelSpec& model, const BatchLengths& lengths);
+
+}  // namespace packpipe::scheduler
