@@ -150,6 +150,7 @@ void define_plan(py::module_& m) {
       .def_property_readonly("vstages", [](const sch::Plan& p) { return p.vstages; })
       .def_property_readonly("stage_rank", [](const sch::Plan& p) { return p.stage_rank; })
       .def_property_readonly("dp", [](const sch::Plan& p) { return p.dp; })
+      .def_property_readonly("replica", [](const sch::Plan& p) { return p.replica; })
       .def_property_readonly("global_tokens", [](const sch::Plan& p) { return p.global_tokens; })
       .def_property_readonly("makespan_ms", [](const sch::Plan& p) { return p.makespan_ms; })
       .def_property_readonly("memory_limit_bytes", [](const sch::Plan& p) { return p.memory_limit_bytes; })
@@ -260,15 +261,16 @@ void define_plan(py::module_& m) {
                                for (std::size_t i = 0; i < r.size(); ++i) v.push_back(r.iteration(i));
                                return v;
                              })
-      .def("read", [](const sch::PlanFileReader& r, std::uint64_t iteration) {
+      .def("read", [](const sch::PlanFileReader& r, std::uint64_t iteration, std::uint32_t replica) {
              std::shared_ptr<sch::Plan> p;
              {
                py::gil_scoped_release release;
-               p = std::make_shared<sch::Plan>(r.read_iteration(iteration));
+               p = std::make_shared<sch::Plan>(r.read_iteration(iteration, replica));
              }
              return p;
            },
-           py::arg("iteration"), "The plan of `iteration` (IndexError if absent)")
+           py::arg("iteration"), py::arg("replica") = 0,
+           "The plan of `iteration` for data-parallel `replica` (IndexError if absent)")
       .def("__getitem__", [](const sch::PlanFileReader& r, std::size_t i) {
              std::shared_ptr<sch::Plan> p;
              {

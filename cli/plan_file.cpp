@@ -25,33 +25,13 @@ namespace {
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
-// The plan of `iteration`, or the file's first plan when iteration < 0.
-sch::Plan load(const sch::PlanFileReader& r, std::int64_t iteration) {
+// The plan of `iteration` for data-parallel `replica`, or the file's first plan when iteration < 0.
+sch::Plan load(const sch::PlanFileReader& r, std::int64_t iteration, std::uint32_t replica) {
   if (iteration < 0) {
     PACKPIPE_CHECK(r.size() > 0, "{}: the file holds no plans", r.path());
-    return r.read(0);
+    return r.read(replica);
   }
-  return r.read_iteration(static_cast<std::uint64_t>(iteration));
-}
-
-Json header_json(const sch::Plan& p, const sch::ValidationReport& rep) {
-  Json j;
-  j["iteration"] = p.iteration;
-  j["schedule"] = p.schedule;
-  j["ranks"] = p.ranks;
-  j["vstages"] = p.vstages;
-  j["stage_rank"] = p.stage_rank;
-  j["dp"] = p.dp;
-  j["microbatches"] = p.microbatches.size();
-  j["global_tokens"] = p.global_tokens;
-  j["makespan_ms"] = p.makespan_ms;
-  j["memory_limit_bytes"] = p.memory_limit_bytes;
-  j["instructions"] = p.instruction_count();
-  j["shapes"] = p.shapes.size();
-  j["buffer_slots"] = p.buffer_slots;
-  j["peak_bytes"] = rep.peak_bytes;
-  j["valid"] = rep.ok();
-  return j;
+  return r.read_iteration(static_cast<std::uint64_t>(iteration), replica);
 }
 
 void write_text(const std::string& path, const std::string& text) {
@@ -73,11 +53,13 @@ void add_plan_file_commands(CLI::App& plan) {
     auto json = std::make_shared<bool>(false);
     cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
     cmd->add_option("--iteration", *iteration, "Iteration to show (default: the file's first plan)");
+    auto replica = std::make_shared<std::uint32_t>(0);
+    cmd->add_option("--replica", *replica, "Data-parallel replica (default 0)");
     cmd->add_option("--rank", *rank, "Show only this rank's stream");
     cmd->add_flag("--json", *json, "Print the plan's JSON form (one rank's stream with --rank)");
     cmd->callback([=] {
       const sch::PlanFileReader r(*file);
-      const sch::Plan p = load(r, *iteration);
+      const sch::Plan p = load(r, *iteration, *replica);
       PACKPIPE_CHECK_RANGE(*rank < 0 || *rank < static_cast<std::int64_t>(p.ranks), "--rank {}: the plan has {} ranks",
                            *rank, p.ranks);
       if (*json) {
@@ -179,6 +161,8 @@ void add_plan_file_commands(CLI::App& plan) {
     auto csv = std::make_shared<std::string>();
     cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
     cmd->add_option("--iteration", *iteration, "Iteration to export (default: the file's first plan)");
+    auto replica = std::make_shared<std::uint32_t>(0);
+    cmd->add_option("--replica", *replica, "Data-parallel replica (default 0)");
     auto* t = cmd->add_option("--chrome-trace", *trace, "Write the simulated timeline as Chrome trace / Perfetto JSON");
     auto* c = cmd->add_option("--pytorch-csv", *csv,
                               "Write torch.distributed.pipelining compute_only CSV (micro-batches of one shape only)");
@@ -186,7 +170,7 @@ void add_plan_file_commands(CLI::App& plan) {
     cmd->callback([=] {
       PACKPIPE_CHECK_ARG(!trace->empty() || !csv->empty(), "plan export: pass --chrome-trace OUT or --pytorch-csv OUT");
       const sch::PlanFileReader r(*file);
-      const sch::Plan p = load(r, *iteration);
+      const sch::Plan p = load(r, *iteration, *replica);
       if (!csv->empty()) {
         write_text(*csv, sch::pytorch_compute_csv(p));
         std::printf("wrote %s (iteration %llu, %u ranks, %zu micro-batches)\n", csv->c_str(),

@@ -81,7 +81,7 @@ bool same_ops(const std::vector<std::vector<ScheduledOp>>& a, const std::vector<
 
 bool Plan::operator==(const Plan& o) const {
   return iteration == o.iteration && ranks == o.ranks && vstages == o.vstages && stage_rank == o.stage_rank &&
-         dp == o.dp && schedule == o.schedule && global_tokens == o.global_tokens && microbatches == o.microbatches &&
+         dp == o.dp && replica == o.replica && schedule == o.schedule && global_tokens == o.global_tokens && microbatches == o.microbatches &&
          recompute == o.recompute && stored_bytes == o.stored_bytes && peak_bytes == o.peak_bytes &&
          static_bytes == o.static_bytes && memory_limit_bytes == o.memory_limit_bytes && shapes == o.shapes &&
          buffer_slots == o.buffer_slots && streams == o.streams && makespan_ms == o.makespan_ms &&

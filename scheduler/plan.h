@@ -67,6 +67,7 @@ struct Plan {
   std::uint32_t vstages = 0;              ///< virtual stages V = S x chunks
   std::vector<std::uint32_t> stage_rank;  ///< [V]: rank running each virtual stage
   std::uint32_t dp = 1;                   ///< data-parallel replicas (ReduceGrad's group size)
+  std::uint32_t replica = 0;              ///< which data-parallel replica runs this plan (0 .. dp - 1)
   std::string schedule;                   ///< schedule name ("1f1b", "zero-bubble", ...)
   std::uint64_t global_tokens = 0;        ///< tokens of the global batch over all dp replicas (loss weights' denominator)
   std::vector<PlanMicroBatch> microbatches;

@@ -178,6 +178,7 @@ void encode_body(const Plan& p, Out& o) {
   o.str(p.schedule);
   for (auto r : p.stage_rank) o.var(r);
   o.var(p.dp);
+  o.var(p.replica);
   o.var(p.global_tokens);
   o.f64(p.makespan_ms);
   o.var(p.memory_limit_bytes);
@@ -255,6 +256,7 @@ Plan decode_body(In& in) {
   p.stage_rank.resize(p.vstages);
   for (auto& r : p.stage_rank) r = in.u32("stage_rank");
   p.dp = in.u32("dp");
+  p.replica = in.u32("replica");
   p.global_tokens = in.var("global_tokens");
   p.makespan_ms = in.f64("makespan_ms");
   p.memory_limit_bytes = in.var("memory_limit_bytes");
@@ -510,6 +512,7 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
   j["vstages"] = p.vstages;
   j["stage_rank"] = p.stage_rank;
   j["dp"] = p.dp;
+  j["replica"] = p.replica;
   j["global_tokens"] = p.global_tokens;
   j["makespan_ms"] = p.makespan_ms;
   j["memory_limit_bytes"] = p.memory_limit_bytes;
@@ -600,6 +603,7 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   p.vstages = static_cast<std::uint32_t>(in.u64(in.at(j, "", "vstages"), "/vstages", 1u << 24));
   p.stage_rank = in.u_list<std::uint32_t>(in.at(j, "", "stage_rank"), "/stage_rank", p.vstages);
   p.dp = static_cast<std::uint32_t>(in.u64(in.at(j, "", "dp"), "/dp", 0xFFFFFFFFull));
+  p.replica = static_cast<std::uint32_t>(in.u64(in.at(j, "", "replica"), "/replica", 0xFFFFFFFFull));
   p.global_tokens = in.u64(in.at(j, "", "global_tokens"), "/global_tokens");
   p.makespan_ms = in.num(in.at(j, "", "makespan_ms"), "/makespan_ms");
   p.memory_limit_bytes = in.u64(in.at(j, "", "memory_limit_bytes"), "/memory_limit_bytes");
@@ -848,6 +852,13 @@ std::uint64_t PlanFileReader::iteration(std::size_t i) const {
 }
 
 std::int64_t PlanFileReader::find(std::uint64_t iteration) const {
+  const bool sorted = std::is_sorted(entries_.begin(), entries_.end(),
+                                     [](const Entry& a, const Entry& b) { return a.iteration < b.iteration; });
+  if (sorted) {
+    const auto it = std::lower_bound(entries_.begin(), entries_.end(), iteration,
+                                     [](const Entry& e, std::uint64_t x) { return e.iteration < x; });
+    return it != entries_.end() && it->iteration == iteration ? static_cast<std::int64_t>(it - entries_.begin()) : -1;
+  }
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].iteration == iteration) return static_cast<std::int64_t>(i);
   }
@@ -862,13 +873,19 @@ Plan PlanFileReader::read(std::size_t i) const {
                      entries_.size() == 1 && e.offset == 0 ? path_ : fmt::format("{} (plan {} at offset {})", path_, i, e.offset));
 }
 
-Plan PlanFileReader::read_iteration(std::uint64_t iteration) const {
-  const std::int64_t i = find(iteration);
-  PACKPIPE_CHECK_RANGE(i >= 0, "{}: no plan for iteration {} (the file holds {} plans{})", path_, iteration, entries_.size(),
+Plan PlanFileReader::read_iteration(std::uint64_t iteration, std::uint32_t replica) const {
+  const std::int64_t first = find(iteration);
+  const std::size_t i = static_cast<std::size_t>(first) + replica;
+  PACKPIPE_CHECK_RANGE(first >= 0 && i < entries_.size() && entries_[i].iteration == iteration,
+                       "{}: no plan for iteration {} replica {} (the file holds {} plans{})", path_, iteration, replica,
+                       entries_.size(),
                        entries_.empty() ? std::string()
                                         : fmt::format(", iterations {} .. {}", entries_.front().iteration,
                                                       entries_.back().iteration));
-  return read(static_cast<std::size_t>(i));
+  Plan p = read(i);
+  PACKPIPE_CHECK(p.replica == replica, "{}: plan {} is replica {}, expected replica {} of iteration {}", path_, i,
+                 p.replica, replica, iteration);
+  return p;
 }
 
 std::uint64_t PlanFileReader::stored_size(std::size_t i) const {

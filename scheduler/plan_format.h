@@ -86,12 +86,14 @@ class PlanFileReader {
   std::size_t size() const { return entries_.size(); }
   /// Iteration number of the i-th plan.
   std::uint64_t iteration(std::size_t i) const;
-  /// Position of the plan of `iteration`, or -1.
+  /// Position of the first plan of `iteration` (replica 0), or -1. O(log n): files are written in
+  /// iteration order, the replicas of one iteration one after another.
   std::int64_t find(std::uint64_t iteration) const;
   /// Decodes the i-th plan (0 <= i < size(); OutOfRange otherwise).
   Plan read(std::size_t i) const;
-  /// Decodes the plan of `iteration`; OutOfRange naming the available range if absent.
-  Plan read_iteration(std::uint64_t iteration) const;
+  /// Decodes the plan of `iteration` for data-parallel `replica`; OutOfRange naming the available
+  /// range if absent.
+  Plan read_iteration(std::uint64_t iteration, std::uint32_t replica = 0) const;
   /// Bytes of the i-th plan's blob as stored.
   std::uint64_t stored_size(std::size_t i) const;
   const std::string& path() const { return path_; }

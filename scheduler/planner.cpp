@@ -179,6 +179,7 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
     po.sample_refs = refs;
     po.keep_timeline = o.keep_timeline;
     Plan plan = build_plan(schedules[k], replica_mbs[k], vstages, &tables[k], po);
+    plan.replica = static_cast<std::uint32_t>(k);
     if (o.validate) validate_or_throw(plan);
     r.plans.push_back(std::move(plan));
   }

@@ -51,7 +51,7 @@ struct IterationResult {
   std::uint64_t samples = 0;
   std::uint64_t tokens = 0;         ///< real tokens of the global batch
   double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
-  std::vector<Plan> plans;          ///< one per data-parallel replica, in replica order
+  std::vector<Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
   std::vector<Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
   MethodFigures packpipe;
   BaselineGrid fixed;               ///< fixed micro-batch size, padded to the longest, 1F1B

@@ -90,6 +90,9 @@ class Checker {
     if (p.vstages == 0) add("header", -1, -1, "vstages: expected at least 1, found 0");
     if (p.microbatches.empty()) add("header", -1, -1, "microbatches: expected at least 1, found none");
     if (p.dp == 0) add("header", -1, -1, "dp: expected at least 1, found 0");
+    if (p.replica >= p.dp && p.dp > 0) {
+      add("header", -1, -1, fmt::format("replica: expected below dp {}, found {}", p.dp, p.replica));
+    }
     auto size_is = [&](const char* name, std::size_t found, std::size_t expected) {
       if (found != expected) add("header", -1, -1, fmt::format("{}: expected {} entries, found {}", name, expected, found));
     };

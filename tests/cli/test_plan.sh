@@ -40,6 +40,9 @@ PY
 "$pp" plan validate "$tmp/demo.plan" > /dev/null || fail "plan validate"
 "$pp" plan inspect "$tmp/demo.plan" --iteration 1 --rank 2 --json > "$tmp/inspect.json"
 $py -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/inspect.json" || fail "inspect json"
+"$pp" plan inspect "$tmp/demo.plan" --iteration 2 --replica 1 --json > "$tmp/inspect1.json"
+$py -c "import json,sys; j=json.load(open(sys.argv[1])); assert (j['iteration'], j['replica']) == (2, 1), j" \
+  "$tmp/inspect1.json" || fail "inspect replica 1"
 "$pp" plan export "$tmp/demo.plan" --iteration 0 --chrome-trace "$tmp/t2.json" > /dev/null || fail "export trace"
 
 # Same inputs, same plans: byte-identical files.

@@ -10,6 +10,7 @@
 #include "scheduler/plan_format.h"
 #include "scheduler/planner.h"
 #include "scheduler/validator.h"
+#include "tests/support/temp_dir.h"
 
 using namespace packpipe::scheduler;
 namespace cm = packpipe::costmodel;
@@ -65,6 +66,7 @@ TEST_CASE("planned iterations cover every sample once, validate and weigh the lo
     REQUIRE(seen.size() == b.size());
     CHECK(std::set<std::uint32_t>(seen.begin(), seen.end()).size() == b.size());
     CHECK(weight == Approx(1.0).epsilon(1e-9));
+    for (std::size_t k = 0; k < r.plans.size(); ++k) CHECK(r.plans[k].replica == k);
     CHECK(r.packpipe.feasible);
     CHECK(r.packpipe.iteration_ms > 0);
     CHECK(r.packpipe.iteration_ms < std::numeric_limits<double>::infinity());
@@ -93,6 +95,40 @@ TEST_CASE("planning is deterministic: the same batch gives byte-identical plans"
   const auto c = plan_iteration(b, nullptr, 1, gpt, vs, o);
   REQUIRE(a.plans.size() == c.plans.size());
   for (std::size_t k = 0; k < a.plans.size(); ++k) CHECK(encode_plan(a.plans[k]) == encode_plan(c.plans[k]));
+}
+
+TEST_CASE("a plan file holds every replica of every iteration, read back by (iteration, replica)", "[interface]") {
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  PlannerOptions o;
+  o.shape.stages = 2;
+  o.shape.dp = 3;
+  o.shape.layers_per_stage = 8;
+  o.baselines = false;
+  const auto vs = virtual_stages(gpt.model(), o.shape);
+  std::mt19937_64 rng(9);
+  packpipe::test::TempDir dir;
+  const std::string path = dir.file("p.plans");
+  std::vector<IterationResult> results;
+  {
+    PlanFileWriter w(path);
+    for (std::uint64_t it = 0; it < 3; ++it) {
+      results.push_back(plan_iteration(random_batch(rng, 120, false), nullptr, it, gpt, vs, o));
+      for (const auto& p : results.back().plans) w.append(p);
+    }
+    w.close();
+  }
+  const PlanFileReader r(path);
+  REQUIRE(r.size() == 9);
+  for (std::uint64_t it = 0; it < 3; ++it) {
+    for (std::uint32_t k = 0; k < 3; ++k) {
+      const Plan p = r.read_iteration(it, k);
+      CHECK(p.iteration == it);
+      CHECK(p.replica == k);
+      CHECK(p == results[it].plans[k]);
+    }
+  }
+  REQUIRE_THROWS_AS(r.read_iteration(1, 3), packpipe::OutOfRange);
+  REQUIRE_THROWS_WITH(r.read_iteration(5, 0), Catch::Matchers::Contains("no plan for iteration 5"));
 }
 
 TEST_CASE("planning rejects an empty batch and a sample that cannot fit", "[negative]") {
