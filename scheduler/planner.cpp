@@ -82,15 +82,24 @@ BaselineGrid baseline_grid(const BatchLengths& lengths, const cm::CostModel& cos
 
 }  // namespace
 
-double batch_model_flops(const cm::ModelSpec& model, const BatchLengths& lengths) {
-  double flops = 0;
+double batch_model_flops(const cm::ModelSpec& model, const std::vector<VirtualStage>& vstages,
+                         const BatchLengths& lengths) {
+  std::int64_t enc = 0, dec = 0, post = 0;
+  for (const auto& v : vstages) {
+    enc += v.layout.encoder_layers;
+    dec += v.layout.decoder_layers;
+    post += v.layout.has_postprocess ? 1 : 0;
+  }
   const bool ed = model.arch == cm::Architecture::EncoderDecoder;
+  double forward = 0;
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     const std::int64_t in = std::max<std::int64_t>(1, lengths.input[i]);
     const std::int64_t tg = ed ? std::max<std::int64_t>(1, lengths.encoder_decoder() ? lengths.target[i] : 1) : 0;
-    flops += cm::training_flops(model, 1, in, tg);
+    if (enc > 0) forward += static_cast<double>(enc) * cm::forward_flops(model, cm::LayerKind::Encoder, 1, in).total();
+    if (dec > 0) forward += static_cast<double>(dec) * cm::forward_flops(model, cm::LayerKind::Decoder, 1, in, tg).total();
+    if (post > 0) forward += static_cast<double>(post) * cm::forward_flops(model, cm::LayerKind::PostProcess, 1, in, tg).total();
   }
-  return flops;
+  return 3.0 * forward;
 }
 
 void simulate_method(const BatchLengths& lengths, const Partition& p, const cm::CostModel& cost,
@@ -123,7 +132,7 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     r.tokens += lengths.input[i] + (lengths.encoder_decoder() ? lengths.target[i] : 0);
   }
-  r.model_flops = batch_model_flops(cost.model(), lengths);
+  r.model_flops = batch_model_flops(cost.model(), vstages, lengths);
 
   // 1. Partition.
   auto t0 = std::chrono::steady_clock::now();

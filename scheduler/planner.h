@@ -75,7 +75,9 @@ void simulate_method(const BatchLengths& lengths, const Partition& partition, co
                      const std::vector<VirtualStage>& vstages, const PipelineShape& shape, ScheduleKind kind,
                      MethodFigures& figures);
 
-/// Forward + backward FLOPs of the real samples (each at its own length, as model FLOPs count).
-double batch_model_flops(const cm::ModelSpec& model, const BatchLengths& lengths);
+/// Forward + backward FLOPs of the real samples (each at its own length, as model FLOPs count)
+/// through the layers the pipeline's virtual stages hold (3 x forward, no recompute).
+double batch_model_flops(const cm::ModelSpec& model, const std::vector<VirtualStage>& vstages,
+                         const BatchLengths& lengths);
 
 }  // namespace packpipe::scheduler

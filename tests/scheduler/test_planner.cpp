@@ -144,3 +144,20 @@ TEST_CASE("planning rejects an empty batch and a sample that cannot fit", "[nega
   REQUIRE_THROWS_AS(plan_iteration(huge, nullptr, 0, gpt, vs, o), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs, o), Catch::Matchers::Contains("4000000"));
 }
+
+TEST_CASE("model FLOPs count the real samples through the pipeline's layers only", "[interface]") {
+  const cm::ModelSpec m = cm::load_model("gpt-6.7b");
+  PipelineShape s;
+  s.stages = 4;
+  s.layers_per_stage = 4;
+  BatchLengths b;
+  b.input = {100, 2000};
+  double expected = 0;
+  for (std::int64_t len : {100, 2000}) {
+    expected += 3 * (16 * cm::forward_flops(m, cm::LayerKind::Encoder, 1, len).total() +
+                     cm::forward_flops(m, cm::LayerKind::PostProcess, 1, len).total());
+  }
+  CHECK(batch_model_flops(m, virtual_stages(m, s), b) == Approx(expected));
+  s.layers_per_stage = 8;
+  CHECK(batch_model_flops(m, virtual_stages(m, s), b) > expected);
+}
