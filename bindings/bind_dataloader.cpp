@@ -7,6 +7,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "dataloader/batch.h"
@@ -29,22 +30,6 @@ dl::DType dtype_from_py(const py::object& obj) {
   // Accepts numpy dtypes, numpy scalar types (np.uint16) and names ("uint16").
   const std::string name = py::str(py::dtype::from_args(obj).attr("name"));
   return dl::dtype_from_name(name);
-}
-
-/// Read-only numpy view of `n` elements at `data`, kept alive by `owner`.
-py::array view_array(py::dtype dt, std::uint64_t n, const void* data, py::handle owner) {
-  static const std::uint8_t kEmpty = 0;
-  py::array a(dt, {static_cast<py::ssize_t>(n)}, {}, data != nullptr ? data : &kEmpty, owner);
-  a.attr("setflags")(py::arg("write") = false);
-  return a;
-}
-
-/// Numpy array owning a moved vector (capsule base).
-template <typename T>
-py::array_t<T> owned_array(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  py::capsule base(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), base);
 }
 
 /// Checks a 1-D C-contiguous array of exactly `dt`; the error names the argument.

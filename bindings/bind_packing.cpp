@@ -9,6 +9,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "packing/packer.h"
@@ -42,24 +43,6 @@ std::vector<std::uint32_t> copy_u32(const py::array& a) {
   return std::vector<std::uint32_t>(p, p + a.size());
 }
 
-/// Read-only 1-D view of a vector that `owner` keeps alive.
-template <typename T>
-py::array view(const std::vector<T>& v, py::handle owner) {
-  static const T kEmpty{};
-  py::array a(py::dtype::of<T>(), {static_cast<py::ssize_t>(v.size())}, {}, v.empty() ? &kEmpty : v.data(), owner);
-  a.attr("setflags")(py::arg("write") = false);
-  return a;
-}
-
-/// Array owning a moved vector (capsule base), reshaped to `shape`.
-template <typename T>
-py::array owned(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
-  auto* heap = new std::vector<T>(std::move(v));
-  py::capsule base(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  static const T kEmpty{};
-  return py::array(py::dtype::of<T>(), std::move(shape), {}, heap->empty() ? &kEmpty : heap->data(), base);
-}
-
 }  // namespace
 
 void declare_packing(py::module_& m) {
@@ -70,17 +53,17 @@ void declare_packing(py::module_& m) {
 void define_packing(py::module_& m) {
   auto cls = py::reinterpret_borrow<py::class_<PyPacking, std::shared_ptr<PyPacking>>>(m.attr("Packing"));
   cls.def_property_readonly(
-         "samples", [](py::object self) { return view(self.cast<PyPacking&>().packing.samples, self); },
+         "samples", [](py::object self) { return view_vector(self.cast<PyPacking&>().packing.samples, self); },
          "uint32 sample ids, row after row in placement order (read-only view)")
       .def_property_readonly(
-          "row_offsets", [](py::object self) { return view(self.cast<PyPacking&>().packing.row_offsets, self); },
+          "row_offsets", [](py::object self) { return view_vector(self.cast<PyPacking&>().packing.row_offsets, self); },
           "uint64, rows + 1 entries")
       .def_property_readonly(
-          "row_tokens", [](py::object self) { return view(self.cast<PyPacking&>().packing.row_tokens, self); },
+          "row_tokens", [](py::object self) { return view_vector(self.cast<PyPacking&>().packing.row_tokens, self); },
           "uint64 input tokens per row")
       .def_property_readonly(
           "row_target_tokens",
-          [](py::object self) { return view(self.cast<PyPacking&>().packing.row_target_tokens, self); },
+          [](py::object self) { return view_vector(self.cast<PyPacking&>().packing.row_target_tokens, self); },
           "uint64 target tokens per row (empty in one dimension)")
       .def_property_readonly("rows", [](const PyPacking& p) { return p.packing.rows(); })
       .def_property_readonly("capacity", [](const PyPacking& p) { return p.packing.capacity; })
@@ -98,10 +81,8 @@ void define_packing(py::module_& m) {
             PACKPIPE_CHECK_RANGE(j >= 0 && j < rows, "row {} out of range for {} rows", r, rows);
             const auto begin = p.row_offsets[static_cast<std::size_t>(j)];
             const auto end = p.row_offsets[static_cast<std::size_t>(j) + 1];
-            return view(std::vector<std::uint32_t>(p.samples.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                   p.samples.begin() + static_cast<std::ptrdiff_t>(end)),
-                        py::none())
-                .attr("copy")();
+            return owned_array(std::vector<std::uint32_t>(p.samples.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                          p.samples.begin() + static_cast<std::ptrdiff_t>(end)));
           },
           py::arg("r"), "sample ids of row r (a copy)")
       .def(
@@ -115,9 +96,9 @@ void define_packing(py::module_& m) {
             const auto width = static_cast<py::ssize_t>(padded_len > 0 ? padded_len : p.packing.capacity);
             const auto rows = static_cast<py::ssize_t>(p.packing.rows());
             py::dict d;
-            d["cu_seqlens"] = owned(std::move(t.cu_seqlens), {static_cast<py::ssize_t>(t.cu_seqlens.size())});
-            d["position_ids"] = owned(std::move(t.position_ids), {rows, width});
-            d["segment_ids"] = owned(std::move(t.segment_ids), {rows, width});
+            d["cu_seqlens"] = owned_array(std::move(t.cu_seqlens), {static_cast<py::ssize_t>(t.cu_seqlens.size())});
+            d["position_ids"] = owned_array(std::move(t.position_ids), {rows, width});
+            d["segment_ids"] = owned_array(std::move(t.segment_ids), {rows, width});
             d["max_seqlen"] = t.max_seqlen;
             return d;
           },

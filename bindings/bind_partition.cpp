@@ -7,6 +7,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
@@ -21,43 +22,10 @@ namespace {
 namespace cm = packpipe::costmodel;
 namespace sch = packpipe::scheduler;
 
-template <typename T>
-py::array_t<T> owned(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  py::capsule base(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), base);
-}
-
-// A 1-D uint32 or int64 numpy array (or None) as lengths; names the argument on a bad input.
-std::vector<std::uint32_t> lengths_arg(const py::object& obj, const char* arg) {
-  std::vector<std::uint32_t> out;
-  if (obj.is_none()) return out;
-  PACKPIPE_CHECK_ARG(py::isinstance<py::array>(obj), "{} must be a numpy array of uint32 or int64", arg);
-  const py::array a = obj.cast<py::array>();
-  PACKPIPE_CHECK_ARG(a.ndim() == 1, "{} must be one-dimensional, found {} dimensions", arg, a.ndim());
-  const auto n = static_cast<std::size_t>(a.shape(0));
-  out.resize(n);
-  if (a.dtype().equal(py::dtype::of<std::uint32_t>())) {
-    auto v = a.cast<py::array_t<std::uint32_t, py::array::forcecast>>().unchecked<1>();  // handles strides
-    for (std::size_t k = 0; k < n; ++k) out[k] = v(static_cast<py::ssize_t>(k));
-  } else if (a.dtype().equal(py::dtype::of<std::int64_t>())) {
-    auto v = a.cast<py::array_t<std::int64_t, py::array::forcecast>>().unchecked<1>();
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::int64_t x = v(static_cast<py::ssize_t>(k));
-      PACKPIPE_CHECK_ARG(x >= 0 && x <= 0xffffffffLL, "{}[{}] = {} is out of range", arg, k, x);
-      out[k] = static_cast<std::uint32_t>(x);
-    }
-  } else {
-    PACKPIPE_THROW(InvalidArgument, "{} must have dtype uint32 or int64, found {}", arg,
-                   std::string(py::str(a.dtype())));
-  }
-  return out;
-}
-
 py::dict mb_dict(const sch::MicroBatch& mb) {
   py::dict d;
-  d["samples"] = owned(std::vector<std::uint32_t>(mb.samples));
-  d["row_offsets"] = owned(std::vector<std::uint32_t>(mb.row_offsets));
+  d["samples"] = owned_array(std::vector<std::uint32_t>(mb.samples));
+  d["row_offsets"] = owned_array(std::vector<std::uint32_t>(mb.row_offsets));
   d["rows"] = mb.rows();
   d["padded_len"] = mb.padded_len;
   d["padded_dec_len"] = mb.padded_dec_len;
@@ -76,7 +44,7 @@ py::dict partition_dict(const sch::Partition& p) {
   d["microbatches"] = mbs;
   d["ranks"] = p.ranks;
   d["rank_time_ms"] = p.rank_time_ms;
-  d["order"] = owned(std::vector<std::uint32_t>(p.order));
+  d["order"] = owned_array(std::vector<std::uint32_t>(p.order));
   d["objective_ms"] = p.objective_ms;
   d["tau_ms"] = p.tau_ms;
   d["max_time_ms"] = p.max_time_ms;
@@ -86,8 +54,8 @@ py::dict partition_dict(const sch::Partition& p) {
   d["input_efficiency"] = p.input_efficiency;
   d["target_efficiency"] = p.target_efficiency;
   d["cost_basis"] = sch::cost_basis_name(p.basis);
-  d["truncated"] = owned(std::vector<std::uint32_t>(p.truncated));
-  d["dropped"] = owned(std::vector<std::uint32_t>(p.dropped));
+  d["truncated"] = owned_array(std::vector<std::uint32_t>(p.truncated));
+  d["dropped"] = owned_array(std::vector<std::uint32_t>(p.dropped));
   return d;
 }
 

@@ -1,0 +1,36 @@
+// numpy helpers shared by the bindings: zero-copy views, arrays that own moved vectors, and
+// checked array arguments. Checks live here once so every binding words its errors the same way.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <pybind11/numpy.h>
+
+namespace packpipe::bindings {
+
+/// Read-only 1-D numpy view of `n` elements of `dt` at `data` (may be unaligned), kept alive by `owner`.
+pybind11::array view_array(const pybind11::dtype& dt, std::uint64_t n, const void* data, pybind11::handle owner);
+
+/// Read-only 1-D view of a vector that `owner` keeps alive.
+template <typename T>
+pybind11::array view_vector(const std::vector<T>& v, pybind11::handle owner) {
+  return view_array(pybind11::dtype::of<T>(), v.size(), v.data(), owner);
+}
+
+/// A numpy array owning a moved vector (its capsule is the array's base); `shape` defaults to 1-D.
+template <typename T>
+pybind11::array owned_array(std::vector<T>&& v, std::vector<pybind11::ssize_t> shape = {}) {
+  auto* heap = new std::vector<T>(std::move(v));
+  pybind11::capsule base(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  if (shape.empty()) shape.push_back(static_cast<pybind11::ssize_t>(heap->size()));
+  static const T kEmpty{};
+  return pybind11::array(pybind11::dtype::of<T>(), std::move(shape), {}, heap->empty() ? &kEmpty : heap->data(), base);
+}
+
+/// Lengths from a 1-D numpy array of uint32 or int64 (None gives an empty vector); throws
+/// InvalidArgument naming `arg` for another type, dtype, shape or an out-of-range value.
+std::vector<std::uint32_t> lengths_arg(const pybind11::object& obj, const char* arg);
+
+}  // namespace packpipe::bindings
