@@ -28,4 +28,8 @@ void define_schedule(pybind11::module_& m);
 void declare_plan(pybind11::module_& m);
 void define_plan(pybind11::module_& m);
 
+/// The planning job for one global batch (bind_planner.cpp).
+void declare_planner(pybind11::module_& m);
+void define_planner(pybind11::module_& m);
+
 }  // namespace packpipe::bindings

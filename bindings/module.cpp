@@ -20,10 +20,12 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::declare_partition(m);
   packpipe::bindings::declare_schedule(m);
   packpipe::bindings::declare_plan(m);
+  packpipe::bindings::declare_planner(m);
   packpipe::bindings::define_dataloader(m);
   packpipe::bindings::define_costmodel(m);
   packpipe::bindings::define_packing(m);
   packpipe::bindings::define_partition(m);
   packpipe::bindings::define_schedule(m);
   packpipe::bindings::define_plan(m);
+  packpipe::bindings::define_planner(m);
 }

@@ -1,0 +1,47 @@
+"""Planning a global batch from Python: plans out as objects and numpy arrays."""
+import numpy as np
+import pytest
+
+import packpipe
+
+
+def _lengths(n, seed):
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(200), 1.0, n), 1, 2048).astype(np.uint32)
+
+
+def test_plan_batch_returns_valid_plans_covering_every_sample():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    lengths = _lengths(300, 1)
+    r = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, dp=2, validate=True, baselines=True,
+                            baseline_mbs=[1, 4])
+    assert len(r["plans"]) == 2
+    seen = []
+    weight = 0.0
+    for k, plan in enumerate(r["plans"]):
+        assert plan.replica == k and plan.ranks == 4
+        assert plan.validate()["ok"]
+        ins = plan.instructions(0)
+        assert ins.dtype.names[0] == "opcode" and len(ins) > 0
+        for mb in plan.microbatches:
+            seen += list(mb["samples"])
+            weight += mb["loss_weight"]
+    assert sorted(seen) == list(range(300))
+    assert weight == pytest.approx(1.0)
+    assert r["packpipe"]["feasible"] and r["packpipe"]["iteration_ms"] > 0
+    assert r["tokens"] == int(lengths.sum())
+    assert [g["mbs"] for g in r["fixed"]] == [1, 4]
+    best = min(g["iteration_ms"] for g in r["fixed"] + r["packing"] if g["feasible"])
+    assert r["packpipe"]["iteration_ms"] <= best * 1.0001
+
+
+def test_plan_batch_is_deterministic_and_checks_arguments():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    lengths = _lengths(120, 2)
+    a = packpipe.plan_batch(cm, lengths, stages=2, layers_per_stage=8)
+    b = packpipe.plan_batch(cm, lengths.astype(np.int64), stages=2, layers_per_stage=8)
+    assert a["plans"][0].to_bytes() == b["plans"][0].to_bytes()
+    with pytest.raises(ValueError, match="input_lengths must have dtype uint32 or int64"):
+        packpipe.plan_batch(cm, lengths.astype(np.float32), stages=2, layers_per_stage=8)
+    with pytest.raises(ValueError, match="schedule"):
+        packpipe.plan_batch(cm, lengths, stages=2, layers_per_stage=8, schedule="nope")
