@@ -177,13 +177,14 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
     std::uint32_t max_in = 0, max_tg = 0;
     std::int64_t pack_le = -1, pack_ld = -1;
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     for (std::size_t j = i + 1; j <= n; ++j) {
       const std::uint32_t s = order[j - 1];
       max_in = std::max(max_in, w.input[s]);
       if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
       const std::int64_t le = w.le_of(max_in), ld = w.ld_of(max_tg);
       const auto m = static_cast<std::int64_t>(j - i);
-      Choice c = coster.choose(m, le, ld, policy);
+      Choice c = coster.choose(m, le, ld, policy, &first_mode);
       std::int64_t rows = m;
       if (pack && m > 1) {
         if (le != pack_le || ld != pack_ld) {  // capacity changed: repack the window from scratch
@@ -217,6 +218,7 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     t.max_count = std::max(t.max_count, t.count[i]);
   }
   t.offset[n] = static_cast<std::int64_t>(t.time_ms.size());
+  detail::finish_table(t);
   return t;
 }
 
@@ -280,9 +282,10 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
       out.best = std::move(r);
     }
   };
+  detail::CapWorkspace ws;
   auto run = [&](double cap, bool strict) {
     ++out.evaluations;
-    return detail::min_sum_under_cap(t, cap, strict);
+    return detail::min_sum_under_cap(t, cap, strict, ws);
   };
   detail::CapResult first = run(top, false);
   if (!first.feasible) return out;
@@ -338,9 +341,10 @@ DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& ord
     if (!std::isfinite(v)) break;
     if (taus.empty() || v - taus.back() > thin) taus.push_back(v);
   }
+  detail::CapWorkspace ws;
   for (double tau : taus) {
     ++out.evaluations;
-    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false);
+    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false, ws);
     if (!r.feasible) continue;
     const double obj = detail::objective(shape, tau, r.sum);
     if (obj < out.objective) {

@@ -219,70 +219,86 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
   return s.c[static_cast<std::size_t>(k)];
 }
 
-Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
+Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {
   Choice best;
   best.time_ms = kInf;
-  auto consider = [&](cm::Recompute rc) {
-    const RcCost& c = get(rows, le, ld, rc);
-    const bool ok = fits(c);
-    if (ok && (!best.fits || c.time_ms < best.time_ms)) {
-      best.fits = true;
-      best.time_ms = c.time_ms;
-      best.stored_mb = c.stored_mb;
-      best.peak_mb = c.peak_mb;
-      best.rc = rc;
-    } else if (!best.fits && !ok && rc == cm::Recompute::None) {
-      best.time_ms = c.time_ms;
-      best.stored_mb = c.stored_mb;
-      best.peak_mb = c.peak_mb;
-      best.rc = rc;
-    }
-  };
-  switch (policy) {
-    case RecomputePolicy::Auto:
-      // Least recompute that fits; recompute only adds work, so it is also the fastest
-      // (assumption checked by the tests on the cost models: time none <= selective <= full).
-      consider(cm::Recompute::None);
-      if (!best.fits) consider(cm::Recompute::Selective);
-      if (!best.fits) consider(cm::Recompute::Full);
-      break;
-    case RecomputePolicy::None: consider(cm::Recompute::None); break;
-    case RecomputePolicy::Selective: consider(cm::Recompute::Selective); break;
-    case RecomputePolicy::Full: consider(cm::Recompute::Full); break;
-  }
-  if (!best.fits && policy != RecomputePolicy::Auto && policy != RecomputePolicy::None) {
-    const cm::Recompute rc = policy == RecomputePolicy::Selective ? cm::Recompute::Selective : cm::Recompute::Full;
-    const RcCost& c = get(rows, le, ld, rc);
+  auto take = [&](const RcCost& c, cm::Recompute rc, bool ok) {
+    best.fits = ok;
     best.time_ms = c.time_ms;
     best.stored_mb = c.stored_mb;
     best.peak_mb = c.peak_mb;
     best.rc = rc;
+  };
+  if (policy == RecomputePolicy::Auto) {
+    // Least recompute that fits; recompute only adds work, so it is also the fastest
+    // (assumption checked by the tests on the cost models: time none <= selective <= full).
+    static constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
+    int k = first_auto ? *first_auto : 0;
+    for (; k < 3; ++k) {
+      const RcCost& c = get(rows, le, ld, kModes[k]);
+      if (fits(c)) {
+        take(c, kModes[k], true);
+        break;
+      }
+      if (k == 0) take(c, kModes[0], false);  // reported when nothing fits
+    }
+    if (first_auto) *first_auto = k;  // (when None was skipped and nothing fits, the costs are not set)
+    return best;
   }
+  const cm::Recompute rc = policy == RecomputePolicy::None        ? cm::Recompute::None
+                           : policy == RecomputePolicy::Selective ? cm::Recompute::Selective
+                                                                  : cm::Recompute::Full;
+  const RcCost& c = get(rows, le, ld, rc);
+  take(c, rc, fits(c));
   return best;
 }
 
-CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict) {
+void finish_table(WindowTable& t) {
+  t.tail_min.assign(t.time_ms.size(), kInf);
+  t.max_time_ms = 0;
+  const std::size_t n = t.count.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    double run = kInf;
+    for (std::int64_t k = t.offset[i + 1] - 1; k >= t.offset[i]; --k) {
+      const double c = t.time_ms[static_cast<std::size_t>(k)];
+      run = std::min(run, c);
+      t.tail_min[static_cast<std::size_t>(k)] = run;
+      t.max_time_ms = std::max(t.max_time_ms, c);
+    }
+  }
+}
+
+CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
   const std::size_t n = w.count.size();
-  std::vector<double> F(n + 1, kInf);
-  std::vector<std::int32_t> arg(n + 1, -1);
-  std::vector<double> mx(n + 1, 0.0);
+  ws.F.assign(n + 1, kInf);
+  ws.arg.assign(n + 1, -1);
+  ws.mx.assign(n + 1, 0.0);
+  double* F = ws.F.data();
+  double* mx = ws.mx.data();
+  std::int32_t* arg = ws.arg.data();
   F[0] = 0;
-  // Push-style: each finite prefix extends through its feasible windows under the cap.
+  // Strict caps as the largest double below: c < cap  <=>  c <= nextafter(cap, -inf).
+  const double lim = strict ? std::nextafter(cap, -kInf) : cap;
+  // Push-style: each finite prefix extends through its windows under the cap; a start's scan
+  // stops where every longer window exceeds the cap (tail_min), so a run costs O(windows <= cap).
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
     const std::int64_t off = w.offset[i];
     const std::int32_t cnt = w.count[i];
     const double* t = w.time_ms.data() + off;
+    const double* tm = w.tail_min.data() + off;
+    const double mi = mx[i];
+    double* Fj = F + i + 1;
     for (std::int32_t k = 0; k < cnt; ++k) {
+      if (!(tm[k] <= lim)) break;
       const double c = t[k];
-      if (strict ? !(c < cap) : !(c <= cap)) continue;
-      const std::size_t j = i + static_cast<std::size_t>(k) + 1;
+      if (!(c <= lim)) continue;
       const double v = fi + c;
-      if (v < F[j]) {
-        F[j] = v;
-        arg[j] = static_cast<std::int32_t>(i);
-        mx[j] = std::max(mx[i], c);
+      if (v < Fj[k]) {
+        Fj[k] = v;
+        arg[i + static_cast<std::size_t>(k) + 1] = static_cast<std::int32_t>(i);
+        mx[i + static_cast<std::size_t>(k) + 1] = std::max(mi, c);
       }
     }
   }
