@@ -240,9 +240,17 @@ struct SearchOutcome {
 };
 
 // Exact minimum over caps tau of (S-1) tau/c + G(tau)/d, where G(tau) is the min-sum partition
-// with every window <= tau. G is non-increasing; a run at cap m returns the realised max r <= m
-// and G is constant on [r, m], so the caps in [r, m] need no run. Value bisection with the bound
-// obj(tau) >= (S-1) lo/c + G(hi)/d for tau in [lo, hi) prunes every interval that cannot win.
+// with every window <= tau. G is non-increasing and only changes at window times, and the optimal
+// partition's max is some window's time, so only window times are candidate caps; a run at cap m
+// returns the realised max r <= m and G is constant on [r, m], so the candidates in [r, m] need no
+// run. Order of work:
+//  1. run at the top cap (every window): G(inf) and its realised max r0; no cap above r0 can win;
+//  2. run at lb, the largest over samples of the cheapest window covering it (no partition's max
+//     is below lb): an incumbent that is often the optimum (one long sample sets the max);
+//  3. candidates: the distinct window times in (lb, min(r0, tau_max)), tau_max = (best - G(inf)/d)
+//     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), sorted;
+//  4. bisection over the candidate indices with the bound obj(tau) >= (S-1) c[lo]/c + G(hi)/d on
+//     [lo, hi) (G(hi) known from the run above), which prunes every range that cannot win.
 SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol) {
   SearchOutcome out;
   const std::size_t n = t.count.size();
@@ -252,23 +260,14 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
     out.objective = 0;
     return out;
   }
-  // Lower bound on any partition's max: every sample needs a window covering it.
+  // Lower bound on any partition's max: every sample needs a window covering it. With tail_min
+  // (the least time among a start's windows from k on), sample i + k is covered from start i at
+  // best tail_min[k].
   std::vector<double> cover(n, kInf);
-  double top = 0;
-  std::vector<double> suffix;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::int32_t cnt = t.count[i];
-    const double* c = t.time_ms.data() + t.offset[i];
-    suffix.assign(static_cast<std::size_t>(cnt), kInf);
-    double run = kInf;
-    for (std::int32_t k = cnt - 1; k >= 0; --k) {
-      run = std::min(run, c[k]);
-      suffix[static_cast<std::size_t>(k)] = run;
-      top = std::max(top, c[k]);
-    }
-    for (std::int32_t k = 0; k < cnt; ++k) {
-      cover[i + static_cast<std::size_t>(k)] = std::min(cover[i + static_cast<std::size_t>(k)], suffix[static_cast<std::size_t>(k)]);
-    }
+    const double* tm = t.tail_min.data() + t.offset[i];
+    double* cv = cover.data() + i;
+    for (std::int32_t k = 0; k < t.count[i]; ++k) cv[k] = std::min(cv[k], tm[k]);
   }
   double lb = 0;
   for (double v : cover) lb = std::max(lb, v);
@@ -283,38 +282,48 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
     }
   };
   detail::CapWorkspace ws;
-  auto run = [&](double cap, bool strict) {
+  auto run = [&](double cap) {
     ++out.evaluations;
-    return detail::min_sum_under_cap(t, cap, strict, ws);
+    return detail::min_sum_under_cap(t, cap, false, ws);
   };
-  detail::CapResult first = run(top, false);
+  detail::CapResult first = run(t.max_time_ms);
   if (!first.feasible) return out;
   const double g0 = first.sum, r0 = first.max;
   consider(std::move(first));
+  if (!(lb < r0)) return out;
+  {
+    detail::CapResult r = run(lb);  // infeasible when the cheapest covering windows do not chain
+    if (r.feasible) consider(std::move(r));
+  }
+  const double target = out.objective * (1.0 - tol);
+  // Candidate caps strictly between lb and r0 that could still beat the incumbent.
+  const double tau_max = a > 0 ? std::min(r0, (target - b * g0) / a) : r0;
+  std::vector<double> cand;
+  for (double c : t.time_ms) {
+    if (c > lb && c < tau_max) cand.push_back(c);
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
   auto pruned = [&](double lo, double g) { return a * lo + b * g >= out.objective * (1.0 - tol); };
-  // explore(lo, hi, g): caps in [lo, hi), where G >= g.
-  std::function<void(double, double, double)> explore = [&](double lo, double hi, double g) {
-    if (!(lo < hi) || pruned(lo, g)) return;
-    if (hi - lo <= 1e-9 * std::max(1.0, hi)) {
-      detail::CapResult r = run(hi, true);
-      if (!r.feasible || r.max < lo) return;
-      const double rm = r.max, rg = r.sum;
-      consider(std::move(r));
-      explore(lo, rm, rg);
-      return;
-    }
-    const double m = lo + (hi - lo) / 2;
-    detail::CapResult r = run(m, false);
-    if (!r.feasible) {
-      explore(std::nextafter(m, kInf), hi, g);
+  // explore(lo, hi, g): candidates cand[lo, hi), over which G >= g.
+  std::function<void(std::size_t, std::size_t, double)> explore = [&](std::size_t lo, std::size_t hi, double g) {
+    if (lo >= hi || pruned(cand[lo], g)) return;
+    const std::size_t m = lo + (hi - lo) / 2;
+    detail::CapResult r = run(cand[m]);
+    if (!r.feasible) {  // then no smaller cap is feasible either
+      explore(m + 1, hi, g);
       return;
     }
     const double rm = r.max, rg = r.sum;
     consider(std::move(r));
-    explore(lo, rm, rg);
-    explore(std::nextafter(m, kInf), hi, g);
+    // Candidates in [rm, cand[m]] share G(cand[m]) and have been charged at rm.
+    const auto left = static_cast<std::size_t>(std::lower_bound(cand.begin() + static_cast<std::ptrdiff_t>(lo),
+                                                                cand.begin() + static_cast<std::ptrdiff_t>(m), rm) -
+                                                cand.begin());
+    explore(lo, left, rg);
+    explore(m + 1, hi, g);
   };
-  explore(lb, r0, g0);
+  explore(0, cand.size(), g0);
   return out;
 }
 

@@ -271,46 +271,51 @@ void finish_table(WindowTable& t) {
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
   const std::size_t n = w.count.size();
   ws.F.assign(n + 1, kInf);
-  ws.arg.assign(n + 1, -1);
-  ws.mx.assign(n + 1, 0.0);
   double* F = ws.F.data();
-  double* mx = ws.mx.data();
-  std::int32_t* arg = ws.arg.data();
   F[0] = 0;
   // Strict caps as the largest double below: c < cap  <=>  c <= nextafter(cap, -inf).
   const double lim = strict ? std::nextafter(cap, -kInf) : cap;
-  // Push-style: each finite prefix extends through its windows under the cap; a start's scan
-  // stops where every longer window exceeds the cap (tail_min), so a run costs O(windows <= cap).
+  // Pass 1, values only (push-style): each finite prefix extends through its windows under the
+  // cap. tail_min is non-decreasing along a start's windows, so the windows that can be under the
+  // cap are a prefix found by binary search; the inner loop is branch-free (vectorised).
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
     const std::int64_t off = w.offset[i];
-    const std::int32_t cnt = w.count[i];
     const double* t = w.time_ms.data() + off;
     const double* tm = w.tail_min.data() + off;
-    const double mi = mx[i];
+    const auto K = static_cast<std::size_t>(std::upper_bound(tm, tm + w.count[i], lim) - tm);
     double* Fj = F + i + 1;
-    for (std::int32_t k = 0; k < cnt; ++k) {
-      if (!(tm[k] <= lim)) break;
-      const double c = t[k];
-      if (!(c <= lim)) continue;
-      const double v = fi + c;
-      if (v < Fj[k]) {
-        Fj[k] = v;
-        arg[i + static_cast<std::size_t>(k) + 1] = static_cast<std::int32_t>(i);
-        mx[i + static_cast<std::size_t>(k) + 1] = std::max(mi, c);
-      }
+    for (std::size_t k = 0; k < K; ++k) {
+      const double v = t[k] <= lim ? fi + t[k] : kInf;
+      Fj[k] = v < Fj[k] ? v : Fj[k];
     }
   }
   CapResult r;
   if (F[n] == kInf) return r;
   r.feasible = true;
   r.sum = F[n];
-  r.max = mx[n];
-  for (std::int64_t j = static_cast<std::int64_t>(n); j > 0; j = arg[static_cast<std::size_t>(j)]) {
+  // Pass 2, the path: the predecessor of j is the least start i whose window reaches F[j]
+  // exactly (what a push-style DP keeping strict improvements records); the realised max on it.
+  r.cuts.push_back(static_cast<std::int32_t>(n));
+  std::size_t j = n;
+  while (j > 0) {
+    const std::size_t lo = j > static_cast<std::size_t>(w.max_count) ? j - static_cast<std::size_t>(w.max_count) : 0;
+    std::size_t found = j;
+    for (std::size_t i = lo; i < j; ++i) {
+      const std::size_t k = j - i - 1;
+      if (F[i] == kInf || k >= static_cast<std::size_t>(w.count[i])) continue;
+      const double c = w.time_ms[static_cast<std::size_t>(w.offset[i]) + k];
+      if (c <= lim && F[i] + c == F[j]) {
+        found = i;
+        r.max = std::max(r.max, c);
+        break;
+      }
+    }
+    PACKPIPE_ASSERT(found < j);
+    j = found;
     r.cuts.push_back(static_cast<std::int32_t>(j));
   }
-  r.cuts.push_back(0);
   std::reverse(r.cuts.begin(), r.cuts.end());
   return r;
 }

@@ -125,8 +125,7 @@ struct CapResult {
 /// `ws` is scratch reused between runs (no allocation after the first). O(windows <= cap): each
 /// start's scan stops where no longer window is under the cap (tail_min).
 struct CapWorkspace {
-  std::vector<double> F, mx;
-  std::vector<std::int32_t> arg;
+  std::vector<double> F;
 };
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
 /// Fills t.tail_min and t.max_time_ms from t.time_ms (call once after the table is built).
