@@ -177,13 +177,14 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
     std::uint32_t max_in = 0, max_tg = 0;
     std::int64_t pack_le = -1, pack_ld = -1;
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     for (std::size_t j = i + 1; j <= n; ++j) {
       const std::uint32_t s = order[j - 1];
       max_in = std::max(max_in, w.input[s]);
       if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
       const std::int64_t le = w.le_of(max_in), ld = w.ld_of(max_tg);
       const auto m = static_cast<std::int64_t>(j - i);
-      Choice c = coster.choose(m, le, ld, policy);
+      Choice c = coster.choose(m, le, ld, policy, &first_mode);
       std::int64_t rows = m;
       if (pack && m > 1) {
         if (le != pack_le || ld != pack_ld) {  // capacity changed: repack the window from scratch
@@ -217,6 +218,7 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     t.max_count = std::max(t.max_count, t.count[i]);
   }
   t.offset[n] = static_cast<std::int64_t>(t.time_ms.size());
+  detail::finish_table(t);
   return t;
 }
 
@@ -238,9 +240,17 @@ struct SearchOutcome {
 };
 
 // Exact minimum over caps tau of (S-1) tau/c + G(tau)/d, where G(tau) is the min-sum partition
-// with every window <= tau. G is non-increasing; a run at cap m returns the realised max r <= m
-// and G is constant on [r, m], so the caps in [r, m] need no run. Value bisection with the bound
-// obj(tau) >= (S-1) lo/c + G(hi)/d for tau in [lo, hi) prunes every interval that cannot win.
+// with every window <= tau. G is non-increasing and only changes at window times, and the optimal
+// partition's max is some window's time, so only window times are candidate caps; a run at cap m
+// returns the realised max r <= m and G is constant on [r, m], so the candidates in [r, m] need no
+// run. Order of work:
+//  1. run at the top cap (every window): G(inf) and its realised max r0; no cap above r0 can win;
+//  2. run at lb, the largest over samples of the cheapest window covering it (no partition's max
+//     is below lb): an incumbent that is often the optimum (one long sample sets the max);
+//  3. candidates: the distinct window times in (lb, min(r0, tau_max)), tau_max = (best - G(inf)/d)
+//     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), sorted;
+//  4. bisection over the candidate indices with the bound obj(tau) >= (S-1) c[lo]/c + G(hi)/d on
+//     [lo, hi) (G(hi) known from the run above), which prunes every range that cannot win.
 SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol) {
   SearchOutcome out;
   const std::size_t n = t.count.size();
@@ -250,23 +260,14 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
     out.objective = 0;
     return out;
   }
-  // Lower bound on any partition's max: every sample needs a window covering it.
+  // Lower bound on any partition's max: every sample needs a window covering it. With tail_min
+  // (the least time among a start's windows from k on), sample i + k is covered from start i at
+  // best tail_min[k].
   std::vector<double> cover(n, kInf);
-  double top = 0;
-  std::vector<double> suffix;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::int32_t cnt = t.count[i];
-    const double* c = t.time_ms.data() + t.offset[i];
-    suffix.assign(static_cast<std::size_t>(cnt), kInf);
-    double run = kInf;
-    for (std::int32_t k = cnt - 1; k >= 0; --k) {
-      run = std::min(run, c[k]);
-      suffix[static_cast<std::size_t>(k)] = run;
-      top = std::max(top, c[k]);
-    }
-    for (std::int32_t k = 0; k < cnt; ++k) {
-      cover[i + static_cast<std::size_t>(k)] = std::min(cover[i + static_cast<std::size_t>(k)], suffix[static_cast<std::size_t>(k)]);
-    }
+    const double* tm = t.tail_min.data() + t.offset[i];
+    double* cv = cover.data() + i;
+    for (std::int32_t k = 0; k < t.count[i]; ++k) cv[k] = std::min(cv[k], tm[k]);
   }
   double lb = 0;
   for (double v : cover) lb = std::max(lb, v);
@@ -280,38 +281,49 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
       out.best = std::move(r);
     }
   };
-  auto run = [&](double cap, bool strict) {
+  detail::CapWorkspace ws;
+  auto run = [&](double cap) {
     ++out.evaluations;
-    return detail::min_sum_under_cap(t, cap, strict);
+    return detail::min_sum_under_cap(t, cap, false, ws);
   };
-  detail::CapResult first = run(top, false);
+  detail::CapResult first = run(t.max_time_ms);
   if (!first.feasible) return out;
   const double g0 = first.sum, r0 = first.max;
   consider(std::move(first));
+  if (!(lb < r0)) return out;
+  {
+    detail::CapResult r = run(lb);  // infeasible when the cheapest covering windows do not chain
+    if (r.feasible) consider(std::move(r));
+  }
+  const double target = out.objective * (1.0 - tol);
+  // Candidate caps strictly between lb and r0 that could still beat the incumbent.
+  const double tau_max = a > 0 ? std::min(r0, (target - b * g0) / a) : r0;
+  std::vector<double> cand;
+  for (double c : t.time_ms) {
+    if (c > lb && c < tau_max) cand.push_back(c);
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
   auto pruned = [&](double lo, double g) { return a * lo + b * g >= out.objective * (1.0 - tol); };
-  // explore(lo, hi, g): caps in [lo, hi), where G >= g.
-  std::function<void(double, double, double)> explore = [&](double lo, double hi, double g) {
-    if (!(lo < hi) || pruned(lo, g)) return;
-    if (hi - lo <= 1e-9 * std::max(1.0, hi)) {
-      detail::CapResult r = run(hi, true);
-      if (!r.feasible || r.max < lo) return;
-      const double rm = r.max, rg = r.sum;
-      consider(std::move(r));
-      explore(lo, rm, rg);
-      return;
-    }
-    const double m = lo + (hi - lo) / 2;
-    detail::CapResult r = run(m, false);
-    if (!r.feasible) {
-      explore(std::nextafter(m, kInf), hi, g);
+  // explore(lo, hi, g): candidates cand[lo, hi), over which G >= g.
+  std::function<void(std::size_t, std::size_t, double)> explore = [&](std::size_t lo, std::size_t hi, double g) {
+    if (lo >= hi || pruned(cand[lo], g)) return;
+    const std::size_t m = lo + (hi - lo) / 2;
+    detail::CapResult r = run(cand[m]);
+    if (!r.feasible) {  // then no smaller cap is feasible either
+      explore(m + 1, hi, g);
       return;
     }
     const double rm = r.max, rg = r.sum;
     consider(std::move(r));
-    explore(lo, rm, rg);
-    explore(std::nextafter(m, kInf), hi, g);
+    // Candidates in [rm, cand[m]] share G(cand[m]) and have been charged at rm.
+    const auto left = static_cast<std::size_t>(std::lower_bound(cand.begin() + static_cast<std::ptrdiff_t>(lo),
+                                                                cand.begin() + static_cast<std::ptrdiff_t>(m), rm) -
+                                                cand.begin());
+    explore(lo, left, rg);
+    explore(m + 1, hi, g);
   };
-  explore(lb, r0, g0);
+  explore(0, cand.size(), g0);
   return out;
 }
 
@@ -338,9 +350,10 @@ DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& ord
     if (!std::isfinite(v)) break;
     if (taus.empty() || v - taus.back() > thin) taus.push_back(v);
   }
+  detail::CapWorkspace ws;
   for (double tau : taus) {
     ++out.evaluations;
-    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false);
+    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false, ws);
     if (!r.feasible) continue;
     const double obj = detail::objective(shape, tau, r.sum);
     if (obj < out.objective) {

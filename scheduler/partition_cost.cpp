@@ -219,82 +219,103 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
   return s.c[static_cast<std::size_t>(k)];
 }
 
-Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
+Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {
   Choice best;
   best.time_ms = kInf;
-  auto consider = [&](cm::Recompute rc) {
-    const RcCost& c = get(rows, le, ld, rc);
-    const bool ok = fits(c);
-    if (ok && (!best.fits || c.time_ms < best.time_ms)) {
-      best.fits = true;
-      best.time_ms = c.time_ms;
-      best.stored_mb = c.stored_mb;
-      best.peak_mb = c.peak_mb;
-      best.rc = rc;
-    } else if (!best.fits && !ok && rc == cm::Recompute::None) {
-      best.time_ms = c.time_ms;
-      best.stored_mb = c.stored_mb;
-      best.peak_mb = c.peak_mb;
-      best.rc = rc;
-    }
-  };
-  switch (policy) {
-    case RecomputePolicy::Auto:
-      // Least recompute that fits; recompute only adds work, so it is also the fastest
-      // (assumption checked by the tests on the cost models: time none <= selective <= full).
-      consider(cm::Recompute::None);
-      if (!best.fits) consider(cm::Recompute::Selective);
-      if (!best.fits) consider(cm::Recompute::Full);
-      break;
-    case RecomputePolicy::None: consider(cm::Recompute::None); break;
-    case RecomputePolicy::Selective: consider(cm::Recompute::Selective); break;
-    case RecomputePolicy::Full: consider(cm::Recompute::Full); break;
-  }
-  if (!best.fits && policy != RecomputePolicy::Auto && policy != RecomputePolicy::None) {
-    const cm::Recompute rc = policy == RecomputePolicy::Selective ? cm::Recompute::Selective : cm::Recompute::Full;
-    const RcCost& c = get(rows, le, ld, rc);
+  auto take = [&](const RcCost& c, cm::Recompute rc, bool ok) {
+    best.fits = ok;
     best.time_ms = c.time_ms;
     best.stored_mb = c.stored_mb;
     best.peak_mb = c.peak_mb;
     best.rc = rc;
+  };
+  if (policy == RecomputePolicy::Auto) {
+    // Least recompute that fits; recompute only adds work, so it is also the fastest
+    // (assumption checked by the tests on the cost models: time none <= selective <= full).
+    static constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
+    int k = first_auto ? *first_auto : 0;
+    for (; k < 3; ++k) {
+      const RcCost& c = get(rows, le, ld, kModes[k]);
+      if (fits(c)) {
+        take(c, kModes[k], true);
+        break;
+      }
+      if (k == 0) take(c, kModes[0], false);  // reported when nothing fits
+    }
+    if (first_auto) *first_auto = k;  // (when None was skipped and nothing fits, the costs are not set)
+    return best;
   }
+  const cm::Recompute rc = policy == RecomputePolicy::None        ? cm::Recompute::None
+                           : policy == RecomputePolicy::Selective ? cm::Recompute::Selective
+                                                                  : cm::Recompute::Full;
+  const RcCost& c = get(rows, le, ld, rc);
+  take(c, rc, fits(c));
   return best;
 }
 
-CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict) {
+void finish_table(WindowTable& t) {
+  t.tail_min.assign(t.time_ms.size(), kInf);
+  t.max_time_ms = 0;
+  const std::size_t n = t.count.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    double run = kInf;
+    for (std::int64_t k = t.offset[i + 1] - 1; k >= t.offset[i]; --k) {
+      const double c = t.time_ms[static_cast<std::size_t>(k)];
+      run = std::min(run, c);
+      t.tail_min[static_cast<std::size_t>(k)] = run;
+      t.max_time_ms = std::max(t.max_time_ms, c);
+    }
+  }
+}
+
+CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
   const std::size_t n = w.count.size();
-  std::vector<double> F(n + 1, kInf);
-  std::vector<std::int32_t> arg(n + 1, -1);
-  std::vector<double> mx(n + 1, 0.0);
+  ws.F.assign(n + 1, kInf);
+  double* F = ws.F.data();
   F[0] = 0;
-  // Push-style: each finite prefix extends through its feasible windows under the cap.
+  // Strict caps as the largest double below: c < cap  <=>  c <= nextafter(cap, -inf).
+  const double lim = strict ? std::nextafter(cap, -kInf) : cap;
+  // Pass 1, values only (push-style): each finite prefix extends through its windows under the
+  // cap. tail_min is non-decreasing along a start's windows, so the windows that can be under the
+  // cap are a prefix found by binary search; the inner loop is branch-free (vectorised).
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
     const std::int64_t off = w.offset[i];
-    const std::int32_t cnt = w.count[i];
     const double* t = w.time_ms.data() + off;
-    for (std::int32_t k = 0; k < cnt; ++k) {
-      const double c = t[k];
-      if (strict ? !(c < cap) : !(c <= cap)) continue;
-      const std::size_t j = i + static_cast<std::size_t>(k) + 1;
-      const double v = fi + c;
-      if (v < F[j]) {
-        F[j] = v;
-        arg[j] = static_cast<std::int32_t>(i);
-        mx[j] = std::max(mx[i], c);
-      }
+    const double* tm = w.tail_min.data() + off;
+    const auto K = static_cast<std::size_t>(std::upper_bound(tm, tm + w.count[i], lim) - tm);
+    double* Fj = F + i + 1;
+    for (std::size_t k = 0; k < K; ++k) {
+      const double v = t[k] <= lim ? fi + t[k] : kInf;
+      Fj[k] = v < Fj[k] ? v : Fj[k];
     }
   }
   CapResult r;
   if (F[n] == kInf) return r;
   r.feasible = true;
   r.sum = F[n];
-  r.max = mx[n];
-  for (std::int64_t j = static_cast<std::int64_t>(n); j > 0; j = arg[static_cast<std::size_t>(j)]) {
+  // Pass 2, the path: the predecessor of j is the least start i whose window reaches F[j]
+  // exactly (what a push-style DP keeping strict improvements records); the realised max on it.
+  r.cuts.push_back(static_cast<std::int32_t>(n));
+  std::size_t j = n;
+  while (j > 0) {
+    const std::size_t lo = j > static_cast<std::size_t>(w.max_count) ? j - static_cast<std::size_t>(w.max_count) : 0;
+    std::size_t found = j;
+    for (std::size_t i = lo; i < j; ++i) {
+      const std::size_t k = j - i - 1;
+      if (F[i] == kInf || k >= static_cast<std::size_t>(w.count[i])) continue;
+      const double c = w.time_ms[static_cast<std::size_t>(w.offset[i]) + k];
+      if (c <= lim && F[i] + c == F[j]) {
+        found = i;
+        r.max = std::max(r.max, c);
+        break;
+      }
+    }
+    PACKPIPE_ASSERT(found < j);
+    j = found;
     r.cuts.push_back(static_cast<std::int32_t>(j));
   }
-  r.cuts.push_back(0);
   std::reverse(r.cuts.begin(), r.cuts.end());
   return r;
 }

@@ -55,7 +55,10 @@ class Coster {
   }
   /// The mode allowed by `policy` that fits (Auto: the least recompute that fits, which is the
   /// fastest when recompute only adds time; otherwise that one); fits = false when none does.
-  Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy);
+  /// `first_auto` (Auto only): modes below it are known not to fit (a window that grows keeps
+  /// failing a mode once it failed it) and are not queried; on return it is the least mode
+  /// index that still may fit (3 when none fits).
+  Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto = nullptr);
   /// Queries so far (for tests and benchmarks).
   std::uint64_t evaluations() const { return evaluations_; }
 
@@ -106,7 +109,9 @@ struct WindowTable {
   std::vector<double> time_ms;
   std::vector<std::uint8_t> rc;
   std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays)
+  std::vector<double> tail_min;     ///< per window: min time of this and the longer windows of its start
   std::int32_t max_count = 0;
+  double max_time_ms = 0;           ///< largest window time
 };
 
 /// Min-sum DP with a cap: windows with time <= cap (strict: < cap). Returns the sum (inf when
@@ -117,6 +122,13 @@ struct CapResult {
   bool feasible = false;
   std::vector<std::int32_t> cuts;  ///< window starts, ascending, plus n
 };
-CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict);
+/// `ws` is scratch reused between runs (no allocation after the first). O(windows <= cap): each
+/// start's scan stops where no longer window is under the cap (tail_min).
+struct CapWorkspace {
+  std::vector<double> F;
+};
+CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
+/// Fills t.tail_min and t.max_time_ms from t.time_ms (call once after the table is built).
+void finish_table(WindowTable& t);
 
 }  // namespace packpipe::scheduler::detail
