@@ -3,7 +3,7 @@ BUILD      ?= build
 SAN_BUILD  ?= build-sanitize
 JOBS       ?= 2
 PYTHON     ?= /usr/bin/python3
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 10
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build demo test test-fast test-sanitize fuzz-smoke bench clean
