@@ -298,7 +298,7 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   mem_.assign(t.static_bytes.begin(), t.static_bytes.end());
   reserved_.assign(t.static_bytes.begin(), t.static_bytes.end());
   peak_bytes.assign(t.static_bytes.begin(), t.static_bytes.end());
-  heap_.clear();
+  done_at_.assign(Su, kInf);
   const double limit = p_.memory_limit_bytes;
   const bool memcap = opt.memory_aware && limit > 0;
   const bool memabort = abort_on_memory && limit > 0;
@@ -306,20 +306,7 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   double makespan = 0;
   bool over_memory = false;
 
-  auto later = [](const Ev& a, const Ev& b) {
-    if (a.time != b.time) return a.time > b.time;
-    if (a.kind != b.kind) return a.kind > b.kind;  // completions first
-    return a.rank > b.rank;
-  };
-  auto push = [&](Ev e) {
-    heap_.push_back(e);
-    std::push_heap(heap_.begin(), heap_.end(), later);
-  };
-  auto request = [&](std::size_t r, double time) {
-    if (time >= decide_at_[r]) return;
-    decide_at_[r] = time;
-    push(Ev{time, static_cast<std::uint32_t>(r), 1});
-  };
+  auto request = [&](std::size_t r, double time) { decide_at_[r] = std::min(decide_at_[r], time); };
   auto deliver = [&](std::size_t from, std::size_t to, double now, double xfer) {
     if (from == to) return now;
     const double s = std::max(now, std::max(send_free_[from], recv_free_[to]));
@@ -348,13 +335,19 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     }
     peak_bytes[r] = std::max(peak_bytes[r], during);
     if (memabort && peak_bytes[r] > limit) over_memory = true;
-    ScheduledOp op = make_op(k, mb, v);
+    // Fields written in place (a stack temporary copied whole stalls store forwarding).
+    ScheduledOp& op = out.ops[r].emplace_back();
+    op.kind = k;
+    op.mb = mb;
+    op.vstage = v;
     op.start_ms = now;
     op.end_ms = now + dur;
-    out.ops[r].push_back(op);
     busy_[r] = 1;
-    running_[r] = Running{k, pos, v};
-    push(Ev{op.end_ms, static_cast<std::uint32_t>(r), 0});
+    Running& run = running_[r];
+    run.kind = k;
+    run.pos = pos;
+    run.v = v;
+    done_at_[r] = op.end_ms;
   };
   auto admissible = [&](std::size_t r, std::uint32_t pos, std::uint32_t v) {
     if (static_cast<std::int64_t>(v) >= S) return true;  // a later chunk of an admitted micro-batch
@@ -438,52 +431,60 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     l.insert(std::upper_bound(l.begin(), l.end(), cd, before), cd);
   };
   for (std::size_t r = 0; r < Su; ++r) request(r, 0.0);
-  while (!heap_.empty()) {
+  // The next event: the earliest completion (least rank on ties), else, when strictly earlier, the
+  // earliest decision (least rank on ties). Per rank at most one of each is pending, so a scan over
+  // the ranks replaces a heap.
+  for (;;) {
     if (over_memory) return kInf;
-    std::pop_heap(heap_.begin(), heap_.end(), later);
-    const Ev e = heap_.back();
-    heap_.pop_back();
-    const std::size_t r = e.rank;
-    if (e.kind == 1) {
-      if (e.time != decide_at_[r]) continue;  // superseded by an earlier decision
-      decide_at_[r] = kInf;
-      decide(r, e.time);
+    std::size_t rc = 0, rd = 0;
+    for (std::size_t q = 1; q < Su; ++q) {
+      if (done_at_[q] < done_at_[rc]) rc = q;
+      if (decide_at_[q] < decide_at_[rd]) rd = q;
+    }
+    if (decide_at_[rd] < done_at_[rc]) {
+      const double now = decide_at_[rd];
+      decide_at_[rd] = kInf;
+      decide(rd, now);
       continue;
     }
-    if (e.time > abort_above_ms) return kInf;
-    makespan = e.time;
+    if (done_at_[rc] == kInf) break;
+    const std::size_t r = rc;
+    const double now = done_at_[r];
+    done_at_[r] = kInf;
+    if (now > abort_above_ms) return kInf;
+    makespan = now;
     const Running run = running_[r];
     busy_[r] = 0;
     const std::size_t i = t.at(order[run.pos], run.v);
     if (run.kind == OpKind::Forward) {
       mem_[r] += t.stored_bytes[i];
       if (run.v + 1 == static_cast<std::uint32_t>(V)) {
-        insert(icand_[r], Cand{e.time, run.pos, run.v}, i_before);
+        insert(icand_[r], Cand{now, run.pos, run.v}, i_before);
       } else {
         const auto to = static_cast<std::size_t>((run.v + 1) % static_cast<std::uint32_t>(S));
-        const double a = deliver(r, to, e.time, p_.transfer_ms[i]);
+        const double a = deliver(r, to, now, p_.transfer_ms[i]);
         const Cand cd{a, run.pos, run.v + 1};
         if (cd.v < static_cast<std::uint32_t>(S)) {
           insert(fcand_[to], cd, f_before);
         } else {
           insert(fcand_later_[to], cd, f_before);
         }
-        if (to != r && !busy_[to]) request(to, std::max(a, e.time));
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
       }
     } else if (run.kind == OpKind::BackwardInput) {
       wq_[r].push_back({run.pos, run.v});
       if (run.v > 0) {
         const auto to = static_cast<std::size_t>((run.v - 1) % static_cast<std::uint32_t>(S));
-        const double a = deliver(r, to, e.time, p_.transfer_ms[t.at(order[run.pos], run.v - 1)]);
+        const double a = deliver(r, to, now, p_.transfer_ms[t.at(order[run.pos], run.v - 1)]);
         insert(icand_[to], Cand{a, run.pos, run.v - 1}, i_before);
-        if (to != r && !busy_[to]) request(to, std::max(a, e.time));
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
       }
     } else {
       mem_[r] -= t.stored_bytes[i];
       reserved_[r] -= t.stored_bytes[i];
       if (--w_left_[static_cast<std::size_t>(order[run.pos]) * Su + r] == 0) --holding_[r];
     }
-    request(r, e.time);
+    request(r, now);
   }
   if (over_memory) return kInf;
   for (std::size_t r = 0; r < Su; ++r) {

@@ -10,14 +10,8 @@ namespace packpipe::scheduler {
 namespace {
 
 constexpr double kUnknown = -1.0;
+constexpr double kNone = std::numeric_limits<double>::infinity();
 constexpr std::uint8_t kF = 1, kB = 2, kI = 4, kW = 8;
-
-struct EventLater {
-  template <class E>
-  bool operator()(const E& a, const E& b) const {
-    return a.time > b.time || (a.time == b.time && a.rank > b.rank);
-  }
-};
 
 std::string op_text(const ScheduledOp& op) {
   return fmt::format("{}{} on virtual stage {}", op_kind_token(op.kind), op.mb, op.vstage);
@@ -90,7 +84,7 @@ Simulator::Simulator(const SimProblem& problem) : p_(problem) {
   cur_mem_.resize(S);
   next_.resize(S);
   busy_.resize(S);
-  heap_.reserve(S + 1);
+  pending_.resize(S);
   scratch_.peak_bytes.resize(S);
   scratch_.busy_ms.resize(S);
   scratch_.utilization.resize(S);
@@ -146,7 +140,7 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
   res.aborted = false;
   res.within_memory = true;
   const double limit = p_.memory_limit_bytes;
-  heap_.clear();
+  std::fill(pending_.begin(), pending_.end(), kNone);
   std::size_t done_ops = 0;
 
   // Start rank r's next op if its inputs are known; returns false when it must wait.
@@ -196,8 +190,7 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
     rank_free_[r] = op.end_ms;
     busy_[r] = 1;
     res.busy_ms[r] += dur;
-    heap_.push_back(Event{op.end_ms, static_cast<std::uint32_t>(r)});
-    std::push_heap(heap_.begin(), heap_.end(), EventLater{});
+    pending_[r] = op.end_ms;
   };
 
   auto deliver = [&](std::size_t from, std::size_t to, double t, double xfer) {
@@ -211,17 +204,21 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
 
   for (std::size_t r = 0; r < S; ++r) try_start(r);
   double now = 0;
-  while (!heap_.empty()) {
-    std::pop_heap(heap_.begin(), heap_.end(), EventLater{});
-    const Event e = heap_.back();
-    heap_.pop_back();
-    now = e.time;
+  for (;;) {
+    // The next completion: least time, least rank on ties (a rank has at most one pending, so a
+    // scan over the ranks replaces a heap).
+    std::size_t r = 0;
+    for (std::size_t q = 1; q < S; ++q) {
+      if (pending_[q] < pending_[r]) r = q;
+    }
+    if (pending_[r] == kNone) break;
+    now = pending_[r];
+    pending_[r] = kNone;
     if (now > abort_above_ms) {
       res.aborted = true;
       res.makespan_ms = now;
       return;
     }
-    const std::size_t r = e.rank;
     const ScheduledOp& op = order.ops[r][next_[r]];
     const std::size_t i = static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(V) + op.vstage;
     const std::int64_t v = op.vstage;

@@ -71,7 +71,7 @@ class Simulator {
   /// early, with result.aborted, once simulated time passes `abort_above_ms` or, when
   /// `abort_on_memory`, a rank exceeds the memory limit. Throws InvalidArgument naming the rank
   /// and op for an op on the wrong rank, a repeated or missing op, or a deadlock (an op whose
-  /// inputs can never arrive). O(ops log ranks) time.
+  /// inputs can never arrive). O(ops x ranks) time (a scan of the ranks per event; S is small).
   void run(RankOrder& order, SimResult& result, double abort_above_ms = std::numeric_limits<double>::infinity(),
            bool abort_on_memory = false);
   /// Makespan only (same rules); infinity when aborted.
@@ -88,11 +88,7 @@ class Simulator {
   std::vector<std::uint8_t> busy_;
   std::vector<std::uint32_t> cycle_left_;
   std::vector<double> cycle_end_;
-  struct Event {
-    double time;
-    std::uint32_t rank;
-  };
-  std::vector<Event> heap_;
+  std::vector<double> pending_;  ///< per rank: end of the running op, infinity when idle
   SimResult scratch_;
 };
 

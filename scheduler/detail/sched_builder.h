@@ -63,11 +63,6 @@ class OrderBuilder {
     std::uint32_t pos;
     std::uint32_t v;
   };
-  struct Ev {
-    double time;
-    std::uint32_t rank;
-    std::uint8_t kind;  // 0 completion, 1 decision
-  };
   struct Running {
     OpKind kind;
     std::uint32_t pos, v;
@@ -75,11 +70,11 @@ class OrderBuilder {
   std::vector<std::vector<Cand>> fcand_, fcand_later_, icand_;  ///< sorted by priority
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> wq_;
   std::vector<std::size_t> whead_;
-  std::vector<double> send_free_, recv_free_, mem_, reserved_, max_peak_, decide_at_;
+  std::vector<double> send_free_, recv_free_, mem_, reserved_, max_peak_;
+  std::vector<double> done_at_, decide_at_;  ///< per rank: pending completion, pending decision (inf: none)
   std::vector<std::int64_t> holding_, cap_, w_left_;
   std::vector<std::uint8_t> busy_;
   std::vector<Running> running_;
-  std::vector<Ev> heap_;
 };
 
 }  // namespace packpipe::scheduler::detail
