@@ -92,12 +92,14 @@ OrderBuilder::OrderBuilder(const SimProblem& problem)
   const auto Su = static_cast<std::size_t>(S_);
   mb_stored_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
   mb_peak_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
+  rank_work_.assign(Su, 0.0);
   for (std::int64_t mb = 0; mb < m_; ++mb) {
     for (std::int64_t v = 0; v < V_; ++v) {
       const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S_);
       mb_stored_[k] += t.stored_bytes[i];
       mb_peak_[k] = std::max(mb_peak_[k], t.peak_bytes[i]);
       const double in = t.backward_ms[i] - t.backward_weight_ms[i];
+      rank_work_[static_cast<std::size_t>(v % S_)] += t.forward_ms[i] + in + t.backward_weight_ms[i];
       if (!(t.forward_ms[i] > 0) || !(in > 0) || !(t.backward_weight_ms[i] > 0)) exact_ = false;
     }
   }
@@ -299,6 +301,10 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   reserved_.assign(t.static_bytes.begin(), t.static_bytes.end());
   peak_bytes.assign(t.static_bytes.begin(), t.static_bytes.end());
   done_at_.assign(Su, kInf);
+  left_.assign(rank_work_.begin(), rank_work_.end());
+  // Early exit: a rank with `left` work not yet started at time `now` ends no earlier than
+  // now + left (its ops run one at a time); the margin covers the rounding of the running sums.
+  const double abort_at = abort_above_ms * (1 + 1e-9);
   const double limit = p_.memory_limit_bytes;
   const bool memcap = opt.memory_aware && limit > 0;
   const bool memabort = abort_on_memory && limit > 0;
@@ -333,6 +339,7 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     } else {
       dur = t.backward_weight_ms[i];
     }
+    left_[r] -= dur;
     peak_bytes[r] = std::max(peak_bytes[r], during);
     if (memabort && peak_bytes[r] > limit) over_memory = true;
     // Fields written in place (a stack temporary copied whole stalls store forwarding).
@@ -437,21 +444,26 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   for (;;) {
     if (over_memory) return kInf;
     std::size_t rc = 0, rd = 0;
-    for (std::size_t q = 1; q < Su; ++q) {
-      if (done_at_[q] < done_at_[rc]) rc = q;
-      if (decide_at_[q] < decide_at_[rd]) rd = q;
+    double tc = done_at_[0], td = decide_at_[0];
+    for (std::size_t q = 1; q < Su; ++q) {  // branch-free minimum (conditional moves)
+      const double a = done_at_[q], b = decide_at_[q];
+      rc = a < tc ? q : rc;
+      tc = a < tc ? a : tc;
+      rd = b < td ? q : rd;
+      td = b < td ? b : td;
     }
-    if (decide_at_[rd] < done_at_[rc]) {
-      const double now = decide_at_[rd];
+    if (td < tc) {
+      const double now = td;
       decide_at_[rd] = kInf;
+      if (now + left_[rd] > abort_at) return kInf;
       decide(rd, now);
       continue;
     }
-    if (done_at_[rc] == kInf) break;
+    if (tc == kInf) break;
     const std::size_t r = rc;
-    const double now = done_at_[r];
+    const double now = tc;
     done_at_[r] = kInf;
-    if (now > abort_above_ms) return kInf;
+    if (now > abort_above_ms || now + left_[r] > abort_at) return kInf;
     makespan = now;
     const Running run = running_[r];
     busy_[r] = 0;

@@ -213,12 +213,13 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
       pass.eval(k, ord, true);
     }
   }
-  // Phase 3: local improvement of the incumbent's order under its schedule: adjacent swaps where
-  // the order matters most (the first and last S positions: fill and drain), then m / 4 seeded
-  // random swaps; every improvement is kept.
+  // Phase 3: local improvement of the incumbent's order under its schedule, within a deterministic
+  // budget of evaluations: adjacent swaps at the very ends (the first and last max(1, S / 4)
+  // positions: fill and drain), then seeded random swaps; every improvement is kept.
   if (!pass.best.have) return pass.best;
   const std::size_t m = static_cast<std::size_t>(p.microbatches());
-  const std::size_t edge = static_cast<std::size_t>(p.ranks);
+  const std::size_t edge = std::max<std::size_t>(1, static_cast<std::size_t>(p.ranks) / 4);
+  const std::size_t random_swaps = o.local_evaluations > 0 ? static_cast<std::size_t>(o.local_evaluations) : m / 4;
   detail::SplitMix64 rng(o.seed ^ 0x5DEECE66Dull);
   for (int round = 0; round < o.local_rounds && m > 1 && !done(); ++round) {
     bool improved = false;
@@ -233,7 +234,7 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
         std::swap(ord[i], ord[i + 1]);
       }
     }
-    for (std::size_t s = 0; s < m / 4 && !done(); ++s) {
+    for (std::size_t s = 0; s < random_swaps && !done(); ++s) {
       const auto a = static_cast<std::size_t>(rng.below(m));
       const auto b = static_cast<std::size_t>(rng.below(m));
       if (a == b) continue;

@@ -85,6 +85,7 @@ Simulator::Simulator(const SimProblem& problem) : p_(problem) {
   next_.resize(S);
   busy_.resize(S);
   pending_.resize(S);
+  left_.resize(S);
   scratch_.peak_bytes.resize(S);
   scratch_.busy_ms.resize(S);
   scratch_.utilization.resize(S);
@@ -139,6 +140,24 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
   }
   res.aborted = false;
   res.within_memory = true;
+  // Early exit also when a rank's clock plus the work it has not started passes the bound (its ops
+  // run one at a time); the margin covers the rounding of the running sums.
+  const bool bounded = abort_above_ms < std::numeric_limits<double>::infinity();
+  const double abort_at = abort_above_ms * (1 + 1e-9);
+  if (bounded) {
+    for (std::size_t r = 0; r < S; ++r) {
+      double w = 0;
+      for (const ScheduledOp& op : order.ops[r]) {
+        if (op.mb >= M || op.vstage >= V) continue;  // refused when it is reached
+        const std::size_t i = static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(V) + op.vstage;
+        w += op.kind == OpKind::Forward    ? c.forward_ms[i]
+             : op.kind == OpKind::Backward ? c.backward_ms[i]
+             : op.kind == OpKind::BackwardInput ? c.backward_ms[i] - c.backward_weight_ms[i]
+                                                : c.backward_weight_ms[i];
+      }
+      left_[r] = w;
+    }
+  }
   const double limit = p_.memory_limit_bytes;
   std::fill(pending_.begin(), pending_.end(), kNone);
   std::size_t done_ops = 0;
@@ -190,6 +209,7 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
     rank_free_[r] = op.end_ms;
     busy_[r] = 1;
     res.busy_ms[r] += dur;
+    left_[r] -= dur;
     pending_[r] = op.end_ms;
   };
 
@@ -208,13 +228,16 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
     // The next completion: least time, least rank on ties (a rank has at most one pending, so a
     // scan over the ranks replaces a heap).
     std::size_t r = 0;
-    for (std::size_t q = 1; q < S; ++q) {
-      if (pending_[q] < pending_[r]) r = q;
+    double first = pending_[0];
+    for (std::size_t q = 1; q < S; ++q) {  // branch-free minimum (conditional moves)
+      const double x = pending_[q];
+      r = x < first ? q : r;
+      first = x < first ? x : first;
     }
-    if (pending_[r] == kNone) break;
-    now = pending_[r];
+    if (first == kNone) break;
+    now = first;
     pending_[r] = kNone;
-    if (now > abort_above_ms) {
+    if (now > abort_above_ms || (bounded && now + left_[r] > abort_at)) {
       res.aborted = true;
       res.makespan_ms = now;
       return;

@@ -24,7 +24,8 @@ class OrderBuilder {
   /// Zero-bubble: builds the order into `out` (unchecked `order`: a permutation) and, since the
   /// greedy is itself an event-driven simulation, also writes each op's start and end, every
   /// rank's peak memory into `peak_bytes` and returns the makespan. Stops early and returns
-  /// infinity (leaving `out` partial) once its clock passes `abort_above_ms` or, with
+  /// infinity (leaving `out` partial) once its clock, or a rank's clock plus the work it has not
+  /// started, passes `abort_above_ms` or, with
   /// `abort_on_memory` and a limit, a rank's peak passes the limit. When exact_times() these are
   /// bit-identical to Simulator::run on `out` (same event order and arithmetic).
   double zero_bubble(const std::vector<std::uint32_t>& order, const ScheduleOptions& options, RankOrder& out,
@@ -45,6 +46,7 @@ class OrderBuilder {
   bool exact_ = true;
   std::vector<double> mb_stored_;  ///< [mb * S + r]: stored bytes of mb over all chunks of rank r
   std::vector<double> mb_peak_;    ///< [mb * S + r]: largest transient peak of mb on rank r
+  std::vector<double> rank_work_;  ///< per rank: every F, I and W duration of its virtual stages
   std::vector<std::uint8_t> seen_;
 
   // Cyclic scratch.
@@ -71,6 +73,7 @@ class OrderBuilder {
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> wq_;
   std::vector<std::size_t> whead_;
   std::vector<double> send_free_, recv_free_, mem_, reserved_, max_peak_;
+  std::vector<double> left_;  ///< per rank: work not started yet
   std::vector<double> done_at_, decide_at_;  ///< per rank: pending completion, pending decision (inf: none)
   std::vector<std::int64_t> holding_, cap_, w_left_;
   std::vector<std::uint8_t> busy_;
