@@ -32,8 +32,8 @@ struct SearchResult {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   bool feasible = false;          ///< best fits the memory limit (else: the candidate of least peak memory)
   std::string recompute = "given";  ///< "given", or the uniform mode the fallback used ("selective", "full")
-  std::int64_t simulations = 0;   ///< simulations run
-  std::int64_t early_exits = 0;   ///< of which stopped early
+  std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
+  std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
   double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
 };
 
