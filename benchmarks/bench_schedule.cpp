@@ -1,10 +1,14 @@
-// Schedule search speed and quality: 40 long-tailed micro-batches of GPT-6.7B on 8 pipeline
-// stages (A100-40GB, analytic cost model): the fast search (goal under 5 ms) against the
-// DynaPipe-like exhaustive reference in the same run, both makespans, one simulation, and every
-// schedule's makespan and bubble fraction as counters. PACKPIPE_BENCH_SMALL=1: 8 micro-batches
-// on 4 stages.
+// Schedule search speed and quality: 40 long-tailed micro-batches of GPT-6.7B on 8 and on 4
+// pipeline stages (A100-40GB) under two cost models: the analytic one (32 layers) and the
+// profiled one from DynaPipe's GPT-6.7B fixture grids (16 layers, as DynaPipe's gpt_6.7b_16l: 2
+// per stage on 8 stages, 4 on 4). The fast search (goal under 5 ms, target about 2 ms on 8
+// stages) against the DynaPipe-like exhaustive reference in the same run, both makespans as
+// counters; one build + simulation of each schedule. PACKPIPE_BENCH_SMALL=1: 8 micro-batches.
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -45,25 +49,35 @@ std::vector<sc::MicroBatch> microbatches(std::size_t n) {
   return mbs;
 }
 
+enum class Model { Analytic, Profiled };
+
 struct Bench {
   std::unique_ptr<cm::CostModel> cost;
   sc::PipelineShape shape;
   sc::SimProblem problem;
-  Bench() {
-    cost = cm::make_cost_model(cm::CostModelConfig{"gpt-6.7b", "A100-40GB", {}});
-    shape.stages = small() ? 4 : 8;
+  Bench(Model model, std::int64_t stages) {
+    cm::CostModelConfig cfg{"gpt-6.7b", "A100-40GB", {}};
+    shape.stages = stages;
+    if (model == Model::Profiled) {
+      const std::string dir = std::string(PACKPIPE_FIXTURES_DIR) + "/dynapipe/derived_from_cost_models_pkl/";
+      cfg.profiles = {dir + "gpt_6.7b_timing.csv", dir + "gpt_6.7b_activation.csv", dir + "gpt_6.7b_model_state.csv"};
+      shape.layers_per_stage = 16 / stages;
+    }
+    cost = cm::make_cost_model(cfg);
     const auto vs = sc::virtual_stages(cost->model(), shape);
     problem = sc::make_sim_problem(sc::stage_cost_table(*cost, shape, vs, microbatches(small() ? 8 : 40)), *cost, shape);
   }
 };
 
-const Bench& bench() {
-  static const Bench b;
-  return b;
+const Bench& bench(Model model, std::int64_t stages) {
+  static std::map<std::pair<int, std::int64_t>, std::unique_ptr<Bench>> cache;
+  auto& b = cache[{static_cast<int>(model), stages}];
+  if (!b) b = std::make_unique<Bench>(model, stages);
+  return *b;
 }
 
-void BM_FastSearch(benchmark::State& state) {
-  const auto& b = bench();
+void BM_FastSearch(benchmark::State& state, Model model, std::int64_t stages) {
+  const auto& b = bench(model, stages);
   sc::SearchResult r;
   for (auto _ : state) {
     r = sc::search_schedule(b.problem);
@@ -81,8 +95,8 @@ void BM_FastSearch(benchmark::State& state) {
   state.SetLabel(r.best.name);
 }
 
-void BM_ReferenceSearch(benchmark::State& state) {
-  const auto& b = bench();
+void BM_ReferenceSearch(benchmark::State& state, Model model, std::int64_t stages) {
+  const auto& b = bench(model, stages);
   sc::SearchResult r;
   for (auto _ : state) {
     r = sc::reference_search(b.problem);
@@ -95,8 +109,8 @@ void BM_ReferenceSearch(benchmark::State& state) {
 }
 
 // One build + simulation of a schedule on the partition order; counters: makespan, bubble, peak.
-void BM_Schedule(benchmark::State& state, sc::ScheduleKind kind) {
-  const auto& b = bench();
+void BM_Schedule(benchmark::State& state, Model model, sc::ScheduleKind kind) {
+  const auto& b = bench(model, 8);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(b.problem.microbatches()));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
   sc::Simulator sim(b.problem);
@@ -114,12 +128,25 @@ void BM_Schedule(benchmark::State& state, sc::ScheduleKind kind) {
   state.counters["lower_bound_ms"] = sc::makespan_lower_bounds(b.problem).value();
 }
 
-BENCHMARK(BM_FastSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_ReferenceSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Schedule, gpipe, sc::ScheduleKind::GPipe)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Schedule, 1f1b, sc::ScheduleKind::OneFOneB)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Schedule, cyclic, sc::ScheduleKind::Cyclic)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Schedule, wait_free_cyclic, sc::ScheduleKind::WaitFreeCyclic)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Schedule, zero_bubble, sc::ScheduleKind::ZeroBubble)->Unit(benchmark::kMicrosecond);
+#define PACKPIPE_SEARCH_CASE(name, model, stages)                                                             \
+  BENCHMARK_CAPTURE(BM_FastSearch, name, model, stages)->Unit(benchmark::kMillisecond);                      \
+  BENCHMARK_CAPTURE(BM_ReferenceSearch, name, model, stages)->Unit(benchmark::kMillisecond)
+
+PACKPIPE_SEARCH_CASE(analytic_s8, Model::Analytic, 8);
+PACKPIPE_SEARCH_CASE(profiled_s8, Model::Profiled, 8);
+PACKPIPE_SEARCH_CASE(analytic_s4, Model::Analytic, 4);
+PACKPIPE_SEARCH_CASE(profiled_s4, Model::Profiled, 4);
+
+#define PACKPIPE_SCHEDULE_CASES(model, prefix)                                                                    \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_gpipe, model, sc::ScheduleKind::GPipe)->Unit(benchmark::kMicrosecond);  \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_1f1b, model, sc::ScheduleKind::OneFOneB)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_cyclic, model, sc::ScheduleKind::Cyclic)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_wait_free_cyclic, model, sc::ScheduleKind::WaitFreeCyclic)             \
+      ->Unit(benchmark::kMicrosecond);                                                                            \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_zero_bubble, model, sc::ScheduleKind::ZeroBubble)                      \
+      ->Unit(benchmark::kMicrosecond)
+
+PACKPIPE_SCHEDULE_CASES(Model::Analytic, analytic_s8);
+PACKPIPE_SCHEDULE_CASES(Model::Profiled, profiled_s8);
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "scheduler/detail/sched_builder.h"
 
 namespace packpipe::scheduler {
 
@@ -16,17 +17,6 @@ ScheduledOp make_op(OpKind k, std::uint32_t mb, std::int64_t v) {
   op.mb = mb;
   op.vstage = static_cast<std::uint32_t>(v);
   return op;
-}
-
-void check_order(const SimProblem& p, const std::vector<std::uint32_t>& order) {
-  const auto m = static_cast<std::size_t>(p.microbatches());
-  PACKPIPE_CHECK_ARG(order.size() == m, "order must list {} micro-batches, found {}", m, order.size());
-  std::vector<std::uint8_t> seen(m, 0);
-  for (std::size_t i = 0; i < m; ++i) {
-    PACKPIPE_CHECK_ARG(order[i] < m && !seen[order[i]], "order is not a permutation of 0..{}: entry {} is {}", m - 1,
-                       i, order[i]);
-    seen[order[i]] = 1;
-  }
 }
 
 void reset(RankOrder& out, std::size_t S, bool cycles) {
@@ -92,27 +82,101 @@ void build_interleaved(const SimProblem& p, const std::vector<std::uint32_t>& or
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+OrderBuilder::OrderBuilder(const SimProblem& problem)
+    : p_(problem), S_(problem.ranks), V_(problem.vstages()), m_(problem.microbatches()), c_(V_ / S_) {
+  const StageCostTable& t = p_.costs;
+  const auto Su = static_cast<std::size_t>(S_);
+  mb_stored_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
+  mb_peak_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
+  rank_work_.assign(Su, 0.0);
+  for (std::int64_t mb = 0; mb < m_; ++mb) {
+    for (std::int64_t v = 0; v < V_; ++v) {
+      const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S_);
+      mb_stored_[k] += t.stored_bytes[i];
+      mb_peak_[k] = std::max(mb_peak_[k], t.peak_bytes[i]);
+      const double in = t.backward_ms[i] - t.backward_weight_ms[i];
+      rank_work_[static_cast<std::size_t>(v % S_)] += t.forward_ms[i] + in + t.backward_weight_ms[i];
+      if (!(t.forward_ms[i] > 0) || !(in > 0) || !(t.backward_weight_ms[i] > 0)) exact_ = false;
+    }
+  }
+  // Zero-bubble admission caps: 1F1B's in-flight count S - r; interleaved: Megatron's warm-up + 1
+  // over c.
+  cap_.resize(Su);
+  for (std::size_t r = 0; r < Su; ++r) {
+    const auto rr = static_cast<std::int64_t>(r);
+    cap_[r] = c_ == 1 ? S_ - rr : std::max<std::int64_t>(1, (2 * (S_ - rr - 1) + (c_ - 1) * S_ + c_) / c_);
+  }
+}
+
+void OrderBuilder::check(ScheduleKind kind, const std::vector<std::uint32_t>& order) {
+  std::string why;
+  PACKPIPE_CHECK_ARG(schedule_supports(kind, S_, c_, m_, &why), "{}", why);
+  const auto m = static_cast<std::size_t>(m_);
+  PACKPIPE_CHECK_ARG(order.size() == m, "order must list {} micro-batches, found {}", m, order.size());
+  seen_.assign(m, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    PACKPIPE_CHECK_ARG(order[i] < m && !seen_[order[i]], "order is not a permutation of 0..{}: entry {} is {}", m - 1,
+                       i, order[i]);
+    seen_[order[i]] = 1;
+  }
+}
+
+void OrderBuilder::build(ScheduleKind kind, const std::vector<std::uint32_t>& order, const ScheduleOptions& options,
+                         RankOrder& out) {
+  check(kind, order);
+  const auto Su = static_cast<std::size_t>(S_);
+  reset(out, Su, kind == ScheduleKind::Cyclic || kind == ScheduleKind::WaitFreeCyclic);
+  switch (kind) {
+    case ScheduleKind::GPipe: build_gpipe(p_, order, out); break;
+    case ScheduleKind::OneFOneB: build_1f1b(p_, order, out); break;
+    case ScheduleKind::Interleaved1F1B: {
+      const std::int64_t g = options.group_size > 0 ? options.group_size : S_;
+      PACKPIPE_CHECK_ARG(g >= S_ && m_ % g == 0,
+                         "interleaved-1f1b group size {} must be at least {} ranks and divide {} micro-batches", g, S_,
+                         m_);
+      build_interleaved(p_, order, g, out);
+      break;
+    }
+    case ScheduleKind::Cyclic:
+    case ScheduleKind::WaitFreeCyclic:
+      build_cyclic(order, options, out);
+      if (kind == ScheduleKind::WaitFreeCyclic) out.cycle.clear();
+      break;
+    case ScheduleKind::ZeroBubble: {
+      std::vector<double> peak;
+      zero_bubble(order, options, out, peak);
+      break;
+    }
+  }
+}
+
 // DynaPipe's cyclic order: synchronous cycles; in each cycle every rank runs, for each of its
 // virtual stages in ascending order, the head backward then the head forward of that stage's ready
 // queues (queues ordered by micro-batch position). An op becomes ready in the cycle after its
 // input was produced. New micro-batches enter stage 0 only while every rank's memory bound (static
 // + stored of the micro-batches in flight there + the newcomer's + the largest transient peak)
 // stays within the limit, and while fewer than max_in_flight are in flight.
-void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, const ScheduleOptions& opt,
-                  RankOrder& out) {
-  const std::int64_t S = p.ranks, V = p.vstages(), m = p.microbatches();
-  const StageCostTable& t = p.costs;
+void OrderBuilder::build_cyclic(const std::vector<std::uint32_t>& order, const ScheduleOptions& opt, RankOrder& out) {
+  const std::int64_t S = S_, V = V_, m = m_;
+  const auto Su = static_cast<std::size_t>(S);
+  const StageCostTable& t = p_.costs;
   // Ready queues per virtual stage and direction, entries are micro-batch positions; kept sorted
   // descending so the head (smallest position) is back().
-  std::vector<std::vector<std::uint32_t>> fq(static_cast<std::size_t>(V)), bq(static_cast<std::size_t>(V));
-  std::vector<std::pair<std::uint8_t, std::pair<std::uint32_t, std::int64_t>>> produced;  // (dir, (pos, v))
+  fq_.resize(static_cast<std::size_t>(V));
+  bq_.resize(static_cast<std::size_t>(V));
+  for (auto& q : fq_) q.clear();
+  for (auto& q : bq_) q.clear();
   auto push_sorted = [](std::vector<std::uint32_t>& q, std::uint32_t pos) {
     q.insert(std::upper_bound(q.begin(), q.end(), pos, std::greater<std::uint32_t>()), pos);
   };
   // Per-rank memory bound of the micro-batches in flight.
-  std::vector<double> stored_sum(static_cast<std::size_t>(S), 0.0), peak_max(static_cast<std::size_t>(S), 0.0);
-  std::vector<double> new_stored(static_cast<std::size_t>(S)), new_peak(static_cast<std::size_t>(S));
-  const bool mem = opt.memory_aware && p.memory_limit_bytes > 0;
+  stored_sum_.assign(Su, 0.0);
+  peak_max_.assign(Su, 0.0);
+  const bool mem = opt.memory_aware && p_.memory_limit_bytes > 0;
   std::int64_t injected = 0, in_flight = 0, finished = 0;
   const std::int64_t total_ops = 2 * m * V;
   std::int64_t done = 0;
@@ -121,17 +185,11 @@ void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, 
     if (in_flight == 0) return true;
     if (opt.max_in_flight > 0 && in_flight >= opt.max_in_flight) return false;
     if (!mem) return true;
-    const std::uint32_t mb = order[static_cast<std::size_t>(injected)];
-    std::fill(new_stored.begin(), new_stored.end(), 0.0);
-    std::fill(new_peak.begin(), new_peak.end(), 0.0);
-    for (std::int64_t v = 0; v < V; ++v) {
-      const std::size_t i = t.at(mb, v), r = static_cast<std::size_t>(v % S);
-      new_stored[r] += t.stored_bytes[i];
-      new_peak[r] = std::max(new_peak[r], t.peak_bytes[i]);
-    }
-    for (std::size_t r = 0; r < static_cast<std::size_t>(S); ++r) {
-      const double bound = t.static_bytes[r] + stored_sum[r] + new_stored[r] + std::max(peak_max[r], new_peak[r]);
-      if (bound > p.memory_limit_bytes) return false;
+    const std::size_t base = static_cast<std::size_t>(order[static_cast<std::size_t>(injected)]) * Su;
+    for (std::size_t r = 0; r < Su; ++r) {
+      const double bound =
+          t.static_bytes[r] + stored_sum_[r] + mb_stored_[base + r] + std::max(peak_max_[r], mb_peak_[base + r]);
+      if (bound > p_.memory_limit_bytes) return false;
     }
     return true;
   };
@@ -139,55 +197,55 @@ void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, 
     const std::uint32_t mb = order[static_cast<std::size_t>(injected)];
     for (std::int64_t v = 0; v < V; ++v) {
       const std::size_t i = t.at(mb, v), r = static_cast<std::size_t>(v % S);
-      stored_sum[r] += t.stored_bytes[i];
-      peak_max[r] = std::max(peak_max[r], t.peak_bytes[i]);
+      stored_sum_[r] += t.stored_bytes[i];
+      peak_max_[r] = std::max(peak_max_[r], t.peak_bytes[i]);
     }
-    push_sorted(fq[0], static_cast<std::uint32_t>(injected));
+    push_sorted(fq_[0], static_cast<std::uint32_t>(injected));
     ++injected;
     ++in_flight;
   };
   std::uint32_t cycle = 0;
   while (done < total_ops) {
-    if (fq[0].empty() && can_inject()) inject();
-    produced.clear();
+    if (fq_[0].empty() && can_inject()) inject();
+    produced_.clear();
     for (std::int64_t r = 0; r < S; ++r) {
       auto& ops = out.ops[static_cast<std::size_t>(r)];
       auto& cyc = out.cycle[static_cast<std::size_t>(r)];
       for (std::int64_t v = r; v < V; v += S) {
-        auto& b = bq[static_cast<std::size_t>(v)];
+        auto& b = bq_[static_cast<std::size_t>(v)];
         if (!b.empty()) {
           const std::uint32_t pos = b.back();
           b.pop_back();
           ops.push_back(make_op(OpKind::Backward, order[pos], v));
           cyc.push_back(cycle);
-          produced.push_back({1, {pos, v}});
+          produced_.push_back({1, pos, v});
         }
-        auto& f = fq[static_cast<std::size_t>(v)];
+        auto& f = fq_[static_cast<std::size_t>(v)];
         if (!f.empty()) {
           const std::uint32_t pos = f.back();
           f.pop_back();
           ops.push_back(make_op(OpKind::Forward, order[pos], v));
           cyc.push_back(cycle);
-          produced.push_back({0, {pos, v}});
+          produced_.push_back({0, pos, v});
         }
       }
     }
-    PACKPIPE_ASSERT(!produced.empty());
-    for (const auto& e : produced) {
-      const std::uint32_t pos = e.second.first;
-      const std::int64_t v = e.second.second;
+    PACKPIPE_ASSERT(!produced_.empty());
+    for (const auto& e : produced_) {
+      const std::uint32_t pos = e.pos;
+      const std::int64_t v = e.v;
       ++done;
-      if (e.first == 0) {
+      if (e.backward == 0) {
         if (v + 1 < V) {
-          push_sorted(fq[static_cast<std::size_t>(v + 1)], pos);
+          push_sorted(fq_[static_cast<std::size_t>(v + 1)], pos);
         } else {
-          push_sorted(bq[static_cast<std::size_t>(v)], pos);
+          push_sorted(bq_[static_cast<std::size_t>(v)], pos);
         }
       } else {
         const std::size_t i = t.at(order[pos], v);
-        stored_sum[static_cast<std::size_t>(v % S)] -= t.stored_bytes[i];
+        stored_sum_[static_cast<std::size_t>(v % S)] -= t.stored_bytes[i];
         if (v > 0) {
-          push_sorted(bq[static_cast<std::size_t>(v - 1)], pos);
+          push_sorted(bq_[static_cast<std::size_t>(v - 1)], pos);
         } else {
           --in_flight;
           ++finished;
@@ -207,197 +265,248 @@ void build_cyclic(const SimProblem& p, const std::vector<std::uint32_t>& order, 
 // over c) and, with a memory limit, while the rank's reservation (static + stored of every chunk
 // of the admitted micro-batches + the largest transient peak among them) fits; later chunks of
 // admitted micro-batches are always allowed (no deadlock). Activations are released at W.
-void build_zero_bubble(const SimProblem& p, const std::vector<std::uint32_t>& order, const ScheduleOptions& opt,
-                       RankOrder& out) {
-  const std::int64_t S = p.ranks, V = p.vstages(), m = p.microbatches(), c = V / S;
-  const StageCostTable& t = p.costs;
+//
+// Events: completions (processed in (time, rank) order, as the simulator does, so transfers queue
+// on the send and receive streams in the same order) and decisions of an idle rank (after every
+// completion of the same instant). A rank keeps at most one pending decision: a request at or
+// after a pending one is redundant (that decision either starts an op, whose completion asks
+// again, or leaves the rank idle and asks again at the next known arrival).
+double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const ScheduleOptions& opt, RankOrder& out,
+                                 std::vector<double>& peak_bytes, double abort_above_ms, bool abort_on_memory) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const std::int64_t S = S_, V = V_, m = m_, c = c_;
+  const StageCostTable& t = p_.costs;
   const auto Su = static_cast<std::size_t>(S);
-  struct Cand {
-    double arrive;
-    std::uint32_t pos;
-    std::uint32_t v;
-  };
-  std::vector<std::vector<Cand>> fcand(Su), icand(Su);
-  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> wq(Su);  // (pos, v) FIFO
-  std::vector<std::size_t> whead(Su, 0);
-  std::vector<double> free_at(Su, 0.0), send_free(Su, 0.0), recv_free(Su, 0.0), mem(Su);
-  std::vector<std::int64_t> holding(Su, 0), cap(Su);
-  std::vector<double> reserved(Su), max_peak(Su, 0.0), mb_stored(static_cast<std::size_t>(m) * Su, 0.0),
-      mb_peak(static_cast<std::size_t>(m) * Su, 0.0);
-  std::vector<std::int64_t> w_left(static_cast<std::size_t>(m) * Su, c);
-  for (std::int64_t mb = 0; mb < m; ++mb) {
-    for (std::int64_t v = 0; v < V; ++v) {
-      const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S);
-      mb_stored[k] += t.stored_bytes[i];
-      mb_peak[k] = std::max(mb_peak[k], t.peak_bytes[i]);
-    }
-  }
-  std::vector<std::uint8_t> busy(Su, 0);
-  std::vector<std::int64_t> next_inject(Su, 0);  // only rank 0 injects at v = 0
+  reset(out, Su, false);
+  fcand_.resize(Su);
+  fcand_later_.resize(Su);
+  icand_.resize(Su);
+  wq_.resize(Su);
   for (std::size_t r = 0; r < Su; ++r) {
-    mem[r] = t.static_bytes[r];
-    reserved[r] = t.static_bytes[r];
-    const auto rr = static_cast<std::int64_t>(r);
-    cap[r] = c == 1 ? S - rr : std::max<std::int64_t>(1, (2 * (S - rr - 1) + (c - 1) * S + c) / c);
+    fcand_[r].clear();
+    fcand_later_[r].clear();
+    icand_[r].clear();
+    wq_[r].clear();
   }
-  const bool memcap = opt.memory_aware && p.memory_limit_bytes > 0;
-  struct Ev {
-    double time;
-    std::uint32_t rank;
-    std::uint8_t kind;  // 0 completion, 1 decision
-    bool operator>(const Ev& o) const {
-      if (time != o.time) return time > o.time;
-      if (kind != o.kind) return kind > o.kind;  // completions first
-      return rank > o.rank;
-    }
-  };
-  std::vector<Ev> heap;
-  auto push = [&](Ev e) {
-    heap.push_back(e);
-    std::push_heap(heap.begin(), heap.end(), std::greater<Ev>());
-  };
-  struct Running {
-    OpKind kind;
-    std::uint32_t pos, v;
-  };
-  std::vector<Running> running(Su);
+  whead_.assign(Su, 0);
+  send_free_.assign(Su, 0.0);
+  recv_free_.assign(Su, 0.0);
+  holding_.assign(Su, 0);
+  max_peak_.assign(Su, 0.0);
+  decide_at_.assign(Su, kInf);
+  busy_.assign(Su, 0);
+  running_.resize(Su);
+  w_left_.assign(static_cast<std::size_t>(m) * Su, c);
+  mem_.assign(t.static_bytes.begin(), t.static_bytes.end());
+  reserved_.assign(t.static_bytes.begin(), t.static_bytes.end());
+  peak_bytes.assign(t.static_bytes.begin(), t.static_bytes.end());
+  done_at_.assign(Su, kInf);
+  left_.assign(rank_work_.begin(), rank_work_.end());
+  // Early exit: a rank with `left` work not yet started at time `now` ends no earlier than
+  // now + left (its ops run one at a time); the margin covers the rounding of the running sums.
+  const double abort_at = abort_above_ms * (1 + 1e-9);
+  const double limit = p_.memory_limit_bytes;
+  const bool memcap = opt.memory_aware && limit > 0;
+  const bool memabort = abort_on_memory && limit > 0;
+  std::int64_t next_inject = 0;  // only rank 0 injects, at v = 0
+  double makespan = 0;
+  bool over_memory = false;
+
+  auto request = [&](std::size_t r, double time) { decide_at_[r] = std::min(decide_at_[r], time); };
   auto deliver = [&](std::size_t from, std::size_t to, double now, double xfer) {
     if (from == to) return now;
-    const double s = std::max(now, std::max(send_free[from], recv_free[to]));
-    send_free[from] = recv_free[to] = s + xfer;
+    const double s = std::max(now, std::max(send_free_[from], recv_free_[to]));
+    send_free_[from] = recv_free_[to] = s + xfer;
     return s + xfer;
   };
+  // Same arithmetic as Simulator::run: duration, end = start + duration, memory while running.
   auto start = [&](std::size_t r, double now, OpKind k, std::uint32_t pos, std::uint32_t v) {
-    const std::size_t i = t.at(order[pos], v);
+    const std::uint32_t mb = order[pos];
+    const std::size_t i = t.at(mb, v);
     double dur = 0;
+    double during = mem_[r] + t.peak_bytes[i];
     if (k == OpKind::Forward) {
       dur = t.forward_ms[i];
-      mem[r] += t.stored_bytes[i];
+      during += t.stored_bytes[i];
       if (static_cast<std::int64_t>(v) < S) {  // admission on the rank's first chunk
-        const std::size_t k = static_cast<std::size_t>(order[pos]) * Su + r;
-        ++holding[r];
-        reserved[r] += mb_stored[k];
-        max_peak[r] = std::max(max_peak[r], mb_peak[k]);
+        const std::size_t key = static_cast<std::size_t>(mb) * Su + r;
+        ++holding_[r];
+        reserved_[r] += mb_stored_[key];
+        max_peak_[r] = std::max(max_peak_[r], mb_peak_[key]);
       }
     } else if (k == OpKind::BackwardInput) {
       dur = t.backward_ms[i] - t.backward_weight_ms[i];
     } else {
       dur = t.backward_weight_ms[i];
     }
-    out.ops[r].push_back(make_op(k, order[pos], v));
-    busy[r] = 1;
-    running[r] = Running{k, pos, v};
-    free_at[r] = now + dur;
-    push(Ev{now + dur, static_cast<std::uint32_t>(r), 0});
+    left_[r] -= dur;
+    peak_bytes[r] = std::max(peak_bytes[r], during);
+    if (memabort && peak_bytes[r] > limit) over_memory = true;
+    // Fields written in place (a stack temporary copied whole stalls store forwarding).
+    ScheduledOp& op = out.ops[r].emplace_back();
+    op.kind = k;
+    op.mb = mb;
+    op.vstage = v;
+    op.start_ms = now;
+    op.end_ms = now + dur;
+    busy_[r] = 1;
+    Running& run = running_[r];
+    run.kind = k;
+    run.pos = pos;
+    run.v = v;
+    done_at_[r] = op.end_ms;
+  };
+  auto admissible = [&](std::size_t r, std::uint32_t pos, std::uint32_t v) {
+    if (static_cast<std::int64_t>(v) >= S) return true;  // a later chunk of an admitted micro-batch
+    if (holding_[r] == 0) return true;
+    if (holding_[r] >= cap_[r]) return false;
+    if (!memcap) return true;
+    const std::size_t k = static_cast<std::size_t>(order[pos]) * Su + r;
+    return reserved_[r] + mb_stored_[k] + std::max(max_peak_[r], mb_peak_[k]) <= limit;
+  };
+  // Candidate lists are kept sorted by priority, so a decision takes the first ready (and, for
+  // forwards, admissible) entry: input gradients by (position, last virtual stage first), forwards
+  // by (position, first virtual stage first), split into first-chunk forwards (subject to
+  // admission) and later chunks (always admissible).
+  auto i_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v > b.v); };
+  auto f_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v < b.v); };
+  auto first_ready = [](const std::vector<Cand>& l, double now) {
+    std::size_t k = 0;
+    while (k < l.size() && l[k].arrive > now) ++k;
+    return k;
+  };
+  auto take = [](std::vector<Cand>& l, std::size_t k) {
+    const Cand cd = l[k];
+    l.erase(l.begin() + static_cast<std::ptrdiff_t>(k));
+    return cd;
   };
   auto decide = [&](std::size_t r, double now) {
-    if (busy[r]) return;
+    if (busy_[r]) return;
     // 1. a ready input-gradient op
-    auto& ic = icand[r];
-    std::size_t best = ic.size();
-    for (std::size_t k = 0; k < ic.size(); ++k) {
-      if (ic[k].arrive > now) continue;
-      if (best == ic.size() || ic[k].pos < ic[best].pos || (ic[k].pos == ic[best].pos && ic[k].v > ic[best].v)) best = k;
-    }
-    if (best < ic.size()) {
-      const Cand cd = ic[best];
-      ic.erase(ic.begin() + static_cast<std::ptrdiff_t>(best));
+    auto& ic = icand_[r];
+    const std::size_t bi = first_ready(ic, now);
+    if (bi < ic.size()) {
+      const Cand cd = take(ic, bi);
       start(r, now, OpKind::BackwardInput, cd.pos, cd.v);
       return;
     }
-    // 2. a ready forward within the caps
-    auto& fc = fcand[r];
-    auto admissible = [&](std::uint32_t pos, std::uint32_t v) {
-      if (static_cast<std::int64_t>(v) >= S) return true;  // a later chunk of an admitted micro-batch
-      if (holding[r] == 0) return true;
-      if (holding[r] >= cap[r]) return false;
-      if (!memcap) return true;
-      const std::size_t k = static_cast<std::size_t>(order[pos]) * Su + r;
-      return reserved[r] + mb_stored[k] + std::max(max_peak[r], mb_peak[k]) <= p.memory_limit_bytes;
-    };
-    best = fc.size();
-    for (std::size_t k = 0; k < fc.size(); ++k) {
-      if (fc[k].arrive > now) continue;
-      if (best < fc.size() && !(fc[k].pos < fc[best].pos || (fc[k].pos == fc[best].pos && fc[k].v < fc[best].v))) {
-        continue;
+    // 2. a ready forward within the caps: the later-chunk head, or the first admissible first-chunk
+    // forward before it; rank 0 injects the next micro-batch when it comes first.
+    auto& f1 = fcand_later_[r];
+    auto& f0 = fcand_[r];
+    const std::size_t b1 = first_ready(f1, now);
+    std::size_t b0 = f0.size();
+    const bool admit = holding_[r] == 0 || holding_[r] < cap_[r];
+    if (admit) {
+      for (std::size_t k = 0; k < f0.size(); ++k) {
+        if (b1 < f1.size() && !f_before(f0[k], f1[b1])) break;
+        if (f0[k].arrive <= now && admissible(r, f0[k].pos, f0[k].v)) {
+          b0 = k;
+          break;
+        }
       }
-      if (admissible(fc[k].pos, fc[k].v)) best = k;
     }
-    const bool inject = r == 0 && next_inject[0] < m &&
-                        (best == fc.size() || static_cast<std::uint32_t>(next_inject[0]) < fc[best].pos) &&
-                        admissible(static_cast<std::uint32_t>(next_inject[0]), 0);
-    if (best < fc.size() || inject) {
-      const std::uint32_t pos = inject ? static_cast<std::uint32_t>(next_inject[0]) : fc[best].pos;
-      const std::uint32_t v = inject ? 0u : fc[best].v;
-      if (inject) {
-        ++next_inject[0];
-      } else {
-        fc.erase(fc.begin() + static_cast<std::ptrdiff_t>(best));
-      }
-      start(r, now, OpKind::Forward, pos, v);
+    const Cand* best = b0 < f0.size() ? &f0[b0] : (b1 < f1.size() ? &f1[b1] : nullptr);
+    const bool inject = r == 0 && next_inject < m &&
+                        (best == nullptr || static_cast<std::uint32_t>(next_inject) < best->pos) &&
+                        admissible(0, static_cast<std::uint32_t>(next_inject), 0);
+    if (inject) {
+      start(r, now, OpKind::Forward, static_cast<std::uint32_t>(next_inject++), 0);
+      return;
+    }
+    if (best != nullptr) {
+      const Cand cd = b0 < f0.size() ? take(f0, b0) : take(f1, b1);
+      start(r, now, OpKind::Forward, cd.pos, cd.v);
       return;
     }
     // 3. a deferred weight-gradient op
-    if (whead[r] < wq[r].size()) {
-      const auto w = wq[r][whead[r]++];
+    if (whead_[r] < wq_[r].size()) {
+      const auto w = wq_[r][whead_[r]++];
       start(r, now, OpKind::BackwardWeight, w.first, w.second);
       return;
     }
-    // Idle: wake up at the next arrival already known (later ones wake it when they are sent).
-    double wake = std::numeric_limits<double>::infinity();
-    for (const auto& cd : fc) {
-      if (cd.arrive > now) wake = std::min(wake, cd.arrive);
+    // Idle: wake up at the next arrival already known (later ones ask when they are sent).
+    double wake = kInf;
+    for (const auto* l : {&f0, &f1, &ic}) {
+      for (const auto& cd : *l) {
+        if (cd.arrive > now) wake = std::min(wake, cd.arrive);
+      }
     }
-    for (const auto& cd : ic) {
-      if (cd.arrive > now) wake = std::min(wake, cd.arrive);
-    }
-    if (wake < std::numeric_limits<double>::infinity()) push(Ev{wake, static_cast<std::uint32_t>(r), 1});
+    if (wake < kInf) request(r, wake);
   };
-  for (std::size_t r = 0; r < Su; ++r) push(Ev{0.0, static_cast<std::uint32_t>(r), 1});
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<Ev>());
-    const Ev e = heap.back();
-    heap.pop_back();
-    const std::size_t r = e.rank;
-    if (e.kind == 1) {
-      decide(r, e.time);
+  auto insert = [](std::vector<Cand>& l, const Cand& cd, auto before) {
+    l.insert(std::upper_bound(l.begin(), l.end(), cd, before), cd);
+  };
+  for (std::size_t r = 0; r < Su; ++r) request(r, 0.0);
+  // The next event: the earliest completion (least rank on ties), else, when strictly earlier, the
+  // earliest decision (least rank on ties). Per rank at most one of each is pending, so a scan over
+  // the ranks replaces a heap.
+  for (;;) {
+    if (over_memory) return kInf;
+    std::size_t rc = 0, rd = 0;
+    double tc = done_at_[0], td = decide_at_[0];
+    for (std::size_t q = 1; q < Su; ++q) {  // branch-free minimum (conditional moves)
+      const double a = done_at_[q], b = decide_at_[q];
+      rc = a < tc ? q : rc;
+      tc = a < tc ? a : tc;
+      rd = b < td ? q : rd;
+      td = b < td ? b : td;
+    }
+    if (td < tc) {
+      const double now = td;
+      decide_at_[rd] = kInf;
+      if (now + left_[rd] > abort_at) return kInf;
+      decide(rd, now);
       continue;
     }
-    const Running run = running[r];
-    busy[r] = 0;
+    if (tc == kInf) break;
+    const std::size_t r = rc;
+    const double now = tc;
+    done_at_[r] = kInf;
+    if (now > abort_above_ms || now + left_[r] > abort_at) return kInf;
+    makespan = now;
+    const Running run = running_[r];
+    busy_[r] = 0;
     const std::size_t i = t.at(order[run.pos], run.v);
     if (run.kind == OpKind::Forward) {
+      mem_[r] += t.stored_bytes[i];
       if (run.v + 1 == static_cast<std::uint32_t>(V)) {
-        icand[r].push_back(Cand{e.time, run.pos, run.v});
+        insert(icand_[r], Cand{now, run.pos, run.v}, i_before);
       } else {
         const auto to = static_cast<std::size_t>((run.v + 1) % static_cast<std::uint32_t>(S));
-        const double a = deliver(r, to, e.time, p.transfer_ms[i]);
-        fcand[to].push_back(Cand{a, run.pos, run.v + 1});
-        if (to != r && !busy[to]) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
+        const double a = deliver(r, to, now, p_.transfer_ms[i]);
+        const Cand cd{a, run.pos, run.v + 1};
+        if (cd.v < static_cast<std::uint32_t>(S)) {
+          insert(fcand_[to], cd, f_before);
+        } else {
+          insert(fcand_later_[to], cd, f_before);
+        }
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
       }
     } else if (run.kind == OpKind::BackwardInput) {
-      wq[r].push_back({run.pos, run.v});
+      wq_[r].push_back({run.pos, run.v});
       if (run.v > 0) {
         const auto to = static_cast<std::size_t>((run.v - 1) % static_cast<std::uint32_t>(S));
-        const double a = deliver(r, to, e.time, p.transfer_ms[t.at(order[run.pos], run.v - 1)]);
-        icand[to].push_back(Cand{a, run.pos, run.v - 1});
-        if (to != r && !busy[to]) push(Ev{std::max(a, e.time), static_cast<std::uint32_t>(to), 1});
+        const double a = deliver(r, to, now, p_.transfer_ms[t.at(order[run.pos], run.v - 1)]);
+        insert(icand_[to], Cand{a, run.pos, run.v - 1}, i_before);
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
       }
     } else {
-      mem[r] -= t.stored_bytes[i];
-      reserved[r] -= t.stored_bytes[i];
-      if (--w_left[static_cast<std::size_t>(order[run.pos]) * Su + r] == 0) --holding[r];
+      mem_[r] -= t.stored_bytes[i];
+      reserved_[r] -= t.stored_bytes[i];
+      if (--w_left_[static_cast<std::size_t>(order[run.pos]) * Su + r] == 0) --holding_[r];
     }
-    // Arrivals on other ranks pushed their own decision at the arrival time.
-    push(Ev{e.time, static_cast<std::uint32_t>(r), 1});
+    request(r, now);
   }
+  if (over_memory) return kInf;
   for (std::size_t r = 0; r < Su; ++r) {
-    PACKPIPE_ASSERT(whead[r] == wq[r].size() && fcand[r].empty() && icand[r].empty());
+    PACKPIPE_ASSERT(whead_[r] == wq_[r].size() && fcand_[r].empty() && fcand_later_[r].empty() && icand_[r].empty());
   }
-  PACKPIPE_ASSERT(next_inject[0] == m);
+  PACKPIPE_ASSERT(next_inject == m);
+  return makespan;
 }
 
-}  // namespace
+}  // namespace detail
 
 const char* schedule_kind_name(ScheduleKind k) {
   switch (k) {
@@ -478,29 +587,7 @@ std::int64_t warmup_forwards(ScheduleKind kind, std::int64_t ranks, std::int64_t
 
 void build_order(ScheduleKind kind, const SimProblem& problem, const std::vector<std::uint32_t>& order,
                  const ScheduleOptions& options, RankOrder& out) {
-  const std::int64_t S = problem.ranks, c = problem.vstages() / problem.ranks, m = problem.microbatches();
-  std::string why;
-  PACKPIPE_CHECK_ARG(schedule_supports(kind, S, c, m, &why), "{}", why);
-  check_order(problem, order);
-  reset(out, static_cast<std::size_t>(S), kind == ScheduleKind::Cyclic || kind == ScheduleKind::WaitFreeCyclic);
-  switch (kind) {
-    case ScheduleKind::GPipe: build_gpipe(problem, order, out); break;
-    case ScheduleKind::OneFOneB: build_1f1b(problem, order, out); break;
-    case ScheduleKind::Interleaved1F1B: {
-      const std::int64_t g = options.group_size > 0 ? options.group_size : S;
-      PACKPIPE_CHECK_ARG(g >= S && m % g == 0,
-                         "interleaved-1f1b group size {} must be at least {} ranks and divide {} micro-batches", g, S,
-                         m);
-      build_interleaved(problem, order, g, out);
-      break;
-    }
-    case ScheduleKind::Cyclic:
-    case ScheduleKind::WaitFreeCyclic:
-      build_cyclic(problem, order, options, out);
-      if (kind == ScheduleKind::WaitFreeCyclic) out.cycle.clear();
-      break;
-    case ScheduleKind::ZeroBubble: build_zero_bubble(problem, order, options, out); break;
-  }
+  detail::OrderBuilder(problem).build(kind, order, options, out);
 }
 
 RankOrder build_order(ScheduleKind kind, const SimProblem& problem, const std::vector<std::uint32_t>& order,

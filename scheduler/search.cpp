@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "common/errors.h"
+#include "scheduler/detail/sched_builder.h"
 #include "scheduler/detail/sched_rng.h"
 
 namespace packpipe::scheduler {
@@ -54,39 +55,105 @@ struct Candidate {
   std::vector<std::uint32_t> order;
 };
 
+// The largest per-rank peak memory of an order (static + stored in flight + the running op's
+// peak, with the simulator's arithmetic, so bit-identical to its peaks): memory depends only on
+// each rank's op order, so no simulation is needed. Stops once a rank passes `stop_above`.
+double order_peak_bytes(const SimProblem& p, const RankOrder& o, double stop_above = kInf) {
+  const StageCostTable& t = p.costs;
+  double most = 0;
+  for (std::size_t r = 0; r < o.ops.size(); ++r) {
+    double cur = t.static_bytes[r], peak = cur;
+    for (const ScheduledOp& op : o.ops[r]) {
+      const std::size_t i = t.at(op.mb, op.vstage);
+      double during = cur + t.peak_bytes[i];
+      if (op.kind == OpKind::Forward) {
+        during += t.stored_bytes[i];
+        cur += t.stored_bytes[i];
+      } else if (op.kind != OpKind::BackwardInput) {
+        cur -= t.stored_bytes[i];
+      }
+      peak = std::max(peak, during);
+    }
+    most = std::max(most, peak);
+    if (most > stop_above) return most;
+  }
+  return most;
+}
+
 // One search pass over a problem (one recompute table).
 class Pass {
  public:
-  Pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats) : p_(p), o_(o), sim_(p), stats_(stats) {}
+  Pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats)
+      : p_(p), o_(o), sim_(p), builder_(p), stats_(stats) {}
 
-  // Simulates (kind, order); with `prune`, stops once it passes the incumbent or the memory
-  // limit. Returns true when it became the new incumbent.
+  // Evaluates (kind, order); with `prune`, stops once it passes the incumbent or the memory limit
+  // (orders over the limit are rejected before simulating; zero-bubble is timed by its own greedy,
+  // bit-identical to the simulator, when exact_times()). Returns true when it became the new
+  // incumbent.
   bool eval(ScheduleKind kind, const std::vector<std::uint32_t>& order, bool prune) {
-    build_order(kind, p_, order, o_.schedule_options, ro_);
     ++stats_.simulations;
-    sim_.run(ro_, res_, prune ? best.makespan : kInf, prune);
-    if (res_.aborted) {
-      ++stats_.early_exits;
-      return false;
+    const double bound = prune ? best.makespan : kInf;
+    const double limit = p_.memory_limit_bytes;
+    double ms = kInf;
+    if (prune && kind == ScheduleKind::ZeroBubble && builder_.exact_times()) {
+      ms = builder_.zero_bubble(order, o_.schedule_options, ro_, peak_, bound, true);
+      if (ms == kInf) return exit_early();
+    } else {
+      RankOrder& ro = built(kind, order);
+      if (prune && limit > 0 && !fits_) return exit_early();
+      // Wait-free cyclic is the cyclic order without its barriers.
+      if (kind == ScheduleKind::WaitFreeCyclic) std::swap(ro.cycle, spare_cycle_);
+      sim_.run(ro, res_, bound, prune);
+      if (kind == ScheduleKind::WaitFreeCyclic) std::swap(ro.cycle, spare_cycle_);
+      if (res_.aborted) return exit_early();
+      if (!res_.within_memory) return false;
+      ms = res_.makespan_ms;
     }
-    if (!res_.within_memory) return false;
     finished[static_cast<std::size_t>(kind)] = 1;
-    if (!(res_.makespan_ms < best.makespan)) return false;
+    if (!(ms < best.makespan)) return false;
     best.have = true;
-    best.makespan = res_.makespan_ms;
+    best.makespan = ms;
     best.kind = kind;
     best.order = order;
     return true;
   }
 
   Candidate best;
-  std::array<std::uint8_t, 8> finished{};  ///< per kind: some simulation ran to the end within memory
+  std::array<std::uint8_t, 8> finished{};  ///< per kind: some evaluation ran to the end within memory
 
  private:
+  bool exit_early() {
+    ++stats_.early_exits;
+    return false;
+  }
+  // The order of `kind` for `order` (cyclic and wait-free cyclic share one build, kept with its
+  // barriers) and fits_: whether it stays within the memory limit.
+  RankOrder& built(ScheduleKind kind, const std::vector<std::uint32_t>& order) {
+    const bool cyclic = kind == ScheduleKind::Cyclic || kind == ScheduleKind::WaitFreeCyclic;
+    if (cyclic && have_cyclic_ && cyclic_order_ == order) {
+      fits_ = cyclic_fits_;
+      return cyclic_ro_;
+    }
+    RankOrder& ro = cyclic ? cyclic_ro_ : ro_;
+    builder_.build(cyclic ? ScheduleKind::Cyclic : kind, order, o_.schedule_options, ro);
+    fits_ = p_.memory_limit_bytes <= 0 || order_peak_bytes(p_, ro, p_.memory_limit_bytes) <= p_.memory_limit_bytes;
+    if (cyclic) {
+      have_cyclic_ = true;
+      cyclic_order_ = order;
+      cyclic_fits_ = fits_;
+    }
+    return ro;
+  }
+
   const SimProblem& p_;
   const SearchOptions& o_;
   Simulator sim_;
-  RankOrder ro_;
+  detail::OrderBuilder builder_;
+  RankOrder ro_, cyclic_ro_;
+  std::vector<std::vector<std::uint32_t>> spare_cycle_;
+  std::vector<std::uint32_t> cyclic_order_;
+  bool have_cyclic_ = false, cyclic_fits_ = true, fits_ = true;
+  std::vector<double> peak_;
   SimResult res_;
   SearchResult& stats_;
 };
@@ -146,12 +213,13 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
       pass.eval(k, ord, true);
     }
   }
-  // Phase 3: local improvement of the incumbent's order under its schedule: adjacent swaps where
-  // the order matters most (the first and last S positions: fill and drain), then m / 4 seeded
-  // random swaps; every improvement is kept.
+  // Phase 3: local improvement of the incumbent's order under its schedule, within a deterministic
+  // budget of evaluations: adjacent swaps at the very ends (the first and last max(1, S / 4)
+  // positions: fill and drain), then seeded random swaps; every improvement is kept.
   if (!pass.best.have) return pass.best;
   const std::size_t m = static_cast<std::size_t>(p.microbatches());
-  const std::size_t edge = static_cast<std::size_t>(p.ranks);
+  const std::size_t edge = std::max<std::size_t>(1, static_cast<std::size_t>(p.ranks) / 4);
+  const std::size_t random_swaps = o.local_evaluations > 0 ? static_cast<std::size_t>(o.local_evaluations) : m / 4;
   detail::SplitMix64 rng(o.seed ^ 0x5DEECE66Dull);
   for (int round = 0; round < o.local_rounds && m > 1 && !done(); ++round) {
     bool improved = false;
@@ -166,7 +234,7 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
         std::swap(ord[i], ord[i + 1]);
       }
     }
-    for (std::size_t s = 0; s < m / 4 && !done(); ++s) {
+    for (std::size_t s = 0; s < random_swaps && !done(); ++s) {
       const auto a = static_cast<std::size_t>(rng.below(m));
       const auto b = static_cast<std::size_t>(rng.below(m));
       if (a == b) continue;
@@ -202,19 +270,32 @@ SearchResult finish(const SimProblem& p, const SearchOptions& o, Candidate c, Se
   stats.lower_bound_ms = makespan_lower_bounds(p).value();
   stats.feasible = c.have;
   if (!c.have) {
-    Simulator sim(p);
+    // Peaks from the op orders alone; only the candidates of least peak are simulated (least
+    // makespan among them, first in enumeration order on ties).
+    detail::OrderBuilder builder(p);
     RankOrder ro;
-    SimResult res;
-    double least = kInf, least_ms = kInf;
-    for (ScheduleKind k : candidate_kinds(p, o)) {
-      for (const auto& ord : reference_orders(p, o.seed)) {
-        build_order(k, p, ord, o.schedule_options, ro);
-        sim.run(ro, res);
+    const auto kinds = candidate_kinds(p, o);
+    const auto orders = reference_orders(p, o.seed);
+    std::vector<double> peaks;
+    double least = kInf;
+    for (ScheduleKind k : kinds) {
+      for (const auto& ord : orders) {
+        builder.build(k, ord, o.schedule_options, ro);
+        peaks.push_back(order_peak_bytes(p, ro));
+        least = std::min(least, peaks.back());
+      }
+    }
+    Simulator sim(p);
+    double least_ms = kInf;
+    std::size_t n = 0;
+    for (ScheduleKind k : kinds) {
+      for (const auto& ord : orders) {
+        if (peaks[n++] != least) continue;
+        builder.build(k, ord, o.schedule_options, ro);
+        const double ms = sim.makespan(ro);
         ++stats.simulations;
-        const double peak = res.max_peak_bytes();
-        if (peak < least || (peak == least && res.makespan_ms < least_ms)) {
-          least = peak;
-          least_ms = res.makespan_ms;
+        if (ms < least_ms) {
+          least_ms = ms;
           c.kind = k;
           c.order = ord;
         }

@@ -20,6 +20,7 @@ struct SearchOptions {
   std::uint64_t seed = 0;               ///< shuffles inside order clusters, random swaps
   ScheduleOptions schedule_options;
   int local_rounds = 1;                 ///< fast search: rounds of order improvement (0: none)
+  int local_evaluations = 0;            ///< fast search: random swaps per round (count, deterministic); 0: m / 4
   /// Optional: the cost table under one uniform recompute mode. When no candidate fits the memory
   /// limit with the given table, both searches retry with Selective, then Full (as DynaPipe tries
   /// uniform modes); must return a table of the same shape.
@@ -31,8 +32,8 @@ struct SearchResult {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   bool feasible = false;          ///< best fits the memory limit (else: the candidate of least peak memory)
   std::string recompute = "given";  ///< "given", or the uniform mode the fallback used ("selective", "full")
-  std::int64_t simulations = 0;   ///< simulations run
-  std::int64_t early_exits = 0;   ///< of which stopped early
+  std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
+  std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
   double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
 };
 
@@ -50,8 +51,10 @@ std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& pr
 /// makespan among those within memory (first in enumeration order on ties). Deterministic.
 SearchResult reference_search(const SimProblem& problem, const SearchOptions& options = {});
 /// Fast search: reference candidates first (so its result is never worse), then constructive
-/// orders, then local improvement (adjacent and seeded random swaps) of the best orders, every
-/// simulation stopped once it passes the incumbent; stops at the lower bound. Deterministic.
+/// orders, then local improvement (adjacent swaps at the ends and a count of seeded random swaps)
+/// of the best order, every evaluation stopped once it passes the incumbent (or a rank's clock
+/// plus its unstarted work does) and orders over the memory limit rejected before simulating;
+/// stops at the lower bound. Deterministic (no wall-clock budget).
 SearchResult search_schedule(const SimProblem& problem, const SearchOptions& options = {});
 
 }  // namespace packpipe::scheduler

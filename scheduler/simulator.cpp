@@ -10,14 +10,8 @@ namespace packpipe::scheduler {
 namespace {
 
 constexpr double kUnknown = -1.0;
+constexpr double kNone = std::numeric_limits<double>::infinity();
 constexpr std::uint8_t kF = 1, kB = 2, kI = 4, kW = 8;
-
-struct EventLater {
-  template <class E>
-  bool operator()(const E& a, const E& b) const {
-    return a.time > b.time || (a.time == b.time && a.rank > b.rank);
-  }
-};
 
 std::string op_text(const ScheduledOp& op) {
   return fmt::format("{}{} on virtual stage {}", op_kind_token(op.kind), op.mb, op.vstage);
@@ -90,7 +84,8 @@ Simulator::Simulator(const SimProblem& problem) : p_(problem) {
   cur_mem_.resize(S);
   next_.resize(S);
   busy_.resize(S);
-  heap_.reserve(S + 1);
+  pending_.resize(S);
+  left_.resize(S);
   scratch_.peak_bytes.resize(S);
   scratch_.busy_ms.resize(S);
   scratch_.utilization.resize(S);
@@ -145,8 +140,26 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
   }
   res.aborted = false;
   res.within_memory = true;
+  // Early exit also when a rank's clock plus the work it has not started passes the bound (its ops
+  // run one at a time); the margin covers the rounding of the running sums.
+  const bool bounded = abort_above_ms < std::numeric_limits<double>::infinity();
+  const double abort_at = abort_above_ms * (1 + 1e-9);
+  if (bounded) {
+    for (std::size_t r = 0; r < S; ++r) {
+      double w = 0;
+      for (const ScheduledOp& op : order.ops[r]) {
+        if (op.mb >= M || op.vstage >= V) continue;  // refused when it is reached
+        const std::size_t i = static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(V) + op.vstage;
+        w += op.kind == OpKind::Forward    ? c.forward_ms[i]
+             : op.kind == OpKind::Backward ? c.backward_ms[i]
+             : op.kind == OpKind::BackwardInput ? c.backward_ms[i] - c.backward_weight_ms[i]
+                                                : c.backward_weight_ms[i];
+      }
+      left_[r] = w;
+    }
+  }
   const double limit = p_.memory_limit_bytes;
-  heap_.clear();
+  std::fill(pending_.begin(), pending_.end(), kNone);
   std::size_t done_ops = 0;
 
   // Start rank r's next op if its inputs are known; returns false when it must wait.
@@ -196,8 +209,8 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
     rank_free_[r] = op.end_ms;
     busy_[r] = 1;
     res.busy_ms[r] += dur;
-    heap_.push_back(Event{op.end_ms, static_cast<std::uint32_t>(r)});
-    std::push_heap(heap_.begin(), heap_.end(), EventLater{});
+    left_[r] -= dur;
+    pending_[r] = op.end_ms;
   };
 
   auto deliver = [&](std::size_t from, std::size_t to, double t, double xfer) {
@@ -211,17 +224,24 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
 
   for (std::size_t r = 0; r < S; ++r) try_start(r);
   double now = 0;
-  while (!heap_.empty()) {
-    std::pop_heap(heap_.begin(), heap_.end(), EventLater{});
-    const Event e = heap_.back();
-    heap_.pop_back();
-    now = e.time;
-    if (now > abort_above_ms) {
+  for (;;) {
+    // The next completion: least time, least rank on ties (a rank has at most one pending, so a
+    // scan over the ranks replaces a heap).
+    std::size_t r = 0;
+    double first = pending_[0];
+    for (std::size_t q = 1; q < S; ++q) {  // branch-free minimum (conditional moves)
+      const double x = pending_[q];
+      r = x < first ? q : r;
+      first = x < first ? x : first;
+    }
+    if (first == kNone) break;
+    now = first;
+    pending_[r] = kNone;
+    if (now > abort_above_ms || (bounded && now + left_[r] > abort_at)) {
       res.aborted = true;
       res.makespan_ms = now;
       return;
     }
-    const std::size_t r = e.rank;
     const ScheduledOp& op = order.ops[r][next_[r]];
     const std::size_t i = static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(V) + op.vstage;
     const std::int64_t v = op.vstage;

@@ -68,10 +68,11 @@ class Simulator {
   /// Simulates `order` (every op on the rank of its virtual stage; per (mb, v) one F and either
   /// one B or one I and one W) and writes each op's start/end into it. Stored activations are
   /// released at the end of B, or of W (which still needs the layer inputs) when split. Stops
-  /// early, with result.aborted, once simulated time passes `abort_above_ms` or, when
+  /// early, with result.aborted, once simulated time (or a rank's clock plus the work it has not
+  /// started) passes `abort_above_ms` or, when
   /// `abort_on_memory`, a rank exceeds the memory limit. Throws InvalidArgument naming the rank
   /// and op for an op on the wrong rank, a repeated or missing op, or a deadlock (an op whose
-  /// inputs can never arrive). O(ops log ranks) time.
+  /// inputs can never arrive). O(ops x ranks) time (a scan of the ranks per event; S is small).
   void run(RankOrder& order, SimResult& result, double abort_above_ms = std::numeric_limits<double>::infinity(),
            bool abort_on_memory = false);
   /// Makespan only (same rules); infinity when aborted.
@@ -88,11 +89,8 @@ class Simulator {
   std::vector<std::uint8_t> busy_;
   std::vector<std::uint32_t> cycle_left_;
   std::vector<double> cycle_end_;
-  struct Event {
-    double time;
-    std::uint32_t rank;
-  };
-  std::vector<Event> heap_;
+  std::vector<double> left_;     ///< per rank: work not started yet (early exit)
+  std::vector<double> pending_;  ///< per rank: end of the running op, infinity when idle
   SimResult scratch_;
 };
 

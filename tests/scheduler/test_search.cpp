@@ -1,6 +1,7 @@
 // Schedule search: determinism, fast search never worse than the exhaustive reference, order
 // candidates, memory limit, recompute fallback, lower bounds.
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -218,4 +219,42 @@ TEST_CASE("search: constructive orders are permutations with short micro-batches
   }
   CHECK(tot[orders[0].front()] == *std::max_element(tot.begin(), tot.end()));  // longest first
   CHECK(tot[orders[1].front()] == *std::min_element(tot.begin(), tot.end()));  // shortest first
+}
+
+TEST_CASE("search: never worse than the reference under memory limits, interleaved shapes and local budgets",
+          "[interface][stress]") {
+  std::mt19937_64 rng(8);
+  for (int trial = 0; trial < 10; ++trial) {
+    const std::int64_t S = 2 + static_cast<std::int64_t>(rng() % 3) * 2;
+    const std::int64_t c = trial % 2 == 1 ? 2 : 1;
+    const std::size_t n = static_cast<std::size_t>(S) * (1 + rng() % 5);
+    Setup s(rng, S, c, n);
+    // A limit between the least and the largest peak of the reference candidates.
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
+    for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::ZeroBubble, ScheduleKind::Cyclic}) {
+      const Schedule sc = make_schedule(k, s.problem);
+      const double pk = *std::max_element(sc.peak_bytes.begin(), sc.peak_bytes.end());
+      lo = std::min(lo, pk);
+      hi = std::max(hi, pk);
+    }
+    SimProblem p = s.problem;
+    p.memory_limit_bytes = lo + (hi - lo) * static_cast<double>(trial % 4) / 4.0;
+    SearchOptions o;
+    o.seed = static_cast<std::uint64_t>(trial) * 11;
+    o.local_evaluations = trial % 3 == 0 ? 1 : 0;
+    o.local_rounds = trial % 5 == 0 ? 2 : 1;
+    INFO("S " << S << " c " << c << " m " << n << " limit " << p.memory_limit_bytes);
+    const SearchResult fast = search_schedule(p, o);
+    const SearchResult ref = reference_search(p, o);
+    REQUIRE(fast.feasible == ref.feasible);
+    if (ref.feasible) {
+      CHECK(fast.best.makespan_ms <= ref.best.makespan_ms);
+      for (double b : fast.best.peak_bytes) CHECK(b <= p.memory_limit_bytes);
+    }
+    const SearchResult again = search_schedule(p, o);
+    CHECK(same_schedule(again.best, fast.best));
+    CHECK(again.simulations == fast.simulations);
+    // The winner re-simulated from its kind and order.
+    CHECK(make_schedule(fast.kind, p, fast.best.order).makespan_ms == fast.best.makespan_ms);
+  }
 }

@@ -408,3 +408,24 @@ TEST_CASE("trace: valid Chrome trace JSON, one track per rank, no overlap within
   REQUIRE_THROWS_WITH(chrome_trace_json(make_schedule(ScheduleKind::GPipe, p), o),
                       Catch::Matchers::Contains("must name 3 ranks"));
 }
+
+TEST_CASE("simulator: the early exit never cuts a schedule that ends at or below the bound", "[boundary][stress]") {
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 30; ++trial) {
+    const std::int64_t S = 1 + static_cast<std::int64_t>(rng() % 5);
+    const std::int64_t c = 1 + static_cast<std::int64_t>(rng() % 2);
+    const std::int64_t m = S * (1 + static_cast<std::int64_t>(rng() % 4));
+    const SimProblem p = random_problem(rng, m, S, c);
+    Simulator sim(p);
+    for (ScheduleKind k : all_schedule_kinds()) {
+      if (!schedule_supports(k, S, c, m)) continue;
+      INFO(schedule_kind_name(k) << " S " << S << " c " << c << " m " << m);
+      RankOrder o = build_order(k, p, iota_order(m));
+      const double full = sim.makespan(o);
+      CHECK(sim.makespan(o, full) == full);
+      CHECK(sim.makespan(o, full * (1 + 1e-6)) == full);
+      // Below the makespan it stops, and from the work left it usually stops early.
+      CHECK(std::isinf(sim.makespan(o, full * (1 - 1e-6))));
+    }
+  }
+}
