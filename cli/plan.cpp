@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/parallel_pipeline.h>
@@ -180,6 +181,7 @@ Json run_plan(const PlanCliOptions& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
                                     static_cast<std::size_t>(threads));
+  oneapi::tbb::enumerable_thread_specific<sc::PartitionCache> caches;  // shape costs, per planning thread
   const auto t_start = std::chrono::steady_clock::now();
   oneapi::tbb::parallel_pipeline(
       static_cast<std::size_t>(2 * threads),
@@ -211,7 +213,7 @@ Json run_plan(const PlanCliOptions& o) {
           oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
               oneapi::tbb::filter_mode::parallel,
               [&](std::shared_ptr<Work> w) {
-                w->result = sc::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po);
+                w->result = sc::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po, &caches.local());
                 if (writer) {
                   for (const auto& p : w->result.plans) w->blobs.push_back(sc::encode_plan(p, {o.compress, 3}));
                 }

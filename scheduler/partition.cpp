@@ -16,6 +16,12 @@ namespace packpipe::scheduler {
 using detail::Choice;
 using detail::Coster;
 using detail::WindowTable;
+
+PartitionCache::PartitionCache() : memo_(std::make_unique<detail::ShapeMemo>()) {}
+PartitionCache::~PartitionCache() = default;
+PartitionCache::PartitionCache(PartitionCache&&) noexcept = default;
+PartitionCache& PartitionCache::operator=(PartitionCache&&) noexcept = default;
+std::size_t PartitionCache::shapes() const { return memo_->size(); }
 using detail::Work;
 
 namespace {
@@ -533,7 +539,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   PACKPIPE_CHECK_ARG(lengths.size() < (1ull << 31), "batch of {} samples is too large", lengths.size());
   const CostBasis basis = resolve_basis(options);
   const double limit = resolve_limit(cost, shape);
-  Coster coster(cost, shape, vstages, basis, limit);
+  Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
 
   // Working lengths (truncation edits a copy).
   std::vector<std::uint32_t> in(lengths.input), tg(lengths.target);
@@ -738,7 +744,7 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
                      cost.model().name);
   if (basis == CostBasis::Auto) basis = CostBasis::Stages;
   const double limit = resolve_limit(cost, shape);
-  Coster coster(cost, shape, vstages, basis, limit);
+  Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
   if (basis == CostBasis::DynaPipe) {
     const double avail = coster.dynapipe_available_mb();
     coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);

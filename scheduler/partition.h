@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,30 @@ enum class EncDecOrder {
   Path,    ///< Sorted then 2-opt and Or-opt on the L1 path length over (input, target)
 };
 
+namespace detail {
+struct ShapeMemo;
+}
+
+/// Costs of micro-batch shapes kept across partition calls that share the cost model, the pipeline
+/// shape, the virtual stages and the cost basis (e.g. every iteration one planning thread plans):
+/// shapes recur between global batches, and a memoised shape costs a look-up instead of a
+/// cost-model query per stage and recompute mode. A call with other settings starts it afresh.
+/// Results never depend on it. Not thread-safe: one per thread; must not outlive its cost model.
+class PartitionCache {
+ public:
+  PartitionCache();
+  ~PartitionCache();
+  PartitionCache(PartitionCache&&) noexcept;
+  PartitionCache& operator=(PartitionCache&&) noexcept;
+  /// Shapes (rows, lengths) memoised so far.
+  std::size_t shapes() const;
+  /// The memo (internal).
+  detail::ShapeMemo& memo() { return *memo_; }
+
+ private:
+  std::unique_ptr<detail::ShapeMemo> memo_;
+};
+
 struct PartitionOptions {
   PartitionMethod method = PartitionMethod::DP;
   std::int64_t microbatch_size = 0;  ///< fixed / packing: samples (rows) per micro-batch
@@ -66,6 +91,7 @@ struct PartitionOptions {
   bool pack_windows = false;          ///< dp / dynapipe: pack each window's samples if cheaper
   double tau_tolerance = 0.0;         ///< dp: prune caps that cannot improve by more than this fraction (0: exact)
   double dynapipe_thin_ms = 5.0;      ///< dynapipe: MIN_TMAX_INTERVAL between kept caps
+  PartitionCache* cache = nullptr;    ///< optional shape costs kept across calls (see PartitionCache)
 };
 
 /// Result of partitioning one global batch.

@@ -16,9 +16,40 @@ constexpr double kMB = 1e6;
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
 }  // namespace
 
+std::size_t ShapeMemo::size() const {
+  std::size_t n = 0;
+  for (const auto& [k, v] : shapes) {
+    for (const auto& s : v) n += s.have != 0;
+  }
+  return n;
+}
+
 Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
-               CostBasis basis, double limit_mb)
+               CostBasis basis, double limit_mb, ShapeMemo* shared)
     : cost_(cost), shape_(shape), basis_(basis), limit_mb_(limit_mb) {
+  if (shared != nullptr) {
+    // Everything a shape's cost depends on besides the shape itself.
+    std::vector<std::uint64_t> key = {reinterpret_cast<std::uintptr_t>(&cost),
+                                      static_cast<std::uint64_t>(shape.stages),
+                                      static_cast<std::uint64_t>(shape.chunks),
+                                      static_cast<std::uint64_t>(shape.layers_per_stage),
+                                      static_cast<std::uint64_t>(shape.dp),
+                                      static_cast<std::uint64_t>(shape.tp),
+                                      static_cast<std::uint64_t>(shape.zero_stage),
+                                      static_cast<std::uint64_t>(basis),
+                                      std::hash<double>{}(limit_mb)};
+    for (const auto& v : vstages) {
+      key.insert(key.end(), {static_cast<std::uint64_t>(v.rank), static_cast<std::uint64_t>(v.layout.encoder_layers),
+                             static_cast<std::uint64_t>(v.layout.decoder_layers),
+                             static_cast<std::uint64_t>(v.layout.has_embedding) * 2u +
+                                 static_cast<std::uint64_t>(v.layout.has_postprocess)});
+    }
+    if (shared->key != key) {
+      shared->shapes.clear();
+      shared->key = std::move(key);
+    }
+    memo_ = shared;
+  }
   PACKPIPE_CHECK_ARG(!vstages.empty(), "virtual stages are empty");
   PACKPIPE_CHECK_ARG(static_cast<std::int64_t>(vstages.size()) == shape.vstages(),
                      "{} virtual stages given for stages {} x chunks {}", vstages.size(), shape.stages, shape.chunks);
@@ -204,12 +235,12 @@ RcCost Coster::eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld
 const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) {
   const std::uint64_t key = (static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld);
   if (key != last_key_ || last_row_ == nullptr) {  // windows of one start mostly share (le, ld)
-    last_row_ = &memo_[key];
+    last_row_ = &memo_->shapes[key];
     last_key_ = key;
   }
   auto& vec = *last_row_;
   if (vec.size() <= static_cast<std::size_t>(rows)) vec.resize(static_cast<std::size_t>(rows) * 2 + 8);
-  Slot& s = vec[static_cast<std::size_t>(rows)];
+  ShapeSlot& s = vec[static_cast<std::size_t>(rows)];
   const int k = rc_index(rc);
   if (!(s.have & (1u << k))) {
     s.c[static_cast<std::size_t>(k)] = eval(rows, le, ld, rc);

@@ -57,7 +57,7 @@ void partition_figures(const Partition& p, MethodFigures& f) {
 /// One baseline method over the grid of micro-batch sizes.
 BaselineGrid baseline_grid(const BatchLengths& lengths, const cm::CostModel& cost,
                            const std::vector<VirtualStage>& vstages, const PlannerOptions& o,
-                           PartitionMethod method) {
+                           PartitionMethod method, PartitionCache* cache) {
   BaselineGrid g;
   for (std::int64_t m : o.baseline_mbs) {
     MethodFigures f;
@@ -65,6 +65,7 @@ BaselineGrid baseline_grid(const BatchLengths& lengths, const cm::CostModel& cos
     po.method = method;
     po.microbatch_size = m;
     po.pack_windows = false;
+    po.cache = cache;
     try {
       const Partition p = partition(lengths, cost, o.shape, vstages, po);
       partition_figures(p, f);
@@ -124,7 +125,8 @@ void simulate_method(const BatchLengths& lengths, const Partition& p, const cm::
 
 IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
-                               const std::vector<VirtualStage>& vstages, const PlannerOptions& o) {
+                               const std::vector<VirtualStage>& vstages, const PlannerOptions& o,
+                               PartitionCache* cache) {
   PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
   IterationResult r;
   r.iteration = iteration;
@@ -136,7 +138,9 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
 
   // 1. Partition.
   auto t0 = std::chrono::steady_clock::now();
-  const Partition part = partition(lengths, cost, o.shape, vstages, o.partition);
+  PartitionOptions popt = o.partition;
+  popt.cache = cache;
+  const Partition part = partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
   partition_figures(part, r.packpipe);
 
@@ -198,8 +202,8 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
 
   // 4. Baselines on the same batch.
   if (o.baselines) {
-    r.fixed = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Fixed);
-    r.packing = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Packing);
+    r.fixed = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Fixed, cache);
+    r.packing = baseline_grid(lengths, cost, vstages, o, PartitionMethod::Packing, cache);
   }
   return r;
 }

@@ -62,12 +62,15 @@ struct IterationResult {
   double planning_ms = 0;           ///< the three together
 };
 
-/// Plans one global batch. `refs` (optional) names each sample as (task, index) in the plans.
-/// Thread-safe (the cost model is only queried); deterministic. Throws InvalidArgument when
-/// packpipe's own partition is impossible (e.g. a sample cannot fit alone), naming it.
+/// Plans one global batch. `refs` (optional) names each sample as (task, index) in the plans;
+/// `cache` (optional, one per thread) keeps micro-batch shape costs across the iterations a thread
+/// plans. Thread-safe (the cost model is only queried); deterministic, with or without a cache.
+/// Throws InvalidArgument when packpipe's own partition is impossible (e.g. a sample cannot fit
+/// alone), naming it.
 IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
-                               const std::vector<VirtualStage>& vstages, const PlannerOptions& options);
+                               const std::vector<VirtualStage>& vstages, const PlannerOptions& options,
+                               PartitionCache* cache = nullptr);
 
 /// Simulated iteration time of given micro-batches under one schedule kind ("1f1b" for the
 /// baselines), replicas as assigned; fills `figures` (feasible, iteration_ms, peak_mb).

@@ -28,11 +28,26 @@ struct Choice {
   bool fits = false;
 };
 
+/// Costs of one (input length, decoder length) shape for every recompute mode.
+struct ShapeSlot {
+  std::array<RcCost, 3> c;
+  std::uint8_t have = 0;
+};
+
+/// Memo of shape costs: (input length << 32 | decoder length) -> slots by rows, valid for one
+/// setting (cost model, pipeline shape, stage layouts, basis, limit), kept in `key`.
+struct ShapeMemo {
+  std::vector<std::uint64_t> key;
+  std::unordered_map<std::uint64_t, std::vector<ShapeSlot>> shapes;
+  std::size_t size() const;
+};
+
 /// Memoised costs of (rows, input length, decoder length) shapes. Not thread-safe (one per call).
 class Coster {
  public:
+  /// `shared` (optional) keeps costs across calls; it is reset when its key is another setting's.
   Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
-         CostBasis basis, double limit_mb);
+         CostBasis basis, double limit_mb, ShapeMemo* shared = nullptr);
   CostBasis basis() const { return basis_; }
   double limit_mb() const { return limit_mb_; }
   bool encoder_decoder() const { return encdec_; }
@@ -67,10 +82,6 @@ class Coster {
   RcCost eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
   RcCost eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
 
-  struct Slot {
-    std::array<RcCost, 3> c;
-    std::uint8_t have = 0;
-  };
   struct KindQuery {  // one distinct (kind, layers) query of the stage layouts
     cm::LayerKind kind;
     std::int64_t layers;
@@ -93,9 +104,10 @@ class Coster {
   // DynaPipe basis
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
   double model_state_mb_ = 0, stored_limit_ = 0, peak_limit_ = 0;
-  std::unordered_map<std::uint64_t, std::vector<Slot>> memo_;
+  ShapeMemo own_;
+  ShapeMemo* memo_ = &own_;
   std::uint64_t last_key_ = 0;
-  std::vector<Slot>* last_row_ = nullptr;
+  std::vector<ShapeSlot>* last_row_ = nullptr;
   std::uint64_t evaluations_ = 0;
 };
 

@@ -161,3 +161,33 @@ TEST_CASE("model FLOPs count the real samples through the pipeline's layers only
   s.layers_per_stage = 8;
   CHECK(batch_model_flops(m, virtual_stages(m, s), b) > expected);
 }
+
+TEST_CASE("a partition cache changes nothing but the work: same plans, fewer queries", "[interface]") {
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  PlannerOptions o;
+  o.shape.stages = 4;
+  o.shape.layers_per_stage = 4;
+  o.baseline_mbs = {2, 8};
+  const auto vs = virtual_stages(gpt.model(), o.shape);
+  PartitionCache cache;
+  std::mt19937_64 rng(21);
+  for (std::uint64_t it = 0; it < 4; ++it) {
+    const BatchLengths b = random_batch(rng, 200, false);
+    const auto with = plan_iteration(b, nullptr, it, gpt, vs, o, &cache);
+    const auto without = plan_iteration(b, nullptr, it, gpt, vs, o);
+    REQUIRE(with.plans.size() == without.plans.size());
+    for (std::size_t k = 0; k < with.plans.size(); ++k) CHECK(encode_plan(with.plans[k]) == encode_plan(without.plans[k]));
+    CHECK(with.packpipe.iteration_ms == without.packpipe.iteration_ms);
+    for (std::size_t c = 0; c < with.fixed.figures.size(); ++c) {
+      CHECK(with.fixed.figures[c].iteration_ms == without.fixed.figures[c].iteration_ms);
+    }
+  }
+  const std::size_t shapes = cache.shapes();
+  CHECK(shapes > 0);
+  // Another pipeline shape starts the cache afresh.
+  PlannerOptions o8 = o;
+  o8.shape.stages = 8;
+  o8.shape.layers_per_stage = 2;
+  plan_iteration(random_batch(rng, 50, false), nullptr, 9, gpt, virtual_stages(gpt.model(), o8.shape), o8, &cache);
+  CHECK(cache.shapes() < shapes);
+}
