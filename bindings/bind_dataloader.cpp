@@ -293,18 +293,12 @@ void define_dataloader(py::module_& m) {
   s.def(py::init([](const dl::MultiTaskDataset& d, std::uint64_t seed, std::uint64_t global_batch_tokens,
                     std::uint64_t global_batch_samples, const std::string& split,
                     std::optional<std::vector<double>> weights, std::uint64_t epoch) {
-          dl::SamplerConfig c;
+          dl::SamplerConfig c = dl::sampler_config(d.manifest());
           c.seed = seed;
           c.global_batch_tokens = global_batch_tokens;
           c.global_batch_samples = global_batch_samples;
           c.split = dl::split_from_name(split);
-          c.split_fractions = d.manifest().split;
-          c.samples_per_epoch = d.manifest().samples_per_epoch;
-          if (weights) {
-            c.weights = *weights;
-          } else if (d.manifest().weighted) {
-            for (const auto& t : d.manifest().tasks) c.weights.push_back(t.weight);
-          }
+          if (weights) c.weights = *weights;
           auto sp = std::make_unique<dl::Sampler>(d, c);
           sp->set_epoch(epoch);
           return sp;

@@ -430,14 +430,9 @@ Json run_sample(const SampleOptions& o) {
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
   PACKPIPE_CHECK_ARG(o.dp >= 1, "--dp must be at least 1, found {}", o.dp);
-  dl::SamplerConfig cfg;
+  dl::SamplerConfig cfg = dl::sampler_config(mt.manifest());
   cfg.seed = o.seed;
   cfg.split = dl::split_from_name(o.split);
-  cfg.split_fractions = mt.manifest().split;
-  cfg.samples_per_epoch = mt.manifest().samples_per_epoch;
-  if (mt.manifest().weighted) {
-    for (const auto& t : mt.manifest().tasks) cfg.weights.push_back(t.weight);
-  }
   cfg.global_batch_tokens = o.batch_tokens;
   cfg.global_batch_samples = o.batch_samples;
   dl::Sampler sampler(mt, cfg);

@@ -26,11 +26,8 @@ namespace {
 struct PartitionCliOptions {
   std::string lengths_file, dataset, manifest;
   std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, batch_index = 0;
-  std::string model = "gpt-6.7b", device = "A100-40GB";
-  std::vector<std::string> profiles;
-  std::int64_t stages = 1, layers_per_stage = 0, chunks = 1, dp = 1, tp = 1;
-  int zero = 1;
-  double memory_mb = 0;
+  CostModelArgs costs;
+  ShapeArgs shape_args = {1};
   std::string method = "dp", recompute = "auto", oversize = "error", basis = "auto";
   std::int64_t mbs = 0;
   std::uint64_t tokens = 0;
@@ -74,13 +71,8 @@ sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec) {
                                                       : dl::MultiTaskDataset::from_prefix(o.dataset);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
-  dl::SamplerConfig cfg;
+  dl::SamplerConfig cfg = dl::sampler_config(mt.manifest());
   cfg.seed = o.seed;
-  cfg.split_fractions = mt.manifest().split;
-  cfg.samples_per_epoch = mt.manifest().samples_per_epoch;
-  if (mt.manifest().weighted) {
-    for (const auto& t : mt.manifest().tasks) cfg.weights.push_back(t.weight);
-  }
   cfg.global_batch_tokens = o.batch_tokens;
   cfg.global_batch_samples = o.batch_samples;
   dl::Sampler sampler(mt, cfg);
@@ -133,30 +125,19 @@ Json figures_json(const sch::Partition& p, bool encdec) {
 }
 
 Json run_partition(const PartitionCliOptions& o) {
-  cm::CostModelConfig cc;
-  cc.model = o.model;
-  cc.device = o.device;
-  cc.profiles = o.profiles;
-  const auto cost = cm::make_cost_model(cc);
+  const auto cost = o.costs.make();
   const bool encdec = cost->model().arch == cm::Architecture::EncoderDecoder;
   const int sources = (!o.lengths_file.empty()) + (!o.dataset.empty()) + (!o.manifest.empty());
   PACKPIPE_CHECK_ARG(sources == 1, "give exactly one of LENGTHS_FILE, --dataset and --manifest");
   sch::BatchLengths b = !o.lengths_file.empty() ? read_lengths(o.lengths_file) : sample_lengths(o, encdec);
   if (encdec && b.target.empty() && !b.input.empty()) {
-    PACKPIPE_THROW(InvalidArgument, "model '{}' is encoder-decoder: the lengths need a target column", o.model);
+    PACKPIPE_THROW(InvalidArgument, "model '{}' is encoder-decoder: the lengths need a target column", o.costs.model);
   }
   if (!encdec && !b.target.empty()) {  // decoder-only: input and target form one sequence
     for (std::size_t k = 0; k < b.input.size(); ++k) b.input[k] += b.target[k];
     b.target.clear();
   }
-  sch::PipelineShape sh;
-  sh.stages = o.stages;
-  sh.layers_per_stage = o.layers_per_stage;
-  sh.chunks = o.chunks;
-  sh.dp = o.dp;
-  sh.tp = o.tp;
-  sh.zero_stage = o.zero;
-  sh.memory_limit_mb = o.memory_mb;
+  const sch::PipelineShape sh = o.shape_args.shape();
   const auto vs = sch::virtual_stages(cost->model(), sh);
   sch::PartitionOptions po;
   po.method = sch::partition_method_from_name(o.method);
@@ -266,16 +247,8 @@ void register_partition_commands(CLI::App& app) {
   cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
   cmd->add_option("--seed", o->seed, "Sampler seed");
   cmd->add_option("--batch-index", o->batch_index, "Which global batch of epoch 0");
-  cmd->add_option("--model", o->model, "Model preset or .json");
-  cmd->add_option("--device", o->device, "Device preset or .json");
-  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable): the profiled cost model");
-  cmd->add_option("--stages", o->stages, "Pipeline stages S");
-  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (0: model layers / (S c))");
-  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank c");
-  cmd->add_option("--dp", o->dp, "Data-parallel ranks");
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks");
-  cmd->add_option("--zero", o->zero, "ZeRO stage (0-3)");
-  cmd->add_option("--memory-mb", o->memory_mb, "Memory limit per device, MB (0: the device's memory)");
+  o->costs.add_to(cmd);
+  o->shape_args.add_to(cmd);
   cmd->add_option("--method", o->method, "dp, dynapipe, fixed, tokens or packing")
       ->check(CLI::IsMember({"dp", "dynapipe", "fixed", "tokens", "packing"}));
   cmd->add_option("--mbs", o->mbs, "fixed / packing: samples (rows) per micro-batch");

@@ -40,11 +40,8 @@ namespace {
 
 struct PlanCliOptions {
   std::string manifest, dataset;
-  std::string model = "gpt-6.7b", device = "A100-40GB";
-  std::vector<std::string> profiles;
-  std::int64_t stages = 4, chunks = 1, layers_per_stage = 0, dp = 1, tp = 1;
-  int zero = 1;
-  double memory_mb = 0;
+  CostModelArgs costs;
+  ShapeArgs shape_args = {4};
   std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, epoch = 0, iterations = 0;
   std::string split = "train";
   std::string schedule = "search";
@@ -111,22 +108,12 @@ Json run_plan(const PlanCliOptions& o) {
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
   const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
                                                        : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
-  cm::CostModelConfig cc;
-  cc.model = o.model;
-  cc.device = o.device;
-  cc.profiles = o.profiles;
-  const auto cost = cm::make_cost_model(cc);
+  const auto cost = o.costs.make();
   const cm::ModelSpec& model = cost->model();
   const bool enc_dec = model.arch == cm::Architecture::EncoderDecoder;
 
   sc::PlannerOptions po;
-  po.shape.stages = o.stages;
-  po.shape.chunks = o.chunks;
-  po.shape.layers_per_stage = o.layers_per_stage;
-  po.shape.dp = o.dp;
-  po.shape.tp = o.tp;
-  po.shape.zero_stage = o.zero;
-  po.shape.memory_limit_mb = o.memory_mb;
+  po.shape = o.shape_args.shape();
   po.partition.method = sc::partition_method_from_name(o.method);
   po.partition.recompute = sc::recompute_policy_from_name(o.recompute);
   po.partition.round_multiple = o.round_multiple;
@@ -139,14 +126,9 @@ Json run_plan(const PlanCliOptions& o) {
   po.keep_timeline = true;
   const auto vstages = sc::virtual_stages(model, po.shape);
 
-  dl::SamplerConfig sconf;
+  dl::SamplerConfig sconf = dl::sampler_config(data.manifest());
   sconf.seed = o.seed;
   sconf.split = dl::split_from_name(o.split);
-  sconf.split_fractions = data.manifest().split;
-  sconf.samples_per_epoch = data.manifest().samples_per_epoch;
-  if (data.manifest().weighted) {
-    for (const auto& t : data.manifest().tasks) sconf.weights.push_back(t.weight);
-  }
   sconf.global_batch_tokens = o.batch_tokens;
   sconf.global_batch_samples = o.batch_samples;
   dl::Sampler sampler(data, sconf);
@@ -252,17 +234,17 @@ Json run_plan(const PlanCliOptions& o) {
   PACKPIPE_CHECK_ARG(!rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
 
   // ---- report ----
-  const std::int64_t gpus = o.stages * o.dp * o.tp;
+  const std::int64_t gpus = po.shape.stages * po.shape.dp * po.shape.tp;
   Json j;
   j["config"] = Json{{"source", o.manifest.empty() ? o.dataset : o.manifest},
                      {"model", model.name},
                      {"device", cost->device().name},
                      {"cost_model", cost->describe()},
-                     {"stages", o.stages},
-                     {"chunks", o.chunks},
-                     {"dp", o.dp},
-                     {"tp", o.tp},
-                     {"memory_limit_mb", o.memory_mb > 0 ? o.memory_mb : cost->device().memory_gb * 1e3},
+                     {"stages", po.shape.stages},
+                     {"chunks", po.shape.chunks},
+                     {"dp", po.shape.dp},
+                     {"tp", po.shape.tp},
+                     {"memory_limit_mb", po.shape.memory_limit_mb > 0 ? po.shape.memory_limit_mb : cost->device().memory_gb * 1e3},
                      {"global_batch_tokens", o.batch_tokens},
                      {"global_batch_samples", o.batch_samples},
                      {"seed", o.seed},
@@ -277,7 +259,7 @@ Json run_plan(const PlanCliOptions& o) {
   double pp_total = 0, flops = 0;
   std::uint64_t samples = 0, tokens = 0, microbatches = 0;
   std::vector<double> plan_ms;
-  std::vector<double> peak(static_cast<std::size_t>(o.stages), 0.0);
+  std::vector<double> peak(static_cast<std::size_t>(po.shape.stages), 0.0);
   bool pp_feasible = true;
   for (const auto& r : rows) {
     Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
@@ -429,16 +411,8 @@ void register_plan_commands(CLI::App& app) {
   auto* src = cmd->add_option_group("source", "What to plan");
   src->add_option("--manifest", o->manifest, "Multi-task manifest (.json)")->check(CLI::ExistingFile);
   src->add_option("--dataset", o->dataset, "One dataset prefix");
-  cmd->add_option("--model", o->model, "Model preset or .json file")->capture_default_str();
-  cmd->add_option("--device", o->device, "Device preset or .json file")->capture_default_str();
-  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable); default: the analytic model");
-  cmd->add_option("--stages", o->stages, "Pipeline stages")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank (interleaving)")->capture_default_str();
-  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (default: model layers / stages)");
-  cmd->add_option("--dp", o->dp, "Data-parallel replicas")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str()->check(CLI::Range(0, 3));
-  cmd->add_option("--memory-mb", o->memory_mb, "Memory limit per device, MB (default: the device's)");
+  o->costs.add_to(cmd);
+  o->shape_args.add_to(cmd);
   cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
   cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
   cmd->add_option("--seed", o->seed, "Sampler and search seed")->capture_default_str();

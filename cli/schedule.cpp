@@ -31,16 +31,8 @@ namespace {
 
 struct ScheduleOptionsCli {
   std::string input = "-";
-  std::string model = "gpt-6.7b";
-  std::string device = "A100-40GB";
-  std::vector<std::string> profiles;
-  std::int64_t stages = 4;
-  std::int64_t chunks = 1;
-  std::int64_t layers_per_stage = 0;
-  std::int64_t tp = 1;
-  std::int64_t dp = 1;
-  int zero = 1;
-  double memory_mb = 0;
+  CostModelArgs costs;
+  ShapeArgs shape_args = {4};
   std::string schedule = "search";
   std::uint64_t seed = 0;
   std::string chrome_trace;
@@ -135,16 +127,8 @@ Json schedule_json(const sc::Schedule& s, double limit_bytes) {
 
 void run_schedule(const ScheduleOptionsCli& o) {
   const auto mbs = read_microbatches(o.input);
-  const auto cost = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles});
-  sc::PipelineShape shape;
-  shape.stages = o.stages;
-  shape.chunks = o.chunks;
-  shape.layers_per_stage = o.layers_per_stage;
-  shape.tp = o.tp;
-  shape.dp = o.dp;
-  shape.zero_stage = o.zero;
-  shape.memory_limit_mb = o.memory_mb;
-  PACKPIPE_CHECK_ARG(o.memory_mb >= 0, "--memory-mb must be non-negative, found {}", o.memory_mb);
+  const auto cost = o.costs.make();
+  const sc::PipelineShape shape = o.shape_args.shape();
   const auto vs = sc::virtual_stages(cost->model(), shape);
   const sc::SimProblem problem = sc::make_sim_problem(sc::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);
   const double limit = problem.memory_limit_bytes;
@@ -272,16 +256,8 @@ void register_schedule_commands(CLI::App& app) {
       "Simulate pipeline schedules for micro-batch shapes, or search the schedule and micro-batch order");
   cmd->add_option("input", o->input,
                   "Micro-batch shapes, one per line: rows padded_len [padded_dec_len] [recompute] ('-': stdin)");
-  cmd->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
-  cmd->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
-  cmd->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
-  cmd->add_option("--stages", o->stages, "Pipeline ranks (default 4)");
-  cmd->add_option("--chunks", o->chunks, "Virtual stages per rank (default 1)");
-  cmd->add_option("--layers-per-stage", o->layers_per_stage, "Layers per virtual stage (default: model layers / stages)");
-  cmd->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
-  cmd->add_option("--dp", o->dp, "Data-parallel degree, for the optimizer state (default 1)");
-  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3 (default 1)");
-  cmd->add_option("--memory-mb", o->memory_mb, "Memory per GPU, MB = 1e6 bytes (default: the device's)");
+  o->costs.add_to(cmd);
+  o->shape_args.add_to(cmd);
   cmd->add_option("--schedule", o->schedule,
                   "search (default), gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble, or all");
   cmd->add_option("--seed", o->seed, "Seed of the search (default 0)");

@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "common/errors.h"
+#include "costmodel/factory.h"
+
 namespace packpipe::cli {
 
 namespace {
@@ -83,6 +86,49 @@ std::string human_bytes(std::uint64_t bytes) {
     ++u;
   }
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+void CostModelArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--model", model, "Model preset or .json file")->capture_default_str();
+  cmd->add_option("--device", device, "Device preset or .json file")->capture_default_str();
+  cmd->add_option("--profile", profiles, "Profile file or folder (repeatable); none: the analytic model");
+}
+
+std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
+  costmodel::CostModelConfig c;
+  c.model = model;
+  c.device = device;
+  c.profiles = profiles;
+  return costmodel::make_cost_model(c);
+}
+
+void ShapeArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--stages", stages, "Pipeline stages (ranks)")->capture_default_str();
+  cmd->add_option("--chunks", chunks, "Virtual stages per rank (interleaving)")->capture_default_str();
+  cmd->add_option("--layers-per-stage", layers_per_stage, "Layers per virtual stage (0: model layers / (stages x chunks))");
+  cmd->add_option("--dp", dp, "Data-parallel replicas")->capture_default_str();
+  cmd->add_option("--tp", tp, "Tensor-parallel ranks")->capture_default_str();
+  cmd->add_option("--zero", zero, "ZeRO stage of the optimizer state (0-3)")->capture_default_str();
+  cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)");
+}
+
+scheduler::PipelineShape ShapeArgs::shape() const {
+  PACKPIPE_CHECK_ARG(stages >= 1, "--stages must be at least 1, found {}", stages);
+  PACKPIPE_CHECK_ARG(chunks >= 1, "--chunks must be at least 1, found {}", chunks);
+  PACKPIPE_CHECK_ARG(layers_per_stage >= 0, "--layers-per-stage must not be negative, found {}", layers_per_stage);
+  PACKPIPE_CHECK_ARG(dp >= 1, "--dp must be at least 1, found {}", dp);
+  PACKPIPE_CHECK_ARG(tp >= 1, "--tp must be at least 1, found {}", tp);
+  PACKPIPE_CHECK_ARG(zero >= 0 && zero <= 3, "--zero must be 0-3, found {}", zero);
+  PACKPIPE_CHECK_ARG(memory_mb >= 0, "--memory-mb must not be negative, found {}", memory_mb);
+  scheduler::PipelineShape s;
+  s.stages = stages;
+  s.chunks = chunks;
+  s.layers_per_stage = layers_per_stage;
+  s.dp = dp;
+  s.tp = tp;
+  s.zero_stage = zero;
+  s.memory_limit_mb = memory_mb;
+  return s;
 }
 
 }  // namespace packpipe::cli

@@ -5,7 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include "costmodel/cost_model.h"
+#include "scheduler/pipeline.h"
 
 namespace packpipe::cli {
 
@@ -47,6 +51,32 @@ class Progress {
   bool finished_ = false;
   double last_draw_ = 0;
   double start_ = 0;
+};
+
+/// `--model`, `--device`, `--profile`: the cost model a subcommand uses.
+struct CostModelArgs {
+  std::string model = "gpt-6.7b";
+  std::string device = "A100-40GB";
+  std::vector<std::string> profiles;
+  /// Registers the three options on `cmd` (this object must outlive the parse).
+  void add_to(CLI::App* cmd);
+  /// The analytic model, or the profiled one when profiles are given; throws as the loaders do.
+  std::unique_ptr<costmodel::CostModel> make() const;
+};
+
+/// `--stages`, `--chunks`, `--layers-per-stage`, `--dp`, `--tp`, `--zero`, `--memory-mb`.
+struct ShapeArgs {
+  std::int64_t stages = 4;
+  std::int64_t chunks = 1;
+  std::int64_t layers_per_stage = 0;
+  std::int64_t dp = 1;
+  std::int64_t tp = 1;
+  int zero = 1;
+  double memory_mb = 0;
+  /// Registers the options on `cmd` with `stages` as the default stage count.
+  void add_to(CLI::App* cmd);
+  /// The pipeline shape; throws InvalidArgument naming the option for a non-positive size.
+  scheduler::PipelineShape shape() const;
 };
 
 /// Human-readable byte count ("1.5 MiB").

@@ -217,4 +217,14 @@ bool MultiTaskDataset::compressed() const {
   return std::any_of(tasks_.begin(), tasks_.end(), [](const auto& t) { return t->compressed; });
 }
 
+SamplerConfig sampler_config(const Manifest& manifest) {
+  SamplerConfig c;
+  c.split_fractions = manifest.split;
+  c.samples_per_epoch = manifest.samples_per_epoch;
+  if (manifest.weighted) {
+    for (const auto& t : manifest.tasks) c.weights.push_back(t.weight);
+  }
+  return c;
+}
+
 }  // namespace packpipe::dataloader

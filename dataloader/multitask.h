@@ -19,6 +19,10 @@ struct SampleView {
   TokenSpan target;
 };
 
+/// A sampler configuration with what the manifest says: train/valid/test fractions, samples per
+/// epoch and, when every task gives one, the task weights. The caller sets seed, split and batch size.
+SamplerConfig sampler_config(const Manifest& manifest);
+
 class MultiTaskDataset : public SampleSource {
  public:
   /// Opens every prefix of the manifest; throws Error naming the task and file on a mismatch
