@@ -30,7 +30,8 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 $(SAN_BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" \
+	  "-DCMAKE_C_FLAGS_DEBUG=-O1 -gline-tables-only" -DCMAKE_C_COMPILER=clang \
 	  -DCMAKE_CXX_COMPILER=clang++ -DPACKPIPE_SANITIZE=address,undefined -DPACKPIPE_BUILD_FUZZERS=ON \
 	  -DPACKPIPE_BUILD_PYTHON=OFF -DPACKPIPE_BUILD_BENCHMARKS=OFF -DPACKPIPE_WITH_CUDA=OFF \
 	  -DPACKPIPE_WITH_NCCL=OFF > $(SAN_BUILD).configure.log 2>&1 || (cat $(SAN_BUILD).configure.log; exit 1)
