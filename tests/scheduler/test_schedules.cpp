@@ -11,26 +11,14 @@
 #include "scheduler/detail/sched_builder.h"
 #include "scheduler/schedules.h"
 
+#include "tests/support/schedule_problems.h"
+
 using namespace packpipe::scheduler;
 namespace cm = packpipe::costmodel;
 
 namespace {
 
-SimProblem uniform(std::int64_t m, std::int64_t S, std::int64_t c, double f = 1.0, double b = 2.0, double w = 0.0,
-                   double stored = 0.0) {
-  StageCostTable t;
-  t.microbatches = m;
-  t.vstages = S * c;
-  const auto n = static_cast<std::size_t>(m * S * c);
-  t.forward_ms.assign(n, f);
-  t.backward_ms.assign(n, b);
-  t.backward_weight_ms.assign(n, w);
-  t.stored_bytes.assign(n, stored);
-  t.peak_bytes.assign(n, 0.0);
-  t.send_bytes.assign(n, 0.0);
-  t.static_bytes.assign(static_cast<std::size_t>(S), 0.0);
-  return make_sim_problem(std::move(t), S, cm::CommModel{}, 1, 0.0);
-}
+using packpipe::test::uniform_problem;
 
 std::vector<std::uint32_t> iota_order(std::int64_t m) {
   std::vector<std::uint32_t> o(static_cast<std::size_t>(m));
@@ -59,7 +47,7 @@ TEST_CASE("schedules: names round-trip, unknown names and unsupported shapes are
   CHECK_FALSE(schedule_supports(ScheduleKind::Interleaved1F1B, 4, 1, 8));
   CHECK_FALSE(schedule_supports(ScheduleKind::Interleaved1F1B, 4, 2, 6, &why));
   CHECK_THAT(why, Catch::Matchers::Contains("multiple of 4 micro-batches"));
-  const SimProblem p = uniform(4, 2, 2);
+  const SimProblem p = uniform_problem(4, 2, 2);
   REQUIRE_THROWS_WITH(build_order(ScheduleKind::OneFOneB, p, iota_order(4)), Catch::Matchers::Contains("chunks 1, found 2"));
   REQUIRE_THROWS_WITH(build_order(ScheduleKind::GPipe, p, {0, 1, 1, 3}), Catch::Matchers::Contains("not a permutation"));
   REQUIRE_THROWS_WITH(build_order(ScheduleKind::GPipe, p, {0, 1}), Catch::Matchers::Contains("must list 4 micro-batches"));
@@ -67,7 +55,7 @@ TEST_CASE("schedules: names round-trip, unknown names and unsupported shapes are
 
 TEST_CASE("schedules: GPipe runs every forward before any backward", "[interface]") {
   for (std::int64_t c : {1, 2}) {
-    const SimProblem p = uniform(5, 3, c);
+    const SimProblem p = uniform_problem(5, 3, c);
     std::vector<std::uint32_t> order = {3, 1, 4, 0, 2};
     const RankOrder o = build_order(ScheduleKind::GPipe, p, order);
     for (const auto& ops : o.ops) {
@@ -81,7 +69,7 @@ TEST_CASE("schedules: GPipe runs every forward before any backward", "[interface
 TEST_CASE("schedules: 1F1B warms up with S - rank - 1 forwards, then alternates", "[interface]") {
   for (std::int64_t S : {1, 2, 4, 8}) {
     for (std::int64_t m : {1, 3, 8, 13}) {
-      const SimProblem p = uniform(m, S, 1);
+      const SimProblem p = uniform_problem(m, S, 1);
       const RankOrder o = build_order(ScheduleKind::OneFOneB, p, iota_order(m));
       for (std::int64_t r = 0; r < S; ++r) {
         const auto& ops = o.ops[static_cast<std::size_t>(r)];
@@ -106,7 +94,7 @@ TEST_CASE("schedules: interleaved 1F1B matches Megatron's chunk and micro-batch 
   for (std::int64_t S : {2, 4}) {
     for (std::int64_t c : {2, 3}) {
       for (std::int64_t m : {S, 2 * S, 3 * S}) {
-        const SimProblem p = uniform(m, S, c);
+        const SimProblem p = uniform_problem(m, S, c);
         const RankOrder o = build_order(ScheduleKind::Interleaved1F1B, p, iota_order(m));
         for (std::int64_t r = 0; r < S; ++r) {
           const auto& ops = o.ops[static_cast<std::size_t>(r)];
@@ -140,7 +128,7 @@ TEST_CASE("schedules: interleaved orders with any group size dividing m are dead
       for (std::int64_t m : {S, 2 * S, 3 * S, 4 * S}) {
         for (std::int64_t g = S; g <= m; ++g) {
           if (m % g != 0) continue;
-          const SimProblem p = uniform(m, S, c);
+          const SimProblem p = uniform_problem(m, S, c);
           ScheduleOptions o;
           o.group_size = g;
           INFO("S " << S << " c " << c << " m " << m << " group " << g);
@@ -152,7 +140,7 @@ TEST_CASE("schedules: interleaved orders with any group size dividing m are dead
   }
   ScheduleOptions bad;
   bad.group_size = 3;
-  REQUIRE_THROWS_WITH(build_order(ScheduleKind::Interleaved1F1B, uniform(8, 4, 2), iota_order(8), bad),
+  REQUIRE_THROWS_WITH(build_order(ScheduleKind::Interleaved1F1B, uniform_problem(8, 4, 2), iota_order(8), bad),
                       Catch::Matchers::Contains("group size 3 must be at least 4 ranks"));
 }
 
@@ -160,7 +148,7 @@ TEST_CASE("schedules: cyclic runs at most one backward and one forward per stage
           "[interface]") {
   std::mt19937_64 rng(9);
   for (std::int64_t c : {1, 2}) {
-    const SimProblem p = uniform(7, 3, c);
+    const SimProblem p = uniform_problem(7, 3, c);
     const RankOrder o = build_order(ScheduleKind::Cyclic, p, {6, 5, 4, 3, 2, 1, 0});
     REQUIRE(o.cycle.size() == 3);
     for (std::size_t r = 0; r < 3; ++r) {
@@ -193,7 +181,7 @@ TEST_CASE("schedules: memory-aware cyclic and zero-bubble stay within the limit"
   std::uniform_real_distribution<double> u(0.5, 2.0);
   for (int trial = 0; trial < 10; ++trial) {
     const std::int64_t S = 4, m = 12;
-    SimProblem p = uniform(m, S, 1, 1.0, 2.0, 0.8, 0.0);
+    SimProblem p = uniform_problem(m, S, 1, 1.0, 2.0, 0.8, 0.0);
     for (auto& s : p.costs.stored_bytes) s = u(rng) * 1e6;
     for (std::size_t i = 0; i < p.costs.peak_bytes.size(); ++i) p.costs.peak_bytes[i] = 1.2 * p.costs.stored_bytes[i];
     p.memory_limit_bytes = 6e6;  // room for about 3 micro-batches
@@ -211,7 +199,7 @@ TEST_CASE("schedules: memory-aware cyclic and zero-bubble stay within the limit"
 TEST_CASE("schedules: zero-bubble splits every backward, W after I, no more memory than 1F1B", "[interface]") {
   for (std::int64_t S : {2, 4, 8}) {
     for (std::int64_t m : {S, 2 * S + 1}) {
-      const SimProblem p = uniform(m, S, 1, 1.0, 2.0, 1.0, 100.0);
+      const SimProblem p = uniform_problem(m, S, 1, 1.0, 2.0, 1.0, 100.0);
       const Schedule z = make_schedule(ScheduleKind::ZeroBubble, p);
       const Schedule one = make_schedule(ScheduleKind::OneFOneB, p);
       for (std::size_t r = 0; r < z.ops.size(); ++r) {
@@ -239,7 +227,7 @@ TEST_CASE("schedules: every kind is deadlock-free for small shapes", "[boundary]
   for (std::int64_t S = 1; S <= 5; ++S) {
     for (std::int64_t c = 1; c <= 3; ++c) {
       for (std::int64_t m = 1; m <= 2 * S + 2; ++m) {
-        const SimProblem p = uniform(m, S, c, 1.0, 2.0, 0.7);
+        const SimProblem p = uniform_problem(m, S, c, 1.0, 2.0, 0.7);
         for (ScheduleKind k : all_schedule_kinds()) {
           if (!schedule_supports(k, S, c, m)) continue;
           INFO(schedule_kind_name(k) << " S " << S << " c " << c << " m " << m);
@@ -321,5 +309,5 @@ TEST_CASE("schedules: the zero-bubble greedy's own timing is bit-identical to th
     CHECK(b.zero_bubble(order, {}, o, peak, ms * 0.9) == std::numeric_limits<double>::infinity());
   }
   // Zero durations (a weight-gradient share of 0) make ties the two may order differently.
-  CHECK_FALSE(detail::OrderBuilder(uniform(4, 2, 1)).exact_times());
+  CHECK_FALSE(detail::OrderBuilder(uniform_problem(4, 2, 1)).exact_times());
 }

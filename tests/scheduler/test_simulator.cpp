@@ -14,34 +14,14 @@
 #include "scheduler/schedules.h"
 #include "scheduler/simulator.h"
 #include "scheduler/trace.h"
+#include "tests/support/schedule_problems.h"
 
 using namespace packpipe::scheduler;
 namespace cm = packpipe::costmodel;
 
 namespace {
 
-SimProblem uniform(std::int64_t m, std::int64_t S, std::int64_t c, double f, double b, double w = 0,
-                   double stored = 0, double xfer = 0) {
-  StageCostTable t;
-  t.microbatches = m;
-  t.vstages = S * c;
-  const auto n = static_cast<std::size_t>(m * S * c);
-  t.forward_ms.assign(n, f);
-  t.backward_ms.assign(n, b);
-  t.backward_weight_ms.assign(n, w);
-  t.stored_bytes.assign(n, stored);
-  t.peak_bytes.assign(n, 0.0);
-  t.send_bytes.assign(n, 0.0);
-  t.static_bytes.assign(static_cast<std::size_t>(S), 0.0);
-  cm::CommModel none;
-  SimProblem p = make_sim_problem(std::move(t), S, none, 1, 0.0);
-  for (std::int64_t mb = 0; mb < m; ++mb) {
-    for (std::int64_t v = 0; v + 1 < S * c; ++v) {
-      if (v % S != (v + 1) % S) p.transfer_ms[static_cast<std::size_t>(mb * S * c + v)] = xfer;
-    }
-  }
-  return p;
-}
+using packpipe::test::uniform_problem;
 
 SimProblem random_problem(std::mt19937_64& rng, std::int64_t m, std::int64_t S, std::int64_t c) {
   std::uniform_real_distribution<double> u(0.2, 3.0);
@@ -157,7 +137,7 @@ TEST_CASE("simulator: uniform 1F1B and GPipe makespan (m + S - 1)(f + b) without
   for (std::int64_t S : {1, 2, 4, 8}) {
     for (std::int64_t m : {8, 9, 16}) {
       const double f = 1.0, b = 2.0;
-      const SimProblem p = uniform(m, S, 1, f, b);
+      const SimProblem p = uniform_problem(m, S, 1, f, b);
       const Schedule one = make_schedule(ScheduleKind::OneFOneB, p);
       CHECK(one.makespan_ms == Approx((m + S - 1) * (f + b)));
       const Schedule gp = make_schedule(ScheduleKind::GPipe, p);
@@ -171,7 +151,7 @@ TEST_CASE("simulator: uniform 1F1B and GPipe makespan (m + S - 1)(f + b) without
 }
 
 TEST_CASE("simulator: one micro-batch through two ranks pays both transfers", "[interface]") {
-  SimProblem p = uniform(1, 2, 1, 1.0, 2.0, 0.0, 0.0, 0.25);
+  SimProblem p = uniform_problem(1, 2, 1, 1.0, 2.0, 0.0, 0.0, 0.25);
   const Schedule s = make_schedule(ScheduleKind::OneFOneB, p);
   CHECK(s.makespan_ms == Approx(1 + 0.25 + 1 + 2 + 0.25 + 2));
   CHECK(s.ops[1][0].start_ms == Approx(1.25));
@@ -180,7 +160,7 @@ TEST_CASE("simulator: one micro-batch through two ranks pays both transfers", "[
 
 TEST_CASE("simulator: 1F1B holds S - rank micro-batches at rank, GPipe all of them", "[interface]") {
   const std::int64_t S = 4, m = 10;
-  const SimProblem p = uniform(m, S, 1, 1.0, 2.0, 0.0, 1000.0);
+  const SimProblem p = uniform_problem(m, S, 1, 1.0, 2.0, 0.0, 1000.0);
   const Schedule one = make_schedule(ScheduleKind::OneFOneB, p);
   const Schedule gp = make_schedule(ScheduleKind::GPipe, p);
   for (std::int64_t r = 0; r < S; ++r) {
@@ -247,7 +227,7 @@ TEST_CASE("simulator: cyclic barriers never beat the wait-free replay without co
 }
 
 TEST_CASE("simulator: a crossed order deadlocks with the rank and op named", "[negative]") {
-  const SimProblem p = uniform(2, 2, 1, 1.0, 2.0);
+  const SimProblem p = uniform_problem(2, 2, 1, 1.0, 2.0);
   RankOrder o;
   auto op = [](OpKind k, std::uint32_t mb, std::uint32_t v) {
     ScheduledOp x;
@@ -263,7 +243,7 @@ TEST_CASE("simulator: a crossed order deadlocks with the rank and op named", "[n
   REQUIRE_THROWS_AS(sim.run(o, r), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(sim.run(o, r), Catch::Matchers::Contains("deadlock: rank 0 waits forever at op 1 (B0"));
   // A backward before its own forward on one rank.
-  const SimProblem q = uniform(1, 1, 1, 1.0, 2.0);
+  const SimProblem q = uniform_problem(1, 1, 1, 1.0, 2.0);
   RankOrder bad;
   bad.ops = {{op(OpKind::Backward, 0, 0), op(OpKind::Forward, 0, 0)}};
   Simulator sq(q);
@@ -271,7 +251,7 @@ TEST_CASE("simulator: a crossed order deadlocks with the rank and op named", "[n
 }
 
 TEST_CASE("simulator: ops on the wrong rank, repeated or missing ops are refused", "[negative]") {
-  const SimProblem p = uniform(1, 2, 1, 1.0, 2.0);
+  const SimProblem p = uniform_problem(1, 2, 1, 1.0, 2.0);
   auto op = [](OpKind k, std::uint32_t mb, std::uint32_t v) {
     ScheduledOp x;
     x.kind = k;
@@ -357,7 +337,7 @@ TEST_CASE("simulator: problem from the cost model uses intra- and inter-node tra
 }
 
 TEST_CASE("simulator: malformed cost tables are refused", "[negative]") {
-  SimProblem p = uniform(2, 2, 1, 1.0, 2.0);
+  SimProblem p = uniform_problem(2, 2, 1, 1.0, 2.0);
   StageCostTable t = p.costs;
   t.forward_ms.pop_back();
   cm::CommModel comm;
