@@ -303,17 +303,26 @@ std::vector<std::uint32_t> sort_2d(const std::uint32_t* a, const std::uint32_t* 
   return ids;
 }
 
-/// Two-dimensional first fit: the lowest-numbered row with room in both dimensions.
-Packing ffd_2d(const std::vector<std::uint32_t>& ids, const std::uint32_t* a, const std::uint32_t* b,
-               std::uint64_t A, std::uint64_t B, std::uint64_t limit) {
+/// Smallest input and target length among ids[k..n) for every k (n + 1 entries; the last is max).
+std::pair<std::vector<std::uint32_t>, std::vector<std::uint32_t>> suffix_minima(const std::vector<std::uint32_t>& ids,
+                                                                                const std::uint32_t* a,
+                                                                                const std::uint32_t* b) {
   const std::size_t n = ids.size();
-  // suffix minima of the lengths still to place: rows with less room can be closed
   std::vector<std::uint32_t> min_a(n + 1, std::numeric_limits<std::uint32_t>::max());
   std::vector<std::uint32_t> min_b(n + 1, std::numeric_limits<std::uint32_t>::max());
   for (std::size_t k = n; k-- > 0;) {
     min_a[k] = std::min(min_a[k + 1], a[ids[k]]);
     min_b[k] = std::min(min_b[k + 1], b[ids[k]]);
   }
+  return {std::move(min_a), std::move(min_b)};
+}
+
+/// Two-dimensional first fit: the lowest-numbered row with room in both dimensions.
+Packing ffd_2d(const std::vector<std::uint32_t>& ids, const std::uint32_t* a, const std::uint32_t* b,
+               std::uint64_t A, std::uint64_t B, std::uint64_t limit) {
+  const std::size_t n = ids.size();
+  // suffix minima of the lengths still to place: rows with less room can be closed
+  const auto [min_a, min_b] = suffix_minima(ids, a, b);
   std::vector<std::uint32_t> row_of(n);
   std::vector<std::uint64_t> used, used_b;
   std::vector<std::uint32_t> count;
@@ -352,12 +361,7 @@ Packing bfd_2d(const std::vector<std::uint32_t>& ids, const std::uint32_t* a, co
   constexpr std::uint64_t kScanCap = 4096;
   const std::size_t n = ids.size();
   // suffix minima of the remaining samples' lengths: rows with less room are dead
-  std::vector<std::uint32_t> min_a(n + 1, std::numeric_limits<std::uint32_t>::max());
-  std::vector<std::uint32_t> min_b(n + 1, std::numeric_limits<std::uint32_t>::max());
-  for (std::size_t k = n; k-- > 0;) {
-    min_a[k] = std::min(min_a[k + 1], a[ids[k]]);
-    min_b[k] = std::min(min_b[k + 1], b[ids[k]]);
-  }
+  const auto [min_a, min_b] = suffix_minima(ids, a, b);
   std::vector<std::uint32_t> row_of(n);
   std::vector<std::uint64_t> used, used_b;
   std::vector<std::uint32_t> count, next, prev;
