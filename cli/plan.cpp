@@ -188,7 +188,7 @@ Json run_plan(const PlanCliOptions& o) {
               } else {
                 w->lengths.input.push_back(in + tg);
               }
-              w->refs.push_back(sc::SampleRef{ref.task, ref.index});
+              w->refs.push_back(ref);
             }
             return w;
           }) &

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dataloader/sampler.h"
 #include "scheduler/instructions.h"
 #include "scheduler/pipeline.h"
 
@@ -40,12 +41,8 @@ struct TensorShape {
 /// "4x512x4096 bf16 (+ enc 4x1024)".
 std::string to_string(const TensorShape& s);
 
-/// A sample of a multi-task dataset: (task, index in the task).
-struct SampleRef {
-  std::uint32_t task = 0;
-  std::uint64_t index = 0;
-  bool operator==(const SampleRef& o) const { return task == o.task && index == o.index; }
-};
+/// A sample of a multi-task dataset: (task, index in the task), as the sampler names it.
+using SampleRef = dataloader::SampleRef;
 
 /// One micro-batch as the trainer needs it.
 struct PlanMicroBatch {
