@@ -174,12 +174,21 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
   const std::size_t n = order.size();
   WindowTable t;
   t.count.assign(n, 0);
-  t.offset.assign(n + 1, 0);
+  t.offset.assign(n, 0);
   t.time_ms.reserve(n * 16);
   t.rc.reserve(n * 16);
   t.rows.reserve(n * 16);
   RowPacker packer(&w);
+  // Decoder-only, unpacked, sorted by length: a window's shape is (rows, padded length of its
+  // first sample), so starts with the same padded length share the first one's column.
+  bool share = !w.encdec() && !pack;
+  for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
   for (std::size_t i = 0; i < n; ++i) {
+    if (share && i > 0 && w.le_of(w.input[order[i]]) == w.le_of(w.input[order[i - 1]])) {
+      t.offset[i] = t.offset[i - 1];
+      t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
+      continue;
+    }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
     std::uint32_t max_in = 0, max_tg = 0;
     std::int64_t pack_le = -1, pack_ld = -1;
@@ -222,8 +231,8 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
       ++t.count[i];
     }
     t.max_count = std::max(t.max_count, t.count[i]);
+    t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
   }
-  t.offset[n] = static_cast<std::int64_t>(t.time_ms.size());
   detail::finish_table(t);
   return t;
 }

@@ -14,6 +14,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMB = 1e6;
 
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
+
 }  // namespace
 
 std::size_t ShapeMemo::size() const {
@@ -287,64 +288,63 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
 void finish_table(WindowTable& t) {
   t.tail_min.assign(t.time_ms.size(), kInf);
   t.max_time_ms = 0;
-  const std::size_t n = t.count.size();
-  for (std::size_t i = 0; i < n; ++i) {
+  std::int64_t begin = 0;
+  for (const std::int64_t end : t.column_end) {
     double run = kInf;
-    for (std::int64_t k = t.offset[i + 1] - 1; k >= t.offset[i]; --k) {
+    for (std::int64_t k = end - 1; k >= begin; --k) {
       const double c = t.time_ms[static_cast<std::size_t>(k)];
       run = std::min(run, c);
       t.tail_min[static_cast<std::size_t>(k)] = run;
       t.max_time_ms = std::max(t.max_time_ms, c);
     }
+    begin = end;
   }
 }
 
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
   const std::size_t n = w.count.size();
   ws.F.assign(n + 1, kInf);
+  ws.P.resize(n + 1);
   double* F = ws.F.data();
+  std::int32_t* P = ws.P.data();
   F[0] = 0;
   // Strict caps as the largest double below: c < cap  <=>  c <= nextafter(cap, -inf).
   const double lim = strict ? std::nextafter(cap, -kInf) : cap;
-  // Pass 1, values only (push-style): each finite prefix extends through its windows under the
-  // cap. tail_min is non-decreasing along a start's windows, so the windows that can be under the
-  // cap are a prefix found by binary search; the inner loop is branch-free (vectorised).
+  // Push-style: each finite prefix extends through its windows under the cap. tail_min is
+  // non-decreasing along a start's windows, so the windows that can be under the cap are a prefix
+  // found by binary search. P[j] keeps the least start whose window reaches F[j] (strict
+  // improvements only, starts in ascending order), which makes the path deterministic.
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
     const std::int64_t off = w.offset[i];
     const double* t = w.time_ms.data() + off;
     const double* tm = w.tail_min.data() + off;
-    const auto K = static_cast<std::size_t>(std::upper_bound(tm, tm + w.count[i], lim) - tm);
+    // A forward scan, not a binary search: the table is far larger than the caches and a scan's
+    // loads are sequential, while every step of a binary search waits for a miss.
+    const auto count = static_cast<std::size_t>(w.count[i]);
+    std::size_t K = 0;
+    while (K < count && tm[K] <= lim) ++K;
     double* Fj = F + i + 1;
+    std::int32_t* Pj = P + i + 1;
+    const auto ii = static_cast<std::int32_t>(i);
     for (std::size_t k = 0; k < K; ++k) {
+      const double cur = Fj[k];
       const double v = t[k] <= lim ? fi + t[k] : kInf;
-      Fj[k] = v < Fj[k] ? v : Fj[k];
+      Pj[k] = v < cur ? ii : Pj[k];
+      Fj[k] = v < cur ? v : cur;
     }
   }
   CapResult r;
   if (F[n] == kInf) return r;
   r.feasible = true;
   r.sum = F[n];
-  // Pass 2, the path: the predecessor of j is the least start i whose window reaches F[j]
-  // exactly (what a push-style DP keeping strict improvements records); the realised max on it.
   r.cuts.push_back(static_cast<std::int32_t>(n));
-  std::size_t j = n;
-  while (j > 0) {
-    const std::size_t lo = j > static_cast<std::size_t>(w.max_count) ? j - static_cast<std::size_t>(w.max_count) : 0;
-    std::size_t found = j;
-    for (std::size_t i = lo; i < j; ++i) {
-      const std::size_t k = j - i - 1;
-      if (F[i] == kInf || k >= static_cast<std::size_t>(w.count[i])) continue;
-      const double c = w.time_ms[static_cast<std::size_t>(w.offset[i]) + k];
-      if (c <= lim && F[i] + c == F[j]) {
-        found = i;
-        r.max = std::max(r.max, c);
-        break;
-      }
-    }
-    PACKPIPE_ASSERT(found < j);
-    j = found;
+  for (std::size_t j = n; j > 0;) {
+    const auto i = static_cast<std::size_t>(P[j]);
+    PACKPIPE_ASSERT(i < j);
+    r.max = std::max(r.max, w.time_ms[static_cast<std::size_t>(w.offset[i]) + (j - i - 1)]);
+    j = i;
     r.cuts.push_back(static_cast<std::int32_t>(j));
   }
   std::reverse(r.cuts.begin(), r.cuts.end());

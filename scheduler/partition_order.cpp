@@ -17,66 +17,94 @@ inline std::int64_t dist(const Pt& a, const Pt& b) { return std::llabs(a.x - b.x
 
 // Neighbourhood of the moves: positions within this distance of each other (bounded work on
 // large batches; the sorted start already places near points near each other).
-constexpr std::size_t kWindow = 48;
-constexpr int kMaxPasses = 50;
+constexpr std::ptrdiff_t kWindow = 48;
 
-// 2-opt on an open path: reverse p[i..j]; the ends have no outer edge.
-bool two_opt_pass(std::vector<Pt>& p, std::vector<std::uint32_t>& ids) {
-  const std::size_t n = p.size();
-  bool improved = false;
-  for (std::size_t i = 0; i + 1 < n; ++i) {
-    const std::size_t jmax = std::min(n - 1, i + kWindow);
-    for (std::size_t j = i + 1; j <= jmax; ++j) {
-      std::int64_t before = 0, after = 0;
-      if (i > 0) {
-        before += dist(p[i - 1], p[i]);
-        after += dist(p[i - 1], p[j]);
-      }
-      if (j + 1 < n) {
-        before += dist(p[j], p[j + 1]);
-        after += dist(p[i], p[j + 1]);
-      }
-      if (after < before) {
-        std::reverse(p.begin() + static_cast<std::ptrdiff_t>(i), p.begin() + static_cast<std::ptrdiff_t>(j) + 1);
-        std::reverse(ids.begin() + static_cast<std::ptrdiff_t>(i), ids.begin() + static_cast<std::ptrdiff_t>(j) + 1);
-        improved = true;
+// Local search with don't-look bits: a position is examined again only after a move changed an
+// edge at it, so a pass after the first costs time in proportion to the moves made, not to n.
+class PathSearch {
+ public:
+  PathSearch(std::vector<Pt>& p, std::vector<std::uint32_t>& ids)
+      : p_(p), ids_(ids), n_(static_cast<std::ptrdiff_t>(p.size())), look_(p.size(), 1) {}
+
+  // Until no move shortens the path (every move does, by at least 1), or 50 n moves.
+  void run() {
+    bool any = true;
+    std::int64_t budget = 50 * static_cast<std::int64_t>(n_);
+    while (any && budget > 0) {
+      any = false;
+      for (std::ptrdiff_t i = 0; i < n_ && budget > 0; ++i) {
+        if (!look_[static_cast<std::size_t>(i)]) continue;
+        if (two_opt(i) || or_opt(i)) {
+          any = true;
+          --budget;
+        } else {
+          look_[static_cast<std::size_t>(i)] = 0;
+        }
       }
     }
   }
-  return improved;
-}
 
-// Or-opt: move a segment of 1-3 points to between two other neighbours (either orientation).
-bool or_opt_pass(std::vector<Pt>& p, std::vector<std::uint32_t>& ids) {
-  const std::size_t n = p.size();
-  bool improved = false;
-  for (std::size_t len = 1; len <= 3; ++len) {
-    for (std::size_t i = 0; i + len <= n; ++i) {
-      const std::size_t e = i + len - 1;  // segment p[i..e]
-      // Removal gain.
-      std::int64_t rem = 0;
-      if (i > 0) rem += dist(p[i - 1], p[i]);
-      if (e + 1 < n) rem += dist(p[e], p[e + 1]);
-      if (i > 0 && e + 1 < n) rem -= dist(p[i - 1], p[e + 1]);
+ private:
+  const Pt& at(std::ptrdiff_t k) const { return p_[static_cast<std::size_t>(k)]; }
+  // The edges around positions [lo, hi] changed: their end points look again (classic
+  // don't-look bits; points inside a reversed or shifted run keep their neighbours).
+  void touched(std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    const std::ptrdiff_t a = std::max<std::ptrdiff_t>(0, lo), b = std::min<std::ptrdiff_t>(n_ - 1, hi);
+    for (std::ptrdiff_t k = a; k <= b; ++k) look_[static_cast<std::size_t>(k)] = 1;
+  }
+
+  // 2-opt on an open path with left end i: reverse p[i..j]; the ends have no outer edge.
+  bool two_opt(std::ptrdiff_t i) {
+    if (i + 1 >= n_) return false;
+    const std::ptrdiff_t jmax = std::min(n_ - 1, i + kWindow);
+    for (std::ptrdiff_t j = i + 1; j <= jmax; ++j) {
+      std::int64_t before = 0, after = 0;
+      if (i > 0) {
+        before += dist(at(i - 1), at(i));
+        after += dist(at(i - 1), at(j));
+      }
+      if (j + 1 < n_) {
+        before += dist(at(j), at(j + 1));
+        after += dist(at(i), at(j + 1));
+      }
+      if (after < before) {
+        std::reverse(p_.begin() + i, p_.begin() + j + 1);
+        std::reverse(ids_.begin() + i, ids_.begin() + j + 1);
+        touched(i - 1, i);
+        touched(j, j + 1);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Or-opt: move the segment p[i..i+len-1] (len 1-3) to between two other neighbours within
+  // kWindow, in either orientation; the best such move for the first len that has one.
+  bool or_opt(std::ptrdiff_t i) {
+    for (std::ptrdiff_t len = 1; len <= 3 && i + len <= n_; ++len) {
+      const std::ptrdiff_t e = i + len - 1;
+      std::int64_t rem = 0;  // removal gain
+      if (i > 0) rem += dist(at(i - 1), at(i));
+      if (e + 1 < n_) rem += dist(at(e), at(e + 1));
+      if (i > 0 && e + 1 < n_) rem -= dist(at(i - 1), at(e + 1));
       if (rem <= 0) continue;
-      // Insertion between k and k+1 (k = -1: at the front; k = n-1: at the back), outside the segment.
       std::int64_t best_delta = 0;
       std::ptrdiff_t best_k = -2;
       bool best_rev = false;
-      const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(-1, static_cast<std::ptrdiff_t>(i) - static_cast<std::ptrdiff_t>(kWindow));
-      const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(n) - 1,
-                                                         static_cast<std::ptrdiff_t>(e + kWindow));
+      // Insertion between k and k+1 (k = -1: at the front; k = n-1: at the back), outside the segment.
+      const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(-1, i - kWindow);
+      const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(n_ - 1, e + kWindow);
       for (std::ptrdiff_t k = lo; k <= hi; ++k) {
-        if (k >= static_cast<std::ptrdiff_t>(i) - 1 && k <= static_cast<std::ptrdiff_t>(e)) continue;
-        const Pt* a = k >= 0 ? &p[static_cast<std::size_t>(k)] : nullptr;
-        const Pt* b = k + 1 < static_cast<std::ptrdiff_t>(n) ? &p[static_cast<std::size_t>(k + 1)] : nullptr;
+        if (k >= i - 1 && k <= e) continue;
+        const Pt* a = k >= 0 ? &at(k) : nullptr;
+        const Pt* b = k + 1 < n_ ? &at(k + 1) : nullptr;
+        const std::int64_t ab = a && b ? dist(*a, *b) : 0;
         for (int rev = 0; rev < 2; ++rev) {
-          const Pt& first = rev ? p[e] : p[i];
-          const Pt& last = rev ? p[i] : p[e];
-          std::int64_t add = 0;
+          const Pt& first = rev ? at(e) : at(i);
+          const Pt& last = rev ? at(i) : at(e);
+          std::int64_t add = -ab;
           if (a) add += dist(*a, first);
           if (b) add += dist(last, *b);
-          if (a && b) add -= dist(*a, *b);
           const std::int64_t delta = add - rem;
           if (delta < best_delta) {
             best_delta = delta;
@@ -86,25 +114,32 @@ bool or_opt_pass(std::vector<Pt>& p, std::vector<std::uint32_t>& ids) {
         }
       }
       if (best_k == -2) continue;
-      // Apply: take the segment out and insert it after position best_k (in original indexing).
-      std::vector<Pt> seg(p.begin() + static_cast<std::ptrdiff_t>(i), p.begin() + static_cast<std::ptrdiff_t>(e) + 1);
-      std::vector<std::uint32_t> sid(ids.begin() + static_cast<std::ptrdiff_t>(i),
-                                     ids.begin() + static_cast<std::ptrdiff_t>(e) + 1);
+      // Apply in place: orient the segment, then rotate it to just after best_k.
       if (best_rev) {
-        std::reverse(seg.begin(), seg.end());
-        std::reverse(sid.begin(), sid.end());
+        std::reverse(p_.begin() + i, p_.begin() + e + 1);
+        std::reverse(ids_.begin() + i, ids_.begin() + e + 1);
       }
-      p.erase(p.begin() + static_cast<std::ptrdiff_t>(i), p.begin() + static_cast<std::ptrdiff_t>(e) + 1);
-      ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(i), ids.begin() + static_cast<std::ptrdiff_t>(e) + 1);
-      std::ptrdiff_t pos = best_k + 1;  // insertion index in the original array
-      if (pos > static_cast<std::ptrdiff_t>(e)) pos -= static_cast<std::ptrdiff_t>(len);
-      p.insert(p.begin() + pos, seg.begin(), seg.end());
-      ids.insert(ids.begin() + pos, sid.begin(), sid.end());
-      improved = true;
+      if (best_k < i) {  // segment moves left: [k+1, i) shifts right by len
+        std::rotate(p_.begin() + best_k + 1, p_.begin() + i, p_.begin() + e + 1);
+        std::rotate(ids_.begin() + best_k + 1, ids_.begin() + i, ids_.begin() + e + 1);
+        touched(best_k, best_k + len + 1);
+        touched(e, e + 1);
+      } else {  // segment moves right: (e, k] shifts left by len
+        std::rotate(p_.begin() + i, p_.begin() + e + 1, p_.begin() + best_k + 1);
+        std::rotate(ids_.begin() + i, ids_.begin() + e + 1, ids_.begin() + best_k + 1);
+        touched(i - 1, i);
+        touched(best_k - len, best_k + 1);
+      }
+      return true;
     }
+    return false;
   }
-  return improved;
-}
+
+  std::vector<Pt>& p_;
+  std::vector<std::uint32_t>& ids_;
+  std::ptrdiff_t n_;
+  std::vector<char> look_;
+};
 
 }  // namespace
 
@@ -121,11 +156,7 @@ std::vector<std::uint32_t> encdec_order(const std::vector<std::uint32_t>& input,
   if (!improve || ids.size() < 3) return ids;
   std::vector<Pt> p(ids.size());
   for (std::size_t k = 0; k < ids.size(); ++k) p[k] = {input[ids[k]], target[ids[k]]};
-  for (int pass = 0; pass < kMaxPasses; ++pass) {
-    const bool a = two_opt_pass(p, ids);
-    const bool b = or_opt_pass(p, ids);
-    if (!a && !b) break;
-  }
+  PathSearch(p, ids).run();
   return ids;
 }
 

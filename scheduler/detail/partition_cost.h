@@ -114,18 +114,21 @@ class Coster {
 /// Window shape helpers.
 inline std::int64_t round_up(std::int64_t x, std::int64_t mult) { return (x + mult - 1) / mult * mult; }
 
-/// Feasible windows [i, j) of an order, start-major: windows starting at i are j = i+1 .. i+count[i].
+/// Feasible windows [i, j) of an order, start-major: windows starting at i are j = i+1 .. i+count[i],
+/// their values at offset[i] + (j - i - 1) in the arrays below. Starts whose windows have the same
+/// shapes (decoder-only, sorted by length, same padded length) share one column of values: the
+/// column of the first such start, cut to count[i] <= n - i for the later ones.
 struct WindowTable {
   std::vector<std::int32_t> count;  ///< per start
-  std::vector<std::int64_t> offset; ///< per start, into the arrays below (n + 1 entries)
+  std::vector<std::int64_t> offset; ///< per start, into the arrays below
+  std::vector<std::int64_t> column_end;  ///< per distinct column, ascending: its end in the arrays (columns are contiguous)
   std::vector<double> time_ms;
   std::vector<std::uint8_t> rc;
   std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays)
-  std::vector<double> tail_min;     ///< per window: min time of this and the longer windows of its start
+  std::vector<double> tail_min;     ///< per value: min time of this and the longer windows of its column
   std::int32_t max_count = 0;
   double max_time_ms = 0;           ///< largest window time
 };
-
 /// Min-sum DP with a cap: windows with time <= cap (strict: < cap). Returns the sum (inf when
 /// infeasible), the realised max and the window ends on the optimal path (back-tracking order).
 struct CapResult {
@@ -138,6 +141,7 @@ struct CapResult {
 /// start's scan stops where no longer window is under the cap (tail_min).
 struct CapWorkspace {
   std::vector<double> F;
+  std::vector<std::int32_t> P;
 };
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
 /// Fills t.tail_min and t.max_time_ms from t.time_ms (call once after the table is built).
