@@ -141,7 +141,7 @@ struct CapResult {
 /// start's scan stops where no longer window is under the cap (tail_min).
 struct CapWorkspace {
   std::vector<double> F;
-  std::vector<std::int32_t> P;
+  std::vector<std::int64_t> P;
 };
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
 /// Fills t.tail_min and t.max_time_ms from t.time_ms (call once after the table is built).
