@@ -193,12 +193,24 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     std::uint32_t max_in = 0, max_tg = 0;
     std::int64_t pack_le = -1, pack_ld = -1;
     int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    std::size_t run_end = 0;  // windows up to here keep the current shape
     for (std::size_t j = i + 1; j <= n; ++j) {
       const std::uint32_t s = order[j - 1];
       max_in = std::max(max_in, w.input[s]);
       if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
       const std::int64_t le = w.le_of(max_in), ld = w.ld_of(max_tg);
       const auto m = static_cast<std::int64_t>(j - i);
+      if (j > run_end) {  // a new shape: how far it lasts (bounded look-ahead), for batched queries
+        run_end = share ? n : j;
+        const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
+        for (std::uint32_t a = max_in, b = max_tg; run_end < look; ++run_end) {
+          const std::uint32_t x = order[run_end];
+          a = std::max(a, w.input[x]);
+          if (w.encdec()) b = std::max(b, w.target[x]);
+          if (w.le_of(a) != le || w.ld_of(b) != ld) break;
+        }
+        coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+      }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
       std::int64_t rows = m;
       if (pack && m > 1) {
@@ -317,26 +329,31 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
   for (double c : t.time_ms) {
     if (c > lb && c < tau_max) cand.push_back(c);
   }
-  std::sort(cand.begin(), cand.end());
-  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
   auto pruned = [&](double lo, double g) { return a * lo + b * g >= out.objective * (1.0 - tol); };
-  // explore(lo, hi, g): candidates cand[lo, hi), over which G >= g.
+  // explore(lo, hi, g): the candidates in cand[lo, hi) (unsorted), over which G >= g. Bisection by
+  // rank: the median is selected (not sorted for) and each side partitioned, so ranges that are
+  // pruned are never ordered (the candidates are as many as the windows).
   std::function<void(std::size_t, std::size_t, double)> explore = [&](std::size_t lo, std::size_t hi, double g) {
-    if (lo >= hi || pruned(cand[lo], g)) return;
+    if (lo >= hi) return;
+    const auto first = cand.begin() + static_cast<std::ptrdiff_t>(lo), last = cand.begin() + static_cast<std::ptrdiff_t>(hi);
+    if (pruned(*std::min_element(first, last), g)) return;
     const std::size_t m = lo + (hi - lo) / 2;
-    detail::CapResult r = run(cand[m]);
+    const auto mid = cand.begin() + static_cast<std::ptrdiff_t>(m);
+    std::nth_element(first, mid, last);
+    const double cm = *mid;
+    // Above the median: candidates equal to it need no run of their own.
+    const auto above = static_cast<std::size_t>(std::partition(mid + 1, last, [cm](double x) { return x > cm; }) - cand.begin());
+    detail::CapResult r = run(cm);
     if (!r.feasible) {  // then no smaller cap is feasible either
-      explore(m + 1, hi, g);
+      explore(m + 1, above, g);
       return;
     }
     const double rm = r.max, rg = r.sum;
     consider(std::move(r));
-    // Candidates in [rm, cand[m]] share G(cand[m]) and have been charged at rm.
-    const auto left = static_cast<std::size_t>(std::lower_bound(cand.begin() + static_cast<std::ptrdiff_t>(lo),
-                                                                cand.begin() + static_cast<std::ptrdiff_t>(m), rm) -
-                                                cand.begin());
+    // Candidates in [rm, cm] share G(cm) and have been charged at rm.
+    const auto left = static_cast<std::size_t>(std::partition(first, mid, [rm](double x) { return x < rm; }) - cand.begin());
     explore(lo, left, rg);
-    explore(m + 1, hi, g);
+    explore(m + 1, above, g);
   };
   explore(0, cand.size(), g0);
   return out;

@@ -15,6 +15,14 @@ constexpr double kMB = 1e6;
 
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
 
+void query_rows(const cm::CostModel& c, cm::Query q, std::int64_t count, cm::LayerCost* out) {
+  const std::int64_t base = q.mbs;
+  for (std::int64_t r = 0; r < count; ++r) {
+    q.mbs = base + r;
+    out[r] = c.query(q);
+  }
+}
+
 // The DP's inner loop: prefixes j = i+1 .. i+K through start i's windows t[0, K) under lim, with
 // fi = F[i]. Branch-free so that it vectorises; an AVX2 clone where the CPU has it (the same
 // additions and comparisons, so the same results bit for bit).
@@ -130,39 +138,54 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     const double available = limit_mb_ - model_state_mb_;
     stored_limit_ = available / static_cast<double>(shape.stages);
     peak_limit_ = available;
+    // Queried per shape: one encoder-kind layer, the postprocess, and for T5 one decoder layer.
+    kinds_ = {{cm::LayerKind::Encoder, 1}, {cm::LayerKind::PostProcess, 1}};
+    if (encdec_) kinds_.push_back({cm::LayerKind::Decoder, 1});
   }
+  PACKPIPE_ASSERT(kinds_.size() <= kMaxKinds);
 }
 
-RcCost Coster::eval(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
+void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
+                       RcCost* out) const {
+  // Every distinct (kind, layers) query over the rows at once, then each row composed.
+  const auto nk = kinds_.size();
+  const auto cnt = static_cast<std::size_t>(count);
+  scratch_.resize(nk * cnt);
   try {
-    return basis_ == CostBasis::Stages ? eval_stages(rows, le, ld, rc) : eval_dynapipe(rows, le, ld, rc);
+    for (std::size_t k = 0; k < nk; ++k) {
+      cm::Query query;
+      query.kind = kinds_[k].kind;
+      query.num_layers = kinds_[k].layers;
+      query.tp = shape_.tp;
+      query.mbs = rows;
+      query.seq = le;
+      query.dec_seq = encdec_ ? ld : 0;
+      query.recompute = rc;
+      query_rows(cost_, query, count, scratch_.data() + k * cnt);
+    }
   } catch (const InvalidArgument&) {
-    // A shape the cost model refuses (far beyond its data) cannot be run: infinitely costly.
-    RcCost c;
-    c.time_ms = kInf;
-    c.stored_mb = kInf;
-    c.peak_mb = kInf;
-    c.fits_stages = false;
-    return c;
+    // Some row is a shape the cost model refuses (far beyond its data): row by row, and a
+    // refused row cannot be run (infinitely costly).
+    if (count > 1) {
+      for (std::int64_t r = 0; r < count; ++r) eval_rows(rows + r, 1, le, ld, rc, out + r);
+      return;
+    }
+    out->time_ms = kInf;
+    out->stored_mb = kInf;
+    out->peak_mb = kInf;
+    out->fits_stages = false;
+    return;
+  }
+  const cm::LayerCost* q[kMaxKinds];
+  for (std::size_t r = 0; r < cnt; ++r) {
+    for (std::size_t k = 0; k < nk; ++k) q[k] = &scratch_[k * cnt + r];
+    out[r] = basis_ == CostBasis::Stages ? compose_stages(q) : compose_dynapipe(q);
   }
 }
 
-RcCost Coster::eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
-  // Each distinct (kind, layers) query once, then every virtual stage composed as
-  // costmodel::stage_cost does (times add, stored adds, peak = max of stored-so-far + layer peak).
-  cm::LayerCost q[8];
-  PACKPIPE_ASSERT(kinds_.size() <= 8);
-  for (std::size_t k = 0; k < kinds_.size(); ++k) {
-    cm::Query query;
-    query.kind = kinds_[k].kind;
-    query.num_layers = kinds_[k].layers;
-    query.tp = shape_.tp;
-    query.mbs = rows;
-    query.seq = le;
-    query.dec_seq = encdec_ ? ld : 0;
-    query.recompute = rc;
-    q[k] = cost_.query(query);
-  }
+RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
+  // Every virtual stage composed as costmodel::stage_cost does (times add, stored adds, peak =
+  // max of stored-so-far + layer peak); ranks add their stages.
   double rank_time[64];
   double rank_mem[64];
   double rank_peak[64];
@@ -188,9 +211,9 @@ RcCost Coster::eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, 
   for (const auto& st : stages_) {
     double time = 0, stored = 0, peak_abs = 0;
     for (int k : st.queries) {
-      time += q[k].total_ms();
-      stored += q[k].stored_bytes;
-      peak_abs = std::max(peak_abs, stored + q[k].peak_bytes);
+      time += q[k]->total_ms();
+      stored += q[k]->stored_bytes;
+      peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
     }
     const double stored_mb = stored / kMB;
     const double peak_mb = (peak_abs - stored) / kMB;
@@ -209,26 +232,15 @@ RcCost Coster::eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, 
   return out;
 }
 
-RcCost Coster::eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const {
+RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
   // Section 3, step 3 of DynaPipe: per-layer costs times l, postprocess once.
-  auto one = [&](cm::LayerKind kind) {
-    cm::Query query;
-    query.kind = kind;
-    query.num_layers = 1;
-    query.tp = shape_.tp;
-    query.mbs = rows;
-    query.seq = le;
-    query.dec_seq = encdec_ ? ld : 0;
-    query.recompute = rc;
-    return cost_.query(query);
-  };
   const double l = static_cast<double>(dyn_layers_);
-  const cm::LayerCost e = one(cm::LayerKind::Encoder);
-  const cm::LayerCost p = one(cm::LayerKind::PostProcess);
+  const cm::LayerCost& e = *q[0];
+  const cm::LayerCost& p = *q[1];
   double t_enc = l * e.total_ms();
   double t_dec = 0, s_d = 0, a_d = 0;
   if (encdec_) {
-    const cm::LayerCost d = one(cm::LayerKind::Decoder);
+    const cm::LayerCost& d = *q[2];
     t_dec = l * d.total_ms() + p.total_ms();
     s_d = d.stored_bytes / kMB;
     a_d = (d.stored_bytes + d.peak_bytes) / kMB;
@@ -257,15 +269,35 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
     last_key_ = key;
   }
   auto& vec = *last_row_;
-  if (vec.size() <= static_cast<std::size_t>(rows)) vec.resize(static_cast<std::size_t>(rows) * 2 + 8);
-  ShapeSlot& s = vec[static_cast<std::size_t>(rows)];
   const int k = rc_index(rc);
-  if (!(s.have & (1u << k))) {
-    s.c[static_cast<std::size_t>(k)] = eval(rows, le, ld, rc);
-    s.have = static_cast<std::uint8_t>(s.have | (1u << k));
-    ++evaluations_;
+  const auto bit = static_cast<std::uint8_t>(1u << k);
+  const auto r0 = static_cast<std::size_t>(rows);
+  if (vec.size() <= r0 || !(vec[r0].have & bit)) {
+    // A block of rows at once (the caller's next windows need them): up to a quarter more rows,
+    // at least 8, never past the hint; only the rows not memoised yet.
+    const std::int64_t end = std::max(rows, std::min(rows_hint_, rows + std::max<std::int64_t>(8, rows / 4) - 1));
+    if (vec.size() <= static_cast<std::size_t>(end)) vec.resize(static_cast<std::size_t>(end) * 2 + 8);
+    std::int64_t r = rows;
+    while (r <= end) {
+      if (vec[static_cast<std::size_t>(r)].have & bit) {
+        ++r;
+        continue;
+      }
+      std::int64_t e = r;
+      while (e + 1 <= end && !(vec[static_cast<std::size_t>(e + 1)].have & bit)) ++e;
+      const auto cnt = static_cast<std::size_t>(e - r + 1);
+      block_.resize(cnt);
+      eval_rows(r, e - r + 1, le, ld, rc, block_.data());
+      for (std::size_t x = 0; x < cnt; ++x) {
+        ShapeSlot& s = vec[static_cast<std::size_t>(r) + x];
+        s.c[static_cast<std::size_t>(k)] = block_[x];
+        s.have = static_cast<std::uint8_t>(s.have | bit);
+      }
+      evaluations_ += cnt;
+      r = e + 1;
+    }
   }
-  return s.c[static_cast<std::size_t>(k)];
+  return vec[r0].c[static_cast<std::size_t>(k)];
 }
 
 Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {

@@ -74,15 +74,22 @@ class Coster {
   /// failing a mode once it failed it) and are not queried; on return it is the least mode
   /// index that still may fit (3 when none fits).
   Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto = nullptr);
+  /// The most rows the caller's next windows of the current shape can have: get() evaluates a
+  /// block of rows ahead (batched cost-model queries), never past it.
+  void set_rows_hint(std::int64_t max_rows) { rows_hint_ = max_rows; }
   /// Queries so far (for tests and benchmarks).
   std::uint64_t evaluations() const { return evaluations_; }
 
  private:
-  RcCost eval(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
-  RcCost eval_stages(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
-  RcCost eval_dynapipe(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) const;
+  // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).
+  void eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
+                 RcCost* out) const;
+  // One shape from its per-kind query answers q[k] (kinds_ order).
+  RcCost compose_stages(const cm::LayerCost* const* q) const;
+  RcCost compose_dynapipe(const cm::LayerCost* const* q) const;
+  static constexpr std::size_t kMaxKinds = 8;
 
-  struct KindQuery {  // one distinct (kind, layers) query of the stage layouts
+  struct KindQuery {  // one distinct (kind, layers) query of the stage layouts (DynaPipe: its per-layer queries)
     cm::LayerKind kind;
     std::int64_t layers;
   };
@@ -109,6 +116,9 @@ class Coster {
   std::uint64_t last_key_ = 0;
   std::vector<ShapeSlot>* last_row_ = nullptr;
   std::uint64_t evaluations_ = 0;
+  std::int64_t rows_hint_ = 1;
+  mutable std::vector<cm::LayerCost> scratch_;
+  std::vector<RcCost> block_;
 };
 
 /// Window shape helpers.
