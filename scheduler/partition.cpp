@@ -169,46 +169,52 @@ struct RowPacker {
   std::size_t rows() const { return used_e.size(); }
 };
 
-WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
-                          RecomputePolicy policy, bool pack) {
+// Fills `t` (its storage reused) with the feasible windows of `order`.
+void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster, RecomputePolicy policy,
+                   bool pack, WindowTable& t) {
   const std::size_t n = order.size();
-  WindowTable t;
   t.count.assign(n, 0);
   t.offset.assign(n, 0);
-  t.time_ms.reserve(n * 16);
-  t.rc.reserve(n * 16);
-  t.rows.reserve(n * 16);
+  t.column_end.clear();
+  t.time_ms.clear();
+  t.rc.clear();
+  t.rows.clear();
+  t.max_count = 0;
   RowPacker packer(&w);
+  // Padded lengths by position (rounding is monotone, so a window's padded length is the largest
+  // of its samples' padded lengths; no division per window).
+  std::vector<std::int64_t>& re = coster.scratch().padded_in;
+  std::vector<std::int64_t>& rd = coster.scratch().padded_tg;
+  re.resize(n);
+  rd.assign(n, 0);
+  for (std::size_t k = 0; k < n; ++k) {
+    re[k] = w.le_of(w.input[order[k]]);
+    if (w.encdec()) rd[k] = w.ld_of(w.target[order[k]]);
+  }
   // Decoder-only, unpacked, sorted by length: a window's shape is (rows, padded length of its
   // first sample), so starts with the same padded length share the first one's column.
   bool share = !w.encdec() && !pack;
   for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
   for (std::size_t i = 0; i < n; ++i) {
-    if (share && i > 0 && w.le_of(w.input[order[i]]) == w.le_of(w.input[order[i - 1]])) {
+    if (share && i > 0 && re[i] == re[i - 1]) {
       t.offset[i] = t.offset[i - 1];
       t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
       continue;
     }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
-    std::uint32_t max_in = 0, max_tg = 0;
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
     std::int64_t pack_le = -1, pack_ld = -1;
     int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     std::size_t run_end = 0;  // windows up to here keep the current shape
     for (std::size_t j = i + 1; j <= n; ++j) {
       const std::uint32_t s = order[j - 1];
-      max_in = std::max(max_in, w.input[s]);
-      if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
-      const std::int64_t le = w.le_of(max_in), ld = w.ld_of(max_tg);
+      le = std::max(le, re[j - 1]);
+      ld = std::max(ld, rd[j - 1]);
       const auto m = static_cast<std::int64_t>(j - i);
       if (j > run_end) {  // a new shape: how far it lasts (bounded look-ahead), for batched queries
         run_end = share ? n : j;
         const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
-        for (std::uint32_t a = max_in, b = max_tg; run_end < look; ++run_end) {
-          const std::uint32_t x = order[run_end];
-          a = std::max(a, w.input[x]);
-          if (w.encdec()) b = std::max(b, w.target[x]);
-          if (w.le_of(a) != le || w.ld_of(b) != ld) break;
-        }
+        while (run_end < look && re[run_end] <= le && rd[run_end] <= ld) ++run_end;
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
       }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
@@ -246,7 +252,6 @@ WindowTable build_windows(const Work& w, const std::vector<std::uint32_t>& order
     t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
   }
   detail::finish_table(t);
-  return t;
 }
 
 // Same for DynaPipe's iteration-wide recompute mode: windows grow until the first infeasible one.
@@ -255,7 +260,9 @@ WindowTable build_windows_fixed_rc(const Work& w, const std::vector<std::uint32_
   RecomputePolicy p = rc == cm::Recompute::None        ? RecomputePolicy::None
                       : rc == cm::Recompute::Selective ? RecomputePolicy::Selective
                                                        : RecomputePolicy::Full;
-  return build_windows(w, order, coster, p, pack);
+  WindowTable t;
+  build_windows(w, order, coster, p, pack, t);
+  return t;
 }
 
 // ---- packpipe's search over every cap --------------------------------------------------------
@@ -278,7 +285,7 @@ struct SearchOutcome {
 //     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), sorted;
 //  4. bisection over the candidate indices with the bound obj(tau) >= (S-1) c[lo]/c + G(hi)/d on
 //     [lo, hi) (G(hi) known from the run above), which prunes every range that cannot win.
-SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol) {
+SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol, detail::Scratch& scratch) {
   SearchOutcome out;
   const std::size_t n = t.count.size();
   if (n == 0) {
@@ -290,7 +297,8 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
   // Lower bound on any partition's max: every sample needs a window covering it. With tail_min
   // (the least time among a start's windows from k on), sample i + k is covered from start i at
   // best tail_min[k].
-  std::vector<double> cover(n, kInf);
+  std::vector<double>& cover = scratch.cover;
+  cover.assign(n, kInf);
   for (std::size_t i = 0; i < n; ++i) {
     const double* tm = t.tail_min.data() + t.offset[i];
     double* cv = cover.data() + i;
@@ -308,7 +316,7 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
       out.best = std::move(r);
     }
   };
-  detail::CapWorkspace ws;
+  detail::CapWorkspace& ws = scratch.ws;
   auto run = [&](double cap) {
     ++out.evaluations;
     return detail::min_sum_under_cap(t, cap, false, ws);
@@ -325,7 +333,8 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
   const double target = out.objective * (1.0 - tol);
   // Candidate caps strictly between lb and r0 that could still beat the incumbent.
   const double tau_max = a > 0 ? std::min(r0, (target - b * g0) / a) : r0;
-  std::vector<double> cand;
+  std::vector<double>& cand = scratch.cand;
+  cand.clear();
   for (double c : t.time_ms) {
     if (c > lb && c < tau_max) cand.push_back(c);
   }
@@ -654,8 +663,9 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
         double best = kInf;
         std::int64_t evals = 0;
         for (const auto& order : orders) {
-          const WindowTable t = build_windows(w, order, coster, options.recompute, options.pack_windows);
-          SearchOutcome so = search_caps(t, shape, options.tau_tolerance);
+          WindowTable& t = coster.scratch().table;
+          build_windows(w, order, coster, options.recompute, options.pack_windows, t);
+          SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch());
           evals += so.evaluations;
           if (!so.best.feasible || !(so.objective < best)) continue;
           best = so.objective;

@@ -42,6 +42,9 @@ void relax(const double* t, std::size_t K, double lim, double fi, std::int64_t i
 
 }  // namespace
 
+ShapeMemo::ShapeMemo() : scratch(std::make_unique<Scratch>()) {}
+ShapeMemo::~ShapeMemo() = default;
+
 std::size_t ShapeMemo::size() const {
   std::size_t n = 0;
   for (const auto& [k, v] : shapes) {

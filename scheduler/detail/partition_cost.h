@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -34,11 +35,16 @@ struct ShapeSlot {
   std::uint8_t have = 0;
 };
 
+struct Scratch;
 /// Memo of shape costs: (input length << 32 | decoder length) -> slots by rows, valid for one
-/// setting (cost model, pipeline shape, stage layouts, basis, limit), kept in `key`.
+/// setting (cost model, pipeline shape, stage layouts, basis, limit), kept in `key`; and the
+/// partitioner's working storage, kept so that repeated calls reuse it.
 struct ShapeMemo {
+  ShapeMemo();
+  ~ShapeMemo();
   std::vector<std::uint64_t> key;
   std::unordered_map<std::uint64_t, std::vector<ShapeSlot>> shapes;
+  std::unique_ptr<Scratch> scratch;
   std::size_t size() const;
 };
 
@@ -77,6 +83,8 @@ class Coster {
   /// The most rows the caller's next windows of the current shape can have: get() evaluates a
   /// block of rows ahead (batched cost-model queries), never past it.
   void set_rows_hint(std::int64_t max_rows) { rows_hint_ = max_rows; }
+  /// Working storage of the DP methods (the memo's: kept across calls when shared).
+  Scratch& scratch() { return *memo_->scratch; }
   /// Queries so far (for tests and benchmarks).
   std::uint64_t evaluations() const { return evaluations_; }
 
@@ -154,6 +162,13 @@ struct CapWorkspace {
   std::vector<std::int64_t> P;
 };
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
+/// Working storage of one partition call: the window table, the DP's arrays and the cap search's.
+struct Scratch {
+  WindowTable table;
+  CapWorkspace ws;
+  std::vector<double> cand, cover;
+  std::vector<std::int64_t> padded_in, padded_tg;  ///< padded lengths by position in the order
+};
 /// Fills t.tail_min and t.max_time_ms from t.time_ms (call once after the table is built).
 void finish_table(WindowTable& t);
 
