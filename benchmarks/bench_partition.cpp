@@ -166,6 +166,27 @@ void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sc
   }
 }
 
+// The planning job's case: one PartitionCache per thread kept across iterations, so shapes seen in
+// earlier global batches cost a look-up. Warm: the cache has seen this batch before.
+void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S) {
+  const Model& m = model(t5);
+  const sch::BatchLengths& b = batch(t5, kind);
+  const sch::PipelineShape sh = shape(t5, S);
+  const auto vs = sch::virtual_stages(m.cost->model(), sh);
+  sch::PartitionCache cache;
+  sch::PartitionOptions o;
+  o.oversize = sch::OversizePolicy::Drop;
+  o.cache = &cache;
+  sch::Partition p = sch::partition(b, *m.cost, sh, vs, o);
+  for (auto _ : state) {
+    p = sch::partition(b, *m.cost, sh, vs, o);
+    benchmark::DoNotOptimize(p.microbatches.data());
+  }
+  state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + " " + std::to_string(b.size()) + " samples");
+  state.counters["objective_ms"] = p.objective_ms;
+  state.counters["shapes"] = static_cast<double>(cache.shapes());
+}
+
 void register_all() {
   using M = sch::PartitionMethod;
   using B = sch::CostBasis;
@@ -186,6 +207,9 @@ void register_all() {
           runs.push_back({"tokens_4096", M::Tokens, B::Stages});
           runs.push_back({"packing_mbs4", M::Packing, B::Stages});
         }
+        benchmark::RegisterBenchmark(("BM_PartitionWarm/" + base + "dp").c_str(),
+                                     [=](benchmark::State& st) { BM_PartitionWarm(st, t5, kind, S); })
+            ->Unit(benchmark::kMillisecond);
         for (const auto& r : runs) {
           const M m = r.m;
           const B bb = r.b;

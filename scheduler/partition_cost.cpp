@@ -338,19 +338,22 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
 }
 
 void finish_table(WindowTable& t) {
-  t.tail_min.assign(t.time_ms.size(), kInf);
-  t.max_time_ms = 0;
+  t.tail_min.resize(t.time_ms.size());
+  const double* time = t.time_ms.data();
+  double* tail = t.tail_min.data();
+  double top = 0;
   std::int64_t begin = 0;
   for (const std::int64_t end : t.column_end) {
     double run = kInf;
     for (std::int64_t k = end - 1; k >= begin; --k) {
-      const double c = t.time_ms[static_cast<std::size_t>(k)];
+      const double c = time[k];
       run = std::min(run, c);
-      t.tail_min[static_cast<std::size_t>(k)] = run;
-      t.max_time_ms = std::max(t.max_time_ms, c);
+      tail[k] = run;
+      top = std::max(top, c);
     }
     begin = end;
   }
+  t.max_time_ms = top;
 }
 
 CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
