@@ -203,8 +203,28 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
     }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
     std::int64_t le = 0, ld = 0;  // the window's padded lengths
-    std::int64_t pack_le = -1, pack_ld = -1;
     int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    if (!pack) {
+      // Runs of windows of one shape at a time: j .. run_end share (le, ld).
+      for (std::size_t j = i + 1; j <= n;) {
+        le = std::max(le, re[j - 1]);
+        ld = std::max(ld, rd[j - 1]);
+        std::size_t run_end = share ? n : j;
+        const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
+        while (run_end < look && re[run_end] <= le && rd[run_end] <= ld) ++run_end;
+        coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+        const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
+        const std::int64_t got = coster.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i),
+                                                   le, ld, policy, &first_mode, t.time_ms, t.rc);
+        t.count[i] += static_cast<std::int32_t>(got);
+        if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
+        j = run_end + 1;
+      }
+      t.max_count = std::max(t.max_count, t.count[i]);
+      t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
+      continue;
+    }
+    std::int64_t pack_le = -1, pack_ld = -1;
     std::size_t run_end = 0;  // windows up to here keep the current shape
     for (std::size_t j = i + 1; j <= n; ++j) {
       const std::uint32_t s = order[j - 1];
@@ -212,14 +232,14 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       ld = std::max(ld, rd[j - 1]);
       const auto m = static_cast<std::int64_t>(j - i);
       if (j > run_end) {  // a new shape: how far it lasts (bounded look-ahead), for batched queries
-        run_end = share ? n : j;
+        run_end = j;
         const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
         while (run_end < look && re[run_end] <= le && rd[run_end] <= ld) ++run_end;
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
       }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
       std::int64_t rows = m;
-      if (pack && m > 1) {
+      if (m > 1) {
         if (le != pack_le || ld != pack_ld) {  // capacity changed: repack the window from scratch
           packer.reset(le, ld);
           for (std::size_t k = i; k < j; ++k) packer.add(order[k]);
@@ -236,7 +256,7 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
             rows = pr;
           }
         }
-      } else if (pack) {
+      } else {
         packer.reset(le, ld);
         packer.add(s);
         pack_le = le;
@@ -426,7 +446,8 @@ std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector
     const auto i = static_cast<std::size_t>(cuts[k]), j = static_cast<std::size_t>(cuts[k + 1]);
     MicroBatch mb;
     mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
-    const std::int32_t rows = t.rows[static_cast<std::size_t>(t.offset[i]) + (j - i - 1)];
+    const std::int32_t rows = t.rows.empty() ? static_cast<std::int32_t>(j - i)
+                                             : t.rows[static_cast<std::size_t>(t.offset[i]) + (j - i - 1)];
     if (static_cast<std::size_t>(rows) < j - i) {
       std::uint32_t max_in = 0, max_tg = 0;
       for (auto s : mb.samples) {

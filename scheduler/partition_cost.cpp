@@ -303,6 +303,35 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
   return vec[r0].c[static_cast<std::size_t>(k)];
 }
 
+std::int64_t Coster::choose_run(std::int64_t m0, std::int64_t m1, std::int64_t le, std::int64_t ld,
+                                RecomputePolicy policy, int* first_auto, std::vector<double>& time,
+                                std::vector<std::uint8_t>& rc) {
+  // choose() with the shape's row vector held: get() only where a slot is missing.
+  static constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
+  const bool automatic = policy == RecomputePolicy::Auto;
+  const int fixed = policy == RecomputePolicy::None ? 0 : policy == RecomputePolicy::Selective ? 1 : 2;
+  get(m0, le, ld, kModes[automatic ? *first_auto < 3 ? *first_auto : 2 : fixed]);  // selects the row vector
+  for (std::int64_t m = m0; m <= m1; ++m) {
+    int k = automatic ? *first_auto : fixed;
+    const int k_end = automatic ? 3 : fixed + 1;
+    for (; k < k_end; ++k) {
+      const auto bit = static_cast<std::uint8_t>(1u << k);
+      const auto r = static_cast<std::size_t>(m);
+      const RcCost& c = (last_row_->size() > r && (((*last_row_)[r].have & bit) != 0))
+                            ? (*last_row_)[r].c[static_cast<std::size_t>(k)]
+                            : get(m, le, ld, kModes[k]);
+      if (fits(c)) {
+        time.push_back(c.time_ms);
+        rc.push_back(static_cast<std::uint8_t>(kModes[k]));
+        break;
+      }
+    }
+    if (automatic) *first_auto = k;
+    if (k == k_end) return m - m0;
+  }
+  return m1 - m0 + 1;
+}
+
 Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {
   Choice best;
   best.time_ms = kInf;

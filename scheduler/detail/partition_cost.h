@@ -80,6 +80,11 @@ class Coster {
   /// failing a mode once it failed it) and are not queried; on return it is the least mode
   /// index that still may fit (3 when none fits).
   Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto = nullptr);
+  /// choose() for rows m0, m0 + 1, .., m1 of one shape in turn (first_auto carried along), each
+  /// choice's time and mode appended to `time` and `rc`, up to the first row where nothing fits.
+  /// Returns the rows appended (m1 - m0 + 1 when all fit).
+  std::int64_t choose_run(std::int64_t m0, std::int64_t m1, std::int64_t le, std::int64_t ld, RecomputePolicy policy,
+                          int* first_auto, std::vector<double>& time, std::vector<std::uint8_t>& rc);
   /// The most rows the caller's next windows of the current shape can have: get() evaluates a
   /// block of rows ahead (batched cost-model queries), never past it.
   void set_rows_hint(std::int64_t max_rows) { rows_hint_ = max_rows; }
@@ -142,7 +147,7 @@ struct WindowTable {
   std::vector<std::int64_t> column_end;  ///< per distinct column, ascending: its end in the arrays (columns are contiguous)
   std::vector<double> time_ms;
   std::vector<std::uint8_t> rc;
-  std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays)
+  std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays); empty: j - i
   std::vector<double> tail_min;     ///< per value: min time of this and the longer windows of its column
   std::int32_t max_count = 0;
   double max_time_ms = 0;           ///< largest window time
