@@ -277,8 +277,8 @@ struct Bracket {
 /// Position of x on the sorted axis v (log2 values lg): the two nodes around it and the weight of
 /// the upper one, linear in log2 x. With `hint` (batch queries along a growing x), the search
 /// starts at *hint (an index with v[*hint] <= x, 0 at first) and leaves the found index there.
-Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x, double log2x = kNaN,
-                int* hint = nullptr) {
+[[gnu::always_inline]] inline Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x,
+                                              double log2x = kNaN, int* hint = nullptr) {
   Bracket b;
   if (x <= v[0]) {
     b.exact = x == v[0];
@@ -331,8 +331,8 @@ struct Grid {
 };
 
 /// Interpolates a row at micro-batch size b; `exact`/`extrap` updated; `hint` as for bracket().
-Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact, bool& extrap,
-               int* hint = nullptr) {
+[[gnu::always_inline]] inline Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact,
+                                             bool& extrap, int* hint = nullptr) {
   const auto begin = static_cast<std::size_t>(g.row_begin[static_cast<std::size_t>(row)]);
   const int n = g.row_count[static_cast<std::size_t>(row)];
   const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b, log2b, hint);
@@ -410,11 +410,31 @@ struct ProfiledCostModel::Impl {
   std::vector<Grid> grids;
   std::vector<AlphaBetaFit> fits;
 
-  const Grid* find(LayerKind k, std::int64_t tp, Recompute rc) const {
+  /// Variant-0 grids by (kind, recompute, tp) for tp < kDirectTp (null: none); built once the
+  /// grids are final, so a query finds its grid with one load instead of a scan.
+  static constexpr std::int64_t kDirectTp = 65;
+  std::vector<const Grid*> direct;
+
+  const Grid* scan(LayerKind k, std::int64_t tp, Recompute rc) const {
     for (const auto& g : grids) {
       if (g.kind == k && g.tp == tp && g.rc == rc && g.variant == 0) return &g;
     }
     return nullptr;
+  }
+  static std::size_t slot(LayerKind k, std::int64_t tp, Recompute rc) {
+    return (static_cast<std::size_t>(k) * 3 + static_cast<std::size_t>(rc)) * kDirectTp + static_cast<std::size_t>(tp);
+  }
+  void index_grids() {
+    direct.assign(4 * 3 * kDirectTp, nullptr);
+    for (auto k : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+      for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        for (std::int64_t tp = 1; tp < kDirectTp; ++tp) direct[slot(k, tp, rc)] = scan(k, tp, rc);
+      }
+    }
+  }
+  const Grid* find(LayerKind k, std::int64_t tp, Recompute rc) const {
+    const bool in_table = tp > 0 && tp < kDirectTp && static_cast<unsigned>(k) < 4 && static_cast<unsigned>(rc) < 3;
+    return in_table ? direct[slot(k, tp, rc)] : scan(k, tp, rc);
   }
 };
 
@@ -433,6 +453,7 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
                        "profile has decoder layers but model '{}' is decoder-only", I.model.name);
   }
   for (const auto& [key, cells] : merge_points(profile.points)) I.grids.push_back(build_grid(key, cells, I.model));
+  I.index_grids();
   // Communication: device figures, replaced by measured p2p where the profile has it.
   I.comm.intra_latency_ms = I.device.intra_node_latency_us / 1e3;
   I.comm.intra_bytes_per_ms = I.device.intra_node_gbps * 1e6;
@@ -504,17 +525,19 @@ inline double fit_value(const Fit& f, const double* x, int kx) {
 }
 
 /// A query with its micro-batch size left open.
+/// Filled by Rows::plan (no initializers: a query must not pay for zeroing it; plan sets every
+/// field row() reads when g is set).
 struct RowPlan {
-  const Grid* g = nullptr;      ///< null: the fallback answers the whole query
-  std::int64_t mbs_limit = 0;   ///< larger sizes are refused (also when the fallback answers)
-  bool exact = true;            ///< the seq / dec_seq coordinates are profiled
-  bool extrap = false;          ///< beyond the grid or in a hole along seq / dec_seq
-  int corners = 0;              ///< (seq, dec_seq) grid rows carrying the answer, with weights
-  int row[4] = {0, 0, 0, 0};
-  double w[4] = {0, 0, 0, 0};
-  double inv = 0;               ///< 1 / sum of the weights
-  std::int64_t ts = 0, td = 0;  ///< shape of the time features (clamped below the grid)
-  std::int64_t ms = 0, md = 0;  ///< shape of the memory features
+  const Grid* g;            ///< null: the fallback answers the whole query
+  std::int64_t mbs_limit;   ///< larger sizes are refused (also when the fallback answers)
+  bool exact;               ///< the seq / dec_seq coordinates are profiled
+  bool extrap;              ///< beyond the grid or in a hole along seq / dec_seq
+  int corners;              ///< (seq, dec_seq) grid rows carrying the answer, with weights
+  int row[4];
+  double w[4];
+  double inv;               ///< 1 / sum of the weights
+  std::int64_t ts, td;      ///< shape of the time features (clamped below the grid)
+  std::int64_t ms, md;      ///< shape of the memory features
 };
 
 }  // namespace
