@@ -1,5 +1,6 @@
 // Query speed of the analytic cost model (target: under 100 ns per query on one core), over a
-// rotating set of shapes so the branch predictor and caches see planner-like variety.
+// rotating set of shapes so the branch predictor and caches see planner-like variety; and batch
+// queries over consecutive micro-batch sizes (query_rows) against query() in a loop.
 #include <cstdlib>
 #include <vector>
 
@@ -56,8 +57,54 @@ void BM_AnalyticStageCost(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+/// The partitioner's rows: for one (kind, seq, recompute, tp) the sizes 1..K, as one query_rows
+/// call (batch) or K query() calls (loop). Counter time_per_row: seconds per row.
+std::vector<cm::Query> row_shapes() {
+  std::vector<cm::Query> qs;
+  for (std::int64_t s : {128, 512, 1000, 2048, 3000, 4096}) {
+    for (auto rc : {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}) {
+      cm::Query q;
+      q.kind = cm::LayerKind::Encoder;
+      q.seq = s;
+      q.tp = 1 + (s / 128) % 2;
+      q.recompute = rc;
+      q.num_layers = 4;
+      qs.push_back(q);
+    }
+  }
+  return qs;
+}
+
+void BM_AnalyticRows(benchmark::State& state, bool batch) {
+  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  const auto qs = row_shapes();
+  const std::int64_t rows = state.range(0);
+  std::vector<cm::LayerCost> out(static_cast<std::size_t>(rows));
+  std::size_t i = 0;
+  for (auto _ : state) {
+    cm::Query q = qs[i];
+    if (batch) {
+      benchmark::DoNotOptimize(m.query_rows(q, rows, out.data()));
+    } else {
+      for (std::int64_t k = 0; k < rows; ++k) {
+        q.mbs = 1 + k;
+        out[static_cast<std::size_t>(k)] = m.query(q);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    if (++i == qs.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+  state.counters["time_per_row"] = benchmark::Counter(static_cast<double>(rows),
+                                                    benchmark::Counter::kIsIterationInvariantRate |
+                                                        benchmark::Counter::kInvert);
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_AnalyticQuery, gpt_6_7b, "gpt-6.7b");
 BENCHMARK_CAPTURE(BM_AnalyticQuery, t5_11b, "t5-11b");
 BENCHMARK(BM_AnalyticStageCost);
+BENCHMARK_CAPTURE(BM_AnalyticRows, query_rows, true)->Arg(64)->Arg(256);
+BENCHMARK_CAPTURE(BM_AnalyticRows, query_loop, false)->Arg(64)->Arg(256);

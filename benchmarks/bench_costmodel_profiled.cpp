@@ -8,6 +8,7 @@
 // uses one tp and fewer queries.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -92,7 +93,40 @@ void run(benchmark::State& state, bool on_grid) {
 void BM_ProfiledQueryInterpolated(benchmark::State& state) { run(state, false); }
 void BM_ProfiledQueryGridHit(benchmark::State& state) { run(state, true); }
 
+/// The partitioner's rows: for one (seq, recompute, tp) the sizes 1..K, as one query_rows call
+/// (batch) or K query() calls (loop); sequence lengths mostly between grid points. Counter
+/// time_per_row: seconds per row.
+void BM_ProfiledRows(benchmark::State& state, bool batch) {
+  const cm::ProfiledCostModel& m = model();
+  std::vector<cm::Query> qs = queries(false);
+  qs.resize(std::min<std::size_t>(qs.size(), 64));
+  const std::int64_t rows = state.range(0);
+  std::vector<cm::LayerCost> out(static_cast<std::size_t>(rows));
+  std::size_t i = 0;
+  for (auto _ : state) {
+    cm::Query q = qs[i];
+    q.mbs = 1;
+    if (batch) {
+      benchmark::DoNotOptimize(m.query_rows(q, rows, out.data()));
+    } else {
+      for (std::int64_t k = 0; k < rows; ++k) {
+        q.mbs = 1 + k;
+        out[static_cast<std::size_t>(k)] = m.query(q);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    if (++i == qs.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+  state.counters["time_per_row"] = benchmark::Counter(static_cast<double>(rows),
+                                                    benchmark::Counter::kIsIterationInvariantRate |
+                                                        benchmark::Counter::kInvert);
+}
+
 }  // namespace
 
 BENCHMARK(BM_ProfiledQueryInterpolated);
 BENCHMARK(BM_ProfiledQueryGridHit);
+BENCHMARK_CAPTURE(BM_ProfiledRows, query_rows, true)->Arg(64)->Arg(256);
+BENCHMARK_CAPTURE(BM_ProfiledRows, query_loop, false)->Arg(64)->Arg(256);

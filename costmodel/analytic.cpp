@@ -133,7 +133,22 @@ double AnalyticCostModel::efficiency(double tokens, double width) const {
   return options_.max_efficiency * ft * fw;
 }
 
-LayerCost AnalyticCostModel::query(const Query& q) const {
+/// Everything of a query that does not depend on the micro-batch size (see query_rows).
+struct AnalyticCostModel::RowPlan {
+  LayerKind kind = LayerKind::Encoder;
+  Recompute rc = Recompute::None;
+  bool dec = false;          ///< a decoder layer
+  bool comm = false;         ///< tensor-parallel all-reduces are added
+  bool inter = false;        ///< they cross nodes
+  std::int64_t tp = 1;
+  double t = 1, s = 0, d = 0, h = 0, e = 0, v = 0;
+  double tokens = 0;         ///< tokens of one sample the layer runs on
+  double width_factor = 0;   ///< width / (width + half_efficiency_width) of efficiency()
+  double layers = 1;
+  FlopsShape fl;
+};
+
+[[gnu::always_inline]] inline void AnalyticCostModel::plan(const Query& q, RowPlan& p) const {
   const ModelSpec& m = model_;
   const bool enc_dec = m.arch == Architecture::EncoderDecoder;
   // Validation: only comparisons on the happy path; messages are built only when throwing.
@@ -156,38 +171,61 @@ LayerCost AnalyticCostModel::query(const Query& q) const {
   PACKPIPE_CHECK_ARG(q.recompute == Recompute::None || q.recompute == Recompute::Selective ||
                          q.recompute == Recompute::Full,
                      "recompute must be none, selective or full, found {}", static_cast<int>(q.recompute));
-  LayerCost c = layer(q);
-  const double n = static_cast<double>(q.num_layers);
-  c.forward_ms *= n;
-  c.backward_ms *= n;
-  c.recompute_ms *= n;
-  c.stored_bytes *= n;  // the transient peak is one layer's: layers run one at a time
-  return c;
+  p.kind = q.kind;
+  p.rc = q.recompute;
+  p.dec = q.kind == LayerKind::Decoder;
+  p.tp = q.tp;
+  p.comm = options_.tp_communication && q.tp > 1;
+  p.inter = !(q.tp <= device_.gpus_per_node);
+  p.t = static_cast<double>(q.tp);
+  p.s = static_cast<double>(q.seq);
+  p.d = static_cast<double>(q.dec_seq);
+  p.h = static_cast<double>(m.hidden);
+  p.e = static_cast<double>(m.bytes_per_param);
+  p.v = static_cast<double>(m.vocab);
+  p.layers = static_cast<double>(q.num_layers);
+  double width = 0;
+  switch (q.kind) {
+    case LayerKind::Encoder:
+    case LayerKind::Decoder:
+      p.tokens = p.dec ? p.d : p.s;
+      width = std::min({p.h, static_cast<double>(m.heads * m.head_dim) / p.t, static_cast<double>(m.ffn_hidden) / p.t});
+      p.fl = flops_shape(m, q.kind, q.seq, q.dec_seq);
+      break;
+    case LayerKind::Embedding: break;
+    case LayerKind::PostProcess:
+      p.tokens = enc_dec ? p.d : p.s;
+      width = std::min(p.h, p.v / p.t);
+      p.fl = flops_shape(m, q.kind, q.seq, q.dec_seq);
+      break;
+  }
+  p.width_factor = width / (width + options_.half_efficiency_width);
 }
 
-LayerCost AnalyticCostModel::layer(const Query& q) const {
+[[gnu::always_inline]] inline LayerCost AnalyticCostModel::row(const RowPlan& p, std::int64_t mbs) const {
+  // The arithmetic of every quantity is written once, here, for query() and query_rows() alike;
+  // the RowPlan holds sub-expressions that do not involve the micro-batch size, so rounding is
+  // the same whichever way a row is asked for.
   const ModelSpec& m = model_;
   const AnalyticOptions& o = options_;
-  const double e = static_cast<double>(m.bytes_per_param);
-  const double t = static_cast<double>(q.tp), b = static_cast<double>(q.mbs);
-  const double s = static_cast<double>(q.seq), d = static_cast<double>(q.dec_seq);
-  const double h = static_cast<double>(m.hidden);
-  const bool intra = q.tp <= device_.gpus_per_node;
-  auto all_reduce = [&](double bytes) {
-    return o.tp_communication && q.tp > 1 ? comm_.all_reduce_ms(bytes, q.tp, !intra) : 0.0;
+  const double e = p.e, t = p.t, b = static_cast<double>(mbs);
+  const double s = p.s, d = p.d, h = p.h;
+  auto all_reduce = [&](double bytes) { return p.comm ? comm_.all_reduce_ms(bytes, p.tp, p.inter) : 0.0; };
+  // efficiency(tokens, width) with the width factor kept from the plan.
+  auto eff_of = [&](double tokens) {
+    const double ft = tokens / (tokens + o.half_efficiency_tokens);
+    return o.max_efficiency * ft * p.width_factor;
   };
 
   LayerCost c;
-  switch (q.kind) {
+  switch (p.kind) {
     case LayerKind::Encoder:
     case LayerKind::Decoder: {
-      const bool dec = q.kind == LayerKind::Decoder;
-      const double tokens = dec ? d : s;
-      const LayerFlops fl = forward_flops(m, q.kind, q.mbs, q.seq, q.dec_seq);
-      const double width =
-          std::min({h, static_cast<double>(m.heads * m.head_dim) / t, static_cast<double>(m.ffn_hidden) / t});
-      const double eff = efficiency(b * tokens, width);
-      const Acts x = layer_acts(m, q.kind, t, b, s, d);
+      const bool dec = p.dec;
+      const double tokens = p.tokens;
+      const LayerFlops fl = p.fl.at(b);
+      const double eff = eff_of(b * tokens);
+      const Acts x = layer_acts(m, p.kind, t, b, s, d);
       const double attn_ms = fl.attention / t / (flop_per_ms_ * eff * o.attention_efficiency);
       const double score_traffic_ms = o.memory_traffic * x.scores / hbm_per_ms_;
       const double compute =
@@ -197,12 +235,12 @@ LayerCost AnalyticCostModel::layer(const Query& q) const {
       const double comm = (dec ? 3.0 : 2.0) * all_reduce(e * b * tokens * h);
       c.forward_ms = smooth_max(o.layer_overhead_ms, compute) + comm;
       c.backward_ms = smooth_max(o.layer_overhead_ms, o.backward_factor * compute) + comm;
-      if (q.recompute == Recompute::Full) c.recompute_ms = c.forward_ms;
-      if (q.recompute == Recompute::Selective) {
+      if (p.rc == Recompute::Full) c.recompute_ms = c.forward_ms;
+      if (p.rc == Recompute::Selective) {
         c.recompute_ms = smooth_max(o.recompute_overhead_ms, attn_ms + score_traffic_ms);
       }
-      c.stored_bytes = stored_bytes(x, q.recompute);
-      c.peak_bytes = transient_bytes(x, q.recompute);
+      c.stored_bytes = stored_bytes(x, p.rc);
+      c.peak_bytes = transient_bytes(x, p.rc);
       c.boundary_bytes = e * b * tokens * h + (dec ? e * b * s * h : 0.0);
       break;
     }
@@ -221,10 +259,10 @@ LayerCost AnalyticCostModel::layer(const Query& q) const {
     case LayerKind::PostProcess: {
       // Final norm, LM head (column-parallel over the vocabulary) and vocabulary-parallel cross
       // entropy, which keeps fp32 softmax values (4 bytes per logit).
-      const double tokens = m.arch == Architecture::EncoderDecoder ? d : s;
-      const double v = static_cast<double>(m.vocab);
-      const LayerFlops fl = forward_flops(m, q.kind, q.mbs, q.seq, q.dec_seq);
-      const double eff = efficiency(b * tokens, std::min(h, v / t));
+      const double tokens = p.tokens;
+      const double v = p.v;
+      const LayerFlops fl = p.fl.at(b);
+      const double eff = eff_of(b * tokens);
       const double logits = b * tokens * v / t;
       const double stored = 2 * e * b * tokens * h + 4 * logits;
       const double compute = fl.matmul / t / (flop_per_ms_ * eff) + o.memory_traffic * stored / hbm_per_ms_;
@@ -236,7 +274,31 @@ LayerCost AnalyticCostModel::layer(const Query& q) const {
       break;
     }
   }
+  const double n = p.layers;
+  c.forward_ms *= n;
+  c.backward_ms *= n;
+  c.recompute_ms *= n;
+  c.stored_bytes *= n;  // the transient peak is one layer's: layers run one at a time
   return c;
+}
+
+LayerCost AnalyticCostModel::query(const Query& q) const {
+  RowPlan p;
+  plan(q, p);
+  return row(p, q.mbs);
+}
+
+std::int64_t AnalyticCostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {
+  check_query_rows(q, count, out);
+  if (count == 0) return 0;
+  RowPlan p;
+  try {
+    plan(q, p);  // checks row 0; the later rows differ only in a larger (positive) mbs
+  } catch (const InvalidArgument&) {
+    return 0;
+  }
+  for (std::int64_t k = 0; k < count; ++k) out[k] = row(p, q.mbs + k);
+  return count;
 }
 
 }  // namespace packpipe::costmodel

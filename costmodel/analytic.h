@@ -28,6 +28,9 @@ class AnalyticCostModel final : public CostModel {
   AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options = {});
   /// Allocation-free and thread-safe; throws InvalidArgument only for bad input.
   LayerCost query(const Query& q) const override;
+  /// As CostModel::query_rows (bit-identical to query() per row); the validation, the FLOP
+  /// factors and the efficiency width term are computed once for all rows. Allocation-free.
+  std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
   const ModelSpec& model() const override { return model_; }
   const DeviceSpec& device() const override { return device_; }
   const CommModel& comm() const override { return comm_; }
@@ -38,7 +41,11 @@ class AnalyticCostModel final : public CostModel {
   double efficiency(double tokens, double width) const;
 
  private:
-  LayerCost layer(const Query& q) const;
+  struct RowPlan;
+  /// Validates `q` (throws InvalidArgument as query() does) and fills what does not depend on mbs.
+  void plan(const Query& q, RowPlan& p) const;
+  /// The answer for micro-batch size `mbs` under plan `p` (all layers of the query).
+  LayerCost row(const RowPlan& p, std::int64_t mbs) const;
 
   ModelSpec model_;
   DeviceSpec device_;

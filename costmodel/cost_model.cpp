@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/errors.h"
 
@@ -44,6 +45,29 @@ StaticMemory static_memory(double params, std::int64_t dp, int zero_stage) {
   s.grads_bytes = 2 * params / (zero_stage >= 2 ? n : 1.0);
   s.optimizer_bytes = 12 * params / (zero_stage >= 1 ? n : 1.0);
   return s;
+}
+
+// ---- batch queries ------------------------------------------------------------------------------
+
+void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) {
+  PACKPIPE_CHECK_ARG(count >= 0, "query_rows: count must not be negative, found {}", count);
+  PACKPIPE_CHECK_ARG(count == 0 || out != nullptr, "query_rows: out is null for {} rows", count);
+  PACKPIPE_CHECK_ARG(count == 0 || q.mbs <= std::numeric_limits<std::int64_t>::max() - (count - 1),
+                     "query_rows: mbs {} + {} rows overflows", q.mbs, count);
+}
+
+std::int64_t CostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {
+  check_query_rows(q, count, out);
+  Query r = q;
+  for (std::int64_t k = 0; k < count; ++k) {
+    r.mbs = q.mbs + k;
+    try {
+      out[k] = query(r);
+    } catch (const InvalidArgument&) {
+      return k;
+    }
+  }
+  return count;
 }
 
 // ---- communication ----------------------------------------------------------------------------

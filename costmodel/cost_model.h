@@ -89,6 +89,13 @@ class CostModel {
   /// Time and memory of the query; throws InvalidArgument for a non-positive size or a shape the
   /// model refuses (e.g. far beyond profiled data), naming the argument.
   virtual LayerCost query(const Query& q) const = 0;
+  /// Batch query over consecutive micro-batch sizes (the partitioner's rows): out[k] is
+  /// query(q with mbs = q.mbs + k), bit for bit, for k < n, where n (returned, 0..count) stops at
+  /// the first row query() would refuse (InvalidArgument; never thrown for it here); rows from n
+  /// on are not written. `out` holds `count` rows (caller-owned). Throws InvalidArgument only for
+  /// count < 0, a null `out` with count > 0, or q.mbs + count overflowing. Thread-safe as query().
+  /// The default loops over query(); the built-in models compute what does not depend on mbs once.
+  virtual std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const;
   /// The model and device this cost model describes.
   virtual const ModelSpec& model() const = 0;
   virtual const DeviceSpec& device() const = 0;
@@ -97,6 +104,10 @@ class CostModel {
   /// Human-readable description ("analytic", or the profile files loaded).
   virtual std::string describe() const = 0;
 };
+
+/// The argument checks of CostModel::query_rows (for implementations): throws InvalidArgument for
+/// count < 0, a null `out` with count > 0, or q.mbs + count - 1 overflowing.
+void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out);
 
 /// The layers one pipeline stage holds: transformer layers of each kind, and whether the
 /// embedding and the LM head / loss live there.

@@ -35,6 +35,37 @@ struct LayerFlops {
 LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, std::int64_t mbs, std::int64_t seq,
                          std::int64_t dec_seq = 0);
 
+/// forward_flops of one layer kind and shape with the micro-batch size left open, for batch
+/// queries over consecutive sizes: everything that does not depend on mbs is computed once.
+/// at(b) is bit-identical to forward_flops(m, kind, b, seq, dec_seq) (same expression trees).
+struct FlopsShape {
+  LayerKind kind = LayerKind::Embedding;
+  double s = 0, d = 0, h = 0, q = 0, vocab = 0;
+  double tok = 0;    ///< per-token GEMM terms (encoder; decoder self-attention)
+  double cross = 0;  ///< decoder: cross-attention GEMM terms of one sample
+  double mlp = 0;    ///< MLP GEMM terms of one token
+  double post_len = 0;  ///< post-process: tokens per sample
+  /// FLOPs for `b` (a positive micro-batch size as a double); no checks, no allocation.
+  LayerFlops at(double b) const {
+    LayerFlops f;
+    switch (kind) {
+      case LayerKind::Embedding: break;
+      case LayerKind::Encoder:
+        f.matmul = 2.0 * b * s * tok;
+        f.attention = 2.0 * 2.0 * b * s * s * q;
+        break;
+      case LayerKind::Decoder:
+        f.matmul = 2.0 * b * d * tok + 2.0 * b * cross + 2.0 * b * d * mlp;
+        f.attention = 2.0 * 2.0 * b * d * d * q + 2.0 * 2.0 * b * d * s * q;
+        break;
+      case LayerKind::PostProcess: f.matmul = 2.0 * b * post_len * h * vocab; break;
+    }
+    return f;
+  }
+};
+/// The FlopsShape of (kind, seq, dec_seq); throws InvalidArgument as forward_flops does for bad lengths.
+FlopsShape flops_shape(const ModelSpec& m, LayerKind kind, std::int64_t seq, std::int64_t dec_seq = 0);
+
 /// Model FLOPs of one training iteration (forward + backward = 3 x forward, no recompute) over
 /// `tokens_enc` x `seq` shapes summed by the caller; convenience for MFU: 3 x forward_flops sums.
 double training_flops(const ModelSpec& m, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq = 0);

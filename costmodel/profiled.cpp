@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -274,8 +275,10 @@ struct Bracket {
 };
 
 /// Position of x on the sorted axis v (log2 values lg): the two nodes around it and the weight of
-/// the upper one, linear in log2 x.
-Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x, double log2x = kNaN) {
+/// the upper one, linear in log2 x. With `hint` (batch queries along a growing x), the search
+/// starts at *hint (an index with v[*hint] <= x, 0 at first) and leaves the found index there.
+[[gnu::always_inline]] inline Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x,
+                                              double log2x = kNaN, int* hint = nullptr) {
   Bracket b;
   if (x <= v[0]) {
     b.exact = x == v[0];
@@ -291,7 +294,13 @@ Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x, 
   }
   // Axes are short (at most a dozen values): a branch-free count beats a binary search here.
   int i = -1;
-  for (int k = 0; k < n; ++k) i += v[k] <= x;
+  if (hint != nullptr) {
+    i = *hint;
+    while (v[i + 1] <= x) ++i;  // stops below n - 1: x < v[n - 1]
+    *hint = i;
+  } else {
+    for (int k = 0; k < n; ++k) i += v[k] <= x;
+  }
   b.i0 = i;
   if (v[i] == x) {
     b.i1 = i;
@@ -321,11 +330,12 @@ struct Grid {
   bool has_time() const { return has[0] || has[1]; }
 };
 
-/// Interpolates a row at micro-batch size b; `exact`/`extrap` updated.
-Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact, bool& extrap) {
+/// Interpolates a row at micro-batch size b; `exact`/`extrap` updated; `hint` as for bracket().
+[[gnu::always_inline]] inline Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact,
+                                             bool& extrap, int* hint = nullptr) {
   const auto begin = static_cast<std::size_t>(g.row_begin[static_cast<std::size_t>(row)]);
   const int n = g.row_count[static_cast<std::size_t>(row)];
-  const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b, log2b);
+  const Bracket br = bracket(g.cell_mbs.data() + begin, g.cell_lmbs.data() + begin, n, b, log2b, hint);
   if (!br.exact) exact = false;
   if (br.above || (br.below && g.cell_mbs[begin] != g.mbs.v[0])) extrap = true;
   const Node& a = g.nodes[begin + static_cast<std::size_t>(br.i0)];
@@ -400,11 +410,31 @@ struct ProfiledCostModel::Impl {
   std::vector<Grid> grids;
   std::vector<AlphaBetaFit> fits;
 
-  const Grid* find(LayerKind k, std::int64_t tp, Recompute rc) const {
+  /// Variant-0 grids by (kind, recompute, tp) for tp < kDirectTp (null: none); built once the
+  /// grids are final, so a query finds its grid with one load instead of a scan.
+  static constexpr std::int64_t kDirectTp = 65;
+  std::vector<const Grid*> direct;
+
+  const Grid* scan(LayerKind k, std::int64_t tp, Recompute rc) const {
     for (const auto& g : grids) {
       if (g.kind == k && g.tp == tp && g.rc == rc && g.variant == 0) return &g;
     }
     return nullptr;
+  }
+  static std::size_t slot(LayerKind k, std::int64_t tp, Recompute rc) {
+    return (static_cast<std::size_t>(k) * 3 + static_cast<std::size_t>(rc)) * kDirectTp + static_cast<std::size_t>(tp);
+  }
+  void index_grids() {
+    direct.assign(4 * 3 * kDirectTp, nullptr);
+    for (auto k : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+      for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        for (std::int64_t tp = 1; tp < kDirectTp; ++tp) direct[slot(k, tp, rc)] = scan(k, tp, rc);
+      }
+    }
+  }
+  const Grid* find(LayerKind k, std::int64_t tp, Recompute rc) const {
+    const bool in_table = tp > 0 && tp < kDirectTp && static_cast<unsigned>(k) < 4 && static_cast<unsigned>(rc) < 3;
+    return in_table ? direct[slot(k, tp, rc)] : scan(k, tp, rc);
   }
 };
 
@@ -423,6 +453,7 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
                        "profile has decoder layers but model '{}' is decoder-only", I.model.name);
   }
   for (const auto& [key, cells] : merge_points(profile.points)) I.grids.push_back(build_grid(key, cells, I.model));
+  I.index_grids();
   // Communication: device figures, replaced by measured p2p where the profile has it.
   I.comm.intra_latency_ms = I.device.intra_node_latency_us / 1e3;
   I.comm.intra_bytes_per_ms = I.device.intra_node_gbps * 1e6;
@@ -457,8 +488,69 @@ std::string ProfiledCostModel::describe() const {
                      impl_->fallback ? "analytic" : "none");
 }
 
-LayerCost ProfiledCostModel::query(const Query& q) const {
-  const Impl& I = *impl_;
+// ---- queries ------------------------------------------------------------------------------------
+//
+// A query is planned once for everything that does not depend on the micro-batch size (checks,
+// grid, the (seq, dec_seq) cell and its corner weights, flags), then evaluated per size; query()
+// plans and evaluates one row, query_rows() plans once and evaluates consecutive sizes with the
+// same code, so both give the same bits.
+
+namespace {
+
+/// log2 of a positive integer: std::log2 itself, from a table for the small values every query
+/// meets (sizes and lengths), so the result is the same bits either way.
+double log2_int(std::int64_t x) {
+  constexpr std::int64_t kTable = std::int64_t{1} << 14;
+  static const std::vector<double> table = [] {
+    std::vector<double> t(static_cast<std::size_t>(kTable));
+    for (std::int64_t i = 1; i < kTable; ++i) t[static_cast<std::size_t>(i)] = std::log2(static_cast<double>(i));
+    return t;
+  }();
+  return x > 0 && x < kTable ? table[static_cast<std::size_t>(x)] : std::log2(static_cast<double>(x));
+}
+
+/// Fit::eval for the query path: the same sums in the same order, unrolled with constant indices
+/// so that the features of a query stay in registers (the loop's vector reload of scalars just
+/// stored was a store-forwarding stall costing a third of a query). `x` holds kMaxFeatures values.
+inline double fit_value(const Fit& f, const double* x, int kx) {
+  static_assert(kMaxFeatures == 5, "fit_value is unrolled for 5 features");
+  const int n = std::min(f.k, kx);
+  double y = 0;
+  if (n > 0) y += f.c[0] * x[0];
+  if (n > 1) y += f.c[1] * x[1];
+  if (n > 2) y += f.c[2] * x[2];
+  if (n > 3) y += f.c[3] * x[3];
+  if (n > 4) y += f.c[4] * x[4];
+  return y;
+}
+
+/// A query with its micro-batch size left open.
+/// Filled by Rows::plan (no initializers: a query must not pay for zeroing it; plan sets every
+/// field row() reads when g is set).
+struct RowPlan {
+  const Grid* g;            ///< null: the fallback answers the whole query
+  std::int64_t mbs_limit;   ///< larger sizes are refused (also when the fallback answers)
+  bool exact;               ///< the seq / dec_seq coordinates are profiled
+  bool extrap;              ///< beyond the grid or in a hole along seq / dec_seq
+  int corners;              ///< (seq, dec_seq) grid rows carrying the answer, with weights
+  int row[4];
+  double w[4];
+  double inv;               ///< 1 / sum of the weights
+  std::int64_t ts, td;      ///< shape of the time features (clamped below the grid)
+  std::int64_t ms, md;      ///< shape of the memory features
+};
+
+}  // namespace
+
+struct ProfiledCostModel::Rows {
+  /// Checks `q` as query() does (throws InvalidArgument) and fills `p`.
+  static void plan(const Impl& I, const Query& q, RowPlan& p);
+  /// The answer at micro-batch size `mbs` (q.mbs ignored). A memory fallback that refuses throws
+  /// (one_row) or returns false (batch: `hint` given, one per corner).
+  static bool row(const Impl& I, const RowPlan& p, const Query& q, std::int64_t mbs, LayerCost& out, int* hint);
+};
+
+[[gnu::always_inline]] inline void ProfiledCostModel::Rows::plan(const Impl& I, const Query& q, RowPlan& p) {
   PACKPIPE_CHECK_ARG(q.mbs > 0, "mbs must be positive, found {}", q.mbs);
   PACKPIPE_CHECK_ARG(q.tp > 0, "tp must be positive, found {}", q.tp);
   PACKPIPE_CHECK_ARG(q.num_layers > 0, "num_layers must be positive, found {}", q.num_layers);
@@ -474,12 +566,14 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
   }
   PACKPIPE_CHECK_ARG(q.kind != LayerKind::Decoder || enc_dec, "model '{}' is decoder-only: it has no decoder layers",
                      I.model.name);
+  p.g = nullptr;
+  p.mbs_limit = std::numeric_limits<std::int64_t>::max();
   const Grid* g = I.find(q.kind, q.tp, q.recompute);
   if (g == nullptr || !g->has_time()) {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "{} layers at tp {} with recompute {} are not profiled and there is no analytic fallback",
                        layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
-    return I.fallback->query(q);
+    return;
   }
   // Refuse far beyond the grid.
   PACKPIPE_CHECK_ARG(q.mbs <= 2 * g->mbs.max(),
@@ -495,24 +589,27 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
                        "dec_seq {} is beyond twice the largest profiled decoder length {} ({} tp {} rc {})", q.dec_seq,
                        g->dec.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
   }
+  p.mbs_limit = 2 * g->mbs.max();  // also when the fallback answers (below): query() refuses first
   bool exact = true, extrap = false;
   // Clamp below axes with at least two values (latency floor); a single value gives no trend.
   auto clamp_low = [](const Axis& a, std::int64_t x) { return a.v.size() > 1 && x < a.v[0] ? a.v[0] : x; };
-  const std::int64_t b = clamp_low(g->mbs, q.mbs);
   const std::int64_t s = g->seq.used() ? clamp_low(g->seq, q.seq) : 0;
   const std::int64_t d = g->dec.used() ? clamp_low(g->dec, q.dec_seq) : 0;
   Bracket bs, bd;
-  if (g->seq.used()) bs = bracket(g->seq.v.data(), g->seq.lg.data(), static_cast<int>(g->seq.v.size()), s);
-  if (g->dec.used()) bd = bracket(g->dec.v.data(), g->dec.lg.data(), static_cast<int>(g->dec.v.size()), d);
+  if (g->seq.used()) {
+    bs = bracket(g->seq.v.data(), g->seq.lg.data(), static_cast<int>(g->seq.v.size()), s, log2_int(s));
+  }
+  if (g->dec.used()) {
+    bd = bracket(g->dec.v.data(), g->dec.lg.data(), static_cast<int>(g->dec.v.size()), d, log2_int(d));
+  }
   for (const Bracket* br : {&bs, &bd}) {
     if (!br->exact) exact = false;
     if (br->above) extrap = true;
   }
-  if (b != q.mbs || (g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
+  if ((g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
   const std::size_t nd = g->dec.v.size();
-  const double log2b = std::log2(static_cast<double>(b));
-  double acc[kFields] = {0, 0, 0, 0};
   double wsum = 0;
+  p.corners = 0;
   for (int cs = 0; cs < 2; ++cs) {
     if (cs && bs.i0 == bs.i1) continue;
     const int si = cs ? bs.i1 : bs.i0;
@@ -528,8 +625,9 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
         exact = false;
         continue;
       }
-      const Node n = row_value(*g, row, b, log2b, exact, extrap);
-      for (int f = 0; f < kFields; ++f) acc[f] += ws * wd * n.r[f];
+      p.row[p.corners] = row;
+      p.w[p.corners] = ws * wd;
+      ++p.corners;
       wsum += ws * wd;
     }
   }
@@ -537,19 +635,38 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "no profiled shape near mbs {} seq {} dec_seq {} ({} tp {} rc {}) and no analytic fallback",
                        q.mbs, q.seq, q.dec_seq, layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
-    return I.fallback->query(q);
+    return;
   }
-  const double inv = 1.0 / wsum;
+  p.g = g;
+  p.exact = exact;
+  p.extrap = extrap;
+  p.inv = 1.0 / wsum;
+  // Time at the clamped shape (latency floor below the grid), at the real shape above it.
+  p.ts = g->seq.used() ? s : q.seq;
+  p.td = g->dec.used() ? d : q.dec_seq;
+  p.ms = g->seq.used() ? q.seq : 0;
+  p.md = g->dec.used() ? q.dec_seq : 0;
+}
+
+[[gnu::always_inline]] inline bool ProfiledCostModel::Rows::row(const Impl& I, const RowPlan& p, const Query& q, std::int64_t mbs, LayerCost& out,
+                                  int* hint) {
+  const Grid& g = *p.g;
+  const std::int64_t b = g.mbs.v.size() > 1 && mbs < g.mbs.v[0] ? g.mbs.v[0] : mbs;
+  bool exact = p.exact && b == mbs, extrap = p.extrap;
+  const double log2b = log2_int(b);
+  double acc[kFields] = {0, 0, 0, 0};
+  for (int c = 0; c < p.corners; ++c) {
+    const Node n = row_value(g, p.row[c], b, log2b, exact, extrap, hint ? hint + c : nullptr);
+    for (int f = 0; f < kFields; ++f) acc[f] += p.w[c] * n.r[f];
+  }
+  const double inv = p.inv;
   const double layers = static_cast<double>(q.num_layers);
   const Featurizer fz{&I.model, q.kind};
-  // Time at the clamped shape (latency floor below the grid), at the real shape above it.
-  const std::int64_t ts = g->seq.used() ? s : q.seq, td = g->dec.used() ? d : q.dec_seq;
-  double xt[kMaxFeatures];
-  const int kt = fz.time(b, ts, td, xt);
+  double xt[kMaxFeatures] = {0, 0, 0, 0, 0};
+  const int kt = fz.time(b, p.ts, p.td, xt);
   const Provenance prov = exact ? Provenance::Profiled : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
-  LayerCost out;
-  const double fwd = g->has[0] ? g->fit[0].eval(xt, kt) * acc[0] * inv : kNaN;
-  const double bwd_profiled = g->has[1] ? g->fit[1].eval(xt, kt) * acc[1] * inv : kNaN;
+  const double fwd = g.has[0] ? fit_value(g.fit[0], xt, kt) * acc[0] * inv : kNaN;
+  const double bwd_profiled = g.has[1] ? fit_value(g.fit[1], xt, kt) * acc[1] * inv : kNaN;
   double recompute = 0;
   if (q.recompute == Recompute::Full) {
     recompute = fwd;
@@ -560,14 +677,21 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
   out.recompute_ms = recompute * layers;
   out.backward_ms = std::max(0.0, bwd_profiled - recompute) * layers;
   out.time_source = prov;
-  double xm[kMaxFeatures];
-  const int km = fz.memory(q.mbs, g->seq.used() ? q.seq : 0, g->dec.used() ? q.dec_seq : 0, xm);
-  if (g->has[2] && !std::isnan(acc[2])) {
-    out.stored_bytes = g->fit[2].eval(xm, km) * acc[2] * inv * layers;
-    out.peak_bytes = g->has[3] && !std::isnan(acc[3]) ? g->fit[3].eval(xm, km) * acc[3] * inv : 0.0;
+  double xm[kMaxFeatures] = {0, 0, 0, 0, 0};
+  const int km = fz.memory(mbs, p.ms, p.md, xm);
+  if (g.has[2] && !std::isnan(acc[2])) {
+    out.stored_bytes = fit_value(g.fit[2], xm, km) * acc[2] * inv * layers;
+    out.peak_bytes = g.has[3] && !std::isnan(acc[3]) ? fit_value(g.fit[3], xm, km) * acc[3] * inv : 0.0;
     out.memory_source = prov;
   } else if (I.fallback) {
-    const LayerCost a = I.fallback->query(q);
+    Query r = q;
+    r.mbs = mbs;
+    LayerCost a;
+    if (hint == nullptr) {
+      a = I.fallback->query(r);
+    } else if (I.fallback->query_rows(r, 1, &a) == 0) {
+      return false;
+    }
     out.stored_bytes = a.stored_bytes;
     out.peak_bytes = a.peak_bytes;
     out.memory_source = a.memory_source;
@@ -579,13 +703,43 @@ LayerCost ProfiledCostModel::query(const Query& q) const {
   // Activations handed to the next stage: hidden states of every token (the encoder output rides
   // along through decoder stages); the post-process ends the pipeline.
   const double h = static_cast<double>(I.model.hidden) * static_cast<double>(I.model.bytes_per_param);
-  const double bq = static_cast<double>(q.mbs);
+  const double bq = static_cast<double>(mbs);
   switch (q.kind) {
     case LayerKind::PostProcess: out.boundary_bytes = 0; break;
     case LayerKind::Decoder: out.boundary_bytes = bq * static_cast<double>(q.seq + q.dec_seq) * h; break;
     default: out.boundary_bytes = bq * static_cast<double>(q.seq) * h; break;
   }
+  return true;
+}
+
+LayerCost ProfiledCostModel::query(const Query& q) const {
+  const Impl& I = *impl_;
+  RowPlan p;
+  Rows::plan(I, q, p);
+  if (p.g == nullptr) return I.fallback->query(q);
+  LayerCost out;
+  Rows::row(I, p, q, q.mbs, out, nullptr);
   return out;
+}
+
+std::int64_t ProfiledCostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {
+  check_query_rows(q, count, out);
+  if (count == 0) return 0;
+  const Impl& I = *impl_;
+  RowPlan p;
+  try {
+    Rows::plan(I, q, p);  // checks row 0; later rows differ only in a larger mbs
+  } catch (const InvalidArgument&) {
+    return 0;
+  }
+  // Sizes above twice the largest profiled one are refused (q.mbs itself passed the plan).
+  const std::int64_t n = std::min(count, p.mbs_limit - q.mbs + 1);
+  if (p.g == nullptr) return I.fallback->query_rows(q, n, out);
+  int hint[4] = {0, 0, 0, 0};  // per corner row: the mbs bracket, growing with the size
+  for (std::int64_t k = 0; k < n; ++k) {
+    if (!Rows::row(I, p, q, q.mbs + k, out[k], hint)) return k;
+  }
+  return n;
 }
 
 // ---- leave-one-out ------------------------------------------------------------------------------

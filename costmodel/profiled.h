@@ -42,6 +42,11 @@ class ProfiledCostModel final : public CostModel {
   ProfiledCostModel& operator=(const ProfiledCostModel&) = delete;
 
   LayerCost query(const Query& q) const override;
+  /// As CostModel::query_rows (bit-identical to query() per row): checks, grid, the (seq,
+  /// dec_seq) cell and its weights are found once; per row only the mbs bracket (advanced along
+  /// the growing size) and the fit. Rows above twice the largest profiled mbs end the batch.
+  /// Allocation-free unless the fallback allocates.
+  std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
   const ModelSpec& model() const override;
   const DeviceSpec& device() const override;
   /// From the device's interconnect figures; point-to-point latency and bandwidth replaced by the
@@ -58,6 +63,7 @@ class ProfiledCostModel final : public CostModel {
 
  private:
   struct Impl;
+  struct Rows;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -63,3 +63,31 @@ TEST_CASE("model and device JSON files, and bad input", "[negative]") {
   REQUIRE_THROWS_WITH(forward_flops(load_model("gpt-1.3b"), LayerKind::Encoder, 0, 16),
                       Catch::Matchers::Contains("found 0"));
 }
+
+TEST_CASE("flops_shape(kind, seq, dec).at(b) is forward_flops bit for bit", "[interface]") {
+  // at() is the batch-query form of forward_flops; the two must round identically.
+  std::size_t compared = 0, differing = 0;
+  for (const char* name : {"gpt-6.7b", "llama-7b", "t5-11b", "t5-770m"}) {
+    const ModelSpec m = load_model(name);
+    const bool encdec = m.arch == Architecture::EncoderDecoder;
+    for (auto kind : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+      if (kind == LayerKind::Decoder && !encdec) continue;
+      for (std::int64_t seq : {1, 17, 512, 3001, 8192}) {
+        for (std::int64_t dec : {1, 64, 999}) {
+          const std::int64_t d = encdec ? dec : 0;
+          const FlopsShape fs = flops_shape(m, kind, seq, d);
+          for (std::int64_t b : {1, 2, 3, 7, 64, 255, 1000, 4097}) {
+            const LayerFlops want = forward_flops(m, kind, b, seq, d);
+            const LayerFlops got = fs.at(static_cast<double>(b));
+            ++compared;
+            if (!(got.matmul == want.matmul && got.attention == want.attention)) ++differing;
+          }
+        }
+      }
+    }
+  }
+  CHECK(compared > 1000);
+  CHECK(differing == 0);
+  REQUIRE_THROWS_WITH(flops_shape(load_model("gpt-1.3b"), LayerKind::Decoder, 16, 16), Catch::Matchers::Contains("decoder-only"));
+  REQUIRE_THROWS_AS(flops_shape(load_model("gpt-1.3b"), LayerKind::Encoder, 0), packpipe::InvalidArgument);
+}
