@@ -15,14 +15,6 @@ constexpr double kMB = 1e6;
 
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
 
-void query_rows(const cm::CostModel& c, cm::Query q, std::int64_t count, cm::LayerCost* out) {
-  const std::int64_t base = q.mbs;
-  for (std::int64_t r = 0; r < count; ++r) {
-    q.mbs = base + r;
-    out[r] = c.query(q);
-  }
-}
-
 // The DP's inner loop: prefixes j = i+1 .. i+K through start i's windows t[0, K) under lim, with
 // fi = F[i]. Branch-free so that it vectorises; an AVX2 clone where the CPU has it (the same
 // additions and comparisons, so the same results bit for bit).
@@ -154,33 +146,29 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
   const auto nk = kinds_.size();
   const auto cnt = static_cast<std::size_t>(count);
   scratch_.resize(nk * cnt);
-  try {
-    for (std::size_t k = 0; k < nk; ++k) {
-      cm::Query query;
-      query.kind = kinds_[k].kind;
-      query.num_layers = kinds_[k].layers;
-      query.tp = shape_.tp;
-      query.mbs = rows;
-      query.seq = le;
-      query.dec_seq = encdec_ ? ld : 0;
-      query.recompute = rc;
-      query_rows(cost_, query, count, scratch_.data() + k * cnt);
-    }
-  } catch (const InvalidArgument&) {
-    // Some row is a shape the cost model refuses (far beyond its data): row by row, and a
-    // refused row cannot be run (infinitely costly).
-    if (count > 1) {
-      for (std::int64_t r = 0; r < count; ++r) eval_rows(rows + r, 1, le, ld, rc, out + r);
-      return;
-    }
-    out->time_ms = kInf;
-    out->stored_mb = kInf;
-    out->peak_mb = kInf;
-    out->fits_stages = false;
-    return;
+  // Rows from `ok` on are shapes the cost model refuses (far beyond its data) for some kind: they
+  // cannot be run (infinitely costly).
+  std::int64_t ok = count;
+  for (std::size_t k = 0; k < nk; ++k) {
+    cm::Query query;
+    query.kind = kinds_[k].kind;
+    query.num_layers = kinds_[k].layers;
+    query.tp = shape_.tp;
+    query.mbs = rows;
+    query.seq = le;
+    query.dec_seq = encdec_ ? ld : 0;
+    query.recompute = rc;
+    ok = std::min(ok, cost_.query_rows(query, ok, scratch_.data() + k * cnt));
+  }
+  for (std::int64_t r = ok; r < count; ++r) {
+    RcCost& o = out[r];
+    o.time_ms = kInf;
+    o.stored_mb = kInf;
+    o.peak_mb = kInf;
+    o.fits_stages = false;
   }
   const cm::LayerCost* q[kMaxKinds];
-  for (std::size_t r = 0; r < cnt; ++r) {
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) {
     for (std::size_t k = 0; k < nk; ++k) q[k] = &scratch_[k * cnt + r];
     out[r] = basis_ == CostBasis::Stages ? compose_stages(q) : compose_dynapipe(q);
   }
