@@ -98,6 +98,15 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     if (vs.layout.encoder_layers > 0) p.queries.push_back(query_index(cm::LayerKind::Encoder, vs.layout.encoder_layers));
     if (vs.layout.decoder_layers > 0) p.queries.push_back(query_index(cm::LayerKind::Decoder, vs.layout.decoder_layers));
     if (vs.layout.has_postprocess) p.queries.push_back(query_index(cm::LayerKind::PostProcess, 1));
+    // Stages with the same layers (most of them) share one composition per shape.
+    p.comp = -1;
+    for (std::size_t c = 0; c < comps_.size(); ++c) {
+      if (comps_[c] == p.queries) p.comp = static_cast<int>(c);
+    }
+    if (p.comp < 0) {
+      comps_.push_back(p.queries);
+      p.comp = static_cast<int>(comps_.size() - 1);
+    }
     stages_.push_back(std::move(p));
     static_mb_[static_cast<std::size_t>(vs.rank)] +=
         cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total() / kMB;
@@ -175,45 +184,49 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
 }
 
 RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
-  // Every virtual stage composed as costmodel::stage_cost does (times add, stored adds, peak =
-  // max of stored-so-far + layer peak); ranks add their stages.
-  double rank_time[64];
-  double rank_mem[64];
-  double rank_peak[64];
-  const std::size_t S = static_mb_.size();
-  std::vector<double> big_time, big_mem, big_peak;
-  double* t = rank_time;
-  double* mem = rank_mem;
-  double* pk = rank_peak;
-  if (S > 64) {
-    big_time.assign(S, 0);
-    big_mem.assign(S, 0);
-    big_peak.assign(S, 0);
-    t = big_time.data();
-    mem = big_mem.data();
-    pk = big_peak.data();
+  // Every distinct stage composition as costmodel::stage_cost composes it (times add, stored adds,
+  // peak = max of stored-so-far + layer peak), then ranks add their stages.
+  constexpr std::size_t kSmall = 16;
+  double comp_time[kSmall], comp_stored[kSmall], comp_peak[kSmall];
+  double rank_time[64], rank_mem[64], rank_peak[64];
+  const std::size_t S = static_mb_.size(), C = comps_.size();
+  std::vector<double> big;
+  double *ct = comp_time, *cs = comp_stored, *cp = comp_peak;
+  double *t = rank_time, *mem = rank_mem, *pk = rank_peak;
+  if (C > kSmall || S > 64) {
+    big.assign(3 * (C + S), 0.0);
+    ct = big.data();
+    cs = ct + C;
+    cp = cs + C;
+    t = cp + C;
+    mem = t + S;
+    pk = mem + S;
+  }
+  RcCost out;
+  for (std::size_t c = 0; c < C; ++c) {
+    double time = 0, stored = 0, peak_abs = 0;
+    for (int k : comps_[c]) {
+      time += q[k]->total_ms();
+      stored += q[k]->stored_bytes;
+      peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
+    }
+    ct[c] = time;
+    cs[c] = stored / kMB;
+    cp[c] = (peak_abs - stored) / kMB;
+    out.stored_mb = std::max(out.stored_mb, cs[c]);
+    out.peak_mb = std::max(out.peak_mb, cp[c]);
   }
   for (std::size_t r = 0; r < S; ++r) {
     t[r] = 0;
     mem[r] = static_mb_[r];
     pk[r] = 0;
   }
-  RcCost out;
   for (const auto& st : stages_) {
-    double time = 0, stored = 0, peak_abs = 0;
-    for (int k : st.queries) {
-      time += q[k]->total_ms();
-      stored += q[k]->stored_bytes;
-      peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
-    }
-    const double stored_mb = stored / kMB;
-    const double peak_mb = (peak_abs - stored) / kMB;
+    const auto c = static_cast<std::size_t>(st.comp);
     const auto r = static_cast<std::size_t>(st.rank);
-    t[r] += time;
-    mem[r] += st.inflight * stored_mb;
-    pk[r] = std::max(pk[r], peak_mb);
-    out.stored_mb = std::max(out.stored_mb, stored_mb);
-    out.peak_mb = std::max(out.peak_mb, peak_mb);
+    t[r] += ct[c];
+    mem[r] += st.inflight * cs[c];
+    pk[r] = std::max(pk[r], cp[c]);
   }
   out.fits_stages = true;
   for (std::size_t r = 0; r < S; ++r) {

@@ -110,6 +110,7 @@ class Coster {
     std::int64_t rank = 0;
     double inflight = 1;  // copies held under 1F1B: V - v
     std::vector<int> queries;
+    int comp = 0;  // index into comps_
   };
 
   const cm::CostModel& cost_;
@@ -120,6 +121,7 @@ class Coster {
   double max_weight_ = 0, sum_weight_ = 1;
   std::vector<KindQuery> kinds_;
   std::vector<StagePlan> stages_;
+  std::vector<std::vector<int>> comps_;  // distinct query lists of the stages
   std::vector<double> static_mb_;  // per rank
   // DynaPipe basis
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
