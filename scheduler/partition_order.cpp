@@ -1,6 +1,8 @@
 // Encoder-decoder sample order: sort, then 2-opt and Or-opt local search on the open L1 path.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 
 #include "common/errors.h"
@@ -10,21 +12,59 @@ namespace packpipe::scheduler {
 
 namespace {
 
-struct Pt {
-  std::int64_t x, y;
-};
-inline std::int64_t dist(const Pt& a, const Pt& b) { return std::llabs(a.x - b.x) + std::llabs(a.y - b.y); }
-
 // Neighbourhood of the moves: positions within this distance of each other (bounded work on
 // large batches; the sorted start already places near points near each other).
 constexpr std::ptrdiff_t kWindow = 48;
 
+// Smallest Or-opt insertion cost over the interior gaps k in [k0, k1] (between points k and
+// k + 1) of the segment with end points (fx, fy) and (lx, ly), in either orientation:
+// min over k of d(a, first) + d(last, b) - d(a, b). Coordinates are integers held exactly in
+// doubles, so the sums are exact; branch-free so that it vectorises (AVX2 clone where available).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+double min_insertion(const double* x, const double* y, std::ptrdiff_t k0, std::ptrdiff_t k1, double fx, double fy,
+                     double lx, double ly) {
+  double best = std::numeric_limits<double>::infinity();
+  for (std::ptrdiff_t k = k0; k <= k1; ++k) {
+    const double ax = x[k], ay = y[k], bx = x[k + 1], by = y[k + 1];
+    const double ab = std::fabs(ax - bx) + std::fabs(ay - by);
+    const double fwd = std::fabs(ax - fx) + std::fabs(ay - fy) + std::fabs(lx - bx) + std::fabs(ly - by);
+    const double rev = std::fabs(ax - lx) + std::fabs(ay - ly) + std::fabs(fx - bx) + std::fabs(fy - by);
+    const double v = (fwd < rev ? fwd : rev) - ab;
+    best = v < best ? v : best;
+  }
+  return best;
+}
+
+// Least 2-opt gain term over j in [j0, j1] (all with a point j + 1): reversing [i, j] replaces
+// edges (i-1, i) and (j, j+1) by (i-1, j) and (i, j+1); the edge at i - 1 counts only when
+// `prev` (i > 0). Returns min over j of after - before; same exactness and vectorisation as above.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+double min_two_opt(const double* x, const double* y, std::ptrdiff_t i, std::ptrdiff_t j0, std::ptrdiff_t j1, bool prev) {
+  const double px = prev ? x[i - 1] : 0.0, py = prev ? y[i - 1] : 0.0, w = prev ? 1.0 : 0.0;
+  const double ix = x[i], iy = y[i];
+  const double before_i = prev ? std::fabs(px - ix) + std::fabs(py - iy) : 0.0;
+  double best = std::numeric_limits<double>::infinity();
+  for (std::ptrdiff_t j = j0; j <= j1; ++j) {
+    const double jx = x[j], jy = y[j], nx = x[j + 1], ny = y[j + 1];
+    const double before = before_i + (std::fabs(jx - nx) + std::fabs(jy - ny));
+    const double after = w * (std::fabs(px - jx) + std::fabs(py - jy)) + (std::fabs(ix - nx) + std::fabs(iy - ny));
+    const double v = after - before;
+    best = v < best ? v : best;
+  }
+  return best;
+}
+
 // Local search with don't-look bits: a position is examined again only after a move changed an
 // edge at it, so a pass after the first costs time in proportion to the moves made, not to n.
+// Points are kept as coordinate arrays (exact integers in doubles) beside the sample ids.
 class PathSearch {
  public:
-  PathSearch(std::vector<Pt>& p, std::vector<std::uint32_t>& ids)
-      : p_(p), ids_(ids), n_(static_cast<std::ptrdiff_t>(p.size())), look_(p.size(), 1) {}
+  PathSearch(std::vector<double>& x, std::vector<double>& y, std::vector<std::uint32_t>& ids)
+      : x_(x), y_(y), ids_(ids), n_(static_cast<std::ptrdiff_t>(ids.size())), look_(ids.size(), 1) {}
 
   // Until no move shortens the path (every move does, by at least 1), or 50 n moves.
   void run() {
@@ -45,31 +85,48 @@ class PathSearch {
   }
 
  private:
-  const Pt& at(std::ptrdiff_t k) const { return p_[static_cast<std::size_t>(k)]; }
+  double d(std::ptrdiff_t a, std::ptrdiff_t b) const {
+    return std::fabs(x_[static_cast<std::size_t>(a)] - x_[static_cast<std::size_t>(b)]) +
+           std::fabs(y_[static_cast<std::size_t>(a)] - y_[static_cast<std::size_t>(b)]);
+  }
   // The edges around positions [lo, hi] changed: their end points look again (classic
   // don't-look bits; points inside a reversed or shifted run keep their neighbours).
   void touched(std::ptrdiff_t lo, std::ptrdiff_t hi) {
     const std::ptrdiff_t a = std::max<std::ptrdiff_t>(0, lo), b = std::min<std::ptrdiff_t>(n_ - 1, hi);
     for (std::ptrdiff_t k = a; k <= b; ++k) look_[static_cast<std::size_t>(k)] = 1;
   }
+  void reverse(std::ptrdiff_t a, std::ptrdiff_t b) {  // positions [a, b]
+    std::reverse(x_.begin() + a, x_.begin() + b + 1);
+    std::reverse(y_.begin() + a, y_.begin() + b + 1);
+    std::reverse(ids_.begin() + a, ids_.begin() + b + 1);
+  }
+  void rotate(std::ptrdiff_t first, std::ptrdiff_t middle, std::ptrdiff_t last) {  // std::rotate on [first, last)
+    std::rotate(x_.begin() + first, x_.begin() + middle, x_.begin() + last);
+    std::rotate(y_.begin() + first, y_.begin() + middle, y_.begin() + last);
+    std::rotate(ids_.begin() + first, ids_.begin() + middle, ids_.begin() + last);
+  }
 
   // 2-opt on an open path with left end i: reverse p[i..j]; the ends have no outer edge.
   bool two_opt(std::ptrdiff_t i) {
     if (i + 1 >= n_) return false;
     const std::ptrdiff_t jmax = std::min(n_ - 1, i + kWindow);
+    // Skip the scan when no j improves (the usual case): the interior j by a vectorised minimum,
+    // the path's end (j = n - 1) below.
+    const std::ptrdiff_t j1 = std::min(jmax, n_ - 2);
+    const bool end_in_reach = jmax == n_ - 1;
+    if (!end_in_reach && !(i + 1 <= j1 && min_two_opt(x_.data(), y_.data(), i, i + 1, j1, i > 0) < 0)) return false;
     for (std::ptrdiff_t j = i + 1; j <= jmax; ++j) {
-      std::int64_t before = 0, after = 0;
+      double before = 0, after = 0;
       if (i > 0) {
-        before += dist(at(i - 1), at(i));
-        after += dist(at(i - 1), at(j));
+        before += d(i - 1, i);
+        after += d(i - 1, j);
       }
       if (j + 1 < n_) {
-        before += dist(at(j), at(j + 1));
-        after += dist(at(i), at(j + 1));
+        before += d(j, j + 1);
+        after += d(i, j + 1);
       }
       if (after < before) {
-        std::reverse(p_.begin() + i, p_.begin() + j + 1);
-        std::reverse(ids_.begin() + i, ids_.begin() + j + 1);
+        reverse(i, j);
         touched(i - 1, i);
         touched(j, j + 1);
         return true;
@@ -78,55 +135,64 @@ class PathSearch {
     return false;
   }
 
+  // Cost of inserting the segment [i, e] between k and k + 1 (k = -1: at the front; k = n - 1: at
+  // the back), reversed or not.
+  double insertion(std::ptrdiff_t k, std::ptrdiff_t i, std::ptrdiff_t e, bool rev) const {
+    const std::ptrdiff_t first = rev ? e : i, last = rev ? i : e;
+    double add = 0;
+    if (k >= 0) add += d(k, first);
+    if (k + 1 < n_) add += d(last, k + 1);
+    if (k >= 0 && k + 1 < n_) add -= d(k, k + 1);
+    return add;
+  }
+
   // Or-opt: move the segment p[i..i+len-1] (len 1-3) to between two other neighbours within
-  // kWindow, in either orientation; the best such move for the first len that has one.
+  // kWindow, in either orientation; the best such move (the first in (k, orientation) order among
+  // equals) for the first len that has one.
   bool or_opt(std::ptrdiff_t i) {
     for (std::ptrdiff_t len = 1; len <= 3 && i + len <= n_; ++len) {
       const std::ptrdiff_t e = i + len - 1;
-      std::int64_t rem = 0;  // removal gain
-      if (i > 0) rem += dist(at(i - 1), at(i));
-      if (e + 1 < n_) rem += dist(at(e), at(e + 1));
-      if (i > 0 && e + 1 < n_) rem -= dist(at(i - 1), at(e + 1));
+      double rem = 0;  // removal gain
+      if (i > 0) rem += d(i - 1, i);
+      if (e + 1 < n_) rem += d(e, e + 1);
+      if (i > 0 && e + 1 < n_) rem -= d(i - 1, e + 1);
       if (rem <= 0) continue;
-      std::int64_t best_delta = 0;
-      std::ptrdiff_t best_k = -2;
-      bool best_rev = false;
-      // Insertion between k and k+1 (k = -1: at the front; k = n-1: at the back), outside the segment.
       const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(-1, i - kWindow);
       const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(n_ - 1, e + kWindow);
-      for (std::ptrdiff_t k = lo; k <= hi; ++k) {
+      // The least insertion cost: interior gaps left and right of the segment (vectorised), and
+      // the two path ends when in reach.
+      const double fx = x_[static_cast<std::size_t>(i)], fy = y_[static_cast<std::size_t>(i)];
+      const double lx = x_[static_cast<std::size_t>(e)], ly = y_[static_cast<std::size_t>(e)];
+      double best = std::numeric_limits<double>::infinity();
+      const std::ptrdiff_t l0 = std::max<std::ptrdiff_t>(0, lo), l1 = std::min(i - 2, n_ - 2);
+      if (l0 <= l1) best = std::min(best, min_insertion(x_.data(), y_.data(), l0, l1, fx, fy, lx, ly));
+      const std::ptrdiff_t r0 = e + 1, r1 = std::min(hi, n_ - 2);
+      if (r0 <= r1) best = std::min(best, min_insertion(x_.data(), y_.data(), r0, r1, fx, fy, lx, ly));
+      if (lo == -1 && i > 0) best = std::min({best, insertion(-1, i, e, false), insertion(-1, i, e, true)});
+      if (hi == n_ - 1 && hi > e) best = std::min({best, insertion(hi, i, e, false), insertion(hi, i, e, true)});
+      if (!(best - rem < 0)) continue;
+      // The first (k, orientation) that reaches it.
+      std::ptrdiff_t best_k = -2;
+      bool best_rev = false;
+      for (std::ptrdiff_t k = lo; k <= hi && best_k == -2; ++k) {
         if (k >= i - 1 && k <= e) continue;
-        const Pt* a = k >= 0 ? &at(k) : nullptr;
-        const Pt* b = k + 1 < n_ ? &at(k + 1) : nullptr;
-        const std::int64_t ab = a && b ? dist(*a, *b) : 0;
         for (int rev = 0; rev < 2; ++rev) {
-          const Pt& first = rev ? at(e) : at(i);
-          const Pt& last = rev ? at(i) : at(e);
-          std::int64_t add = -ab;
-          if (a) add += dist(*a, first);
-          if (b) add += dist(last, *b);
-          const std::int64_t delta = add - rem;
-          if (delta < best_delta) {
-            best_delta = delta;
+          if (insertion(k, i, e, rev != 0) == best) {
             best_k = k;
             best_rev = rev != 0;
+            break;
           }
         }
       }
-      if (best_k == -2) continue;
+      PACKPIPE_ASSERT(best_k != -2);
       // Apply in place: orient the segment, then rotate it to just after best_k.
-      if (best_rev) {
-        std::reverse(p_.begin() + i, p_.begin() + e + 1);
-        std::reverse(ids_.begin() + i, ids_.begin() + e + 1);
-      }
+      if (best_rev) reverse(i, e);
       if (best_k < i) {  // segment moves left: [k+1, i) shifts right by len
-        std::rotate(p_.begin() + best_k + 1, p_.begin() + i, p_.begin() + e + 1);
-        std::rotate(ids_.begin() + best_k + 1, ids_.begin() + i, ids_.begin() + e + 1);
+        rotate(best_k + 1, i, e + 1);
         touched(best_k, best_k + len + 1);
         touched(e, e + 1);
       } else {  // segment moves right: (e, k] shifts left by len
-        std::rotate(p_.begin() + i, p_.begin() + e + 1, p_.begin() + best_k + 1);
-        std::rotate(ids_.begin() + i, ids_.begin() + e + 1, ids_.begin() + best_k + 1);
+        rotate(i, e + 1, best_k + 1);
         touched(i - 1, i);
         touched(best_k - len, best_k + 1);
       }
@@ -135,7 +201,8 @@ class PathSearch {
     return false;
   }
 
-  std::vector<Pt>& p_;
+  std::vector<double>& x_;
+  std::vector<double>& y_;
   std::vector<std::uint32_t>& ids_;
   std::ptrdiff_t n_;
   std::vector<char> look_;
@@ -154,9 +221,12 @@ std::vector<std::uint32_t> encdec_order(const std::vector<std::uint32_t>& input,
     return target[a] > target[b];
   });
   if (!improve || ids.size() < 3) return ids;
-  std::vector<Pt> p(ids.size());
-  for (std::size_t k = 0; k < ids.size(); ++k) p[k] = {input[ids[k]], target[ids[k]]};
-  PathSearch(p, ids).run();
+  std::vector<double> x(ids.size()), y(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    x[k] = input[ids[k]];
+    y[k] = target[ids[k]];
+  }
+  PathSearch(x, y, ids).run();
   return ids;
 }
 
