@@ -26,13 +26,24 @@ namespace {
 
 const std::string kDyn = "dynapipe/derived_from_cost_models_pkl/";
 
-Profile gpt_profile() {
-  return load_profiles({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
-                        fixture(kDyn + "gpt_6.7b_model_state.csv")});
+std::vector<std::string> gpt_files() {
+  return {fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
+          fixture(kDyn + "gpt_6.7b_model_state.csv")};
 }
 
-Profile t5_profile() {
-  return load_profiles({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")});
+std::vector<std::string> t5_files() {
+  return {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")};
+}
+
+Profile gpt_profile() { return load_profiles(gpt_files()); }
+Profile t5_profile() { return load_profiles(t5_files()); }
+
+/// With the analytic fallback for what the profile lacks.
+std::unique_ptr<CostModel> gpt_with_fallback() {
+  return make_profiled_cost_model(gpt_files(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+}
+std::unique_ptr<CostModel> t5_with_fallback() {
+  return make_profiled_cost_model(t5_files(), load_model("t5-11b"), load_device("A100-40GB"));
 }
 
 std::uint64_t bits(double x) {
@@ -81,13 +92,16 @@ std::string rows_mismatch(const CostModel& m, const Query& q, std::int64_t count
     if (sources_seen != nullptr) *sources_seen |= 1u << static_cast<unsigned>(c.time_source);
     if (!same(c, out[static_cast<std::size_t>(k)])) {
       const LayerCost& o = out[static_cast<std::size_t>(k)];
-      return fmt::format("row {} differs for {}: fwd {} vs {}, bwd {} vs {}, rc {} vs {}, stored {} vs {}, peak {} vs {}",
+      return fmt::format("row {} differs for {}: fwd {} vs {}, bwd {} vs {}, rc {} vs {}, stored {} vs {}, "
+                         "peak {} vs {}",
                          k, describe(r), o.forward_ms, c.forward_ms, o.backward_ms, c.backward_ms, o.recompute_ms,
                          c.recompute_ms, o.stored_bytes, c.stored_bytes, o.peak_bytes, c.peak_bytes);
     }
   }
   for (std::int64_t k = n; k <= count; ++k) {
-    if (!same(out[static_cast<std::size_t>(k)], sentinel())) return fmt::format("row {} written past {} for {}", k, n, describe(q));
+    if (!same(out[static_cast<std::size_t>(k)], sentinel())) {
+      return fmt::format("row {} written past {} for {}", k, n, describe(q));
+    }
   }
   if (n < count) {
     for (std::int64_t k : {n, n + 1, count - 1}) {
@@ -194,9 +208,7 @@ TEST_CASE("query_rows equals query() bit for bit: analytic GPT-6.7B and T5-11B",
 }
 
 TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interface]") {
-  const auto fb = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
-                                            fixture(kDyn + "gpt_6.7b_model_state.csv")},
-                                           load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const auto fb = gpt_with_fallback();
   const ProfiledCostModel bare(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
   Sweep s;
   s.tps = {1, 2, 4, 8, 16};  // 16 not profiled: fallback, or refused without one
@@ -221,8 +233,7 @@ TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interfac
 }
 
 TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]") {
-  const auto fb = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto fb = t5_with_fallback();
   const ProfiledCostModel bare(t5_profile(), load_model("t5-11b"), load_device("A100-40GB"));
   Sweep s;
   s.tps = {1, 2};  // only tp 1 is profiled
@@ -245,10 +256,8 @@ TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]
 }
 
 TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stress]") {
-  const auto gpt = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv")},
-                                            load_model("gpt-6.7b"), load_device("A100-40GB"));
-  const auto t5 = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto gpt = gpt_with_fallback();
+  const auto t5 = t5_with_fallback();
   const AnalyticCostModel an(load_model("t5-11b"), load_device("A100-40GB"));
   std::mt19937_64 rng(20260311);
   std::string failure;
