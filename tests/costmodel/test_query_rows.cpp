@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -283,6 +284,43 @@ TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stres
     if (!err.empty() && failure.empty()) failure = err;
   }
   CHECK(failure == "");
+}
+
+TEST_CASE("query_rows from many threads agree", "[stress]") {
+  const auto m = gpt_with_fallback();
+  std::vector<Query> qs;
+  for (std::int64_t s : {20, 700, 2048, 5000}) {
+    for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      Query q;
+      q.tp = 2;
+      q.recompute = rc;
+      q.seq = s;
+      qs.push_back(q);
+    }
+  }
+  constexpr std::size_t kRows = 40;
+  constexpr auto kCount = static_cast<std::int64_t>(kRows);
+  std::vector<LayerCost> expect(qs.size() * kRows);
+  for (std::size_t i = 0; i < qs.size(); ++i) REQUIRE(m->query_rows(qs[i], kCount, &expect[i * kRows]) == kCount);
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<LayerCost> out(kRows);
+      for (int rep = 0; rep < 50; ++rep) {
+        for (std::size_t i = 0; i < qs.size(); ++i) {
+          if (m->query_rows(qs[i], kCount, out.data()) != kCount) ++bad[static_cast<std::size_t>(t)];
+          for (std::size_t k = 0; k < kRows; ++k) {
+            if (!same(out[k], expect[i * kRows + k])) {
+              ++bad[static_cast<std::size_t>(t)];
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == std::vector<int>(4, 0));
 }
 
 TEST_CASE("query_rows stops at the first refused size and says how many rows it filled", "[boundary]") {
