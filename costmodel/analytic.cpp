@@ -30,7 +30,8 @@ struct Acts {
   double none() const { return replicated + parallel + scores; }
 };
 
-Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s, double d) {
+[[gnu::always_inline]] inline Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s,
+                                              double d) {
   const double e = static_cast<double>(m.bytes_per_param);
   const double h = static_cast<double>(m.hidden);
   const double a = static_cast<double>(m.heads);

@@ -97,12 +97,9 @@ double CommModel::p2p_ms(double bytes, bool inter_node) const {
   return inter_node ? inter_latency_ms + bytes / inter_bytes_per_ms : intra_latency_ms + bytes / intra_bytes_per_ms;
 }
 
-double CommModel::all_reduce_ms(double bytes, std::int64_t n, bool inter_node) const {
+void CommModel::refuse(double bytes, std::int64_t n) {
   check_comm(bytes, n);
-  if (n == 1 || bytes == 0) return 0;
-  const double steps = 2.0 * static_cast<double>(n - 1);
-  const double chunk = bytes / static_cast<double>(n);
-  return steps * (inter_node ? inter_latency_ms + chunk / inter_bytes_per_ms : intra_latency_ms + chunk / intra_bytes_per_ms);
+  PACKPIPE_THROW(InvalidArgument, "communication of {} bytes over {} ranks refused without a reason", bytes, n);
 }
 
 double CommModel::all_gather_ms(double bytes, std::int64_t n, bool inter_node) const {

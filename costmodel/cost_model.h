@@ -3,6 +3,7 @@
 // ProfiledCostModel (costmodel/profiled.h, from real profiles with analytic fallback flagged).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,11 +75,21 @@ struct CommModel {
   static CommModel from_device(const DeviceSpec& d);
   /// Point-to-point transfer of `bytes` inside a node (or across nodes), ms.
   double p2p_ms(double bytes, bool inter_node = false) const;
-  /// Ring all-reduce of `bytes` over `n` ranks, ms: 2(n-1) steps of bytes/n.
-  double all_reduce_ms(double bytes, std::int64_t n, bool inter_node = false) const;
+  /// Ring all-reduce of `bytes` over `n` ranks, ms: 2(n-1) steps of bytes/n. (Inline: the
+  /// analytic query calls it per row.)
+  double all_reduce_ms(double bytes, std::int64_t n, bool inter_node = false) const {
+    if (!(bytes >= 0 && std::isfinite(bytes)) || n < 1) refuse(bytes, n);
+    if (n == 1 || bytes == 0) return 0;
+    const double steps = 2.0 * static_cast<double>(n - 1);
+    const double chunk = bytes / static_cast<double>(n);
+    return steps * (inter_node ? inter_latency_ms + chunk / inter_bytes_per_ms
+                               : intra_latency_ms + chunk / intra_bytes_per_ms);
+  }
   /// Ring all-gather / reduce-scatter of `bytes` (the full buffer) over n ranks, ms.
   double all_gather_ms(double bytes, std::int64_t n, bool inter_node = false) const;
   double reduce_scatter_ms(double bytes, std::int64_t n, bool inter_node = false) const;
+  /// Throws the InvalidArgument of a bad size or rank count (out of line).
+  [[noreturn]] static void refuse(double bytes, std::int64_t n);
 };
 
 /// The interface the planner queries (tens of thousands of times per iteration). Implementations

@@ -29,27 +29,21 @@ struct LayerFlops {
   double total() const { return matmul + attention; }
 };
 
-/// Forward FLOPs of one layer of `kind` for `mbs` samples of `seq` tokens (encoder side) and
-/// `dec_seq` decoder tokens (encoder-decoder only; 0 otherwise). PostProcess of an
-/// encoder-decoder model runs on dec_seq tokens. Throws InvalidArgument for non-positive sizes.
-LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, std::int64_t mbs, std::int64_t seq,
-                         std::int64_t dec_seq = 0);
-
 /// forward_flops of one layer kind and shape with the micro-batch size left open, for batch
 /// queries over consecutive sizes: everything that does not depend on mbs is computed once.
-/// at(b) is bit-identical to forward_flops(m, kind, b, seq, dec_seq) (same expression trees).
+/// forward_flops(m, kind, b, seq, dec_seq) is flops_shape(m, kind, seq, dec_seq).at(b).
 struct FlopsShape {
   LayerKind kind = LayerKind::Embedding;
   double s = 0, d = 0, h = 0, q = 0, vocab = 0;
-  double tok = 0;    ///< per-token GEMM terms (encoder; decoder self-attention)
-  double cross = 0;  ///< decoder: cross-attention GEMM terms of one sample
-  double mlp = 0;    ///< MLP GEMM terms of one token
+  double tok = 0;       ///< per-token GEMM terms (encoder; decoder self-attention)
+  double cross = 0;     ///< decoder: cross-attention GEMM terms of one sample
+  double mlp = 0;       ///< decoder: MLP GEMM terms of one token
   double post_len = 0;  ///< post-process: tokens per sample
   /// FLOPs for `b` (a positive micro-batch size as a double); no checks, no allocation.
   LayerFlops at(double b) const {
     LayerFlops f;
     switch (kind) {
-      case LayerKind::Embedding: break;
+      case LayerKind::Embedding: break;  // a gather, no multiply-adds
       case LayerKind::Encoder:
         f.matmul = 2.0 * b * s * tok;
         f.attention = 2.0 * 2.0 * b * s * s * q;
@@ -63,8 +57,81 @@ struct FlopsShape {
     return f;
   }
 };
+
+namespace detail {
+
+/// Whether forward_flops accepts the lengths of (kind, seq, dec_seq).
+inline bool flops_lengths_ok(const ModelSpec& m, LayerKind kind, std::int64_t seq, std::int64_t dec_seq) {
+  const bool enc_dec = m.arch == Architecture::EncoderDecoder;
+  switch (kind) {
+    case LayerKind::Embedding:
+    case LayerKind::Encoder: return seq > 0;
+    case LayerKind::Decoder: return enc_dec && seq > 0 && dec_seq > 0;
+    case LayerKind::PostProcess: return (enc_dec ? dec_seq : seq) > 0;
+  }
+  return true;
+}
+
+/// Throws the InvalidArgument forward_flops throws for arguments it refuses (out of line).
+[[noreturn]] void refuse_flops(const ModelSpec& m, LayerKind kind, std::int64_t mbs, std::int64_t seq,
+                               std::int64_t dec_seq);
+
+/// The FlopsShape of lengths flops_lengths_ok accepts.
+inline FlopsShape flops_shape_unchecked(const ModelSpec& m, LayerKind kind, std::int64_t seq, std::int64_t dec_seq) {
+  const bool enc_dec = m.arch == Architecture::EncoderDecoder;
+  const double h = static_cast<double>(m.hidden);
+  const double q = static_cast<double>(m.heads * m.head_dim);
+  const double kv = static_cast<double>(m.kv_heads * m.head_dim);
+  const double mlp = (m.gated_mlp ? 3.0 : 2.0) * h * static_cast<double>(m.ffn_hidden);
+  FlopsShape f;
+  f.kind = kind;
+  f.h = h;
+  f.q = q;
+  switch (kind) {
+    case LayerKind::Embedding: break;
+    case LayerKind::Encoder:
+      // matmul = 2 b s (h (q + 2 kv) + q h + mlp); attention = 2 2 b s s q
+      f.s = static_cast<double>(seq);
+      f.tok = h * (q + 2 * kv) + q * h + mlp;
+      break;
+    case LayerKind::Decoder: {
+      // self-attention on d tokens, cross-attention (queries from d, keys/values from s), MLP on d:
+      // matmul = 2 b d (h (q + 2 kv) + q h) + 2 b (d (h q + q h) + s h 2 kv) + 2 b d mlp;
+      // attention = 2 2 b d d q + 2 2 b d s q
+      const double s = static_cast<double>(seq), d = static_cast<double>(dec_seq);
+      f.s = s;
+      f.d = d;
+      f.tok = h * (q + 2 * kv) + q * h;
+      f.cross = d * (h * q + q * h) + s * h * 2 * kv;
+      f.mlp = mlp;
+      break;
+    }
+    case LayerKind::PostProcess:
+      // matmul = 2 b t h vocab, t the decoder length of an encoder-decoder model
+      f.post_len = static_cast<double>(enc_dec ? dec_seq : seq);
+      f.vocab = static_cast<double>(m.vocab);
+      break;
+  }
+  return f;
+}
+
+}  // namespace detail
+
 /// The FlopsShape of (kind, seq, dec_seq); throws InvalidArgument as forward_flops does for bad lengths.
-FlopsShape flops_shape(const ModelSpec& m, LayerKind kind, std::int64_t seq, std::int64_t dec_seq = 0);
+inline FlopsShape flops_shape(const ModelSpec& m, LayerKind kind, std::int64_t seq, std::int64_t dec_seq = 0) {
+  if (!detail::flops_lengths_ok(m, kind, seq, dec_seq)) detail::refuse_flops(m, kind, 1, seq, dec_seq);
+  return detail::flops_shape_unchecked(m, kind, seq, dec_seq);
+}
+
+/// Forward FLOPs of one layer of `kind` for `mbs` samples of `seq` tokens (encoder side) and
+/// `dec_seq` decoder tokens (encoder-decoder only; 0 otherwise). PostProcess of an
+/// encoder-decoder model runs on dec_seq tokens. Throws InvalidArgument for non-positive sizes.
+/// Inline: the profiled query evaluates it per row.
+inline LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, std::int64_t mbs, std::int64_t seq,
+                                std::int64_t dec_seq = 0) {
+  if (mbs <= 0 || !detail::flops_lengths_ok(m, kind, seq, dec_seq)) detail::refuse_flops(m, kind, mbs, seq, dec_seq);
+  return detail::flops_shape_unchecked(m, kind, seq, dec_seq).at(static_cast<double>(mbs));
+}
 
 /// Model FLOPs of one training iteration (forward + backward = 3 x forward, no recompute) over
 /// `tokens_enc` x `seq` shapes summed by the caller; convenience for MFU: 3 x forward_flops sums.

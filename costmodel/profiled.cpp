@@ -499,7 +499,7 @@ namespace {
 
 /// log2 of a positive integer: std::log2 itself, from a table for the small values every query
 /// meets (sizes and lengths), so the result is the same bits either way.
-double log2_int(std::int64_t x) {
+[[gnu::always_inline]] inline double log2_int(std::int64_t x) {
   constexpr std::int64_t kTable = std::int64_t{1} << 14;
   static const std::vector<double> table = [] {
     std::vector<double> t(static_cast<std::size_t>(kTable));
@@ -512,7 +512,7 @@ double log2_int(std::int64_t x) {
 /// Fit::eval for the query path: the same sums in the same order, unrolled with constant indices
 /// so that the features of a query stay in registers (the loop's vector reload of scalars just
 /// stored was a store-forwarding stall costing a third of a query). `x` holds kMaxFeatures values.
-inline double fit_value(const Fit& f, const double* x, int kx) {
+[[gnu::always_inline]] inline double fit_value(const Fit& f, const double* x, int kx) {
   static_assert(kMaxFeatures == 5, "fit_value is unrolled for 5 features");
   const int n = std::min(f.k, kx);
   double y = 0;
@@ -648,8 +648,8 @@ struct ProfiledCostModel::Rows {
   p.md = g->dec.used() ? q.dec_seq : 0;
 }
 
-[[gnu::always_inline]] inline bool ProfiledCostModel::Rows::row(const Impl& I, const RowPlan& p, const Query& q, std::int64_t mbs, LayerCost& out,
-                                  int* hint) {
+[[gnu::always_inline]] inline bool ProfiledCostModel::Rows::row(const Impl& I, const RowPlan& p, const Query& q,
+                                                                 std::int64_t mbs, LayerCost& out, int* hint) {
   const Grid& g = *p.g;
   const std::int64_t b = g.mbs.v.size() > 1 && mbs < g.mbs.v[0] ? g.mbs.v[0] : mbs;
   bool exact = p.exact && b == mbs, extrap = p.extrap;

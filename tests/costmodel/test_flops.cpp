@@ -88,6 +88,7 @@ TEST_CASE("flops_shape(kind, seq, dec).at(b) is forward_flops bit for bit", "[in
   }
   CHECK(compared > 1000);
   CHECK(differing == 0);
-  REQUIRE_THROWS_WITH(flops_shape(load_model("gpt-1.3b"), LayerKind::Decoder, 16, 16), Catch::Matchers::Contains("decoder-only"));
+  REQUIRE_THROWS_WITH(flops_shape(load_model("gpt-1.3b"), LayerKind::Decoder, 16, 16),
+                      Catch::Matchers::Contains("decoder-only"));
   REQUIRE_THROWS_AS(flops_shape(load_model("gpt-1.3b"), LayerKind::Encoder, 0), packpipe::InvalidArgument);
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,13 +27,24 @@ namespace {
 
 const std::string kDyn = "dynapipe/derived_from_cost_models_pkl/";
 
-Profile gpt_profile() {
-  return load_profiles({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
-                        fixture(kDyn + "gpt_6.7b_model_state.csv")});
+std::vector<std::string> gpt_files() {
+  return {fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
+          fixture(kDyn + "gpt_6.7b_model_state.csv")};
 }
 
-Profile t5_profile() {
-  return load_profiles({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")});
+std::vector<std::string> t5_files() {
+  return {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")};
+}
+
+Profile gpt_profile() { return load_profiles(gpt_files()); }
+Profile t5_profile() { return load_profiles(t5_files()); }
+
+/// With the analytic fallback for what the profile lacks.
+std::unique_ptr<CostModel> gpt_with_fallback() {
+  return make_profiled_cost_model(gpt_files(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+}
+std::unique_ptr<CostModel> t5_with_fallback() {
+  return make_profiled_cost_model(t5_files(), load_model("t5-11b"), load_device("A100-40GB"));
 }
 
 std::uint64_t bits(double x) {
@@ -81,13 +93,16 @@ std::string rows_mismatch(const CostModel& m, const Query& q, std::int64_t count
     if (sources_seen != nullptr) *sources_seen |= 1u << static_cast<unsigned>(c.time_source);
     if (!same(c, out[static_cast<std::size_t>(k)])) {
       const LayerCost& o = out[static_cast<std::size_t>(k)];
-      return fmt::format("row {} differs for {}: fwd {} vs {}, bwd {} vs {}, rc {} vs {}, stored {} vs {}, peak {} vs {}",
+      return fmt::format("row {} differs for {}: fwd {} vs {}, bwd {} vs {}, rc {} vs {}, stored {} vs {}, "
+                         "peak {} vs {}",
                          k, describe(r), o.forward_ms, c.forward_ms, o.backward_ms, c.backward_ms, o.recompute_ms,
                          c.recompute_ms, o.stored_bytes, c.stored_bytes, o.peak_bytes, c.peak_bytes);
     }
   }
   for (std::int64_t k = n; k <= count; ++k) {
-    if (!same(out[static_cast<std::size_t>(k)], sentinel())) return fmt::format("row {} written past {} for {}", k, n, describe(q));
+    if (!same(out[static_cast<std::size_t>(k)], sentinel())) {
+      return fmt::format("row {} written past {} for {}", k, n, describe(q));
+    }
   }
   if (n < count) {
     for (std::int64_t k : {n, n + 1, count - 1}) {
@@ -194,9 +209,7 @@ TEST_CASE("query_rows equals query() bit for bit: analytic GPT-6.7B and T5-11B",
 }
 
 TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interface]") {
-  const auto fb = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
-                                            fixture(kDyn + "gpt_6.7b_model_state.csv")},
-                                           load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const auto fb = gpt_with_fallback();
   const ProfiledCostModel bare(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
   Sweep s;
   s.tps = {1, 2, 4, 8, 16};  // 16 not profiled: fallback, or refused without one
@@ -221,8 +234,7 @@ TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interfac
 }
 
 TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]") {
-  const auto fb = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto fb = t5_with_fallback();
   const ProfiledCostModel bare(t5_profile(), load_model("t5-11b"), load_device("A100-40GB"));
   Sweep s;
   s.tps = {1, 2};  // only tp 1 is profiled
@@ -245,10 +257,8 @@ TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]
 }
 
 TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stress]") {
-  const auto gpt = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv")},
-                                            load_model("gpt-6.7b"), load_device("A100-40GB"));
-  const auto t5 = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto gpt = gpt_with_fallback();
+  const auto t5 = t5_with_fallback();
   const AnalyticCostModel an(load_model("t5-11b"), load_device("A100-40GB"));
   std::mt19937_64 rng(20260311);
   std::string failure;
@@ -274,6 +284,43 @@ TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stres
     if (!err.empty() && failure.empty()) failure = err;
   }
   CHECK(failure == "");
+}
+
+TEST_CASE("query_rows from many threads agree", "[stress]") {
+  const auto m = gpt_with_fallback();
+  std::vector<Query> qs;
+  for (std::int64_t s : {20, 700, 2048, 5000}) {
+    for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      Query q;
+      q.tp = 2;
+      q.recompute = rc;
+      q.seq = s;
+      qs.push_back(q);
+    }
+  }
+  constexpr std::size_t kRows = 40;
+  constexpr auto kCount = static_cast<std::int64_t>(kRows);
+  std::vector<LayerCost> expect(qs.size() * kRows);
+  for (std::size_t i = 0; i < qs.size(); ++i) REQUIRE(m->query_rows(qs[i], kCount, &expect[i * kRows]) == kCount);
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<LayerCost> out(kRows);
+      for (int rep = 0; rep < 50; ++rep) {
+        for (std::size_t i = 0; i < qs.size(); ++i) {
+          if (m->query_rows(qs[i], kCount, out.data()) != kCount) ++bad[static_cast<std::size_t>(t)];
+          for (std::size_t k = 0; k < kRows; ++k) {
+            if (!same(out[k], expect[i * kRows + k])) {
+              ++bad[static_cast<std::size_t>(t)];
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == std::vector<int>(4, 0));
 }
 
 TEST_CASE("query_rows stops at the first refused size and says how many rows it filled", "[boundary]") {
