@@ -229,9 +229,11 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     pk[r] = std::max(pk[r], cp[c]);
   }
   out.fits_stages = true;
+  out.headroom_mb = kInf;
   for (std::size_t r = 0; r < S; ++r) {
     out.time_ms = std::max(out.time_ms, t[r]);
     if (!(mem[r] + pk[r] <= limit_mb_)) out.fits_stages = false;
+    out.headroom_mb = std::min(out.headroom_mb, limit_mb_ - (mem[r] + pk[r]));
   }
   return out;
 }
@@ -279,7 +281,19 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
   if (vec.size() <= r0 || !(vec[r0].have & bit)) {
     // A block of rows at once (the caller's next windows need them): up to a quarter more rows,
     // at least 8, never past the hint; only the rows not memoised yet.
-    const std::int64_t end = std::max(rows, std::min(rows_hint_, rows + std::max<std::int64_t>(8, rows / 4) - 1));
+    std::int64_t end = std::max(rows, std::min(rows_hint_, rows + std::max<std::int64_t>(8, rows / 4) - 1));
+    // Memory grows close to linearly in rows: when the two rows before are known, stop the block
+    // two rows past the one where their trend runs out of memory (a larger window under this
+    // mode will not be asked for).
+    if (rows >= 3 && vec.size() > r0 && (vec[r0 - 1].have & bit) && (vec[r0 - 2].have & bit)) {
+      const double h1 = headroom(vec[r0 - 1].c[static_cast<std::size_t>(k)]);
+      const double h2 = headroom(vec[r0 - 2].c[static_cast<std::size_t>(k)]);
+      const double slope = h1 - h2;
+      if (std::isfinite(h1) && std::isfinite(slope) && slope < 0) {
+        const double last = static_cast<double>(rows - 1) + std::max(0.0, h1) / -slope;
+        if (last + 2 < static_cast<double>(end)) end = std::max(rows, static_cast<std::int64_t>(last) + 2);
+      }
+    }
     if (vec.size() <= static_cast<std::size_t>(end)) vec.resize(static_cast<std::size_t>(end) * 2 + 8);
     std::int64_t r = rows;
     while (r <= end) {

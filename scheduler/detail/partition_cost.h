@@ -18,6 +18,7 @@ struct RcCost {
   double stored_mb = 0;  ///< Stages: largest stage's stored per copy; DynaPipe: l x s-hat
   double peak_mb = 0;    ///< Stages: largest stage's transient peak; DynaPipe: max(a) + (l - 1) s-hat
   bool fits_stages = false;  ///< Stages basis: every rank within the limit
+  double headroom_mb = 0;    ///< Stages basis: least (limit - memory) over ranks (fits iff >= 0)
 };
 
 /// A recompute choice for one shape.
@@ -73,6 +74,10 @@ class Coster {
   /// Whether a cost fits under the basis (DynaPipe: the limits set above).
   bool fits(const RcCost& c) const {
     return basis_ == CostBasis::Stages ? c.fits_stages : (c.stored_mb <= stored_limit_ && c.peak_mb <= peak_limit_);
+  }
+  /// Memory left under the limits (negative: does not fit); close to linear in rows.
+  double headroom(const RcCost& c) const {
+    return basis_ == CostBasis::Stages ? c.headroom_mb : std::min(stored_limit_ - c.stored_mb, peak_limit_ - c.peak_mb);
   }
   /// The mode allowed by `policy` that fits (Auto: the least recompute that fits, which is the
   /// fastest when recompute only adds time; otherwise that one); fits = false when none does.
