@@ -216,6 +216,19 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     out.stored_mb = std::max(out.stored_mb, cs[c]);
     out.peak_mb = std::max(out.peak_mb, cp[c]);
   }
+  out.fits_stages = true;
+  out.headroom_mb = kInf;
+  if (stages_.size() == S) {  // one stage per rank (no interleaving): no per-rank sums
+    for (const auto& st : stages_) {
+      const auto c = static_cast<std::size_t>(st.comp);
+      const auto r = static_cast<std::size_t>(st.rank);
+      out.time_ms = std::max(out.time_ms, ct[c]);
+      const double used = static_mb_[r] + st.inflight * cs[c] + cp[c];
+      if (!(used <= limit_mb_)) out.fits_stages = false;
+      out.headroom_mb = std::min(out.headroom_mb, limit_mb_ - used);
+    }
+    return out;
+  }
   for (std::size_t r = 0; r < S; ++r) {
     t[r] = 0;
     mem[r] = static_mb_[r];
@@ -228,8 +241,6 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     mem[r] += st.inflight * cs[c];
     pk[r] = std::max(pk[r], cp[c]);
   }
-  out.fits_stages = true;
-  out.headroom_mb = kInf;
   for (std::size_t r = 0; r < S; ++r) {
     out.time_ms = std::max(out.time_ms, t[r]);
     if (!(mem[r] + pk[r] <= limit_mb_)) out.fits_stages = false;
