@@ -1,10 +1,13 @@
-// ProfiledCostModel: grids of measured shapes, efficiency interpolation, memory fits, and the
-// leave-one-out validation that measures them against plain linear interpolation.
+// ProfiledCostModel: grids of measured shapes, fits with residuals interpolated between them (ratio
+// or difference form, chosen per grid by leave-one-out), and the nested leave-one-out validation that
+// measures them against plain linear interpolation.
 #include "costmodel/profiled.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
