@@ -181,8 +181,8 @@ void run_validate(const ValidateArgs& a) {
   };
   for (const auto& b : r.by_stage_rc) line(fmt::format("{} / {}", cm::layer_kind_name(b.kind), rc_name(b.rc)), b.errors);
   line("all", r.all);
-  std::printf("  (MAPE: ours = fitted curve x interpolated ratio in log coordinates; linear = DynaPipe's rule on the "
-              "raw grid)\n");
+  std::printf("  (MAPE: ours = fitted curve and interpolated residual in log coordinates, nested; linear = DynaPipe's "
+              "rule on the raw grid)\n");
 }
 
 // ---- import -------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-// ProfiledCostModel: grids of measured shapes, efficiency interpolation, memory fits, and the
-// leave-one-out validation that measures them against plain linear interpolation.
+// ProfiledCostModel: grids of measured shapes, fits with residuals interpolated between them (ratio
+// or difference form, chosen per grid by leave-one-out), and the nested leave-one-out validation that
+// measures them against plain linear interpolation.
 #include "costmodel/profiled.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <set>
@@ -20,6 +22,7 @@ namespace packpipe::costmodel {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 const char* rc_text(Recompute rc) {
   switch (rc) {
@@ -76,14 +79,30 @@ std::map<GridKey, std::vector<Cell>> merge_points(const std::vector<ProfilePoint
 
 // ---- fits ---------------------------------------------------------------------------------------
 //
-// Time and memory are each modelled as a non-negative combination of a few shape features fitted
-// by least squares in relative error over the grid, and the measured/fitted ratio of every grid
-// point is interpolated between points. Time features: 1 (launch latency), matrix-product GFLOP,
-// attention GFLOP (forward_flops), so fitted / FLOPs is an efficiency curve that falls for small
-// shapes; the interpolated ratio is the measured efficiency relative to that curve.
-// Memory features: 1, b*L, b*L^2 (decoder: 1, b*d, b*s, b*d^2, b*d*s).
+// Every modelled quantity y of a grid (forward, backward, stored, peak) is a fitted curve F of a few
+// shape features combined with a residual that is interpolated between grid points, in one of two
+// forms chosen per grid by cross-validation on the grid's own points (choose_forms):
+//   ratio form:      F fitted by non-negative least squares in relative error, y = F * r,
+//                    r = measured / fitted interpolated (the efficiency relative to the curve);
+//   difference form: F fitted by non-negative least squares in absolute error, y = F + e,
+//                    e = measured - fitted interpolated (offsets that do not scale with the shape).
+// Time features: 1 (launch latency), matrix-product GFLOP, attention GFLOP (forward_flops), so
+// F / FLOPs is an efficiency curve that falls for small shapes. Memory features: 1, b*L, b*L^2
+// (decoder: 1, b*d, b*s, b*d^2, b*d*s). Design and measurements: docs/design/003-costmodel-profiles.md.
 
 constexpr int kMaxFeatures = 5;
+
+/// The four modelled quantities: forward, backward (time), stored, peak (memory).
+constexpr int kFields = 4;
+double Cell::*const kField[kFields] = {&Cell::fwd, &Cell::bwd, &Cell::stored, &Cell::peak};
+inline bool is_time_field(int f) { return f < 2; }
+
+/// Fields that share one form: time (forward and backward together), stored, peak.
+constexpr int kGroups = 3;
+inline int group_of(int f) { return f < 2 ? 0 : f - 1; }
+
+enum class Form : std::uint8_t { Ratio = 0, Difference = 1 };
+constexpr int kForms = 2;
 
 struct Featurizer {
   const ModelSpec* m = nullptr;
@@ -133,24 +152,41 @@ struct Featurizer {
 struct Fit {
   int k = 0;
   double c[kMaxFeatures] = {0, 0, 0, 0, 0};
+  Form form = Form::Ratio;
+  double floor = 0;  ///< difference form: the least answer (time: the smallest value fitted; memory: 0)
   double eval(const double* x, int kx) const {
     double y = 0;
     for (int i = 0; i < std::min(k, kx); ++i) y += c[i] * x[i];
     return y;
   }
+  /// Residual of the measured value y at features x: y / F (ratio form) or y - F (difference form).
+  double residual(const double* x, int kx, double y) const {
+    const double f = eval(x, kx);
+    return form == Form::Ratio ? y / f : y - f;
+  }
+  /// The answer at features x from the residual r interpolated there; NaN stays NaN.
+  double apply(const double* x, int kx, double r) const {
+    const double f = eval(x, kx);
+    if (form == Form::Ratio) return f * r;
+    const double y = f + r;
+    return y < floor ? floor : y;
+  }
 };
 
-/// Normal equations of least squares in relative error: A = sum x x^T / y^2, v = sum x / y.
+/// Normal equations of weighted least squares: A = sum w x x^T, v = sum w y x, with w = 1 / y^2
+/// (relative error, ratio form) or 1 (absolute error, difference form).
 struct FitSums {
   int k = 0;
   double A[kMaxFeatures][kMaxFeatures] = {};
   double v[kMaxFeatures] = {};
   std::size_t n = 0;
-  void add(const double* x, int kx, double y, double sign) {
+  /// Adds (sign 1) or removes (sign -1) the point (x, y).
+  void add(const double* x, int kx, double y, Form form, double sign) {
     k = std::max(k, kx);
+    const double w = sign * (form == Form::Ratio ? 1.0 / (y * y) : 1.0);
     for (int i = 0; i < kx; ++i) {
-      for (int j = 0; j < kx; ++j) A[i][j] += sign * x[i] * x[j] / (y * y);
-      v[i] += sign * x[i] / y;
+      for (int j = 0; j < kx; ++j) A[i][j] += w * x[i] * x[j];
+      v[i] += w * y * x[i];
     }
     n = sign > 0 ? n + 1 : n - 1;
   }
@@ -191,20 +227,23 @@ bool solve_subset(const FitSums& s, unsigned mask, Fit& f) {
   return true;
 }
 
-/// Non-negative least squares by enumerating feature subsets (at most 4 features): the best fit
+/// Non-negative least squares by enumerating feature subsets (at most 5 features): the best fit
 /// whose coefficients are all >= 0, so the fit is positive wherever the features are.
 Fit solve(const FitSums& s) {
   Fit best;
   best.k = s.k;
   if (s.k == 0 || s.n == 0) return best;
+  // The objective is convex: a non-negative solution on all features is the optimum.
+  const unsigned full = (1u << s.k) - 1;
+  if (solve_subset(s, full, best) && std::all_of(best.c, best.c + s.k, [](double c) { return c >= 0; })) return best;
+  best = Fit{};
+  best.k = s.k;
   double best_obj = std::numeric_limits<double>::infinity();
-  for (unsigned mask = 1; mask < (1u << s.k); ++mask) {
+  for (unsigned mask = 1; mask < full; ++mask) {
     Fit f;
     if (!solve_subset(s, mask, f)) continue;
-    bool ok = true;
-    for (int i = 0; i < s.k; ++i) ok = ok && f.c[i] >= 0;
-    if (!ok) continue;
-    // sum ((c.x - y) / y)^2 up to the constant n: c^T A c - 2 c.v
+    if (!std::all_of(f.c, f.c + s.k, [](double c) { return c >= 0; })) continue;
+    // sum w (c.x - y)^2 up to a constant: c^T A c - 2 c.v
     double obj = 0;
     for (int i = 0; i < s.k; ++i) {
       obj -= 2 * f.c[i] * s.v[i];
@@ -218,43 +257,213 @@ Fit solve(const FitSums& s) {
   return best;
 }
 
-/// Fit of `field` over the cells not excluded.
-template <typename Excluded>
-Fit fit_field(const Featurizer& fz, bool is_time, const std::vector<Cell>& cells, double Cell::*field,
-              const FitSums& all, const Excluded& excluded) {
-  FitSums s = all;
-  double x[kMaxFeatures];
+/// The cells of one grid with their time and memory features, computed once.
+struct Points {
+  const std::vector<Cell>* cells = nullptr;
+  std::vector<std::array<double, kMaxFeatures>> x[2];  // [0] time, [1] memory
+  std::vector<int> k[2];
+
+  Points(const Featurizer& fz, const std::vector<Cell>& cs) : cells(&cs) {
+    for (int t = 0; t < 2; ++t) {
+      x[t].assign(cs.size(), std::array<double, kMaxFeatures>{});
+      k[t].assign(cs.size(), 0);
+      for (std::size_t i = 0; i < cs.size(); ++i) {
+        k[t][i] = fz.features(t == 0, cs[i].mbs, cs[i].seq, cs[i].dec, x[t][i].data());
+      }
+    }
+  }
+  std::size_t size() const { return cells->size(); }
+  const double* xs(int field, std::size_t i) const { return x[is_time_field(field) ? 0 : 1][i].data(); }
+  int ks(int field, std::size_t i) const { return k[is_time_field(field) ? 0 : 1][i]; }
+  double y(int field, std::size_t i) const { return (*cells)[i].*kField[field]; }
+  double eval(const Fit& f, int field, std::size_t i) const { return f.eval(xs(field, i), ks(field, i)); }
+};
+
+/// Sums of every field in both forms over a set of cells, and each field's smallest value there.
+struct GridSums {
+  FitSums s[kFields][kForms];
+  double least[kFields] = {kInf, kInf, kInf, kInf};
+
+  GridSums(const Points& p, const std::vector<char>& in) {
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (in[i]) add(p, i, 1.0);
+    }
+  }
+  /// Adds (sign 1) or removes (sign -1) cell i.
+  void add(const Points& p, std::size_t i, double sign) {
+    for (int f = 0; f < kFields; ++f) {
+      const double y = p.y(f, i);
+      if (!(y > 0)) continue;
+      for (int m = 0; m < kForms; ++m) s[f][m].add(p.xs(f, i), p.ks(f, i), y, static_cast<Form>(m), sign);
+      if (sign > 0) least[f] = std::min(least[f], y);
+    }
+  }
+  /// Recomputes the smallest values over the cells i with use(i) (removing a cell can raise them).
+  template <typename Use>
+  void recompute_least(const Points& p, const Use& use) {
+    for (int f = 0; f < kFields; ++f) least[f] = kInf;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (!use(i)) continue;
+      for (int f = 0; f < kFields; ++f) {
+        const double y = p.y(f, i);
+        if (y > 0) least[f] = std::min(least[f], y);
+      }
+    }
+  }
+  /// The fit of field f in form m.
+  Fit fit(int f, Form m) const {
+    const FitSums& fs = s[f][static_cast<int>(m)];
+    Fit out = solve(fs);
+    out.form = m;
+    out.floor = m == Form::Difference && is_time_field(f) && fs.n > 0 ? least[f] : 0.0;
+    return out;
+  }
+};
+
+// ---- choosing the form: leave-one-out on the grid's own points ----------------------------------
+
+/// One removal of the leave-one-out protocol: point i, interior along `axis` (0 mbs: i alone is
+/// removed; 1 seq, 2 dec_seq: its whole slice), with neighbours lo and hi at the adjacent values.
+struct Removal {
+  std::size_t i = 0, lo = 0, hi = 0;
+  int axis = 0;
+  double tlog = 0;  ///< position of i between lo and hi, linear in log2 of the axis
+  double tlin = 0;  ///< the same, linear in the axis value (linear interpolation)
+};
+
+std::int64_t coord(const Cell& c, int axis) { return axis == 0 ? c.mbs : (axis == 1 ? c.seq : c.dec); }
+
+/// Whether removal r takes cell k out of the fit.
+bool removes(const std::vector<Cell>& cells, const Removal& r, std::size_t k) {
+  return r.axis == 0 ? k == r.i : coord(cells[k], r.axis) == coord(cells[r.i], r.axis);
+}
+
+/// The removals among the cells i with in[i] (an axis counts with at least three values among
+/// them), by axis and then cell order.
+std::vector<Removal> removals(const std::vector<Cell>& cells, const std::vector<char>& in) {
+  std::vector<Removal> out;
+  std::map<Shape, std::size_t> index;
   for (std::size_t i = 0; i < cells.size(); ++i) {
-    const double y = cells[i].*field;
-    if (excluded(i) && y > 0) s.add(x, fz.features(is_time, cells[i].mbs, cells[i].seq, cells[i].dec, x), y, -1.0);
+    if (in[i]) index[{cells[i].mbs, cells[i].seq, cells[i].dec}] = i;
   }
-  return solve(s);
+  for (int axis = 0; axis < 3; ++axis) {
+    std::set<std::int64_t> vs;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (in[i]) vs.insert(coord(cells[i], axis));
+    }
+    const std::vector<std::int64_t> vals(vs.begin(), vs.end());
+    if (vals.size() < 3) continue;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (!in[i]) continue;
+      const Cell& c = cells[i];
+      const auto j = static_cast<std::size_t>(std::lower_bound(vals.begin(), vals.end(), coord(c, axis)) - vals.begin());
+      if (j == 0 || j + 1 == vals.size()) continue;
+      auto at = [&](std::int64_t x) -> std::size_t {
+        Shape sh{c.mbs, c.seq, c.dec};
+        (axis == 0 ? std::get<0>(sh) : (axis == 1 ? std::get<1>(sh) : std::get<2>(sh))) = x;
+        const auto it = index.find(sh);
+        return it == index.end() ? cells.size() : it->second;
+      };
+      Removal r;
+      r.i = i;
+      r.axis = axis;
+      r.lo = at(vals[j - 1]);
+      r.hi = at(vals[j + 1]);
+      if (r.lo == cells.size() || r.hi == cells.size()) continue;
+      const double x = static_cast<double>(coord(c, axis)), xl = static_cast<double>(vals[j - 1]),
+                   xh = static_cast<double>(vals[j + 1]);
+      r.tlin = (x - xl) / (xh - xl);
+      r.tlog = (std::log2(x) - std::log2(xl)) / (std::log2(xh) - std::log2(xl));
+      out.push_back(r);
+    }
+  }
+  return out;
 }
 
-FitSums fit_sums(const Featurizer& fz, bool is_time, const std::vector<Cell>& cells, double Cell::*field) {
-  FitSums s;
-  double x[kMaxFeatures];
-  for (const auto& c : cells) {
-    const double y = c.*field;
-    if (y > 0) s.add(x, fz.features(is_time, c.mbs, c.seq, c.dec, x), y, 1.0);
-  }
-  return s;
+/// Linear interpolation of the raw values of the removal's neighbours (DynaPipe's rule).
+double predict_linear(const Points& p, int field, const Removal& r) {
+  const double yl = p.y(field, r.lo), yh = p.y(field, r.hi);
+  return yl + r.tlin * (yh - yl);
 }
 
-double eval_at(const Featurizer& fz, bool is_time, const Fit& f, const Cell& c) {
-  double x[kMaxFeatures];
-  const int k = fz.features(is_time, c.mbs, c.seq, c.dec, x);
-  return f.eval(x, k);
+/// Our prediction of the removed point from its neighbours with `fit` made without it: the fit at
+/// the point combined with the neighbours' residuals interpolated in log2 of the axis. A ratio
+/// fit that is not positive there falls back to the linear rule.
+double predict(const Points& p, int field, const Fit& fit, const Removal& r) {
+  const double fl = p.eval(fit, field, r.lo), fh = p.eval(fit, field, r.hi), fc = p.eval(fit, field, r.i);
+  if (fit.form == Form::Ratio && !(fl > 0 && fh > 0 && fc > 0)) return predict_linear(p, field, r);
+  const double el = fit.residual(p.xs(field, r.lo), p.ks(field, r.lo), p.y(field, r.lo));
+  const double eh = fit.residual(p.xs(field, r.hi), p.ks(field, r.hi), p.y(field, r.hi));
+  return fit.apply(p.xs(field, r.i), p.ks(field, r.i), el + r.tlog * (eh - el));
+}
+
+/// Whether the removal can be scored on `field`: the point and both neighbours measured.
+bool scorable(const Points& p, int field, const Removal& r) {
+  return p.y(field, r.i) > 0 && p.y(field, r.lo) > 0 && p.y(field, r.hi) > 0;
+}
+
+/// The form of each field group for the cells i with in[i] (`base`: their sums): leave-one-out
+/// over their removals, the form with the smaller sum of |predicted - measured| / measured. Ties
+/// (no removal, or a few points that both fits pass through) go to the difference form.
+std::array<Form, kGroups> choose_forms(const Points& p, const std::vector<char>& in, const GridSums& base) {
+  const std::vector<Cell>& cells = *p.cells;
+  double score[kGroups][kForms] = {};
+  // Fits without a removed slice serve every point of that slice.
+  std::map<std::pair<int, std::int64_t>, std::array<Fit, kFields * kForms>> slice_fits;
+  std::array<Fit, kFields * kForms> fits;
+  for (const Removal& r : removals(cells, in)) {
+    auto refit = [&]() {
+      GridSums s = base;
+      auto use = [&](std::size_t k) { return in[k] && !removes(cells, r, k); };
+      for (std::size_t k = 0; k < cells.size(); ++k) {
+        if (in[k] && !use(k)) s.add(p, k, -1.0);
+      }
+      s.recompute_least(p, use);
+      for (int f = 0; f < kFields; ++f) {
+        for (int m = 0; m < kForms; ++m) fits[static_cast<std::size_t>(f * kForms + m)] = s.fit(f, static_cast<Form>(m));
+      }
+    };
+    if (r.axis == 0) {
+      refit();
+    } else {
+      const auto slice = std::make_pair(r.axis, coord(cells[r.i], r.axis));
+      auto it = slice_fits.find(slice);
+      if (it == slice_fits.end()) {
+        refit();
+        it = slice_fits.emplace(slice, fits).first;
+      }
+      fits = it->second;
+    }
+    for (int f = 0; f < kFields; ++f) {
+      if (!scorable(p, f, r)) continue;
+      const double y = p.y(f, r.i);
+      for (int m = 0; m < kForms; ++m) {
+        score[group_of(f)][m] += std::abs(predict(p, f, fits[static_cast<std::size_t>(f * kForms + m)], r) - y) / y;
+      }
+    }
+  }
+  std::array<Form, kGroups> out;
+  for (int g = 0; g < kGroups; ++g) {
+    // Rounding aside, equal scores are a tie.
+    const double ratio = score[g][0], diff = score[g][1];
+    out[static_cast<std::size_t>(g)] = ratio < diff - 1e-9 * diff ? Form::Ratio : Form::Difference;
+  }
+  return out;
+}
+
+/// The fits of every field of the grid made of the cells i with in[i], forms by choose_forms.
+std::array<Fit, kFields> fit_grid(const Points& p, const std::vector<char>& in) {
+  const GridSums base(p, in);
+  const std::array<Form, kGroups> forms = choose_forms(p, in, base);
+  std::array<Fit, kFields> fits;
+  for (int f = 0; f < kFields; ++f) fits[static_cast<std::size_t>(f)] = base.fit(f, forms[static_cast<std::size_t>(group_of(f))]);
+  return fits;
 }
 
 // ---- grid ---------------------------------------------------------------------------------------
 
-/// The four modelled quantities: forward, backward (time), stored, peak (memory).
-constexpr int kFields = 4;
-double Cell::*const kField[kFields] = {&Cell::fwd, &Cell::bwd, &Cell::stored, &Cell::peak};
-inline bool is_time_field(int f) { return f < 2; }
-
-/// Measured / fitted ratio of each quantity at one grid node (NaN when not measured).
+/// Residual of each quantity at one grid node (Fit::residual: ratio or difference; NaN when not
+/// measured).
 struct Node {
   double r[kFields] = {kNaN, kNaN, kNaN, kNaN};
 };
@@ -366,11 +575,11 @@ Grid build_grid(const GridKey& key, const std::vector<Cell>& cells, const ModelS
   g.mbs = make_axis(ms);
   g.seq = make_axis(ss);
   g.dec = make_axis(ds);
-  auto none = [](std::size_t) { return false; };
+  const Points pts(fz, cells);
+  const std::array<Fit, kFields> fits = fit_grid(pts, std::vector<char>(cells.size(), 1));
   for (int f = 0; f < kFields; ++f) {
-    const FitSums sums = fit_sums(fz, is_time_field(f), cells, kField[f]);
-    g.has[f] = sums.n > 0;
-    if (g.has[f]) g.fit[f] = fit_field(fz, is_time_field(f), cells, kField[f], sums, none);
+    g.has[f] = std::any_of(cells.begin(), cells.end(), [f](const Cell& c) { return c.*kField[f] > 0; });
+    g.fit[f] = fits[static_cast<std::size_t>(f)];
   }
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<const Cell*>> rows;
   for (const auto& c : cells) rows[{c.seq, c.dec}].push_back(&c);
@@ -385,9 +594,10 @@ Grid build_grid(const GridKey& key, const std::vector<Cell>& cells, const ModelS
     g.row_count.push_back(static_cast<int>(rcells.size()));
     for (const Cell* c : rcells) {
       Node n;
+      const auto i = static_cast<std::size_t>(c - cells.data());
       for (int f = 0; f < kFields; ++f) {
-        const double y = c->*kField[f];
-        if (g.has[f] && y > 0) n.r[f] = y / eval_at(fz, is_time_field(f), g.fit[f], *c);
+        const double y = pts.y(f, i);
+        if (g.has[f] && y > 0) n.r[f] = g.fit[f].residual(pts.xs(f, i), pts.ks(f, i), y);
       }
       g.cell_mbs.push_back(c->mbs);
       g.cell_lmbs.push_back(std::log2(static_cast<double>(c->mbs)));
@@ -522,6 +732,14 @@ namespace {
   if (n > 3) y += f.c[3] * x[3];
   if (n > 4) y += f.c[4] * x[4];
   return y;
+}
+
+/// Fit::apply for the query path, on fit_value: the answer from the residual r interpolated at x.
+[[gnu::always_inline]] inline double fit_apply(const Fit& f, const double* x, int kx, double r) {
+  const double v = fit_value(f, x, kx);
+  if (f.form == Form::Ratio) return v * r;
+  const double y = v + r;
+  return y < f.floor ? f.floor : y;
 }
 
 /// A query with its micro-batch size left open.
@@ -665,8 +883,8 @@ struct ProfiledCostModel::Rows {
   double xt[kMaxFeatures] = {0, 0, 0, 0, 0};
   const int kt = fz.time(b, p.ts, p.td, xt);
   const Provenance prov = exact ? Provenance::Profiled : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
-  const double fwd = g.has[0] ? fit_value(g.fit[0], xt, kt) * acc[0] * inv : kNaN;
-  const double bwd_profiled = g.has[1] ? fit_value(g.fit[1], xt, kt) * acc[1] * inv : kNaN;
+  const double fwd = g.has[0] ? fit_apply(g.fit[0], xt, kt, acc[0] * inv) : kNaN;
+  const double bwd_profiled = g.has[1] ? fit_apply(g.fit[1], xt, kt, acc[1] * inv) : kNaN;
   double recompute = 0;
   if (q.recompute == Recompute::Full) {
     recompute = fwd;
@@ -680,8 +898,8 @@ struct ProfiledCostModel::Rows {
   double xm[kMaxFeatures] = {0, 0, 0, 0, 0};
   const int km = fz.memory(mbs, p.ms, p.md, xm);
   if (g.has[2] && !std::isnan(acc[2])) {
-    out.stored_bytes = fit_value(g.fit[2], xm, km) * acc[2] * inv * layers;
-    out.peak_bytes = g.has[3] && !std::isnan(acc[3]) ? fit_value(g.fit[3], xm, km) * acc[3] * inv : 0.0;
+    out.stored_bytes = fit_apply(g.fit[2], xm, km, acc[2] * inv) * layers;
+    out.peak_bytes = g.has[3] && !std::isnan(acc[3]) ? fit_apply(g.fit[3], xm, km, acc[3] * inv) : 0.0;
     out.memory_source = prov;
   } else if (I.fallback) {
     Query r = q;
@@ -792,81 +1010,45 @@ LooReport leave_one_out(const Profile& profile, const ModelSpec& model) {
     const std::vector<Cell>& cells = grid_entry.second;
     const LayerKind kind = std::get<0>(key);
     const Featurizer fz{&model, kind};
-    std::map<Shape, std::size_t> index;
-    for (std::size_t i = 0; i < cells.size(); ++i) index[{cells[i].mbs, cells[i].seq, cells[i].dec}] = i;
-    FitSums sums[kFields];
-    for (int f = 0; f < kFields; ++f) sums[f] = fit_sums(fz, is_time_field(f), cells, kField[f]);
-    for (int axis = 0; axis < 3; ++axis) {
-      auto coord = [axis](const Cell& c) { return axis == 0 ? c.mbs : (axis == 1 ? c.seq : c.dec); };
-      std::set<std::int64_t> vs;
-      for (const auto& c : cells) vs.insert(coord(c));
-      const std::vector<std::int64_t> vals(vs.begin(), vs.end());
-      if (vals.size() < 3) continue;
-      ErrAcc acc;
-      // Fits without the removed point (mbs axis) or the removed slice (seq, dec_seq), cached per slice.
-      std::map<std::int64_t, std::array<Fit, kFields>> slice_fits;
-      for (std::size_t i = 0; i < cells.size(); ++i) {
-        const Cell& c = cells[i];
-        const auto j = static_cast<std::size_t>(std::lower_bound(vals.begin(), vals.end(), coord(c)) - vals.begin());
-        if (j == 0 || j + 1 == vals.size()) continue;
-        auto at = [&](std::int64_t x) -> const Cell* {
-          Shape sh{c.mbs, c.seq, c.dec};
-          (axis == 0 ? std::get<0>(sh) : (axis == 1 ? std::get<1>(sh) : std::get<2>(sh))) = x;
-          auto it = index.find(sh);
-          return it == index.end() ? nullptr : &cells[it->second];
-        };
-        const Cell* lo = at(vals[j - 1]);
-        const Cell* hi = at(vals[j + 1]);
-        if (!lo || !hi) continue;
-        acc.points += 1;
-        std::array<Fit, kFields> fits;
-        if (axis == 0) {
-          auto ex = [i](std::size_t k) { return k == i; };
-          for (int f = 0; f < kFields; ++f) {
-            if (sums[f].n) fits[static_cast<std::size_t>(f)] = fit_field(fz, is_time_field(f), cells, kField[f], sums[f], ex);
-          }
-        } else {
-          const std::int64_t v = coord(c);
-          auto it = slice_fits.find(v);
-          if (it == slice_fits.end()) {
-            auto ex = [&](std::size_t k) { return coord(cells[k]) == v; };
-            std::array<Fit, kFields> fs;
-            for (int f = 0; f < kFields; ++f) {
-              if (sums[f].n) fs[static_cast<std::size_t>(f)] = fit_field(fz, is_time_field(f), cells, kField[f], sums[f], ex);
-            }
-            it = slice_fits.emplace(v, fs).first;
-          }
-          fits = it->second;
-        }
-        const double x = static_cast<double>(coord(c)), xl = static_cast<double>(vals[j - 1]),
-                     xh = static_cast<double>(vals[j + 1]);
-        const double tlin = (x - xl) / (xh - xl);
-        const double tlog = (std::log2(x) - std::log2(xl)) / (std::log2(xh) - std::log2(xl));
-        for (int f = 0; f < kFields; ++f) {
-          const double y = c.*kField[f], yl = lo->*kField[f], yh = hi->*kField[f];
-          if (!(y > 0) || !(yl > 0) || !(yh > 0)) continue;
-          const Fit& fit = fits[static_cast<std::size_t>(f)];
-          const bool t = is_time_field(f);
-          const double fl = eval_at(fz, t, fit, *lo), fh = eval_at(fz, t, fit, *hi), fc = eval_at(fz, t, fit, c);
-          const double lin = yl + tlin * (yh - yl);
-          double ours = lin;  // no usable fit: the raw rule
-          if (fl > 0 && fh > 0 && fc > 0) {
-            const double rl = yl / fl, rh = yh / fh;
-            ours = fc * (rl + tlog * (rh - rl));
-          }
-          acc.ours[f] += std::abs(ours - y) / y;
-          acc.lin[f] += std::abs(lin - y) / y;
-          acc.n[f] += 1;
-        }
+    const Points pts(fz, cells);
+    ErrAcc acc[3];
+    // Nested: the forms are chosen again for every removal, from the remaining points only. The
+    // fits without a removed slice (seq, dec_seq) serve every point of that slice.
+    std::map<std::pair<int, std::int64_t>, std::array<Fit, kFields>> slice_fits;
+    for (const Removal& r : removals(cells, std::vector<char>(cells.size(), 1))) {
+      auto refit = [&]() {
+        std::vector<char> in(cells.size(), 1);
+        for (std::size_t k = 0; k < cells.size(); ++k) in[k] = !removes(cells, r, k);
+        return fit_grid(pts, in);
+      };
+      std::array<Fit, kFields> fits;
+      if (r.axis == 0) {
+        fits = refit();
+      } else {
+        const auto slice = std::make_pair(r.axis, coord(cells[r.i], r.axis));
+        auto it = slice_fits.find(slice);
+        if (it == slice_fits.end()) it = slice_fits.emplace(slice, refit()).first;
+        fits = it->second;
       }
-      if (acc.points == 0) continue;
+      ErrAcc& a = acc[r.axis];
+      a.points += 1;
+      for (int f = 0; f < kFields; ++f) {
+        if (!scorable(pts, f, r)) continue;
+        const double y = pts.y(f, r.i);
+        a.ours[f] += std::abs(predict(pts, f, fits[static_cast<std::size_t>(f)], r) - y) / y;
+        a.lin[f] += std::abs(predict_linear(pts, f, r) - y) / y;
+        a.n[f] += 1;
+      }
+    }
+    for (int axis = 0; axis < 3; ++axis) {
+      if (acc[axis].points == 0) continue;
       LooGroup grp;
       std::tie(grp.kind, grp.tp, grp.rc, grp.variant) = key;
       grp.axis = axis == 0 ? "mbs" : (axis == 1 ? "seq" : "dec_seq");
-      grp.errors = acc.done();
+      grp.errors = acc[axis].done();
       report.groups.push_back(grp);
-      total.add(acc);
-      by[{grp.kind, grp.rc}].add(acc);
+      total.add(acc[axis]);
+      by[{grp.kind, grp.rc}].add(acc[axis]);
     }
   }
   PACKPIPE_CHECK_ARG(total.points > 0,

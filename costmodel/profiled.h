@@ -16,18 +16,22 @@ namespace packpipe::costmodel {
 /// micro-batch size, sequence length and (T5 decoder) decoder length; repeated measurements of a
 /// shape resolve to their median (DynaPipe keeps the maximum).
 ///
-/// Time: per grid (never across tp, recompute or kind) a non-negative least-squares fit in relative
-/// error t ~ a + Wm / Pm + Wa / Pa (Wm, Wa: matrix-product and attention FLOPs from forward_flops;
-/// tokens for the FLOP-free embedding) gives an efficiency curve FLOPs / t that falls for small
-/// shapes; the measured efficiency relative to that curve (= measured / fitted time) is interpolated
-/// multilinearly in log2 mbs, log2 seq (and log2 dec_seq) and multiplied back. Grid points are
-/// reproduced exactly. Below the grid the shape is clamped to the smallest profiled one (latency
-/// floor); above the largest profiled value of an axis (or in an OOM hole of the triangular grid)
-/// the ratio is held and the answer flagged Provenance::Extrapolated; beyond twice the largest
-/// profiled value the query is refused (InvalidArgument naming the argument, the value and the limit).
+/// Time: per grid (never across tp, recompute or kind) a non-negative least-squares fit
+/// t ~ a + Wm / Pm + Wa / Pa (Wm, Wa: matrix-product and attention FLOPs from forward_flops; tokens
+/// for the FLOP-free embedding) gives a curve whose efficiency FLOPs / t falls for small shapes. The
+/// measured time relative to that curve is interpolated multilinearly in log2 mbs, log2 seq (and
+/// log2 dec_seq) in one of two forms, chosen per grid by leave-one-out on the grid's own points:
+/// the ratio measured / fitted (fit in relative error; multiplied back) or the difference
+/// measured - fitted (fit in absolute error; added back, never below the grid's smallest time).
+/// Grid points are reproduced exactly. Below the grid the shape is clamped to the smallest profiled
+/// one (latency floor); above the largest profiled value of an axis (or in an OOM hole of the
+/// triangular grid) the residual is held and the answer flagged Provenance::Extrapolated; beyond
+/// twice the largest profiled value the query is refused (InvalidArgument naming the argument, the
+/// value and the limit).
 ///
 /// Memory: the same scheme with stored (and peak) bytes on 1, b*L, b*L^2 (decoder: 1, b*d, b*s,
-/// b*d^2, b*d*s), i.e. the linear and quadratic terms in tokens and sequence length.
+/// b*d^2, b*d*s), i.e. the linear and quadratic terms in tokens and sequence length; stored and peak
+/// choose their forms separately.
 ///
 /// Shapes whose discrete axes are not profiled go to `fallback` (normally AnalyticCostModel) with
 /// its provenance (Analytic); without a fallback they throw InvalidArgument.
@@ -79,8 +83,8 @@ struct LooErrors {
   std::size_t points = 0;             ///< removals (a grid point removed along one axis)
   std::size_t time_predictions = 0;   ///< forward and backward values predicted
   std::size_t memory_predictions = 0; ///< stored activation values predicted
-  double time_mape = 0;               ///< ours: efficiency in log coordinates
-  double memory_mape = 0;             ///< ours: fit x interpolated residual
+  double time_mape = 0;               ///< ours: fit and residual interpolated in log coordinates
+  double memory_mape = 0;             ///< ours, stored bytes
   double linear_time_mape = 0;        ///< plain linear interpolation of time on the raw grid (DynaPipe)
   double linear_memory_mape = 0;      ///< plain linear interpolation of stored bytes on the raw grid
   double peak_memory_mape = 0;        ///< ours, peak bytes
@@ -116,7 +120,8 @@ struct LooReport {
 /// profiled neighbours on both sides at the adjacent values of an axis (mbs, seq, dec_seq; other
 /// coordinates equal) is removed in turn — for the seq and dec_seq axes the whole slice, as a grid
 /// without that axis value — and predicted from those neighbours by our rule and by linear
-/// interpolation of the raw values. Throws InvalidArgument when no point is interior.
+/// interpolation of the raw values. Nested: the fits and the choice of their forms are redone
+/// without the removed points. Throws InvalidArgument when no point is interior.
 LooReport leave_one_out(const Profile& profile, const ModelSpec& model);
 
 }  // namespace packpipe::costmodel
