@@ -707,16 +707,21 @@ std::string ProfiledCostModel::describe() const {
 
 namespace {
 
+/// std::log2 of 0 .. kSize - 1 (128 KB of static storage, filled on first use, no allocation).
+struct Log2Table {
+  static constexpr std::int64_t kSize = std::int64_t{1} << 14;
+  double v[kSize];
+  Log2Table() {
+    v[0] = -std::numeric_limits<double>::infinity();
+    for (std::int64_t i = 1; i < kSize; ++i) v[i] = std::log2(static_cast<double>(i));
+  }
+};
+
 /// log2 of a positive integer: std::log2 itself, from a table for the small values every query
 /// meets (sizes and lengths), so the result is the same bits either way.
 [[gnu::always_inline]] inline double log2_int(std::int64_t x) {
-  constexpr std::int64_t kTable = std::int64_t{1} << 14;
-  static const std::vector<double> table = [] {
-    std::vector<double> t(static_cast<std::size_t>(kTable));
-    for (std::int64_t i = 1; i < kTable; ++i) t[static_cast<std::size_t>(i)] = std::log2(static_cast<double>(i));
-    return t;
-  }();
-  return x > 0 && x < kTable ? table[static_cast<std::size_t>(x)] : std::log2(static_cast<double>(x));
+  static const Log2Table table;
+  return x >= 0 && x < Log2Table::kSize ? table.v[x] : std::log2(static_cast<double>(x));
 }
 
 /// Fit::eval for the query path: the same sums in the same order, unrolled with constant indices
