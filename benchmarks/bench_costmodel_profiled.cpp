@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "costmodel/profiled.h"
@@ -124,8 +125,49 @@ void BM_ProfiledRows(benchmark::State& state, bool batch) {
                                                         benchmark::Counter::kInvert);
 }
 
+/// The same on DynaPipe's real GPT-6.7B grid (the fixture): random decoder-layer shapes inside it
+/// (tp 1, every recompute mode, mbs 1..64, seq 16..2048, mostly between points), or grid points.
+/// Skipped with an error when the fixture is not there.
+void BM_ProfiledQueryFixture(benchmark::State& state, bool on_grid) {
+  static const std::unique_ptr<cm::CostModel> m = [] {
+    const std::string dir = std::string(PACKPIPE_FIXTURES_DIR) + "/dynapipe/derived_from_cost_models_pkl/";
+    try {
+      return cm::make_profiled_cost_model({dir + "gpt_6.7b_timing.csv", dir + "gpt_6.7b_activation.csv"},
+                                          cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+    } catch (const std::exception&) {
+      return std::unique_ptr<cm::CostModel>();
+    }
+  }();
+  if (!m) {
+    state.SkipWithError("DynaPipe GPT-6.7B fixture not found");
+    return;
+  }
+  std::mt19937_64 rng(20261122);
+  std::vector<cm::Query> qs(small_mode() ? 256 : 4096);
+  for (auto& q : qs) {
+    q.kind = cm::LayerKind::Encoder;
+    q.recompute = static_cast<cm::Recompute>(rng() % 3);
+    if (on_grid) {
+      q.seq = std::int64_t{16} << (rng() % 8);
+      q.mbs = std::int64_t{1} << (rng() % 4);
+    } else {
+      q.seq = 16 + static_cast<std::int64_t>(rng() % 2032);
+      q.mbs = 1 + static_cast<std::int64_t>(rng() % 64);
+    }
+  }
+  std::size_t i = 0;
+  for (auto _ : state) {
+    cm::LayerCost c = m->query(qs[i]);
+    benchmark::DoNotOptimize(c);
+    if (++i == qs.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(BM_ProfiledQueryFixture, interpolated, false);
+BENCHMARK_CAPTURE(BM_ProfiledQueryFixture, grid, true);
 BENCHMARK(BM_ProfiledQueryInterpolated);
 BENCHMARK(BM_ProfiledQueryGridHit);
 BENCHMARK_CAPTURE(BM_ProfiledRows, query_rows, true)->Arg(64)->Arg(256);
