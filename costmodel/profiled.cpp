@@ -769,8 +769,10 @@ struct ProfiledCostModel::Rows {
   /// Checks `q` as query() does (throws InvalidArgument) and fills `p`.
   static void plan(const Impl& I, const Query& q, RowPlan& p);
   /// The answer at micro-batch size `mbs` (q.mbs ignored). A memory fallback that refuses throws
-  /// (one_row) or returns false (batch: `hint` given, one per corner).
-  static bool row(const Impl& I, const RowPlan& p, const Query& q, std::int64_t mbs, LayerCost& out, int* hint);
+  /// (one_row) or returns false (batch: `hint` given, one per corner). `fallback_row`: the
+  /// fallback's answer at this size when the caller already has it (batch), else null.
+  static bool row(const Impl& I, const RowPlan& p, const Query& q, std::int64_t mbs, LayerCost& out, int* hint,
+                  const LayerCost* fallback_row = nullptr);
 };
 
 [[gnu::always_inline]] inline void ProfiledCostModel::Rows::plan(const Impl& I, const Query& q, RowPlan& p) {
@@ -872,7 +874,8 @@ struct ProfiledCostModel::Rows {
 }
 
 [[gnu::always_inline]] inline bool ProfiledCostModel::Rows::row(const Impl& I, const RowPlan& p, const Query& q,
-                                                                 std::int64_t mbs, LayerCost& out, int* hint) {
+                                                                 std::int64_t mbs, LayerCost& out, int* hint,
+                                                                 const LayerCost* fallback_row) {
   const Grid& g = *p.g;
   const std::int64_t b = g.mbs.v.size() > 1 && mbs < g.mbs.v[0] ? g.mbs.v[0] : mbs;
   bool exact = p.exact && b == mbs, extrap = p.extrap;
@@ -910,7 +913,9 @@ struct ProfiledCostModel::Rows {
     Query r = q;
     r.mbs = mbs;
     LayerCost a;
-    if (hint == nullptr) {
+    if (fallback_row != nullptr) {
+      a = *fallback_row;
+    } else if (hint == nullptr) {
       a = I.fallback->query(r);
     } else if (I.fallback->query_rows(r, 1, &a) == 0) {
       return false;
@@ -959,8 +964,27 @@ std::int64_t ProfiledCostModel::query_rows(const Query& q, std::int64_t count, L
   const std::int64_t n = std::min(count, p.mbs_limit - q.mbs + 1);
   if (p.g == nullptr) return I.fallback->query_rows(q, n, out);
   int hint[4] = {0, 0, 0, 0};  // per corner row: the mbs bracket, growing with the size
-  for (std::int64_t k = 0; k < n; ++k) {
-    if (!Rows::row(I, p, q, q.mbs + k, out[k], hint)) return k;
+  if (p.g->has[2] || !I.fallback) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      if (!Rows::row(I, p, q, q.mbs + k, out[k], hint)) return k;
+    }
+    return n;
+  }
+  // A grid without memory (e.g. DynaPipe's post-process): the fallback's memory for a chunk of
+  // rows in one batch query (the same answers as one query per row).
+  constexpr std::int64_t kChunk = 64;
+  thread_local std::vector<LayerCost> scratch;  // kept between calls: no zeroing per call
+  if (scratch.size() < static_cast<std::size_t>(kChunk)) scratch.resize(static_cast<std::size_t>(kChunk));
+  LayerCost* mem = scratch.data();
+  for (std::int64_t k0 = 0; k0 < n; k0 += kChunk) {
+    Query r = q;
+    r.mbs = q.mbs + k0;
+    const std::int64_t want = std::min(kChunk, n - k0);
+    const std::int64_t got = I.fallback->query_rows(r, want, mem);
+    for (std::int64_t k = 0; k < got; ++k) {
+      if (!Rows::row(I, p, q, q.mbs + k0 + k, out[k0 + k], hint, &mem[k])) return k0 + k;
+    }
+    if (got < want) return k0 + got;
   }
   return n;
 }

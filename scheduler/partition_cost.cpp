@@ -15,6 +15,9 @@ constexpr double kMB = 1e6;
 
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
 
+// min that keeps a NaN (a memory the cost model could not give does not fit).
+inline double nan_min(double a, double b) { return (a < b || std::isnan(a)) ? a : b; }
+
 // The DP's inner loop: prefixes j = i+1 .. i+K through start i's windows t[0, K) under lim, with
 // fi = F[i]. Branch-free so that it vectorises; an AVX2 clone where the CPU has it (the same
 // additions and comparisons, so the same results bit for bit).
@@ -174,7 +177,7 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
     o.time_ms = kInf;
     o.stored_mb = kInf;
     o.peak_mb = kInf;
-    o.fits_stages = false;
+    o.headroom_mb = -kInf;
   }
   const cm::LayerCost* q[kMaxKinds];
   for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) {
@@ -216,7 +219,6 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     out.stored_mb = std::max(out.stored_mb, cs[c]);
     out.peak_mb = std::max(out.peak_mb, cp[c]);
   }
-  out.fits_stages = true;
   out.headroom_mb = kInf;
   if (stages_.size() == S) {  // one stage per rank (no interleaving): no per-rank sums
     for (const auto& st : stages_) {
@@ -224,8 +226,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
       const auto r = static_cast<std::size_t>(st.rank);
       out.time_ms = std::max(out.time_ms, ct[c]);
       const double used = static_mb_[r] + st.inflight * cs[c] + cp[c];
-      if (!(used <= limit_mb_)) out.fits_stages = false;
-      out.headroom_mb = std::min(out.headroom_mb, limit_mb_ - used);
+      out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - used);
     }
     return out;
   }
@@ -243,8 +244,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
   }
   for (std::size_t r = 0; r < S; ++r) {
     out.time_ms = std::max(out.time_ms, t[r]);
-    if (!(mem[r] + pk[r] <= limit_mb_)) out.fits_stages = false;
-    out.headroom_mb = std::min(out.headroom_mb, limit_mb_ - (mem[r] + pk[r]));
+    out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - (mem[r] + pk[r]));
   }
   return out;
 }
@@ -275,7 +275,6 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
   const double s_hat = dyn_chunks_ == 1 ? std::max(s_e, s_d) : (s_e + s_d) * static_cast<double>(dyn_chunks_) / 2.0;
   out.stored_mb = l * s_hat;
   out.peak_mb = std::max(a_e, a_d) + (l - 1) * s_hat;
-  out.fits_stages = false;
   return out;
 }
 
@@ -305,7 +304,7 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
         if (last + 2 < static_cast<double>(end)) end = std::max(rows, static_cast<std::int64_t>(last) + 2);
       }
     }
-    if (vec.size() <= static_cast<std::size_t>(end)) vec.resize(static_cast<std::size_t>(end) * 2 + 8);
+    if (vec.size() <= static_cast<std::size_t>(end)) vec.resize(static_cast<std::size_t>(end) + static_cast<std::size_t>(end) / 2 + 8);
     std::int64_t r = rows;
     while (r <= end) {
       if (vec[static_cast<std::size_t>(r)].have & bit) {

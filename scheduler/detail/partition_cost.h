@@ -17,8 +17,7 @@ struct RcCost {
   double time_ms = 0;
   double stored_mb = 0;  ///< Stages: largest stage's stored per copy; DynaPipe: l x s-hat
   double peak_mb = 0;    ///< Stages: largest stage's transient peak; DynaPipe: max(a) + (l - 1) s-hat
-  bool fits_stages = false;  ///< Stages basis: every rank within the limit
-  double headroom_mb = 0;    ///< Stages basis: least (limit - memory) over ranks (fits iff >= 0)
+  double headroom_mb = 0;    ///< Stages basis: least (limit - memory) over ranks; fits iff >= 0 (NaN: no)
 };
 
 /// A recompute choice for one shape.
@@ -73,7 +72,7 @@ class Coster {
   const RcCost& get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc);
   /// Whether a cost fits under the basis (DynaPipe: the limits set above).
   bool fits(const RcCost& c) const {
-    return basis_ == CostBasis::Stages ? c.fits_stages : (c.stored_mb <= stored_limit_ && c.peak_mb <= peak_limit_);
+    return basis_ == CostBasis::Stages ? c.headroom_mb >= 0 : (c.stored_mb <= stored_limit_ && c.peak_mb <= peak_limit_);
   }
   /// Memory left under the limits (negative: does not fit); close to linear in rows.
   double headroom(const RcCost& c) const {
