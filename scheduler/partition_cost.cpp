@@ -421,8 +421,10 @@ CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWo
   const double lim = strict ? std::nextafter(cap, -kInf) : cap;
   // Push-style: each finite prefix extends through its windows under the cap. tail_min is
   // non-decreasing along a start's windows, so the windows that can be under the cap are a prefix
-  // found by binary search. P[j] keeps the least start whose window reaches F[j] (strict
+  // (found by a scan, below). P[j] keeps the least start whose window reaches F[j] (strict
   // improvements only, starts in ascending order), which makes the path deterministic.
+  std::int64_t last_off = -1;
+  std::size_t last_k = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
@@ -431,9 +433,16 @@ CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWo
     const double* tm = w.tail_min.data() + off;
     // A forward scan, not a binary search: the table is far larger than the caches and a scan's
     // loads are sequential, while every step of a binary search waits for a miss.
+    // Starts sharing a column share its scan (a later start's count is only cut shorter).
     const auto count = static_cast<std::size_t>(w.count[i]);
     std::size_t K = 0;
-    while (K < count && tm[K] <= lim) ++K;
+    if (off == last_off) {
+      K = std::min(last_k, count);
+    } else {
+      while (K < count && tm[K] <= lim) ++K;
+      last_off = off;
+      last_k = K;
+    }
     relax(t, K, lim, fi, static_cast<std::int64_t>(i), F + i + 1, P + i + 1);
   }
   CapResult r;
