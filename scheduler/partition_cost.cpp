@@ -68,8 +68,10 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
                              static_cast<std::uint64_t>(v.layout.has_embedding) * 2u +
                                  static_cast<std::uint64_t>(v.layout.has_postprocess)});
     }
-    if (shared->key != key) {
+    // Another setting, or the memo at its size bound: start afresh (results never depend on it).
+    if (shared->key != key || shared->slots > shared->max_slots) {
       shared->shapes.clear();
+      shared->slots = 0;
       shared->key = std::move(key);
     }
     memo_ = shared;
@@ -304,7 +306,11 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
         if (last + 2 < static_cast<double>(end)) end = std::max(rows, static_cast<std::int64_t>(last) + 2);
       }
     }
-    if (vec.size() <= static_cast<std::size_t>(end)) vec.resize(static_cast<std::size_t>(end) + static_cast<std::size_t>(end) / 2 + 8);
+    if (vec.size() <= static_cast<std::size_t>(end)) {
+      const std::size_t grown = static_cast<std::size_t>(end) + static_cast<std::size_t>(end) / 2 + 8;
+      memo_->slots += grown - vec.size();
+      vec.resize(grown);
+    }
     std::int64_t r = rows;
     while (r <= end) {
       if (vec[static_cast<std::size_t>(r)].have & bit) {

@@ -45,6 +45,10 @@ struct ShapeMemo {
   std::vector<std::uint64_t> key;
   std::unordered_map<std::uint64_t, std::vector<ShapeSlot>> shapes;
   std::unique_ptr<Scratch> scratch;
+  std::size_t slots = 0;  ///< row slots allocated over all shapes
+  /// Bound on `slots` (default about 100 MB): a memo past it is cleared when the next call
+  /// starts, so a long planning run keeps bounded memory.
+  std::size_t max_slots = std::size_t{1} << 20;
   std::size_t size() const;
 };
 

@@ -8,6 +8,7 @@
 #include "common/errors.h"
 #include "costmodel/analytic.h"
 #include "scheduler/plan_format.h"
+#include "scheduler/detail/partition_cost.h"
 #include "scheduler/planner.h"
 #include "scheduler/validator.h"
 #include "tests/support/temp_dir.h"
@@ -190,4 +191,39 @@ TEST_CASE("a partition cache changes nothing but the work: same plans, fewer que
   o8.shape.layers_per_stage = 2;
   plan_iteration(random_batch(rng, 50, false), nullptr, 9, gpt, virtual_stages(gpt.model(), o8.shape), o8, &cache);
   CHECK(cache.shapes() < shapes);
+}
+
+TEST_CASE("a partition cache past its size bound starts afresh and still changes nothing", "[boundary]") {
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  PipelineShape s;
+  s.stages = 4;
+  s.layers_per_stage = 4;
+  const auto vs = virtual_stages(gpt.model(), s);
+  PartitionCache cache;
+  cache.memo().max_slots = 300;
+  std::mt19937_64 rng(22);
+  int cleared = 0;
+  for (int it = 0; it < 6; ++it) {
+    const BatchLengths b = random_batch(rng, 120, false);
+    const std::size_t slots_before = cache.memo().slots;
+    PartitionOptions o;
+    o.cache = &cache;
+    const Partition with = partition(b, gpt, s, vs, o);
+    PartitionCache fresh;
+    o.cache = &fresh;
+    const Partition alone = partition(b, gpt, s, vs, o);
+    o.cache = nullptr;
+    const Partition without = partition(b, gpt, s, vs, o);
+    CHECK(with.objective_ms == without.objective_ms);
+    CHECK(alone.objective_ms == without.objective_ms);
+    REQUIRE(with.microbatches.size() == without.microbatches.size());
+    for (std::size_t m = 0; m < with.microbatches.size(); ++m) {
+      CHECK(with.microbatches[m].samples == without.microbatches[m].samples);
+    }
+    if (slots_before > 300) {  // started afresh: it holds exactly what this call needed
+      ++cleared;
+      CHECK(cache.memo().slots == fresh.memo().slots);
+    }
+  }
+  CHECK(cleared >= 4);
 }
