@@ -8,6 +8,7 @@
 
 #include "costmodel/analytic.h"
 #include "costmodel/cost_model.h"
+#include "bench_rows.h"
 
 namespace cm = packpipe::costmodel;
 
@@ -77,28 +78,7 @@ std::vector<cm::Query> row_shapes() {
 
 void BM_AnalyticRows(benchmark::State& state, bool batch) {
   const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
-  const auto qs = row_shapes();
-  const std::int64_t rows = state.range(0);
-  std::vector<cm::LayerCost> out(static_cast<std::size_t>(rows));
-  std::size_t i = 0;
-  for (auto _ : state) {
-    cm::Query q = qs[i];
-    if (batch) {
-      benchmark::DoNotOptimize(m.query_rows(q, rows, out.data()));
-    } else {
-      for (std::int64_t k = 0; k < rows; ++k) {
-        q.mbs = 1 + k;
-        out[static_cast<std::size_t>(k)] = m.query(q);
-      }
-    }
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-    if (++i == qs.size()) i = 0;
-  }
-  state.SetItemsProcessed(state.iterations() * rows);
-  state.counters["time_per_row"] = benchmark::Counter(static_cast<double>(rows),
-                                                    benchmark::Counter::kIsIterationInvariantRate |
-                                                        benchmark::Counter::kInvert);
+  packpipe::bench::query_rows_benchmark(state, m, row_shapes(), batch);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "costmodel/profiled.h"
+#include "bench_rows.h"
 
 namespace cm = packpipe::costmodel;
 
@@ -98,31 +99,9 @@ void BM_ProfiledQueryGridHit(benchmark::State& state) { run(state, true); }
 /// (batch) or K query() calls (loop); sequence lengths mostly between grid points. Counter
 /// time_per_row: seconds per row.
 void BM_ProfiledRows(benchmark::State& state, bool batch) {
-  const cm::ProfiledCostModel& m = model();
   std::vector<cm::Query> qs = queries(false);
   qs.resize(std::min<std::size_t>(qs.size(), 64));
-  const std::int64_t rows = state.range(0);
-  std::vector<cm::LayerCost> out(static_cast<std::size_t>(rows));
-  std::size_t i = 0;
-  for (auto _ : state) {
-    cm::Query q = qs[i];
-    q.mbs = 1;
-    if (batch) {
-      benchmark::DoNotOptimize(m.query_rows(q, rows, out.data()));
-    } else {
-      for (std::int64_t k = 0; k < rows; ++k) {
-        q.mbs = 1 + k;
-        out[static_cast<std::size_t>(k)] = m.query(q);
-      }
-    }
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-    if (++i == qs.size()) i = 0;
-  }
-  state.SetItemsProcessed(state.iterations() * rows);
-  state.counters["time_per_row"] = benchmark::Counter(static_cast<double>(rows),
-                                                    benchmark::Counter::kIsIterationInvariantRate |
-                                                        benchmark::Counter::kInvert);
+  packpipe::bench::query_rows_benchmark(state, model(), qs, batch);
 }
 
 /// The same on DynaPipe's real GPT-6.7B grid (the fixture): random decoder-layer shapes inside it
