@@ -972,10 +972,9 @@ std::int64_t ProfiledCostModel::query_rows(const Query& q, std::int64_t count, L
   }
   // A grid without memory (e.g. DynaPipe's post-process): the fallback's memory for a chunk of
   // rows in one batch query (the same answers as one query per row).
-  constexpr std::int64_t kChunk = 64;
-  thread_local std::vector<LayerCost> scratch;  // kept between calls: no zeroing per call
-  if (scratch.size() < static_cast<std::size_t>(kChunk)) scratch.resize(static_cast<std::size_t>(kChunk));
-  LayerCost* mem = scratch.data();
+  // A small chunk on the stack (re-entrant, unlike a shared buffer; cheap to construct).
+  constexpr std::int64_t kChunk = 16;
+  LayerCost mem[kChunk];
   for (std::int64_t k0 = 0; k0 < n; k0 += kChunk) {
     Query r = q;
     r.mbs = q.mbs + k0;
