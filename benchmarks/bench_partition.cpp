@@ -188,7 +188,7 @@ void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S
 }
 
 // The planning loop's steady state: a new global batch every iteration (synthetic 64K-token
-// batches, seeds 1, 2, ...; never the same twice within the 4,000 prepared), one PartitionCache
+// batches, seeds 1, 2, ...; never the same twice within the 1,100 prepared), one PartitionCache
 // kept across them as `packpipe plan` keeps one per thread. The first 50 batches warm the cache
 // before timing; shapes then come from earlier batches or are evaluated.
 void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S) {
@@ -197,7 +197,7 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S) {
   const auto vs = sch::virtual_stages(m.cost->model(), sh);
   static std::map<bool, std::vector<sch::BatchLengths>> batches;
   auto& bs = batches[t5];
-  const std::size_t count = small() ? 60 : 4000;
+  const std::size_t count = small() ? 60 : 1100;
   for (std::uint64_t seed = bs.size() + 1; bs.size() < count; ++seed) bs.push_back(synthetic(t5, 0, seed));
   sch::PartitionCache cache;
   sch::PartitionOptions o;

@@ -177,7 +177,6 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
   t.offset.assign(n, 0);
   t.column_end.clear();
   t.time_ms.clear();
-  t.rc.clear();
   t.rows.clear();
   t.max_count = 0;
   RowPacker packer(&w);
@@ -195,6 +194,14 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
   // first sample), so starts with the same padded length share the first one's column.
   bool share = !w.encdec() && !pack;
   for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
+  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead; a hint for
+  // the coster's batched queries).
+  auto shape_run_end = [&](std::size_t j, std::int64_t le, std::int64_t ld) {
+    std::size_t e = share ? n : j;
+    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
+    while (e < look && re[e] <= le && rd[e] <= ld) ++e;
+    return e;
+  };
   for (std::size_t i = 0; i < n; ++i) {
     if (share && i > 0 && re[i] == re[i - 1]) {
       t.offset[i] = t.offset[i - 1];
@@ -209,13 +216,11 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       for (std::size_t j = i + 1; j <= n;) {
         le = std::max(le, re[j - 1]);
         ld = std::max(ld, rd[j - 1]);
-        std::size_t run_end = share ? n : j;
-        const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
-        while (run_end < look && re[run_end] <= le && rd[run_end] <= ld) ++run_end;
+        const std::size_t run_end = shape_run_end(j, le, ld);
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
         const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
         const std::int64_t got = coster.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i),
-                                                   le, ld, policy, &first_mode, t.time_ms, t.rc);
+                                                   le, ld, policy, &first_mode, t.time_ms);
         t.count[i] += static_cast<std::int32_t>(got);
         if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
         j = run_end + 1;
@@ -231,10 +236,8 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       le = std::max(le, re[j - 1]);
       ld = std::max(ld, rd[j - 1]);
       const auto m = static_cast<std::int64_t>(j - i);
-      if (j > run_end) {  // a new shape: how far it lasts (bounded look-ahead), for batched queries
-        run_end = j;
-        const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
-        while (run_end < look && re[run_end] <= le && rd[run_end] <= ld) ++run_end;
+      if (j > run_end) {  // a new shape: how far it lasts
+        run_end = shape_run_end(j, le, ld);
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
       }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
@@ -264,7 +267,6 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       }
       if (!c.fits) break;
       t.time_ms.push_back(c.time_ms);
-      t.rc.push_back(static_cast<std::uint8_t>(c.rc));
       t.rows.push_back(static_cast<std::int32_t>(rows));
       ++t.count[i];
     }
@@ -301,11 +303,15 @@ struct SearchOutcome {
 //  1. run at the top cap (every window): G(inf) and its realised max r0; no cap above r0 can win;
 //  2. run at lb, the largest over samples of the cheapest window covering it (no partition's max
 //     is below lb): an incumbent that is often the optimum (one long sample sets the max);
-//  3. candidates: the distinct window times in (lb, min(r0, tau_max)), tau_max = (best - G(inf)/d)
-//     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), sorted;
-//  4. bisection over the candidate indices with the bound obj(tau) >= (S-1) c[lo]/c + G(hi)/d on
-//     [lo, hi) (G(hi) known from the run above), which prunes every range that cannot win.
-SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol, detail::Scratch& scratch) {
+//  3. candidates: the window times in (lb, min(r0, tau_max)), tau_max = (best - G(inf)/d)
+//     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), unsorted;
+//  4. bisection by rank (median selection) with the bound obj(tau) >= (S-1) c_min/c + G(above)/d
+//     on a range (c_min its least candidate, G(above) known from the run above it), which prunes
+//     every range that cannot win.
+// `bound`: an objective already reached (another order's): ranges that cannot beat it are pruned
+// too, and nothing that does not beat it is returned as better (callers compare with it).
+SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol, detail::Scratch& scratch,
+                          double bound = kInf) {
   SearchOutcome out;
   const std::size_t n = t.count.size();
   if (n == 0) {
@@ -314,9 +320,9 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
     out.objective = 0;
     return out;
   }
-  // Lower bound on any partition's max: every sample needs a window covering it. With tail_min
-  // (the least time among a start's windows from k on), sample i + k is covered from start i at
-  // best tail_min[k].
+  // Lower bound on any partition's max: every sample needs a window covering it. Sample i + k is
+  // covered from start i at best tail_min[k] (for a start sharing a column, the column's least
+  // time from k on, which may include windows past n - i: a weaker but still valid bound).
   std::vector<double>& cover = scratch.cover;
   cover.assign(n, kInf);
   for (std::size_t i = 0; i < n; ++i) {
@@ -339,7 +345,7 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
   detail::CapWorkspace& ws = scratch.ws;
   auto run = [&](double cap) {
     ++out.evaluations;
-    return detail::min_sum_under_cap(t, cap, false, ws);
+    return detail::min_sum_under_cap(t, cap, ws);
   };
   detail::CapResult first = run(t.max_time_ms);
   if (!first.feasible) return out;
@@ -350,7 +356,7 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
     detail::CapResult r = run(lb);  // infeasible when the cheapest covering windows do not chain
     if (r.feasible) consider(std::move(r));
   }
-  const double target = out.objective * (1.0 - tol);
+  const double target = std::min(out.objective, bound) * (1.0 - tol);
   // Candidate caps strictly between lb and r0 that could still beat the incumbent.
   const double tau_max = a > 0 ? std::min(r0, (target - b * g0) / a) : r0;
   std::vector<double>& cand = scratch.cand;
@@ -358,7 +364,7 @@ SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, doub
   for (double c : t.time_ms) {
     if (c > lb && c < tau_max) cand.push_back(c);
   }
-  auto pruned = [&](double lo, double g) { return a * lo + b * g >= out.objective * (1.0 - tol); };
+  auto pruned = [&](double lo, double g) { return a * lo + b * g >= std::min(out.objective, bound) * (1.0 - tol); };
   // explore(lo, hi, g): the candidates in cand[lo, hi) (unsorted), over which G >= g. Bisection by
   // rank: the median is selected (not sorted for) and each side partitioned, so ranges that are
   // pruned are never ordered (the candidates are as many as the windows).
@@ -414,7 +420,7 @@ DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& ord
   detail::CapWorkspace ws;
   for (double tau : taus) {
     ++out.evaluations;
-    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, false, ws);
+    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, ws);
     if (!r.feasible) continue;
     const double obj = detail::objective(shape, tau, r.sum);
     if (obj < out.objective) {
@@ -661,8 +667,9 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   Partition result;
   switch (options.method) {
     case PartitionMethod::DP: {
+      // Encoder-decoder Auto: the path order first (it usually wins), so that its objective
+      // prunes the sorted order's search; on equal objectives the first order is kept.
       std::vector<std::vector<std::uint32_t>> orders;
-      if (!encdec || options.order != EncDecOrder::Path) orders.push_back(sorted_order(w, ids));
       if (encdec && options.order != EncDecOrder::Sorted) {
         std::vector<std::uint32_t> li(ids.size()), lt(ids.size());
         for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -673,6 +680,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
         for (auto& x : o) x = ids[x];
         orders.push_back(std::move(o));
       }
+      if (!encdec || options.order != EncDecOrder::Path) orders.push_back(sorted_order(w, ids));
       // The DynaPipe basis keeps its budget rule: stored <= available / S first, then available.
       const double avail = coster.dynapipe_available_mb();
       const std::vector<double> budgets =
@@ -686,7 +694,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
         for (const auto& order : orders) {
           WindowTable& t = coster.scratch().table;
           build_windows(w, order, coster, options.recompute, options.pack_windows, t);
-          SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch());
+          SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch(), best);
           evals += so.evaluations;
           if (!so.best.feasible || !(so.objective < best)) continue;
           best = so.objective;

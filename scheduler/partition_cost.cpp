@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "common/target_clones.h"
 #include "scheduler/detail/partition_cost.h"
 
 namespace packpipe::scheduler::detail {
@@ -14,6 +15,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMB = 1e6;
 
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
+// Recompute modes by index, least work first.
+constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
 
 // min that keeps a NaN (a memory the cost model could not give does not fit).
 inline double nan_min(double a, double b) { return (a < b || std::isnan(a)) ? a : b; }
@@ -21,9 +24,7 @@ inline double nan_min(double a, double b) { return (a < b || std::isnan(a)) ? a 
 // The DP's inner loop: prefixes j = i+1 .. i+K through start i's windows t[0, K) under lim, with
 // fi = F[i]. Branch-free so that it vectorises; an AVX2 clone where the CPU has it (the same
 // additions and comparisons, so the same results bit for bit).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
-__attribute__((target_clones("avx2", "default")))
-#endif
+PACKPIPE_TARGET_CLONES
 void relax(const double* t, std::size_t K, double lim, double fi, std::int64_t i, double* Fj, std::int64_t* Pj) {
   for (std::size_t k = 0; k < K; ++k) {
     const double cur = Fj[k];
@@ -116,6 +117,13 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     static_mb_[static_cast<std::size_t>(vs.rank)] +=
         cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total() / kMB;
   }
+
+  // Every rank holds exactly one stage (no interleaving): composition skips the per-rank sums.
+  std::vector<int> per_rank(static_cast<std::size_t>(shape.stages), 0);
+  for (const auto& st : stages_) {
+    if (st.rank >= 0 && st.rank < shape.stages) ++per_rank[static_cast<std::size_t>(st.rank)];
+  }
+  one_stage_per_rank_ = std::all_of(per_rank.begin(), per_rank.end(), [](int c) { return c == 1; });
 
   // DynaPipe basis: l layers per stage, c chunks; GPU-0 model state as DynaPipe computes it.
   if (basis == CostBasis::DynaPipe) {
@@ -222,7 +230,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     out.peak_mb = std::max(out.peak_mb, cp[c]);
   }
   out.headroom_mb = kInf;
-  if (stages_.size() == S) {  // one stage per rank (no interleaving): no per-rank sums
+  if (one_stage_per_rank_) {  // no per-rank sums
     for (const auto& st : stages_) {
       const auto c = static_cast<std::size_t>(st.comp);
       const auto r = static_cast<std::size_t>(st.rank);
@@ -327,7 +335,6 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
         s.c[static_cast<std::size_t>(k)] = block_[x];
         s.have = static_cast<std::uint8_t>(s.have | bit);
       }
-      evaluations_ += cnt;
       r = e + 1;
     }
   }
@@ -335,10 +342,8 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
 }
 
 std::int64_t Coster::choose_run(std::int64_t m0, std::int64_t m1, std::int64_t le, std::int64_t ld,
-                                RecomputePolicy policy, int* first_auto, std::vector<double>& time,
-                                std::vector<std::uint8_t>& rc) {
+                                RecomputePolicy policy, int* first_auto, std::vector<double>& time) {
   // choose() with the shape's row vector held: get() only where a slot is missing.
-  static constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
   const bool automatic = policy == RecomputePolicy::Auto;
   const int fixed = policy == RecomputePolicy::None ? 0 : policy == RecomputePolicy::Selective ? 1 : 2;
   get(m0, le, ld, kModes[automatic ? *first_auto < 3 ? *first_auto : 2 : fixed]);  // selects the row vector
@@ -353,7 +358,6 @@ std::int64_t Coster::choose_run(std::int64_t m0, std::int64_t m1, std::int64_t l
                             : get(m, le, ld, kModes[k]);
       if (fits(c)) {
         time.push_back(c.time_ms);
-        rc.push_back(static_cast<std::uint8_t>(kModes[k]));
         break;
       }
     }
@@ -376,7 +380,6 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
   if (policy == RecomputePolicy::Auto) {
     // Least recompute that fits; recompute only adds work, so it is also the fastest
     // (assumption checked by the tests on the cost models: time none <= selective <= full).
-    static constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
     int k = first_auto ? *first_auto : 0;
     for (; k < 3; ++k) {
       const RcCost& c = get(rows, le, ld, kModes[k]);
@@ -416,21 +419,20 @@ void finish_table(WindowTable& t) {
   t.max_time_ms = top;
 }
 
-CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws) {
+CapResult min_sum_under_cap(const WindowTable& w, double cap, CapWorkspace& ws) {
   const std::size_t n = w.count.size();
   ws.F.assign(n + 1, kInf);
   ws.P.resize(n + 1);
   double* F = ws.F.data();
   std::int64_t* P = ws.P.data();
   F[0] = 0;
-  // Strict caps as the largest double below: c < cap  <=>  c <= nextafter(cap, -inf).
-  const double lim = strict ? std::nextafter(cap, -kInf) : cap;
+  const double lim = cap;
   // Push-style: each finite prefix extends through its windows under the cap. tail_min is
   // non-decreasing along a start's windows, so the windows that can be under the cap are a prefix
   // (found by a scan, below). P[j] keeps the least start whose window reaches F[j] (strict
   // improvements only, starts in ascending order), which makes the path deterministic.
   std::int64_t last_off = -1;
-  std::size_t last_k = 0;
+  std::size_t last_k = 0, last_count = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double fi = F[i];
     if (fi == kInf) continue;
@@ -439,14 +441,16 @@ CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWo
     const double* tm = w.tail_min.data() + off;
     // A forward scan, not a binary search: the table is far larger than the caches and a scan's
     // loads are sequential, while every step of a binary search waits for a miss.
-    // Starts sharing a column share its scan (a later start's count is only cut shorter).
+    // Starts sharing a column share its scan (a later start's count is only cut shorter; an
+    // empty column has the next one's offset, hence the count check).
     const auto count = static_cast<std::size_t>(w.count[i]);
     std::size_t K = 0;
-    if (off == last_off) {
+    if (off == last_off && count <= last_count) {
       K = std::min(last_k, count);
     } else {
       while (K < count && tm[K] <= lim) ++K;
       last_off = off;
+      last_count = count;
       last_k = K;
     }
     relax(t, K, lim, fi, static_cast<std::int64_t>(i), F + i + 1, P + i + 1);

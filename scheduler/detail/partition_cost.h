@@ -89,17 +89,15 @@ class Coster {
   /// index that still may fit (3 when none fits).
   Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto = nullptr);
   /// choose() for rows m0, m0 + 1, .., m1 of one shape in turn (first_auto carried along), each
-  /// choice's time and mode appended to `time` and `rc`, up to the first row where nothing fits.
+  /// choice's time appended to `time`, up to the first row where nothing fits.
   /// Returns the rows appended (m1 - m0 + 1 when all fit).
   std::int64_t choose_run(std::int64_t m0, std::int64_t m1, std::int64_t le, std::int64_t ld, RecomputePolicy policy,
-                          int* first_auto, std::vector<double>& time, std::vector<std::uint8_t>& rc);
+                          int* first_auto, std::vector<double>& time);
   /// The most rows the caller's next windows of the current shape can have: get() evaluates a
   /// block of rows ahead (batched cost-model queries), never past it.
   void set_rows_hint(std::int64_t max_rows) { rows_hint_ = max_rows; }
   /// Working storage of the DP methods (the memo's: kept across calls when shared).
   Scratch& scratch() { return *memo_->scratch; }
-  /// Queries so far (for tests and benchmarks).
-  std::uint64_t evaluations() const { return evaluations_; }
 
  private:
   // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).
@@ -130,6 +128,7 @@ class Coster {
   std::vector<KindQuery> kinds_;
   std::vector<StagePlan> stages_;
   std::vector<std::vector<int>> comps_;  // distinct query lists of the stages
+  bool one_stage_per_rank_ = false;
   std::vector<double> static_mb_;  // per rank
   // DynaPipe basis
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
@@ -138,7 +137,6 @@ class Coster {
   ShapeMemo* memo_ = &own_;
   std::uint64_t last_key_ = 0;
   std::vector<ShapeSlot>* last_row_ = nullptr;
-  std::uint64_t evaluations_ = 0;
   std::int64_t rows_hint_ = 1;
   mutable std::vector<cm::LayerCost> scratch_;
   std::vector<RcCost> block_;
@@ -156,13 +154,12 @@ struct WindowTable {
   std::vector<std::int64_t> offset; ///< per start, into the arrays below
   std::vector<std::int64_t> column_end;  ///< per distinct column, ascending: its end in the arrays (columns are contiguous)
   std::vector<double> time_ms;
-  std::vector<std::uint8_t> rc;
   std::vector<std::int32_t> rows;   ///< rows of the window (packed rows when packing pays); empty: j - i
   std::vector<double> tail_min;     ///< per value: min time of this and the longer windows of its column
   std::int32_t max_count = 0;
   double max_time_ms = 0;           ///< largest window time
 };
-/// Min-sum DP with a cap: windows with time <= cap (strict: < cap). Returns the sum (inf when
+/// Min-sum DP with a cap: windows with time <= cap. Returns the sum (inf when
 /// infeasible), the realised max and the window ends on the optimal path (back-tracking order).
 struct CapResult {
   double sum = 0;
@@ -176,7 +173,7 @@ struct CapWorkspace {
   std::vector<double> F;
   std::vector<std::int64_t> P;
 };
-CapResult min_sum_under_cap(const WindowTable& w, double cap, bool strict, CapWorkspace& ws);
+CapResult min_sum_under_cap(const WindowTable& w, double cap, CapWorkspace& ws);
 /// Working storage of one partition call: the window table, the DP's arrays and the cap search's.
 struct Scratch {
   WindowTable table;
