@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Simulated speed-up of packpipe's plans over the fixed and packing baselines, and planning time
 # per iteration, with DynaPipe's profiled GPT-6.7B and T5-11B cost models at 4 and 8 stages, on
-# the embedded multi-task data (64K-token global batches).
+# the embedded multi-task data (64K-token global batches). Planning time is measured with one
+# planning thread (the work of one iteration; more threads plan more iterations at once but share
+# the cores, which inflates each one's wall time).
 #   benchmarks/plan_figures.sh [build] [iterations]
 set -euo pipefail
 build=${1:-build}
@@ -12,7 +14,7 @@ pp="$build/packpipe"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 args=(--manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 --device A100-40GB --memory-mb 36000
-      --seed 1234 --json)
+      --seed 1234 --json --threads 1)
 [[ $iters -gt 0 ]] && args+=(--iterations "$iters")
 printf '%-9s %6s %10s %10s %10s %9s %9s %12s %12s\n' model stages packpipe_s fixed_s packing_s vs_fixed vs_pack \
   plan_ms_p50 plan_ms_p90
