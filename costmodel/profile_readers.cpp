@@ -216,9 +216,11 @@ void dynapipe_shape(ProfilePoint& p, std::int64_t enc, std::int64_t dec, const W
   }
 }
 
-Profile parse_dynapipe_timing(const std::string& text, const std::string& file) {
-  static const std::vector<std::string> cols = {"tp",         "rc",         "lm_stage", "train_stage",
-                                                "enc_seqlen", "dec_seqlen", "mbs",      "time_ms_per_layer"};
+// The data rows of a DynaPipe CSV whose first columns are tp, rc and lm_stage: each row's three
+// parsed in column order, then handed with the row's cells to f(p, tp, rc, kind, cell, where, line).
+template <class F>
+Profile read_dynapipe_rows(const std::string& text, const std::string& file, const std::vector<std::string>& cols,
+                           bool params, F&& f) {
   const Table t = read_table(text, file, cols);
   Profile p;
   p.model = dynapipe_model_name(file);
@@ -228,66 +230,66 @@ Profile parse_dynapipe_timing(const std::string& text, const std::string& file) 
     const auto& c = row_entry.second;
     auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
     auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
-    ProfilePoint pt;
-    pt.tp = to_positive(cell(0), w(0));
-    pt.rc = rc_from(cell(1), w(1));
-    pt.kind = kind_from(cell(2), w(2), false);
-    const std::string& stage = cell(3);
-    PACKPIPE_CHECK(stage == "forward" || stage == "backward",
-                   "{} line {} column 'train_stage': expected forward or backward, found '{}'", file, line, stage);
-    dynapipe_shape(pt, to_nonnegative(cell(4), w(4)), to_nonnegative(cell(5), w(5)), w(4));
-    pt.mbs = to_positive(cell(6), w(6));
-    const double ms = to_nonnegative_double(cell(7), w(7));
-    (stage == "forward" ? pt.fwd_ms : pt.bwd_ms) = ms;
-    p.points.push_back(pt);
+    const std::int64_t tp = to_positive(cell(0), w(0));
+    const Recompute rc = rc_from(cell(1), w(1));
+    const LayerKind kind = kind_from(cell(2), w(2), params);
+    f(p, tp, rc, kind, cell, w, line);
   }
   return p;
+}
+
+Profile parse_dynapipe_timing(const std::string& text, const std::string& file) {
+  static const std::vector<std::string> cols = {"tp",         "rc",         "lm_stage", "train_stage",
+                                                "enc_seqlen", "dec_seqlen", "mbs",      "time_ms_per_layer"};
+  return read_dynapipe_rows(text, file, cols, false,
+                            [&](Profile& p, std::int64_t tp, Recompute rc, LayerKind kind, auto&& cell, auto&& w,
+                                std::size_t line) {
+                              ProfilePoint pt;
+                              pt.tp = tp;
+                              pt.rc = rc;
+                              pt.kind = kind;
+                              const std::string& stage = cell(3);
+                              PACKPIPE_CHECK(stage == "forward" || stage == "backward",
+                                             "{} line {} column 'train_stage': expected forward or backward, found '{}'",
+                                             file, line, stage);
+                              dynapipe_shape(pt, to_nonnegative(cell(4), w(4)), to_nonnegative(cell(5), w(5)), w(4));
+                              pt.mbs = to_positive(cell(6), w(6));
+                              const double ms = to_nonnegative_double(cell(7), w(7));
+                              (stage == "forward" ? pt.fwd_ms : pt.bwd_ms) = ms;
+                              p.points.push_back(pt);
+                            });
 }
 
 Profile parse_dynapipe_activation(const std::string& text, const std::string& file) {
   static const std::vector<std::string> cols = {"tp",  "rc", "lm_stage", "enc_seqlen", "dec_seqlen",
                                                 "mbs", "stored_activation_MB_per_layer", "peak_activation_MB"};
-  const Table t = read_table(text, file, cols);
-  Profile p;
-  p.model = dynapipe_model_name(file);
-  p.sources.push_back(file);
-  for (const auto& row_entry : t.rows) {
-    const std::size_t line = row_entry.first;
-    const auto& c = row_entry.second;
-    auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
-    auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
-    ProfilePoint pt;
-    pt.tp = to_positive(cell(0), w(0));
-    pt.rc = rc_from(cell(1), w(1));
-    pt.kind = kind_from(cell(2), w(2), false);
-    dynapipe_shape(pt, to_nonnegative(cell(3), w(3)), to_nonnegative(cell(4), w(4)), w(3));
-    pt.mbs = to_positive(cell(5), w(5));
-    pt.stored_bytes = to_nonnegative_double(cell(6), w(6)) * kMB;
-    pt.peak_bytes = to_nonnegative_double(cell(7), w(7)) * kMB;
-    p.points.push_back(pt);
-  }
-  return p;
+  return read_dynapipe_rows(text, file, cols, false,
+                            [&](Profile& p, std::int64_t tp, Recompute rc, LayerKind kind, auto&& cell, auto&& w,
+                                std::size_t) {
+                              ProfilePoint pt;
+                              pt.tp = tp;
+                              pt.rc = rc;
+                              pt.kind = kind;
+                              dynapipe_shape(pt, to_nonnegative(cell(3), w(3)), to_nonnegative(cell(4), w(4)), w(3));
+                              pt.mbs = to_positive(cell(5), w(5));
+                              pt.stored_bytes = to_nonnegative_double(cell(6), w(6)) * kMB;
+                              pt.peak_bytes = to_nonnegative_double(cell(7), w(7)) * kMB;
+                              p.points.push_back(pt);
+                            });
 }
 
 Profile parse_dynapipe_model_state(const std::string& text, const std::string& file) {
   static const std::vector<std::string> cols = {"tp", "rc", "lm_stage", "param_MB_per_layer"};
-  const Table t = read_table(text, file, cols);
-  Profile p;
-  p.model = dynapipe_model_name(file);
-  p.sources.push_back(file);
-  for (const auto& row_entry : t.rows) {
-    const std::size_t line = row_entry.first;
-    const auto& c = row_entry.second;
-    auto cell = [&](std::size_t i) -> const std::string& { return c[t.index[i]]; };
-    auto w = [&](std::size_t i) { return Where{file, line, cols[i]}; };
-    ProfileParams pp;
-    pp.tp = to_positive(cell(0), w(0));
-    pp.rc = rc_from(cell(1), w(1));
-    pp.kind = kind_from(cell(2), w(2), true);
-    pp.bytes = to_nonnegative_double(cell(3), w(3)) * kMB;
-    p.params.push_back(pp);
-  }
-  return p;
+  return read_dynapipe_rows(text, file, cols, true,
+                            [&](Profile& p, std::int64_t tp, Recompute rc, LayerKind kind, auto&& cell, auto&& w,
+                                std::size_t) {
+                              ProfileParams pp;
+                              pp.tp = tp;
+                              pp.rc = rc;
+                              pp.kind = kind;
+                              pp.bytes = to_nonnegative_double(cell(3), w(3)) * kMB;
+                              p.params.push_back(pp);
+                            });
 }
 
 // ---- name parsing -------------------------------------------------------------------------------
