@@ -44,21 +44,16 @@ struct PySearch {
 
 py::dtype op_dtype() {
   py::list names, formats, offsets;
-  names.append("kind");
-  formats.append("u1");
-  offsets.append(offsetof(sc::ScheduledOp, kind));
-  names.append("mb");
-  formats.append("<u4");
-  offsets.append(offsetof(sc::ScheduledOp, mb));
-  names.append("vstage");
-  formats.append("<u4");
-  offsets.append(offsetof(sc::ScheduledOp, vstage));
-  names.append("start_ms");
-  formats.append("<f8");
-  offsets.append(offsetof(sc::ScheduledOp, start_ms));
-  names.append("end_ms");
-  formats.append("<f8");
-  offsets.append(offsetof(sc::ScheduledOp, end_ms));
+  auto field = [&](const char* name, const char* format, std::size_t offset) {
+    names.append(name);
+    formats.append(format);
+    offsets.append(offset);
+  };
+  field("kind", "u1", offsetof(sc::ScheduledOp, kind));
+  field("mb", "<u4", offsetof(sc::ScheduledOp, mb));
+  field("vstage", "<u4", offsetof(sc::ScheduledOp, vstage));
+  field("start_ms", "<f8", offsetof(sc::ScheduledOp, start_ms));
+  field("end_ms", "<f8", offsetof(sc::ScheduledOp, end_ms));
   py::dict d;
   d["names"] = names;
   d["formats"] = formats;
