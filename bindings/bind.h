@@ -1,7 +1,13 @@
 // Per-component binding entry points, called from module.cpp.
 #pragma once
 
+#include <memory>
+#include <mutex>
+
 #include <pybind11/pybind11.h>
+
+#include "costmodel/cost_model.h"
+#include "scheduler/partition.h"
 
 namespace packpipe::bindings {
 
@@ -18,6 +24,24 @@ void define_costmodel(pybind11::module_& m);
 /// Packing (bind_packing.cpp).
 void declare_packing(pybind11::module_& m);
 void define_packing(pybind11::module_& m);
+/// packpipe.PartitionCache: a scheduler::PartitionCache for one thread at a time, holding the last
+/// cost model it served (the memo is keyed by the model's address). Defined in bind_partition.cpp.
+struct PyPartitionCache {
+  scheduler::PartitionCache cache;
+  std::shared_ptr<costmodel::CostModel> cost;
+  std::mutex busy;
+  /// Holds the cache for one call (none when `c` is null); throws InvalidArgument when another
+  /// thread holds it.
+  struct Use {
+    Use(PyPartitionCache* c, const std::shared_ptr<costmodel::CostModel>& cost);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    scheduler::PartitionCache* get() const;
+    PyPartitionCache* owner = nullptr;
+  };
+};
+
 /// Micro-batch partition (bind_partition.cpp).
 void declare_partition(pybind11::module_& m);
 void define_partition(pybind11::module_& m);

@@ -61,7 +61,32 @@ py::dict partition_dict(const sch::Partition& p) {
 
 }  // namespace
 
-void declare_partition(py::module_&) {}
+PyPartitionCache::Use::Use(PyPartitionCache* c, const std::shared_ptr<cm::CostModel>& cost) : owner(c) {
+  if (c == nullptr) return;
+  PACKPIPE_CHECK_ARG(c->busy.try_lock(), "this PartitionCache is in use by another thread: keep one per thread");
+  c->cost = cost;  // held so that no other model can take its address while the memo refers to it
+}
+
+PyPartitionCache::Use::~Use() {
+  if (owner != nullptr) owner->busy.unlock();
+}
+
+sch::PartitionCache* PyPartitionCache::Use::get() const { return owner ? &owner->cache : nullptr; }
+
+void declare_partition(py::module_& m) {
+  py::class_<PyPartitionCache, std::shared_ptr<PyPartitionCache>>(
+      m, "PartitionCache",
+      "Micro-batch shape costs kept across partition() / plan_batch() calls, as a training loop's planner keeps "
+      "them: shapes recur between global batches, so later calls skip most cost-model queries. Results never "
+      "depend on it. One per thread (a call while another thread uses it raises); it keeps the last cost model "
+      "it served alive.")
+      .def(py::init<>())
+      .def_property_readonly("shapes", [](const PyPartitionCache& c) { return c.cache.shapes(); },
+                             "Micro-batch shapes (rows, lengths) memoised so far")
+      .def("__repr__", [](const PyPartitionCache& c) {
+        return "<packpipe.PartitionCache shapes=" + std::to_string(c.cache.shapes()) + ">";
+      });
+}
 
 void define_partition(py::module_& m) {
   m.def(
@@ -70,7 +95,7 @@ void define_partition(py::module_& m) {
          std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
          double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, std::uint64_t tokens,
          std::int64_t round_multiple, const std::string& recompute, const std::string& oversize,
-         const std::string& basis, bool pack_windows) {
+         const std::string& basis, bool pack_windows, const std::shared_ptr<PyPartitionCache>& cache) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         sch::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
@@ -94,6 +119,8 @@ void define_partition(py::module_& m) {
         o.oversize = sch::oversize_policy_from_name(oversize);
         o.basis = sch::cost_basis_from_name(basis);
         o.pack_windows = pack_windows;
+        const PyPartitionCache::Use use(cache.get(), cost);
+        o.cache = use.get();
         sch::Partition p;
         {
           py::gil_scoped_release release;
@@ -106,9 +133,11 @@ void define_partition(py::module_& m) {
       py::arg("memory_mb") = 0.0, py::arg("zero_stage") = 1, py::arg("method") = "dp", py::arg("mbs") = 0,
       py::arg("tokens") = 0, py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
       py::arg("oversize") = "error", py::arg("cost_basis") = "auto", py::arg("pack_windows") = false,
+      py::arg("cache") = nullptr,
       "Micro-batches of one global batch. input_lengths (and target_lengths for encoder-decoder models): "
       "1-D numpy arrays of uint32 or int64. Returns a dict: microbatches (dicts with numpy 'samples'), "
-      "objective_ms, efficiency, predicted_iteration_ms, ranks, truncated, dropped, ...");
+      "objective_ms, efficiency, predicted_iteration_ms, ranks, truncated, dropped, ... cache: a "
+      "packpipe.PartitionCache kept across calls (a training loop's planner), or None.");
 }
 
 }  // namespace packpipe::bindings

@@ -53,7 +53,8 @@ void define_planner(py::module_& m) {
          std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
          int zero_stage, double memory_mb, const std::string& method, const std::string& schedule,
          const std::string& recompute, std::int64_t round_multiple, std::uint64_t seed, std::uint64_t iteration,
-         bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs) {
+         bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+         const std::shared_ptr<PyPartitionCache>& cache) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         sch::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
@@ -76,11 +77,12 @@ void define_planner(py::module_& m) {
         o.validate = validate;
         o.baselines = baselines;
         o.baseline_mbs = baseline_mbs;
+        const PyPartitionCache::Use use(cache.get(), cost);
         sch::IterationResult r;
         {
           py::gil_scoped_release release;
           const auto vstages = sch::virtual_stages(cost->model(), o.shape);
-          r = sch::plan_iteration(b, nullptr, iteration, *cost, vstages, o);
+          r = sch::plan_iteration(b, nullptr, iteration, *cost, vstages, o, use.get());
         }
         py::dict d;
         py::list plans;
@@ -106,10 +108,11 @@ void define_planner(py::module_& m) {
       py::arg("tp") = 1, py::arg("zero_stage") = 1, py::arg("memory_mb") = 0.0, py::arg("method") = "dp",
       py::arg("schedule") = "search", py::arg("recompute") = "auto", py::arg("round_multiple") = 8,
       py::arg("seed") = 1234, py::arg("iteration") = 0, py::arg("validate") = false, py::arg("baselines") = false,
-      py::arg("baseline_mbs") = std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64},
+      py::arg("baseline_mbs") = std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64}, py::arg("cache") = nullptr,
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams. Returns a dict with "
       "'plans' (one packpipe.Plan per data-parallel replica), the figures of packpipe's plan and, with "
-      "baselines=True, of the fixed and packing baselines for every micro-batch size of baseline_mbs.");
+      "baselines=True, of the fixed and packing baselines for every micro-batch size of baseline_mbs. cache: a "
+      "packpipe.PartitionCache kept across iterations (shape costs), or None.");
 }
 
 }  // namespace packpipe::bindings

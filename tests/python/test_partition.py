@@ -69,3 +69,33 @@ def test_bad_arguments_are_named():
     assert list(r["dropped"]) == [1]
     with pytest.raises(ValueError, match="unknown partition method"):
         packpipe.partition(np.array([10], dtype=np.uint32), gpt(), method="greedy")
+
+
+def _same(a, b):
+    assert a["objective_ms"] == b["objective_ms"]
+    assert len(a["microbatches"]) == len(b["microbatches"])
+    for x, y in zip(a["microbatches"], b["microbatches"]):
+        assert np.array_equal(x["samples"], y["samples"])
+        assert x["time_ms"] == y["time_ms"] and x["recompute"] == y["recompute"]
+
+
+def test_partition_cache_keeps_shapes_and_never_changes_results():
+    cache = packpipe.PartitionCache()
+    assert cache.shapes == 0
+    models = [gpt(), t5()]
+    seen = 0
+    for k in range(6):
+        cm = models[k % 2]  # alternating models: the cache starts afresh for each
+        x = lengths(120, 10 + k, cap=1024)
+        y = lengths(120, 20 + k, median=60.0, cap=256) if k % 2 else None
+        kw = dict(target_lengths=y, stages=4, layers_per_stage=(6 if k % 2 else 4), memory_mb=36000)
+        cold = packpipe.partition(x, cm, **kw)
+        warm = packpipe.partition(x, cm, cache=cache, **kw)
+        _same(cold, warm)
+        again = packpipe.partition(x, cm, cache=cache, **kw)
+        _same(cold, again)
+        assert cache.shapes > 0
+        seen = max(seen, cache.shapes)
+    assert "shapes=" in repr(cache)
+    with pytest.raises(TypeError):
+        packpipe.partition(lengths(10, 1), gpt(), stages=2, layers_per_stage=8, cache=object())

@@ -45,3 +45,15 @@ def test_plan_batch_is_deterministic_and_checks_arguments():
         packpipe.plan_batch(cm, lengths.astype(np.float32), stages=2, layers_per_stage=8)
     with pytest.raises(ValueError, match="schedule"):
         packpipe.plan_batch(cm, lengths, stages=2, layers_per_stage=8, schedule="nope")
+
+
+def test_plan_batch_with_a_cache_plans_the_same():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    cache = packpipe.PartitionCache()
+    for seed in range(3):
+        lengths = _lengths(150, 30 + seed)
+        a = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, memory_mb=36000)
+        b = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, memory_mb=36000, cache=cache)
+        assert a["packpipe"]["iteration_ms"] == b["packpipe"]["iteration_ms"]
+        assert [list(m["samples"]) for m in a["plans"][0].microbatches] == [list(m["samples"]) for m in b["plans"][0].microbatches]
+    assert cache.shapes > 0
