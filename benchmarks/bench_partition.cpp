@@ -187,24 +187,27 @@ void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S
   state.counters["shapes"] = static_cast<double>(cache.shapes());
 }
 
-// The planning loop's steady state: a new global batch every iteration (synthetic 64K-token
-// batches, seeds 1, 2, ...; never the same twice within the 1,100 prepared), one PartitionCache
-// kept across them as `packpipe plan` keeps one per thread. The first 50 batches warm the cache
-// before timing; shapes then come from earlier batches or are evaluated.
-void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S) {
+// The planning loop's steady state: a new global batch every iteration (synthetic batches of 64K
+// tokens, or of `n` samples; seeds 1, 2, ...; never the same twice within one run), one
+// PartitionCache kept across them as `packpipe plan` keeps one per thread. The first batches
+// warm the cache before timing; shapes then come from earlier batches or are evaluated.
+void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::size_t n) {
   const Model& m = model(t5);
   const sch::PipelineShape sh = shape(t5, S);
   const auto vs = sch::virtual_stages(m.cost->model(), sh);
-  static std::map<bool, std::vector<sch::BatchLengths>> batches;
-  auto& bs = batches[t5];
-  const std::size_t count = small() ? 60 : 1100;
-  for (std::uint64_t seed = bs.size() + 1; bs.size() < count; ++seed) bs.push_back(synthetic(t5, 0, seed));
+  static std::map<std::pair<bool, std::size_t>, std::vector<sch::BatchLengths>> batches;
+  auto& bs = batches[{t5, n}];
+  const std::size_t warmup = n ? 30 : 50;
+  const std::size_t count = small() ? warmup + 10 : warmup + (n ? 220 : 1050);
+  for (std::uint64_t seed = bs.size() + 1; bs.size() < count; ++seed) {
+    bs.push_back(synthetic(t5, small() && n ? 256 : n, seed));
+  }
   sch::PartitionCache cache;
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
   o.cache = &cache;
   std::size_t next = 0;
-  for (; next < 50; ++next) sch::partition(bs[next], *m.cost, sh, vs, o);
+  for (; next < warmup; ++next) sch::partition(bs[next], *m.cost, sh, vs, o);
   for (auto _ : state) {
     if (next == bs.size()) {
       state.SkipWithError("ran out of distinct batches");
@@ -213,19 +216,21 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S) {
     const sch::Partition p = sch::partition(bs[next++], *m.cost, sh, vs, o);
     benchmark::DoNotOptimize(p.microbatches.data());
   }
-  state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + " 64K-token batches");
+  state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + (n ? " 4096-sample batches" : " 64K-token batches"));
   state.counters["shapes"] = static_cast<double>(cache.shapes());
 }
 
 void register_all() {
-  for (bool t5 : {false, true}) {
-    for (std::int64_t S : {4, 8}) {
-      benchmark::RegisterBenchmark(
-          ("BM_PartitionStream/" + std::string(t5 ? "t5-11b" : "gpt-6.7b") + "/lognormal64K/S" + std::to_string(S) + "/dp")
-              .c_str(),
-          [=](benchmark::State& st) { BM_PartitionStream(st, t5, S); })
-          ->Unit(benchmark::kMillisecond)
-          ->Iterations(small() ? 5 : 1000);
+  for (std::size_t n : {std::size_t{0}, std::size_t{4096}}) {
+    for (bool t5 : {false, true}) {
+      for (std::int64_t S : {4, 8}) {
+        benchmark::RegisterBenchmark(("BM_PartitionStream/" + std::string(t5 ? "t5-11b" : "gpt-6.7b") +
+                                      (n ? "/lognormal4096/S" : "/lognormal64K/S") + std::to_string(S) + "/dp")
+                                         .c_str(),
+                                     [=](benchmark::State& st) { BM_PartitionStream(st, t5, S, n); })
+            ->Unit(benchmark::kMillisecond)
+            ->Iterations(small() ? 5 : n ? 200 : 1000);
+      }
     }
   }
   using M = sch::PartitionMethod;
