@@ -146,7 +146,7 @@ std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& 
 
 /// Encoder-decoder sample order: (input, target) descending, then (if `improve`) 2-opt and
 /// Or-opt moves on the open L1 path over (input, target) until no move shortens it. Ties by
-/// sample index; deterministic.
+/// sample index; deterministic. Batches with a length of 2^28 or more keep the sorted order.
 std::vector<std::uint32_t> encdec_order(const std::vector<std::uint32_t>& input, const std::vector<std::uint32_t>& target,
                                         bool improve);
 /// L1 length of the path visiting samples in `order`: sum of |input difference| + |target difference|.

@@ -1,6 +1,5 @@
 // Encoder-decoder sample order: sort, then 2-opt and Or-opt local search on the open L1 path.
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <numeric>
@@ -16,21 +15,26 @@ namespace {
 // Neighbourhood of the moves: positions within this distance of each other (bounded work on
 // large batches; the sorted start already places near points near each other).
 constexpr std::ptrdiff_t kWindow = 48;
+// Lengths from here on are not searched (the sums of the kernels would overflow int32).
+constexpr std::uint32_t kMaxCoordinate = 1u << 28;
+
+// Coordinates are integers below 2^28, held in int32 (no sum below overflows). Branch-free so
+// that the kernels vectorise (AVX2 clone where available: eight lanes).
+inline std::int32_t iabs(std::int32_t v) { return v < 0 ? -v : v; }
 
 // Smallest Or-opt insertion cost over the interior gaps k in [k0, k1] (between points k and
 // k + 1) of the segment with end points (fx, fy) and (lx, ly), in either orientation:
-// min over k of d(a, first) + d(last, b) - d(a, b). Coordinates are integers held exactly in
-// doubles, so the sums are exact; branch-free so that it vectorises (AVX2 clone where available).
+// min over k of d(a, first) + d(last, b) - d(a, b).
 PACKPIPE_TARGET_CLONES
-double min_insertion(const double* x, const double* y, std::ptrdiff_t k0, std::ptrdiff_t k1, double fx, double fy,
-                     double lx, double ly) {
-  double best = std::numeric_limits<double>::infinity();
+std::int32_t min_insertion(const std::int32_t* x, const std::int32_t* y, std::ptrdiff_t k0, std::ptrdiff_t k1,
+                           std::int32_t fx, std::int32_t fy, std::int32_t lx, std::int32_t ly) {
+  std::int32_t best = std::numeric_limits<std::int32_t>::max();
   for (std::ptrdiff_t k = k0; k <= k1; ++k) {
-    const double ax = x[k], ay = y[k], bx = x[k + 1], by = y[k + 1];
-    const double ab = std::fabs(ax - bx) + std::fabs(ay - by);
-    const double fwd = std::fabs(ax - fx) + std::fabs(ay - fy) + std::fabs(lx - bx) + std::fabs(ly - by);
-    const double rev = std::fabs(ax - lx) + std::fabs(ay - ly) + std::fabs(fx - bx) + std::fabs(fy - by);
-    const double v = (fwd < rev ? fwd : rev) - ab;
+    const std::int32_t ax = x[k], ay = y[k], bx = x[k + 1], by = y[k + 1];
+    const std::int32_t ab = iabs(ax - bx) + iabs(ay - by);
+    const std::int32_t fwd = iabs(ax - fx) + iabs(ay - fy) + iabs(lx - bx) + iabs(ly - by);
+    const std::int32_t rev = iabs(ax - lx) + iabs(ay - ly) + iabs(fx - bx) + iabs(fy - by);
+    const std::int32_t v = (fwd < rev ? fwd : rev) - ab;
     best = v < best ? v : best;
   }
   return best;
@@ -38,18 +42,19 @@ double min_insertion(const double* x, const double* y, std::ptrdiff_t k0, std::p
 
 // Least 2-opt gain term over j in [j0, j1] (all with a point j + 1): reversing [i, j] replaces
 // edges (i-1, i) and (j, j+1) by (i-1, j) and (i, j+1); the edge at i - 1 counts only when
-// `prev` (i > 0). Returns min over j of after - before; same exactness and vectorisation as above.
+// `prev` (i > 0). Returns min over j of after - before.
 PACKPIPE_TARGET_CLONES
-double min_two_opt(const double* x, const double* y, std::ptrdiff_t i, std::ptrdiff_t j0, std::ptrdiff_t j1, bool prev) {
-  const double px = prev ? x[i - 1] : 0.0, py = prev ? y[i - 1] : 0.0, w = prev ? 1.0 : 0.0;
-  const double ix = x[i], iy = y[i];
-  const double before_i = prev ? std::fabs(px - ix) + std::fabs(py - iy) : 0.0;
-  double best = std::numeric_limits<double>::infinity();
+std::int32_t min_two_opt(const std::int32_t* x, const std::int32_t* y, std::ptrdiff_t i, std::ptrdiff_t j0,
+                         std::ptrdiff_t j1, bool prev) {
+  const std::int32_t px = prev ? x[i - 1] : 0, py = prev ? y[i - 1] : 0, w = prev ? 1 : 0;
+  const std::int32_t ix = x[i], iy = y[i];
+  const std::int32_t before_i = prev ? iabs(px - ix) + iabs(py - iy) : 0;
+  std::int32_t best = std::numeric_limits<std::int32_t>::max();
   for (std::ptrdiff_t j = j0; j <= j1; ++j) {
-    const double jx = x[j], jy = y[j], nx = x[j + 1], ny = y[j + 1];
-    const double before = before_i + (std::fabs(jx - nx) + std::fabs(jy - ny));
-    const double after = w * (std::fabs(px - jx) + std::fabs(py - jy)) + (std::fabs(ix - nx) + std::fabs(iy - ny));
-    const double v = after - before;
+    const std::int32_t jx = x[j], jy = y[j], nx = x[j + 1], ny = y[j + 1];
+    const std::int32_t before = before_i + (iabs(jx - nx) + iabs(jy - ny));
+    const std::int32_t after = w * (iabs(px - jx) + iabs(py - jy)) + (iabs(ix - nx) + iabs(iy - ny));
+    const std::int32_t v = after - before;
     best = v < best ? v : best;
   }
   return best;
@@ -57,10 +62,11 @@ double min_two_opt(const double* x, const double* y, std::ptrdiff_t i, std::ptrd
 
 // Local search with don't-look bits: a position is examined again only after a move changed an
 // edge at it, so a pass after the first costs time in proportion to the moves made, not to n.
-// Points are kept as coordinate arrays (exact integers in doubles) beside the sample ids.
+// Points are kept as coordinate arrays beside the sample ids.
 class PathSearch {
  public:
-  PathSearch(std::vector<double>& x, std::vector<double>& y, std::vector<std::uint32_t>& ids)
+  using T = std::int32_t;
+  PathSearch(std::vector<T>& x, std::vector<T>& y, std::vector<std::uint32_t>& ids)
       : x_(x), y_(y), ids_(ids), n_(static_cast<std::ptrdiff_t>(ids.size())), look_(ids.size(), 1) {}
 
   // Until no position is flagged (each move shortens the path by at least 1), or 50 n moves.
@@ -86,10 +92,12 @@ class PathSearch {
   }
 
  private:
-  double d(std::ptrdiff_t a, std::ptrdiff_t b) const {
-    return std::fabs(x_[static_cast<std::size_t>(a)] - x_[static_cast<std::size_t>(b)]) +
-           std::fabs(y_[static_cast<std::size_t>(a)] - y_[static_cast<std::size_t>(b)]);
+  static T abs_diff(T a, T b) { return a < b ? b - a : a - b; }
+  T d(std::ptrdiff_t a, std::ptrdiff_t b) const {
+    return abs_diff(x_[static_cast<std::size_t>(a)], x_[static_cast<std::size_t>(b)]) +
+           abs_diff(y_[static_cast<std::size_t>(a)], y_[static_cast<std::size_t>(b)]);
   }
+  static constexpr T kNone = std::numeric_limits<T>::max();
   // The edges around positions [lo, hi] changed: their end points look again (classic
   // don't-look bits; points inside a reversed or shifted run keep their neighbours).
   void touched(std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -117,7 +125,7 @@ class PathSearch {
     const bool end_in_reach = jmax == n_ - 1;
     if (!end_in_reach && !(i + 1 <= j1 && min_two_opt(x_.data(), y_.data(), i, i + 1, j1, i > 0) < 0)) return false;
     for (std::ptrdiff_t j = i + 1; j <= jmax; ++j) {
-      double before = 0, after = 0;
+      T before = 0, after = 0;
       if (i > 0) {
         before += d(i - 1, i);
         after += d(i - 1, j);
@@ -138,9 +146,9 @@ class PathSearch {
 
   // Cost of inserting the segment [i, e] between k and k + 1 (k = -1: at the front; k = n - 1: at
   // the back), reversed or not.
-  double insertion(std::ptrdiff_t k, std::ptrdiff_t i, std::ptrdiff_t e, bool rev) const {
+  T insertion(std::ptrdiff_t k, std::ptrdiff_t i, std::ptrdiff_t e, bool rev) const {
     const std::ptrdiff_t first = rev ? e : i, last = rev ? i : e;
-    double add = 0;
+    T add = 0;
     if (k >= 0) add += d(k, first);
     if (k + 1 < n_) add += d(last, k + 1);
     if (k >= 0 && k + 1 < n_) add -= d(k, k + 1);
@@ -153,7 +161,7 @@ class PathSearch {
   bool or_opt(std::ptrdiff_t i) {
     for (std::ptrdiff_t len = 1; len <= 3 && i + len <= n_; ++len) {
       const std::ptrdiff_t e = i + len - 1;
-      double rem = 0;  // removal gain
+      T rem = 0;  // removal gain
       if (i > 0) rem += d(i - 1, i);
       if (e + 1 < n_) rem += d(e, e + 1);
       if (i > 0 && e + 1 < n_) rem -= d(i - 1, e + 1);
@@ -162,9 +170,9 @@ class PathSearch {
       const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(n_ - 1, e + kWindow);
       // The least insertion cost: interior gaps left and right of the segment (vectorised), and
       // the two path ends when in reach.
-      const double fx = x_[static_cast<std::size_t>(i)], fy = y_[static_cast<std::size_t>(i)];
-      const double lx = x_[static_cast<std::size_t>(e)], ly = y_[static_cast<std::size_t>(e)];
-      double best = std::numeric_limits<double>::infinity();
+      const T fx = x_[static_cast<std::size_t>(i)], fy = y_[static_cast<std::size_t>(i)];
+      const T lx = x_[static_cast<std::size_t>(e)], ly = y_[static_cast<std::size_t>(e)];
+      T best = kNone;
       const std::ptrdiff_t l0 = std::max<std::ptrdiff_t>(0, lo), l1 = std::min(i - 2, n_ - 2);
       if (l0 <= l1) best = std::min(best, min_insertion(x_.data(), y_.data(), l0, l1, fx, fy, lx, ly));
       const std::ptrdiff_t r0 = e + 1, r1 = std::min(hi, n_ - 2);
@@ -202,8 +210,8 @@ class PathSearch {
     return false;
   }
 
-  std::vector<double>& x_;
-  std::vector<double>& y_;
+  std::vector<T>& x_;
+  std::vector<T>& y_;
   std::vector<std::uint32_t>& ids_;
   std::ptrdiff_t n_;
   std::vector<char> look_;
@@ -222,10 +230,13 @@ std::vector<std::uint32_t> encdec_order(const std::vector<std::uint32_t>& input,
     return target[a] > target[b];
   });
   if (!improve || ids.size() < 3) return ids;
-  std::vector<double> x(ids.size()), y(ids.size());
+  const std::uint32_t top = std::max(*std::max_element(input.begin(), input.end()),
+                                     *std::max_element(target.begin(), target.end()));
+  if (top >= kMaxCoordinate) return ids;  // beyond the kernels' exact range: the sorted order
+  std::vector<std::int32_t> x(ids.size()), y(ids.size());
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    x[k] = input[ids[k]];
-    y[k] = target[ids[k]];
+    x[k] = static_cast<std::int32_t>(input[ids[k]]);
+    y[k] = static_cast<std::int32_t>(target[ids[k]]);
   }
   PathSearch(x, y, ids).run();
   return ids;

@@ -482,6 +482,17 @@ TEST_CASE("encoder-decoder order shortens the sorted path on larger batches", "[
   CHECK(ratio / 40 < 0.6);
 }
 
+TEST_CASE("encoder-decoder order keeps the sorted order for lengths of 2^28 or more", "[boundary]") {
+  // Samples 1 and 3 are equal: the search would move sample 2 (far in target) off the sorted path.
+  const std::vector<std::uint32_t> small_in = {10, 9, 9, 8}, tg = {1, 900, 1, 900};
+  REQUIRE(encdec_order(small_in, tg, true) != encdec_order(small_in, tg, false));
+  std::vector<std::uint32_t> big_in = small_in;
+  big_in[0] = 1u << 28;
+  CHECK(encdec_order(big_in, tg, true) == encdec_order(big_in, tg, false));
+  big_in[0] = (1u << 28) - 1;  // still searched
+  CHECK(encdec_order(big_in, tg, true) != encdec_order(big_in, tg, false));
+}
+
 TEST_CASE("the min-sum DP handles a start without windows before another column", "[boundary]") {
   // Starts 0, 1, 2 with 2, 0 and 1 windows; the empty column has the next one's offset.
   detail::WindowTable t;
