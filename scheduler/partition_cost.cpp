@@ -291,7 +291,14 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
 const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) {
   const std::uint64_t key = (static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld);
   if (key != last_key_ || last_row_ == nullptr) {  // windows of one start mostly share (le, ld)
-    last_row_ = &memo_->shapes[key];
+    // Shapes recur from start to start: a small direct-mapped cache of row vectors (stable
+    // addresses: the memo's nodes are not erased during a call) before the hash map.
+    RecentShape& slot = recent_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+    if (slot.row == nullptr || slot.key != key) {
+      slot.row = &memo_->shapes[key];
+      slot.key = key;
+    }
+    last_row_ = slot.row;
     last_key_ = key;
   }
   auto& vec = *last_row_;

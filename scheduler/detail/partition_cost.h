@@ -137,6 +137,12 @@ class Coster {
   ShapeMemo* memo_ = &own_;
   std::uint64_t last_key_ = 0;
   std::vector<ShapeSlot>* last_row_ = nullptr;
+  static constexpr int kRecentBits = 8;
+  struct RecentShape {
+    std::uint64_t key = 0;
+    std::vector<ShapeSlot>* row = nullptr;
+  };
+  std::array<RecentShape, std::size_t{1} << kRecentBits> recent_{};
   std::int64_t rows_hint_ = 1;
   mutable std::vector<cm::LayerCost> scratch_;
   std::vector<RcCost> block_;
