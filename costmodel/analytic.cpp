@@ -283,6 +283,17 @@ struct AnalyticCostModel::RowPlan {
   return c;
 }
 
+LengthUse AnalyticCostModel::lengths_used(LayerKind kind) const {
+  const bool enc_dec = model_.arch == Architecture::EncoderDecoder;
+  switch (kind) {
+    case LayerKind::Embedding:
+    case LayerKind::Encoder: return {true, false};
+    case LayerKind::Decoder: return {true, true};
+    case LayerKind::PostProcess: return {!enc_dec, enc_dec};
+  }
+  return {};
+}
+
 LayerCost AnalyticCostModel::query(const Query& q) const {
   RowPlan p;
   plan(q, p);

@@ -31,6 +31,9 @@ class AnalyticCostModel final : public CostModel {
   /// As CostModel::query_rows (bit-identical to query() per row); the validation, the FLOP
   /// factors and the efficiency width term are computed once for all rows. Allocation-free.
   std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
+  /// Embedding and encoder layers: seq; decoder layers: both; the post-process: dec_seq of an
+  /// encoder-decoder model, seq otherwise.
+  LengthUse lengths_used(LayerKind kind) const override;
   const ModelSpec& model() const override { return model_; }
   const DeviceSpec& device() const override { return device_; }
   const CommModel& comm() const override { return comm_; }

@@ -56,6 +56,8 @@ void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) 
                      "query_rows: mbs {} + {} rows overflows", q.mbs, count);
 }
 
+LengthUse CostModel::lengths_used(LayerKind) const { return {}; }
+
 std::int64_t CostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {
   check_query_rows(q, count, out);
   Query r = q;

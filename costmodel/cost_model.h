@@ -92,6 +92,12 @@ struct CommModel {
   [[noreturn]] static void refuse(double bytes, std::int64_t n);
 };
 
+/// The lengths of a Query an answer depends on (see CostModel::lengths_used).
+struct LengthUse {
+  bool seq = true;
+  bool dec_seq = true;
+};
+
 /// The interface the planner queries (tens of thousands of times per iteration). Implementations
 /// are immutable after construction and safe to query from many threads.
 class CostModel {
@@ -107,6 +113,11 @@ class CostModel {
   /// count < 0, a null `out` with count > 0, or q.mbs + count overflowing. Thread-safe as query().
   /// The default loops over query(); the built-in models compute what does not depend on mbs once.
   virtual std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const;
+  /// Which lengths the answers for `kind` depend on: a query's answer is the same, bit for bit,
+  /// when a length outside the result changes (e.g. an encoder layer ignores dec_seq), also
+  /// when that length is set to 0. Callers may memoise answers on the lengths used only. The
+  /// default (both) is always correct.
+  virtual LengthUse lengths_used(LayerKind kind) const;
   /// The model and device this cost model describes.
   virtual const ModelSpec& model() const = 0;
   virtual const DeviceSpec& device() const = 0;

@@ -691,6 +691,40 @@ bool ProfiledCostModel::profiled(LayerKind kind, std::int64_t tp, Recompute rc) 
   return g != nullptr && g->has_time();
 }
 
+LengthUse ProfiledCostModel::lengths_used(LayerKind kind) const {
+  const Impl& I = *impl_;
+  const bool enc_dec = I.model.arch == Architecture::EncoderDecoder;
+  LengthUse u{false, false};
+  bool gridded = false;
+  for (const auto& g : I.grids) {
+    if (g.kind != kind) continue;
+    gridded = true;
+    u.seq = u.seq || g.seq.used();  // interpolation axes
+    u.dec_seq = u.dec_seq || g.dec.used();
+  }
+  if (gridded) {
+    // Besides its axes, a grid's answer reads the lengths its time features (FLOPs; tokens of the
+    // embedding's gather, the longer length) and its boundary bytes use.
+    switch (kind) {
+      case LayerKind::Embedding:
+        u.seq = true;
+        u.dec_seq = u.dec_seq || enc_dec;
+        break;
+      case LayerKind::Encoder: u.seq = true; break;
+      case LayerKind::Decoder: u.seq = u.dec_seq = true; break;
+      case LayerKind::PostProcess: (enc_dec ? u.dec_seq : u.seq) = true; break;
+    }
+  }
+  if (I.fallback) {  // answers what the grids do not (other recompute modes, memory)
+    const LengthUse f = I.fallback->lengths_used(kind);
+    u.seq = u.seq || f.seq;
+    u.dec_seq = u.dec_seq || f.dec_seq;
+  } else if (!gridded) {
+    return {};  // every query of the kind is refused: nothing to share
+  }
+  return u;
+}
+
 std::string ProfiledCostModel::describe() const {
   const auto& p = impl_->profile;
   return fmt::format("profiled ({} points in {} grids from {} file{}; fallback {})", p.points.size(),

@@ -51,6 +51,9 @@ class ProfiledCostModel final : public CostModel {
   /// the growing size) and the fit. Rows above twice the largest profiled mbs end the batch.
   /// Allocation-free unless the fallback allocates.
   std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
+  /// The lengths its grids interpolate on or read (FLOP features, boundary bytes), with the
+  /// fallback's.
+  LengthUse lengths_used(LayerKind kind) const override;
   const ModelSpec& model() const override;
   const DeviceSpec& device() const override;
   /// From the device's interconnect figures; point-to-point latency and bandwidth replaced by the

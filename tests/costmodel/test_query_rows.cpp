@@ -395,3 +395,88 @@ TEST_CASE("query_rows rejects a negative count, a missing buffer and an overflow
     REQUIRE_THROWS_WITH(m->query_rows(q, 2, out), Catch::Matchers::Contains("overflows"));
   }
 }
+
+namespace {
+
+/// Empty when every answer of `m` for kinds it says ignore a length is the same with that length
+/// changed (to another value or to 0), else the first query that differs.
+std::string length_use_mismatch(const CostModel& m, std::mt19937_64& rng, int draws) {
+  const bool encdec = m.model().arch == Architecture::EncoderDecoder;
+  auto answer = [&](const Query& q, LayerCost& out) {
+    try {
+      out = m.query(q);
+      return true;
+    } catch (const packpipe::InvalidArgument&) {
+      return false;
+    }
+  };
+  for (int i = 0; i < draws; ++i) {
+    Query q;
+    const auto kind_draw = rng() % 4;
+    q.kind = static_cast<LayerKind>(kind_draw);
+    if (q.kind == LayerKind::Decoder && !encdec) continue;
+    const LengthUse use = m.lengths_used(q.kind);
+    const auto rc_draw = rng() % 3;
+    q.recompute = static_cast<Recompute>(rc_draw);
+    const auto seq_draw = rng() % 3000;
+    q.seq = 1 + static_cast<std::int64_t>(seq_draw);
+    const auto dec_draw = rng() % 1500;
+    q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
+    const auto mbs_draw = rng() % 64;
+    q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
+    LayerCost a;
+    const bool ok = answer(q, a);
+    for (int which = 0; which < 2; ++which) {
+      if (which == 0 ? use.seq : (use.dec_seq || !encdec)) continue;
+      for (int zero = 0; zero < 2; ++zero) {
+        Query r = q;
+        const auto other = 1 + static_cast<std::int64_t>(rng() % 2000);
+        (which == 0 ? r.seq : r.dec_seq) = zero ? 0 : other;
+        LayerCost b;
+        const bool ok2 = answer(r, b);
+        if (ok != ok2 || (ok && !same(a, b))) return describe(q) + " vs " + describe(r);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("lengths_used: answers ignore the lengths a model says it does not use", "[interface]") {
+  const AnalyticCostModel gpt_a(load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const AnalyticCostModel t5_a(load_model("t5-11b"), load_device("A100-40GB"));
+  const auto gpt = gpt_with_fallback();
+  const auto t5 = t5_with_fallback();
+  const ProfiledCostModel t5_alone(t5_profile(), load_model("t5-11b"), load_device("A100-40GB"), nullptr);
+  // What the analytic model documents, and what the T5 fixture's grids give (their encoder grid
+  // has no decoder axis, their post-process grid no encoder axis): sharing is possible.
+  CHECK((!t5_a.lengths_used(LayerKind::Encoder).dec_seq && t5_a.lengths_used(LayerKind::Encoder).seq));
+  CHECK((t5_a.lengths_used(LayerKind::PostProcess).dec_seq && !t5_a.lengths_used(LayerKind::PostProcess).seq));
+  CHECK((t5_a.lengths_used(LayerKind::Decoder).seq && t5_a.lengths_used(LayerKind::Decoder).dec_seq));
+  CHECK(!t5->lengths_used(LayerKind::Encoder).dec_seq);
+  CHECK(!t5->lengths_used(LayerKind::PostProcess).seq);
+  CHECK(!t5->lengths_used(LayerKind::Embedding).dec_seq);
+  CHECK(!gpt_a.lengths_used(LayerKind::PostProcess).dec_seq);
+  std::mt19937_64 rng(20261122);
+  const std::vector<const CostModel*> models = {&gpt_a, &t5_a, gpt.get(), t5.get(), &t5_alone};
+  for (const CostModel* m : models) {
+    INFO(m->describe());
+    CHECK(length_use_mismatch(*m, rng, 1500) == "");
+  }
+}
+
+TEST_CASE("lengths_used: the default claims both lengths", "[interface]") {
+  struct Plain final : CostModel {
+    AnalyticCostModel inner{load_model("t5-11b"), load_device("A100-40GB")};
+    LayerCost query(const Query& q) const override { return inner.query(q); }
+    const ModelSpec& model() const override { return inner.model(); }
+    const DeviceSpec& device() const override { return inner.device(); }
+    const CommModel& comm() const override { return inner.comm(); }
+    std::string describe() const override { return "plain"; }
+  } plain;
+  for (auto k : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+    CHECK(plain.lengths_used(k).seq);
+    CHECK(plain.lengths_used(k).dec_seq);
+  }
+}
