@@ -72,6 +72,7 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     // Another setting, or the memo at its size bound: start afresh (results never depend on it).
     if (shared->key != key || shared->slots > shared->max_slots) {
       shared->shapes.clear();
+      shared->kind_rows.clear();
       shared->slots = 0;
       shared->key = std::move(key);
     }
@@ -160,10 +161,15 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     if (encdec_) kinds_.push_back({cm::LayerKind::Decoder, 1});
   }
   PACKPIPE_ASSERT(kinds_.size() <= kMaxKinds);
+  for (const auto& kq : kinds_) {
+    const cm::LengthUse use = cost.lengths_used(kq.kind);
+    kind_use_.push_back(use);
+    shared_kind_.push_back(encdec_ && (!use.seq || !use.dec_seq) ? 1 : 0);
+  }
 }
 
 void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
-                       RcCost* out) const {
+                       RcCost* out) {
   // Every distinct (kind, layers) query over the rows at once, then each row composed.
   const auto nk = kinds_.size();
   const auto cnt = static_cast<std::size_t>(count);
@@ -171,6 +177,7 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
   // Rows from `ok` on are shapes the cost model refuses (far beyond its data) for some kind: they
   // cannot be run (infinitely costly).
   std::int64_t ok = count;
+  const cm::LayerCost* base[kMaxKinds];
   for (std::size_t k = 0; k < nk; ++k) {
     cm::Query query;
     query.kind = kinds_[k].kind;
@@ -180,7 +187,54 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
     query.seq = le;
     query.dec_seq = encdec_ ? ld : 0;
     query.recompute = rc;
-    ok = std::min(ok, cost_.query_rows(query, ok, scratch_.data() + k * cnt));
+    constexpr std::int64_t kMaxLen = std::int64_t{1} << 28;
+    if (!shared_kind_[k] || le >= kMaxLen || ld >= kMaxLen) {
+      ok = std::min(ok, cost_.query_rows(query, ok, scratch_.data() + k * cnt));
+      base[k] = scratch_.data() + k * cnt;
+      continue;
+    }
+    // A length the kind ignores is 0 in the query and the key: shapes that differ only in it
+    // share these rows (the answers are the same bit for bit: CostModel::lengths_used).
+    if (!kind_use_[k].seq) query.seq = 0;
+    if (!kind_use_[k].dec_seq) query.dec_seq = 0;
+    const std::uint64_t key = (static_cast<std::uint64_t>(k) << 61) | (static_cast<std::uint64_t>(rc_index(rc)) << 58) |
+                              (static_cast<std::uint64_t>(query.seq) << 29) | static_cast<std::uint64_t>(query.dec_seq);
+    RecentKind& recent = recent_kinds_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+    if (recent.rows == nullptr || recent.key != key) {
+      recent.rows = &memo_->kind_rows[key];
+      recent.key = key;
+    }
+    KindRows& kr = *recent.rows;
+    const auto end = static_cast<std::size_t>(rows + ok);
+    if (kr.rows.size() < end) {
+      const std::size_t grown = std::max<std::size_t>(64, 2 * end);
+      memo_->slots += (grown - kr.rows.size()) / 2;  // half a shape slot each
+      kr.rows.resize(grown);
+    }
+    for (std::int64_t r = rows; r < rows + ok && r < kr.refused;) {  // the missing runs
+      if (kr.rows[static_cast<std::size_t>(r)].have) {
+        ++r;
+        continue;
+      }
+      std::int64_t e = r + 1;
+      while (e < rows + ok && !kr.rows[static_cast<std::size_t>(e)].have) ++e;
+      query.mbs = r;
+      block_rows_.resize(static_cast<std::size_t>(e - r));
+      const std::int64_t got = cost_.query_rows(query, e - r, block_rows_.data());
+      for (std::int64_t x = 0; x < got; ++x) {
+        KindRows::Row& row = kr.rows[static_cast<std::size_t>(r + x)];
+        row.c = block_rows_[static_cast<std::size_t>(x)];
+        row.have = true;
+      }
+      if (got < e - r) kr.refused = r + got;
+      r = e;
+    }
+    ok = std::min(ok, std::max<std::int64_t>(0, std::min(kr.refused, rows + ok) - rows));
+    const KindRows::Row* src = kr.rows.data() + rows;
+    kind_ptrs_.resize(static_cast<std::size_t>(kMaxKinds) * cnt);
+    const cm::LayerCost** ptrs = kind_ptrs_.data() + k * cnt;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) ptrs[r] = &src[r].c;
+    base[k] = nullptr;
   }
   for (std::int64_t r = ok; r < count; ++r) {
     RcCost& o = out[r];
@@ -191,7 +245,7 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
   }
   const cm::LayerCost* q[kMaxKinds];
   for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) {
-    for (std::size_t k = 0; k < nk; ++k) q[k] = &scratch_[k * cnt + r];
+    for (std::size_t k = 0; k < nk; ++k) q[k] = base[k] ? base[k] + r : kind_ptrs_[k * cnt + r];
     out[r] = basis_ == CostBasis::Stages ? compose_stages(q) : compose_dynapipe(q);
   }
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <memory>
 #include <cstdint>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -36,6 +37,16 @@ struct ShapeSlot {
 };
 
 struct Scratch;
+/// Cost-model answers of one layer kind at one (recompute, lengths it uses), by rows.
+struct KindRows {
+  struct Row {
+    cm::LayerCost c;
+    bool have = false;
+  };
+  std::vector<Row> rows;
+  std::int64_t refused = std::numeric_limits<std::int64_t>::max();  ///< first row the model refuses
+};
+
 /// Memo of shape costs: (input length << 32 | decoder length) -> slots by rows, valid for one
 /// setting (cost model, pipeline shape, stage layouts, basis, limit), kept in `key`; and the
 /// partitioner's working storage, kept so that repeated calls reuse it.
@@ -44,6 +55,10 @@ struct ShapeMemo {
   ~ShapeMemo();
   std::vector<std::uint64_t> key;
   std::unordered_map<std::uint64_t, std::vector<ShapeSlot>> shapes;
+  /// Answers of the kinds that ignore one of the two lengths (encoder-decoder models: e.g. the
+  /// encoder layers, the post-process), shared by the shapes that differ only in the other one.
+  /// Key: kind index, recompute mode and the lengths used (Coster::kind_key).
+  std::unordered_map<std::uint64_t, KindRows> kind_rows;
   std::unique_ptr<Scratch> scratch;
   std::size_t slots = 0;  ///< row slots allocated over all shapes
   /// Bound on `slots` (default about 100 MB): a memo past it is cleared when the next call
@@ -102,7 +117,7 @@ class Coster {
  private:
   // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).
   void eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
-                 RcCost* out) const;
+                 RcCost* out);
   // One shape from its per-kind query answers q[k] (kinds_ order).
   RcCost compose_stages(const cm::LayerCost* const* q) const;
   RcCost compose_dynapipe(const cm::LayerCost* const* q) const;
@@ -128,6 +143,10 @@ class Coster {
   std::vector<KindQuery> kinds_;
   std::vector<StagePlan> stages_;
   std::vector<std::vector<int>> comps_;  // distinct query lists of the stages
+  // Per distinct query: whether the cost model ignores one of the lengths for it (its answers
+  // are then kept in the memo's kind_rows), and which lengths it uses.
+  std::vector<char> shared_kind_;
+  std::vector<cm::LengthUse> kind_use_;
   bool one_stage_per_rank_ = false;
   std::vector<double> static_mb_;  // per rank
   // DynaPipe basis
@@ -143,8 +162,15 @@ class Coster {
     std::vector<ShapeSlot>* row = nullptr;
   };
   std::array<RecentShape, std::size_t{1} << kRecentBits> recent_{};
+  struct RecentKind {
+    std::uint64_t key = 0;
+    KindRows* rows = nullptr;
+  };
+  std::array<RecentKind, std::size_t{1} << kRecentBits> recent_kinds_{};
+  std::vector<const cm::LayerCost*> kind_ptrs_;  // per row of a block and shared kind
   std::int64_t rows_hint_ = 1;
   mutable std::vector<cm::LayerCost> scratch_;
+  std::vector<cm::LayerCost> block_rows_;  // a shared kind's missing rows, as queried
   std::vector<RcCost> block_;
 };
 
