@@ -636,3 +636,40 @@ TEST_CASE("packpipe DP equals the exhaustive scan over every window-time cap on 
     CHECK(p.objective_ms == Approx(p.predicted_iteration_ms).epsilon(1e-12));
   }
 }
+
+TEST_CASE("micro-batch times and memory agree with the stage cost table on the profiled models", "[regression]") {
+  // An independent path: stage_cost_table queries the cost model per virtual stage with the real
+  // lengths, while the partitioner composes memoised (and, for kinds that ignore a length,
+  // shared) per-kind answers.
+  std::mt19937_64 rng(23);
+  int checked = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const bool encdec = trial % 3 != 0;
+    const std::int64_t S = trial % 2 ? 8 : 4;
+    const BatchLengths b = random_batch(rng, 40 + static_cast<std::size_t>(rng() % 80), encdec, 2048);
+    const cm::CostModel& cost = profiled(encdec);
+    const PipelineShape shape = encdec ? t5_shape(S) : gpt_shape(S);
+    const std::vector<VirtualStage> vs = virtual_stages(cost.model(), shape);
+    PartitionCache cache;
+    PartitionOptions o = opts(PartitionMethod::DP);
+    o.cache = trial % 2 ? &cache : nullptr;
+    for (int again = 0; again < 2; ++again) {  // the second call reads the cache's answers
+      const Partition p = partition(b, cost, shape, vs, o);
+      for (const MicroBatch& mb : p.microbatches) {
+        const StageCostTable t = stage_cost_table(cost, shape, vs, {mb});
+        std::vector<double> rank_ms(static_cast<std::size_t>(shape.stages), 0.0);
+        double stored = 0;
+        for (std::int64_t v = 0; v < t.vstages; ++v) {
+          rank_ms[static_cast<std::size_t>(vs[static_cast<std::size_t>(v)].rank)] +=
+              t.forward_ms[t.at(0, v)] + t.backward_ms[t.at(0, v)];
+          stored = std::max(stored, t.stored_bytes[t.at(0, v)] / 1e6);
+        }
+        INFO("trial " << trial << " rows " << mb.rows() << " len " << mb.padded_len << " dec " << mb.padded_dec_len);
+        CHECK(mb.time_ms == Approx(*std::max_element(rank_ms.begin(), rank_ms.end())).epsilon(1e-12));
+        CHECK(mb.stored_mb == Approx(stored).epsilon(1e-12));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 100);
+}
