@@ -207,7 +207,7 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
     KindRows& kr = *recent.rows;
     const auto end = static_cast<std::size_t>(rows + ok);
     if (kr.rows.size() < end) {
-      const std::size_t grown = std::max<std::size_t>(64, 2 * end);
+      const std::size_t grown = end + end / 2 + 8;
       memo_->slots += (grown - kr.rows.size()) / 2;  // half a shape slot each
       kr.rows.resize(grown);
     }
