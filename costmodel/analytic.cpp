@@ -203,6 +203,38 @@ struct AnalyticCostModel::RowPlan {
   p.width_factor = width / (width + options_.half_efficiency_width);
 }
 
+namespace {
+
+/// The memory of one row (stored bytes of one layer, before the layer count; transient peak) of
+/// plan `p` at micro-batch size b, and a layer's activation pieces (empty for other kinds): the
+/// one place these are computed, for full rows and memory-only rows alike.
+template <typename Plan>
+[[gnu::always_inline]] inline Acts memory_row(const ModelSpec& m, const Plan& p, double b, LayerCost& c) {
+  Acts x;
+  switch (p.kind) {
+    case LayerKind::Encoder:
+    case LayerKind::Decoder:
+      x = layer_acts(m, p.kind, p.t, b, p.s, p.d);
+      c.stored_bytes = stored_bytes(x, p.rc);
+      c.peak_bytes = transient_bytes(x, p.rc);
+      break;
+    case LayerKind::Embedding:
+      c.stored_bytes = b * p.s * p.h;       // dropout mask
+      c.peak_bytes = p.e * b * p.s * p.h;  // the gathered rows
+      break;
+    case LayerKind::PostProcess: {
+      // Final norm input and LM head input, and fp32 softmax values (4 bytes per logit).
+      const double logits = b * p.tokens * p.v / p.t;
+      c.stored_bytes = 2 * p.e * b * p.tokens * p.h + 4 * logits;
+      c.peak_bytes = (p.e + 4) * logits;
+      break;
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
 [[gnu::always_inline]] inline LayerCost AnalyticCostModel::row(const RowPlan& p, std::int64_t mbs) const {
   // The arithmetic of every quantity is written once, here, for query() and query_rows() alike;
   // the RowPlan holds sub-expressions that do not involve the micro-batch size, so rounding is
@@ -210,7 +242,7 @@ struct AnalyticCostModel::RowPlan {
   const ModelSpec& m = model_;
   const AnalyticOptions& o = options_;
   const double e = p.e, t = p.t, b = static_cast<double>(mbs);
-  const double s = p.s, d = p.d, h = p.h;
+  const double s = p.s, h = p.h;
   auto all_reduce = [&](double bytes) { return p.comm ? comm_.all_reduce_ms(bytes, p.tp, p.inter) : 0.0; };
   // efficiency(tokens, width) with the width factor kept from the plan.
   auto eff_of = [&](double tokens) {
@@ -219,6 +251,7 @@ struct AnalyticCostModel::RowPlan {
   };
 
   LayerCost c;
+  const Acts x = memory_row(m, p, b, c);
   switch (p.kind) {
     case LayerKind::Encoder:
     case LayerKind::Decoder: {
@@ -226,7 +259,6 @@ struct AnalyticCostModel::RowPlan {
       const double tokens = p.tokens;
       const LayerFlops fl = p.fl.at(b);
       const double eff = eff_of(b * tokens);
-      const Acts x = layer_acts(m, p.kind, t, b, s, d);
       const double attn_ms = fl.attention / t / (flop_per_ms_ * eff * o.attention_efficiency);
       const double score_traffic_ms = o.memory_traffic * x.scores / hbm_per_ms_;
       const double compute =
@@ -240,20 +272,16 @@ struct AnalyticCostModel::RowPlan {
       if (p.rc == Recompute::Selective) {
         c.recompute_ms = smooth_max(o.recompute_overhead_ms, attn_ms + score_traffic_ms);
       }
-      c.stored_bytes = stored_bytes(x, p.rc);
-      c.peak_bytes = transient_bytes(x, p.rc);
       c.boundary_bytes = e * b * tokens * h + (dec ? e * b * s * h : 0.0);
       break;
     }
     case LayerKind::Embedding: {
       // A gather of b s rows and a dropout: memory traffic only; vocabulary-parallel embeddings
       // all-reduce their output when tp > 1. Backward scatters into the embedding gradient.
-      const double out = e * b * s * h;
+      const double out = c.peak_bytes;  // e b s h
       const double compute = o.memory_traffic * out / hbm_per_ms_;
       c.forward_ms = compute + all_reduce(out);
       c.backward_ms = o.backward_factor * compute;
-      c.stored_bytes = b * s * h;  // dropout mask
-      c.peak_bytes = out;
       c.boundary_bytes = out;
       break;
     }
@@ -261,16 +289,12 @@ struct AnalyticCostModel::RowPlan {
       // Final norm, LM head (column-parallel over the vocabulary) and vocabulary-parallel cross
       // entropy, which keeps fp32 softmax values (4 bytes per logit).
       const double tokens = p.tokens;
-      const double v = p.v;
       const LayerFlops fl = p.fl.at(b);
       const double eff = eff_of(b * tokens);
-      const double logits = b * tokens * v / t;
-      const double stored = 2 * e * b * tokens * h + 4 * logits;
+      const double stored = c.stored_bytes;
       const double compute = fl.matmul / t / (flop_per_ms_ * eff) + o.memory_traffic * stored / hbm_per_ms_;
       c.forward_ms = smooth_max(o.layer_overhead_ms, compute) + all_reduce(3 * 4 * b * tokens);
       c.backward_ms = smooth_max(o.layer_overhead_ms, o.backward_factor * compute) + all_reduce(e * b * tokens * h);
-      c.stored_bytes = stored;
-      c.peak_bytes = (e + 4) * logits;
       c.boundary_bytes = 0;
       break;
     }
@@ -298,6 +322,24 @@ LayerCost AnalyticCostModel::query(const Query& q) const {
   RowPlan p;
   plan(q, p);
   return row(p, q.mbs);
+}
+
+std::int64_t AnalyticCostModel::memory_rows(const Query& q, std::int64_t count, LayerCost* out) const {
+  check_query_rows(q, count, out);
+  if (count == 0) return 0;
+  RowPlan p;
+  try {
+    plan(q, p);
+  } catch (const InvalidArgument&) {
+    return 0;
+  }
+  for (std::int64_t k = 0; k < count; ++k) {
+    LayerCost& c = out[k];
+    c.memory_source = Provenance::Analytic;
+    memory_row(model_, p, static_cast<double>(q.mbs + k), c);
+    c.stored_bytes *= p.layers;  // as row() scales it
+  }
+  return count;
 }
 
 std::int64_t AnalyticCostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {

@@ -31,6 +31,8 @@ class AnalyticCostModel final : public CostModel {
   /// As CostModel::query_rows (bit-identical to query() per row); the validation, the FLOP
   /// factors and the efficiency width term are computed once for all rows. Allocation-free.
   std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
+  /// Memory only (the same formulas as query_rows, no time): several times cheaper per row.
+  std::int64_t memory_rows(const Query& q, std::int64_t count, LayerCost* out) const override;
   /// Embedding and encoder layers: seq; decoder layers: both; the post-process: dec_seq of an
   /// encoder-decoder model, seq otherwise.
   LengthUse lengths_used(LayerKind kind) const override;

@@ -58,6 +58,10 @@ void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) 
 
 LengthUse CostModel::lengths_used(LayerKind) const { return {}; }
 
+std::int64_t CostModel::memory_rows(const Query& q, std::int64_t count, LayerCost* out) const {
+  return query_rows(q, count, out);
+}
+
 std::int64_t CostModel::query_rows(const Query& q, std::int64_t count, LayerCost* out) const {
   check_query_rows(q, count, out);
   Query r = q;

@@ -113,6 +113,10 @@ class CostModel {
   /// count < 0, a null `out` with count > 0, or q.mbs + count overflowing. Thread-safe as query().
   /// The default loops over query(); the built-in models compute what does not depend on mbs once.
   virtual std::int64_t query_rows(const Query& q, std::int64_t count, LayerCost* out) const;
+  /// As query_rows, but only stored_bytes, peak_bytes and memory_source of out[k] are set (bit
+  /// for bit those of query()); the other fields are unspecified. The default calls
+  /// query_rows; a model whose memory is cheaper alone (the analytic one) overrides it.
+  virtual std::int64_t memory_rows(const Query& q, std::int64_t count, LayerCost* out) const;
   /// Which lengths the answers for `kind` depend on: a query's answer is the same, bit for bit,
   /// when a length outside the result changes (e.g. an encoder layer ignores dec_seq), also
   /// when that length is set to 0. Callers may memoise answers on the lengths used only. The

@@ -1013,7 +1013,7 @@ std::int64_t ProfiledCostModel::query_rows(const Query& q, std::int64_t count, L
     Query r = q;
     r.mbs = q.mbs + k0;
     const std::int64_t want = std::min(kChunk, n - k0);
-    const std::int64_t got = I.fallback->query_rows(r, want, mem);
+    const std::int64_t got = I.fallback->memory_rows(r, want, mem);
     for (std::int64_t k = 0; k < got; ++k) {
       if (!Rows::row(I, p, q, q.mbs + k0 + k, out[k0 + k], hint, &mem[k])) return k0 + k;
     }

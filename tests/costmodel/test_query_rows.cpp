@@ -480,3 +480,47 @@ TEST_CASE("lengths_used: the default claims both lengths", "[interface]") {
     CHECK(plain.lengths_used(k).dec_seq);
   }
 }
+
+TEST_CASE("memory_rows gives query()'s memory bit for bit, and stops where query_rows stops", "[interface]") {
+  const AnalyticCostModel gpt_a(load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const AnalyticCostModel t5_a(load_model("t5-11b"), load_device("A100-40GB"));
+  const auto gpt = gpt_with_fallback();
+  const auto t5 = t5_with_fallback();
+  const std::vector<const CostModel*> models = {&gpt_a, &t5_a, gpt.get(), t5.get()};
+  std::mt19937_64 rng(7);
+  int rows = 0;
+  for (const CostModel* m : models) {
+    const bool encdec = m->model().arch == Architecture::EncoderDecoder;
+    for (int i = 0; i < 200; ++i) {
+      Query q;
+      const auto kind_draw = rng() % 4;
+      q.kind = static_cast<LayerKind>(kind_draw);
+      if (q.kind == LayerKind::Decoder && !encdec) continue;
+      const auto rc_draw = rng() % 3;
+      q.recompute = static_cast<Recompute>(rc_draw);
+      const auto layers_draw = rng() % 4;
+      q.num_layers = 1 + static_cast<std::int64_t>(layers_draw);
+      const auto seq_draw = rng() % 4000;
+      q.seq = 1 + static_cast<std::int64_t>(seq_draw);
+      const auto dec_draw = rng() % 1000;
+      q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
+      const auto mbs_draw = rng() % 80;
+      q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
+      const std::int64_t count = 1 + static_cast<std::int64_t>(rng() % 60);
+      std::vector<LayerCost> full(static_cast<std::size_t>(count)), mem(static_cast<std::size_t>(count));
+      const std::int64_t n_full = m->query_rows(q, count, full.data());
+      const std::int64_t n_mem = m->memory_rows(q, count, mem.data());
+      INFO(m->describe() << ": " << describe(q));
+      REQUIRE(n_mem == n_full);
+      for (std::int64_t k = 0; k < n_mem; ++k) {
+        const auto& a = full[static_cast<std::size_t>(k)];
+        const auto& b = mem[static_cast<std::size_t>(k)];
+        REQUIRE(bits(a.stored_bytes) == bits(b.stored_bytes));
+        REQUIRE(bits(a.peak_bytes) == bits(b.peak_bytes));
+        REQUIRE(a.memory_source == b.memory_source);
+        ++rows;
+      }
+    }
+  }
+  CHECK(rows > 10000);
+}
