@@ -108,17 +108,20 @@ struct Featurizer {
   const ModelSpec* m = nullptr;
   LayerKind kind = LayerKind::Encoder;
 
-  /// FLOPs of the layer (whole layer, all TP ranks) at a profile shape.
-  LayerFlops flops(std::int64_t b, std::int64_t s, std::int64_t d) const {
+  /// FLOPs of the layer (whole layer, all TP ranks) at a profile shape, with the size open:
+  /// shape(s, d).at(b) is forward_flops at (b, s, d) as the features read the lengths.
+  FlopsShape shape(std::int64_t s, std::int64_t d) const {
     const bool enc_dec = m->arch == Architecture::EncoderDecoder;
     if (kind == LayerKind::PostProcess) {
-      return forward_flops(*m, kind, b, enc_dec ? std::max<std::int64_t>(s, 1) : s, enc_dec ? (d > 0 ? d : s) : 0);
+      return flops_shape(*m, kind, enc_dec ? std::max<std::int64_t>(s, 1) : s, enc_dec ? (d > 0 ? d : s) : 0);
     }
-    if (kind == LayerKind::Decoder) return forward_flops(*m, kind, b, s, d);
-    return forward_flops(*m, kind, b, s > 0 ? s : d, d);
+    if (kind == LayerKind::Decoder) return flops_shape(*m, kind, s, d);
+    return flops_shape(*m, kind, s > 0 ? s : d, d);
   }
-  int time(std::int64_t b, std::int64_t s, std::int64_t d, double* x) const {
-    const LayerFlops f = flops(b, s, d);
+  int time(std::int64_t b, std::int64_t s, std::int64_t d, double* x) const { return time_at(shape(s, d), b, s, d, x); }
+  /// time() with the FLOP shape of (s, d) given (a batch of sizes shares it).
+  int time_at(const FlopsShape& fs, std::int64_t b, std::int64_t s, std::int64_t d, double* x) const {
+    const LayerFlops f = fs.at(static_cast<double>(b));
     x[0] = 1.0;
     if (f.total() <= 0) {  // the embedding is a gather: tokens instead of FLOPs
       x[1] = static_cast<double>(b) * static_cast<double>(std::max(s, d)) * 1e-3;
@@ -795,6 +798,7 @@ struct RowPlan {
   double inv;               ///< 1 / sum of the weights
   std::int64_t ts, td;      ///< shape of the time features (clamped below the grid)
   std::int64_t ms, md;      ///< shape of the memory features
+  FlopsShape fs;            ///< FLOPs of (ts, td), the size left open
 };
 
 }  // namespace
@@ -903,6 +907,7 @@ struct ProfiledCostModel::Rows {
   // Time at the clamped shape (latency floor below the grid), at the real shape above it.
   p.ts = g->seq.used() ? s : q.seq;
   p.td = g->dec.used() ? d : q.dec_seq;
+  p.fs = Featurizer{&I.model, q.kind}.shape(p.ts, p.td);
   p.ms = g->seq.used() ? q.seq : 0;
   p.md = g->dec.used() ? q.dec_seq : 0;
 }
@@ -923,7 +928,7 @@ struct ProfiledCostModel::Rows {
   const double layers = static_cast<double>(q.num_layers);
   const Featurizer fz{&I.model, q.kind};
   double xt[kMaxFeatures] = {0, 0, 0, 0, 0};
-  const int kt = fz.time(b, p.ts, p.td, xt);
+  const int kt = fz.time_at(p.fs, b, p.ts, p.td, xt);
   const Provenance prov = exact ? Provenance::Profiled : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
   const double fwd = g.has[0] ? fit_apply(g.fit[0], xt, kt, acc[0] * inv) : kNaN;
   const double bwd_profiled = g.has[1] ? fit_apply(g.fit[1], xt, kt, acc[1] * inv) : kNaN;
