@@ -125,6 +125,24 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     if (st.rank >= 0 && st.rank < shape.stages) ++per_rank[static_cast<std::size_t>(st.rank)];
   }
   one_stage_per_rank_ = std::all_of(per_rank.begin(), per_rank.end(), [](int c) { return c == 1; });
+  if (one_stage_per_rank_) {
+    // Per composition, the stages no other stage of it dominates (at least the static memory and
+    // the copies of another, strictly more in one); equal ones are kept once.
+    for (std::size_t a = 0; a < stages_.size(); ++a) {
+      const StagePlan& x = stages_[a];
+      const double xs = static_mb_[static_cast<std::size_t>(x.rank)];
+      bool dominated = false;
+      for (std::size_t b = 0; b < stages_.size() && !dominated; ++b) {
+        const StagePlan& y = stages_[b];
+        if (b == a || y.comp != x.comp) continue;
+        const double ys = static_mb_[static_cast<std::size_t>(y.rank)];
+        const bool geq = ys >= xs && y.inflight >= x.inflight;
+        const bool more = ys > xs || y.inflight > x.inflight;
+        dominated = geq && (more || b < a);  // an equal stage: the first one stands for both
+      }
+      if (!dominated) frontier_.push_back({static_cast<std::size_t>(x.comp), xs, x.inflight});
+    }
+  }
 
   // DynaPipe basis: l layers per stage, c chunks; GPU-0 model state as DynaPipe computes it.
   if (basis == CostBasis::DynaPipe) {
@@ -270,6 +288,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     pk = mem + S;
   }
   RcCost out;
+  bool negative = false;
   for (std::size_t c = 0; c < C; ++c) {
     double time = 0, stored = 0, peak_abs = 0;
     for (int k : comps_[c]) {
@@ -282,8 +301,21 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     cp[c] = (peak_abs - stored) / kMB;
     out.stored_mb = std::max(out.stored_mb, cs[c]);
     out.peak_mb = std::max(out.peak_mb, cp[c]);
+    out.time_ms = std::max(out.time_ms, time);  // every composition is some stage's
+    negative = negative || cs[c] < 0;
   }
   out.headroom_mb = kInf;
+  if (one_stage_per_rank_ && !negative) {
+    // Only the stages on each composition's frontier: with stored >= 0, a stage whose rank holds
+    // no more static memory and fewer copies than another of its composition never uses more
+    // (rounding is monotone), so the least headroom is among these.
+    for (const auto& f : frontier_) {
+      const double used = f.static_mb + f.inflight * cs[f.comp] + cp[f.comp];
+      out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - used);
+    }
+    return out;
+  }
+  out.time_ms = 0;
   if (one_stage_per_rank_) {  // no per-rank sums
     for (const auto& st : stages_) {
       const auto c = static_cast<std::size_t>(st.comp);

@@ -148,6 +148,12 @@ class Coster {
   std::vector<char> shared_kind_;
   std::vector<cm::LengthUse> kind_use_;
   bool one_stage_per_rank_ = false;
+  struct Frontier {  // one stage per rank: a stage that may hold the least headroom of its composition
+    std::size_t comp;
+    double static_mb;
+    double inflight;
+  };
+  std::vector<Frontier> frontier_;
   std::vector<double> static_mb_;  // per rank
   // DynaPipe basis
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
