@@ -96,7 +96,8 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     kinds_.push_back({kind, layers});
     return static_cast<int>(kinds_.size() - 1);
   };
-  static_mb_.assign(static_cast<std::size_t>(shape.stages), 0.0);
+  static_bytes_.assign(static_cast<std::size_t>(shape.stages), 0.0);
+  limit_bytes_ = limit_mb_ * kMB;
   for (const auto& vs : vstages) {
     StagePlan p;
     p.rank = vs.rank;
@@ -115,8 +116,8 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
       p.comp = static_cast<int>(comps_.size() - 1);
     }
     stages_.push_back(std::move(p));
-    static_mb_[static_cast<std::size_t>(vs.rank)] +=
-        cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total() / kMB;
+    static_bytes_[static_cast<std::size_t>(vs.rank)] +=
+        cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total();
   }
 
   // Every rank holds exactly one stage (no interleaving): composition skips the per-rank sums.
@@ -130,12 +131,12 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     // the copies of another, strictly more in one); equal ones are kept once.
     for (std::size_t a = 0; a < stages_.size(); ++a) {
       const StagePlan& x = stages_[a];
-      const double xs = static_mb_[static_cast<std::size_t>(x.rank)];
+      const double xs = static_bytes_[static_cast<std::size_t>(x.rank)];
       bool dominated = false;
       for (std::size_t b = 0; b < stages_.size() && !dominated; ++b) {
         const StagePlan& y = stages_[b];
         if (b == a || y.comp != x.comp) continue;
-        const double ys = static_mb_[static_cast<std::size_t>(y.rank)];
+        const double ys = static_bytes_[static_cast<std::size_t>(y.rank)];
         const bool geq = ys >= xs && y.inflight >= x.inflight;
         const bool more = ys > xs || y.inflight > x.inflight;
         dominated = geq && (more || b < a);  // an equal stage: the first one stands for both
@@ -270,11 +271,12 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
 
 RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
   // Every distinct stage composition as costmodel::stage_cost composes it (times add, stored adds,
-  // peak = max of stored-so-far + layer peak), then ranks add their stages.
+  // peak = max of stored-so-far + layer peak), then ranks add their stages. Memory stays in bytes
+  // until the end: one division per figure instead of two per composition.
   constexpr std::size_t kSmall = 16;
   double comp_time[kSmall], comp_stored[kSmall], comp_peak[kSmall];
   double rank_time[64], rank_mem[64], rank_peak[64];
-  const std::size_t S = static_mb_.size(), C = comps_.size();
+  const std::size_t S = static_bytes_.size(), C = comps_.size();
   std::vector<double> big;
   double *ct = comp_time, *cs = comp_stored, *cp = comp_peak;
   double *t = rank_time, *mem = rank_mem, *pk = rank_peak;
@@ -288,6 +290,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
     pk = mem + S;
   }
   RcCost out;
+  double stored_max = 0, peak_max = 0, room = kInf;
   bool negative = false;
   for (std::size_t c = 0; c < C; ++c) {
     double time = 0, stored = 0, peak_abs = 0;
@@ -297,22 +300,24 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
       peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
     }
     ct[c] = time;
-    cs[c] = stored / kMB;
-    cp[c] = (peak_abs - stored) / kMB;
-    out.stored_mb = std::max(out.stored_mb, cs[c]);
-    out.peak_mb = std::max(out.peak_mb, cp[c]);
+    cs[c] = stored;
+    cp[c] = peak_abs - stored;
+    stored_max = std::max(stored_max, cs[c]);
+    peak_max = std::max(peak_max, cp[c]);
     out.time_ms = std::max(out.time_ms, time);  // every composition is some stage's
-    negative = negative || cs[c] < 0;
+    negative = negative || stored < 0;
   }
-  out.headroom_mb = kInf;
+  out.stored_mb = stored_max / kMB;
+  out.peak_mb = peak_max / kMB;
   if (one_stage_per_rank_ && !negative) {
     // Only the stages on each composition's frontier: with stored >= 0, a stage whose rank holds
     // no more static memory and fewer copies than another of its composition never uses more
     // (rounding is monotone), so the least headroom is among these.
     for (const auto& f : frontier_) {
-      const double used = f.static_mb + f.inflight * cs[f.comp] + cp[f.comp];
-      out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - used);
+      const double used = f.static_bytes + f.inflight * cs[f.comp] + cp[f.comp];
+      room = nan_min(room, limit_bytes_ - used);
     }
+    out.headroom_mb = room / kMB;
     return out;
   }
   out.time_ms = 0;
@@ -321,14 +326,15 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
       const auto c = static_cast<std::size_t>(st.comp);
       const auto r = static_cast<std::size_t>(st.rank);
       out.time_ms = std::max(out.time_ms, ct[c]);
-      const double used = static_mb_[r] + st.inflight * cs[c] + cp[c];
-      out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - used);
+      const double used = static_bytes_[r] + st.inflight * cs[c] + cp[c];
+      room = nan_min(room, limit_bytes_ - used);
     }
+    out.headroom_mb = room / kMB;
     return out;
   }
   for (std::size_t r = 0; r < S; ++r) {
     t[r] = 0;
-    mem[r] = static_mb_[r];
+    mem[r] = static_bytes_[r];
     pk[r] = 0;
   }
   for (const auto& st : stages_) {
@@ -340,8 +346,9 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
   }
   for (std::size_t r = 0; r < S; ++r) {
     out.time_ms = std::max(out.time_ms, t[r]);
-    out.headroom_mb = nan_min(out.headroom_mb, limit_mb_ - (mem[r] + pk[r]));
+    room = nan_min(room, limit_bytes_ - (mem[r] + pk[r]));
   }
+  out.headroom_mb = room / kMB;
   return out;
 }
 

@@ -150,11 +150,12 @@ class Coster {
   bool one_stage_per_rank_ = false;
   struct Frontier {  // one stage per rank: a stage that may hold the least headroom of its composition
     std::size_t comp;
-    double static_mb;
+    double static_bytes;
     double inflight;
   };
   std::vector<Frontier> frontier_;
-  std::vector<double> static_mb_;  // per rank
+  std::vector<double> static_bytes_;  // per rank
+  double limit_bytes_ = 0;
   // DynaPipe basis
   std::int64_t dyn_layers_ = 1, dyn_chunks_ = 1;
   double model_state_mb_ = 0, stored_limit_ = 0, peak_limit_ = 0;
