@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -187,6 +188,17 @@ void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S
   state.counters["shapes"] = static_cast<double>(cache.shapes());
 }
 
+// Distinct synthetic batches for the planning-loop benchmarks (64K tokens, or `n` samples), from
+// seed `first` on; kept across benchmarks.
+const std::vector<sch::BatchLengths>& batch_series(bool t5, std::size_t n, std::uint64_t first, std::size_t count) {
+  static std::map<std::tuple<bool, std::size_t, std::uint64_t>, std::vector<sch::BatchLengths>> series;
+  auto& bs = series[{t5, n, first}];
+  for (std::uint64_t seed = first + bs.size(); bs.size() < count; ++seed) {
+    bs.push_back(synthetic(t5, small() && n ? 256 : n, seed));
+  }
+  return bs;
+}
+
 // The planning loop's steady state: a new global batch every iteration (synthetic batches of 64K
 // tokens, or of `n` samples; seeds 1, 2, ...; never the same twice within one run), one
 // PartitionCache kept across them as `packpipe plan` keeps one per thread. The first batches
@@ -195,13 +207,8 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::s
   const Model& m = model(t5);
   const sch::PipelineShape sh = shape(t5, S);
   const auto vs = sch::virtual_stages(m.cost->model(), sh);
-  static std::map<std::pair<bool, std::size_t>, std::vector<sch::BatchLengths>> batches;
-  auto& bs = batches[{t5, n}];
   const std::size_t warmup = n ? 30 : 50;
-  const std::size_t count = small() ? warmup + 10 : warmup + (n ? 220 : 1050);
-  for (std::uint64_t seed = bs.size() + 1; bs.size() < count; ++seed) {
-    bs.push_back(synthetic(t5, small() && n ? 256 : n, seed));
-  }
+  const auto& bs = batch_series(t5, n, 1, small() ? warmup + 10 : warmup + (n ? 220 : 1050));
   sch::PartitionCache cache;
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
@@ -227,12 +234,8 @@ void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::s
   const Model& m = model(t5);
   const sch::PipelineShape sh = shape(t5, S);
   const auto vs = sch::virtual_stages(m.cost->model(), sh);
-  static std::map<std::pair<bool, std::size_t>, std::vector<sch::BatchLengths>> batches;
-  auto& bs = batches[{t5, n}];
   const std::size_t pairs = small() ? 3 : n ? 40 : 200;
-  for (std::uint64_t seed = bs.size() + 1; bs.size() < 2 * pairs; ++seed) {
-    bs.push_back(synthetic(t5, small() && n ? 256 : n, 100000 + seed));
-  }
+  const auto& bs = batch_series(t5, n, 100001, 2 * pairs);
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
   std::size_t next = 0;
@@ -257,15 +260,13 @@ void register_all() {
   for (std::size_t n : {std::size_t{0}, std::size_t{4096}}) {
     for (bool t5 : {false, true}) {
       for (std::int64_t S : {4, 8}) {
-        benchmark::RegisterBenchmark(("BM_PartitionStream/" + std::string(t5 ? "t5-11b" : "gpt-6.7b") +
-                                      (n ? "/lognormal4096/S" : "/lognormal64K/S") + std::to_string(S) + "/dp")
-                                         .c_str(),
+        const std::string tail = std::string(t5 ? "t5-11b" : "gpt-6.7b") + (n ? "/lognormal4096/S" : "/lognormal64K/S") +
+                                 std::to_string(S) + "/dp";
+        benchmark::RegisterBenchmark(("BM_PartitionStream/" + tail).c_str(),
                                      [=](benchmark::State& st) { BM_PartitionStream(st, t5, S, n); })
             ->Unit(benchmark::kMillisecond)
             ->Iterations(small() ? 5 : n ? 200 : 1000);
-        benchmark::RegisterBenchmark(("BM_PartitionSecond/" + std::string(t5 ? "t5-11b" : "gpt-6.7b") +
-                                      (n ? "/lognormal4096/S" : "/lognormal64K/S") + std::to_string(S) + "/dp")
-                                         .c_str(),
+        benchmark::RegisterBenchmark(("BM_PartitionSecond/" + tail).c_str(),
                                      [=](benchmark::State& st) { BM_PartitionSecond(st, t5, S, n); })
             ->Unit(benchmark::kMillisecond)
             ->Iterations(small() ? 2 : n ? 30 : 150);

@@ -72,6 +72,38 @@ std::string describe(const Query& q) {
                      recompute_name(q.recompute), q.num_layers, q.mbs, q.seq, q.dec_seq);
 }
 
+/// Bounds of draw_query; 0 leaves that field at its default (not drawn).
+struct Draw {
+  std::uint64_t tp_log2 = 0;  ///< tp = 2^(0 .. tp_log2 - 1)
+  std::uint64_t layers = 0;   ///< 1 .. layers
+  std::uint64_t seq = 0, dec = 0, mbs = 0;
+};
+
+/// A random query: kind, recompute, then tp, layers, seq, dec_seq (encoder-decoder models only)
+/// and mbs as `d` bounds them, drawn in that order.
+Query draw_query(std::mt19937_64& rng, bool encdec, const Draw& d) {
+  Query q;
+  const auto kind_draw = rng() % 4;
+  q.kind = static_cast<LayerKind>(kind_draw);
+  const auto rc_draw = rng() % 3;
+  q.recompute = static_cast<Recompute>(rc_draw);
+  if (d.tp_log2) {
+    const auto tp_draw = rng() % d.tp_log2;
+    q.tp = std::int64_t{1} << tp_draw;
+  }
+  if (d.layers) {
+    const auto layers_draw = rng() % d.layers;
+    q.num_layers = 1 + static_cast<std::int64_t>(layers_draw);
+  }
+  const auto seq_draw = rng() % d.seq;
+  q.seq = 1 + static_cast<std::int64_t>(seq_draw);
+  const auto dec_draw = rng() % d.dec;
+  q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
+  const auto mbs_draw = rng() % d.mbs;
+  q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
+  return q;
+}
+
 /// Empty when query_rows(q, count) keeps its contract against query(), else what broke. `filled`
 /// receives the number of rows returned. `later_refused`: also check that rows after the first
 /// refused one are refused (monotone refusal, which the built-in models have).
@@ -265,19 +297,12 @@ TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stres
   for (int i = 0; i < 600; ++i) {
     const CostModel& m = i % 3 == 0 ? *gpt : (i % 3 == 1 ? *t5 : static_cast<const CostModel&>(an));
     const bool encdec = m.model().arch == Architecture::EncoderDecoder;
-    Query q;
-    const auto kind_draw = rng() % 4;
-    q.kind = static_cast<LayerKind>(kind_draw);
-    const auto rc_draw = rng() % 3;
-    q.recompute = static_cast<Recompute>(rc_draw);
-    const auto tp_draw = rng() % 3;
-    q.tp = std::int64_t{1} << tp_draw;
-    const auto seq_draw = rng() % 9000;
-    q.seq = 1 + static_cast<std::int64_t>(seq_draw);
-    const auto dec_draw = rng() % 5000;
-    q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
-    const auto mbs_draw = rng() % 1200;
-    q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
+    Draw d;
+    d.tp_log2 = 3;
+    d.seq = 9000;
+    d.dec = 5000;
+    d.mbs = 1200;
+    const Query q = draw_query(rng, encdec, d);
     const auto count_draw = rng() % 300;
     std::int64_t n = 0;
     const std::string err = rows_mismatch(m, q, static_cast<std::int64_t>(count_draw), n);
@@ -410,20 +435,14 @@ std::string length_use_mismatch(const CostModel& m, std::mt19937_64& rng, int dr
       return false;
     }
   };
+  Draw d;
+  d.seq = 3000;
+  d.dec = 1500;
+  d.mbs = 64;
   for (int i = 0; i < draws; ++i) {
-    Query q;
-    const auto kind_draw = rng() % 4;
-    q.kind = static_cast<LayerKind>(kind_draw);
+    const Query q = draw_query(rng, encdec, d);
     if (q.kind == LayerKind::Decoder && !encdec) continue;
     const LengthUse use = m.lengths_used(q.kind);
-    const auto rc_draw = rng() % 3;
-    q.recompute = static_cast<Recompute>(rc_draw);
-    const auto seq_draw = rng() % 3000;
-    q.seq = 1 + static_cast<std::int64_t>(seq_draw);
-    const auto dec_draw = rng() % 1500;
-    q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
-    const auto mbs_draw = rng() % 64;
-    q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
     LayerCost a;
     const bool ok = answer(q, a);
     for (int which = 0; which < 2; ++which) {
@@ -491,21 +510,14 @@ TEST_CASE("memory_rows gives query()'s memory bit for bit, and stops where query
   int rows = 0;
   for (const CostModel* m : models) {
     const bool encdec = m->model().arch == Architecture::EncoderDecoder;
+    Draw d;
+    d.layers = 4;
+    d.seq = 4000;
+    d.dec = 1000;
+    d.mbs = 80;
     for (int i = 0; i < 200; ++i) {
-      Query q;
-      const auto kind_draw = rng() % 4;
-      q.kind = static_cast<LayerKind>(kind_draw);
+      const Query q = draw_query(rng, encdec, d);
       if (q.kind == LayerKind::Decoder && !encdec) continue;
-      const auto rc_draw = rng() % 3;
-      q.recompute = static_cast<Recompute>(rc_draw);
-      const auto layers_draw = rng() % 4;
-      q.num_layers = 1 + static_cast<std::int64_t>(layers_draw);
-      const auto seq_draw = rng() % 4000;
-      q.seq = 1 + static_cast<std::int64_t>(seq_draw);
-      const auto dec_draw = rng() % 1000;
-      q.dec_seq = encdec ? 1 + static_cast<std::int64_t>(dec_draw) : 0;
-      const auto mbs_draw = rng() % 80;
-      q.mbs = 1 + static_cast<std::int64_t>(mbs_draw);
       const std::int64_t count = 1 + static_cast<std::int64_t>(rng() % 60);
       std::vector<LayerCost> full(static_cast<std::size_t>(count)), mem(static_cast<std::size_t>(count));
       const std::int64_t n_full = m->query_rows(q, count, full.data());
