@@ -1,7 +1,10 @@
 #include "dataloader/batch.h"
 
 #include <atomic>
+#include <cstdint>
 #include <exception>
+#include <limits>
+#include <mutex>
 #include <thread>
 
 #include <tbb/concurrent_queue.h>
@@ -49,6 +52,9 @@ struct Prefetcher::Impl {
   std::size_t depth;
   tbb::concurrent_bounded_queue<Item> queue;
   std::atomic<bool> stop{false};
+  static constexpr std::uint64_t kNoFailure = std::numeric_limits<std::uint64_t>::max();
+  std::mutex error_mutex;
+  std::atomic<std::uint64_t> fail_at{kNoFailure};  // index of the earliest failing batch
   std::exception_ptr error;  // written before the end marker is pushed, read after it is popped
   bool finished = false;
   std::thread thread;
@@ -58,7 +64,20 @@ struct Prefetcher::Impl {
     thread = std::thread([this] { run(); });
   }
 
+  // Errors are caught inside the filters: an exception leaving a filter cancels the pipeline, and
+  // a batch assembled in flight was then never freed (LeakSanitizer saw it). The earliest
+  // failing batch in batch order wins: every batch before it is still assembled and delivered,
+  // it reaches the last filter as null, and nothing after it is delivered.
+  void fail(std::exception_ptr e, std::uint64_t index) {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (index < fail_at.load()) {
+      fail_at.store(index);
+      error = std::move(e);
+    }
+  }
+
   void run() {
+    bool ended = false;  // a null item passed the last filter: the epoch ends there
     try {
       tbb::parallel_pipeline(
           depth,
@@ -66,7 +85,14 @@ struct Prefetcher::Impl {
               tbb::filter_mode::serial_in_order,
               [this](tbb::flow_control& fc) -> std::shared_ptr<GlobalBatch> {
                 auto b = std::make_shared<GlobalBatch>();
-                if (stop.load(std::memory_order_relaxed) || !sampler.next_batch(*b)) {
+                try {
+                  if (stop.load(std::memory_order_relaxed) || fail_at.load() != kNoFailure ||
+                      !sampler.next_batch(*b)) {
+                    fc.stop();
+                    return nullptr;
+                  }
+                } catch (...) {
+                  fail(std::current_exception(), kNoFailure - 1);  // after every batch already read
                   fc.stop();
                   return nullptr;
                 }
@@ -75,15 +101,23 @@ struct Prefetcher::Impl {
               tbb::make_filter<std::shared_ptr<GlobalBatch>, Item>(
                   tbb::filter_mode::parallel,
                   [this](std::shared_ptr<GlobalBatch> b) -> Item {
-                    if (stop.load(std::memory_order_relaxed)) return nullptr;  // being destroyed: skip work
-                    return std::make_shared<AssembledBatch>(assemble_batch(dataset, std::move(*b)));
+                    // Being destroyed, or after a batch that failed: skip the work.
+                    if (stop.load(std::memory_order_relaxed) || b->index > fail_at.load()) return nullptr;
+                    const std::uint64_t index = b->index;
+                    try {
+                      return std::make_shared<AssembledBatch>(assemble_batch(dataset, std::move(*b)));
+                    } catch (...) {
+                      fail(std::current_exception(), index);
+                      return nullptr;
+                    }
                   }) &
-              tbb::make_filter<Item, void>(tbb::filter_mode::serial_in_order, [this](Item a) {
+              tbb::make_filter<Item, void>(tbb::filter_mode::serial_in_order, [this, &ended](Item a) {
                 // Blocks while `depth` batches wait; the destructor drains the queue, so this returns.
-                if (a) queue.push(std::move(a));
+                if (!a) ended = true;
+                if (!ended) queue.push(std::move(a));
               }));
-    } catch (...) {
-      error = std::current_exception();
+    } catch (...) {  // not expected (the filters catch); kept so that next() never hangs
+      fail(std::current_exception(), 0);
     }
     queue.push(nullptr);
   }

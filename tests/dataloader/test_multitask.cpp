@@ -331,16 +331,30 @@ TEST_CASE("an error during background assembly is rethrown by next()", "[negativ
   corrupt_pointer(dir.file("bad.idx"), 50, 10, 1 << 30);  // sizes stay intact: only reading fails
   const MultiTaskDataset ds = MultiTaskDataset::from_prefix(dir.file("bad"));
   Sampler s(ds, sample_batches(4));
-  Prefetcher pf(ds, s, 3);
+  Sampler reference(s);
+  const auto depth = static_cast<std::size_t>(GENERATE(1, 3, 8));
+  Prefetcher pf(ds, s, depth);
   AssembledBatch b;
   bool thrown = false;
+  std::size_t delivered = 0;
   try {
     while (pf.next(b)) {
+      // Batches before the failure arrive complete and in order: none is skipped.
+      GlobalBatch expected;
+      REQUIRE(reference.next_batch(expected));
+      REQUIRE(b.batch.index == expected.index);
+      REQUIRE(b.batch.samples == expected.samples);
+      ++delivered;
     }
   } catch (const packpipe::Error& e) {
     thrown = true;
     CHECK_THAT(std::string(e.what()), Contains("bad"));
   }
   REQUIRE(thrown);
+  // The failing batch (the one holding the corrupt document) was not delivered.
+  GlobalBatch failing;
+  REQUIRE(reference.next_batch(failing));
+  REQUIRE_THROWS_AS(assemble_batch(ds, std::move(failing)), packpipe::Error);
   REQUIRE_THROWS_AS(pf.next(b), packpipe::Error);  // stays failed
+  INFO("delivered " << delivered);
 }
