@@ -240,6 +240,28 @@ TEST_CASE("query_rows equals query() bit for bit: analytic GPT-6.7B and T5-11B",
   }
 }
 
+namespace {
+
+/// The sweep on a profiled model with the analytic fallback and without: every batch keeps the
+/// contract; some batches are full, some run into the refused sizes, some are refused at once;
+/// every provenance shows up, Analytic only with the fallback.
+void check_profiled_sweeps(const CostModel& with_fallback, const CostModel& bare, const Sweep& s) {
+  for (const CostModel* m : {&with_fallback, &bare}) {
+    INFO(m->describe());
+    const SweepResult r = sweep(*m, s);
+    CHECK(r.first_failure == "");
+    CHECK(r.full > 0);
+    CHECK(r.partial > 0);
+    CHECK(r.empty > 0);
+    CHECK(r.saw(Provenance::Profiled));
+    CHECK(r.saw(Provenance::Interpolated));
+    CHECK(r.saw(Provenance::Extrapolated));
+    CHECK(r.saw(Provenance::Analytic) == (m == &with_fallback));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interface]") {
   const auto fb = gpt_with_fallback();
   const ProfiledCostModel bare(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
@@ -251,18 +273,7 @@ TEST_CASE("query_rows equals query() bit for bit: profiled GPT-6.7B", "[interfac
   // mbs profiled 1..2048 (fewer for long sequences: extrapolated holes); refused above 4096
   s.starts = {1, 5, 250, 4000, 4097};
   s.count = 130;
-  for (const CostModel* m : {static_cast<const CostModel*>(fb.get()), static_cast<const CostModel*>(&bare)}) {
-    INFO(m->describe());
-    const SweepResult r = sweep(*m, s);
-    CHECK(r.first_failure == "");
-    CHECK(r.full > 0);
-    CHECK(r.partial > 0);  // batches that run into mbs 4097
-    CHECK(r.empty > 0);
-    CHECK(r.saw(Provenance::Profiled));
-    CHECK(r.saw(Provenance::Interpolated));
-    CHECK(r.saw(Provenance::Extrapolated));
-    CHECK(r.saw(Provenance::Analytic) == (m == fb.get()));
-  }
+  check_profiled_sweeps(*fb, bare, s);
 }
 
 TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]") {
@@ -274,18 +285,7 @@ TEST_CASE("query_rows equals query() bit for bit: profiled T5-11B", "[interface]
   s.decs = {0, 8, 100, 2048, 5000, 9000};
   s.starts = {1, 3, 500, 1000};  // mbs profiled 1..512: refused above 1024
   s.count = 100;
-  for (const CostModel* m : {static_cast<const CostModel*>(fb.get()), static_cast<const CostModel*>(&bare)}) {
-    INFO(m->describe());
-    const SweepResult r = sweep(*m, s);
-    CHECK(r.first_failure == "");
-    CHECK(r.full > 0);
-    CHECK(r.partial > 0);
-    CHECK(r.empty > 0);
-    CHECK(r.saw(Provenance::Profiled));
-    CHECK(r.saw(Provenance::Interpolated));
-    CHECK(r.saw(Provenance::Extrapolated));
-    CHECK(r.saw(Provenance::Analytic) == (m == fb.get()));
-  }
+  check_profiled_sweeps(*fb, bare, s);
 }
 
 TEST_CASE("query_rows on random shapes and lengths agrees with query()", "[stress]") {
