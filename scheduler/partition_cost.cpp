@@ -212,47 +212,7 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
       base[k] = scratch_.data() + k * cnt;
       continue;
     }
-    // A length the kind ignores is 0 in the query and the key: shapes that differ only in it
-    // share these rows (the answers are the same bit for bit: CostModel::lengths_used).
-    if (!kind_use_[k].seq) query.seq = 0;
-    if (!kind_use_[k].dec_seq) query.dec_seq = 0;
-    const std::uint64_t key = (static_cast<std::uint64_t>(k) << 61) | (static_cast<std::uint64_t>(rc_index(rc)) << 58) |
-                              (static_cast<std::uint64_t>(query.seq) << 29) | static_cast<std::uint64_t>(query.dec_seq);
-    RecentKind& recent = recent_kinds_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
-    if (recent.rows == nullptr || recent.key != key) {
-      recent.rows = &memo_->kind_rows[key];
-      recent.key = key;
-    }
-    KindRows& kr = *recent.rows;
-    const auto end = static_cast<std::size_t>(rows + ok);
-    if (kr.rows.size() < end) {
-      const std::size_t grown = end + end / 2 + 8;
-      memo_->slots += (grown - kr.rows.size()) / 2;  // half a shape slot each
-      kr.rows.resize(grown);
-    }
-    for (std::int64_t r = rows; r < rows + ok && r < kr.refused;) {  // the missing runs
-      if (kr.rows[static_cast<std::size_t>(r)].have) {
-        ++r;
-        continue;
-      }
-      std::int64_t e = r + 1;
-      while (e < rows + ok && !kr.rows[static_cast<std::size_t>(e)].have) ++e;
-      query.mbs = r;
-      block_rows_.resize(static_cast<std::size_t>(e - r));
-      const std::int64_t got = cost_.query_rows(query, e - r, block_rows_.data());
-      for (std::int64_t x = 0; x < got; ++x) {
-        KindRows::Row& row = kr.rows[static_cast<std::size_t>(r + x)];
-        row.c = block_rows_[static_cast<std::size_t>(x)];
-        row.have = true;
-      }
-      if (got < e - r) kr.refused = r + got;
-      r = e;
-    }
-    ok = std::min(ok, std::max<std::int64_t>(0, std::min(kr.refused, rows + ok) - rows));
-    const KindRows::Row* src = kr.rows.data() + rows;
-    kind_ptrs_.resize(static_cast<std::size_t>(kMaxKinds) * cnt);
-    const cm::LayerCost** ptrs = kind_ptrs_.data() + k * cnt;
-    for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) ptrs[r] = &src[r].c;
+    ok = shared_rows(k, query, rows, ok, cnt);
     base[k] = nullptr;
   }
   for (std::int64_t r = ok; r < count; ++r) {
@@ -267,6 +227,52 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
     for (std::size_t k = 0; k < nk; ++k) q[k] = base[k] ? base[k] + r : kind_ptrs_[k * cnt + r];
     out[r] = basis_ == CostBasis::Stages ? compose_stages(q) : compose_dynapipe(q);
   }
+}
+
+std::int64_t Coster::shared_rows(std::size_t k, cm::Query query, std::int64_t rows, std::int64_t ok, std::size_t cnt) {
+  // A length the kind ignores is 0 in the query and the key: shapes that differ only in it
+  // share these rows (the answers are the same bit for bit: CostModel::lengths_used).
+  if (!kind_use_[k].seq) query.seq = 0;
+  if (!kind_use_[k].dec_seq) query.dec_seq = 0;
+  const std::uint64_t key = (static_cast<std::uint64_t>(k) << 61) |
+                            (static_cast<std::uint64_t>(rc_index(query.recompute)) << 58) |
+                            (static_cast<std::uint64_t>(query.seq) << 29) | static_cast<std::uint64_t>(query.dec_seq);
+  RecentKind& recent = recent_kinds_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+  if (recent.rows == nullptr || recent.key != key) {
+    recent.rows = &memo_->kind_rows[key];
+    recent.key = key;
+  }
+  KindRows& kr = *recent.rows;
+  const auto end = static_cast<std::size_t>(rows + ok);
+  if (kr.rows.size() < end) {
+    const std::size_t grown = end + end / 2 + 8;
+    memo_->slots += (grown - kr.rows.size()) / 2;  // half a shape slot each
+    kr.rows.resize(grown);
+  }
+  for (std::int64_t r = rows; r < rows + ok && r < kr.refused;) {  // the missing runs
+    if (kr.rows[static_cast<std::size_t>(r)].have) {
+      ++r;
+      continue;
+    }
+    std::int64_t e = r + 1;
+    while (e < rows + ok && !kr.rows[static_cast<std::size_t>(e)].have) ++e;
+    query.mbs = r;
+    block_rows_.resize(static_cast<std::size_t>(e - r));
+    const std::int64_t got = cost_.query_rows(query, e - r, block_rows_.data());
+    for (std::int64_t x = 0; x < got; ++x) {
+      KindRows::Row& row = kr.rows[static_cast<std::size_t>(r + x)];
+      row.c = block_rows_[static_cast<std::size_t>(x)];
+      row.have = true;
+    }
+    if (got < e - r) kr.refused = r + got;
+    r = e;
+  }
+  ok = std::min(ok, std::max<std::int64_t>(0, std::min(kr.refused, rows + ok) - rows));
+  const KindRows::Row* src = kr.rows.data() + rows;
+  kind_ptrs_.resize(static_cast<std::size_t>(kMaxKinds) * cnt);
+  const cm::LayerCost** ptrs = kind_ptrs_.data() + k * cnt;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) ptrs[r] = &src[r].c;
+  return ok;
 }
 
 RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {

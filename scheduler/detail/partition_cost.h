@@ -118,6 +118,9 @@ class Coster {
   // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).
   void eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
                  RcCost* out);
+  // Kind k's answers for rows .. rows + ok - 1 from the memo's shared rows (querying the missing
+  // ones), pointed to from kind_ptrs_[k * cnt ..]; returns how many of them the model answers.
+  std::int64_t shared_rows(std::size_t k, cm::Query query, std::int64_t rows, std::int64_t ok, std::size_t cnt);
   // One shape from its per-kind query answers q[k] (kinds_ order).
   RcCost compose_stages(const cm::LayerCost* const* q) const;
   RcCost compose_dynapipe(const cm::LayerCost* const* q) const;
