@@ -92,10 +92,9 @@ class PathSearch {
   }
 
  private:
-  static T abs_diff(T a, T b) { return a < b ? b - a : a - b; }
   T d(std::ptrdiff_t a, std::ptrdiff_t b) const {
-    return abs_diff(x_[static_cast<std::size_t>(a)], x_[static_cast<std::size_t>(b)]) +
-           abs_diff(y_[static_cast<std::size_t>(a)], y_[static_cast<std::size_t>(b)]);
+    return iabs(x_[static_cast<std::size_t>(a)] - x_[static_cast<std::size_t>(b)]) +
+           iabs(y_[static_cast<std::size_t>(a)] - y_[static_cast<std::size_t>(b)]);
   }
   static constexpr T kNone = std::numeric_limits<T>::max();
   // The edges around positions [lo, hi] changed: their end points look again (classic
