@@ -131,8 +131,10 @@ const sch::BatchLengths& batch(bool t5, int kind) {  // kind 0: demo, 1: synthet
 
 const char* kind_name(int k) { return k == 0 ? "demo64K" : k == 1 ? "lognormal64K" : "lognormal4096"; }
 
+// `threads` as PartitionOptions::threads: 1 for the CPU-time figures (the default timer counts
+// the benchmark's own thread only), 2 for the wall-clock ones (UseRealTime).
 void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sch::PartitionMethod method,
-                  sch::CostBasis basis) {
+                  sch::CostBasis basis, sch::EncDecOrder order, int threads) {
   const Model& m = model(t5);
   const sch::BatchLengths& b = batch(t5, kind);
   const sch::PipelineShape sh = shape(t5, S);
@@ -143,6 +145,8 @@ void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sc
   o.microbatch_size = 4;
   o.token_budget = 4096;
   o.oversize = sch::OversizePolicy::Drop;
+  o.order = order;
+  o.threads = threads;
   sch::Partition p;
   for (auto _ : state) {
     p = sch::partition(b, *m.cost, sh, vs, o);
@@ -177,6 +181,7 @@ void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S
   sch::PartitionCache cache;
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
+  o.threads = 1;
   o.cache = &cache;
   sch::Partition p = sch::partition(b, *m.cost, sh, vs, o);
   for (auto _ : state) {
@@ -212,6 +217,7 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::s
   sch::PartitionCache cache;
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
+  o.threads = 1;
   o.cache = &cache;
   std::size_t next = 0;
   for (; next < warmup; ++next) sch::partition(bs[next], *m.cost, sh, vs, o);
@@ -230,7 +236,8 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::s
 // The second batch of a planning run: a fresh PartitionCache has seen one batch (untimed) when the
 // next, different one is partitioned (timed). Pairs of batches (seeds 2k + 1, 2k + 2) never repeat
 // within one run. DynaPipe's quoted planning times are medians of such early batches.
-void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::size_t n) {
+void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::size_t n, sch::EncDecOrder order,
+                        int threads) {
   const Model& m = model(t5);
   const sch::PipelineShape sh = shape(t5, S);
   const auto vs = sch::virtual_stages(m.cost->model(), sh);
@@ -238,6 +245,8 @@ void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::s
   const auto& bs = batch_series(t5, n, 100001, 2 * pairs);
   sch::PartitionOptions o;
   o.oversize = sch::OversizePolicy::Drop;
+  o.order = order;
+  o.threads = threads;
   std::size_t next = 0;
   std::unique_ptr<sch::PartitionCache> cache;
   for (auto _ : state) {
@@ -266,10 +275,20 @@ void register_all() {
                                      [=](benchmark::State& st) { BM_PartitionStream(st, t5, S, n); })
             ->Unit(benchmark::kMillisecond)
             ->Iterations(small() ? 5 : n ? 200 : 1000);
-        benchmark::RegisterBenchmark(("BM_PartitionSecond/" + tail).c_str(),
-                                     [=](benchmark::State& st) { BM_PartitionSecond(st, t5, S, n); })
-            ->Unit(benchmark::kMillisecond)
-            ->Iterations(small() ? 2 : n ? 30 : 150);
+        // Serial (CPU time) and two table builders (wall clock); T5 also in DynaPipe's sorted order.
+        for (const auto order : t5 ? std::vector<sch::EncDecOrder>{sch::EncDecOrder::Auto, sch::EncDecOrder::Sorted}
+                                   : std::vector<sch::EncDecOrder>{sch::EncDecOrder::Auto}) {
+          const std::string name = tail + (order == sch::EncDecOrder::Sorted ? "_sorted" : "");
+          benchmark::RegisterBenchmark(("BM_PartitionSecond/" + name).c_str(),
+                                       [=](benchmark::State& st) { BM_PartitionSecond(st, t5, S, n, order, 1); })
+              ->Unit(benchmark::kMillisecond)
+              ->Iterations(small() ? 2 : n ? 30 : 150);
+          benchmark::RegisterBenchmark(("BM_PartitionSecondWall/" + name).c_str(),
+                                       [=](benchmark::State& st) { BM_PartitionSecond(st, t5, S, n, order, 2); })
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime()
+              ->Iterations(small() ? 2 : n ? 30 : 150);
+        }
       }
     }
   }
@@ -284,9 +303,11 @@ void register_all() {
           const char* name;
           M m;
           B b;
+          sch::EncDecOrder order = sch::EncDecOrder::Auto;
         };
         std::vector<Run> runs = {{"dynapipe_exact", M::DynaPipe, B::DynaPipe}, {"dp_dynapipe_basis", M::DP, B::DynaPipe},
                                  {"dp", M::DP, B::Stages}};
+        if (t5) runs.push_back({"dp_sorted", M::DP, B::Stages, sch::EncDecOrder::Sorted});  // DynaPipe's order
         if (kind != 2) {
           runs.push_back({"fixed_mbs4", M::Fixed, B::Stages});
           runs.push_back({"tokens_4096", M::Tokens, B::Stages});
@@ -298,9 +319,17 @@ void register_all() {
         for (const auto& r : runs) {
           const M m = r.m;
           const B bb = r.b;
+          const sch::EncDecOrder order = r.order;
           benchmark::RegisterBenchmark(("BM_Partition/" + base + r.name).c_str(),
-                                       [=](benchmark::State& st) { BM_Partition(st, t5, kind, S, m, bb); })
+                                       [=](benchmark::State& st) { BM_Partition(st, t5, kind, S, m, bb, order, 1); })
               ->Unit(benchmark::kMillisecond);
+          // Cold calls with two table builders, wall clock (the DP methods on the synthetic batches).
+          if (kind != 0 && (m == M::DynaPipe || (m == M::DP && bb == B::Stages))) {
+            benchmark::RegisterBenchmark(("BM_PartitionWall/" + base + r.name).c_str(),
+                                         [=](benchmark::State& st) { BM_Partition(st, t5, kind, S, m, bb, order, 2); })
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
+          }
         }
       }
     }

@@ -95,7 +95,8 @@ void define_partition(py::module_& m) {
          std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
          double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, std::uint64_t tokens,
          std::int64_t round_multiple, const std::string& recompute, const std::string& oversize,
-         const std::string& basis, bool pack_windows, const std::shared_ptr<PyPartitionCache>& cache) {
+         const std::string& basis, bool pack_windows, const std::shared_ptr<PyPartitionCache>& cache,
+         const std::string& order, int threads) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         sch::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
@@ -119,6 +120,8 @@ void define_partition(py::module_& m) {
         o.oversize = sch::oversize_policy_from_name(oversize);
         o.basis = sch::cost_basis_from_name(basis);
         o.pack_windows = pack_windows;
+        o.order = sch::enc_dec_order_from_name(order);
+        o.threads = threads;
         const PyPartitionCache::Use use(cache.get(), cost);
         o.cache = use.get();
         sch::Partition p;
@@ -133,11 +136,13 @@ void define_partition(py::module_& m) {
       py::arg("memory_mb") = 0.0, py::arg("zero_stage") = 1, py::arg("method") = "dp", py::arg("mbs") = 0,
       py::arg("tokens") = 0, py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
       py::arg("oversize") = "error", py::arg("cost_basis") = "auto", py::arg("pack_windows") = false,
-      py::arg("cache") = nullptr,
+      py::arg("cache") = nullptr, py::arg("order") = "auto", py::arg("threads") = 0,
       "Micro-batches of one global batch. input_lengths (and target_lengths for encoder-decoder models): "
       "1-D numpy arrays of uint32 or int64. Returns a dict: microbatches (dicts with numpy 'samples'), "
       "objective_ms, efficiency, predicted_iteration_ms, ranks, truncated, dropped, ... cache: a "
-      "packpipe.PartitionCache kept across calls (a training loop's planner), or None.");
+      "packpipe.PartitionCache kept across calls (a training loop's planner), or None. order: "
+      "encoder-decoder sample order for dp, 'auto', 'sorted' (DynaPipe's) or 'path'. threads: threads building "
+      "the window table (0: automatic, at most 2; the result is the same).");
 }
 
 }  // namespace packpipe::bindings

@@ -28,7 +28,8 @@ struct PartitionCliOptions {
   std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, batch_index = 0;
   CostModelArgs costs;
   ShapeArgs shape_args = {1};
-  std::string method = "dp", recompute = "auto", oversize = "error", basis = "auto";
+  std::string method = "dp", recompute = "auto", oversize = "error", basis = "auto", order = "auto";
+  int threads = 0;
   std::int64_t mbs = 0;
   std::uint64_t tokens = 0;
   std::int64_t round_multiple = 8;
@@ -148,6 +149,8 @@ Json run_partition(const PartitionCliOptions& o) {
   po.oversize = sch::oversize_policy_from_name(o.oversize);
   po.basis = sch::cost_basis_from_name(o.basis);
   po.pack_windows = o.pack_windows;
+  po.order = sch::enc_dec_order_from_name(o.order);
+  po.threads = o.threads;
   const sch::Partition p = sch::partition(b, *cost, sh, vs, po);
   Json j;
   j["model"] = cost->model().name;
@@ -261,6 +264,12 @@ void register_partition_commands(CLI::App& app) {
   cmd->add_option("--cost-basis", o->basis, "auto, stages or dynapipe")
       ->check(CLI::IsMember({"auto", "stages", "dynapipe"}));
   cmd->add_flag("--pack-windows", o->pack_windows, "dp / dynapipe: pack each window's samples when cheaper");
+  cmd->add_option("--order", o->order,
+                  "dp, encoder-decoder: auto (sorted and path, the better), sorted (DynaPipe's) or path")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "dp / dynapipe: threads building the window table (0: automatic, at most 2)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--compare", o->compare, "Run every method on the same batch and print a table");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {

@@ -6,7 +6,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <mutex>
+#include <memory>
 #include <numeric>
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_invoke.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "common/errors.h"
 #include "scheduler/detail/partition_impl.h"
@@ -17,11 +23,12 @@ using detail::Choice;
 using detail::Coster;
 using detail::WindowTable;
 
-PartitionCache::PartitionCache() : memo_(std::make_unique<detail::ShapeMemo>()) {}
+PartitionCache::PartitionCache()
+    : memo_(std::make_unique<detail::ShapeMemo>()), memo2_(std::make_unique<detail::ShapeMemo>()) {}
 PartitionCache::~PartitionCache() = default;
 PartitionCache::PartitionCache(PartitionCache&&) noexcept = default;
 PartitionCache& PartitionCache::operator=(PartitionCache&&) noexcept = default;
-std::size_t PartitionCache::shapes() const { return memo_->size(); }
+std::size_t PartitionCache::shapes() const { return memo_->size() + memo2_->size(); }
 using detail::Work;
 
 namespace {
@@ -89,6 +96,21 @@ CostBasis cost_basis_from_name(const std::string& name) {
   PACKPIPE_THROW(InvalidArgument, "unknown cost basis '{}'; expected auto, stages or dynapipe", name);
 }
 
+const char* enc_dec_order_name(EncDecOrder o) {
+  switch (o) {
+    case EncDecOrder::Auto: return "auto";
+    case EncDecOrder::Sorted: return "sorted";
+    case EncDecOrder::Path: return "path";
+  }
+  return "?";
+}
+EncDecOrder enc_dec_order_from_name(const std::string& name) {
+  for (auto o : {EncDecOrder::Auto, EncDecOrder::Sorted, EncDecOrder::Path}) {
+    if (name == enc_dec_order_name(o)) return o;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown encoder-decoder order '{}'; expected auto, sorted or path", name);
+}
+
 std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp) {
   PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
   std::vector<std::uint32_t> idx(time_ms.size());
@@ -116,6 +138,12 @@ double resolve_limit(const cm::CostModel& cost, const PipelineShape& shape) {
   return limit;
 }
 
+// Threads the oneTBB arena of the caller lets a parallel algorithm use.
+int available_threads() {
+  const auto limit = oneapi::tbb::global_control::active_value(oneapi::tbb::global_control::max_allowed_parallelism);
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(oneapi::tbb::this_task_arena::max_concurrency()), limit));
+}
+
 CostBasis resolve_basis(const PartitionOptions& o) {
   if (o.basis != CostBasis::Auto) return o.basis;
   return o.method == PartitionMethod::DynaPipe ? CostBasis::DynaPipe : CostBasis::Stages;
@@ -128,6 +156,7 @@ void check_options(const PartitionOptions& o) {
   PACKPIPE_CHECK_ARG(o.tau_tolerance >= 0 && o.tau_tolerance < 1, "tau_tolerance must be in [0, 1), found {}",
                      o.tau_tolerance);
   PACKPIPE_CHECK_ARG(o.dynapipe_thin_ms >= 0, "dynapipe_thin_ms must be non-negative, found {}", o.dynapipe_thin_ms);
+  PACKPIPE_CHECK_ARG(o.threads >= 0, "threads must be non-negative (0: automatic), found {}", o.threads);
   if (o.method == PartitionMethod::Fixed || o.method == PartitionMethod::Packing) {
     PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method {} needs microbatch_size >= 1, found {}",
                        partition_method_name(o.method), o.microbatch_size);
@@ -169,9 +198,13 @@ struct RowPacker {
   std::size_t rows() const { return used_e.size(); }
 };
 
-// Fills `t` (its storage reused) with the feasible windows of `order`.
+// Fills `t` (its storage reused) with the feasible windows of `order`. `second` (optional, not
+// with packing): a coster of the same setting with its own memo; the starts are then built by two
+// threads, one from the front and one from the back until they meet, and the columns are laid out
+// in start order as a serial build lays them out (a window's cost does not depend on which coster
+// or batch of rows computed it), so the table is the same bits.
 void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster, RecomputePolicy policy,
-                   bool pack, WindowTable& t) {
+                   bool pack, WindowTable& t, Coster* second = nullptr) {
   const std::size_t n = order.size();
   t.count.assign(n, 0);
   t.offset.assign(n, 0);
@@ -194,41 +227,117 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
   // first sample), so starts with the same padded length share the first one's column.
   bool share = !w.encdec() && !pack;
   for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
-  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead; a hint for
-  // the coster's batched queries).
-  auto shape_run_end = [&](std::size_t j, std::int64_t le, std::int64_t ld) {
+  // A start that reuses the column of the start before it.
+  auto follower = [&](std::size_t i) { return share && i > 0 && re[i] == re[i - 1]; };
+  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead, from the
+  // longest column built so far; a hint for the coster's batched queries).
+  auto shape_run_end = [&](std::size_t j, std::int64_t le, std::int64_t ld, std::int32_t max_count) {
     std::size_t e = share ? n : j;
-    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(t.max_count)));
+    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(max_count)));
     while (e < look && re[e] <= le && rd[e] <= ld) ++e;
     return e;
   };
+  // The windows of start i appended to `time` (runs of one shape at a time: j .. run_end share
+  // (le, ld)); returns their count.
+  auto column = [&](std::size_t i, Coster& c, std::vector<double>& time, std::int32_t max_count) {
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    std::int32_t count = 0;
+    for (std::size_t j = i + 1; j <= n;) {
+      le = std::max(le, re[j - 1]);
+      ld = std::max(ld, rd[j - 1]);
+      const std::size_t run_end = shape_run_end(j, le, ld, max_count);
+      c.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+      const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
+      const std::int64_t got = c.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i), le,
+                                            ld, policy, &first_mode, time);
+      count += static_cast<std::int32_t>(got);
+      if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
+      j = run_end + 1;
+    }
+    return count;
+  };
+  constexpr std::size_t kMinParallel = 64;
+  if (second != nullptr && !pack && n >= kMinParallel) {
+    second->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
+    // Starts [0, front) are the front builder's, [back, n) the back one's; a builder claims the
+    // next start (with its followers: one column) under the lock until the two meet.
+    std::mutex lock;
+    std::size_t front = 0, back = n;
+    std::vector<double> back_time;  // the back builder's columns, in the order it built them
+    std::vector<std::int64_t> back_offset(n, -1);
+    std::int32_t front_max = 0, back_max = 0;
+    // Isolated: while this thread waits for the other builder it takes no outside task (one that
+    // might run another partition on this thread's cache).
+    oneapi::tbb::this_task_arena::isolate([&] {
+      oneapi::tbb::parallel_invoke(
+          [&] {
+            for (;;) {
+              std::size_t i = 0, e = 0;
+              {
+                std::lock_guard<std::mutex> g(lock);
+                if (front >= back) return;
+                i = front;
+                e = i + 1;
+                while (e < back && follower(e)) ++e;
+                front = e;
+              }
+              t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+              t.count[i] = column(i, coster, t.time_ms, front_max);
+              front_max = std::max(front_max, t.count[i]);
+            }
+          },
+          [&] {
+            for (;;) {
+              std::size_t i = 0;
+              {
+                std::lock_guard<std::mutex> g(lock);
+                if (front >= back) return;
+                i = back - 1;
+                while (i > front && follower(i)) --i;
+                if (follower(i)) return;  // its column's first start is the front builder's
+                back = i;
+              }
+              back_offset[i] = static_cast<std::int64_t>(back_time.size());
+              t.count[i] = column(i, *second, back_time, back_max);
+              back_max = std::max(back_max, t.count[i]);
+            }
+          });
+    });
+    // The back builder's columns after the front one's, in start order.
+    for (std::size_t i = back; i < n; ++i) {
+      if (back_offset[i] < 0) continue;
+      const auto* src = back_time.data() + back_offset[i];
+      t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+      t.time_ms.insert(t.time_ms.end(), src, src + t.count[i]);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (follower(i)) {
+        t.offset[i] = t.offset[i - 1];
+        t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
+        continue;
+      }
+      t.max_count = std::max(t.max_count, t.count[i]);
+      t.column_end.push_back(t.offset[i] + t.count[i]);
+    }
+    detail::finish_table(t);
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i) {
-    if (share && i > 0 && re[i] == re[i - 1]) {
+    if (follower(i)) {
       t.offset[i] = t.offset[i - 1];
       t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
       continue;
     }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
-    std::int64_t le = 0, ld = 0;  // the window's padded lengths
-    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     if (!pack) {
-      // Runs of windows of one shape at a time: j .. run_end share (le, ld).
-      for (std::size_t j = i + 1; j <= n;) {
-        le = std::max(le, re[j - 1]);
-        ld = std::max(ld, rd[j - 1]);
-        const std::size_t run_end = shape_run_end(j, le, ld);
-        coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
-        const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
-        const std::int64_t got = coster.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i),
-                                                   le, ld, policy, &first_mode, t.time_ms);
-        t.count[i] += static_cast<std::int32_t>(got);
-        if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
-        j = run_end + 1;
-      }
+      t.count[i] = column(i, coster, t.time_ms, t.max_count);
       t.max_count = std::max(t.max_count, t.count[i]);
       t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
       continue;
     }
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     std::int64_t pack_le = -1, pack_ld = -1;
     std::size_t run_end = 0;  // windows up to here keep the current shape
     for (std::size_t j = i + 1; j <= n; ++j) {
@@ -237,7 +346,7 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       ld = std::max(ld, rd[j - 1]);
       const auto m = static_cast<std::int64_t>(j - i);
       if (j > run_end) {  // a new shape: how far it lasts
-        run_end = shape_run_end(j, le, ld);
+        run_end = shape_run_end(j, le, ld, t.max_count);
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
       }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
@@ -278,12 +387,12 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
 
 // Same for DynaPipe's iteration-wide recompute mode: windows grow until the first infeasible one.
 WindowTable build_windows_fixed_rc(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
-                                   cm::Recompute rc, bool pack) {
+                                   cm::Recompute rc, bool pack, Coster* second) {
   RecomputePolicy p = rc == cm::Recompute::None        ? RecomputePolicy::None
                       : rc == cm::Recompute::Selective ? RecomputePolicy::Selective
                                                        : RecomputePolicy::Full;
   WindowTable t;
-  build_windows(w, order, coster, p, pack, t);
+  build_windows(w, order, coster, p, pack, t, second);
   return t;
 }
 
@@ -406,10 +515,10 @@ struct DynaPipeOutcome {
 };
 
 DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
-                            const PipelineShape& shape, cm::Recompute rc, double thin, bool pack) {
+                            const PipelineShape& shape, cm::Recompute rc, double thin, bool pack, Coster* second) {
   DynaPipeOutcome out;
   out.rc = rc;
-  out.table = build_windows_fixed_rc(w, order, coster, rc, pack);
+  out.table = build_windows_fixed_rc(w, order, coster, rc, pack, second);
   std::vector<double> cand(out.table.time_ms);
   std::sort(cand.begin(), cand.end());
   std::vector<double> taus;
@@ -602,6 +711,19 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   const CostBasis basis = resolve_basis(options);
   const double limit = resolve_limit(cost, shape);
   Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
+  // The second table builder (PartitionOptions::threads), made when first needed; a cache's second
+  // memo follows the first one's setting.
+  if (options.cache != nullptr && options.cache->memo(1).key != coster.setting()) options.cache->memo(1).clear();
+  const bool two_builders = options.threads >= 2 || (options.threads == 0 && available_threads() > 1);
+  std::unique_ptr<Coster> coster2;
+  auto second = [&]() -> Coster* {
+    if (!two_builders) return nullptr;
+    if (!coster2) {
+      coster2 = std::make_unique<Coster>(cost, shape, vstages, basis, limit,
+                                         options.cache ? &options.cache->memo(1) : nullptr);
+    }
+    return coster2.get();
+  };
 
   // Working lengths (truncation edits a copy).
   std::vector<std::uint32_t> in(lengths.input), tg(lengths.target);
@@ -693,7 +815,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
         std::int64_t evals = 0;
         for (const auto& order : orders) {
           WindowTable& t = coster.scratch().table;
-          build_windows(w, order, coster, options.recompute, options.pack_windows, t);
+          build_windows(w, order, coster, options.recompute, options.pack_windows, t, second());
           SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch(), best);
           evals += so.evaluations;
           if (!so.best.feasible || !(so.objective < best)) continue;
@@ -730,7 +852,8 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
       for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
         for (cm::Recompute rc : rcs) {
           if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budgets[bi], avail);
-          DynaPipeOutcome d = dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows);
+          DynaPipeOutcome d =
+              dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows, second());
           evals += d.evaluations;
           if (!d.best.feasible) continue;
           Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),

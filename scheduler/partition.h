@@ -53,6 +53,9 @@ enum class EncDecOrder {
   Sorted,  ///< (input, target) descending (DynaPipe with disable_tsp)
   Path,    ///< Sorted then 2-opt and Or-opt on the L1 path length over (input, target)
 };
+/// "auto", "sorted", "path".
+const char* enc_dec_order_name(EncDecOrder o);
+EncDecOrder enc_dec_order_from_name(const std::string& name);
 
 namespace detail {
 struct ShapeMemo;
@@ -71,11 +74,11 @@ class PartitionCache {
   PartitionCache& operator=(PartitionCache&&) noexcept;
   /// Shapes (rows, lengths) memoised so far.
   std::size_t shapes() const;
-  /// The memo (internal).
-  detail::ShapeMemo& memo() { return *memo_; }
+  /// The memo (internal); `part` 1 is the second table builder's (PartitionOptions::threads).
+  detail::ShapeMemo& memo(int part = 0) { return part == 0 ? *memo_ : *memo2_; }
 
  private:
-  std::unique_ptr<detail::ShapeMemo> memo_;
+  std::unique_ptr<detail::ShapeMemo> memo_, memo2_;
 };
 
 struct PartitionOptions {
@@ -92,6 +95,10 @@ struct PartitionOptions {
   double tau_tolerance = 0.0;         ///< dp: prune caps that cannot improve by more than this fraction (0: exact)
   double dynapipe_thin_ms = 5.0;      ///< dynapipe: MIN_TMAX_INTERVAL between kept caps
   PartitionCache* cache = nullptr;    ///< optional shape costs kept across calls (see PartitionCache)
+  /// dp / dynapipe: threads building the window table: 1 serial, 2 two (front and back halves,
+  /// each with its own shape memo), 0 two when the oneTBB arena allows more than one thread and
+  /// the batch has at least 64 samples. The result is the same bits whatever the setting.
+  int threads = 0;
 };
 
 /// Result of partitioning one global batch.

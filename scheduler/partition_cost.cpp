@@ -41,6 +41,13 @@ void relax(const double* t, std::size_t K, double lim, double fi, std::int64_t i
 ShapeMemo::ShapeMemo() : scratch(std::make_unique<Scratch>()) {}
 ShapeMemo::~ShapeMemo() = default;
 
+void ShapeMemo::clear() {
+  shapes.clear();
+  kind_rows.clear();
+  slots = 0;
+  key.clear();
+}
+
 std::size_t ShapeMemo::size() const {
   std::size_t n = 0;
   for (const auto& [k, v] : shapes) {
@@ -71,9 +78,7 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     }
     // Another setting, or the memo at its size bound: start afresh (results never depend on it).
     if (shared->key != key || shared->slots > shared->max_slots) {
-      shared->shapes.clear();
-      shared->kind_rows.clear();
-      shared->slots = 0;
+      shared->clear();
       shared->key = std::move(key);
     }
     memo_ = shared;

@@ -65,6 +65,8 @@ struct ShapeMemo {
   /// starts, so a long planning run keeps bounded memory.
   std::size_t max_slots = std::size_t{1} << 20;
   std::size_t size() const;
+  /// Forgets every shape and the setting (the working storage stays).
+  void clear();
 };
 
 /// Memoised costs of (rows, input length, decoder length) shapes. Not thread-safe (one per call).
@@ -87,6 +89,10 @@ class Coster {
     stored_limit_ = stored_limit_mb;
     peak_limit_ = peak_limit_mb;
   }
+  double dynapipe_stored_limit_mb() const { return stored_limit_; }
+  double dynapipe_peak_limit_mb() const { return peak_limit_; }
+  /// The memo's setting (cost model, pipeline shape, layouts, basis, limit).
+  const std::vector<std::uint64_t>& setting() const { return memo_->key; }
   /// Cost of the shape under `rc` (memoised).
   const RcCost& get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc);
   /// Whether a cost fits under the basis (DynaPipe: the limits set above).

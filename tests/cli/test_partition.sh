@@ -47,6 +47,26 @@ for m in "fixed --mbs 2" "tokens --tokens 4096" "packing --mbs 1" "dynapipe"; do
   "$BIN" partition "$T/gpt.txt" $SHAPE --method $m --json > "$T/m.json" || fail "method $m"
 done
 
+# Encoder-decoder order and table builders: --order sorted is DynaPipe's order (auto is never
+# worse); one or two table builders print the same bytes.
+for i in $(seq 1 150); do echo "$(( (i * 7919) % 900 + 1 )) $(( (i * 104729) % 300 + 1 ))"; done > "$T/t5big.txt"
+T5SHAPE="--model t5-11b --stages 4 --layers-per-stage 6 --memory-mb 36000"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --order sorted --json > "$T/sorted.json"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --order auto --threads 1 --json > "$T/auto1.json"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --order auto --threads 2 --json > "$T/auto2.json"
+cmp -s "$T/auto1.json" "$T/auto2.json" || fail "--threads 1 and 2 differ"
+$PY - "$T/sorted.json" "$T/auto1.json" "$T/t5big.txt" <<'PYEOF' || fail "order"
+import json, sys
+s, a = (json.load(open(p)) for p in sys.argv[1:3])
+lens = [tuple(map(int, l.split())) for l in open(sys.argv[3])]
+order = [x for mb in s["microbatches"] for x in mb["samples"]]
+assert [lens[x] for x in order] == sorted(lens, reverse=True), "sorted order is not (input, target) descending"
+assert a["objective_ms"] <= s["objective_ms"], (a["objective_ms"], s["objective_ms"])
+PYEOF
+if "$BIN" partition "$T/t5big.txt" $T5SHAPE --order tsp 2> "$T/err.txt"; then fail "bad order accepted"; fi
+grep -q "unknown encoder-decoder order 'tsp'" "$T/err.txt" || fail "order message: $(cat "$T/err.txt")"
+if "$BIN" partition "$T/gpt.txt" $SHAPE --threads -1 2> "$T/err.txt"; then fail "negative threads accepted"; fi
+
 # Sampled batch from the embedded demo manifest.
 "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --batch-index 1 $SHAPE --json > "$T/d.json"
 $PY -c "import json,sys; j=json.load(open('$T/d.json')); assert j['samples'] > 0 and len(j['microbatches']) > 0" || fail "manifest"

@@ -99,3 +99,21 @@ def test_partition_cache_keeps_shapes_and_never_changes_results():
     assert "shapes=" in repr(cache)
     with pytest.raises(TypeError):
         packpipe.partition(lengths(10, 1), gpt(), stages=2, layers_per_stage=8, cache=object())
+
+
+def test_order_and_threads():
+    x = lengths(150, 7, cap=1024)
+    y = lengths(150, 8, median=60, cap=512)
+    kw = dict(target_lengths=y, stages=4, layers_per_stage=6, memory_mb=36000)
+    sorted_ = packpipe.partition(x, t5(), order="sorted", **kw)
+    order = np.concatenate([mb["samples"] for mb in sorted_["microbatches"]])
+    pairs = list(zip(x[order].tolist(), y[order].tolist()))
+    assert pairs == sorted(pairs, reverse=True)
+    one = packpipe.partition(x, t5(), threads=1, **kw)
+    two = packpipe.partition(x, t5(), threads=2, **kw)
+    assert one["objective_ms"] == two["objective_ms"] <= sorted_["objective_ms"]
+    assert all(np.array_equal(a["samples"], b["samples"]) for a, b in zip(one["microbatches"], two["microbatches"]))
+    with pytest.raises(ValueError, match="unknown encoder-decoder order 'tsp'"):
+        packpipe.partition(x, t5(), order="tsp", **kw)
+    with pytest.raises(ValueError, match="threads must be non-negative"):
+        packpipe.partition(x, t5(), threads=-1, **kw)

@@ -673,3 +673,51 @@ TEST_CASE("micro-batch times and memory agree with the stage cost table on the p
   }
   CHECK(checked > 100);
 }
+
+TEST_CASE("two window-table builders give the same partition as one", "[regression]") {
+  // The parallel build lays the columns out as the serial one does; every figure must be the same
+  // bits, with and without a cache (whose second memo then holds the back builder's shapes).
+  std::mt19937_64 rng(29);
+  PartitionCache serial_cache, parallel_cache;
+  int compared = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const bool encdec = trial % 2 == 1;
+    const bool prof = trial % 4 >= 2;
+    const std::int64_t S = trial % 8 < 4 ? 4 : 8;
+    const BatchLengths b = random_batch(rng, 64 + static_cast<std::size_t>(rng() % 300), encdec, 2048);
+    const cm::CostModel& cost = prof ? profiled(encdec) : (encdec ? t5() : gpt());
+    const PipelineShape shape = encdec ? t5_shape(S) : gpt_shape(S);
+    const std::vector<VirtualStage> vs = virtual_stages(cost.model(), shape);
+    for (const PartitionMethod m : {PartitionMethod::DP, PartitionMethod::DynaPipe}) {
+      PartitionOptions one = opts(m);
+      one.oversize = OversizePolicy::Drop;
+      one.threads = 1;
+      PartitionOptions two = one;
+      two.threads = 2;
+      if (trial % 3 == 0) {
+        one.cache = &serial_cache;
+        two.cache = &parallel_cache;
+      }
+      const Partition p = partition(b, cost, shape, vs, one);
+      const Partition q = partition(b, cost, shape, vs, two);
+      INFO("trial " << trial << " method " << partition_method_name(m) << " samples " << b.size());
+      REQUIRE(p.microbatches.size() == q.microbatches.size());
+      for (std::size_t k = 0; k < p.microbatches.size(); ++k) {
+        CHECK(p.microbatches[k].samples == q.microbatches[k].samples);
+        CHECK(p.microbatches[k].time_ms == q.microbatches[k].time_ms);
+        CHECK(p.microbatches[k].stored_mb == q.microbatches[k].stored_mb);
+        CHECK(p.microbatches[k].recompute == q.microbatches[k].recompute);
+      }
+      CHECK(p.objective_ms == q.objective_ms);
+      CHECK(p.tau_evaluations == q.tau_evaluations);
+      CHECK(p.order == q.order);
+      ++compared;
+    }
+  }
+  CHECK(compared == 32);
+  CHECK(parallel_cache.memo(1).size() > 0);  // the back builder's shapes were kept
+  PartitionOptions bad = opts(PartitionMethod::DP);
+  bad.threads = -1;
+  REQUIRE_THROWS_WITH(partition(random_batch(rng, 8, false), gpt(), gpt_shape(), bad),
+                      Catch::Matchers::Contains("threads must be non-negative"));
+}

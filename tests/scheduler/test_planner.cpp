@@ -209,6 +209,7 @@ TEST_CASE("a partition cache past its size bound starts afresh and still changes
     const BatchLengths b = random_batch(rng, 120, false);
     const std::size_t slots_before = cache.memo().slots;
     PartitionOptions o;
+    o.threads = 1;  // one table builder: every shape goes to the first memo, the one bounded here
     o.cache = &cache;
     const Partition with = partition(b, gpt, s, vs, o);
     PartitionCache fresh;
