@@ -714,7 +714,14 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   // The second table builder (PartitionOptions::threads), made when first needed; a cache's second
   // memo follows the first one's setting.
   if (options.cache != nullptr && options.cache->memo(1).key != coster.setting()) options.cache->memo(1).clear();
-  const bool two_builders = options.threads >= 2 || (options.threads == 0 && available_threads() > 1);
+  // Automatic: two builders when the arena has a second thread and the work is mostly new rows
+  // (a cold call; a warm cache's call is mostly look-ups, which a second builder only slows).
+  constexpr double kNewShare = 0.1;
+  const bool two_builders =
+      options.threads >= 2 ||
+      (options.threads == 0 && available_threads() > 1 &&
+       (options.cache == nullptr || options.cache->memo().last_new_share >= kNewShare));
+  std::size_t windows_built = 0;  // window values of every table built (for last_new_share)
   std::unique_ptr<Coster> coster2;
   auto second = [&]() -> Coster* {
     if (!two_builders) return nullptr;
@@ -816,6 +823,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
         for (const auto& order : orders) {
           WindowTable& t = coster.scratch().table;
           build_windows(w, order, coster, options.recompute, options.pack_windows, t, second());
+          windows_built += t.time_ms.size();
           SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch(), best);
           evals += so.evaluations;
           if (!so.best.feasible || !(so.objective < best)) continue;
@@ -855,6 +863,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
           DynaPipeOutcome d =
               dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows, second());
           evals += d.evaluations;
+          windows_built += d.table.time_ms.size();
           if (!d.best.feasible) continue;
           Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),
                                  options.recompute, static_cast<int>(rc), true);
@@ -917,6 +926,10 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
       result.order = ids;
       break;
     }
+  }
+  if (options.cache != nullptr && windows_built > 0) {
+    const auto rows = coster.rows_evaluated() + (coster2 ? coster2->rows_evaluated() : 0);
+    options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(windows_built);
   }
   result.truncated = std::move(truncated);
   result.dropped = std::move(dropped);

@@ -95,9 +95,12 @@ struct PartitionOptions {
   double tau_tolerance = 0.0;         ///< dp: prune caps that cannot improve by more than this fraction (0: exact)
   double dynapipe_thin_ms = 5.0;      ///< dynapipe: MIN_TMAX_INTERVAL between kept caps
   PartitionCache* cache = nullptr;    ///< optional shape costs kept across calls (see PartitionCache)
-  /// dp / dynapipe: threads building the window table: 1 serial, 2 two (front and back halves,
-  /// each with its own shape memo), 0 two when the oneTBB arena allows more than one thread and
-  /// the batch has at least 64 samples. The result is the same bits whatever the setting.
+  /// dp / dynapipe: threads building the window table: 1 serial, 2 two (from the front and the
+  /// back, each with its own shape memo; batches of 64 samples or more), 0 automatic: two when
+  /// the oneTBB arena allows more than one thread and the call is mostly new work (no cache, or
+  /// the cache's last call evaluated at least one row per ten windows; a warm cache's call is
+  /// mostly look-ups, which a second builder slows). The result is the same bits whatever the
+  /// setting.
   int threads = 0;
 };
 

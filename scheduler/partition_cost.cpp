@@ -45,6 +45,7 @@ void ShapeMemo::clear() {
   shapes.clear();
   kind_rows.clear();
   slots = 0;
+  last_new_share = 1.0;
   key.clear();
 }
 
@@ -194,6 +195,7 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
 
 void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, std::int64_t ld, cm::Recompute rc,
                        RcCost* out) {
+  evaluated_ += count;
   // Every distinct (kind, layers) query over the rows at once, then each row composed.
   const auto nk = kinds_.size();
   const auto cnt = static_cast<std::size_t>(count);

@@ -61,6 +61,10 @@ struct ShapeMemo {
   std::unordered_map<std::uint64_t, KindRows> kind_rows;
   std::unique_ptr<Scratch> scratch;
   std::size_t slots = 0;  ///< row slots allocated over all shapes
+  /// Rows the last call evaluated per window it built (1 before any): how much of a call's work
+  /// is new rows rather than look-ups, which decides whether two table builders pay
+  /// (PartitionOptions::threads 0).
+  double last_new_share = 1.0;
   /// Bound on `slots` (default about 100 MB): a memo past it is cleared when the next call
   /// starts, so a long planning run keeps bounded memory.
   std::size_t max_slots = std::size_t{1} << 20;
@@ -119,6 +123,8 @@ class Coster {
   void set_rows_hint(std::int64_t max_rows) { rows_hint_ = max_rows; }
   /// Working storage of the DP methods (the memo's: kept across calls when shared).
   Scratch& scratch() { return *memo_->scratch; }
+  /// Rows (shape and recompute mode) evaluated so far by this coster.
+  std::int64_t rows_evaluated() const { return evaluated_; }
 
  private:
   // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).
@@ -185,6 +191,7 @@ class Coster {
   std::array<RecentKind, std::size_t{1} << kRecentBits> recent_kinds_{};
   std::vector<const cm::LayerCost*> kind_ptrs_;  // per row of a block and shared kind
   std::int64_t rows_hint_ = 1;
+  std::int64_t evaluated_ = 0;
   mutable std::vector<cm::LayerCost> scratch_;
   std::vector<cm::LayerCost> block_rows_;  // a shared kind's missing rows, as queried
   std::vector<RcCost> block_;

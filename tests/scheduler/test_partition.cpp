@@ -716,6 +716,20 @@ TEST_CASE("two window-table builders give the same partition as one", "[regressi
   }
   CHECK(compared == 32);
   CHECK(parallel_cache.memo(1).size() > 0);  // the back builder's shapes were kept
+  // The share of new rows that decides the automatic setting: a cold call evaluates about a row
+  // per window, a repeat with a warm cache none.
+  {
+    PartitionCache c;
+    PartitionOptions o = opts(PartitionMethod::DP);
+    o.threads = 1;
+    o.cache = &c;
+    const BatchLengths b = random_batch(rng, 200, false);
+    CHECK(c.memo().last_new_share == 1.0);
+    partition(b, gpt(), gpt_shape(), o);
+    CHECK(c.memo().last_new_share > 0.5);
+    partition(b, gpt(), gpt_shape(), o);
+    CHECK(c.memo().last_new_share == 0.0);
+  }
   PartitionOptions bad = opts(PartitionMethod::DP);
   bad.threads = -1;
   REQUIRE_THROWS_WITH(partition(random_batch(rng, 8, false), gpt(), gpt_shape(), bad),
