@@ -591,8 +591,12 @@ std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector
 
 // Padded shapes, recompute, costs and figures of given micro-batches. `forced_rc` >= 0 pins the
 // recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
+// `other` (optional): the second table builder's coster; a shape only it has costed is read there.
 Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, std::vector<MicroBatch> mbs,
-                   RecomputePolicy policy, int forced_rc, bool require_fit) {
+                   RecomputePolicy policy, int forced_rc, bool require_fit, Coster* other = nullptr) {
+  if (other != nullptr) {
+    other->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
+  }
   Partition p;
   p.basis = coster.basis();
   p.memory_limit_mb = coster.limit_mb();
@@ -634,17 +638,21 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
     mb.padded_len = w.le_of(max_in);
     mb.padded_dec_len = w.ld_of(max_tg);
     mb.tokens = in_tok + tg_tok;
+    Coster& cc = other != nullptr && !coster.has(mb.rows(), mb.padded_len, mb.padded_dec_len) &&
+                         other->has(mb.rows(), mb.padded_len, mb.padded_dec_len)
+                     ? *other
+                     : coster;
     Choice c;
     if (forced_rc >= 0) {
       const auto rc = static_cast<cm::Recompute>(forced_rc);
-      const detail::RcCost& rcst = coster.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
+      const detail::RcCost& rcst = cc.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
       c.time_ms = rcst.time_ms;
       c.stored_mb = rcst.stored_mb;
       c.peak_mb = rcst.peak_mb;
       c.rc = rc;
-      c.fits = coster.fits(rcst);
+      c.fits = cc.fits(rcst);
     } else {
-      c = coster.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
+      c = cc.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
     }
     if (require_fit) {
       PACKPIPE_CHECK_ARG(c.fits,
@@ -747,8 +755,27 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   std::vector<std::uint32_t> ids;
   std::vector<std::uint32_t> truncated, dropped;
   ids.reserve(in.size());
+  // Each sample's check, by the two table builders' costers when there are two (halves of the
+  // samples; the first one that does not fit is then reported in sample order all the same).
+  std::vector<char> alone(in.size(), 0);
+  auto check_alone = [&](Coster& c, std::size_t a, std::size_t b) {
+    for (std::size_t s = a; s < b; ++s) {
+      alone[s] = allowed_fits_alone(c, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0), options.recompute) ? 1 : 0;
+    }
+  };
+  constexpr std::size_t kMinParallelCheck = 64;
+  const bool dp_method = options.method == PartitionMethod::DP || options.method == PartitionMethod::DynaPipe;
+  if (dp_method && two_builders && in.size() >= kMinParallelCheck) {
+    Coster& other = *second();
+    oneapi::tbb::this_task_arena::isolate([&] {
+      oneapi::tbb::parallel_invoke([&] { check_alone(coster, 0, in.size() / 2); },
+                                   [&] { check_alone(other, in.size() / 2, in.size()); });
+    });
+  } else {
+    check_alone(coster, 0, in.size());
+  }
   for (std::uint32_t s = 0; s < in.size(); ++s) {
-    if (allowed_fits_alone(coster, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0), options.recompute)) {
+    if (alone[s] != 0) {
       ids.push_back(s);
       continue;
     }
@@ -829,7 +856,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
           if (!so.best.feasible || !(so.objective < best)) continue;
           best = so.objective;
           Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, t, so.best.cuts),
-                                 options.recompute, -1, true);
+                                 options.recompute, -1, true, coster2.get());
           p.order = order;
           p.objective_ms = so.objective;
           result = std::move(p);
@@ -866,7 +893,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
           windows_built += d.table.time_ms.size();
           if (!d.best.feasible) continue;
           Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),
-                                 options.recompute, static_cast<int>(rc), true);
+                                 options.recompute, static_cast<int>(rc), true, coster2.get());
           p.order = order;
           p.objective_ms = d.objective;
           p.tau_ms = d.tau;

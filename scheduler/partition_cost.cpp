@@ -394,6 +394,12 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
   return out;
 }
 
+bool Coster::has(std::int64_t rows, std::int64_t le, std::int64_t ld) const {
+  const auto it = memo_->shapes.find((static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld));
+  return it != memo_->shapes.end() && it->second.size() > static_cast<std::size_t>(rows) &&
+         it->second[static_cast<std::size_t>(rows)].have != 0;
+}
+
 const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc) {
   const std::uint64_t key = (static_cast<std::uint64_t>(le) << 32) | static_cast<std::uint64_t>(ld);
   if (key != last_key_ || last_row_ == nullptr) {  // windows of one start mostly share (le, ld)

@@ -97,6 +97,8 @@ class Coster {
   double dynapipe_peak_limit_mb() const { return peak_limit_; }
   /// The memo's setting (cost model, pipeline shape, layouts, basis, limit).
   const std::vector<std::uint64_t>& setting() const { return memo_->key; }
+  /// Whether the shape's costs under some recompute mode are memoised already.
+  bool has(std::int64_t rows, std::int64_t le, std::int64_t ld) const;
   /// Cost of the shape under `rc` (memoised).
   const RcCost& get(std::int64_t rows, std::int64_t le, std::int64_t ld, cm::Recompute rc);
   /// Whether a cost fits under the basis (DynaPipe: the limits set above).
