@@ -198,11 +198,109 @@ struct RowPacker {
   std::size_t rows() const { return used_e.size(); }
 };
 
+// What building a column reads (read-only, shared by the builders): the padded lengths by
+// position, the batch size, whether starts share columns, the recompute policy.
+struct ColumnCtx {
+  const std::int64_t* re;
+  const std::int64_t* rd;
+  std::size_t n;
+  bool share;
+  RecomputePolicy policy;
+  // A start that reuses the column of the start before it.
+  bool follower(std::size_t i) const { return share && i > 0 && re[i] == re[i - 1]; }
+  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead, from the
+  // longest column built so far; a hint for the coster's batched queries).
+  std::size_t shape_run_end(std::size_t j, std::int64_t le, std::int64_t ld, std::int32_t max_count) const {
+    std::size_t e = share ? n : j;
+    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(max_count)));
+    while (e < look && re[e] <= le && rd[e] <= ld) ++e;
+    return e;
+  }
+  // The windows of start i appended to `time` (runs of one shape at a time: j .. run_end share
+  // (le, ld)); returns their count.
+  std::int32_t column(std::size_t i, Coster& c, std::vector<double>& time, std::int32_t max_count) const {
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    std::int32_t count = 0;
+    for (std::size_t j = i + 1; j <= n;) {
+      le = std::max(le, re[j - 1]);
+      ld = std::max(ld, rd[j - 1]);
+      const std::size_t run_end = shape_run_end(j, le, ld, max_count);
+      c.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+      const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
+      const std::int64_t got = c.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i), le,
+                                            ld, policy, &first_mode, time);
+      count += static_cast<std::int32_t>(got);
+      if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
+      j = run_end + 1;
+    }
+    return count;
+  }
+};
+
+// The columns of every start (not packed) by two builders: one claims starts from the front, the
+// other from the back (a start with its followers is one claim), under a lock, until they meet;
+// each has its own coster. The back builder's columns are then copied after the front one's in
+// start order, the layout of a serial build: a window's cost does not depend on which coster or
+// batch of rows computed it, so the table is the same bits. Fills count, offset, time_ms (the
+// followers' entries are left to the caller). Out of line, so that the serial build's locals do
+// not escape into the tasks.
+[[gnu::noinline]] void build_columns_two(const ColumnCtx x, Coster& front_coster, Coster& back_coster, WindowTable& t) {
+  const std::size_t n = x.n;
+  back_coster.set_dynapipe_limits(front_coster.dynapipe_stored_limit_mb(), front_coster.dynapipe_peak_limit_mb());
+  std::mutex lock;
+  std::size_t front = 0, back = n;  // starts [0, front) are the front builder's, [back, n) the back one's
+  std::vector<double> back_time;    // the back builder's columns, in the order it built them
+  std::vector<std::int64_t> back_offset(n, -1);
+  std::int32_t front_max = 0, back_max = 0;
+  // Isolated: while this thread waits for the other builder it takes no outside task (one that
+  // might run another partition on this thread's cache).
+  oneapi::tbb::this_task_arena::isolate([&] {
+    oneapi::tbb::parallel_invoke(
+        [&] {
+          for (;;) {
+            std::size_t i = 0;
+            {
+              std::lock_guard<std::mutex> g(lock);
+              if (front >= back) return;
+              i = front;
+              std::size_t e = i + 1;
+              while (e < back && x.follower(e)) ++e;
+              front = e;
+            }
+            t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+            t.count[i] = x.column(i, front_coster, t.time_ms, front_max);
+            front_max = std::max(front_max, t.count[i]);
+          }
+        },
+        [&] {
+          for (;;) {
+            std::size_t i = 0;
+            {
+              std::lock_guard<std::mutex> g(lock);
+              if (front >= back) return;
+              i = back - 1;
+              while (i > front && x.follower(i)) --i;
+              if (x.follower(i)) return;  // its column's first start is the front builder's
+              back = i;
+            }
+            back_offset[i] = static_cast<std::int64_t>(back_time.size());
+            t.count[i] = x.column(i, back_coster, back_time, back_max);
+            back_max = std::max(back_max, t.count[i]);
+          }
+        });
+  });
+  for (std::size_t i = back; i < n; ++i) {
+    if (back_offset[i] < 0) continue;
+    const auto* src = back_time.data() + back_offset[i];
+    t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+    t.time_ms.insert(t.time_ms.end(), src, src + t.count[i]);
+  }
+}
+
 // Fills `t` (its storage reused) with the feasible windows of `order`. `second` (optional, not
-// with packing): a coster of the same setting with its own memo; the starts are then built by two
-// threads, one from the front and one from the back until they meet, and the columns are laid out
-// in start order as a serial build lays them out (a window's cost does not depend on which coster
-// or batch of rows computed it), so the table is the same bits.
+// with packing): a coster of the same setting with its own memo; batches of 64 samples or more
+// are then built by two threads (build_columns_two).
 void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster, RecomputePolicy policy,
                    bool pack, WindowTable& t, Coster* second = nullptr) {
   const std::size_t n = order.size();
@@ -227,92 +325,12 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
   // first sample), so starts with the same padded length share the first one's column.
   bool share = !w.encdec() && !pack;
   for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
-  // A start that reuses the column of the start before it.
-  auto follower = [&](std::size_t i) { return share && i > 0 && re[i] == re[i - 1]; };
-  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead, from the
-  // longest column built so far; a hint for the coster's batched queries).
-  auto shape_run_end = [&](std::size_t j, std::int64_t le, std::int64_t ld, std::int32_t max_count) {
-    std::size_t e = share ? n : j;
-    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(max_count)));
-    while (e < look && re[e] <= le && rd[e] <= ld) ++e;
-    return e;
-  };
-  // The windows of start i appended to `time` (runs of one shape at a time: j .. run_end share
-  // (le, ld)); returns their count.
-  auto column = [&](std::size_t i, Coster& c, std::vector<double>& time, std::int32_t max_count) {
-    std::int64_t le = 0, ld = 0;  // the window's padded lengths
-    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
-    std::int32_t count = 0;
-    for (std::size_t j = i + 1; j <= n;) {
-      le = std::max(le, re[j - 1]);
-      ld = std::max(ld, rd[j - 1]);
-      const std::size_t run_end = shape_run_end(j, le, ld, max_count);
-      c.set_rows_hint(static_cast<std::int64_t>(run_end - i));
-      const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
-      const std::int64_t got = c.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i), le,
-                                            ld, policy, &first_mode, time);
-      count += static_cast<std::int32_t>(got);
-      if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
-      j = run_end + 1;
-    }
-    return count;
-  };
+  const ColumnCtx x{re.data(), rd.data(), n, share, policy};
   constexpr std::size_t kMinParallel = 64;
   if (second != nullptr && !pack && n >= kMinParallel) {
-    second->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
-    // Starts [0, front) are the front builder's, [back, n) the back one's; a builder claims the
-    // next start (with its followers: one column) under the lock until the two meet.
-    std::mutex lock;
-    std::size_t front = 0, back = n;
-    std::vector<double> back_time;  // the back builder's columns, in the order it built them
-    std::vector<std::int64_t> back_offset(n, -1);
-    std::int32_t front_max = 0, back_max = 0;
-    // Isolated: while this thread waits for the other builder it takes no outside task (one that
-    // might run another partition on this thread's cache).
-    oneapi::tbb::this_task_arena::isolate([&] {
-      oneapi::tbb::parallel_invoke(
-          [&] {
-            for (;;) {
-              std::size_t i = 0, e = 0;
-              {
-                std::lock_guard<std::mutex> g(lock);
-                if (front >= back) return;
-                i = front;
-                e = i + 1;
-                while (e < back && follower(e)) ++e;
-                front = e;
-              }
-              t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
-              t.count[i] = column(i, coster, t.time_ms, front_max);
-              front_max = std::max(front_max, t.count[i]);
-            }
-          },
-          [&] {
-            for (;;) {
-              std::size_t i = 0;
-              {
-                std::lock_guard<std::mutex> g(lock);
-                if (front >= back) return;
-                i = back - 1;
-                while (i > front && follower(i)) --i;
-                if (follower(i)) return;  // its column's first start is the front builder's
-                back = i;
-              }
-              back_offset[i] = static_cast<std::int64_t>(back_time.size());
-              t.count[i] = column(i, *second, back_time, back_max);
-              back_max = std::max(back_max, t.count[i]);
-            }
-          });
-    });
-    // The back builder's columns after the front one's, in start order.
-    for (std::size_t i = back; i < n; ++i) {
-      if (back_offset[i] < 0) continue;
-      const auto* src = back_time.data() + back_offset[i];
-      t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
-      t.time_ms.insert(t.time_ms.end(), src, src + t.count[i]);
-    }
+    build_columns_two(x, coster, *second, t);
     for (std::size_t i = 0; i < n; ++i) {
-      if (follower(i)) {
+      if (x.follower(i)) {
         t.offset[i] = t.offset[i - 1];
         t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
         continue;
@@ -324,14 +342,14 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
-    if (follower(i)) {
+    if (x.follower(i)) {
       t.offset[i] = t.offset[i - 1];
       t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
       continue;
     }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
     if (!pack) {
-      t.count[i] = column(i, coster, t.time_ms, t.max_count);
+      t.count[i] = x.column(i, coster, t.time_ms, t.max_count);
       t.max_count = std::max(t.max_count, t.count[i]);
       t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
       continue;
@@ -346,7 +364,7 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
       ld = std::max(ld, rd[j - 1]);
       const auto m = static_cast<std::int64_t>(j - i);
       if (j > run_end) {  // a new shape: how far it lasts
-        run_end = shape_run_end(j, le, ld, t.max_count);
+        run_end = x.shape_run_end(j, le, ld, t.max_count);
         coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
       }
       Choice c = coster.choose(m, le, ld, policy, &first_mode);
