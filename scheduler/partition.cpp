@@ -326,9 +326,19 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
   bool share = !w.encdec() && !pack;
   for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
   const ColumnCtx x{re.data(), rd.data(), n, share, policy};
-  constexpr std::size_t kMinParallel = 64;
-  if (second != nullptr && !pack && n >= kMinParallel) {
-    build_columns_two(x, coster, *second, t);
+  if (!pack) {
+    // Every column (by one or two builders), then the followers point into their first start's.
+    constexpr std::size_t kMinParallel = 64;
+    if (second != nullptr && n >= kMinParallel) {
+      build_columns_two(x, coster, *second, t);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (x.follower(i)) continue;
+        t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+        t.count[i] = x.column(i, coster, t.time_ms, t.max_count);
+        t.max_count = std::max(t.max_count, t.count[i]);
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (x.follower(i)) {
         t.offset[i] = t.offset[i - 1];
@@ -342,18 +352,7 @@ void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coste
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
-    if (x.follower(i)) {
-      t.offset[i] = t.offset[i - 1];
-      t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
-      continue;
-    }
     t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
-    if (!pack) {
-      t.count[i] = x.column(i, coster, t.time_ms, t.max_count);
-      t.max_count = std::max(t.max_count, t.count[i]);
-      t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
-      continue;
-    }
     std::int64_t le = 0, ld = 0;  // the window's padded lengths
     int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
     std::int64_t pack_le = -1, pack_ld = -1;
