@@ -1,11 +1,44 @@
 // packpipe command-line entry point: registers the subcommands and maps errors to exit codes.
+#include <cctype>
 #include <cstdio>
+#include <string>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "common/config.h"
+
+namespace {
+
+// Every numeric option of every subcommand, by its declared type: an unsigned option refuses a
+// negative value (CLI11 would otherwise wrap -1 to 2^64-1) and every number refuses NaN and
+// infinities. Per-option ranges are checked where each option is declared.
+void check_numeric_options(CLI::App& app) {
+  static const CLI::Validator non_negative(
+      [](std::string& v) -> std::string {
+        const auto p = v.find_first_not_of(" \t");
+        return p != std::string::npos && v[p] == '-' ? "expected a value >= 0, found " + v : std::string();
+      },
+      "NON-NEGATIVE");
+  static const CLI::Validator finite(
+      [](std::string& v) -> std::string {
+        std::string l;
+        for (char c : v) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return l.find("nan") != std::string::npos || l.find("inf") != std::string::npos
+                   ? "expected a finite number, found " + v
+                   : std::string();
+      },
+      "FINITE");
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string t = opt->get_type_name();
+    if (t == "UINT") opt->check(non_negative);
+    if (t == "FLOAT" || t == "INT" || t == "UINT") opt->check(finite);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) check_numeric_options(*sub);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"packpipe: dynamic micro-batching and pipeline planning for multi-task training"};
@@ -17,6 +50,7 @@ int main(int argc, char** argv) {
   packpipe::cli::register_partition_commands(app);
   packpipe::cli::register_schedule_commands(app);
   packpipe::cli::register_plan_commands(app);
+  check_numeric_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

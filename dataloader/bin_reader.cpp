@@ -18,7 +18,7 @@ class PlainBinReader final : public BinReader {
     PACKPIPE_CHECK_RANGE(offset <= file_.size() && n <= file_.size() - offset,
                          "{}: read of {} bytes at offset {} is past the end ({} bytes)", file_.path(),
                          n, offset, file_.size());
-    if (n > 0) std::memcpy(out, file_.data() + offset, n);
+    file_.read(offset, n, out);  // bounds-checked; a truncated file is an Error, not SIGBUS
   }
   const std::uint8_t* data() const override { return file_.data(); }
   const std::string& path() const override { return file_.path(); }

@@ -40,7 +40,7 @@ TEST_CASE("MappedFile maps, and names the path on failure", "[interface][negativ
   REQUIRE(e.data() == nullptr);
   REQUIRE_THROWS_WITH(packpipe::MappedFile(dir.file("missing")),
                       Catch::Matchers::Contains("missing") && Catch::Matchers::Contains("No such file"));
-  REQUIRE_THROWS_WITH(packpipe::MappedFile(dir.path()), Catch::Matchers::Contains("not a regular file"));
+  REQUIRE_THROWS_WITH(packpipe::MappedFile(dir.path()), Catch::Matchers::Contains("expected a regular file"));
 }
 
 TEST_CASE("device_count is zero without CUDA", "[interface]") {
