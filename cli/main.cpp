@@ -20,7 +20,7 @@ void check_numeric_options(CLI::App& app) {
         const auto p = v.find_first_not_of(" \t");
         return p != std::string::npos && v[p] == '-' ? "expected a value >= 0, found " + v : std::string();
       },
-      "NON-NEGATIVE");
+      "", "non-negative");
   static const CLI::Validator finite(
       [](std::string& v) -> std::string {
         std::string l;
@@ -29,7 +29,7 @@ void check_numeric_options(CLI::App& app) {
                    ? "expected a finite number, found " + v
                    : std::string();
       },
-      "FINITE");
+      "", "finite");
   for (CLI::Option* opt : app.get_options()) {
     const std::string t = opt->get_type_name();
     if (t == "UINT") opt->check(non_negative);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every numeric option of every subcommand: a negative value for an unsigned option and NaN/inf
+# for any number are refused with a message naming the option (no wrap-around, no crash).
+set -uo pipefail
+CLI=$1
+fail=0
+# Subcommand paths: top-level ones and their nested subcommands, read from --help.
+subs() {
+  "$CLI" --help | awk '/^Subcommands:/{s=1;next} s&&NF{print $1}'
+}
+paths=()
+for s in $(subs); do
+  paths+=("$s")
+  for t in $("$CLI" "$s" --help | awk '/^Subcommands:/{s=1;next} s&&NF{print $1}'); do paths+=("$s $t"); done
+done
+((${#paths[@]} >= 10)) || { echo "FAIL: found only ${#paths[@]} subcommands"; exit 1; }
+checked=0
+for p in "${paths[@]}"; do
+  # shellcheck disable=SC2086
+  help=$("$CLI" $p --help)
+  while read -r opt type; do
+    for bad in -1 nan inf; do
+      [[ $type != UINT* && $bad == -1 ]] && continue
+      # shellcheck disable=SC2086
+      out=$("$CLI" $p "$opt" "$bad" 2>&1)
+      rc=$?
+      if ((rc == 0 || rc >= 128)) || ! grep -q -- "${opt}" <<<"$out"; then
+        echo "FAIL: packpipe $p $opt $bad: rc $rc: $out"
+        fail=1
+      fi
+      checked=$((checked + 1))
+    done
+  done < <(grep -oE -- '--[a-z0-9-]+ (UINT|INT|FLOAT)' <<<"$help")
+done
+((checked >= 40)) || { echo "FAIL: only $checked option checks ran"; exit 1; }
+echo "checked $checked option values over ${#paths[@]} subcommands"
+exit $fail
