@@ -177,7 +177,9 @@ TEST_CASE("an unguarded access to a truncated mapping names the file before the 
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  // It ends by a signal: SIGBUS by default, or whatever the handler installed before packpipe's
+  // makes of it (Catch2's own reports and re-raises; under ASan it aborts).
   REQUIRE(WIFSIGNALED(status));
-  REQUIRE(WTERMSIG(status) == SIGBUS);
+  REQUIRE((WTERMSIG(status) == SIGBUS || WTERMSIG(status) == SIGABRT));
   REQUIRE_THAT(err, Contains("victim.idx") && Contains("truncated or overwritten"));
 }
