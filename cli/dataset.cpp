@@ -8,11 +8,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
+#include "common/file_io.h"
+#include "common/json.h"
 #include "common/mapped_file.h"
 #include "dataloader/indexed_dataset.h"
 #include "dataloader/manifest.h"
@@ -239,6 +243,11 @@ std::vector<std::int64_t> ids_of(const Json& rec, const char* key, const std::st
   for (std::size_t k = 0; k < a.size(); ++k) {
     PACKPIPE_CHECK_ARG(a[k].is_number_integer(), "{}:{}: {}[{}] must be an integer token id, found {}", file,
                        line, key, k, a[k].dump());
+    PACKPIPE_CHECK_ARG(!a[k].is_number_unsigned() ||
+                           a[k].get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX),
+                       "{}:{}: {}[{}]: token id {} is too large (token ids are below 2^63, and must fit "
+                       "the dataset's dtype)",
+                       file, line, key, k, a[k].dump());
     ids.push_back(a[k].get<std::int64_t>());
   }
   return ids;
@@ -247,6 +256,7 @@ std::vector<std::int64_t> ids_of(const Json& rec, const char* key, const std::st
 /// Reads the JSON lines once, calling f(line_number, record) for each non-empty line.
 template <typename F>
 void for_each_record(const std::string& path, F&& f) {
+  ::close(open_regular_file(path, "JSON lines file"));  // a FIFO or directory is refused, not waited on
   std::ifstream in(path);
   PACKPIPE_CHECK(in.good(), "cannot open '{}'", path);
   const std::uint64_t total = file_size(path);
@@ -259,9 +269,9 @@ void for_each_record(const std::string& path, F&& f) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     Json rec;
     try {
-      rec = Json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      PACKPIPE_THROW(InvalidArgument, "{}:{}: not valid JSON: {}", path, lineno, e.what());
+      rec = parse_ordered_json(line, fmt::format("{}:{}", path, lineno));
+    } catch (const Error& e) {
+      PACKPIPE_THROW(InvalidArgument, "{}", e.what());
     }
     PACKPIPE_CHECK_ARG(rec.is_object(), "{}:{}: expected a JSON object, found {}", path, lineno, rec.type_name());
     PACKPIPE_CHECK_ARG(rec.contains("input_ids"), "{}:{}: missing 'input_ids'", path, lineno);
@@ -270,8 +280,19 @@ void for_each_record(const std::string& path, F&& f) {
   }
 }
 
-std::string sanitize_task_name(const std::string& task, const std::string& file, std::uint64_t line) {
-  PACKPIPE_CHECK_ARG(!task.empty(), "{}:{}: empty task name", file, line);
+/// The record's task name ("default" without one); refuses a non-string or empty name at its line.
+std::string task_of(const Json& rec, const std::string& file, std::uint64_t line) {
+  if (!rec.contains("task")) return "default";
+  const Json& t = rec.at("task");
+  PACKPIPE_CHECK_ARG(t.is_string(), "{}:{}: 'task' must be a string (a task name), found {} {}", file, line,
+                     t.type_name(), t.dump());
+  const std::string& task = t.get_ref<const std::string&>();
+  PACKPIPE_CHECK_ARG(!task.empty(), "{}:{}: empty task name; give every record a non-empty 'task' or none",
+                     file, line);
+  return task;
+}
+
+std::string sanitize_task_name(const std::string& task) {
   std::string out;
   for (char c : task) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
   return out;
@@ -284,14 +305,16 @@ Json run_build(const BuildOptions& o) {
   std::int64_t max_id = 0;
   std::uint64_t records = 0;
   std::map<std::string, bool> task_paired;
+  std::map<std::string, std::uint64_t> task_line;  // first record of each task
   std::vector<std::string> task_order;
   for_each_record(o.input, [&](std::uint64_t line, const Json& rec) {
-    const std::string task = rec.contains("task") ? rec.at("task").get<std::string>() : std::string("default");
+    const std::string task = task_of(rec, o.input, line);
     const bool paired = rec.contains("target_ids");
     auto it = task_paired.find(task);
     if (it == task_paired.end()) {
       task_paired.emplace(task, paired);
       task_order.push_back(task);
+      task_line[task] = line;
     } else {
       PACKPIPE_CHECK_ARG(it->second == paired,
                          "{}:{}: task '{}' mixes records with and without 'target_ids' (first record {})", o.input,
@@ -315,14 +338,26 @@ Json run_build(const BuildOptions& o) {
                      "{} holds {} tasks; pass --split-by-task to write one dataset per task", o.input,
                      task_order.size());
 
-  // Output layout.
+  // Output layout: every output name is checked before anything is written, so two tasks whose
+  // names sanitise alike (a/b, a_b) or an output that is the input fail with nothing left behind.
+  std::map<std::string, std::string> task_of_base;
+  for (const auto& task : task_order) {
+    if (!o.split_by_task) break;
+    const std::string s = sanitize_task_name(task);
+    auto [it, fresh] = task_of_base.emplace(s, task);
+    PACKPIPE_CHECK_ARG(fresh,
+                       "{}: tasks '{}' (line {}) and '{}' (line {}) both become the output prefix '{}_{}' "
+                       "(characters other than letters, digits, '-' and '_' become '_'); rename one of them",
+                       o.input, it->second, task_line[it->second], task, task_line[task], o.output_prefix, s);
+  }
+  std::vector<std::string> inputs{o.input};
+  if (!o.manifest.empty()) check_output_is_not_input(o.manifest, inputs, "--manifest");
   std::map<std::string, TaskWriter> writers;
   for (const auto& task : task_order) {
     TaskWriter w;
     w.name = task;
     w.paired = task_paired[task];
-    const std::string base = o.split_by_task ? o.output_prefix + "_" + sanitize_task_name(task, o.input, 0)
-                                             : o.output_prefix;
+    const std::string base = o.split_by_task ? o.output_prefix + "_" + sanitize_task_name(task) : o.output_prefix;
     if (w.paired && o.paired_layout == "prefixes") {
       w.prefixes = {base + "_inputs_document", base + "_targets_document"};
     } else {
@@ -330,6 +365,12 @@ Json run_build(const BuildOptions& o) {
     }
     const bool modes = w.paired && o.paired_layout == "sequences";
     for (const auto& p : w.prefixes) {
+      check_output_is_not_input(p + ".bin", inputs, "output dataset file");
+      check_output_is_not_input(p + ".idx", inputs, "output dataset file");
+      if (!o.manifest.empty()) {
+        PACKPIPE_CHECK_ARG(!same_file(o.manifest, p + ".bin") && !same_file(o.manifest, p + ".idx"),
+                           "--manifest '{}' is an output dataset file of prefix '{}'", o.manifest, p);
+      }
       fs::path parent = fs::path(p).parent_path();
       if (!parent.empty()) fs::create_directories(parent);
       w.builders.push_back(std::make_unique<dl::IndexedDatasetBuilder>(p, dt, modes));
@@ -346,7 +387,7 @@ Json run_build(const BuildOptions& o) {
     b.add_item(buf.data(), ids.size(), mode);
   };
   for_each_record(o.input, [&](std::uint64_t line, const Json& rec) {
-    const std::string task = rec.contains("task") ? rec.at("task").get<std::string>() : std::string("default");
+    const std::string task = task_of(rec, o.input, line);
     TaskWriter& w = writers.at(task);
     auto in = ids_of(rec, "input_ids", o.input, line);
     if (!w.paired) {
@@ -400,10 +441,7 @@ Json run_build(const BuildOptions& o) {
   result["datasets"] = std::move(datasets);
   if (!o.manifest.empty()) {
     Json m{{"version", 1}, {"tasks", std::move(manifest_tasks)}};
-    std::ofstream out(o.manifest, std::ios::trunc);
-    PACKPIPE_CHECK(out.good(), "cannot write manifest '{}'", o.manifest);
-    out << m.dump(2) << "\n";
-    PACKPIPE_CHECK(out.good(), "cannot write manifest '{}'", o.manifest);
+    write_file_atomic(o.manifest, m.dump(2) + "\n");
     result["manifest"] = o.manifest;
   }
   return result;
@@ -468,7 +506,7 @@ Json run_sample(const SampleOptions& o) {
     ++n;
   }
   j["batches"] = std::move(batches);
-  j["state"] = Json::parse(sampler.state().to_json());
+  j["state"] = parse_ordered_json(sampler.state().to_json(), "sampler state");
   return j;
 }
 

@@ -97,11 +97,17 @@ void AtomicFile::write(const void* data, std::size_t n) {
     PACKPIPE_CHECK(w > 0, "'{}': write of {} bytes failed: {}", path_, n, os_error(errno));
     p += w;
     n -= static_cast<std::size_t>(w);
+    written_ += static_cast<std::uint64_t>(w);
   }
 }
 
 void AtomicFile::commit() {
   PACKPIPE_CHECK_ARG(!done_, "'{}': commit after commit or discard", path_);
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    discard();
+    PACKPIPE_THROW(Error, "'{}': sync failed: {}", path_, os_error(err));
+  }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {

@@ -45,7 +45,9 @@ class AtomicFile {
   /// Final path and temporary path.
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return tmp_; }
-  /// Flushes, closes and renames the temporary onto path(); throws Error on failure.
+  /// Bytes written so far.
+  std::uint64_t written() const { return written_; }
+  /// Syncs, closes and renames the temporary onto path(); throws Error on failure.
   void commit();
   /// Removes the temporary without touching path(); never throws.
   void discard() noexcept;
@@ -54,6 +56,7 @@ class AtomicFile {
   std::string path_;
   std::string tmp_;
   int fd_ = -1;
+  std::uint64_t written_ = 0;
   std::unique_ptr<OutputLock> lock_;
   bool done_ = false;
 };

@@ -17,6 +17,10 @@ inline constexpr int kMaxJsonDepth = 64;
 /// than `max_depth`.
 nlohmann::json parse_json(std::string_view text, std::string_view source, int max_depth = kMaxJsonDepth);
 
+/// parse_json for the insertion-ordered JSON type (files whose key order is kept when written).
+nlohmann::ordered_json parse_ordered_json(std::string_view text, std::string_view source,
+                                          int max_depth = kMaxJsonDepth);
+
 /// 1-based line number of byte `offset` in `text` (for error messages).
 std::size_t line_of(std::string_view text, std::size_t offset);
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/json.h"
 
 namespace packpipe::costmodel {
 
@@ -100,13 +101,14 @@ std::string read_text(const std::string& path) {
 }
 
 nlohmann::json parse(const std::string& text, const std::string& name) {
+  nlohmann::json j;
   try {
-    auto j = nlohmann::json::parse(text);
-    PACKPIPE_CHECK_ARG(j.is_object(), "{}: expected a JSON object, found {}", name, j.type_name());
-    return j;
-  } catch (const nlohmann::json::parse_error& e) {
-    PACKPIPE_THROW(InvalidArgument, "{}: not valid JSON: {}", name, e.what());
+    j = packpipe::parse_json(text, name);  // duplicate keys refused, depth bounded
+  } catch (const Error& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}", e.what());
   }
+  PACKPIPE_CHECK_ARG(j.is_object(), "{}: expected a JSON object, found {}", name, j.type_name());
+  return j;
 }
 
 template <typename T>

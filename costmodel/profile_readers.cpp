@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/json.h"
 
 namespace packpipe::costmodel {
 
@@ -696,11 +697,7 @@ double jnumber(const nlohmann::json& j, const std::string& what, const std::stri
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& file) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    PACKPIPE_THROW(Error, "{}: not valid JSON: {}", file, e.what());
-  }
+  return packpipe::parse_json(text, file);  // duplicate keys refused, depth bounded
 }
 
 Profile parse_metis(const std::string& text, const std::string& file, const ProfileReadOptions& opt) {

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 
 namespace packpipe::dataloader {
 
@@ -231,7 +232,11 @@ class SpillFile {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     PACKPIPE_CHECK(fd_ >= 0, "{}: cannot create: {}", path_, os_error());
   }
+  /// Buffers writes into `out`'s temporary; `out` owns the file (its commit or removal).
+  SpillFile(AtomicFile& out, std::size_t capacity)
+      : path_(out.path()), buf_(capacity), fd_(out.fd()), owned_(false) {}
   ~SpillFile() {
+    if (!owned_) return;
     if (fd_ >= 0) ::close(fd_);
     if (!keep_) ::unlink(path_.c_str());
   }
@@ -261,10 +266,12 @@ class SpillFile {
     flush();
     const int fd = fd_;
     fd_ = -1;
+    if (!owned_) return;  // the AtomicFile closes it on commit
     PACKPIPE_CHECK(::close(fd) == 0, "{}: close failed: {}", path_, os_error());
   }
   /// Closes without flushing and removes the file; never throws.
   void discard() noexcept {
+    if (!owned_) return;
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     ::unlink(path_.c_str());
@@ -279,6 +286,7 @@ class SpillFile {
   std::vector<std::uint8_t> buf_;
   std::size_t used_ = 0;
   int fd_ = -1;
+  bool owned_ = true;
   bool keep_ = false;
 };
 
@@ -492,15 +500,22 @@ std::vector<VerifyProblem> IndexedDataset::verify(std::size_t max_problems) cons
 
 // ---- IndexedDatasetBuilder ---------------------------------------------------------------------
 
+// The .bin and the .idx are written to temporaries beside them (AtomicFile: each holds the
+// output's lock, so a second builder of the same prefix fails at once) and renamed into place in
+// finalize(); a builder that fails or is destroyed first leaves the previous dataset untouched.
 struct IndexedDatasetBuilder::Impl {
   explicit Impl(const std::string& prefix, bool with_modes)
       : idx_path(prefix + ".idx"),
-        bin(prefix + ".bin", kBinBuffer),
+        bin_out(prefix + ".bin"),
+        idx_out(prefix + ".idx"),
+        bin(bin_out, kBinBuffer),
         sizes(prefix + ".idx.tmp-sizes", kSpillBuffer),
         pointers(prefix + ".idx.tmp-pointers", kSpillBuffer),
         doc_idx(prefix + ".idx.tmp-docidx", kSpillBuffer),
         modes(prefix + ".idx.tmp-modes", with_modes ? kSpillBuffer : 1) {}
   std::string idx_path;
+  AtomicFile bin_out;
+  AtomicFile idx_out;
   SpillFile bin;
   SpillFile sizes;
   SpillFile pointers;
@@ -514,10 +529,6 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, DType dt
     : prefix_(prefix), dtype_(dtype), with_modes_(with_modes) {
   PACKPIPE_CHECK_ARG(is_valid_dtype_code(static_cast<std::uint64_t>(dtype)),
                      "{}: invalid dtype code {}", prefix, static_cast<int>(dtype));
-  // A stale .idx would pair with the new, truncated .bin until finalize().
-  if (::unlink((prefix + ".idx").c_str()) != 0 && errno != ENOENT) {
-    PACKPIPE_THROW(Error, "{}.idx: cannot remove the previous index: {}", prefix, os_error());
-  }
   impl_ = std::make_unique<Impl>(prefix, with_modes);  // a failure removes what it created
   impl_->doc_idx.put<std::int64_t>(0);
 }
@@ -567,6 +578,7 @@ void IndexedDatasetBuilder::add_document(const void* tokens, const std::int64_t*
 
 void IndexedDatasetBuilder::add_index(const std::string& other_prefix) {
   PACKPIPE_CHECK_ARG(!impl_->finalized, "{}: add_index after finalize()", prefix_);
+  check_output_prefix_is_not_input(prefix_, {other_prefix});
   const IndexedDataset other(other_prefix);
   PACKPIPE_CHECK(other.dtype() == dtype_,
                  "cannot add '{}' to '{}': dtype {} differs from the builder's {}", other_prefix,
@@ -621,9 +633,8 @@ void IndexedDatasetBuilder::finalize() {
   impl_->pointers.close();
   impl_->doc_idx.close();
   impl_->modes.close();
-  const std::string tmp = impl_->idx_path + ".tmp";
   {
-    SpillFile idx(tmp, kSpillBuffer);
+    SpillFile idx(impl_->idx_out, kSpillBuffer);
     idx.append(kMmidxMagic, sizeof(kMmidxMagic));
     idx.put<std::uint64_t>(1);
     idx.put<std::uint8_t>(static_cast<std::uint8_t>(dtype_));
@@ -635,11 +646,11 @@ void IndexedDatasetBuilder::finalize() {
     append_file(idx, impl_->doc_idx.path(), chunk);
     if (with_modes_) append_file(idx, impl_->modes.path(), chunk);
     idx.close();
-    PACKPIPE_CHECK(::rename(tmp.c_str(), impl_->idx_path.c_str()) == 0, "{}: cannot rename to {}: {}",
-                   tmp, impl_->idx_path, os_error());
-    idx.keep();
   }
-  impl_->bin.keep();
+  // The .bin first: between the two renames a reader sees the new .bin with the old .idx, which
+  // open()'s size checks refuse, never an old .bin with a new index.
+  impl_->bin_out.commit();
+  impl_->idx_out.commit();
   impl_->finalized = true;
   impl_->sizes.discard();
   impl_->pointers.discard();
@@ -647,8 +658,19 @@ void IndexedDatasetBuilder::finalize() {
   impl_->modes.discard();
 }
 
+void check_output_prefix_is_not_input(const std::string& out_prefix, const std::vector<std::string>& in_prefixes) {
+  std::vector<std::string> inputs;
+  for (const auto& in : in_prefixes) {
+    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(in + ext);
+  }
+  for (const char* ext : {".idx", ".bin", ".bin.zst"}) {
+    check_output_is_not_input(out_prefix + ext, inputs, "output dataset file");
+  }
+}
+
 void merge_datasets(const std::vector<std::string>& inputs, const std::string& out_prefix) {
   PACKPIPE_CHECK_ARG(!inputs.empty(), "merge into '{}': no input datasets", out_prefix);
+  check_output_prefix_is_not_input(out_prefix, inputs);  // before anything is opened for writing
   // Check every input first (O(1) each) so a mismatch fails before anything is written.
   DType dtype = DType::UInt16;
   bool modes = false;

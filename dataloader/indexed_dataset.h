@@ -202,6 +202,10 @@ class IndexedDatasetBuilder {
   std::uint64_t bin_bytes_ = 0;
 };
 
+/// Throws InvalidArgument if any file of the dataset `out_prefix` (.idx, .bin, .bin.zst) is the
+/// same file as any file of the datasets `in_prefixes` (through links and relative paths).
+void check_output_prefix_is_not_input(const std::string& out_prefix, const std::vector<std::string>& in_prefixes);
+
 /// Merges `inputs` (same dtype, same modes presence) into `out_prefix` in constant memory;
 /// throws InvalidArgument if inputs is empty, Error naming both files on a dtype/modes mismatch.
 void merge_datasets(const std::vector<std::string>& inputs, const std::string& out_prefix);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/json.h"
 
 namespace packpipe::dataloader {
 
@@ -151,10 +152,9 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
   Where top{name, -1, {}};
   json doc;
   try {
-    doc = json::parse(json_text);
-  } catch (const json::exception& e) {
-    // e.what() carries nlohmann's line/column/byte position.
-    PACKPIPE_THROW(InvalidArgument, "{}: malformed JSON: {}", top.str(), e.what());
+    doc = parse_json(json_text, top.str());  // duplicate keys (e.g. two "tasks") refused, depth bounded
+  } catch (const Error& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}", e.what());
   }
   if (!doc.is_object()) {
     PACKPIPE_THROW(InvalidArgument, "{}: expected a JSON object at the top level, found {}", top.str(),

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/json.h"
 
 namespace packpipe::dataloader {
 
@@ -118,9 +119,9 @@ std::string SamplerState::to_json() const {
 SamplerState SamplerState::from_json(const std::string& text) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    PACKPIPE_THROW(InvalidArgument, "sampler state: malformed JSON: {}", e.what());
+    j = parse_json(text, "sampler state");  // a repeated "position" would replay batches: refused
+  } catch (const Error& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}", e.what());
   }
   PACKPIPE_CHECK_ARG(j.is_object(), "sampler state: expected a JSON object, found {}", j.type_name());
   auto field = [&](const char* key) -> std::uint64_t {

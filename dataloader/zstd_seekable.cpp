@@ -20,6 +20,7 @@
 #include <zstd.h>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/mapped_file.h"
 #include "dataloader/detail/zstd_seek_table.h"
 
@@ -186,54 +187,7 @@ namespace {
 
 using detail::SeekTable;
 
-// Writes to a temporary file next to the destination and renames it over the destination on
-// commit(), so an error never leaves a half-written file under the final name.
-class AtomicOutput {
- public:
-  explicit AtomicOutput(std::string path) : path_(std::move(path)) {
-    static std::atomic<std::uint64_t> counter{0};
-    tmp_ = fmt::format("{}.tmp.{}.{}", path_, ::getpid(), counter.fetch_add(1));
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    PACKPIPE_CHECK(fd_ >= 0, "cannot create '{}': {}", tmp_, std::strerror(errno));
-  }
-  ~AtomicOutput() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  AtomicOutput(const AtomicOutput&) = delete;
-  AtomicOutput& operator=(const AtomicOutput&) = delete;
-
-  void write(const void* data, std::size_t n) {
-    const auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      PACKPIPE_CHECK(w > 0, "cannot write '{}' at byte offset {}: {}", tmp_, written_,
-                     w < 0 ? std::strerror(errno) : "wrote 0 bytes");
-      p += w;
-      n -= static_cast<std::size_t>(w);
-      written_ += static_cast<std::uint64_t>(w);
-    }
-  }
-  std::uint64_t written() const { return written_; }
-
-  void commit() {
-    PACKPIPE_CHECK(::fsync(fd_) == 0, "cannot sync '{}': {}", tmp_, std::strerror(errno));
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    PACKPIPE_CHECK(rc == 0, "cannot close '{}': {}", tmp_, std::strerror(errno));
-    PACKPIPE_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}",
-                   tmp_, path_, std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_;
-  std::string tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-  std::uint64_t written_ = 0;
-};
+using AtomicOutput = AtomicFile;  // temporary beside the output, renamed on commit
 
 class InputFile {
  public:
@@ -403,6 +357,7 @@ std::uint64_t zstd_seekable_compress(const std::string& in_path, const std::stri
   std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx(ZSTD_createCCtx());
   PACKPIPE_CHECK(cctx != nullptr, "ZSTD_createCCtx failed (out of memory)");
 
+  check_output_is_not_input(out_path, {in_path}, "compressed output");
   InputFile in(in_path);
   AtomicOutput out(out_path);
   std::vector<std::uint8_t> src(options.frame_size);
@@ -445,6 +400,7 @@ std::uint64_t zstd_seekable_compress(const std::string& in_path, const std::stri
 }
 
 std::uint64_t zstd_seekable_decompress(const std::string& in_path, const std::string& out_path) {
+  check_output_is_not_input(out_path, {in_path}, "decompressed output");
   MappedFile file(in_path);
   const SeekTable table = detail::parse_seek_table(file.data(), file.size(), file.path());
   AtomicOutput out(out_path);

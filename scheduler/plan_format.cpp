@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "common/errors.h"
+#include "common/json.h"
 #include "costmodel/cost_model.h"
 
 namespace packpipe::scheduler {
@@ -583,13 +584,7 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
 
 Plan plan_from_json(const std::string& text, const std::string& what) {
   Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    PACKPIPE_THROW(Error, "{}: byte {}: not valid JSON: {}", what, e.byte, e.what());
-  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number overflows a double
-    PACKPIPE_THROW(Error, "{}: not valid JSON: {}", what, e.what());
-  }
+  j = parse_ordered_json(text, what);  // duplicate keys refused, depth bounded; Error names byte and line
   JIn in(what);
   Plan p;
   const std::string fmt_name = in.str(in.at(j, "", "format"), "/format");

@@ -328,7 +328,7 @@ TEST_CASE("Metis per-(device, tp, batch) JSON: per-layer ms, parameters per GPU"
     REQUIRE_THROWS_WITH(parse_profile(short_list, "DeviceType.A100_tp2_bs4.json", opt),
                         Catch::Matchers::Contains("has 2 entries, expected model.num_layers = 4"));
     REQUIRE_THROWS_WITH(parse_profile("{not json", "DeviceType.A100_tp2_bs4.json", opt),
-                        Catch::Matchers::Contains("not valid JSON"));
+                        Catch::Matchers::Contains("malformed JSON"));
   }
 }
 

@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -692,16 +695,24 @@ TEST_CASE("builder temporary files: spilled during the build, removed after", "[
     CHECK(ds.modes()[0] == 1);
   }
   SECTION("destroyed without finalize") {
-    write_file(prefix + ".idx", "stale");
+    write_file(prefix + ".idx", "previous index");
+    write_file(prefix + ".bin", "previous tokens");
     {
       IndexedDatasetBuilder b(prefix, DType::UInt8);
-      CHECK_FALSE(packpipe::file_exists(prefix + ".idx"));  // the stale index is gone at once
       const std::uint8_t t[3] = {1, 2, 3};
       b.add_item(t, 3);
+      // A second builder of the same prefix is refused while this one writes.
+      REQUIRE_THROWS_WITH(IndexedDatasetBuilder(prefix, DType::UInt8), Contains("another process is writing"));
+      CHECK(read_file(prefix + ".bin") == "previous tokens");  // nothing visible before finalize
     }
     for (const auto& f : tmp) CHECK_FALSE(packpipe::file_exists(f));
-    CHECK_FALSE(packpipe::file_exists(prefix + ".idx"));
-    CHECK_FALSE(packpipe::file_exists(prefix + ".bin"));
+    // The previous dataset is untouched and no temporary is left beside it.
+    CHECK(read_file(prefix + ".idx") == "previous index");
+    CHECK(read_file(prefix + ".bin") == "previous tokens");
+    for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+      CHECK(e.path().filename().string().find(".lock") == std::string::npos);
+    }
   }
   SECTION("bad arguments") {
     IndexedDatasetBuilder b(prefix, DType::UInt8);
@@ -738,6 +749,30 @@ TEST_CASE("merging rejects mismatched inputs naming both files", "[negative]") {
                                                         Contains("dtype int32"));
   REQUIRE_THROWS_WITH(b.add_index(dir.file("m16")), Contains(dir.file("m16")) && Contains("has sequence modes"));
   REQUIRE_THROWS_AS(b.add_index(dir.file("missing")), packpipe::Error);
+}
+
+TEST_CASE("merging into one of the inputs is refused and destroys nothing", "[negative][data-loss]") {
+  TempDir dir;
+  std::mt19937_64 rng(11);
+  const Documents docs = packpipe::test::random_documents(rng, 5, 3, 10, 100);
+  packpipe::test::write_documents(dir.file("A"), DType::UInt16, docs);
+  packpipe::test::write_documents(dir.file("B"), DType::UInt16, docs);
+  const std::string idx = read_file(dir.file("A.idx")), bin = read_file(dir.file("A.bin"));
+  REQUIRE(::symlink(dir.file("A.idx").c_str(), dir.file("L.idx").c_str()) == 0);
+  REQUIRE(::symlink(dir.file("A.bin").c_str(), dir.file("L.bin").c_str()) == 0);
+  REQUIRE(::link(dir.file("A.bin").c_str(), dir.file("H.bin").c_str()) == 0);
+  // The output as the first input, the second, through "./", a symbolic link and a hard link.
+  for (const std::string& out : {dir.file("A"), dir.path() + "/./A", dir.file("L"), dir.file("H")}) {
+    for (const auto& inputs : {std::vector<std::string>{dir.file("A"), dir.file("B")},
+                               std::vector<std::string>{dir.file("B"), dir.file("A")}}) {
+      REQUIRE_THROWS_WITH(merge_datasets(inputs, out), Contains("destroy the input"));
+    }
+    IndexedDatasetBuilder b(out, DType::UInt16);  // rewriting A (or a link to it) from A
+    REQUIRE_THROWS_WITH(b.add_index(dir.file("A")), Contains("destroy the input"));
+  }
+  CHECK(read_file(dir.file("A.idx")) == idx);
+  CHECK(read_file(dir.file("A.bin")) == bin);
+  CHECK(IndexedDataset(dir.file("A")).size() == IndexedDataset(dir.file("B")).size());
 }
 
 TEST_CASE("add_index rejects a corrupt input", "[negative]") {
