@@ -297,7 +297,17 @@ void define_plan(py::module_& m) {
       .def("close", &sch::PlanFileWriter::close)
       .def_property_readonly("plans_written", &sch::PlanFileWriter::plans_written)
       .def("__enter__", [](const std::shared_ptr<sch::PlanFileWriter>& w) { return w; })
-      .def("__exit__", [](sch::PlanFileWriter& w, const py::object&, const py::object&, const py::object&) { w.close(); });
+      .def("expect_iterations", &sch::PlanFileWriter::expect_iterations, py::arg("first_iteration"), py::arg("count"),
+           "Declare the iterations the file will hold; close() marks it complete only if it holds them")
+      .def("discard", &sch::PlanFileWriter::discard, "Drop what was written: nothing appears at the path")
+      // An exception inside the with-block discards the file: a failed run leaves nothing behind.
+      .def("__exit__", [](sch::PlanFileWriter& w, const py::object& exc_type, const py::object&, const py::object&) {
+        if (exc_type.is_none()) {
+          w.close();
+        } else {
+          w.discard();
+        }
+      });
 
   m.def("synthetic_plan",
         [](const std::string& kind, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches, std::uint64_t seed,

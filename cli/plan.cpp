@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/factory.h"
 #include "costmodel/report.h"
 #include "dataloader/manifest.h"
@@ -134,6 +135,27 @@ Json run_plan(const PlanCliOptions& o) {
   dl::Sampler sampler(data, sconf);
   sampler.set_epoch(o.epoch);
 
+  // Every output is refused before anything is written if it is one of the inputs (the manifest,
+  // any dataset file of any task, a profile): writing it would destroy what is being read.
+  std::vector<std::string> inputs;
+  if (!o.manifest.empty()) inputs.push_back(o.manifest);
+  for (const auto& t : data.manifest().tasks) {
+    for (const auto* list : {&t.prefixes, &t.target_prefixes}) {
+      for (const auto& pre : *list) {
+        for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
+      }
+    }
+  }
+  for (const auto& pre : {o.dataset}) {
+    if (pre.empty()) continue;
+    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
+  }
+  for (const auto& prof : o.costs.profiles) inputs.push_back(prof);
+  for (const auto& [out, what] : {std::pair{o.out, "--out"}, std::pair{o.trace, "--chrome-trace"},
+                                  std::pair{o.report, "--report"}}) {
+    if (!out.empty()) check_output_is_not_input(out, inputs, what);
+  }
+
   std::unique_ptr<sc::PlanFileWriter> writer;
   if (!o.out.empty()) {
     sc::EncodeOptions eo;
@@ -148,6 +170,9 @@ Json run_plan(const PlanCliOptions& o) {
     expected = (epoch_samples + o.batch_samples - 1) / o.batch_samples;
   }
   if (o.iterations > 0) expected = expected > 0 ? std::min(expected, o.iterations) : o.iterations;
+  // With sample-count batches the iteration count is exact: the file records it, and a file that
+  // holds fewer is marked incomplete.
+  if (writer && o.batch_samples > 0 && expected > 0) writer->expect_iterations(0, expected);
   Progress progress("planning", expected);
 
   struct Work {
@@ -225,13 +250,9 @@ Json run_plan(const PlanCliOptions& o) {
               }));
   progress.finish();
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (writer) writer->close();
-  if (!o.trace.empty() && !trace_json.empty()) {
-    std::ofstream t(o.trace, std::ios::trunc);
-    PACKPIPE_CHECK(t.good(), "cannot write '{}'", o.trace);
-    t << trace_json;
-  }
   PACKPIPE_CHECK_ARG(!rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
+  if (writer) writer->close();  // only now does the plan file appear
+  if (!o.trace.empty() && !trace_json.empty()) write_file_atomic(o.trace, trace_json);
 
   // ---- report ----
   const std::int64_t gpus = po.shape.stages * po.shape.dp * po.shape.tp;
@@ -336,9 +357,7 @@ Json run_plan(const PlanCliOptions& o) {
   if (!o.out.empty()) j["plan_file"] = o.out;
   if (!o.trace.empty()) j["chrome_trace"] = o.trace;
   if (!o.report.empty()) {
-    std::ofstream rf(o.report, std::ios::trunc);
-    PACKPIPE_CHECK(rf.good(), "cannot write '{}'", o.report);
-    rf << j.dump(2) << "\n";
+    write_file_atomic(o.report, j.dump(2) + "\n");
   }
   return j;
 }

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/cost_model.h"
 #include "scheduler/export_pytorch.h"
 #include "scheduler/plan_format.h"
@@ -34,12 +35,10 @@ sch::Plan load(const sch::PlanFileReader& r, std::int64_t iteration, std::uint32
   return r.read_iteration(static_cast<std::uint64_t>(iteration), replica);
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  PACKPIPE_CHECK(f.good(), "cannot create '{}'", path);
-  f << text;
-  f.close();
-  PACKPIPE_CHECK(f.good(), "cannot write '{}'", path);
+// Atomic, and never onto the plan file being read.
+void write_text(const std::string& path, const std::string& text, const std::string& input, const char* what) {
+  check_output_is_not_input(path, {input}, what);
+  write_file_atomic(path, text);
 }
 
 }  // namespace
@@ -76,18 +75,24 @@ void add_plan_file_commands(CLI::App& plan) {
       std::printf("%zu micro-batches, %llu tokens, simulated %.3f ms, %zu instructions, %s\n", p.microbatches.size(),
                   static_cast<unsigned long long>(p.global_tokens), p.makespan_ms, p.instruction_count(),
                   rep.ok() ? "valid" : fmt::format("{} violations", rep.violations.size()).c_str());
+      // A plan that decodes may still be inconsistent: every index below is checked before use,
+      // and the violations are listed.
+      for (const auto& x : rep.violations) std::printf("  violation: %s\n", sch::to_string(x, &p).c_str());
       for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
         const auto& mb = p.microbatches[m];
+        std::string rc = "?";
+        if (p.vstages > 0 && m < p.microbatches.size() && p.at(m, 0) < p.recompute.size()) {
+          rc = costmodel::recompute_name(static_cast<costmodel::Recompute>(p.recompute[p.at(m, 0)]));
+        }
         std::printf("  mb %zu: %u rows x %u%s tokens, %llu real, loss weight %.6f, recompute %s, %zu samples\n", m, mb.rows,
                     mb.padded_len, mb.padded_dec_len ? fmt::format(" (+ {} decoder)", mb.padded_dec_len).c_str() : "",
-                    static_cast<unsigned long long>(mb.tokens), mb.loss_weight,
-                    costmodel::recompute_name(static_cast<costmodel::Recompute>(p.recompute[p.at(m, 0)])),
-                    mb.samples.size());
+                    static_cast<unsigned long long>(mb.tokens), mb.loss_weight, rc.c_str(), mb.samples.size());
       }
-      for (std::uint32_t k = 0; k < p.ranks; ++k) {
+      for (std::uint32_t k = 0; k < p.ranks && k < p.streams.size(); ++k) {
         if (*rank >= 0 && *rank != k) continue;
-        std::printf("rank %u: %zu instructions, %u buffer slots, peak %s\n", k, p.streams[k].size(), p.buffer_slots[k],
-                    human_bytes(rep.peak_bytes[k]).c_str());
+        std::printf("rank %u: %zu instructions, %s buffer slots, peak %s\n", k, p.streams[k].size(),
+                    k < p.buffer_slots.size() ? std::to_string(p.buffer_slots[k]).c_str() : "?",
+                    k < rep.peak_bytes.size() ? human_bytes(rep.peak_bytes[k]).c_str() : "unknown (invalid plan)");
         for (std::size_t i = 0; i < p.streams[k].size(); ++i) {
           const auto& ins = p.streams[k][i];
           std::string extra;
@@ -144,13 +149,26 @@ void add_plan_file_commands(CLI::App& plan) {
         }
       }
       progress.finish();
+      const std::string held =
+          r.iterations() == 0 ? std::string("no iterations")
+                              : fmt::format("iterations {}..{}", r.first_iteration(), r.first_iteration() + r.iterations() - 1);
+      const std::string incomplete =
+          r.complete() ? std::string()
+                       : fmt::format("incomplete epoch: the file holds {} of the {} iterations its writer declared "
+                                     "(the planning run stopped early); plan the epoch again",
+                                     r.iterations(), r.expected_iterations());
       if (*json) {
-        print_json(Json{{"file", r.path()}, {"plans", which.size()}, {"invalid_plans", bad}, {"violations", total},
-                        {"valid", bad == 0}, {"results", std::move(plans)}});
+        Json out{{"file", r.path()}, {"plans", which.size()}, {"iterations", held}, {"complete", r.complete()},
+                 {"invalid_plans", bad}, {"violations", total}, {"valid", bad == 0 && r.complete()},
+                 {"results", std::move(plans)}};
+        if (!incomplete.empty()) out["error"] = incomplete;
+        print_json(out);
       } else {
-        std::printf("%s: %zu plans checked, %zu invalid, %zu violations\n", r.path().c_str(), which.size(), bad, total);
+        if (!incomplete.empty()) std::printf("%s: %s\n", r.path().c_str(), incomplete.c_str());
+        std::printf("%s: %zu plans checked, %zu invalid, %zu violations (%s, %s)\n", r.path().c_str(), which.size(),
+                    bad, total, held.c_str(), r.complete() ? "complete" : "INCOMPLETE");
       }
-      set_exit_status(bad == 0 ? 0 : 1);
+      set_exit_status(bad == 0 && r.complete() ? 0 : 1);
     });
   }
   {
@@ -172,7 +190,7 @@ void add_plan_file_commands(CLI::App& plan) {
       const sch::PlanFileReader r(*file);
       const sch::Plan p = load(r, *iteration, *replica);
       if (!csv->empty()) {
-        write_text(*csv, sch::pytorch_compute_csv(p));
+        write_text(*csv, sch::pytorch_compute_csv(p), *file, "--pytorch-csv");
         std::printf("wrote %s (iteration %llu, %u ranks, %zu micro-batches)\n", csv->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.microbatches.size());
       }
@@ -189,7 +207,7 @@ void add_plan_file_commands(CLI::App& plan) {
         s.makespan_ms = p.makespan_ms;
         sch::TraceOptions o;
         o.process_name = fmt::format("packpipe plan iteration {} ({})", p.iteration, p.schedule);
-        write_text(*trace, sch::chrome_trace_json(s, o));
+        write_text(*trace, sch::chrome_trace_json(s, o), *file, "--chrome-trace");
         std::printf("wrote %s (iteration %llu, %u ranks, %.3f ms simulated)\n", trace->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.makespan_ms);
       }

@@ -11,7 +11,9 @@
 #include <xxhash.h>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/json.h"
+#include "common/mapped_file.h"
 #include "costmodel/cost_model.h"
 
 namespace packpipe::scheduler {
@@ -25,7 +27,12 @@ constexpr char kFileMagic[4] = {'P', 'P', 'L', 'F'};
 constexpr char kIndexMagic[4] = {'P', 'P', 'L', 'I'};
 constexpr std::size_t kHeaderSize = 32;
 constexpr std::size_t kFileHeaderSize = 8;
-constexpr std::size_t kFooterSize = 24;
+// Plan file footer (format 2), after the index: count, index offset, first iteration, distinct
+// iterations held, iterations declared by the writer (0: none declared), flags (bit 0: complete),
+// XXH64 of the index and the footer's first 48 bytes, reserved, 'PPLI', footer version.
+constexpr std::size_t kFooterSize = 64;
+constexpr std::uint16_t kPlanFileVersion = 2;
+constexpr std::uint64_t kFlagComplete = 1;
 constexpr std::uint16_t kFlagZstd = 1;
 constexpr std::uint64_t kMaxBody = std::uint64_t{1} << 32;  // 4 GiB: far above any plan
 
@@ -727,53 +734,68 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
 // ------------------------------------------------------------------------------------------
 // Plan files
 
-PlanFileWriter::PlanFileWriter(const std::string& path, const EncodeOptions& options) : path_(path), options_(options) {
-  f_ = std::fopen(path.c_str(), "wb");
-  PACKPIPE_CHECK(f_ != nullptr, "cannot create plan file '{}': {}", path, std::strerror(errno));
+PlanFileWriter::PlanFileWriter(const std::string& path, const EncodeOptions& options)
+    : path_(path), options_(options), out_(std::make_unique<AtomicFile>(path)) {
   Out h;
   h.b.insert(h.b.end(), kFileMagic, kFileMagic + 4);
-  h.le(kPlanFormatVersion, 2);
+  h.le(kPlanFileVersion, 2);
   h.le(0, 2);
-  PACKPIPE_CHECK(std::fwrite(h.b.data(), 1, h.b.size(), f_) == h.b.size(), "cannot write plan file '{}': {}", path,
-                 std::strerror(errno));
+  out_->write(h.b.data(), h.b.size());
   offset_ = h.b.size();
 }
 
-PlanFileWriter::~PlanFileWriter() {
-  try {
-    close();
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; close() reports errors
-  }
+// Without a successful close() the temporary is removed: a run that fails mid-epoch leaves no file.
+PlanFileWriter::~PlanFileWriter() = default;
+
+void PlanFileWriter::expect_iterations(std::uint64_t first_iteration, std::uint64_t count) {
+  PACKPIPE_CHECK_ARG(index_.empty(), "plan file '{}': expect_iterations() after the first plan", path_);
+  PACKPIPE_CHECK_ARG(count > 0, "plan file '{}': expect_iterations() with 0 iterations", path_);
+  first_expected_ = first_iteration;
+  expected_ = count;
 }
+
+void PlanFileWriter::discard() noexcept { out_.reset(); }
 
 void PlanFileWriter::append(const Plan& plan) { append_encoded(plan.iteration, encode_plan(plan, options_)); }
 
 void PlanFileWriter::append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob) {
-  PACKPIPE_CHECK(f_ != nullptr, "plan file '{}' is closed", path_);
-  PACKPIPE_CHECK(std::fwrite(blob.data(), 1, blob.size(), f_) == blob.size(), "cannot write plan file '{}': {}", path_,
-                 std::strerror(errno));
+  PACKPIPE_CHECK(out_ != nullptr, "plan file '{}' is closed", path_);
+  PACKPIPE_CHECK_ARG(index_.empty() || iteration >= index_.back().iteration,
+                     "plan file '{}': iteration {} appended after iteration {}; plans go in iteration order",
+                     path_, iteration, index_.back().iteration);
+  PACKPIPE_CHECK_ARG(expected_ == 0 || (iteration >= first_expected_ && iteration - first_expected_ < expected_),
+                     "plan file '{}': iteration {} is outside the declared iterations {}..{}", path_, iteration,
+                     first_expected_, first_expected_ + expected_ - 1);
+  out_->write(blob.data(), blob.size());
   index_.push_back(Entry{iteration, offset_, blob.size()});
   offset_ += blob.size();
 }
 
 void PlanFileWriter::close() {
-  if (f_ == nullptr) return;
+  if (out_ == nullptr) return;
   Out o;
   for (const auto& e : index_) {
     o.le(e.iteration, 8);
     o.le(e.offset, 8);
     o.le(e.size, 8);
   }
+  std::uint64_t distinct = 0;
+  for (std::size_t i = 0; i < index_.size(); ++i) distinct += i == 0 || index_[i].iteration != index_[i - 1].iteration;
+  const std::uint64_t first = index_.empty() ? first_expected_ : index_.front().iteration;
+  const bool complete = expected_ == 0 || (distinct == expected_ && first == first_expected_);
+  const std::size_t foot = o.b.size();
   o.le(index_.size(), 8);
   o.le(offset_, 8);
+  o.le(first, 8);
+  o.le(distinct, 8);
+  o.le(expected_, 8);
+  o.le(complete ? kFlagComplete : 0, 8);
+  o.le(XXH64(o.b.data(), foot + 48, 0), 8);
   o.b.insert(o.b.end(), kIndexMagic, kIndexMagic + 4);
-  o.le(kPlanFormatVersion, 4);
-  std::FILE* f = f_;
-  f_ = nullptr;
-  const bool ok = std::fwrite(o.b.data(), 1, o.b.size(), f) == o.b.size();
-  const int err = errno;
-  const bool closed = std::fclose(f) == 0;
-  PACKPIPE_CHECK(ok && closed, "cannot finish plan file '{}': {}", path_, std::strerror(ok ? errno : err));
+  o.le(kPlanFileVersion, 4);
+  std::unique_ptr<AtomicFile> out = std::move(out_);
+  out->write(o.b.data(), o.b.size());
+  out->commit();
 }
 
 PlanFileReader::PlanFileReader(const std::string& path) : path_(path) {
@@ -798,14 +820,20 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
   if (first < size && data[first] == '{') {
     json_ = true;
     const Plan p = plan_from_json(std::string(reinterpret_cast<const char*>(data), size), w);
-    entries_.push_back(Entry{p.iteration, 0, size});
+    entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    single_ = true;
+    first_iteration_ = p.iteration;
+    iterations_ = 1;
     return;
   }
   PACKPIPE_CHECK(size >= 4, "{}: offset 0: field 'magic': expected 'PPLF' (plan file), 'PPLN' (one plan) or a JSON object, "
                  "found {} bytes (truncated)", w, size);
   if (std::memcmp(data, kPlanMagic, 4) == 0) {
     const Plan p = decode_plan(data, size, w);
-    entries_.push_back(Entry{p.iteration, 0, size});
+    entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    single_ = true;
+    first_iteration_ = p.iteration;
+    iterations_ = 1;
     return;
   }
   PACKPIPE_CHECK(std::memcmp(data, kFileMagic, 4) == 0,
@@ -815,12 +843,15 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
                  "{}: offset {}: field 'footer': expected at least {} bytes, found {} (truncated, or the writer was not "
                  "closed)", w, size, kFileHeaderSize + kFooterSize, size);
   const auto version = rd_le(data + 4, 2);
-  PACKPIPE_CHECK(version >= 1 && version <= kPlanFormatVersion, "{}: offset 4: field 'version': expected 1..{}, found {}",
-                 w, kPlanFormatVersion, version);
+  PACKPIPE_CHECK(version == kPlanFileVersion,
+                 "{}: offset 4: field 'version': expected plan file format {}, found {}{}", w, kPlanFileVersion, version,
+                 version == 1 ? " (format 1 has no index checksum or completeness record: plan the epoch again to "
+                                "rewrite it)"
+                              : "");
   const std::uint8_t* foot = data + size - kFooterSize;
-  PACKPIPE_CHECK(std::memcmp(foot + 16, kIndexMagic, 4) == 0,
-                 "{}: offset {}: field 'footer magic': expected 'PPLI', found {} (truncated, or the writer was not "
-                 "closed)", w, size - kFooterSize + 16, show_magic(foot + 16, 4));
+  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0 && rd_le(foot + 60, 4) == kPlanFileVersion,
+                 "{}: offset {}: field 'footer magic': expected 'PPLI' version {}, found {} (truncated, or the writer "
+                 "was not closed)", w, size - kFooterSize + 56, kPlanFileVersion, show_magic(foot + 56, 4));
   const std::uint64_t count = rd_le(foot, 8);
   const std::uint64_t index_offset = rd_le(foot + 8, 8);
   const std::uint64_t index_end = size - kFooterSize;
@@ -828,17 +859,55 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
                      (index_end - index_offset) / 24 == count,
                  "{}: offset {}: field 'index': expected {} entries of 24 bytes between offset {} and {}, found an index "
                  "at offset {} for {} plans", w, size - kFooterSize, count, index_offset, index_end, index_offset, count);
+  const std::uint64_t sum = XXH64(data + index_offset, static_cast<std::size_t>(index_end - index_offset) + 48, 0);
+  PACKPIPE_CHECK(sum == rd_le(foot + 48, 8),
+                 "{}: offset {}: field 'index checksum': expected XXH64 0x{:016x} of the index and footer, found "
+                 "0x{:016x} (corrupt or edited)", w, size - kFooterSize + 48, sum, rd_le(foot + 48, 8));
+  first_iteration_ = rd_le(foot + 16, 8);
+  iterations_ = rd_le(foot + 24, 8);
+  expected_iterations_ = rd_le(foot + 32, 8);
+  const std::uint64_t flags = rd_le(foot + 40, 8);
+  PACKPIPE_CHECK((flags & ~kFlagComplete) == 0, "{}: offset {}: field 'flags': unknown bits 0x{:x}", w,
+                 size - kFooterSize + 40, flags & ~kFlagComplete);
+  complete_ = (flags & kFlagComplete) != 0;
   entries_.resize(count);
+  std::uint64_t expect_offset = kFileHeaderSize, distinct = 0, group = 0, replicas = 0;
   for (std::uint64_t i = 0; i < count; ++i) {
     const std::uint8_t* e = data + index_offset + 24 * i;
     Entry& en = entries_[i];
     en.iteration = rd_le(e, 8);
     en.offset = rd_le(e + 8, 8);
     en.size = rd_le(e + 16, 8);
-    PACKPIPE_CHECK(en.offset >= kFileHeaderSize && en.offset <= index_offset && en.size <= index_offset - en.offset,
-                   "{}: offset {}: field 'index[{}]': expected a plan within bytes {}..{}, found offset {} size {}", w,
-                   index_offset + 24 * i, i, kFileHeaderSize, index_offset, en.offset, en.size);
+    const std::string field = fmt::format("{}: offset {}: field 'index[{}]'", w, index_offset + 24 * i, i);
+    // Blobs are back to back: a removed, duplicated or redirected entry leaves a gap or an overlap.
+    PACKPIPE_CHECK(en.offset == expect_offset && en.size <= index_offset - en.offset,
+                   "{}: expected a plan at offset {} within bytes {}..{}, found offset {} size {}", field,
+                   expect_offset, kFileHeaderSize, index_offset, en.offset, en.size);
+    expect_offset = en.offset + en.size;
+    const bool starts = i == 0 || en.iteration != entries_[i - 1].iteration;
+    if (starts) {
+      PACKPIPE_CHECK(i == 0 || en.iteration == entries_[i - 1].iteration + 1,
+                     "{}: expected iteration {} (iterations are consecutive), found {}", field,
+                     entries_[i - 1].iteration + 1, en.iteration);
+      PACKPIPE_CHECK(i == 0 || group == replicas || replicas == 0, "{}: iteration {} has {} plans, the first has {}",
+                     field, entries_[i - 1].iteration, group, replicas);
+      if (i > 0 && replicas == 0) replicas = group;
+      group = 0;
+      ++distinct;
+    }
+    en.replica = group++;
   }
+  PACKPIPE_CHECK(count == 0 || replicas == 0 || group == replicas,
+                 "{}: field 'index': the last iteration has {} plans, the others {}", w, group, replicas);
+  PACKPIPE_CHECK(expect_offset == index_offset || count == 0,
+                 "{}: field 'index': the plans end at offset {} but the index starts at {}", w, expect_offset,
+                 index_offset);
+  PACKPIPE_CHECK(distinct == iterations_ && (count == 0 || entries_.front().iteration == first_iteration_),
+                 "{}: field 'footer': records {} iterations from {}, the index holds {} from {}", w, iterations_,
+                 first_iteration_, distinct, count == 0 ? 0 : entries_.front().iteration);
+  PACKPIPE_CHECK(!complete_ || expected_iterations_ == 0 || expected_iterations_ == iterations_,
+                 "{}: field 'footer': marked complete with {} of {} declared iterations", w, iterations_,
+                 expected_iterations_);
 }
 
 std::uint64_t PlanFileReader::iteration(std::size_t i) const {
@@ -864,8 +933,23 @@ Plan PlanFileReader::read(std::size_t i) const {
   PACKPIPE_CHECK_RANGE(i < entries_.size(), "{}: plan {} out of range (file holds {})", path_, i, entries_.size());
   const Entry& e = entries_[i];
   if (json_) return plan_from_json(std::string(reinterpret_cast<const char*>(data_), size_), path_);
-  return decode_plan(data_ + e.offset, static_cast<std::size_t>(e.size),
-                     entries_.size() == 1 && e.offset == 0 ? path_ : fmt::format("{} (plan {} at offset {})", path_, i, e.offset));
+  const std::string what =
+      entries_.size() == 1 && e.offset == 0 ? path_ : fmt::format("{} (plan {} at offset {})", path_, i, e.offset);
+  Plan p;
+  if (map_ != nullptr) {
+    // A copy through the SIGBUS guard: a plan file truncated by another process is an Error.
+    std::vector<std::uint8_t> blob(static_cast<std::size_t>(e.size));
+    map_->read(e.offset, e.size, blob.data());
+    p = decode_plan(blob.data(), blob.size(), what);
+  } else {
+    p = decode_plan(data_ + e.offset, static_cast<std::size_t>(e.size), what);
+  }
+  if (!single_) {
+    PACKPIPE_CHECK(p.iteration == e.iteration && p.replica == e.replica,
+                   "{}: the index entry says iteration {} replica {}, the plan is iteration {} replica {} (the index "
+                   "was edited or points at another plan)", what, e.iteration, e.replica, p.iteration, p.replica);
+  }
+  return p;
 }
 
 Plan PlanFileReader::read_iteration(std::uint64_t iteration, std::uint32_t replica) const {

@@ -18,6 +18,10 @@
 #include "common/mapped_file.h"
 #include "scheduler/plan.h"
 
+namespace packpipe {
+class AtomicFile;
+}
+
 namespace packpipe::scheduler {
 
 constexpr std::uint16_t kPlanFormatVersion = 1;
@@ -45,12 +49,18 @@ std::string plan_to_json(const Plan& plan, int indent = 1, std::int64_t rank = -
 Plan plan_from_json(const std::string& json, const std::string& what = "plan JSON");
 
 /// Writes plans to one file, one iteration at a time; holds only the index in memory (24 bytes
-/// per plan). Not thread-safe; the file is complete only after close() (the destructor closes
-/// without throwing, removing nothing).
+/// per plan). Not thread-safe. The file is written to a temporary beside `path` and appears only
+/// when close() succeeds; a writer destroyed before (a run that failed mid-epoch) leaves nothing,
+/// and a second writer of the same path fails at once (common/file_io.h AtomicFile). The footer
+/// records the iterations held, those declared by expect_iterations(), whether the two agree
+/// (complete), and an XXH64 of the index and footer.
 class PlanFileWriter {
  public:
-  /// Creates (truncates) `path`; throws Error naming the path on failure.
+  /// Starts writing `path`; throws Error naming the path on failure (or if another writer has it).
   explicit PlanFileWriter(const std::string& path, const EncodeOptions& options = {});
+  /// Declares that the file will hold iterations [first_iteration, first_iteration + count);
+  /// close() marks the file complete only if it does. Call before the first append.
+  void expect_iterations(std::uint64_t first_iteration, std::uint64_t count);
   ~PlanFileWriter();
   PlanFileWriter(const PlanFileWriter&) = delete;
   PlanFileWriter& operator=(const PlanFileWriter&) = delete;
@@ -58,8 +68,10 @@ class PlanFileWriter {
   void append(const Plan& plan);
   /// Appends an already encoded plan (encode_plan's output; e.g. from a worker thread).
   void append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob);
-  /// Writes the index and footer and closes; idempotent.
+  /// Writes the index and footer and renames the file into place; idempotent.
   void close();
+  /// Drops what was written (nothing appears at the path); idempotent, never throws.
+  void discard() noexcept;
   std::uint64_t plans_written() const { return index_.size(); }
 
  private:
@@ -68,8 +80,10 @@ class PlanFileWriter {
   };
   std::string path_;
   EncodeOptions options_;
-  std::FILE* f_ = nullptr;
+  std::unique_ptr<AtomicFile> out_;
   std::uint64_t offset_ = 0;
+  std::uint64_t first_expected_ = 0;
+  std::uint64_t expected_ = 0;
   std::vector<Entry> index_;
 };
 
@@ -96,6 +110,14 @@ class PlanFileReader {
   Plan read_iteration(std::uint64_t iteration, std::uint32_t replica = 0) const;
   /// Bytes of the i-th plan's blob as stored.
   std::uint64_t stored_size(std::size_t i) const;
+  /// True if the writer closed the file with every declared iteration (a single plan or a JSON
+  /// plan is complete).
+  bool complete() const { return complete_; }
+  /// First iteration and number of distinct iterations held.
+  std::uint64_t first_iteration() const { return first_iteration_; }
+  std::uint64_t iterations() const { return iterations_; }
+  /// Iterations the writer declared (0: none declared).
+  std::uint64_t expected_iterations() const { return expected_iterations_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -103,6 +125,7 @@ class PlanFileReader {
   void open(const std::uint8_t* data, std::size_t size);
   struct Entry {
     std::uint64_t iteration, offset, size;
+    std::uint64_t replica = 0;  ///< position within its iteration's plans
   };
   std::string path_;
   std::shared_ptr<MappedFile> map_;
@@ -110,6 +133,11 @@ class PlanFileReader {
   const std::uint8_t* data_ = nullptr;
   std::size_t size_ = 0;
   bool json_ = false;
+  bool single_ = false;  ///< one plan (binary or JSON), not a plan file
+  bool complete_ = true;
+  std::uint64_t first_iteration_ = 0;
+  std::uint64_t iterations_ = 0;
+  std::uint64_t expected_iterations_ = 0;
   std::vector<Entry> entries_;
 };
 

@@ -2,9 +2,14 @@
 // input, and the multi-iteration plan file read by iteration.
 #include <random>
 
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <catch2/catch.hpp>
 
 #include "common/errors.h"
+#include "common/mapped_file.h"
 #include "scheduler/plan_builder.h"
 #include "scheduler/plan_format.h"
 #include "scheduler/validator.h"
@@ -206,7 +211,17 @@ TEST_CASE("plan file: truncated files and bad indexes are clear errors", "[negat
   {
     PlanFileWriter w(path);
     for (int i = 0; i < 3; ++i) w.append(syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(i)));
-  }  // closed by the destructor
+  }  // destroyed without close(): a run that failed mid-epoch leaves no file
+  REQUIRE_FALSE(packpipe::file_exists(path));
+  {
+    PlanFileWriter w(path);
+    for (int i = 0; i < 3; ++i) {
+      Plan p = syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(i));
+      p.iteration = static_cast<std::uint64_t>(i);
+      w.append(p);
+    }
+    w.close();
+  }
   const std::string bytes = packpipe::test::read_file(path);
   REQUIRE(PlanFileReader(path).size() == 3);
   // Every truncation either fails to open or, if the footer survives by chance, fails to read.
@@ -218,9 +233,135 @@ TEST_CASE("plan file: truncated files and bad indexes are clear errors", "[negat
   REQUIRE_THROWS_WITH(PlanFileReader::from_memory(cut.data(), cut.size(), "t.plans"),
                       Catch::Matchers::Contains("t.plans") && Catch::Matchers::Contains("footer"));
   auto bad = bytes_of(bytes);
-  bad[bad.size() - 24 + 8] ^= 0x40;  // index offset
+  bad[bad.size() - 64 + 8] ^= 0x40;  // index offset
   REQUIRE_THROWS_WITH(PlanFileReader::from_memory(bad.data(), bad.size(), "t.plans"), Catch::Matchers::Contains("field 'index'"));
   REQUIRE_THROWS_WITH(PlanFileReader::from_memory(reinterpret_cast<const std::uint8_t*>("GARBAGE!"), 8, "g"),
                       Catch::Matchers::Contains("expected 'PPLF'"));
   REQUIRE_THROWS_AS(PlanFileReader(dir.file("missing.plans")), packpipe::Error);
+}
+
+namespace {
+
+std::uint64_t get_le(const std::string& b, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int k = 7; k >= 0; --k) v = (v << 8) | static_cast<std::uint8_t>(b[at + static_cast<std::size_t>(k)]);
+  return v;
+}
+void put_le(std::string& b, std::size_t at, std::uint64_t v) {
+  for (int k = 0; k < 8; ++k) b[at + static_cast<std::size_t>(k)] = static_cast<char>((v >> (8 * k)) & 0xFF);
+}
+// Recomputes the index-and-footer checksum after an edit, as a deliberate forger would.
+void reseal(std::string& b) {
+  const std::size_t foot = b.size() - 64;
+  const std::size_t index = static_cast<std::size_t>(get_le(b, foot + 8));
+  put_le(b, foot + 48, XXH64(b.data() + index, foot - index + 48, 0));
+}
+std::string plan_file_of(const std::string& path, int iterations, int replicas) {
+  PlanFileWriter w(path);
+  for (int it = 0; it < iterations; ++it) {
+    for (int r = 0; r < replicas; ++r) {
+      Plan p = syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(10 * it + r));
+      p.iteration = static_cast<std::uint64_t>(it);
+      p.replica = static_cast<std::uint32_t>(r);
+      p.dp = static_cast<std::uint32_t>(replicas);
+      w.append(p);
+    }
+  }
+  w.close();
+  return packpipe::test::read_file(path);
+}
+PlanFileReader open_bytes(const std::string& b) {
+  return PlanFileReader::from_memory(reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), "f.plans");
+}
+void read_all(const PlanFileReader& r) {
+  for (std::size_t i = 0; i < r.size(); ++i) (void)r.read(i);
+}
+
+}  // namespace
+
+TEST_CASE("plan file: the index and footer are checksummed, and each blob matches its entry", "[negative]") {
+  TempDir dir;
+  const std::string good = plan_file_of(dir.file("f.plans"), 4, 2);
+  REQUIRE_NOTHROW(read_all(open_bytes(good)));
+  const std::size_t foot = good.size() - 64;
+  const std::size_t index = static_cast<std::size_t>(get_le(good, foot + 8));
+  SECTION("any edit of the index without resealing") {
+    for (std::size_t at = index; at < foot + 48; at += 3) {
+      std::string b = good;
+      b[at] = static_cast<char>(b[at] ^ 0x01);
+      REQUIRE_THROWS_AS(open_bytes(b), packpipe::Error);
+    }
+  }
+  SECTION("an entry redirected to another plan, resealed") {
+    std::string b = good;
+    // Entry 4 (iteration 2, replica 0) points at entry 6's blob (iteration 3) and vice versa.
+    const std::uint64_t o4 = get_le(b, index + 24 * 4 + 8), s4 = get_le(b, index + 24 * 4 + 16);
+    const std::uint64_t o6 = get_le(b, index + 24 * 6 + 8), s6 = get_le(b, index + 24 * 6 + 16);
+    put_le(b, index + 24 * 4 + 8, o6);
+    put_le(b, index + 24 * 4 + 16, s6);
+    put_le(b, index + 24 * 6 + 8, o4);
+    put_le(b, index + 24 * 6 + 16, s4);
+    reseal(b);
+    REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+  }
+  SECTION("an entry's iteration relabelled, resealed") {
+    std::string b = good;
+    put_le(b, index + 24 * 4, 3);  // iteration 2 shown as 3
+    reseal(b);
+    REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+  }
+  SECTION("an entry removed, resealed") {
+    for (std::size_t gone = 0; gone < 8; ++gone) {
+      std::string b = good.substr(0, index + 24 * gone) + good.substr(index + 24 * (gone + 1));
+      const std::size_t f = b.size() - 64;
+      put_le(b, f, 7);  // the count, made to agree
+      reseal(b);
+      REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+    }
+  }
+  SECTION("the completeness flag") {
+    PlanFileReader r = open_bytes(good);
+    CHECK(r.complete());
+    CHECK(r.first_iteration() == 0);
+    CHECK(r.iterations() == 4);
+  }
+}
+
+TEST_CASE("plan file: an epoch that stops early is marked incomplete; writers are exclusive", "[negative]") {
+  TempDir dir;
+  const std::string path = dir.file("e.plans");
+  {
+    PlanFileWriter w(path);
+    w.expect_iterations(0, 5);
+    for (int it = 0; it < 3; ++it) {
+      Plan p = syn::random_plan("gpipe", 2, 1, 3, static_cast<std::uint64_t>(it));
+      p.iteration = static_cast<std::uint64_t>(it);
+      w.append(p);
+    }
+    // A second writer of the same file is refused while this one writes.
+    REQUIRE_THROWS_WITH(PlanFileWriter(path), Catch::Matchers::Contains("another process is writing"));
+    Plan late = syn::random_plan("gpipe", 2, 1, 3, 9);
+    late.iteration = 9;
+    REQUIRE_THROWS_AS(w.append(late), packpipe::InvalidArgument);  // outside the declared iterations
+    w.close();
+  }
+  const PlanFileReader r(path);
+  CHECK_FALSE(r.complete());
+  CHECK(r.iterations() == 3);
+  CHECK(r.expected_iterations() == 5);
+  // The flag is covered by the checksum: setting it by hand is refused.
+  std::string b = packpipe::test::read_file(path);
+  b[b.size() - 64 + 40] = 1;
+  REQUIRE_THROWS_WITH(open_bytes(b), Catch::Matchers::Contains("checksum"));
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Catch::Matchers::Contains("marked complete with 3 of 5"));
+}
+
+TEST_CASE("plan file: a file truncated while open is an Error when read, not SIGBUS", "[negative]") {
+  TempDir dir;
+  const std::string path = dir.file("t.plans");
+  plan_file_of(path, 40, 1);
+  const PlanFileReader r(path);
+  REQUIRE(::truncate(path.c_str(), 100) == 0);
+  REQUIRE_THROWS_WITH(r.read(r.size() - 1), Catch::Matchers::Contains("t.plans") && Catch::Matchers::Contains("SIGBUS"));
 }
