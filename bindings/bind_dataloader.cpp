@@ -280,12 +280,15 @@ void define_dataloader(py::module_& m) {
            },
            py::arg("task"), "(input_lengths, target_lengths) of every sample of a task, as uint32 arrays.")
       .def("sample",
-           [](py::object self, std::uint32_t task, std::uint64_t index) {
+           // Returns py::object, not the list's item accessor: an accessor would refer to the
+           // temporary list after it is freed.
+           [](py::object self, std::uint32_t task, std::uint64_t index) -> py::object {
              dl::GlobalBatch b;
              b.samples.push_back(dl::SampleRef{task, index});
              auto ab = std::make_shared<dl::AssembledBatch>(
                  dl::assemble_batch(self.cast<const dl::MultiTaskDataset&>(), std::move(b)));
-             return sample_tuples(ab, self)[0];
+             py::list one = sample_tuples(ab, self);
+             return one[0];
            },
            py::arg("task"), py::arg("index"), "(input_tokens, target_tokens) of a sample; views when uncompressed.");
 
@@ -347,8 +350,12 @@ void define_dataloader(py::module_& m) {
         "The samples of a global batch that data-parallel rank `rank` of `world` takes.");
 
   auto pf = py::reinterpret_borrow<py::class_<dl::Prefetcher>>(m.attr("Prefetcher"));
-  pf.def(py::init<const dl::MultiTaskDataset&, const dl::Sampler&, std::size_t>(), py::arg("dataset"),
-         py::arg("sampler"), py::arg("depth") = 4, py::keep_alive<1, 2>())
+  // The sampler advances as batches are delivered (sampler.state() is what a checkpoint saves), so
+  // the Prefetcher keeps both the dataset and the sampler alive.
+  pf.def(py::init<const dl::MultiTaskDataset&, dl::Sampler&, std::size_t>(), py::arg("dataset"),
+         py::arg("sampler"), py::arg("depth") = 4, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def("state", [](const dl::Prefetcher& p) { return p.state().to_json(); },
+           "Sampler state after the last delivered batch (the sampler's own state() is the same)")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](py::object self) {
         auto& p = self.cast<dl::Prefetcher&>();

@@ -45,10 +45,22 @@ AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch
 }
 
 struct Prefetcher::Impl {
-  using Item = std::shared_ptr<AssembledBatch>;  // nullptr marks the end of the epoch (or an error)
+  // An assembled batch and the sampler state right after it; nullptr marks the end of the epoch
+  // (or an error).
+  struct Ready {
+    AssembledBatch batch;
+    SamplerState after;
+  };
+  using Item = std::shared_ptr<Ready>;
+  struct Sampled {
+    GlobalBatch batch;
+    SamplerState after;
+  };
 
   const MultiTaskDataset& dataset;
-  Sampler sampler;
+  Sampler sampler;  // a copy that runs ahead; the caller's sampler advances on delivery only
+  SamplerState delivered;
+  std::atomic<bool> consuming{false};
   std::size_t depth;
   tbb::concurrent_bounded_queue<Item> queue;
   std::atomic<bool> stop{false};
@@ -59,7 +71,8 @@ struct Prefetcher::Impl {
   bool finished = false;
   std::thread thread;
 
-  Impl(const MultiTaskDataset& d, const Sampler& s, std::size_t n) : dataset(d), sampler(s), depth(n) {
+  Impl(const MultiTaskDataset& d, const Sampler& s, std::size_t n)
+      : dataset(d), sampler(s), delivered(s.state()), depth(n) {
     queue.set_capacity(static_cast<std::ptrdiff_t>(depth));
     thread = std::thread([this] { run(); });
   }
@@ -81,16 +94,17 @@ struct Prefetcher::Impl {
     try {
       tbb::parallel_pipeline(
           depth,
-          tbb::make_filter<void, std::shared_ptr<GlobalBatch>>(
+          tbb::make_filter<void, std::shared_ptr<Sampled>>(
               tbb::filter_mode::serial_in_order,
-              [this](tbb::flow_control& fc) -> std::shared_ptr<GlobalBatch> {
-                auto b = std::make_shared<GlobalBatch>();
+              [this](tbb::flow_control& fc) -> std::shared_ptr<Sampled> {
+                auto b = std::make_shared<Sampled>();
                 try {
                   if (stop.load(std::memory_order_relaxed) || fail_at.load() != kNoFailure ||
-                      !sampler.next_batch(*b)) {
+                      !sampler.next_batch(b->batch)) {
                     fc.stop();
                     return nullptr;
                   }
+                  b->after = sampler.state();
                 } catch (...) {
                   fail(std::current_exception(), kNoFailure - 1);  // after every batch already read
                   fc.stop();
@@ -98,14 +112,14 @@ struct Prefetcher::Impl {
                 }
                 return b;
               }) &
-              tbb::make_filter<std::shared_ptr<GlobalBatch>, Item>(
+              tbb::make_filter<std::shared_ptr<Sampled>, Item>(
                   tbb::filter_mode::parallel,
-                  [this](std::shared_ptr<GlobalBatch> b) -> Item {
+                  [this](std::shared_ptr<Sampled> b) -> Item {
                     // Being destroyed, or after a batch that failed: skip the work.
-                    if (stop.load(std::memory_order_relaxed) || b->index > fail_at.load()) return nullptr;
-                    const std::uint64_t index = b->index;
+                    if (stop.load(std::memory_order_relaxed) || b->batch.index > fail_at.load()) return nullptr;
+                    const std::uint64_t index = b->batch.index;
                     try {
-                      return std::make_shared<AssembledBatch>(assemble_batch(dataset, std::move(*b)));
+                      return std::make_shared<Ready>(Ready{assemble_batch(dataset, std::move(b->batch)), b->after});
                     } catch (...) {
                       fail(std::current_exception(), index);
                       return nullptr;
@@ -135,20 +149,41 @@ struct Prefetcher::Impl {
   }
 };
 
-Prefetcher::Prefetcher(const MultiTaskDataset& dataset, const Sampler& sampler, std::size_t depth) {
+Prefetcher::Prefetcher(const MultiTaskDataset& dataset, Sampler& sampler, std::size_t depth) : owner_(&sampler) {
   PACKPIPE_CHECK_ARG(depth > 0, "prefetch depth 0 (expected >= 1)");
+  PACKPIPE_CHECK_ARG(sampler.attached_.by == nullptr,
+                     "this sampler already feeds a Prefetcher; two would each deliver the same batches. Finish or "
+                     "destroy the first, or give each its own sampler");
   impl_ = std::make_unique<Impl>(dataset, sampler, depth);
+  sampler.attached_.by = this;
 }
 
-Prefetcher::~Prefetcher() = default;
+Prefetcher::~Prefetcher() {
+  impl_.reset();
+  if (owner_->attached_.by == this) owner_->attached_.by = nullptr;
+}
+
+SamplerState Prefetcher::state() const { return impl_->delivered; }
 
 bool Prefetcher::next(AssembledBatch& out) {
   Impl& im = *impl_;
+  bool idle = false;
+  PACKPIPE_CHECK_ARG(im.consuming.compare_exchange_strong(idle, true),
+                     "Prefetcher::next called from two threads at once: a Prefetcher has one consumer (share the "
+                     "batches it delivers, or give each thread its own sampler and Prefetcher)");
+  struct Release {
+    std::atomic<bool>& f;
+    ~Release() { f.store(false); }
+  } release{im.consuming};
   if (!im.finished) {
     Impl::Item item;
     im.queue.pop(item);
     if (item) {
-      out = std::move(*item);
+      out = std::move(item->batch);
+      im.delivered = item->after;
+      // The caller's sampler follows what was delivered (same config: a plain position update).
+      owner_->position_ = item->after.position;
+      owner_->batch_index_ = item->after.batch_index;
       return true;
     }
     im.finished = true;

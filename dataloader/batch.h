@@ -35,19 +35,28 @@ AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch
 /// `depth` assembled batches ready. Delivers exactly the batches the sampler would, in order.
 class Prefetcher {
  public:
-  /// Takes over `sampler` (copied) from its current state; stops at the end of the epoch.
-  Prefetcher(const MultiTaskDataset& dataset, const Sampler& sampler, std::size_t depth = 4);
+  /// Runs ahead of `sampler` from its current state and stops at the end of the epoch. The
+  /// sampler must outlive the Prefetcher; each delivered batch advances it, so `sampler.state()`
+  /// is always the state after the last batch next() returned (what a checkpoint must save),
+  /// never the state of batches still in flight. A sampler feeds one Prefetcher at a time: a
+  /// second one on it throws InvalidArgument until the first is destroyed.
+  Prefetcher(const MultiTaskDataset& dataset, Sampler& sampler, std::size_t depth = 4);
   /// Stops the background work (in-flight batches are dropped) and joins; never blocks on a
-  /// consumer that stopped early.
+  /// consumer that stopped early. The sampler keeps the state of the last delivered batch.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
-  /// Next batch, blocking until ready; false at the end of the epoch. Rethrows an error of the
-  /// sampler or of assembly (again on every later call). Not thread-safe: one consumer.
+  /// Next batch, blocking until ready; false at the end of the epoch (and on every later call).
+  /// Rethrows an error of the sampler or of assembly (again on every later call). One consumer
+  /// at a time: a call while another thread is inside next() throws InvalidArgument at once
+  /// instead of waiting for a batch that only one of them could get.
   bool next(AssembledBatch& out);
+  /// The sampler state after the last delivered batch (equal to the sampler's own state()).
+  SamplerState state() const;
 
  private:
   struct Impl;
+  Sampler* owner_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -198,6 +198,11 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
     split_total = add_checked(split_total, end_[t] - begin_[t], "sampler split size");
   }
 
+  // Quotas are computed in double: beyond 2^48 samples an epoch would neither be exact nor ever end.
+  constexpr std::uint64_t kMaxSamplesPerEpoch = std::uint64_t{1} << 48;
+  PACKPIPE_CHECK_ARG(config_.samples_per_epoch <= kMaxSamplesPerEpoch,
+                     "sampler: samples_per_epoch = {} (expected at most 2^48 = {})", config_.samples_per_epoch,
+                     kMaxSamplesPerEpoch);
   if (config_.weights.empty()) {
     PACKPIPE_CHECK_ARG(config_.samples_per_epoch == 0,
                        "sampler: samples_per_epoch = {} needs weights (without weights every sample of the split "
@@ -265,6 +270,16 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
   h = combine(h, config_.global_batch_samples);
   h = combine(h, T);
   for (std::size_t t = 0; t < T; ++t) h = combine(combine(h, source.task_size(t)), slots_[t]);
+  // And the data: the token counts of up to 256 evenly spaced samples per task (O(tasks), not
+  // O(samples)), so a state saved on another dataset of the same sizes is refused too.
+  for (std::size_t t = 0; t < T; ++t) {
+    const std::uint64_t n = source.task_size(t);
+    const std::uint64_t k = std::min<std::uint64_t>(n, 256);
+    for (std::uint64_t j = 0; j < k; ++j) {
+      const std::uint64_t i = k == n ? j : static_cast<std::uint64_t>((static_cast<unsigned __int128>(j) * n) / k);
+      h = combine(h, source.sample_tokens(t, i));
+    }
+  }
   fingerprint_ = h;
 
   start_epoch(0);
@@ -349,6 +364,40 @@ void Sampler::restore(const SamplerState& state) {
                      state.fingerprint, state.seed, fingerprint_, config_.seed);
   PACKPIPE_CHECK_ARG(state.position <= epoch_size_, "sampler restore: position {} is past the epoch size {}",
                      state.position, epoch_size_);
+  constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 32;
+  PACKPIPE_CHECK_ARG(state.epoch < kMaxEpoch, "sampler restore: epoch {} (expected below 2^32; the state is corrupt)",
+                     state.epoch);
+  PACKPIPE_CHECK_ARG(state.batch_index <= state.position,
+                     "sampler restore: batch_index {} with position {} (every batch holds at least one sample; the "
+                     "state is corrupt)",
+                     state.batch_index, state.position);
+  // The position must be where batch `batch_index` starts: a position moved by one would skip or
+  // repeat a sample. Sample-count batches are checked in O(1); token-budget batches by replaying
+  // the epoch's batch boundaries up to the position (O(position), once per restore).
+  std::uint64_t expected = 0;
+  if (config_.global_batch_samples != 0) {
+    const std::uint64_t g = config_.global_batch_samples;
+    const std::uint64_t batches = epoch_size_ / g + (epoch_size_ % g != 0);
+    PACKPIPE_CHECK_ARG(state.batch_index <= batches,
+                       "sampler restore: batch_index {} is past the epoch's {} batches (the state is corrupt)",
+                       state.batch_index, batches);
+    expected = std::min(state.batch_index * g, epoch_size_);
+  } else {
+    Sampler probe(*this);
+    probe.start_epoch(state.epoch);
+    GlobalBatch b;
+    for (std::uint64_t k = 0; k < state.batch_index; ++k) {
+      PACKPIPE_CHECK_ARG(probe.next_batch(b),
+                         "sampler restore: batch_index {} is past the epoch's {} batches (the state is corrupt)",
+                         state.batch_index, k);
+      if (probe.position_ > state.position) break;
+    }
+    expected = probe.position_;
+  }
+  PACKPIPE_CHECK_ARG(expected == state.position,
+                     "sampler restore: position {} is not where batch {} of epoch {} starts (expected {}); the state "
+                     "was edited or belongs to another configuration, and resuming would skip or repeat samples",
+                     state.position, state.batch_index, state.epoch, expected);
   start_epoch(state.epoch);
   position_ = state.position;
   batch_index_ = state.batch_index;

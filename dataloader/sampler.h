@@ -92,6 +92,8 @@ struct SamplerState {
   static SamplerState from_json(const std::string& text);
 };
 
+class Prefetcher;
+
 class Sampler {
  public:
   /// Validates the config against `source` (throws InvalidArgument) and starts epoch 0.
@@ -139,6 +141,16 @@ class Sampler {
   std::vector<Permutation> first_pass_;    ///< per task: element order of pass 0 this epoch
   std::uint64_t epoch_key_ = 0;
   void start_epoch(std::uint64_t epoch);
+
+  // The Prefetcher attached to this sampler (one at a time); a copy of a sampler has none.
+  struct Attached {
+    const Prefetcher* by = nullptr;
+    Attached() = default;
+    Attached(const Attached&) {}
+    Attached& operator=(const Attached&) { return *this; }
+  };
+  Attached attached_;
+  friend class Prefetcher;
 };
 
 /// Splits a global batch across `world` data-parallel ranks without overlap: samples go, in batch

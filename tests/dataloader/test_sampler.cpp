@@ -420,6 +420,64 @@ TEST_CASE("restore rejects a state of another config or source", "[negative]") {
   REQUIRE_THROWS_WITH(s.restore(past), Catch::Matchers::Contains("past the epoch size 100"));
 }
 
+TEST_CASE("restore refuses a tampered state: every position but the real one, any out-of-range field",
+          "[negative][checkpoint]") {
+  std::mt19937_64 rng(42);
+  auto src = SyntheticSource::random(rng, 3, 400, 300);
+  for (const bool by_tokens : {true, false}) {
+    SamplerConfig c;
+    c.seed = 9;
+    if (by_tokens) {
+      c.global_batch_tokens = 900;
+    } else {
+      c.global_batch_samples = 7;
+    }
+    Sampler s(src, c);
+    GlobalBatch b;
+    for (int i = 0; i < 5; ++i) REQUIRE(s.next_batch(b));
+    const SamplerState good = s.state();
+    Sampler fresh(src, c);
+    REQUIRE_NOTHROW(fresh.restore(good));
+    for (const std::int64_t d : {-3, -1, 1, 2}) {
+      SamplerState bad = good;
+      bad.position = static_cast<std::uint64_t>(static_cast<std::int64_t>(good.position) + d);
+      REQUIRE_THROWS_WITH(fresh.restore(bad), Catch::Matchers::Contains("skip or repeat"));
+      SamplerState idx = good;
+      idx.batch_index = static_cast<std::uint64_t>(static_cast<std::int64_t>(good.batch_index) + (d > 0 ? 1 : -1));
+      REQUIRE_THROWS_AS(fresh.restore(idx), packpipe::InvalidArgument);
+    }
+    SamplerState huge = good;
+    huge.batch_index = ~std::uint64_t{0};
+    REQUIRE_THROWS_AS(fresh.restore(huge), packpipe::InvalidArgument);
+    huge = good;
+    huge.epoch = ~std::uint64_t{0};
+    REQUIRE_THROWS_WITH(fresh.restore(huge), Catch::Matchers::Contains("epoch"));
+    // A state from a dataset of the same sizes but other lengths has another fingerprint.
+    std::mt19937_64 rng2(43);
+    auto other = SyntheticSource::random(rng2, 3, 400, 300);
+    bool same_sizes = true;
+    for (std::size_t t = 0; t < 3; ++t) same_sizes = same_sizes && other.task_size(t) == src.task_size(t);
+    if (same_sizes) {
+      Sampler o(other, c);
+      REQUIRE_THROWS_WITH(o.restore(good), Catch::Matchers::Contains("fingerprint"));
+    }
+  }
+  // A repeated key in the JSON would replay batches: refused.
+  REQUIRE_THROWS_WITH(
+      SamplerState::from_json(R"({"seed":1,"epoch":0,"position":9,"batch_index":1,"fingerprint":"ab","position":0})"),
+      Catch::Matchers::Contains("duplicate key \"position\""));
+}
+
+TEST_CASE("samples_per_epoch beyond 2^48 is refused instead of hanging", "[negative]") {
+  SyntheticSource src({std::vector<std::uint32_t>(10, 3), std::vector<std::uint32_t>(10, 4)});
+  SamplerConfig c = token_config(1, 100);
+  c.weights = {1.0, 2.0};
+  c.samples_per_epoch = ~std::uint64_t{0};
+  REQUIRE_THROWS_WITH(Sampler(src, c), Catch::Matchers::Contains("samples_per_epoch"));
+  c.samples_per_epoch = (std::uint64_t{1} << 48) + 1;
+  REQUIRE_THROWS_AS(Sampler(src, c), packpipe::InvalidArgument);
+}
+
 TEST_CASE("sampler state JSON round-trips and rejects bad fields", "[interface][negative]") {
   SamplerState st;
   st.seed = 1;

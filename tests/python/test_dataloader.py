@@ -186,3 +186,67 @@ def test_cli_info_json(megatron):
     j = json.loads(out)
     assert (j["format"], j["version"], j["dtype"], j["sequences"], j["documents"], j["tokens"]) == \
         ("MMIDIDX", 1, "uint16", 64, 64, 1005)
+
+
+def test_sample_is_not_a_dangling_view_under_debug_malloc(tmp_path, megatron, records):
+    # MultiTaskDataset.sample used to return an accessor into a freed temporary list; with
+    # PYTHONMALLOC=debug the freed memory is poisoned, so a dangling read crashes or differs.
+    manifest = _manifest(tmp_path, megatron)
+    code = f"""
+import gc, json, packpipe
+mt = packpipe.MultiTaskDataset({str(manifest)!r})
+recs = [json.loads(l) for l in open({str(megatron / 'records.jsonl')!r})]
+for rep in range(3):
+    for i in range(0, 144, 7):
+        s = mt.sample(1, i)
+        gc.collect()
+        junk = [bytearray(64) for _ in range(200)]
+        inp, tgt = s
+        assert inp.tolist() == recs[i]["input_ids"] + [50256], i
+        assert tgt.tolist() == recs[i]["target_ids"] + [50256], i
+print("ok")
+"""
+    import os
+    import sys
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_prefetcher_advances_its_sampler_to_what_it_delivered(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    s = packpipe.Sampler(mt, seed=9, global_batch_samples=10)
+    pf = packpipe.Prefetcher(mt, s, depth=4)
+    seen = []
+    for _ in range(3):
+        b = next(pf)
+        seen += b["indices"].tolist()
+        # the checkpoint is that of the delivered batches, not of those prefetched
+        assert json.loads(s.state())["batch_index"] == b["index"] + 1
+        assert s.state() == pf.state()
+    with pytest.raises(ValueError, match="already feeds a Prefetcher"):
+        packpipe.Prefetcher(mt, s, depth=2)
+    saved = s.state()
+    del pf
+    resumed = packpipe.Sampler(mt, seed=9, global_batch_samples=10)
+    resumed.restore(saved)
+    for b in packpipe.Prefetcher(mt, resumed, depth=2):
+        seen += b["indices"].tolist()
+    whole = [i for b in packpipe.Sampler(mt, seed=9, global_batch_samples=10) for i in b["indices"].tolist()]
+    assert seen == whole
+
+
+def test_tampered_sampler_state_is_refused(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    a = packpipe.Sampler(mt, seed=3, global_batch_tokens=400)
+    for _ in range(3):
+        a.next_batch()
+    st = json.loads(a.state())
+    for field, value in [("position", st["position"] + 1), ("position", st["position"] - 1),
+                         ("epoch", 2**64 - 1), ("batch_index", 2**64 - 1)]:
+        bad = dict(st, **{field: value})
+        with pytest.raises(ValueError):
+            packpipe.Sampler(mt, seed=3, global_batch_tokens=400).restore(json.dumps(bad))
+    dup = a.state()[:-1] + ', "position": 0}'
+    with pytest.raises(ValueError, match="duplicate key"):
+        packpipe.Sampler(mt, seed=3, global_batch_tokens=400).restore(dup)
