@@ -1,6 +1,8 @@
 // Per-component binding entry points, called from module.cpp.
 #pragma once
 
+#include <cstdint>
+
 #include <memory>
 #include <mutex>
 
@@ -12,6 +14,11 @@
 namespace packpipe::bindings {
 
 /// Declares the dataloader classes (phase 1).
+/// A Python integer argument `arg` as an unsigned value at most `max`: ValueError (naming the
+/// argument, the value and the limit) for a negative, too large or non-integer value, never a wrap.
+/// Accepts numpy integers. Defined in bind_partition.cpp.
+std::uint64_t unsigned_arg(const pybind11::handle& value, const char* arg, std::uint64_t max);
+
 void declare_dataloader(pybind11::module_& m);
 /// Defines the dataloader methods and functions (phase 2).
 void define_dataloader(pybind11::module_& m);

@@ -1,6 +1,7 @@
 // Python bindings of packing: packpipe.pack(...) -> Packing with numpy views of the rows and
 // row_tensors(). Arrays in are checked (uint32, 1-D, C-contiguous; never cast); arrays out are
 // zero-copy: views whose base is the Packing object, or capsules owning moved C++ vectors.
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,7 +88,9 @@ void define_packing(py::module_& m) {
           py::arg("r"), "sample ids of row r (a copy)")
       .def(
           "row_tensors",
-          [](const PyPacking& p, std::uint64_t padded_len) {
+          [](const PyPacking& p, const py::object& padded_len_arg) {
+            // A row of padded_len int32 positions: at most 2^31 - 1 (and what rows x width allocates).
+            const std::uint64_t padded_len = unsigned_arg(padded_len_arg, "padded_len", (std::uint64_t{1} << 31) - 1);
             pk::RowTensors t;
             {
               py::gil_scoped_release release;
@@ -102,7 +105,7 @@ void define_packing(py::module_& m) {
             d["max_seqlen"] = t.max_seqlen;
             return d;
           },
-          py::arg("padded_len") = 0,
+          py::arg("padded_len") = py::int_(0),
           "dict of int32 arrays: cu_seqlens (sample boundaries, padding its own segment), position_ids and "
           "segment_ids of shape (rows, padded_len) (padded_len 0: the capacity), and max_seqlen")
       .def("__repr__", [](const PyPacking& p) {
@@ -114,9 +117,13 @@ void define_packing(py::module_& m) {
 
   m.def(
       "pack",
-      [](const py::array& lengths, std::uint64_t capacity, const std::string& algorithm,
-         const std::optional<py::array>& target_lengths, std::uint64_t target_capacity,
-         std::uint64_t max_samples_per_row) {
+      [](const py::array& lengths, const py::object& capacity_arg, const std::string& algorithm,
+         const std::optional<py::array>& target_lengths, const py::object& target_capacity_arg,
+         const py::object& max_samples_per_row_arg) {
+        constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
+        const std::uint64_t capacity = unsigned_arg(capacity_arg, "capacity", kU32);
+        const std::uint64_t target_capacity = unsigned_arg(target_capacity_arg, "target_capacity", kU32);
+        const std::uint64_t max_samples_per_row = unsigned_arg(max_samples_per_row_arg, "max_samples_per_row", kU32);
         check_u32(lengths, "lengths");
         auto out = std::make_shared<PyPacking>();
         out->lengths = copy_u32(lengths);
@@ -143,7 +150,7 @@ void define_packing(py::module_& m) {
         return out;
       },
       py::arg("lengths"), py::arg("capacity"), py::arg("algorithm") = "bfd", py::arg("target_lengths") = py::none(),
-      py::arg("target_capacity") = 0, py::arg("max_samples_per_row") = 0,
+      py::arg("target_capacity") = py::int_(0), py::arg("max_samples_per_row") = py::int_(0),
       "Packs samples of uint32 `lengths` (1-D, C-contiguous) into rows of `capacity` tokens with 'ffd', 'bfd' or "
       "'histogram'; with `target_lengths` and `target_capacity`, in two dimensions. Raises ValueError naming a sample "
       "longer than a capacity. Releases the GIL while packing.");

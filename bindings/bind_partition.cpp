@@ -61,6 +61,26 @@ py::dict partition_dict(const sch::Partition& p) {
 
 }  // namespace
 
+/// An integer argument that is unsigned in C++, in [0, max]: a negative value or one above max
+/// raises ValueError naming the argument (never wraps); a non-integer (a float) raises ValueError
+/// too, never cast. Accepts Python ints and numpy integers (__index__).
+std::uint64_t unsigned_arg(const py::handle& value, const char* arg, std::uint64_t max) {
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    PACKPIPE_THROW(InvalidArgument, "{} must be an integer, found {} of type {}", arg, std::string(py::repr(value)),
+                   std::string(py::str(py::type::of(value).attr("__name__"))));
+  }
+  const py::object v = py::reinterpret_steal<py::object>(index);
+  PACKPIPE_CHECK_ARG(PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_GE) == 1,
+                     "{} must not be negative, found {}", arg, std::string(py::repr(v)));
+  const unsigned long long u = PyLong_AsUnsignedLongLong(v.ptr());
+  const bool overflow = u == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr;
+  if (overflow) PyErr_Clear();
+  PACKPIPE_CHECK_ARG(!overflow && u <= max, "{} must be at most {}, found {}", arg, max, std::string(py::repr(v)));
+  return static_cast<std::uint64_t>(u);
+}
+
 PyPartitionCache::Use::Use(PyPartitionCache* c, const std::shared_ptr<cm::CostModel>& cost) : owner(c) {
   if (c == nullptr) return;
   PACKPIPE_CHECK_ARG(c->busy.try_lock(), "this PartitionCache is in use by another thread: keep one per thread");
@@ -93,11 +113,14 @@ void define_partition(py::module_& m) {
       "partition",
       [](const py::object& input_lengths, const std::shared_ptr<cm::CostModel>& cost, const py::object& target_lengths,
          std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
-         double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, std::uint64_t tokens,
+         double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, const py::object& tokens,
          std::int64_t round_multiple, const std::string& recompute, const std::string& oversize,
          const std::string& basis, bool pack_windows, const std::shared_ptr<PyPartitionCache>& cache,
-         const std::string& order, int threads) {
+         const std::string& order, std::int64_t threads) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        PACKPIPE_CHECK_ARG(threads >= 0 && threads <= 1024, "threads must be in [0, 1024] (0: automatic), found {}",
+                           threads);
+        PACKPIPE_CHECK_ARG(mbs >= 0 && mbs <= (std::int64_t{1} << 31), "mbs must be in [0, 2^31], found {}", mbs);
         sch::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
         b.target = lengths_arg(target_lengths, "target_lengths");
@@ -114,14 +137,14 @@ void define_partition(py::module_& m) {
         sch::PartitionOptions o;
         o.method = sch::partition_method_from_name(method);
         o.microbatch_size = mbs;
-        o.token_budget = tokens;
+        o.token_budget = unsigned_arg(tokens, "tokens", std::uint64_t{1} << 40);
         o.round_multiple = round_multiple;
         o.recompute = sch::recompute_policy_from_name(recompute);
         o.oversize = sch::oversize_policy_from_name(oversize);
         o.basis = sch::cost_basis_from_name(basis);
         o.pack_windows = pack_windows;
         o.order = sch::enc_dec_order_from_name(order);
-        o.threads = threads;
+        o.threads = static_cast<int>(threads);
         const PyPartitionCache::Use use(cache.get(), cost);
         o.cache = use.get();
         sch::Partition p;
@@ -134,7 +157,7 @@ void define_partition(py::module_& m) {
       py::arg("input_lengths"), py::arg("cost_model"), py::arg("target_lengths") = py::none(), py::arg("stages") = 1,
       py::arg("layers_per_stage") = 0, py::arg("chunks") = 1, py::arg("dp") = 1, py::arg("tp") = 1,
       py::arg("memory_mb") = 0.0, py::arg("zero_stage") = 1, py::arg("method") = "dp", py::arg("mbs") = 0,
-      py::arg("tokens") = 0, py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
+      py::arg("tokens") = py::int_(0), py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
       py::arg("oversize") = "error", py::arg("cost_basis") = "auto", py::arg("pack_windows") = false,
       py::arg("cache") = nullptr, py::arg("order") = "auto", py::arg("threads") = 0,
       "Micro-batches of one global batch. input_lengths (and target_lengths for encoder-decoder models): "

@@ -1,5 +1,6 @@
 // Python binding of the planning job for one global batch: packpipe.plan_batch(...).
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,9 +53,9 @@ void define_planner(py::module_& m) {
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
          int zero_stage, double memory_mb, const std::string& method, const std::string& schedule,
-         const std::string& recompute, std::int64_t round_multiple, std::uint64_t seed, std::uint64_t iteration,
-         bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
-         const std::shared_ptr<PyPartitionCache>& cache) {
+         const std::string& recompute, std::int64_t round_multiple, const py::object& seed,
+         const py::object& iteration, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+         const std::shared_ptr<PyPartitionCache>& cache, const std::string& oversize) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         sch::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
@@ -72,17 +73,20 @@ void define_planner(py::module_& m) {
         o.partition.method = sch::partition_method_from_name(method);
         o.partition.recompute = sch::recompute_policy_from_name(recompute);
         o.partition.round_multiple = round_multiple;
+        o.partition.oversize = sch::oversize_policy_from_name(oversize);
         o.schedule = schedule;
-        o.search.seed = seed;
+        o.search.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
+        const std::uint64_t iter = unsigned_arg(iteration, "iteration", std::numeric_limits<std::uint64_t>::max());
         o.validate = validate;
         o.baselines = baselines;
         o.baseline_mbs = baseline_mbs;
+        sch::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
         sch::IterationResult r;
         {
           py::gil_scoped_release release;
           const auto vstages = sch::virtual_stages(cost->model(), o.shape);
-          r = sch::plan_iteration(b, nullptr, iteration, *cost, vstages, o, use.get());
+          r = sch::plan_iteration(b, nullptr, iter, *cost, vstages, o, use.get());
         }
         py::dict d;
         py::list plans;
@@ -96,6 +100,8 @@ void define_planner(py::module_& m) {
         d["iteration"] = r.iteration;
         d["samples"] = r.samples;
         d["tokens"] = r.tokens;
+        d["truncated"] = r.truncated;
+        d["dropped"] = r.dropped;
         d["model_flops"] = r.model_flops;
         d["partition_ms"] = r.partition_ms;
         d["schedule_ms"] = r.schedule_ms;
@@ -107,12 +113,16 @@ void define_planner(py::module_& m) {
       py::arg("stages") = 4, py::arg("layers_per_stage") = 0, py::arg("chunks") = 1, py::arg("dp") = 1,
       py::arg("tp") = 1, py::arg("zero_stage") = 1, py::arg("memory_mb") = 0.0, py::arg("method") = "dp",
       py::arg("schedule") = "search", py::arg("recompute") = "auto", py::arg("round_multiple") = 8,
-      py::arg("seed") = 1234, py::arg("iteration") = 0, py::arg("validate") = false, py::arg("baselines") = false,
-      py::arg("baseline_mbs") = std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64}, py::arg("cache") = nullptr,
+      py::arg("seed") = py::int_(1234), py::arg("iteration") = py::int_(0), py::arg("validate") = false,
+      py::arg("baselines") = false, py::arg("baseline_mbs") = std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64},
+      py::arg("cache") = nullptr, py::arg("oversize") = "error",
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams. Returns a dict with "
       "'plans' (one packpipe.Plan per data-parallel replica), the figures of packpipe's plan and, with "
       "baselines=True, of the fixed and packing baselines for every micro-batch size of baseline_mbs. cache: a "
-      "packpipe.PartitionCache kept across iterations (shape costs), or None.");
+      "packpipe.PartitionCache kept across iterations (shape costs), or None. oversize: a sample that cannot fit "
+      "even alone is an error ('error', the default, naming it), 'truncate'd or 'drop'ped; 'truncated' and "
+      "'dropped' count them and 'samples' / 'tokens' are what is trained. Sizes out of range raise ValueError "
+      "naming the argument.");
 }
 
 }  // namespace packpipe::bindings

@@ -3,6 +3,7 @@
 // packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
 // check lives in C++; the GIL is released while simulating and searching.
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,11 +111,17 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
     PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
                        "microbatches[{}] must be (rows, padded_len[, padded_dec_len[, recompute]])", i);
     sc::MicroBatch mb;
-    const auto rows = t[0].cast<std::int64_t>();
-    PACKPIPE_CHECK_ARG(rows >= 1, "microbatches[{}]: rows must be at least 1, found {}", i, rows);
+    // Bounded before anything is allocated from them (rows x samples), as `packpipe schedule` reads them.
+    const std::string where = "microbatches[" + std::to_string(i) + "]";
+    const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
+    PACKPIPE_CHECK_ARG(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
     mb.samples.resize(static_cast<std::size_t>(rows));
-    mb.padded_len = t[1].cast<std::int64_t>();
-    if (t.size() >= 3) mb.padded_dec_len = t[2].cast<std::int64_t>();
+    constexpr std::uint64_t kMaxLen = std::uint64_t{1} << 24;
+    mb.padded_len = static_cast<std::int64_t>(unsigned_arg(t[1], (where + " padded_len").c_str(), kMaxLen));
+    PACKPIPE_CHECK_ARG(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
+    if (t.size() >= 3) {
+      mb.padded_dec_len = static_cast<std::int64_t>(unsigned_arg(t[2], (where + " padded_dec_len").c_str(), kMaxLen));
+    }
     if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
     out->mbs.push_back(std::move(mb));
   }
@@ -225,10 +232,12 @@ void define_schedule(py::module_& m) {
           "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)")
       .def(
           "search",
-          [](const PyProblem& p, std::uint64_t seed, std::optional<std::vector<std::string>> schedules, bool reference,
-             int local_rounds) {
+          [](const PyProblem& p, const py::object& seed, std::optional<std::vector<std::string>> schedules,
+             bool reference, int local_rounds) {
             sc::SearchOptions o;
-            o.seed = seed;
+            o.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
+            PACKPIPE_CHECK_ARG(local_rounds >= 0 && local_rounds <= 1000, "local_rounds must be in [0, 1000], found {}",
+                               local_rounds);
             o.local_rounds = local_rounds;
             if (schedules) {
               for (const auto& n : *schedules) o.schedules.push_back(sc::schedule_kind_from_name(n));
@@ -245,7 +254,7 @@ void define_schedule(py::module_& m) {
             r.result = reference ? sc::reference_search(p.problem, o) : sc::search_schedule(p.problem, o);
             return r;
           },
-          py::arg("seed") = 0, py::arg("schedules") = py::none(), py::arg("reference") = false,
+          py::arg("seed") = py::int_(0), py::arg("schedules") = py::none(), py::arg("reference") = false,
           py::arg("local_rounds") = 1,
           "Search the schedule and micro-batch order (reference=True: the exhaustive DynaPipe-like search)");
 

@@ -2,10 +2,8 @@
 // `-` for stdin) into rows of a capacity and prints the row count, efficiency and time.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
+#include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,77 +28,28 @@ struct PackCliOptions {
   bool rows = false;
 };
 
-struct SampleLengths {
-  std::vector<std::uint32_t> inputs;
-  std::vector<std::uint32_t> targets;
-  bool two_columns = false;
-};
-
-/// Parses one non-negative integer token below 2^32; false if it is not one.
-bool parse_u32(const std::string& tok, std::uint32_t& out) {
-  if (tok.empty() || tok.size() > 10) return false;
-  std::uint64_t v = 0;
-  for (const char c : tok) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  if (v > 0xFFFFFFFFull) return false;
-  out = static_cast<std::uint32_t>(v);
-  return true;
-}
-
-/// Reads `input_len [target_len]` lines; blank lines and `#` comments are skipped; every data
-/// line must have the same number of columns. Throws Error naming file:line.
-SampleLengths read_lengths(std::istream& in, const std::string& name) {
-  SampleLengths s;
-  std::string line;
-  std::uint64_t lineno = 0;
-  std::uint64_t first_line = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const auto hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
-    std::istringstream fields(line);
-    std::vector<std::string> toks;
-    for (std::string t; fields >> t;) toks.push_back(t);
-    if (toks.empty()) continue;
-    PACKPIPE_CHECK(toks.size() <= 2, "{}:{}: expected 'input_len [target_len]', found {} fields: '{}'", name, lineno,
-                   toks.size(), line);
-    std::uint32_t a = 0, b = 0;
-    PACKPIPE_CHECK(parse_u32(toks[0], a), "{}:{}: expected a non-negative integer input length below 2^32, found '{}'",
-                   name, lineno, toks[0]);
-    if (toks.size() == 2) {
-      PACKPIPE_CHECK(parse_u32(toks[1], b),
-                     "{}:{}: expected a non-negative integer target length below 2^32, found '{}'", name, lineno,
-                     toks[1]);
-    }
-    if (first_line == 0) {
-      first_line = lineno;
-      s.two_columns = toks.size() == 2;
-    }
-    PACKPIPE_CHECK(s.two_columns == (toks.size() == 2), "{}:{}: expected {} column(s) like line {}, found {}", name,
-                   lineno, s.two_columns ? 2 : 1, first_line, toks.size());
-    s.inputs.push_back(a);
-    if (s.two_columns) s.targets.push_back(b);
-  }
-  return s;
-}
-
 void run_pack(const PackCliOptions& o) {
   const pk::Algorithm alg = pk::algorithm_from_name(o.algorithm);
-  SampleLengths s;
-  if (o.input == "-") {
-    s = read_lengths(std::cin, "<stdin>");
-  } else {
-    std::ifstream f(o.input);
-    PACKPIPE_CHECK(f.good(), "{}: cannot open the lengths file", o.input);
-    s = read_lengths(f, o.input);
+  constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
+  PACKPIPE_CHECK_ARG(o.capacity > 0, "--capacity must be positive (tokens per row), found 0");
+  check_option_range("--capacity", o.capacity, 1, kU32, "tokens per row");
+  check_option_range("--target-capacity", o.target_capacity, 0, kU32, "target tokens per row (0: one dimension)");
+  check_option_range("--max-samples-per-row", o.max_samples_per_row, 0, kU32, "0: no limit");
+  const LengthsFile s = read_lengths_file(o.input);
+  // A sample longer than a capacity is named by its line (the packer knows only its index).
+  for (std::size_t i = 0; i < s.input.size(); ++i) {
+    PACKPIPE_CHECK_ARG(s.input[i] <= o.capacity,
+                       "{}: sample {} has {} tokens, more than the capacity {}; raise --capacity or remove the sample",
+                       s.where(i), i, s.input[i], o.capacity);
+    PACKPIPE_CHECK_ARG(!s.two_columns || o.target_capacity == 0 || s.target[i] <= o.target_capacity,
+                       "{}: sample {} has {} target tokens, more than the target capacity {}; raise "
+                       "--target-capacity or remove the sample",
+                       s.where(i), i, s.target[i], o.target_capacity);
   }
   PACKPIPE_CHECK_ARG(!s.two_columns || o.target_capacity > 0,
                      "{} gives target lengths (two columns); pass --target-capacity for two-dimensional packing",
                      o.input);
-  PACKPIPE_CHECK_ARG(s.two_columns || o.target_capacity == 0 || s.inputs.empty(),
+  PACKPIPE_CHECK_ARG(s.two_columns || o.target_capacity == 0 || s.input.empty(),
                      "--target-capacity {} given but {} has no target lengths (one column)", o.target_capacity,
                      o.input);
   pk::PackOptions po;
@@ -109,7 +58,7 @@ void run_pack(const PackCliOptions& o) {
   po.target_capacity = s.two_columns ? o.target_capacity : 0;
   po.max_samples_per_row = o.max_samples_per_row;
   const auto t0 = std::chrono::steady_clock::now();
-  const pk::Packing p = pk::pack(s.inputs.data(), s.inputs.size(), po, s.two_columns ? s.targets.data() : nullptr);
+  const pk::Packing p = pk::pack(s.input.data(), s.input.size(), po, s.two_columns ? s.target.data() : nullptr);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::uint64_t tokens = 0, target_tokens = 0;
@@ -123,7 +72,7 @@ void run_pack(const PackCliOptions& o) {
     j["algorithm"] = pk::algorithm_name(alg);
     j["capacity"] = p.capacity;
     j["target_capacity"] = p.target_capacity;
-    j["samples"] = s.inputs.size();
+    j["samples"] = s.input.size();
     j["tokens"] = tokens;
     if (s.two_columns) j["target_tokens"] = target_tokens;
     j["rows"] = p.rows();
@@ -145,7 +94,7 @@ void run_pack(const PackCliOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("packed %zu samples (%llu tokens%s) into %zu rows of %llu%s tokens with %s\n", s.inputs.size(),
+  std::printf("packed %zu samples (%llu tokens%s) into %zu rows of %llu%s tokens with %s\n", s.input.size(),
               static_cast<unsigned long long>(tokens),
               s.two_columns ? (" + " + std::to_string(target_tokens) + " target").c_str() : "", p.rows(),
               static_cast<unsigned long long>(p.capacity),

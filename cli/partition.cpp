@@ -1,10 +1,11 @@
 // `packpipe partition`: micro-batches of one global batch by any method, with the figures.
 #include <cstdio>
-#include <fstream>
+#include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/util.h"
@@ -36,38 +37,8 @@ struct PartitionCliOptions {
   bool pack_windows = false, compare = false, json = false;
 };
 
-// `input_len [target_len]` per line; '#' comments and blank lines skipped.
-sch::BatchLengths read_lengths(const std::string& path) {
-  std::ifstream in(path);
-  PACKPIPE_CHECK(in.good(), "cannot open lengths file '{}'", path);
-  sch::BatchLengths b;
-  std::string line;
-  std::size_t lineno = 0;
-  int columns = -1;
-  while (std::getline(in, line)) {
-    ++lineno;
-    const auto hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
-    std::istringstream ss(line);
-    std::vector<long long> v;
-    long long x;
-    while (ss >> x) v.push_back(x);
-    PACKPIPE_CHECK(ss.eof(), "{}:{}: expected integers, found '{}'", path, lineno, line);
-    if (v.empty()) continue;
-    PACKPIPE_CHECK(v.size() <= 2, "{}:{}: expected 'input_len [target_len]', found {} numbers", path, lineno, v.size());
-    if (columns < 0) columns = static_cast<int>(v.size());
-    PACKPIPE_CHECK(static_cast<int>(v.size()) == columns, "{}:{}: expected {} column(s) as on the first line, found {}",
-                   path, lineno, columns, v.size());
-    for (long long y : v) {
-      PACKPIPE_CHECK(y >= 0 && y <= 0xffffffffLL, "{}:{}: length {} out of range", path, lineno, y);
-    }
-    b.input.push_back(static_cast<std::uint32_t>(v[0]));
-    if (v.size() == 2) b.target.push_back(static_cast<std::uint32_t>(v[1]));
-  }
-  return b;
-}
-
-sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec) {
+/// The sampled global batch and, per sample, how the user knows it (task and dataset index).
+sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std::vector<std::string>& names) {
   const dl::MultiTaskDataset mt = !o.manifest.empty() ? dl::MultiTaskDataset(dl::load_manifest(o.manifest))
                                                       : dl::MultiTaskDataset::from_prefix(o.dataset);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
@@ -84,11 +55,17 @@ sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec) {
   sch::BatchLengths b;
   for (const auto& r : g.samples) {
     const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
+    names.push_back(fmt::format("global batch {}, task '{}', dataset sample {}", o.batch_index,
+                                r.task < mt.manifest().tasks.size() ? mt.manifest().tasks[r.task].name : "?",
+                                r.index));
     if (encdec) {
       b.input.push_back(in);
       b.target.push_back(tg);
     } else {
-      b.input.push_back(in + tg);  // decoder-only: the whole sample is one sequence
+      const std::uint64_t sum = std::uint64_t{in} + tg;  // decoder-only: the whole sample is one sequence
+      PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(), "{}: {} tokens, more than 2^32 - 1",
+                         names.back(), sum);
+      b.input.push_back(static_cast<std::uint32_t>(sum));
     }
   }
   return b;
@@ -130,12 +107,35 @@ Json run_partition(const PartitionCliOptions& o) {
   const bool encdec = cost->model().arch == cm::Architecture::EncoderDecoder;
   const int sources = (!o.lengths_file.empty()) + (!o.dataset.empty()) + (!o.manifest.empty());
   PACKPIPE_CHECK_ARG(sources == 1, "give exactly one of LENGTHS_FILE, --dataset and --manifest");
-  sch::BatchLengths b = !o.lengths_file.empty() ? read_lengths(o.lengths_file) : sample_lengths(o, encdec);
+  check_option_range("--global-batch-tokens", o.batch_tokens, 0, kMaxGlobalBatchTokens);
+  check_option_range("--global-batch-samples", o.batch_samples, 0, kMaxGlobalBatchSamples,
+                     "a global batch names its samples with 31-bit ids");
+  check_option_range("--threads", static_cast<std::int64_t>(o.threads), 0, kMaxThreads, "0: automatic");
+  check_option_range("--mbs", o.mbs, 0, std::int64_t{1} << 31, "samples (rows) per micro-batch");
+  check_option_range("--tokens", o.tokens, 0, kMaxGlobalBatchTokens, "padded tokens per micro-batch");
+  check_option_range("--round-multiple", o.round_multiple, 1, sch::kMaxRoundMultiple);
+  // Each sample as the user knows it: its line in the lengths file, or its task and index.
+  std::vector<std::string> names;
+  sch::BatchLengths b;
+  if (!o.lengths_file.empty()) {
+    LengthsFile f = read_lengths_file(o.lengths_file);
+    for (std::size_t i = 0; i < f.input.size(); ++i) names.push_back(fmt::format("sample {} at {}", i, f.where(i)));
+    b.input = std::move(f.input);
+    b.target = std::move(f.target);
+  } else {
+    b = sample_lengths(o, encdec, names);
+  }
   if (encdec && b.target.empty() && !b.input.empty()) {
     PACKPIPE_THROW(InvalidArgument, "model '{}' is encoder-decoder: the lengths need a target column", o.costs.model);
   }
   if (!encdec && !b.target.empty()) {  // decoder-only: input and target form one sequence
-    for (std::size_t k = 0; k < b.input.size(); ++k) b.input[k] += b.target[k];
+    for (std::size_t k = 0; k < b.input.size(); ++k) {
+      const std::uint64_t sum = std::uint64_t{b.input[k]} + b.target[k];
+      PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(),
+                         "{}: input {} + target {} = {} tokens, more than 2^32 - 1 for decoder-only model '{}'",
+                         names[k], b.input[k], b.target[k], sum, o.costs.model);
+      b.input[k] = static_cast<std::uint32_t>(sum);
+    }
     b.target.clear();
   }
   const sch::PipelineShape sh = o.shape_args.shape();
@@ -151,6 +151,10 @@ Json run_partition(const PartitionCliOptions& o) {
   po.pack_windows = o.pack_windows;
   po.order = sch::enc_dec_order_from_name(o.order);
   po.threads = o.threads;
+  po.oversize_option = "--oversize";
+  po.describe_sample = [&names](std::uint32_t s) {
+    return s < names.size() ? names[s] : fmt::format("sample {}", s);
+  };
   const sch::Partition p = sch::partition(b, *cost, sh, vs, po);
   Json j;
   j["model"] = cost->model().name;

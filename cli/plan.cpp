@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -48,6 +48,7 @@ struct PlanCliOptions {
   std::string schedule = "search";
   std::string method = "dp";
   std::string recompute = "auto";
+  std::string oversize = "error";
   std::int64_t round_multiple = 8;
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};
   bool no_baselines = false, validate = false, compress = false, json = false;
@@ -62,7 +63,20 @@ struct Row {
   sc::MethodFigures packpipe;
   sc::BaselineGrid fixed, packing;
   double partition_ms = 0, schedule_ms = 0, build_ms = 0, planning_ms = 0;
+  std::uint64_t truncated = 0, dropped = 0;
 };
+
+/// Range checks of the options that are not the pipeline shape (ShapeArgs checks that), before
+/// anything is read or allocated from them.
+void check_plan_options(const PlanCliOptions& o) {
+  check_option_range("--global-batch-tokens", o.batch_tokens, 0, kMaxGlobalBatchTokens);
+  check_option_range("--global-batch-samples", o.batch_samples, 0, kMaxGlobalBatchSamples,
+                     "a global batch names its samples with 32-bit ids");
+  check_option_range("--threads", static_cast<std::int64_t>(o.threads), 0, kMaxThreads, "0: all cores");
+  check_option_range("--round-multiple", o.round_multiple, 1, sc::kMaxRoundMultiple);
+  PACKPIPE_CHECK_ARG(!o.baseline_mbs.empty() || o.no_baselines, "--baseline-mbs needs at least one size");
+  for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, sc::kMaxBaselineMbs);
+}
 
 /// The baseline grid column with the least total time over all iterations (infeasible anywhere:
 /// excluded), as a user tuning one micro-batch size for the run would pick.
@@ -105,10 +119,34 @@ Json figures_json(const sc::MethodFigures& f, std::uint64_t tokens) {
 
 Json run_plan(const PlanCliOptions& o) {
   PACKPIPE_CHECK_ARG(o.manifest.empty() != o.dataset.empty(), "give exactly one of --manifest and --dataset");
+  check_plan_options(o);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
   const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
                                                        : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
+  // Every output is refused before anything is written if it is one of the inputs (the manifest,
+  // any dataset file of any task, a profile): writing it would destroy what is being read. Checked before the
+  // cost model is loaded, so that a model or profile file named as an output is refused as such.
+  std::vector<std::string> inputs;
+  if (!o.manifest.empty()) inputs.push_back(o.manifest);
+  for (const auto& t : data.manifest().tasks) {
+    for (const auto* list : {&t.prefixes, &t.target_prefixes}) {
+      for (const auto& pre : *list) {
+        for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
+      }
+    }
+  }
+  for (const auto& pre : {o.dataset}) {
+    if (pre.empty()) continue;
+    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
+  }
+  for (const auto& f : cost_model_inputs(o.costs)) inputs.push_back(f);
+  for (const auto& [out, what] : {std::pair{o.out, "--out"}, std::pair{o.trace, "--chrome-trace"},
+                                  std::pair{o.report, "--report"}}) {
+    if (!out.empty()) check_output_is_not_input(out, inputs, what);
+  }
+  check_distinct_outputs({{o.out, "--out"}, {o.trace, "--chrome-trace"}, {o.report, "--report"}});
+
   const auto cost = o.costs.make();
   const cm::ModelSpec& model = cost->model();
   const bool enc_dec = model.arch == cm::Architecture::EncoderDecoder;
@@ -118,6 +156,9 @@ Json run_plan(const PlanCliOptions& o) {
   po.partition.method = sc::partition_method_from_name(o.method);
   po.partition.recompute = sc::recompute_policy_from_name(o.recompute);
   po.partition.round_multiple = o.round_multiple;
+  po.partition.oversize = sc::oversize_policy_from_name(o.oversize);
+  po.partition.oversize_option = "--oversize";
+  for (const auto& t : data.manifest().tasks) po.task_names.push_back(t.name);
   po.schedule = o.schedule;
   if (o.schedule != "search") (void)sc::schedule_kind_from_name(o.schedule);  // reject a bad name early
   po.search.seed = o.seed;
@@ -134,27 +175,6 @@ Json run_plan(const PlanCliOptions& o) {
   sconf.global_batch_samples = o.batch_samples;
   dl::Sampler sampler(data, sconf);
   sampler.set_epoch(o.epoch);
-
-  // Every output is refused before anything is written if it is one of the inputs (the manifest,
-  // any dataset file of any task, a profile): writing it would destroy what is being read.
-  std::vector<std::string> inputs;
-  if (!o.manifest.empty()) inputs.push_back(o.manifest);
-  for (const auto& t : data.manifest().tasks) {
-    for (const auto* list : {&t.prefixes, &t.target_prefixes}) {
-      for (const auto& pre : *list) {
-        for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
-      }
-    }
-  }
-  for (const auto& pre : {o.dataset}) {
-    if (pre.empty()) continue;
-    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
-  }
-  for (const auto& prof : o.costs.profiles) inputs.push_back(prof);
-  for (const auto& [out, what] : {std::pair{o.out, "--out"}, std::pair{o.trace, "--chrome-trace"},
-                                  std::pair{o.report, "--report"}}) {
-    if (!out.empty()) check_output_is_not_input(out, inputs, what);
-  }
 
   std::unique_ptr<sc::PlanFileWriter> writer;
   if (!o.out.empty()) {
@@ -211,7 +231,11 @@ Json run_plan(const PlanCliOptions& o) {
                 w->lengths.input.push_back(std::max<std::uint32_t>(in, 1));
                 w->lengths.target.push_back(std::max<std::uint32_t>(tg, 1));
               } else {
-                w->lengths.input.push_back(in + tg);
+                const std::uint64_t sum = std::uint64_t{in} + tg;
+                PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(),
+                                   "iteration {}: sample {} of task '{}' has {} tokens, more than 2^32 - 1",
+                                   w->iteration, ref.index, data.manifest().tasks[ref.task].name, sum);
+                w->lengths.input.push_back(static_cast<std::uint32_t>(sum));
               }
               w->refs.push_back(ref);
             }
@@ -245,6 +269,8 @@ Json run_plan(const PlanCliOptions& o) {
                 row.schedule_ms = r.schedule_ms;
                 row.build_ms = r.build_ms;
                 row.planning_ms = r.planning_ms;
+                row.truncated = r.truncated;
+                row.dropped = r.dropped;
                 rows.push_back(std::move(row));
                 progress.update(rows.size());
               }));
@@ -293,6 +319,10 @@ Json run_plan(const PlanCliOptions& o) {
       it["packing"] = figures_json(r.packing.figures[packing_col], r.tokens);
       it["packing"]["mbs"] = r.packing.mbs[packing_col];
     }
+    if (po.partition.oversize != sc::OversizePolicy::Error) {
+      it["truncated"] = r.truncated;
+      it["dropped"] = r.dropped;
+    }
     it["planning_ms"] = r.planning_ms;
     it["partition_ms"] = r.partition_ms;
     it["schedule_ms"] = r.schedule_ms;
@@ -323,6 +353,15 @@ Json run_plan(const PlanCliOptions& o) {
   total["packpipe"]["feasible"] = pp_feasible;
   total["packpipe"]["microbatches"] = microbatches;
   total["packpipe"]["peak_mb"] = peak;
+  if (po.partition.oversize != sc::OversizePolicy::Error) {
+    std::uint64_t truncated = 0, dropped = 0;
+    for (const auto& r : rows) {
+      truncated += r.truncated;
+      dropped += r.dropped;
+    }
+    total["truncated"] = truncated;
+    total["dropped"] = dropped;
+  }
   auto baseline_total = [&](const char* name, std::int64_t col, double tot, sc::BaselineGrid Row::*grid) {
     if (!po.baselines) return;
     if (col < 0 || !std::isfinite(tot)) {
@@ -399,6 +438,10 @@ void print_report(const Json& j) {
               t["samples"].get<unsigned long long>(), t["tokens"].get<unsigned long long>());
   line("packpipe", t["packpipe"]);
   std::printf("  %s\n", t["packpipe"]["feasible"].get<bool>() ? "" : "(over the memory limit somewhere)");
+  if (t.contains("truncated")) {
+    std::printf("  oversize samples: %llu truncated, %llu dropped\n", t["truncated"].get<unsigned long long>(),
+                t["dropped"].get<unsigned long long>());
+  }
   for (const char* b : {"fixed", "packing"}) {
     if (!t.contains(b)) continue;
     if (!t[b].contains("mbs")) {
@@ -447,6 +490,10 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "auto (per micro-batch), none, selective, full")
       ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
   cmd->add_option("--round-multiple", o->round_multiple, "Pad lengths to a multiple of this")->capture_default_str();
+  cmd->add_option("--oversize", o->oversize,
+                  "A sample that cannot fit in memory even alone: error (stop, naming it), truncate it, or drop it")
+      ->check(CLI::IsMember({"error", "truncate", "drop"}))
+      ->capture_default_str();
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the baselines' grid search tries");
   cmd->add_flag("--no-baselines", o->no_baselines, "Skip the fixed and packing baselines");
   cmd->add_flag("--validate", o->validate, "Validate every plan (slower)");
@@ -454,7 +501,7 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--out", o->out, "Write the plans of every iteration to this file");
   cmd->add_option("--report", o->report, "Also write the JSON report to this file");
   cmd->add_option("--chrome-trace", o->trace, "Write the simulated timeline of iteration 0 (Chrome trace JSON)");
-  cmd->add_option("--threads", o->threads, "Planning threads (default: all cores)");
+  cmd->add_option("--threads", o->threads, "Planning threads (0, the default: all cores)");
   cmd->add_flag("--json", o->json, "Print the report as one JSON object");
   cmd->callback([cmd, o] {
     if (!cmd->get_subcommands().empty()) return;  // `plan inspect|validate|export` ran instead

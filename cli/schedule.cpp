@@ -1,12 +1,10 @@
 // `packpipe schedule`: simulate pipeline schedules for given micro-batch shapes, or search the
 // schedule and micro-batch order; prints a summary, a table for `--schedule all`, JSON with
 // --json, and writes the winner's Chrome trace with --chrome-trace.
+#include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/factory.h"
 #include "scheduler/pipeline.h"
 #include "scheduler/schedules.h"
@@ -40,68 +39,50 @@ struct ScheduleOptionsCli {
   bool json = false;
 };
 
+/// Largest rows of a micro-batch and padded length accepted in a micro-batch file.
+constexpr std::uint64_t kMaxRows = std::uint64_t{1} << 20;
+constexpr std::uint64_t kMaxPaddedLen = std::uint64_t{1} << 24;
+
 // Micro-batch shapes: one per line, `rows padded_len [padded_dec_len] [recompute]`; '#' starts a
-// comment.
+// comment. Read without blocking on a FIFO; every error names file:line and the text.
 std::vector<sc::MicroBatch> read_microbatches(const std::string& path) {
-  std::ifstream file;
-  std::istream* in = &std::cin;
-  if (path != "-") {
-    file.open(path);
-    PACKPIPE_CHECK(file.good(), "cannot open micro-batch file '{}'", path);
-    in = &file;
-  }
+  const std::string name = path == "-" ? "<stdin>" : path;
+  const std::string text = read_text_input(path, "micro-batch file");
   std::vector<sc::MicroBatch> out;
-  std::string line;
-  std::size_t lineno = 0;
-  while (std::getline(*in, line)) {
-    ++lineno;
-    const auto hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
-    std::istringstream ls(line);
-    std::vector<std::string> tok;
-    for (std::string t; ls >> t;) tok.push_back(t);
-    if (tok.empty()) continue;
-    PACKPIPE_CHECK(tok.size() <= 4, "{}:{}: expected 'rows padded_len [padded_dec_len] [recompute]', found {} fields",
-                   path, lineno, tok.size());
-    auto number = [&](const std::string& s, const char* what) {
-      std::size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(s, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      PACKPIPE_CHECK(used == s.size() && v >= 0, "{}:{}: {} must be a non-negative integer, found '{}'", path, lineno,
-                     what, s);
-      return static_cast<std::int64_t>(v);
-    };
+  for_each_data_line(text, [&](std::uint64_t lineno, const std::vector<std::string_view>& tok) {
+    const std::string where = fmt::format("{}:{}", name, lineno);
+    PACKPIPE_CHECK(tok.size() <= 4, "{}: expected 'rows padded_len [padded_dec_len] [recompute]', found {} fields",
+                   where, tok.size());
+    PACKPIPE_CHECK(tok.size() >= 2, "{}: missing padded_len; expected 'rows padded_len [padded_dec_len] [recompute]'",
+                   where);
     sc::MicroBatch mb;
-    const std::int64_t rows = number(tok[0], "rows");
-    PACKPIPE_CHECK(rows >= 1, "{}:{}: rows must be at least 1, found {}", path, lineno, rows);
+    const std::uint64_t rows = parse_unsigned_field(tok[0], kMaxRows, where, "rows");
+    PACKPIPE_CHECK(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
     mb.samples.resize(static_cast<std::size_t>(rows));
     for (std::size_t i = 0; i < mb.samples.size(); ++i) mb.samples[i] = static_cast<std::uint32_t>(i);
-    PACKPIPE_CHECK(tok.size() >= 2, "{}:{}: missing padded_len", path, lineno);
-    mb.padded_len = number(tok[1], "padded_len");
-    PACKPIPE_CHECK(mb.padded_len >= 1, "{}:{}: padded_len must be at least 1", path, lineno);
+    mb.padded_len = static_cast<std::int64_t>(parse_unsigned_field(tok[1], kMaxPaddedLen, where, "padded_len"));
+    PACKPIPE_CHECK(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
     std::size_t next = 2;
     if (tok.size() > next && std::isdigit(static_cast<unsigned char>(tok[next][0]))) {
-      mb.padded_dec_len = number(tok[next], "padded_dec_len");
+      mb.padded_dec_len =
+          static_cast<std::int64_t>(parse_unsigned_field(tok[next], kMaxPaddedLen, where, "padded_dec_len"));
       ++next;
     }
     if (tok.size() > next) {
       try {
-        mb.recompute = cm::recompute_from_name(tok[next]);
+        mb.recompute = cm::recompute_from_name(std::string(tok[next]));
       } catch (const std::exception&) {
-        PACKPIPE_THROW(::packpipe::Error, "{}:{}: recompute must be none, selective or full, found '{}'", path, lineno,
+        PACKPIPE_THROW(::packpipe::Error, "{}: recompute must be none, selective or full, found '{}'", where,
                        tok[next]);
       }
       ++next;
     }
-    PACKPIPE_CHECK(next == tok.size(), "{}:{}: unexpected field '{}'", path, lineno, tok[next]);
-    mb.tokens = static_cast<std::uint64_t>(rows * (mb.padded_len + mb.padded_dec_len));
+    PACKPIPE_CHECK(next == tok.size(), "{}: unexpected field '{}'", where, tok[next]);
+    mb.tokens = rows * static_cast<std::uint64_t>(mb.padded_len + mb.padded_dec_len);
     out.push_back(std::move(mb));
-  }
-  PACKPIPE_CHECK(!out.empty(), "no micro-batches in '{}'", path);
+  });
+  PACKPIPE_CHECK(!out.empty(), "no micro-batches in '{}'; expected one 'rows padded_len [padded_dec_len] "
+                 "[recompute]' per line", name);
   return out;
 }
 
@@ -126,6 +107,12 @@ Json schedule_json(const sc::Schedule& s, double limit_bytes) {
 }
 
 void run_schedule(const ScheduleOptionsCli& o) {
+  // The trace must not overwrite what is read (the micro-batch file, a profile, a model file).
+  if (!o.chrome_trace.empty()) {
+    std::vector<std::string> inputs = cost_model_inputs(o.costs);
+    if (o.input != "-") inputs.push_back(o.input);
+    check_output_is_not_input(o.chrome_trace, inputs, "--chrome-trace");
+  }
   const auto mbs = read_microbatches(o.input);
   const auto cost = o.costs.make();
   const sc::PipelineShape shape = o.shape_args.shape();
@@ -203,10 +190,7 @@ void run_schedule(const ScheduleOptionsCli& o) {
     j["search_ms"] = ms;
   }
   if (!o.chrome_trace.empty()) {
-    std::ofstream f(o.chrome_trace, std::ios::binary);
-    PACKPIPE_CHECK(f.good(), "cannot write Chrome trace '{}'", o.chrome_trace);
-    f << sc::chrome_trace_json(winner);
-    PACKPIPE_CHECK(f.good(), "error writing Chrome trace '{}'", o.chrome_trace);
+    write_file_atomic(o.chrome_trace, sc::chrome_trace_json(winner));
     j["chrome_trace"] = o.chrome_trace;
   }
   if (o.json) {

@@ -2,12 +2,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/factory.h"
 
 namespace packpipe::cli {
@@ -88,6 +95,136 @@ std::string human_bytes(std::uint64_t bytes) {
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
+std::string read_text_input(const std::string& path, std::string_view what) {
+  if (path != "-") return read_regular_file(path, what);
+  std::string text(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>{});
+  PACKPIPE_CHECK(!std::cin.bad(), "cannot read {} from standard input", what);
+  return text;
+}
+
+void for_each_data_line(const std::string& text,
+                        const std::function<void(std::uint64_t, const std::vector<std::string_view>&)>& fn) {
+  std::vector<std::string_view> fields;
+  std::uint64_t lineno = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    ++lineno;
+    if (const auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    fields.clear();
+    std::size_t k = 0;
+    while (k < line.size()) {
+      while (k < line.size() && (line[k] == ' ' || line[k] == '\t')) ++k;
+      const std::size_t start = k;
+      while (k < line.size() && line[k] != ' ' && line[k] != '\t') ++k;
+      if (k > start) fields.push_back(line.substr(start, k - start));
+    }
+    if (!fields.empty()) fn(lineno, fields);
+  }
+}
+
+std::uint64_t parse_unsigned_field(std::string_view field, std::uint64_t max, const std::string& where,
+                                   std::string_view what) {
+  PACKPIPE_CHECK(!field.empty() && field.front() != '-', "{}: {} must not be negative, found '{}'", where, what,
+                 field);
+  std::uint64_t v = 0;
+  bool overflow = false;
+  for (const char c : field) {
+    PACKPIPE_CHECK(c >= '0' && c <= '9', "{}: {} must be a non-negative integer (decimal digits only), found '{}'",
+                   where, what, field);
+    const auto d = static_cast<std::uint64_t>(c - '0');
+    if (v > (max - d) / 10) overflow = true;  // v * 10 + d > max
+    if (!overflow) v = v * 10 + d;
+  }
+  PACKPIPE_CHECK(!overflow, "{}: {} {} is too large; the largest accepted is {}", where, what, field, max);
+  return v;
+}
+
+std::string LengthsFile::where(std::size_t i) const {
+  return i < lines.size() ? fmt::format("{}:{}", name, lines[i]) : name;
+}
+
+LengthsFile read_lengths_file(const std::string& path) {
+  LengthsFile f;
+  f.name = path == "-" ? "<stdin>" : path;
+  const std::string text = read_text_input(path, "lengths file");
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint32_t>::max();
+  std::uint64_t first_line = 0;
+  for_each_data_line(text, [&](std::uint64_t lineno, const std::vector<std::string_view>& fields) {
+    const std::string where = fmt::format("{}:{}", f.name, lineno);
+    PACKPIPE_CHECK(fields.size() <= 2, "{}: expected 'input_len [target_len]', found {} fields: '{}'", where,
+                   fields.size(), fmt::join(fields, " "));
+    if (first_line == 0) {
+      first_line = lineno;
+      f.two_columns = fields.size() == 2;
+    }
+    PACKPIPE_CHECK(f.two_columns == (fields.size() == 2), "{}: expected {} column(s) like line {}, found {}", where,
+                   f.two_columns ? 2 : 1, first_line, fields.size());
+    f.input.push_back(static_cast<std::uint32_t>(parse_unsigned_field(fields[0], kMax, where, "input length")));
+    if (f.two_columns) {
+      f.target.push_back(static_cast<std::uint32_t>(parse_unsigned_field(fields[1], kMax, where, "target length")));
+    }
+    f.lines.push_back(lineno);
+  });
+  PACKPIPE_CHECK(!f.input.empty(),
+                 "{}: no lengths found ({}); expected one 'input_len [target_len]' per line ('#' starts a comment)",
+                 f.name, text.empty() ? "the file is empty" : "only blank lines and comments");
+  return f;
+}
+
+void check_option_range(std::string_view option, std::int64_t value, std::int64_t lo, std::int64_t hi,
+                        std::string_view why) {
+  PACKPIPE_CHECK_ARG(value >= lo && value <= hi, "{} must be in [{}, {}]{}{}{}, found {}", option, lo, hi,
+                     why.empty() ? "" : " (", why, why.empty() ? "" : ")", value);
+}
+
+void check_option_range(std::string_view option, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
+                        std::string_view why) {
+  PACKPIPE_CHECK_ARG(value >= lo && value <= hi, "{} must be in [{}, {}]{}{}{}, found {}", option, lo, hi,
+                     why.empty() ? "" : " (", why, why.empty() ? "" : ")", value);
+}
+
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    const auto r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+    return ec ? p : r.string();
+  };
+  for (std::size_t a = 0; a < outputs.size(); ++a) {
+    for (std::size_t b = a + 1; b < outputs.size(); ++b) {
+      const auto& [pa, wa] = outputs[a];
+      const auto& [pb, wb] = outputs[b];
+      if (pa.empty() || pb.empty()) continue;
+      PACKPIPE_CHECK_ARG(resolved(pa) != resolved(pb) && !same_file(pa, pb),
+                         "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each "
+                         "output its own path",
+                         wa, pa, wb, pb);
+    }
+  }
+}
+
+std::vector<std::string> cost_model_inputs(const CostModelArgs& args) {
+  std::vector<std::string> out = args.profiles;
+  // A profile folder is read recursively: every file in it is an input.
+  for (const auto& prof : args.profiles) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(prof, ec)) continue;
+    for (auto it = std::filesystem::recursive_directory_iterator(prof, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_regular_file(ec)) out.push_back(it->path().string());
+    }
+  }
+  for (const std::string* p : {&args.model, &args.device}) {
+    struct stat st {};
+    if (::stat(p->c_str(), &st) == 0) out.push_back(*p);  // a preset name is no file
+  }
+  return out;
+}
+
 void CostModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model, "Model preset or .json file")->capture_default_str();
   cmd->add_option("--device", device, "Device preset or .json file")->capture_default_str();
@@ -113,13 +250,17 @@ void ShapeArgs::add_to(CLI::App* cmd) {
 }
 
 scheduler::PipelineShape ShapeArgs::shape() const {
-  PACKPIPE_CHECK_ARG(stages >= 1, "--stages must be at least 1, found {}", stages);
-  PACKPIPE_CHECK_ARG(chunks >= 1, "--chunks must be at least 1, found {}", chunks);
-  PACKPIPE_CHECK_ARG(layers_per_stage >= 0, "--layers-per-stage must not be negative, found {}", layers_per_stage);
-  PACKPIPE_CHECK_ARG(dp >= 1, "--dp must be at least 1, found {}", dp);
-  PACKPIPE_CHECK_ARG(tp >= 1, "--tp must be at least 1, found {}", tp);
+  constexpr std::int64_t kMax = scheduler::kMaxPipelineSize;
+  check_option_range("--stages", stages, 1, kMax);
+  check_option_range("--chunks", chunks, 1, kMax);
+  check_option_range("--dp", dp, 1, kMax);
+  check_option_range("--tp", tp, 1, kMax);
+  PACKPIPE_CHECK_ARG(layers_per_stage >= 0, "--layers-per-stage must not be negative (0: the model's layers split "
+                     "evenly), found {}", layers_per_stage);
   PACKPIPE_CHECK_ARG(zero >= 0 && zero <= 3, "--zero must be 0-3, found {}", zero);
-  PACKPIPE_CHECK_ARG(memory_mb >= 0, "--memory-mb must not be negative, found {}", memory_mb);
+  PACKPIPE_CHECK_ARG(std::isfinite(memory_mb) && memory_mb >= 0 && memory_mb <= scheduler::kMaxMemoryLimitMb,
+                     "--memory-mb must be in [0, {:g}] (MB per device; 0: the device's memory), found {}",
+                     scheduler::kMaxMemoryLimitMb, memory_mb);
   scheduler::PipelineShape s;
   s.stages = stages;
   s.chunks = chunks;

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -53,6 +56,13 @@ class Progress {
   double start_ = 0;
 };
 
+/// Largest --global-batch-tokens accepted (2^40: far above any real batch).
+constexpr std::uint64_t kMaxGlobalBatchTokens = std::uint64_t{1} << 40;
+/// Largest --global-batch-samples accepted (a batch's samples have 31-bit ids in the partition).
+constexpr std::uint64_t kMaxGlobalBatchSamples = (std::uint64_t{1} << 31) - 1;
+/// Largest --threads accepted.
+constexpr std::int64_t kMaxThreads = 1024;
+
 /// `--model`, `--device`, `--profile`: the cost model a subcommand uses.
 struct CostModelArgs {
   std::string model = "gpt-6.7b";
@@ -75,11 +85,62 @@ struct ShapeArgs {
   double memory_mb = 0;
   /// Registers the options on `cmd` with `stages` as the default stage count.
   void add_to(CLI::App* cmd);
-  /// The pipeline shape; throws InvalidArgument naming the option for a non-positive size.
+  /// The pipeline shape; throws InvalidArgument naming the option and its limit for a size out of
+  /// range (scheduler::kMaxPipelineSize; the layers are checked against the model by
+  /// scheduler::virtual_stages).
   scheduler::PipelineShape shape() const;
 };
 
 /// Human-readable byte count ("1.5 MiB").
 std::string human_bytes(std::uint64_t bytes);
+
+/// Whole text of `path` ('-': standard input), read without blocking on a FIFO and refusing a
+/// directory or a device (common/file_io.h read_regular_file); `what` names the role in errors.
+std::string read_text_input(const std::string& path, std::string_view what);
+
+/// Calls `fn(line_number, fields)` for every line of `text` that has fields: '#' starts a comment,
+/// a trailing CR is ignored, fields are separated by spaces or tabs; line numbers start at 1.
+void for_each_data_line(const std::string& text,
+                        const std::function<void(std::uint64_t, const std::vector<std::string_view>&)>& fn);
+
+/// One field of `where` (e.g. "lengths.txt:3") as an unsigned integer at most `max`: only decimal
+/// digits, no sign, no trailing characters. Throws Error naming where, `what`, the limit and the text.
+std::uint64_t parse_unsigned_field(std::string_view field, std::uint64_t max, const std::string& where,
+                                   std::string_view what);
+
+/// Sample lengths read from a text file: `input_len [target_len]` per line.
+struct LengthsFile {
+  std::vector<std::uint32_t> input;
+  std::vector<std::uint32_t> target;  ///< empty for a one-column file
+  std::vector<std::uint64_t> lines;   ///< file line of each sample (1-based)
+  bool two_columns = false;
+  std::string name;                   ///< the path as given, or "<stdin>"
+  /// "NAME:LINE" of sample `i` (for messages: the user knows the line, not the sample index).
+  std::string where(std::size_t i) const;
+};
+
+/// The ONE reader of lengths files (pack, partition): `input_len [target_len]` per line of `path`
+/// ('-': stdin), '#' comments and blank lines skipped, every data line with the same number of
+/// columns, each length an integer in [0, 2^32 - 1]. Throws Error naming file:line and the text for
+/// a non-numeric, negative or overflowing length, trailing characters, a third column, a column
+/// count unlike the first data line's, an unreadable path (directory, FIFO, device) or a file with
+/// no lengths at all.
+LengthsFile read_lengths_file(const std::string& path);
+
+/// Size limits of the CLI options (and the Python entry points' arguments) with their messages.
+/// Throws InvalidArgument "OPTION must be in [lo, hi], found V" naming the option.
+void check_option_range(std::string_view option, std::int64_t value, std::int64_t lo, std::int64_t hi,
+                        std::string_view why = {});
+void check_option_range(std::string_view option, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
+                        std::string_view why = {});
+
+/// Throws InvalidArgument when two of the non-empty `outputs` ((path, option) pairs) name the same
+/// file (same path after resolving links and "..", or the same inode): the later would overwrite
+/// the earlier.
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+/// The files a cost model reads (for check_output_is_not_input): the profiles (a folder and every
+/// file under it), and --model / --device when they name files.
+std::vector<std::string> cost_model_inputs(const CostModelArgs& args);
 
 }  // namespace packpipe::cli

@@ -150,7 +150,8 @@ CostBasis resolve_basis(const PartitionOptions& o) {
 }
 
 void check_options(const PartitionOptions& o) {
-  PACKPIPE_CHECK_ARG(o.round_multiple >= 1, "round_multiple must be at least 1, found {}", o.round_multiple);
+  PACKPIPE_CHECK_ARG(o.round_multiple >= 1 && o.round_multiple <= kMaxRoundMultiple,
+                     "round_multiple must be in [1, {}], found {}", kMaxRoundMultiple, o.round_multiple);
   PACKPIPE_CHECK_ARG(o.decoder_extra_tokens >= 0, "decoder_extra_tokens must be non-negative, found {}",
                      o.decoder_extra_tokens);
   PACKPIPE_CHECK_ARG(o.tau_tolerance >= 0 && o.tau_tolerance < 1, "tau_tolerance must be in [0, 1), found {}",
@@ -707,6 +708,65 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
   return p;
 }
 
+std::string sample_name(const PartitionOptions& o, std::uint32_t s) {
+  return o.describe_sample ? o.describe_sample(s) : fmt::format("sample {}", s);
+}
+
+// Throws when the model state (parameters, gradients, optimizer state) of some rank alone fills
+// the memory limit: then no sample fits whatever its length, and truncating or dropping samples
+// cannot help (the message says what can).
+void check_model_state_fits(const cm::CostModel& cost, const PipelineShape& shape,
+                            const std::vector<VirtualStage>& vstages, const Coster& coster, double limit_mb) {
+  const char* what_helps =
+      "use more pipeline stages, a larger tp, ZeRO stage 1-3 with dp > 1, or a larger memory limit (the oversize "
+      "policy cannot help: no sample fits whatever its length)";
+  if (coster.basis() == CostBasis::DynaPipe) {
+    PACKPIPE_CHECK_ARG(coster.dynapipe_available_mb() > 0,
+                       "the model state of a pipeline stage needs {:.0f} MB, all of the {} MB memory limit; {}",
+                       limit_mb - coster.dynapipe_available_mb(), limit_mb, what_helps);
+    return;
+  }
+  std::vector<double> state(static_cast<std::size_t>(shape.stages), 0.0);
+  for (const auto& v : vstages) {
+    state[static_cast<std::size_t>(v.rank)] +=
+        cm::stage_static_memory(cost.model(), v.layout, shape.tp, shape.dp, shape.zero_stage).total() / 1e6;
+  }
+  for (std::size_t r = 0; r < state.size(); ++r) {
+    PACKPIPE_CHECK_ARG(state[r] <= limit_mb,
+                       "the model state of rank {} (parameters, gradients and optimizer state of its layers) needs "
+                       "{:.0f} MB, more than the {} MB memory limit; {}",
+                       r, state[r], limit_mb, what_helps);
+  }
+}
+
+// Why the cost model refuses one sample's shape (empty: it does not, the sample is too long).
+std::string cost_refusal(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
+                         std::int64_t le, std::int64_t ld) {
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  for (const auto& v : vstages) {
+    std::vector<std::pair<cm::LayerKind, std::int64_t>> kinds;
+    if (v.layout.has_embedding) kinds.emplace_back(cm::LayerKind::Embedding, 1);
+    if (v.layout.encoder_layers > 0) kinds.emplace_back(cm::LayerKind::Encoder, v.layout.encoder_layers);
+    if (v.layout.decoder_layers > 0) kinds.emplace_back(cm::LayerKind::Decoder, v.layout.decoder_layers);
+    if (v.layout.has_postprocess) kinds.emplace_back(cm::LayerKind::PostProcess, 1);
+    for (const auto& [kind, layers] : kinds) {
+      cm::Query q;
+      q.kind = kind;
+      q.num_layers = layers;
+      q.tp = shape.tp;
+      q.mbs = 1;
+      q.seq = le;
+      q.dec_seq = encdec ? ld : 0;
+      try {
+        (void)cost.query(q);
+      } catch (const InvalidArgument& e) {
+        return e.what();
+      }
+    }
+  }
+  return {};
+}
+
 bool allowed_fits_alone(Coster& coster, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
   if (coster.basis() == CostBasis::DynaPipe) {
     const double avail = coster.dynapipe_available_mb();
@@ -726,6 +786,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
 Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
                     const std::vector<VirtualStage>& vstages, const PartitionOptions& options) {
   check_options(options);
+  check_shape(shape);
   const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
   PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder() || (encdec && lengths.size() == 0),
                      "model '{}' is {} but the batch {} target lengths", cost.model().name,
@@ -736,6 +797,7 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   const CostBasis basis = resolve_basis(options);
   const double limit = resolve_limit(cost, shape);
   Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
+  check_model_state_fits(cost, shape, vstages, coster, limit);
   // The second table builder (PartitionOptions::threads), made when first needed; a cache's second
   // memo follows the first one's setting.
   if (options.cache != nullptr && options.cache->memo(1).key != coster.setting()) options.cache->memo(1).clear();
@@ -765,7 +827,8 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   w.round = options.round_multiple;
   w.dec_extra = options.decoder_extra_tokens;
   for (std::size_t s = 0; s < in.size(); ++s) {
-    PACKPIPE_CHECK_ARG(in[s] > 0, "sample {} has input length 0", s);
+    PACKPIPE_CHECK_ARG(in[s] > 0, "{} has input length 0; every sample needs at least one input token",
+                       sample_name(options, static_cast<std::uint32_t>(s)));
   }
 
   // Samples that cannot fit alone, under the most permissive setting the method allows.
@@ -797,17 +860,19 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
       continue;
     }
     switch (options.oversize) {
-      case OversizePolicy::Error:
-        if (encdec) {
-          PACKPIPE_THROW(InvalidArgument,
-                         "sample {} (input length {}, target length {}) does not fit in {} MB even alone "
-                         "(recompute {}); use oversize truncate or drop",
-                         s, in[s], tg[s], limit, recompute_policy_name(options.recompute));
-        }
+      case OversizePolicy::Error: {
+        const std::string why =
+            cost_refusal(cost, shape, vstages, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0));
+        const std::string len = encdec ? fmt::format("input length {}, target length {}", in[s], tg[s])
+                                       : fmt::format("length {}", in[s]);
+        PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", sample_name(options, s), len,
+                           why);
         PACKPIPE_THROW(InvalidArgument,
-                       "sample {} (length {}) does not fit in {} MB even alone (recompute {}); use oversize "
-                       "truncate or drop",
-                       s, in[s], limit, recompute_policy_name(options.recompute));
+                       "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate or drop, more "
+                       "stages or tp, or a larger memory limit",
+                       sample_name(options, s), len, limit, recompute_policy_name(options.recompute),
+                       options.oversize_option);
+      }
       case OversizePolicy::Drop: dropped.push_back(s); break;
       case OversizePolicy::Truncate: {
         // Largest cap C (both sides cut to C) that fits.
@@ -822,8 +887,9 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
             hi = mid;
           }
         }
-        PACKPIPE_CHECK_ARG(lo >= 1, "sample {} (length {}) does not fit in {} MB even truncated to 1 token", s, in[s],
-                           limit);
+        PACKPIPE_CHECK_ARG(lo >= 1, "{} (length {}) does not fit in {} MB even truncated to 1 token; use {} drop, "
+                           "more stages or tp, or a larger memory limit",
+                           sample_name(options, s), in[s], limit, options.oversize_option);
         in[s] = std::min(in[s], lo);
         if (encdec) tg[s] = std::min(tg[s], lo);
         truncated.push_back(s);

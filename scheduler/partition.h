@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,7 +103,15 @@ struct PartitionOptions {
   /// mostly look-ups, which a second builder slows). The result is the same bits whatever the
   /// setting.
   int threads = 0;
+  /// Names sample `s` of the batch in messages the way the caller's user knows it (its file line,
+  /// its dataset task and index); empty: "sample s".
+  std::function<std::string(std::uint32_t)> describe_sample;
+  /// How the caller's user sets the oversize policy, named in messages ("--oversize" on the CLI).
+  std::string oversize_option = "oversize";
 };
+
+/// Largest round_multiple accepted (padded lengths stay far below the cost model's bounds).
+constexpr std::int64_t kMaxRoundMultiple = std::int64_t{1} << 16;
 
 /// Result of partitioning one global batch.
 struct Partition {
@@ -132,9 +141,11 @@ struct Partition {
 /// virtual_stages(cost.model(), shape)) under `options`. Every sample lands in exactly one
 /// micro-batch unless dropped by OversizePolicy::Drop; every micro-batch fits the memory limit
 /// (shape.memory_limit_mb, or the device's memory when 0) under the cost basis. Deterministic.
-/// Throws InvalidArgument naming the sample and its length when one cannot fit alone (policy
-/// Error), naming the option when a parameter is missing or invalid, or naming the micro-batch
-/// when a fixed-size baseline does not fit. Thread-safe (the cost model is only queried).
+/// Throws InvalidArgument naming the sample (options.describe_sample) and its length when one cannot
+/// fit alone (policy Error), saying why when the cost model refuses its shape, naming the rank when
+/// the model state alone exceeds the memory limit (whatever the policy: no sample can fit), naming
+/// the option when a parameter is missing or invalid, or naming the micro-batch when a fixed-size
+/// baseline does not fit. Thread-safe (the cost model is only queried).
 Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
                     const std::vector<VirtualStage>& vstages, const PartitionOptions& options);
 /// As above with vstages = virtual_stages(cost.model(), shape).

@@ -12,6 +12,12 @@ namespace packpipe::scheduler {
 
 namespace cm = ::packpipe::costmodel;
 
+/// Largest stages, chunks, dp and tp accepted (each): far above any real job, small enough that the
+/// sizes derived from them (per-rank tables, GPU counts) neither overflow nor exhaust memory.
+constexpr std::int64_t kMaxPipelineSize = std::int64_t{1} << 16;
+/// Largest memory limit accepted, MB (1 PB per device): keeps every byte count an exact integer.
+constexpr double kMaxMemoryLimitMb = 1e9;
+
 /// Shape of one training job's pipeline.
 struct PipelineShape {
   std::int64_t stages = 1;            ///< S: pipeline ranks
@@ -36,8 +42,17 @@ struct VirtualStage {
 /// first stage, LM head and loss on the last); encoder-decoder models place the encoder on the
 /// first half of the virtual stages and the decoder on the second (DynaPipe's placement; with one
 /// stage both run on it). Virtual stage v runs on rank v mod S. Throws InvalidArgument naming the
-/// field when the layers do not divide or a size is not positive.
+/// field, the value and the limit (check_shape) when a size is out of range, when tp does not divide
+/// the model's heads, when the layers do not divide, or when layers_per_stage asks for more layers
+/// than the model has: S x chunks x layers_per_stage may be fewer than the model's layers (a slice of
+/// the model, e.g. to study a deeper pipeline on fewer layers) but never more (encoder-decoder: each
+/// half of the virtual stages against the encoder and the decoder layers).
 std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const PipelineShape& shape);
+
+/// Checks the sizes of `shape` before anything is allocated from them: stages, chunks, dp and tp in
+/// [1, kMaxPipelineSize], layers_per_stage >= 0, zero_stage 0-3, memory_limit_mb finite in [0,
+/// kMaxMemoryLimitMb]. Throws InvalidArgument naming the field, the value and the limit.
+void check_shape(const PipelineShape& shape);
 
 /// Sample lengths of one global batch (tokens): input (encoder, or the whole sample for
 /// decoder-only) and target (decoder side; empty for decoder-only).

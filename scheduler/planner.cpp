@@ -83,6 +83,16 @@ BaselineGrid baseline_grid(const BatchLengths& lengths, const cm::CostModel& cos
 
 }  // namespace
 
+void check_planner_options(const PlannerOptions& o) {
+  check_shape(o.shape);
+  for (std::size_t i = 0; i < o.baseline_mbs.size(); ++i) {
+    PACKPIPE_CHECK_ARG(o.baseline_mbs[i] >= 1 && o.baseline_mbs[i] <= kMaxBaselineMbs,
+                       "baseline micro-batch size {} (entry {} of baseline_mbs) must be in [1, {}]", o.baseline_mbs[i],
+                       i, kMaxBaselineMbs);
+  }
+  if (o.schedule != "search") (void)schedule_kind_from_name(o.schedule);
+}
+
 double batch_model_flops(const cm::ModelSpec& model, const std::vector<VirtualStage>& vstages,
                          const BatchLengths& lengths) {
   std::int64_t enc = 0, dec = 0, post = 0;
@@ -127,7 +137,11 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<VirtualStage>& vstages, const PlannerOptions& o,
                                PartitionCache* cache) {
+  check_planner_options(o);
   PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
+  PACKPIPE_CHECK_ARG(refs == nullptr || refs->size() == lengths.size(),
+                     "iteration {}: {} sample refs for a global batch of {} samples", iteration,
+                     refs ? refs->size() : 0, lengths.size());
   IterationResult r;
   r.iteration = iteration;
   r.samples = lengths.size();
@@ -140,8 +154,36 @@ IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<Sa
   auto t0 = std::chrono::steady_clock::now();
   PartitionOptions popt = o.partition;
   popt.cache = cache;
+  if (!popt.describe_sample) {
+    // A sample as the user knows it: its task and index in the dataset, not its place in the batch.
+    popt.describe_sample = [&](std::uint32_t s) {
+      if (refs == nullptr) return fmt::format("iteration {}, sample {} of the global batch", iteration, s);
+      const SampleRef& ref = (*refs)[s];
+      const std::string task = ref.task < o.task_names.size() ? fmt::format("task '{}'", o.task_names[ref.task])
+                                                              : fmt::format("task {}", ref.task);
+      return fmt::format("iteration {}, {}, dataset sample {}", iteration, task, ref.index);
+    };
+  }
   const Partition part = partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
+  if (!part.truncated.empty() || !part.dropped.empty()) {
+    // The oversize policy changed the batch: count what is trained.
+    r.samples = lengths.size() - part.dropped.size();
+    r.truncated = part.truncated.size();
+    r.dropped = part.dropped.size();
+    r.tokens = part.input_tokens + part.target_tokens;
+    BatchLengths trained;
+    for (const auto& mb : part.microbatches) {
+      for (auto s : mb.samples) {
+        trained.input.push_back(std::min<std::uint32_t>(lengths.input[s], static_cast<std::uint32_t>(mb.padded_len)));
+        if (lengths.encoder_decoder()) {
+          trained.target.push_back(
+              std::min<std::uint32_t>(lengths.target[s], static_cast<std::uint32_t>(mb.padded_dec_len)));
+        }
+      }
+    }
+    r.model_flops = batch_model_flops(cost.model(), vstages, trained);
+  }
   partition_figures(part, r.packpipe);
 
   // 2. Schedule per data-parallel replica.

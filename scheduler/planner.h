@@ -26,7 +26,17 @@ struct PlannerOptions {
   bool baselines = true;            ///< also measure the fixed and packing baselines
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< micro-batch sizes of the grid
   bool keep_timeline = true;        ///< store the simulated ops in the plans (for traces)
+  /// Task names by SampleRef::task, naming a dataset sample in messages (e.g. one that does not
+  /// fit); empty: tasks by number.
+  std::vector<std::string> task_names;
 };
+
+/// Largest micro-batch size of the baselines' grid accepted.
+constexpr std::int64_t kMaxBaselineMbs = std::int64_t{1} << 20;
+
+/// Checks `options` before planning: the shape (check_shape), every baseline micro-batch size in
+/// [1, kMaxBaselineMbs], the schedule name. Throws InvalidArgument naming the field and the value.
+void check_planner_options(const PlannerOptions& options);
 
 /// What one method achieves on one global batch (all data-parallel replicas).
 struct MethodFigures {
@@ -49,7 +59,9 @@ struct BaselineGrid {
 struct IterationResult {
   std::uint64_t iteration = 0;
   std::uint64_t samples = 0;
-  std::uint64_t tokens = 0;         ///< real tokens of the global batch
+  std::uint64_t tokens = 0;         ///< real tokens of the global batch (as trained: see plan_iteration)
+  std::uint64_t truncated = 0;      ///< samples the oversize policy truncated
+  std::uint64_t dropped = 0;        ///< samples the oversize policy dropped
   double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
   std::vector<Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
   std::vector<Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
@@ -66,7 +78,10 @@ struct IterationResult {
 /// `cache` (optional, one per thread) keeps micro-batch shape costs across the iterations a thread
 /// plans. Thread-safe (the cost model is only queried); deterministic, with or without a cache.
 /// Throws InvalidArgument when packpipe's own partition is impossible (e.g. a sample cannot fit
-/// alone), naming it.
+/// alone and options.partition.oversize is Error), naming the iteration and the sample as the user
+/// knows it: its task and index in the dataset when `refs` are given. Under the truncate and drop
+/// policies the plans, `samples` and `tokens` count what is trained (dropped samples out,
+/// truncated ones at their new length).
 IterationResult plan_iteration(const BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<VirtualStage>& vstages, const PlannerOptions& options,

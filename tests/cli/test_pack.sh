@@ -85,18 +85,48 @@ expect_error() {
   grep -q -- "$pattern" "$tmp/err" || { cat "$tmp/err" >&2; fail "message for: $*"; }
 }
 printf '5\n3\nabc\n' > "$tmp/bad.txt"
-expect_error "bad.txt:3: expected a non-negative integer input length" pack "$tmp/bad.txt" --capacity 10
+expect_error "bad.txt:3: input length must be a non-negative integer" pack "$tmp/bad.txt" --capacity 10
 printf '5 1\n3\n' > "$tmp/mixed.txt"
 expect_error "mixed.txt:2: expected 2 column(s) like line 1, found 1" pack "$tmp/mixed.txt" --capacity 10 \
   --target-capacity 4
 printf '5 1 2\n' > "$tmp/three.txt"
 expect_error "three.txt:1: expected 'input_len \[target_len\]', found 3 fields" pack "$tmp/three.txt" --capacity 10
 printf '5\n30\n' > "$tmp/long.txt"
-expect_error "sample 1 has 30 tokens, more than the capacity 10" pack "$tmp/long.txt" --capacity 10
+expect_error "long.txt:2: sample 1 has 30 tokens, more than the capacity 10" pack "$tmp/long.txt" --capacity 10
 expect_error "capacity must be positive" pack "$tmp/long.txt" --capacity 0
 expect_error "pass --target-capacity" pack "$tmp/two.txt" --capacity 2048
 expect_error "has no target lengths" pack "$tmp/one.txt" --capacity 2048 --target-capacity 5
 expect_error "one-dimensional" pack "$tmp/two.txt" --capacity 2048 --target-capacity 256 --algorithm histogram
 expect_error "cannot open" pack "$tmp/missing.txt" --capacity 10
 expect_error "algorithm" pack "$tmp/one.txt" --capacity 10 --algorithm wfd
+# The one lengths reader: a line that overflows, is negative, has trailing junk or a third column is
+# an error at its line (never dropped or wrapped); a directory, a FIFO and an empty file are errors
+# at once (no sample silently lost, nothing blocks).
+printf '5\n99999999999999999999\n7\n' > "$tmp/ovf.txt"
+expect_error "ovf.txt:2: input length 99999999999999999999 is too large" pack "$tmp/ovf.txt" --capacity 10
+printf '5\n4294967296\n' > "$tmp/ovf32.txt"
+expect_error "ovf32.txt:2: input length 4294967296 is too large; the largest accepted is 4294967295" \
+  pack "$tmp/ovf32.txt" --capacity 10
+printf '5\n-3\n' > "$tmp/neg.txt"
+expect_error "neg.txt:2: input length must not be negative, found '-3'" pack "$tmp/neg.txt" --capacity 10
+printf '5\n3x\n' > "$tmp/junk.txt"
+expect_error "junk.txt:2: input length must be a non-negative integer (decimal digits only), found '3x'" \
+  pack "$tmp/junk.txt" --capacity 10
+printf '5 1\n3 -1\n' > "$tmp/negt.txt"
+expect_error "negt.txt:2: target length must not be negative" pack "$tmp/negt.txt" --capacity 10 --target-capacity 5
+printf '' > "$tmp/empty.txt"
+expect_error "empty.txt: no lengths found (the file is empty)" pack "$tmp/empty.txt" --capacity 10
+printf '# only a comment\n\n' > "$tmp/comments.txt"
+expect_error "comments.txt: no lengths found (only blank lines and comments)" pack "$tmp/comments.txt" --capacity 10
+expect_error "is a directory; expected a regular file" pack "$tmp" --capacity 10
+mkfifo "$tmp/fifo"
+if timeout 10 "$pp" pack "$tmp/fifo" --capacity 10 > /dev/null 2> "$tmp/err"; then fail "a FIFO was accepted"; fi
+grep -q "is a FIFO; expected a regular file" "$tmp/err" || fail "FIFO: $(cat "$tmp/err")"
+printf '5\r\n3 # comment\n' | "$pp" pack - --capacity 10 --json | $py -c \
+  "import json,sys; j=json.load(sys.stdin); assert j['samples'] == 2 and j['tokens'] == 8, j" || fail "CRLF, comments, stdin"
+# Option ranges: no wrap-around of negatives, no capacity beyond 32-bit lengths.
+expect_error "expected a value >= 0, found -1" pack "$tmp/one.txt" --capacity -1
+expect_error "capacity must be in \[1, 4294967295\]" pack "$tmp/one.txt" --capacity 4294967296
+expect_error "target-capacity must be in \[0, 4294967295\]" pack "$tmp/two.txt" --capacity 2048 \
+  --target-capacity 99999999999
 echo "ok"

@@ -74,7 +74,8 @@ $PY -c "import json,sys; j=json.load(open('$T/d.json')); assert j['samples'] > 0
 # Oversize: error names the sample and its length; drop and truncate count it.
 printf "100\n1000000\n50\n" > "$T/big.txt"
 if "$BIN" partition "$T/big.txt" $SHAPE 2> "$T/err.txt"; then fail "oversize accepted"; fi
-grep -q "sample 1 (length 1000000)" "$T/err.txt" || fail "oversize message: $(cat "$T/err.txt")"
+grep -q "sample 1 at $T/big.txt:2 (length 1000000)" "$T/err.txt" || fail "oversize message: $(cat "$T/err.txt")"
+grep -q -- "--oversize truncate or drop" "$T/err.txt" || fail "oversize message names no option: $(cat "$T/err.txt")"
 "$BIN" partition "$T/big.txt" $SHAPE --oversize drop --json | $PY -c "import json,sys; assert json.load(sys.stdin)['dropped'] == [1]" || fail "drop"
 "$BIN" partition "$T/big.txt" $SHAPE --oversize truncate --json | $PY -c "import json,sys; assert json.load(sys.stdin)['truncated'] == [1]" || fail "truncate"
 
@@ -84,4 +85,69 @@ if "$BIN" partition "$T/bad.txt" $SHAPE 2> "$T/err.txt"; then fail "bad file acc
 grep -q "bad.txt:1" "$T/err.txt" || fail "bad file message"
 if "$BIN" partition "$T/gpt.txt" $SHAPE --method fixed 2> "$T/err.txt"; then fail "fixed without --mbs"; fi
 grep -q "microbatch_size" "$T/err.txt" || fail "fixed message"
+# Lengths files (item 7): the shared reader refuses what it cannot read, at its line; nothing is
+# dropped silently (3 lines with one overflowing used to give 2 samples and rc 0).
+err() {  # err PATTERN ARGS...: the command fails and its message has PATTERN
+  local pat=$1; shift
+  if "$BIN" "$@" > "$T/out.txt" 2> "$T/err.txt"; then fail "accepted: $*"; fi
+  grep -q -- "$pat" "$T/err.txt" || fail "message for $*: $(cat "$T/err.txt")"
+}
+printf "100\n99999999999999999999\n50\n" > "$T/ovf.txt"
+err "ovf.txt:2: input length 99999999999999999999 is too large" partition "$T/ovf.txt" $SHAPE
+printf "100\n4294967296\n" > "$T/ovf32.txt"
+err "ovf32.txt:2: input length 4294967296 is too large" partition "$T/ovf32.txt" $SHAPE
+printf "100\n-7\n" > "$T/neg.txt"
+err "neg.txt:2: input length must not be negative" partition "$T/neg.txt" $SHAPE
+printf "100\n1e3\n" > "$T/float.txt"
+err "float.txt:2: input length must be a non-negative integer" partition "$T/float.txt" $SHAPE
+printf "100 5 6\n" > "$T/three.txt"
+err "three.txt:1: expected 'input_len \[target_len\]', found 3 fields" partition "$T/three.txt" $SHAPE
+printf "" > "$T/empty.txt"
+err "no lengths found" partition "$T/empty.txt" $SHAPE
+err "is a directory; expected a regular file" partition "$T" $SHAPE
+mkfifo "$T/fifo"
+if timeout 10 "$BIN" partition "$T/fifo" $SHAPE > /dev/null 2> "$T/err.txt"; then fail "FIFO accepted"; fi
+grep -q "is a FIFO" "$T/err.txt" || fail "FIFO message: $(cat "$T/err.txt")"
+printf "100\n0\n" > "$T/zero.txt"
+err "sample 1 at $T/zero.txt:2 has input length 0" partition "$T/zero.txt" $SHAPE
+printf "4000000000 4000000000\n" > "$T/sum.txt"
+err "sum.txt:1: input 4000000000 + target 4000000000 = 8000000000 tokens" partition "$T/sum.txt" $SHAPE
+# Every sample of a 3-line file is there (ids 0..2).
+printf "100\n200\n50\n" > "$T/three_ok.txt"
+"$BIN" partition "$T/three_ok.txt" $SHAPE --json | $PY -c \
+  "import json,sys; j=json.load(sys.stdin); assert j['samples']==3 and sorted(x for m in j['microbatches'] for x in m['samples'])==[0,1,2], j" \
+  || fail "3 samples"
+
+# Option ranges (item 14): no huge allocation, no model with more layers than the real one, no tp
+# that does not divide the heads, no memory limit that overflows a byte count.
+err "--stages must be in \[1, 65536\], found 2147483647" partition "$T/three_ok.txt" --stages 2147483647
+err "--chunks must be in \[1, 65536\]" partition "$T/three_ok.txt" --chunks 9999999999
+err "--dp must be in \[1, 65536\]" partition "$T/three_ok.txt" --dp 4294967296
+err "--tp must be in \[1, 65536\]" partition "$T/three_ok.txt" --tp 100000
+err "layers_per_stage (--layers-per-stage) 1000 x 4 virtual stages (stages 4 x chunks 1) = 4000 layers, more than the 32 layers" \
+  partition "$T/three_ok.txt" --stages 4 --layers-per-stage 1000
+err "use layers_per_stage at most 8" partition "$T/three_ok.txt" --stages 4 --layers-per-stage 9
+err "64 virtual stages exceed the 32 layers" partition "$T/three_ok.txt" --stages 64
+err "layers_per_stage (--layers-per-stage) 13 x 2 stages per side = 26 layers" \
+  partition "$T/t5.txt" --model t5-11b --stages 4 --layers-per-stage 13
+err "tp 3 must divide the attention heads (32)" partition "$T/three_ok.txt" --tp 3 --memory-mb 1000000
+err "--memory-mb must be in \[0, 1e+09\]" partition "$T/three_ok.txt" --memory-mb 1e12
+err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 0
+err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 4611686018427387904
+err "--threads must be in \[0, 1024\]" partition "$T/three_ok.txt" $SHAPE --threads 100000
+err "expected a value >= 0, found -1" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens -1 $SHAPE
+err "--global-batch-tokens must be in \[0, 1099511627776\]" partition --manifest "$ROOT/data/demo/manifest.json" \
+  --global-batch-tokens 18446744073709551615 $SHAPE
+err "--global-batch-samples must be in \[0, 2147483647\]" partition --manifest "$ROOT/data/demo/manifest.json" \
+  --global-batch-samples 4294967296 $SHAPE
+# A model state over the memory limit: the message says so (no sample can fit; truncate or drop
+# cannot help), whatever the oversize policy (drop used to give 0 micro-batches and rc 0).
+for pol in error truncate drop; do
+  err "the model state of rank 0 .* needs [0-9]* MB, more than the 100 MB memory limit" \
+    partition "$T/three_ok.txt" --stages 4 --memory-mb 100 --oversize $pol
+done
+grep -q "cannot help" "$T/err.txt" || fail "model state message: $(cat "$T/err.txt")"
+# A sampled batch names the dataset sample (task and index), not its place in the batch.
+err "global batch 0, task '[a-z_]*', dataset sample [0-9]* (length" partition --manifest "$ROOT/data/demo/manifest.json" \
+  --global-batch-tokens 65536 --stages 4 --layers-per-stage 4 --memory-mb 17000
 echo OK

@@ -50,11 +50,63 @@ $py -c "import json,sys; j=json.load(open(sys.argv[1])); assert (j['iteration'],
   --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/again.plan" --no-baselines --threads 1 > /dev/null
 cmp "$tmp/demo.plan" "$tmp/again.plan" || fail "plans differ between runs"
 
-# Bad input: a sample that no micro-batch can hold names itself; a missing manifest.
+# Bad input: a sample that no micro-batch can hold names itself as the user knows it (iteration,
+# task, index in the dataset) and the option that handles it; a model state over the memory limit
+# says that no sample can fit.
+shape=(--stages 4 --layers-per-stage 4 --no-baselines --iterations 2)
+if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 "${shape[@]}" --memory-mb 17000 \
+     2> "$tmp/err.txt" > /dev/null; then
+  fail "a sample over the memory limit was accepted"
+fi
+grep -q "iteration [01], task '[a-z_]*', dataset sample [0-9]* (length [0-9]*) does not fit in 17000 MB" "$tmp/err.txt" \
+  || fail "no dataset sample named: $(cat "$tmp/err.txt")"
+grep -q -- "--oversize truncate or drop" "$tmp/err.txt" || fail "no --oversize named: $(cat "$tmp/err.txt")"
 if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 --iterations 1 \
      --memory-mb 20000 --layers-per-stage 8 2> "$tmp/err.txt" > /dev/null; then
   fail "an impossible memory limit was accepted"
 fi
-grep "sample" "$tmp/err.txt" > /dev/null || fail "no sample named: $(cat "$tmp/err.txt")"
+grep -q "model state of rank 0 .* more than the 20000 MB memory limit" "$tmp/err.txt" || fail "model state: $(cat "$tmp/err.txt")"
+# --oversize drop / truncate: the epoch is planned, the plans validate, the report counts them, and
+# tokens are what is trained.
+for pol in drop truncate; do
+  "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 "${shape[@]}" --memory-mb 17000 \
+    --oversize $pol --validate --out "$tmp/$pol.plan" --json > "$tmp/$pol.json" || fail "--oversize $pol"
+  "$pp" plan validate "$tmp/$pol.plan" > /dev/null || fail "--oversize $pol plans do not validate"
+  $py - "$tmp/$pol.json" $pol <<'PY' || fail "--oversize $pol report"
+import json, sys
+j, pol = json.load(open(sys.argv[1])), sys.argv[2]
+t = j["total"]
+assert t[{"drop": "dropped", "truncate": "truncated"}[pol]] > 0, t
+assert t["tokens"] == sum(i["tokens"] for i in j["iterations"]) > 0
+PY
+done
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 "${shape[@]}" --memory-mb 17000 \
+  --oversize drop > "$tmp/text.txt" || fail "--oversize drop text"
+grep -q "oversize samples: 0 truncated, [1-9][0-9]* dropped" "$tmp/text.txt" || fail "text report: $(cat "$tmp/text.txt")"
+
+# Option ranges: refused with the option named, before anything is planned or written.
+bad() {  # bad PATTERN ARGS...
+  local pat=$1; shift
+  if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 1 "$@" \
+       --out "$tmp/bad.plan" > /dev/null 2> "$tmp/err.txt"; then fail "accepted: $*"; fi
+  grep -q -- "$pat" "$tmp/err.txt" || fail "message for $*: $(cat "$tmp/err.txt")"
+  [[ ! -e $tmp/bad.plan ]] || fail "a refused run wrote $tmp/bad.plan"
+}
+bad "--threads must be in \[0, 1024\]" --threads -3
+bad "--threads must be in \[0, 1024\]" --threads 2147483647
+bad "--baseline-mbs must be in \[1, 1048576\]" --baseline-mbs -1
+bad "--baseline-mbs must be in \[1, 1048576\]" --baseline-mbs 1 0
+bad "--stages must be in \[1, 65536\], found 2147483647" --stages 2147483647
+bad "= 4000 layers, more than the 32 layers of 'gpt-6.7b'" --stages 4 --layers-per-stage 1000
+bad "--round-multiple must be in" --round-multiple 0
+bad "--oversize: squash not in" --oversize squash
+# Two outputs on one file (the report would overwrite the plans), and a --model file as an output.
+bad "--out '$tmp/bad.plan' and --report '$tmp/./bad.plan' are the same file" --report "$tmp/./bad.plan"
+echo '{"name": "m"}' > "$tmp/model.json"
+bad "destroy the input" --model "$tmp/model.json" --report "$tmp/model.json"
+grep -q '"name": "m"' "$tmp/model.json" || fail "the model file was overwritten"
+if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens -1 2> "$tmp/err.txt"; then
+  fail "negative --global-batch-tokens accepted"
+fi
 if "$pp" plan --manifest "$tmp/nope.json" --global-batch-tokens 1000 2> /dev/null; then fail "missing manifest accepted"; fi
 echo "cli plan tests: ok"

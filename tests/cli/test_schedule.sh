@@ -100,4 +100,41 @@ expect_error "no micro-batches" schedule "$tmp/empty.txt"
 expect_error "cannot open" schedule "$tmp/missing.txt"
 expect_error "unknown schedule 'pipedream'" schedule "$tmp/same.txt" --model gpt-1.3b --schedule pipedream
 expect_error "1f1b needs one virtual stage per rank" schedule "$tmp/same.txt" --model gpt-1.3b --stages 2 --chunks 2 --schedule 1f1b
+# The micro-batch file: overflow, sizes beyond the limits, a FIFO or a directory are errors at once.
+printf '4 99999999999999999999\n' > "$tmp/ovf.txt"
+expect_error "ovf.txt:1: padded_len 99999999999999999999 is too large" schedule "$tmp/ovf.txt"
+printf '4294967296 512\n' > "$tmp/rows.txt"
+expect_error "rows.txt:1: rows 4294967296 is too large; the largest accepted is 1048576" schedule "$tmp/rows.txt"
+printf -- '-4 512\n' > "$tmp/neg.txt"
+expect_error "neg.txt:1: rows must not be negative" schedule "$tmp/neg.txt"
+printf '4 0\n' > "$tmp/zero.txt"
+expect_error "zero.txt:1: padded_len must be at least 1" schedule "$tmp/zero.txt"
+expect_error "is a directory; expected a regular file" schedule "$tmp"
+mkfifo "$tmp/fifo"
+if timeout 10 "$pp" schedule "$tmp/fifo" > /dev/null 2> "$tmp/err"; then fail "FIFO accepted"; fi
+grep -q "is a FIFO" "$tmp/err" || fail "FIFO: $(cat "$tmp/err")"
+# Shape options: bounded before anything is allocated from them.
+expect_error "--stages must be in \[1, 65536\], found 2147483647" schedule "$tmp/same.txt" --stages 2147483647
+expect_error "more than the 24 layers of 'gpt-1.3b'" schedule "$tmp/same.txt" --model gpt-1.3b --stages 4 --layers-per-stage 7
+# --chrome-trace never overwrites an input (the micro-batch file, through a link too) and is written
+# atomically (no temporary left, the file complete).
+cp "$tmp/same.txt" "$tmp/in.txt"
+ln -s "$tmp/in.txt" "$tmp/link.txt"
+expect_error "destroy the input" schedule "$tmp/in.txt" --model gpt-1.3b --chrome-trace "$tmp/in.txt"
+expect_error "destroy the input" schedule "$tmp/in.txt" --model gpt-1.3b --chrome-trace "$tmp/link.txt"
+cmp -s "$tmp/same.txt" "$tmp/in.txt" || fail "the micro-batch file was changed"
+"$pp" schedule "$tmp/in.txt" --model gpt-1.3b --chrome-trace "$tmp/trace.json" > /dev/null || fail "trace"
+$py -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/trace.json" || fail "trace JSON"
+ls "$tmp" | grep -q "trace.json.tmp" && fail "a temporary was left"
+# ... nor a file of a profile folder (read recursively), nor a --model file.
+dyn=$(cd "$2" && pwd)/dynapipe/derived_from_cost_models_pkl
+if [ -d "$dyn" ]; then
+  mkdir -p "$tmp/prof/sub"
+  cp "$dyn"/gpt_6.7b_*.csv "$tmp/prof/sub/"
+  sha=$(cat "$tmp"/prof/sub/*.csv | sha256sum)
+  expect_error "destroy the input" schedule "$tmp/in.txt" --profile "$tmp/prof" --chrome-trace "$tmp/prof/sub/gpt_6.7b_timing.csv"
+  [[ $(cat "$tmp"/prof/sub/*.csv | sha256sum) == "$sha" ]] || fail "a profile was changed"
+fi
+echo '{"name": "m"}' > "$tmp/model.json"
+expect_error "destroy the input" schedule "$tmp/in.txt" --model "$tmp/model.json" --chrome-trace "$tmp/model.json"
 echo "cli schedule: ok"

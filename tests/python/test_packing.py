@@ -106,3 +106,22 @@ def test_pack_rejects_bad_arguments():
         packpipe.pack(good, 16, algorithm="wfd")
     with pytest.raises(ValueError, match="one-dimensional"):
         packpipe.pack(good, 16, algorithm="histogram", target_lengths=good, target_capacity=16)
+
+
+def test_pack_unsigned_arguments_refuse_negatives():
+    good = np.array([3, 9, 4], dtype=np.uint32)
+    with pytest.raises(ValueError, match="capacity must not be negative, found -1"):
+        packpipe.pack(good, -1)
+    with pytest.raises(ValueError, match="capacity must be at most 4294967295"):
+        packpipe.pack(good, 2**32)
+    with pytest.raises(ValueError, match="capacity must be an integer"):
+        packpipe.pack(good, 16.0)
+    with pytest.raises(ValueError, match="target_capacity must not be negative"):
+        packpipe.pack(good, 16, target_lengths=good, target_capacity=-4)
+    with pytest.raises(ValueError, match="max_samples_per_row must not be negative"):
+        packpipe.pack(good, 16, max_samples_per_row=-1)
+    res = packpipe.pack(good, np.uint32(16))
+    with pytest.raises(ValueError, match="padded_len must not be negative"):
+        res.row_tensors(-1)
+    with pytest.raises(ValueError, match="padded_len must be at most"):
+        res.row_tensors(2**40)

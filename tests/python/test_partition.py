@@ -115,5 +115,41 @@ def test_order_and_threads():
     assert all(np.array_equal(a["samples"], b["samples"]) for a, b in zip(one["microbatches"], two["microbatches"]))
     with pytest.raises(ValueError, match="unknown encoder-decoder order 'tsp'"):
         packpipe.partition(x, t5(), order="tsp", **kw)
-    with pytest.raises(ValueError, match="threads must be non-negative"):
+    with pytest.raises(ValueError, match=r"threads must be in \[0, 1024\]"):
         packpipe.partition(x, t5(), threads=-1, **kw)
+
+
+def test_arguments_out_of_range_raise_value_error():
+    """Unsigned arguments refuse negatives (no wrap-around), sizes are bounded before anything is
+    allocated from them, and a layer count above the model's is refused."""
+    x = lengths(20, 3, cap=512)
+    cm = gpt()
+    for kw, msg in [
+        (dict(tokens=-1, method="tokens"), "tokens must not be negative"),
+        (dict(tokens=1.5, method="tokens"), "tokens must be an integer"),
+        (dict(tokens=2**64, method="tokens"), "tokens must be at most"),
+        (dict(stages=2**31 - 1), r"stages must be in \[1, 65536\], found 2147483647"),
+        (dict(chunks=2**40), r"chunks must be in \[1, 65536\]"),
+        (dict(dp=0), r"dp must be in \[1, 65536\]"),
+        (dict(stages=4, layers_per_stage=1000), "= 4000 layers, more than the 32 layers of 'gpt-6.7b'"),
+        (dict(stages=64), "64 virtual stages exceed the 32 layers"),
+        (dict(tp=3), "tp 3 must divide the attention heads"),
+        (dict(memory_mb=1e300), "memory limit must be in"),
+        (dict(memory_mb=float("nan")), "memory limit must be in"),
+        (dict(round_multiple=2**62), r"round_multiple must be in \[1, 65536\]"),
+        (dict(threads=2**40), r"threads must be in \[0, 1024\]"),
+        (dict(mbs=-1, method="fixed"), "mbs must be in"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            packpipe.partition(x, cm, **kw)
+    # numpy integers are integers
+    r = packpipe.partition(x, cm, stages=4, layers_per_stage=4, method="tokens", tokens=np.uint64(4096),
+                           memory_mb=36000)
+    assert sum(len(mb["samples"]) for mb in r["microbatches"]) == 20
+
+
+def test_model_state_over_the_limit_is_named_whatever_the_policy():
+    x = lengths(20, 4, cap=512)
+    for pol in ("error", "truncate", "drop"):
+        with pytest.raises(ValueError, match=r"model state of rank 0 .* more than the 100 MB memory limit.*cannot help"):
+            packpipe.partition(x, gpt(), stages=4, memory_mb=100, oversize=pol)

@@ -57,3 +57,43 @@ def test_plan_batch_with_a_cache_plans_the_same():
         assert a["packpipe"]["iteration_ms"] == b["packpipe"]["iteration_ms"]
         assert [list(m["samples"]) for m in a["plans"][0].microbatches] == [list(m["samples"]) for m in b["plans"][0].microbatches]
     assert cache.shapes > 0
+
+
+def test_plan_batch_refuses_out_of_range_arguments():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    lengths = _lengths(40, 3)
+    for kw, msg in [
+        (dict(seed=-1), "seed must not be negative"),
+        (dict(iteration=-1), "iteration must not be negative"),
+        (dict(iteration=2**64), "iteration must be at most"),
+        (dict(seed=0.5), "seed must be an integer"),
+        (dict(stages=2**31 - 1), r"stages must be in \[1, 65536\]"),
+        (dict(stages=4, layers_per_stage=1000), "more than the 32 layers"),
+        (dict(baselines=True, baseline_mbs=[1, -1]), r"baseline micro-batch size -1 \(entry 1 of baseline_mbs\)"),
+        (dict(baselines=True, baseline_mbs=[0]), "baseline micro-batch size 0"),
+        (dict(memory_mb=1e300), "memory limit must be in"),
+        (dict(oversize="squash"), "unknown oversize policy 'squash'"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            packpipe.plan_batch(cm, lengths, **kw)
+    r = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, seed=2**64 - 1, iteration=np.int64(7))
+    assert r["iteration"] == 7
+
+
+def test_plan_batch_oversize_policy():
+    """One long sample no longer aborts the batch when asked: error names it and the option;
+    truncate and drop plan the rest and count what is trained."""
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    lengths = np.array([300, 200, 900000, 150], dtype=np.uint32)
+    kw = dict(stages=4, layers_per_stage=4, memory_mb=36000, validate=True)
+    with pytest.raises(ValueError, match=r"iteration 5, sample 2 of the global batch \(length 900000\) does not fit.*"
+                                         r"oversize truncate or drop"):
+        packpipe.plan_batch(cm, lengths, iteration=5, **kw)
+    d = packpipe.plan_batch(cm, lengths, oversize="drop", **kw)
+    assert d["dropped"] == 1 and d["truncated"] == 0 and d["samples"] == 3 and d["tokens"] == 650
+    seen = sorted(int(s) for p in d["plans"] for mb in p.microbatches for s in mb["samples"])
+    assert seen == [0, 1, 3]
+    assert sum(mb["loss_weight"] for p in d["plans"] for mb in p.microbatches) == pytest.approx(1.0)
+    t = packpipe.plan_batch(cm, lengths, oversize="truncate", **kw)
+    assert t["truncated"] == 1 and t["dropped"] == 0 and t["samples"] == 4 and 650 < t["tokens"] < 650 + 900000
+    assert sum(mb["loss_weight"] for p in t["plans"] for mb in p.microbatches) == pytest.approx(1.0)

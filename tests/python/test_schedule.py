@@ -78,3 +78,23 @@ def test_bad_arguments():
         packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("gpipe", order=[0] * len(SHAPES))
     with pytest.raises(ValueError, match="must have shape"):
         packpipe.ScheduleProblem.from_costs(np.ones((2, 2)), np.ones((3, 2)), ranks=2)
+
+
+def test_sizes_out_of_range_raise_value_error():
+    cm = packpipe.CostModel("gpt-1.3b")
+    with pytest.raises(ValueError, match=r"microbatches\[0\] rows must not be negative"):
+        packpipe.ScheduleProblem(cm, [(-4, 512)], stages=4)
+    with pytest.raises(ValueError, match=r"microbatches\[1\] rows must be at most 1048576"):
+        packpipe.ScheduleProblem(cm, [(4, 512), (2**40, 512)], stages=4)
+    with pytest.raises(ValueError, match=r"microbatches\[0\] padded_len must not be negative"):
+        packpipe.ScheduleProblem(cm, [(4, -512)], stages=4)
+    with pytest.raises(ValueError, match=r"microbatches\[0\]: padded_len must be at least 1"):
+        packpipe.ScheduleProblem(cm, [(4, 0)], stages=4)
+    with pytest.raises(ValueError, match=r"stages must be in \[1, 65536\]"):
+        packpipe.ScheduleProblem(cm, SHAPES, stages=2**31 - 1)
+    with pytest.raises(ValueError, match="more than the 24 layers"):
+        packpipe.ScheduleProblem(cm, SHAPES, stages=4, layers_per_stage=7)
+    p = packpipe.ScheduleProblem(cm, SHAPES, stages=4)
+    with pytest.raises(ValueError, match="seed must not be negative"):
+        p.search(seed=-1)
+    assert p.search(seed=2**64 - 1).schedule.makespan_ms > 0

@@ -735,3 +735,48 @@ TEST_CASE("two window-table builders give the same partition as one", "[regressi
   REQUIRE_THROWS_WITH(partition(random_batch(rng, 8, false), gpt(), gpt_shape(), bad),
                       Catch::Matchers::Contains("threads must be non-negative"));
 }
+
+TEST_CASE("an oversize sample is named as the caller knows it, with the option that handles it", "[negative]") {
+  using Catch::Matchers::Contains;
+  BatchLengths b;
+  b.input = {100, 300, 1000000, 20};
+  PartitionOptions o = opts(PartitionMethod::DP);
+  o.describe_sample = [](std::uint32_t s) { return "line " + std::to_string(s + 7) + " of lengths.txt"; };
+  o.oversize_option = "--oversize";
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o),
+                      Contains("line 9 of lengths.txt (length 1000000) does not fit") &&
+                          Contains("use --oversize truncate or drop"));
+  b.input = {100, 0};
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o), Contains("line 8 of lengths.txt has input length 0"));
+}
+
+TEST_CASE("a model state over the memory limit is named whatever the oversize policy", "[negative]") {
+  using Catch::Matchers::Contains;
+  BatchLengths b;
+  b.input = {100, 300, 50};
+  PipelineShape s = gpt_shape();
+  s.memory_limit_mb = 100;  // 4 layers of gpt-6.7b per rank need far more
+  for (auto pol : {OversizePolicy::Error, OversizePolicy::Truncate, OversizePolicy::Drop}) {
+    for (auto m : {PartitionMethod::DP, PartitionMethod::DynaPipe, PartitionMethod::Tokens}) {
+      PartitionOptions o = opts(m);
+      o.token_budget = 4096;
+      o.oversize = pol;  // drop used to drop every sample and return no micro-batch
+      REQUIRE_THROWS_WITH(partition(b, gpt(), s, o),
+                          Contains("model state of") && Contains("100 MB memory limit") && Contains("cannot help"));
+    }
+  }
+}
+
+TEST_CASE("partition options and shape are bounded before anything is sized from them", "[negative]") {
+  using Catch::Matchers::Contains;
+  BatchLengths b;
+  b.input = {100, 300};
+  PartitionOptions o = opts(PartitionMethod::DP);
+  o.round_multiple = std::int64_t{1} << 62;  // padded lengths would overflow
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o), Contains("round_multiple must be in [1, 65536]"));
+  o.round_multiple = 8;
+  PipelineShape s = gpt_shape();
+  const auto vs = virtual_stages(gpt().model(), s);
+  s.memory_limit_mb = 1e300;  // given virtual stages do not skip the shape's checks
+  REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit must be in"));
+}

@@ -234,3 +234,50 @@ TEST_CASE("a partition cache past its size bound starts afresh and still changes
   CHECK(cleared >= 2);
   CHECK(kept >= 2);
 }
+
+TEST_CASE("planning names an oversize dataset sample and plans the rest under truncate or drop", "[negative]") {
+  using Catch::Matchers::Contains;
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  PlannerOptions o;
+  o.shape.stages = 4;
+  o.shape.layers_per_stage = 4;
+  o.shape.memory_limit_mb = 36000;
+  o.baselines = false;
+  o.validate = true;
+  o.task_names = {"alpha", "beta"};
+  const auto vs = virtual_stages(gpt.model(), o.shape);
+  BatchLengths b;
+  b.input = {300, 200, 900000, 150};
+  const std::vector<SampleRef> refs = {{0, 10}, {1, 11}, {1, 4242}, {0, 13}};
+  // The dataset sample (task and index) and the iteration, never "sample 0" or the batch position alone.
+  REQUIRE_THROWS_WITH(plan_iteration(b, &refs, 6, gpt, vs, o),
+                      Contains("iteration 6, task 'beta', dataset sample 4242 (length 900000) does not fit"));
+  o.partition.oversize = OversizePolicy::Drop;
+  IterationResult d = plan_iteration(b, &refs, 6, gpt, vs, o);
+  CHECK(d.dropped == 1);
+  CHECK(d.samples == 3);
+  CHECK(d.tokens == 650);
+  double weight = 0;
+  for (const auto& p : d.plans) {
+    for (const auto& mb : p.microbatches) {
+      weight += mb.loss_weight;
+      for (const auto& r : mb.refs) CHECK(r.index != 4242);
+    }
+  }
+  CHECK(weight == Approx(1.0));
+  o.partition.oversize = OversizePolicy::Truncate;
+  IterationResult t = plan_iteration(b, &refs, 6, gpt, vs, o);
+  CHECK(t.truncated == 1);
+  CHECK(t.samples == 4);
+  CHECK(t.tokens > 650);
+  CHECK(t.tokens < 650 + 900000);
+  CHECK(t.model_flops < batch_model_flops(gpt.model(), vs, b));  // the truncated sample counts at its new length
+  // Refs that do not match the batch, and baseline sizes out of range, are refused.
+  const std::vector<SampleRef> short_refs = {{0, 1}};
+  REQUIRE_THROWS_WITH(plan_iteration(b, &short_refs, 0, gpt, vs, o), Contains("1 sample refs for a global batch of 4"));
+  o.baselines = true;
+  for (std::int64_t bad : {std::int64_t{0}, std::int64_t{-1}, std::int64_t{1} << 40}) {
+    o.baseline_mbs = {1, bad};
+    REQUIRE_THROWS_WITH(plan_iteration(b, &refs, 0, gpt, vs, o), Contains("entry 1 of baseline_mbs"));
+  }
+}
