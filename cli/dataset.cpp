@@ -185,7 +185,9 @@ std::size_t verify_prefix(const std::string& prefix, std::size_t max_problems, J
   std::vector<dl::VerifyProblem> problems;
   std::uint64_t sequences = 0, tokens = 0;
   try {
-    dl::IndexedDataset ds(prefix);
+    dl::IndexedDataset::Options o;
+    o.check_sizes = false;  // verify() lists every problem, the sizes' too
+    dl::IndexedDataset ds(prefix, o);
     problems = ds.verify(max_problems);
     sequences = ds.size();
     tokens = ds.num_tokens();

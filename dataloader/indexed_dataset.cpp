@@ -372,6 +372,24 @@ IndexedDataset::IndexedDataset(const std::string& prefix, const Options& options
                  "{}: data size mismatch: the last sequence ({}) ends at byte {} (pointer {} + {} "
                  "tokens x {} bytes), so {} should have {} bytes, found {}",
                  idx_path, S - 1, end, ptr, len, item, bin_->path(), end, bin_->size());
+  // O(sequences) over the sizes alone (4 bytes each, no pointer reads): each size fits the data
+  // and together they fill it exactly, so a corrupted size (0, or 2^31 - 1 on a small file) is
+  // refused here, before a sampler or a partition uses it, rather than only by verify().
+  if (!options.check_sizes) return;
+  const std::uint64_t max_len = bin_->size() / item;
+  std::uint64_t total = 0;
+  for (std::uint64_t i = 0; i < S; ++i) {
+    const std::int64_t n = index_.sizes[i];
+    PACKPIPE_CHECK(n >= 0 && static_cast<std::uint64_t>(n) <= max_len,
+                   "{}: sequence {}: size {} tokens, expected 0..{} (the tokens in {}); the index is corrupt "
+                   "(`packpipe dataset verify {}` lists every problem)",
+                   idx_path, i, n, max_len, bin_->path(), prefix);
+    total += static_cast<std::uint64_t>(n);  // <= S * 2^31: no overflow
+  }
+  PACKPIPE_CHECK(total == max_len && bin_->size() % item == 0,
+                 "{}: the sizes add up to {} tokens but {} holds {} bytes ({} tokens of {} bytes); the index is "
+                 "corrupt (`packpipe dataset verify {}` lists every problem)",
+                 idx_path, total, bin_->path(), bin_->size(), max_len, item, prefix);
 }
 
 IndexedDataset::~IndexedDataset() = default;

@@ -99,6 +99,9 @@ class IndexedDataset {
   struct Options {
     ModesPolicy modes = ModesPolicy::Auto;
     std::size_t zstd_cache_frames = 4;
+    /// Check at open that every size fits the .bin and that the sizes fill it exactly (one pass
+    /// over the 4-byte sizes). Off only for verify(), which reports every problem instead.
+    bool check_sizes = true;
   };
 
   /// Opens `<prefix>.idx` and `<prefix>.bin` (or `<prefix>.bin.zst`). Throws Error naming the file.

@@ -481,7 +481,11 @@ TEST_CASE("data files that disagree with the index are rejected", "[negative]") 
     std::string b = good;
     poke<std::int32_t>(b, 34 + 4 * 3, 1000);
     write_file(idx, b);
-    const IndexedDataset ds(prefix);
+    // Refused at open: the sizes no longer fill the .bin.
+    REQUIRE_THROWS_WITH(IndexedDataset(prefix), Contains("sizes add up to 1986 tokens") && Contains("1005 tokens"));
+    IndexedDataset::Options lazy;
+    lazy.check_sizes = false;  // what verify() opens with
+    const IndexedDataset ds(prefix, lazy);
     REQUIRE_THROWS_WITH(ds.checked_pointer(3), Contains("sequence 3") && Contains("past the end"));
     REQUIRE_THROWS_WITH(ds.checked_pointer(4), Contains("sequence 4: pointer expected"));
     const auto problems = ds.verify(5);
@@ -491,11 +495,22 @@ TEST_CASE("data files that disagree with the index are rejected", "[negative]") 
     CHECK(all.back().file == prefix + ".bin");
     CHECK_THAT(all.back().message, Contains("expected 3972 bytes") && Contains("found 2010"));
   }
+  SECTION("a size of 0 or 2^31 - 1 is refused at open, before any sampler or partition uses it") {
+    for (const std::int32_t v : {0, 2147483647}) {
+      std::string b = good;
+      poke<std::int32_t>(b, 34 + 4 * 7, v);
+      write_file(idx, b);
+      REQUIRE_THROWS_WITH(IndexedDataset(prefix), Contains(idx) && Contains("the index is corrupt"));
+    }
+  }
   SECTION("a negative size") {
     std::string b = good;
     poke<std::int32_t>(b, 34 + 4 * 2, -1);
     write_file(idx, b);
-    const IndexedDataset ds(prefix);
+    REQUIRE_THROWS_WITH(IndexedDataset(prefix), Contains("sequence 2: size -1 tokens, expected 0..1005"));
+    IndexedDataset::Options lazy;
+    lazy.check_sizes = false;
+    const IndexedDataset ds(prefix, lazy);
     REQUIRE_THROWS_AS(ds.length(2), packpipe::Error);
     REQUIRE_THROWS_WITH(ds.length(2), Contains(idx + ": sequence 2: size expected >= 0, found -1"));
     REQUIRE_THROWS_WITH(ds.checked_pointer(3), Contains("sequence 2: size expected >= 0, found -1"));
