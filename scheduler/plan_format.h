@@ -94,8 +94,10 @@ class PlanFileReader {
  public:
   /// Opens `path`; throws Error naming the path, offset and field if the footer or index is bad.
   explicit PlanFileReader(const std::string& path);
-  /// A reader over bytes in memory (copied); `what` names them in errors.
-  static PlanFileReader from_memory(const std::uint8_t* data, std::size_t size, const std::string& what = "memory");
+  /// A reader over bytes in memory (copied); `what` names them in errors. `verify_checksums` false
+  /// skips the index and blob checksums (fuzzing only: the semantic checks still run).
+  static PlanFileReader from_memory(const std::uint8_t* data, std::size_t size, const std::string& what = "memory",
+                                    bool verify_checksums = true);
   /// Number of plans.
   std::size_t size() const { return entries_.size(); }
   /// Iteration number of the i-th plan.
@@ -134,6 +136,7 @@ class PlanFileReader {
   std::size_t size_ = 0;
   bool json_ = false;
   bool single_ = false;  ///< one plan (binary or JSON), not a plan file
+  bool verify_ = true;   ///< check the index and blob checksums
   bool complete_ = true;
   std::uint64_t first_iteration_ = 0;
   std::uint64_t iterations_ = 0;

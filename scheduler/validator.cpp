@@ -166,7 +166,99 @@ class Checker {
       add("header", -1, -1, fmt::format("global_tokens: expected at least the micro-batches' {} tokens, found {}", tokens,
                                         p.global_tokens));
     }
+    check_contents();
     return true;
+  }
+
+  // What a runtime or a trainer reads besides the streams: samples, lengths, tokens, weights,
+  // shapes and the simulated timeline. Each check names the field and expected versus found.
+  void check_contents() {
+    const Plan& p = p_;
+    if (p.global_tokens == 0) add("header", -1, -1, "global_tokens: expected at least 1 (the loss weights' denominator), found 0");
+    // A sample (by id in the global batch, and by dataset reference) is trained once.
+    std::map<std::uint32_t, std::size_t> sample_mb;
+    std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_mb;
+    std::size_t with_dec = 0;
+    double weights = 0;
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      for (const std::uint32_t s : mb.samples) {
+        const auto [it, fresh] = sample_mb.emplace(s, m);
+        if (!fresh) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} is already in micro-batch {} (each sample is "
+                                            "trained once)", m, s, it->second));
+        }
+      }
+      for (const auto& r : mb.refs) {
+        const auto [it, fresh] = ref_mb.emplace(std::make_pair(r.task, r.index), m);
+        if (!fresh) {
+          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is already in "
+                                            "micro-batch {}", m, r.task, r.index, it->second));
+        }
+      }
+      if (mb.samples.empty()) add("header", -1, -1, fmt::format("micro-batch {}: no samples", m));
+      // Every real token sits in a padded row: tokens <= rows x (padded length + decoder length).
+      const std::uint64_t room = static_cast<std::uint64_t>(mb.rows) * (std::uint64_t{mb.padded_len} + mb.padded_dec_len);
+      if (mb.tokens > room) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} tokens do not fit {} rows x ({} + {}) padded tokens; a "
+                                          "padded length is below its samples' tokens", m, mb.tokens, mb.rows,
+                                          mb.padded_len, mb.padded_dec_len));
+      }
+      if (mb.tokens < mb.samples.size()) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} tokens for {} samples (expected at least one each)", m,
+                                          mb.tokens, mb.samples.size()));
+      }
+      if (!std::isfinite(mb.loss_weight) || mb.loss_weight < 0 || mb.loss_weight > 1) {
+        add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected in [0, 1], found {}", m, mb.loss_weight));
+      } else {
+        weights += mb.loss_weight;
+      }
+      with_dec += mb.padded_dec_len > 0;
+    }
+    if (weights > 1 + 1e-9) add("header", -1, -1, fmt::format("loss weights: expected a sum of at most 1, found {}", weights));
+    // Decoder lengths: all micro-batches of an encoder-decoder plan have one, none of a decoder-only plan.
+    if (with_dec != 0 && with_dec != N_) {
+      add("header", -1, -1, fmt::format("padded_dec_len: {} of {} micro-batches have a decoder length; expected all "
+                                        "(encoder-decoder) or none (decoder-only)", with_dec, N_));
+    }
+    for (std::size_t k = 0; k < p.shapes.size(); ++k) {
+      const TensorShape& s = p.shapes[k];
+      if (s.rows == 0 || s.seq == 0 || s.hidden == 0) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): expected rows, seq and hidden of at least 1", k, to_string(s)));
+      }
+      if (static_cast<unsigned>(s.dtype) > static_cast<unsigned>(Dtype::I64)) {
+        add("header", -1, -1, fmt::format("shape #{}: dtype {} is not a known dtype", k, static_cast<unsigned>(s.dtype)));
+      }
+    }
+    // The simulated figures a trainer reports.
+    if (!std::isfinite(p.makespan_ms) || p.makespan_ms < 0) {
+      add("header", -1, -1, fmt::format("makespan_ms: expected a finite value >= 0, found {}", p.makespan_ms));
+    }
+    if (!p.timeline.empty()) {
+      const double end = std::isfinite(p.makespan_ms) ? p.makespan_ms * (1 + 1e-9) + 1e-9 : 0;
+      for (std::size_t r = 0; r < p.timeline.size(); ++r) {
+        for (std::size_t i = 0; i < p.timeline[r].size(); ++i) {
+          const ScheduledOp& op = p.timeline[r][i];
+          const auto R = static_cast<std::int64_t>(r);
+          const auto I = static_cast<std::int64_t>(i);
+          if (op.mb >= N_ || op.vstage >= V_) {
+            add("timeline", R, I, fmt::format("op of micro-batch {} stage {}: expected below {} micro-batches and {} "
+                                              "stages", op.mb, op.vstage, N_, V_));
+          } else if (p.stage_rank[op.vstage] != r) {
+            add("timeline", R, I, fmt::format("op of stage {} on rank {}: the stage runs on rank {}", op.vstage, r,
+                                              p.stage_rank[op.vstage]));
+          }
+          if (static_cast<unsigned>(op.kind) > static_cast<unsigned>(OpKind::BackwardWeight)) {
+            add("timeline", R, I, fmt::format("op kind {} is not F, B, I or W", static_cast<unsigned>(op.kind)));
+          }
+          if (!std::isfinite(op.start_ms) || !std::isfinite(op.end_ms) || op.start_ms < 0 || op.end_ms < op.start_ms ||
+              (p.makespan_ms > 0 && op.end_ms > end)) {
+            add("timeline", R, I, fmt::format("op times {} .. {} ms: expected 0 <= start <= end <= makespan {} ms",
+                                              op.start_ms, op.end_ms, p.makespan_ms));
+          }
+        }
+      }
+    }
   }
 
   // Field ranges and per-instruction static rules.
@@ -231,6 +323,19 @@ class Checker {
           if (p.shapes[ins.shape].rows != p.microbatches[ins.mb].rows) {
             fail(fmt::format("shape #{} ({}) has {} rows, micro-batch {} has {}", ins.shape, to_string(p.shapes[ins.shape]),
                              p.shapes[ins.shape].rows, ins.mb, p.microbatches[ins.mb].rows));
+            continue;
+          }
+          // The shape's lengths are the micro-batch's: the encoder (or whole-sample) length, or on
+          // decoder stages the decoder length with the encoder output beside it.
+          const TensorShape& s = p.shapes[ins.shape];
+          const PlanMicroBatch& mb = p.microbatches[ins.mb];
+          const bool seq_ok = s.seq > 0 && (s.seq == mb.padded_len || (mb.padded_dec_len > 0 && s.seq == mb.padded_dec_len));
+          const bool enc_ok = s.enc_seq == 0 || (s.enc_seq == mb.padded_len && s.seq == mb.padded_dec_len);
+          if (!seq_ok || !enc_ok) {
+            fail(fmt::format("shape #{} ({}): expected the sequence length of micro-batch {} ({}{}), found {}{}", ins.shape,
+                             to_string(s), ins.mb, mb.padded_len,
+                             mb.padded_dec_len > 0 ? fmt::format(", or decoder {}", mb.padded_dec_len) : std::string(),
+                             s.seq, s.enc_seq > 0 ? fmt::format(" with encoder {}", s.enc_seq) : std::string()));
             continue;
           }
         }

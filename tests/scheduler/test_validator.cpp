@@ -1,12 +1,15 @@
 // The validator: it accepts generated plans (test_instructions.cpp) and here must find every kind
 // of fault injected into a valid plan, naming the rank, the instruction and what it expected.
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <random>
 
 #include <catch2/catch.hpp>
 
 #include "common/errors.h"
 #include "scheduler/plan_builder.h"
+#include "scheduler/plan_format.h"
 #include "scheduler/validator.h"
 
 using namespace packpipe::scheduler;
@@ -369,4 +372,68 @@ TEST_CASE("validator: random single-instruction corruptions never crash and are 
   }
   // Some corruptions are harmless (e.g. swapping two independent FREE_BUFs or loads); nearly all are not.
   CHECK(caught >= total * 9 / 10);
+}
+
+TEST_CASE("validator: every field a runtime or trainer reads is checked (mutations are refused)", "[negative][mutation]") {
+  for (const bool encdec : {false, true}) {
+    for (const char* kind : {"1f1b", "zero-bubble", "gpipe"}) {
+      const std::int64_t chunks = std::string(kind) == "gpipe" ? 2 : 1;
+      Plan good = syn::random_plan(kind, 4, chunks, 6, 7, false, encdec);
+      if (good.timeline.empty()) {  // a small simulated timeline: one forward per rank
+        good.makespan_ms = 10;
+        good.timeline.resize(good.ranks);
+        for (std::uint32_t v = 0; v < good.vstages; ++v) {
+          auto& ops = good.timeline[good.stage_rank[v]];
+          if (ops.empty()) ops.push_back(ScheduledOp{OpKind::Forward, 0, v, 1.0 * v, 1.0 * v + 1});
+        }
+      }
+      REQUIRE(validate(good).ok());
+      auto refused = [&](const char* what, const std::function<void(Plan&)>& mutate) {
+        Plan p = good;
+        mutate(p);
+        // The mutation travels through the binary form, as a tampered file would.
+        const auto blob = encode_plan(p);
+        const Plan back = decode_plan(blob.data(), blob.size(), "mutated");
+        INFO(what << " (" << kind << (encdec ? ", encoder-decoder" : "") << ")");
+        CHECK_FALSE(validate(back).ok());
+      };
+      refused("a sample in two micro-batches", [](Plan& p) { p.microbatches[1].samples[0] = p.microbatches[0].samples[0]; });
+      refused("a sample twice in one micro-batch", [](Plan& p) {
+        auto& mb = p.microbatches[2];
+        mb.samples.push_back(mb.samples[0]);
+        if (!mb.row_offsets.empty()) mb.row_offsets.back() += 1; else mb.rows += 1;
+      });
+      refused("a padded length below the tokens", [](Plan& p) { p.microbatches[0].padded_len = 1; });
+      refused("tokens above rows x padded length", [](Plan& p) {
+        auto& mb = p.microbatches[0];
+        mb.tokens = std::uint64_t{mb.rows} * (mb.padded_len + mb.padded_dec_len) + 1;
+      });
+      refused("a shape's sequence length unlike its micro-batch's", [](Plan& p) {
+        for (auto& s : p.shapes) s.seq += 8;
+      });
+      refused("a shape of sequence length 0", [](Plan& p) { p.shapes[0].seq = 0; });
+      refused("a shape of hidden size 0", [](Plan& p) { p.shapes[0].hidden = 0; });
+      refused("zero global tokens", [](Plan& p) { p.global_tokens = 0; });
+      refused("a negative makespan", [](Plan& p) { p.makespan_ms = -1; });
+      refused("a NaN makespan", [](Plan& p) { p.makespan_ms = std::nan(""); });
+      refused("a loss weight above 1", [](Plan& p) { p.microbatches[0].loss_weight = 2; });
+      refused("a negative loss weight", [](Plan& p) { p.microbatches[0].loss_weight = -0.1; });
+      if (!encdec) {
+        refused("a decoder length on a decoder-only model", [](Plan& p) { p.microbatches[1].padded_dec_len = 64; });
+      } else {
+        refused("a missing decoder length on an encoder-decoder model", [](Plan& p) { p.microbatches[1].padded_dec_len = 0; });
+      }
+      if (!good.timeline.empty()) {
+        refused("a timeline op after the makespan", [](Plan& p) { p.timeline[0][0].end_ms = p.makespan_ms * 3 + 1; });
+        refused("a timeline op ending before it starts", [](Plan& p) {
+          p.timeline[0][0].end_ms = p.timeline[0][0].start_ms - 1;
+        });
+        refused("a timeline op of a missing micro-batch", [](Plan& p) { p.timeline[0][0].mb = 1000; });
+        refused("a timeline op on the wrong rank", [](Plan& p) { p.timeline[0][0].vstage = p.vstages - 1; });
+      }
+      if (!good.microbatches[0].refs.empty()) {
+        refused("a dataset sample in two micro-batches", [](Plan& p) { p.microbatches[1].refs[0] = p.microbatches[0].refs[0]; });
+      }
+    }
+  }
 }
