@@ -160,6 +160,7 @@ struct AnalyticCostModel::RowPlan {
                      m.heads, m.kv_heads, m.name);
   PACKPIPE_CHECK_ARG(q.mbs > 0, "mbs (micro-batch size) must be positive, found {}", q.mbs);
   PACKPIPE_CHECK_ARG(q.dec_seq >= 0, "dec_seq must be non-negative, found {}", q.dec_seq);
+  check_query_limits(q, q.mbs);
   PACKPIPE_CHECK_ARG(q.kind != LayerKind::Decoder || enc_dec,
                      "kind decoder needs an encoder-decoder model; model '{}' is decoder-only", m.name);
   PACKPIPE_CHECK_ARG(enc_dec || q.dec_seq == 0, "dec_seq must be 0 for decoder-only model '{}', found {}", m.name,

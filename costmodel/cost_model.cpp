@@ -49,11 +49,23 @@ StaticMemory static_memory(double params, std::int64_t dp, int zero_stage) {
 
 // ---- batch queries ------------------------------------------------------------------------------
 
+void query_limits_failed(const Query& q, std::int64_t mbs) {
+  PACKPIPE_CHECK_ARG(mbs <= kMaxQueryMbs, "mbs (micro-batch size) {} is above the limit {}", mbs, kMaxQueryMbs);
+  PACKPIPE_CHECK_ARG(q.seq <= kMaxQuerySeq && q.dec_seq <= kMaxQuerySeq,
+                     "seq {} / dec_seq {}: a sequence length is above the limit {}", q.seq, q.dec_seq, kMaxQuerySeq);
+  PACKPIPE_CHECK_ARG(q.num_layers <= kMaxQueryLayers, "num_layers {} is above the limit {}", q.num_layers,
+                     kMaxQueryLayers);
+  PACKPIPE_CHECK_ARG(q.tp <= kMaxQueryTp, "tp {} is above the limit {}", q.tp, kMaxQueryTp);
+  PACKPIPE_THROW(InvalidArgument, "mbs {} x (seq {} + dec_seq {}) tokens is above the limit {}", mbs, q.seq,
+                 q.dec_seq, kMaxQueryTokens);
+}
+
 void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) {
   PACKPIPE_CHECK_ARG(count >= 0, "query_rows: count must not be negative, found {}", count);
   PACKPIPE_CHECK_ARG(count == 0 || out != nullptr, "query_rows: out is null for {} rows", count);
   PACKPIPE_CHECK_ARG(count == 0 || q.mbs <= std::numeric_limits<std::int64_t>::max() - (count - 1),
                      "query_rows: mbs {} + {} rows overflows", q.mbs, count);
+  if (count > 0) check_query_limits(q, q.mbs + (count - 1));  // the largest row
 }
 
 LengthUse CostModel::lengths_used(LayerKind) const { return {}; }

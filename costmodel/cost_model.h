@@ -37,6 +37,27 @@ struct Query {
   Recompute recompute = Recompute::None;
 };
 
+/// Largest sizes a Query may name: far above any real shape, and small enough that every product
+/// of them the models form (tokens x hidden x bytes, seq^2 x mbs) stays exact and in range.
+inline constexpr std::int64_t kMaxQueryMbs = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxQuerySeq = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxQueryTokens = std::int64_t{1} << 32;  ///< mbs x (seq + dec_seq)
+inline constexpr std::int64_t kMaxQueryLayers = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxQueryTp = std::int64_t{1} << 16;
+
+/// Throws InvalidArgument naming the field, the value and the limit (query_limits_failed).
+[[noreturn]] void query_limits_failed(const Query& q, std::int64_t mbs);
+/// Throws InvalidArgument naming the field, the value and the limit if a size of `q` (with mbs
+/// `mbs`; sizes below 1 are left to the models' own checks) is above the limits above. Inline:
+/// comparisons only until it throws.
+inline void check_query_limits(const Query& q, std::int64_t mbs) {
+  if (mbs > kMaxQueryMbs || q.seq > kMaxQuerySeq || q.dec_seq > kMaxQuerySeq || q.num_layers > kMaxQueryLayers ||
+      q.tp > kMaxQueryTp ||
+      (mbs > 0 && q.seq >= 0 && q.dec_seq >= 0 && mbs * (q.seq + q.dec_seq) > kMaxQueryTokens)) {
+    query_limits_failed(q, mbs);
+  }
+}
+
 /// Answer for a Query (all layers of the query together). Times in milliseconds, memory in bytes.
 struct LayerCost {
   double forward_ms = 0;

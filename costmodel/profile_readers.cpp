@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/json.h"
 
 namespace packpipe::costmodel {
@@ -1014,13 +1015,14 @@ std::string first_line(const std::string& text) {
   return "";
 }
 
+// A profile file's text: a regular file (a FIFO or directory is refused, never waited on), not
+// empty, with a UTF-8 byte-order mark removed (spreadsheet exports write one).
 std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PACKPIPE_CHECK(in.good(), "{}: cannot open for reading", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  PACKPIPE_CHECK(!in.bad(), "{}: read failed", path);
-  return ss.str();
+  std::string text = read_regular_file(path, "profile");
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+  PACKPIPE_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos,
+                 "{}: the profile file is empty (expected a profile in one of the supported formats)", path);
+  return text;
 }
 
 }  // namespace
@@ -1096,6 +1098,31 @@ Profile parse_profile(const std::string& text, const std::string& name, const Pr
   return parse_profile(detect_profile_format(name, text), text, name, options);
 }
 
+namespace {
+
+// Every reader's points: a measured time is finite and positive (0 or NaN would make a partition
+// of 0 ms look feasible), measured memory finite and >= 0. The point is named by its key, which
+// is its row in the source file.
+void check_points(const Profile& p, const std::string& file) {
+  for (std::size_t i = 0; i < p.points.size(); ++i) {
+    const ProfilePoint& x = p.points[i];
+    auto where = [&] {
+      return fmt::format("{}: point {} ({} layers, tp {}, rc {}, mbs {}, seq {}{})", file, i, layer_kind_name(x.kind), x.tp,
+                         rc_text(x.rc), x.mbs, x.seq, x.dec_seq ? fmt::format(", dec_seq {}", x.dec_seq) : std::string());
+    };
+    for (const auto& [v, what] : {std::pair{x.fwd_ms, "forward time (ms)"}, std::pair{x.bwd_ms, "backward time (ms)"}}) {
+      PACKPIPE_CHECK(std::isnan(v) || (std::isfinite(v) && v > 0), "{}: {} is {}; expected a finite time > 0", where(),
+                     what, v);
+    }
+    for (const auto& [v, what] : {std::pair{x.stored_bytes, "stored activation bytes"}, std::pair{x.peak_bytes, "peak bytes"}}) {
+      PACKPIPE_CHECK(std::isnan(v) || (std::isfinite(v) && v >= 0), "{}: {} is {}; expected a finite value >= 0",
+                     where(), what, v);
+    }
+  }
+}
+
+}  // namespace
+
 Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOptions& options) {
   PACKPIPE_CHECK_ARG(!paths.empty(), "no profile paths given");
   Profile out;
@@ -1128,13 +1155,17 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
         } catch (const Error&) {
           continue;  // README.txt, plan JSON, result tables: not profiles
         }
-        add(parse_profile(fmt, text, f, options));
+        Profile one = parse_profile(fmt, text, f, options);
+        check_points(one, f);
+        add(std::move(one));
         ++used;
       }
       PACKPIPE_CHECK(used > 0, "{}: folder holds no recognised profile files", path);
     } else {
       PACKPIPE_CHECK(fs::exists(path, ec), "{}: no such file or folder", path);
-      add(parse_profile(read_whole(path), path, options));
+      Profile one = parse_profile(read_whole(path), path, options);
+      check_points(one, path);
+      add(std::move(one));
     }
   }
   return out;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -661,11 +662,37 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
   PACKPIPE_CHECK_ARG(!profile.points.empty(), "profile {} has no grid points",
                      profile.sources.empty() ? std::string("(in memory)")
                                              : fmt::format("{}", fmt::join(profile.sources, ", ")));
+  // A profile names the model it measured: another model's times would pass as this one's.
+  // Spellings differ by source ("gpt-6.7b", "gpt_6.7b", Aceso's "gpt_1_3B"): compared on letters
+  // and digits alone, lower-case.
+  auto norm = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) {
+      if (std::isalnum(static_cast<unsigned char>(ch))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    return o;
+  };
+  const std::string sources = profile.sources.empty() ? std::string("(in memory)")
+                                                      : fmt::format("{}", fmt::join(profile.sources, ", "));
+  PACKPIPE_CHECK_ARG(profile.model.empty() || norm(profile.model) == norm(I.model.name),
+                     "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
+                     "for, or pass --model {}",
+                     sources, profile.model, I.model.name, profile.model);
   for (const auto& p : profile.points) {
     PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || I.model.arch == Architecture::EncoderDecoder,
                        "profile has decoder layers but model '{}' is decoder-only", I.model.name);
   }
   for (const auto& [key, cells] : merge_points(profile.points)) I.grids.push_back(build_grid(key, cells, I.model));
+  // A grid with times must have both: a missing backward would be costed as 0 ms, a missing
+  // forward as NaN.
+  for (const auto& g : I.grids) {
+    if (!g.has_time() || (g.has[0] && g.has[1])) continue;
+    PACKPIPE_THROW(InvalidArgument,
+                   "profile {}: {} layers (tp {}, rc {}) have {} times but no {} times (missing or all zero); a "
+                   "profile must measure both, so add the missing rows or file",
+                   sources, layer_kind_name(g.kind), g.tp, recompute_name(g.rc),
+                   g.has[0] ? "forward" : "backward", g.has[0] ? "backward" : "forward");
+  }
   I.index_grids();
   // Communication: device figures, replaced by measured p2p where the profile has it.
   I.comm.intra_latency_ms = I.device.intra_node_latency_us / 1e3;
@@ -819,6 +846,7 @@ struct ProfiledCostModel::Rows {
   PACKPIPE_CHECK_ARG(q.num_layers > 0, "num_layers must be positive, found {}", q.num_layers);
   PACKPIPE_CHECK_ARG(q.seq >= 0, "seq must not be negative, found {}", q.seq);
   PACKPIPE_CHECK_ARG(q.dec_seq >= 0, "dec_seq must not be negative, found {}", q.dec_seq);
+  check_query_limits(q, q.mbs);
   const bool enc_dec = I.model.arch == Architecture::EncoderDecoder;
   if (q.kind == LayerKind::Decoder || (enc_dec && q.kind == LayerKind::PostProcess)) {
     PACKPIPE_CHECK_ARG(q.dec_seq > 0, "dec_seq must be positive for {} layers of '{}', found {}",
@@ -942,6 +970,14 @@ struct ProfiledCostModel::Rows {
   out.recompute_ms = recompute * layers;
   out.backward_ms = std::max(0.0, bwd_profiled - recompute) * layers;
   out.time_source = prov;
+  // Never a NaN, infinite or negative time out of a profile: the construction checks make this
+  // unreachable, and a query that reaches it is refused rather than partitioned at 0 ms.
+  if (!(std::isfinite(out.forward_ms) && out.forward_ms >= 0 && std::isfinite(bwd_profiled) && bwd_profiled > 0)) {
+    PACKPIPE_THROW(Error, "profiled cost of {} layers (tp {}, rc {}) at mbs {}, seq {}, dec_seq {}: forward {} ms, "
+                   "backward {} ms; the profile does not cover this query",
+                   layer_kind_name(q.kind), q.tp, rc_text(q.recompute), mbs, q.seq, q.dec_seq, out.forward_ms,
+                   bwd_profiled);
+  }
   double xm[kMaxFeatures] = {0, 0, 0, 0, 0};
   const int km = fz.memory(mbs, p.ms, p.md, xm);
   if (g.has[2] && !std::isnan(acc[2])) {

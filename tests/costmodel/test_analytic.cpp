@@ -336,3 +336,29 @@ TEST_CASE("analytic model against DynaPipe's GPT-6.7B profile (A100-40GB)", "[re
   INFO("GPT-6.7B time MAPE " << mape << "% over " << n << " points");
   CHECK(mape < 25);
 }
+
+TEST_CASE("queries above the size limits are refused, never computed in overflowing arithmetic", "[negative]") {
+  const AnalyticCostModel cm(load_model("gpt-6.7b"), load_device("A100-40GB"));
+  Query q;
+  q.kind = LayerKind::Encoder;
+  q.mbs = 2147483647;
+  q.seq = 2147483647;
+  REQUIRE_THROWS_WITH(cm.query(q), Catch::Matchers::Contains("above the limit"));
+  q.mbs = 1;
+  REQUIRE_THROWS_WITH(cm.query(q), Catch::Matchers::Contains("seq 2147483647"));
+  q.seq = 1 << 20;
+  q.mbs = 1 << 13;  // 2^33 tokens
+  REQUIRE_THROWS_WITH(cm.query(q), Catch::Matchers::Contains("tokens is above the limit"));
+  q.mbs = 1;
+  q.num_layers = 1 << 20;
+  REQUIRE_THROWS_WITH(cm.query(q), Catch::Matchers::Contains("num_layers"));
+  q.num_layers = 1;
+  LayerCost rows[4];
+  q.mbs = kMaxQueryMbs - 1;
+  q.seq = 1;
+  REQUIRE_THROWS_AS(cm.query_rows(q, 4, rows), packpipe::InvalidArgument);  // the last row is above
+  q.mbs = 4;
+  q.seq = 1024;
+  const LayerCost ok = cm.query(q);
+  REQUIRE((std::isfinite(ok.forward_ms) && ok.forward_ms > 0 && ok.stored_bytes > 0));
+}

@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 
 #include "common/errors.h"
+#include "costmodel/model.h"
 #include "costmodel/profile_readers.h"
+#include "costmodel/profiled.h"
 #include "tests/support/temp_dir.h"
 
 using namespace packpipe::costmodel;
@@ -454,4 +458,85 @@ TEST_CASE("format detection names the file when nothing matches", "[negative]") 
   CHECK(detect_profile_format("x/gpt_6.7b_timing.csv", "tp,rc,lm_stage,train_stage,enc_seqlen\n") ==
         ProfileFormat::DynaPipeTiming);
   CHECK(detect_profile_format("p2p_inter_node.csv", "1,2\n3,4\n") == ProfileFormat::AcesoP2P);
+}
+
+namespace {
+
+// The GPT-6.7B DynaPipe timing fixture with its rows filtered or edited by `edit` (a line in, a
+// line out; "" drops the line), written to `path`.
+std::string edited_timing(const std::string& path, const std::function<std::string(const std::string&)>& edit) {
+  const std::string text = read_file(fixture("dynapipe/derived_from_cost_models_pkl/gpt_6.7b_timing.csv"));
+  std::string out;
+  std::size_t start = 0;
+  bool header = true;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    const std::string e = header ? line : edit(line);
+    header = false;
+    if (!e.empty()) out += e + "\n";
+    start = end + 1;
+  }
+  packpipe::test::write_file(path, out);
+  return path;
+}
+
+ProfiledCostModel gpt_from(const std::vector<std::string>& paths) {
+  return ProfiledCostModel(load_profiles(paths), load_model("gpt-6.7b"), load_device("A100-40GB"));
+}
+
+}  // namespace
+
+TEST_CASE("profiles that would cost a shape at 0 ms or NaN are refused, naming what is missing", "[negative][profiles]") {
+  packpipe::test::TempDir dir;
+  using Catch::Matchers::Contains;
+  SECTION("missing backward rows") {
+    const auto f = edited_timing(dir.file("gpt_6.7b_timing.csv"),
+                                 [](const std::string& l) { return l.find(",backward,") != std::string::npos ? "" : l; });
+    REQUIRE_THROWS_WITH(gpt_from({f}), Contains("forward times but no backward times") && Contains("gpt_6.7b_timing.csv"));
+  }
+  SECTION("zero forward times") {
+    const auto f = edited_timing(dir.file("gpt_6.7b_timing.csv"), [](const std::string& l) {
+      if (l.find(",forward,") == std::string::npos) return l;
+      return l.substr(0, l.rfind(',')) + ",0";
+    });
+    REQUIRE_THROWS_WITH(gpt_from({f}), Contains("forward time (ms) is 0") && Contains("expected a finite time > 0"));
+  }
+  SECTION("negative and non-finite times") {
+    for (const char* v : {"-1", "nan", "inf"}) {
+      const auto f = edited_timing(dir.file("gpt_6.7b_timing.csv"), [&](const std::string& l) {
+        if (l.find(",backward,") == std::string::npos || l.find(",1,full,") == 0) return l;
+        return l.substr(0, l.rfind(',')) + "," + v;
+      });
+      REQUIRE_THROWS_AS(gpt_from({f}), packpipe::Error);
+    }
+  }
+  SECTION("a UTF-8 byte-order mark is read, not skipped") {
+    const std::string text = read_file(fixture("dynapipe/derived_from_cost_models_pkl/gpt_6.7b_timing.csv"));
+    std::filesystem::create_directories(dir.file("bom"));
+    packpipe::test::write_file(dir.file("bom/gpt_6.7b_timing.csv"), "\xEF\xBB\xBF" + text);
+    const ProfiledCostModel with_bom = gpt_from({dir.file("bom")});
+    const ProfiledCostModel plain = gpt_from({fixture("dynapipe/derived_from_cost_models_pkl/gpt_6.7b_timing.csv")});
+    Query q;
+    q.kind = LayerKind::Encoder;
+    q.mbs = 2;
+    q.seq = 1024;
+    q.num_layers = 4;
+    REQUIRE(with_bom.query(q).forward_ms == plain.query(q).forward_ms);
+    REQUIRE(with_bom.profiled(LayerKind::Encoder, 1, Recompute::None));
+  }
+  SECTION("an empty file in a profile folder is an error, not a skip") {
+    std::filesystem::create_directories(dir.file("folder"));
+    packpipe::test::write_file(dir.file("folder/gpt_6.7b_timing.csv"),
+                               read_file(fixture("dynapipe/derived_from_cost_models_pkl/gpt_6.7b_timing.csv")));
+    packpipe::test::write_file(dir.file("folder/gpt_6.7b_activation.csv"), "");
+    REQUIRE_THROWS_WITH(load_profiles({dir.file("folder")}), Contains("gpt_6.7b_activation.csv") && Contains("empty"));
+  }
+  SECTION("a profile of another model") {
+    REQUIRE_THROWS_WITH(
+        ProfiledCostModel(load_profiles({fixture("dynapipe/derived_from_cost_models_pkl/t5_11b_timing.csv")}),
+                          load_model("gpt-6.7b"), load_device("A100-40GB")),
+        Contains("measured model 't5_11b'") && Contains("'gpt-6.7b'"));
+  }
 }
