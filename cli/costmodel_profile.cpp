@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/profiled.h"
 
 namespace packpipe::cli {
@@ -201,13 +202,11 @@ void run_import(const ImportArgs& a) {
   if (!a.model.empty()) p.model = a.model;
   if (!a.device.empty()) p.device = a.device;
   const std::string text = cm::write_packpipe_profile(p);
-  {
-    std::ofstream out(a.out, std::ios::binary | std::ios::trunc);
-    PACKPIPE_CHECK(out.good(), "{}: cannot open for writing", a.out);
-    out << text;
-    out.flush();
-    PACKPIPE_CHECK(out.good(), "{}: write failed", a.out);
-  }
+  // Never onto a profile it read (a folder's files included), and atomically.
+  std::vector<std::string> inputs = a.inputs;
+  inputs.insert(inputs.end(), p.sources.begin(), p.sources.end());
+  check_output_is_not_input(a.out, inputs, "--out");
+  write_file_atomic(a.out, text);
   if (a.json) {
     Json j;
     j["out"] = a.out;

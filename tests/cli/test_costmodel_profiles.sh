@@ -57,6 +57,12 @@ assert p["format"] == "packpipe-profile" and p["units"] == {"time": "ms", "memor
 assert p["device"] == "A100-40GB" and len(p["points"]) == 5120
 PY
 "$pp" costmodel validate --profile "$tmp/gpt_profile.json" --leave-one-out --json > "$tmp/gpt2.json" || fail "validate imported"
+# import never writes onto a profile it reads (through a link too)
+cp "$tmp/gpt_profile.json" "$tmp/keep.json"
+ln -s "$tmp/gpt_profile.json" "$tmp/link.json"
+if "$pp" costmodel import "$tmp/gpt_profile.json" --out "$tmp/link.json" 2> "$tmp/err"; then fail "import onto its input"; fi
+grep -q "destroy the input" "$tmp/err" || fail "import onto its input: $(cat "$tmp/err")"
+cmp "$tmp/gpt_profile.json" "$tmp/keep.json" || fail "import changed its input"
 check_loo "$tmp/gpt2.json" gpt-6.7b
 
 # bad input: a missing column names the file, the line and the column; exit status 1
