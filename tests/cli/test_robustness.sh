@@ -33,11 +33,12 @@ echo '{"model": "x", "model": "y"}' > "$tmp/dupmodel.json"
 expect_error "duplicate key in a model file" 'duplicate key "model"' costmodel query --model "$tmp/dupmodel.json" --seq 128
 
 # A plan that decodes but is inconsistent: inspect lists the violations instead of crashing.
-PYTHONPATH=$(dirname "$pp")/python $py - "$tmp" <<'PY' || fail "making the inconsistent plan"
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 1 --stages 2 \
+  --layers-per-stage 4 --no-baselines --out "$tmp/good.plan" > /dev/null || fail "planning"
+"$pp" plan inspect "$tmp/good.plan" --json > "$tmp/good.json" || fail "inspect --json"
+$py - "$tmp" <<'PY' || fail "making the inconsistent plan"
 import json, sys
-import packpipe
-p = packpipe.synthetic_plan("1f1b", 2, 1, 3, 1, False, False)
-j = json.loads(p.to_json())
+j = json.load(open(sys.argv[1] + "/good.json"))
 j["stage_rank"] = [0] * len(j["stage_rank"])  # rank 1 runs no stage: the validator stops early
 open(sys.argv[1] + "/bad_plan.json", "w").write(json.dumps(j))
 PY
