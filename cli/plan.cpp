@@ -183,16 +183,21 @@ Json run_plan(const PlanCliOptions& o) {
     writer = std::make_unique<sc::PlanFileWriter>(o.out, eo);
   }
 
-  // Estimate the iteration count for the progress line (exact for sample-count batches).
+  // The exact iteration count: arithmetic for sample-count batches, a dry run of a copy of the
+  // sampler for token budgets (batch boundaries only, no assembly: millions of samples a second).
+  // The progress line shows it, and the plan file records it, so a file that holds fewer
+  // iterations than the run was to plan is marked incomplete.
   const std::uint64_t epoch_samples = sampler.epoch_size();
   std::uint64_t expected = 0;
   if (o.batch_samples > 0) {
     expected = (epoch_samples + o.batch_samples - 1) / o.batch_samples;
+  } else {
+    dl::Sampler probe(sampler);
+    dl::GlobalBatch g;
+    while ((o.iterations == 0 || expected < o.iterations) && probe.next_batch(g)) ++expected;
   }
-  if (o.iterations > 0) expected = expected > 0 ? std::min(expected, o.iterations) : o.iterations;
-  // With sample-count batches the iteration count is exact: the file records it, and a file that
-  // holds fewer is marked incomplete.
-  if (writer && o.batch_samples > 0 && expected > 0) writer->expect_iterations(0, expected);
+  if (o.iterations > 0) expected = std::min(expected, o.iterations);
+  if (writer && expected > 0) writer->expect_iterations(0, expected);
   Progress progress("planning", expected);
 
   struct Work {

@@ -49,6 +49,13 @@ refused "export onto the plan file" plan export "$tmp/p.plan" --chrome-trace "$t
 # Nothing an input: every input byte-identical after all of the above.
 sums | diff "$tmp/before" - > /dev/null || fail "an input changed"
 
+# The file records the iterations the run was to plan (token budgets counted by a dry run).
+"$pp" plan validate "$tmp/p.plan" | grep -q "(iterations 0..1, complete)" || fail "plan file completeness record"
+"$pp" plan --manifest "$m" --global-batch-tokens 16384 --stages 2 --layers-per-stage 4 --no-baselines \
+  --out "$tmp/e.plan" --json > "$tmp/e.json" || fail "whole-epoch plan"
+n=$(/usr/bin/python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['iterations']))" "$tmp/e.json")
+"$pp" plan validate "$tmp/e.plan" | grep -q "(iterations 0..$((n - 1)), complete)" || fail "whole-epoch completeness"
+
 # A run that fails leaves nothing at its output, and never a file that validates.
 if "$pp" plan --manifest "$m" --global-batch-tokens 65536 --iterations 2 --memory-mb 20000 --layers-per-stage 8 \
      --out "$tmp/failed.plan" > /dev/null 2>&1; then fail "an impossible plan succeeded"; fi
