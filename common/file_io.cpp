@@ -68,9 +68,13 @@ OutputLock::~OutputLock() {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   PACKPIPE_CHECK_ARG(!path_.empty(), "output path is empty");
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0) {
-    PACKPIPE_CHECK(S_ISREG(st.st_mode), "output '{}' is {}; expected a regular file or a new path",
-                   path_, file_kind(st.st_mode));
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    // A stream (/dev/stdout, /dev/null, a pipe) is written directly: there is no file to replace.
+    PACKPIPE_CHECK(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode),
+                   "output '{}' is {}; expected a regular file, a new path or a stream", path_, file_kind(st.st_mode));
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    PACKPIPE_CHECK(fd_ >= 0, "cannot open output '{}': {}", path_, os_error(errno));
+    return;  // tmp_ stays empty: commit() only closes
   }
   lock_ = std::make_unique<OutputLock>(path_);  // held through the write and the rename
   std::string templ = path_ + ".tmp-XXXXXX";
@@ -103,6 +107,13 @@ void AtomicFile::write(const void* data, std::size_t n) {
 
 void AtomicFile::commit() {
   PACKPIPE_CHECK_ARG(!done_, "'{}': commit after commit or discard", path_);
+  if (tmp_.empty()) {  // a stream: nothing to sync or rename
+    const int fd = fd_;
+    fd_ = -1;
+    done_ = true;
+    PACKPIPE_CHECK(::close(fd) == 0, "'{}': close failed: {}", path_, os_error(errno));
+    return;
+  }
   if (::fsync(fd_) != 0) {
     const int err = errno;
     discard();

@@ -28,7 +28,8 @@ class OutputLock {
 /// The temporary is `<path>.tmp-XXXXXX` (same directory, so the rename is atomic). While the
 /// object lives it holds an exclusive advisory lock on `<path>.lock`, so a second writer of the
 /// same path fails at once instead of both "succeeding". Without commit() the destructor removes
-/// the temporary: a failed run never leaves a truncated or half-written output at `path`.
+/// the temporary: a failed run never leaves a truncated or half-written output at `path`. An
+/// existing character device or FIFO (/dev/stdout, /dev/null, a pipe) is written directly.
 class AtomicFile {
  public:
   /// Creates the temporary and takes the lock; throws Error naming `path` if either fails.

@@ -81,9 +81,13 @@ TEST_CASE("AtomicFile refuses a second concurrent writer of one path", "[file_io
   REQUIRE(read_file(out) == "a");
 }
 
-TEST_CASE("AtomicFile refuses a directory as its output", "[file_io][negative]") {
+TEST_CASE("AtomicFile refuses a directory as its output, and writes a stream directly", "[file_io][negative]") {
   TempDir dir;
   REQUIRE_THROWS_WITH(packpipe::AtomicFile(dir.path()), Contains("is a directory"));
+  packpipe::AtomicFile null("/dev/null");  // e.g. --report /dev/stdout: no file to replace
+  null.write("discarded");
+  null.commit();
+  REQUIRE(count_entries(dir.path()) == 0);
 }
 
 TEST_CASE("an output that resolves to an input is refused", "[file_io][negative]") {
