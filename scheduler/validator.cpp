@@ -204,10 +204,6 @@ class Checker {
                                           "padded length is below its samples' tokens", m, mb.tokens, mb.rows,
                                           mb.padded_len, mb.padded_dec_len));
       }
-      if (mb.tokens < mb.samples.size()) {
-        add("header", -1, -1, fmt::format("micro-batch {}: {} tokens for {} samples (expected at least one each)", m,
-                                          mb.tokens, mb.samples.size()));
-      }
       if (!std::isfinite(mb.loss_weight) || mb.loss_weight < 0 || mb.loss_weight > 1) {
         add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected in [0, 1], found {}", m, mb.loss_weight));
       } else {
