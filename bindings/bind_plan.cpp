@@ -323,6 +323,27 @@ void define_plan(py::module_& m) {
         py::arg("schedule") = "1f1b", py::arg("ranks") = 4, py::arg("chunks") = 1, py::arg("microbatches") = 8,
         py::arg("seed") = 0, py::arg("same_shape") = false, py::arg("encoder_decoder") = false,
         "A plan of random micro-batches under a textbook schedule (gpipe, 1f1b, zero-bubble): examples and tests");
+  m.def("validate_replicas",
+        [](const std::vector<std::shared_ptr<sch::Plan>>& plans) {
+          std::vector<sch::Plan> v;
+          for (const auto& p : plans) {
+            if (p == nullptr) throw py::value_error("validate_replicas: a plan is None");
+            v.push_back(*p);
+          }
+          py::list out;
+          for (const auto& x : sch::validate_replicas(v)) {
+            py::dict d;
+            d["kind"] = x.kind;
+            d["replica"] = x.rank;
+            d["message"] = x.message;
+            d["text"] = sch::to_string(x);
+            out.append(d);
+          }
+          return out;
+        },
+        py::arg("plans"),
+        "The plans of one iteration's replicas (replica k at position k) checked against each other: a list of "
+        "violations (dicts with kind, replica (-1: the iteration), message, text); empty when they agree");
   m.def("opcode_names", [] {
     std::vector<std::string> v;
     for (int i = 0; i < sch::kOpcodeCount; ++i) v.push_back(sch::opcode_name(static_cast<sch::Opcode>(i)));

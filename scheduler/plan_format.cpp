@@ -413,6 +413,17 @@ class JIn {
     if (expected != SIZE_MAX && j.size() != expected) fail(ptr, fmt::format("expected {} entries, found {}", expected, j.size()));
     return j;
   }
+  // Refuses a key not in `keys`: a misspelt optional field ("refz") would otherwise be dropped.
+  void only(const Json& j, const std::string& ptr, std::initializer_list<const char*> keys) const {
+    if (!j.is_object()) fail(ptr, fmt::format("expected an object, found {}", kind(j)));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; })) {
+        std::string known;
+        for (const char* k : keys) known += (known.empty() ? "" : ", ") + std::string(k);
+        fail(ptr + "/" + it.key(), fmt::format("unknown field; expected one of {}", known));
+      }
+    }
+  }
   template <class T>
   std::vector<T> u_list(const Json& j, const std::string& ptr, std::size_t expected = SIZE_MAX) const {
     arr(j, ptr, expected);
@@ -599,6 +610,9 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   const auto version = in.u64(in.at(j, "", "version"), "/version");
   if (version < 1 || version > kPlanFormatVersion) in.fail("/version", fmt::format("expected 1..{}, found {}", kPlanFormatVersion, version));
   if (j.contains("stream")) in.fail("/stream", "this JSON holds one rank's stream only (written by inspect --rank); it is not a whole plan");
+  in.only(j, "", {"format", "version", "iteration", "schedule", "ranks", "vstages", "stage_rank", "dp", "replica",
+                  "global_tokens", "makespan_ms", "memory_limit_bytes", "static_bytes", "buffer_slots", "shapes",
+                  "microbatches", "streams", "timeline"});
   p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
   p.schedule = in.str(in.at(j, "", "schedule"), "/schedule");
   p.ranks = static_cast<std::uint32_t>(in.u64(in.at(j, "", "ranks"), "/ranks", 1u << 24));
@@ -615,6 +629,7 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const std::string ptr = "/shapes/" + std::to_string(i);
     const Json& s = shapes[i];
+    in.only(s, ptr, {"rows", "seq", "hidden", "enc_seq", "dtype"});
     TensorShape t;
     t.rows = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
     t.seq = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "seq"), ptr + "/seq", 0xFFFFFFFFull));
@@ -636,6 +651,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   for (std::size_t m = 0; m < N; ++m) {
     const std::string ptr = "/microbatches/" + std::to_string(m);
     const Json& o = mbs[m];
+    in.only(o, ptr, {"rows", "padded_len", "padded_dec_len", "tokens", "loss_weight", "samples", "refs", "row_offsets",
+                     "recompute", "stored_bytes", "peak_bytes"});
     PlanMicroBatch mb;
     mb.rows = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
     mb.padded_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_len"), ptr + "/padded_len", 0xFFFFFFFFull));

@@ -121,6 +121,8 @@ class PlanFileReader {
   /// Iterations the writer declared (0: none declared).
   std::uint64_t expected_iterations() const { return expected_iterations_; }
   const std::string& path() const { return path_; }
+  /// True for a plan file (PPLF), false for a single binary or JSON plan.
+  bool is_plan_file() const { return !single_; }
 
  private:
   PlanFileReader() = default;

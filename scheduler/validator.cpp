@@ -36,6 +36,7 @@ struct Slot {
   std::int64_t recv_channel = -1, recv_k = -1;
   std::int64_t send_channel = -1, send_k = -1;  // last send posted from this slot, not yet waited
   bool send_pending = false;
+  bool read = false;  // read by a compute op or a send (loaded inputs must be)
 };
 
 struct CommRec {
@@ -60,6 +61,8 @@ class Checker {
   ValidationReport run() {
     if (!check_header()) return std::move(rep_);
     check_fields();
+    check_tables();
+    check_timeline();
     check_channels();
     simulate();
     check_counts();
@@ -156,7 +159,8 @@ class Checker {
       if (mb.padded_len == 0) add("header", -1, -1, fmt::format("micro-batch {}: padded length 0", m));
       if (p.global_tokens > 0) {
         const double expected = static_cast<double>(mb.tokens) / static_cast<double>(p.global_tokens);
-        if (!(std::fabs(mb.loss_weight - expected) <= 1e-12 + 1e-9 * expected)) {
+        // Exactly tokens / global tokens (one correctly rounded division): any other value is edited.
+        if (!(mb.loss_weight == expected)) {
           add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected tokens / global tokens = {} / {} = {}, found {}",
                                             m, mb.tokens, p.global_tokens, expected, mb.loss_weight));
         }
@@ -230,6 +234,7 @@ class Checker {
     if (!std::isfinite(p.makespan_ms) || p.makespan_ms < 0) {
       add("header", -1, -1, fmt::format("makespan_ms: expected a finite value >= 0, found {}", p.makespan_ms));
     }
+    timeline_violations_ = rep_.violations.size();
     if (!p.timeline.empty()) {
       const double end = std::isfinite(p.makespan_ms) ? p.makespan_ms * (1 + 1e-9) + 1e-9 : 0;
       for (std::size_t r = 0; r < p.timeline.size(); ++r) {
@@ -255,7 +260,167 @@ class Checker {
         }
       }
     }
+    timeline_violations_ = rep_.violations.size() - timeline_violations_;
   }
+
+  // Per-(micro-batch, stage) tables and the shape table, against what the streams use.
+  void check_tables() {
+    const Plan& p = p_;
+    // Recompute is chosen per micro-batch: the same mode on every stage of it.
+    for (std::size_t m = 0; m < N_; ++m) {
+      for (std::size_t v = 1; v < V_; ++v) {
+        if (p.recompute[m * V_ + v] != p.recompute[m * V_]) {
+          add("header", -1, -1, fmt::format("recompute[{}] (micro-batch {} stage {}): expected micro-batch {}'s mode {} "
+                                            "on every stage, found {}", m * V_ + v, m, v, m, p.recompute[m * V_],
+                                            p.recompute[m * V_ + v]));
+          break;
+        }
+      }
+    }
+    // Every slot a rank declares is allocated by its stream (slots are handed out lowest first).
+    for (std::size_t r = 0; r < S_; ++r) {
+      std::uint64_t used = 0;
+      for (const Instruction& ins : p.streams[r]) {
+        if ((opcode_fields(ins.op) & kFieldOut) && ins.out != kNone) used = std::max<std::uint64_t>(used, std::uint64_t{ins.out} + 1);
+      }
+      if (used != p.buffer_slots[r]) {
+        add("header", static_cast<std::int64_t>(r), -1,
+            fmt::format("buffer_slots[{}]: expected {} (the slots the stream allocates), found {}", r, used,
+                        p.buffer_slots[r]));
+      }
+    }
+    // Shapes: each one referenced; loaded inputs are token ids (an integer dtype), boundary tensors
+    // (activations, gradients) a floating dtype, and every boundary tensor has the model's hidden
+    // size and dtype.
+    enum : std::uint8_t { kUnused = 0, kLoad = 1, kBoundary = 2 };
+    std::vector<std::uint8_t> use(p.shapes.size(), kUnused);
+    for (std::size_t r = 0; r < S_; ++r) {
+      for (const Instruction& ins : p.streams[r]) {
+        if (!(opcode_fields(ins.op) & kFieldShape) || ins.shape >= p.shapes.size()) continue;
+        use[ins.shape] |= ins.op == Opcode::LoadMb ? kLoad : kBoundary;
+      }
+    }
+    std::int64_t first_boundary = -1, first_load = -1;
+    for (std::size_t k = 0; k < p.shapes.size(); ++k) {
+      const TensorShape& s = p.shapes[k];
+      const bool integer = s.dtype == Dtype::I32 || s.dtype == Dtype::I64;
+      if (use[k] == kUnused) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): referenced by no instruction", k, to_string(s)));
+      } else if (use[k] == (kLoad | kBoundary)) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): used both for loaded inputs and for activations or gradients",
+                                          k, to_string(s)));
+      } else if (use[k] == kLoad && !integer) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected int32 or int64, found {}",
+                                          k, to_string(s), dtype_name(s.dtype)));
+      } else if (use[k] == kBoundary && integer) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): activations and gradients expected fp16, bf16 or fp32, found {}",
+                                          k, to_string(s), dtype_name(s.dtype)));
+      } else if (use[k] == kLoad && s.hidden != 1) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected hidden size 1, found {}", k,
+                                          to_string(s), s.hidden));
+      } else if (use[k] == kLoad && first_load >= 0 && s.dtype != p.shapes[static_cast<std::size_t>(first_load)].dtype) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): expected the dtype {} of every loaded input (shape #{}), found {}",
+                                          k, to_string(s), dtype_name(p.shapes[static_cast<std::size_t>(first_load)].dtype),
+                                          first_load, dtype_name(s.dtype)));
+      } else if (use[k] == kLoad) {
+        if (first_load < 0) first_load = static_cast<std::int64_t>(k);
+      } else if (use[k] == kBoundary && first_boundary < 0) {
+        first_boundary = static_cast<std::int64_t>(k);
+      } else if (use[k] == kBoundary) {
+        const TensorShape& f = p.shapes[static_cast<std::size_t>(first_boundary)];
+        if (s.hidden != f.hidden || s.dtype != f.dtype) {
+          add("header", -1, -1, fmt::format("shape #{} ({}): expected the hidden size {} and dtype {} of every activation "
+                                            "(shape #{}), found {} {}", k, to_string(s), f.hidden, dtype_name(f.dtype),
+                                            first_boundary, s.hidden, dtype_name(s.dtype)));
+        }
+      }
+    }
+  }
+
+  // The simulated timeline is the streams' compute order with times: per rank the same ops in the
+  // same order, one at a time, each after the ops it depends on, the last ending at the makespan.
+  void check_timeline() {
+    const Plan& p = p_;
+    if (p.timeline.empty() || timeline_violations_ > 0 || full()) return;
+    const std::size_t before = rep_.violations.size();
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto R = static_cast<std::int64_t>(r);
+      const auto& ops = p.timeline[r];
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
+        const Instruction& ins = p.streams[r][i];
+        if (!is_compute(ins.op)) continue;
+        const OpKind kind = ins.op == Opcode::Forward    ? OpKind::Forward
+                            : ins.op == Opcode::Backward ? OpKind::Backward
+                            : ins.op == Opcode::BackwardInput ? OpKind::BackwardInput
+                                                               : OpKind::BackwardWeight;
+        if (k >= ops.size()) {
+          add("timeline", R, static_cast<std::int64_t>(k),
+              fmt::format("the stream's compute op #{} ({}) has no timeline op (the timeline holds {})", k,
+                          to_string(ins), ops.size()));
+          break;
+        }
+        const ScheduledOp& op = ops[k];
+        if (op.kind != kind || op.mb != ins.mb || op.vstage != ins.stage) {
+          add("timeline", R, static_cast<std::int64_t>(k),
+              fmt::format("op {}{} of stage {}: expected the stream's compute op #{} ({}, instruction {})",
+                          op_kind_token(op.kind), op.mb, op.vstage, k, to_string(ins), i));
+          break;
+        }
+        ++k;
+      }
+      if (k < ops.size() && rep_.violations.size() == before) {
+        add("timeline", R, static_cast<std::int64_t>(k),
+            fmt::format("{} ops, the stream runs {} compute ops", ops.size(), k));
+      }
+    }
+    if (rep_.violations.size() != before) return;
+    const double tol = 1e-9 * std::max(1.0, p.makespan_ms);
+    const double kNo = -1;
+    std::vector<double> f_end(N_ * V_, kNo), g_end(N_ * V_, kNo);  // forward; backward (B or I)
+    double last = 0;
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto& ops = p.timeline[r];
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const ScheduledOp& op = ops[i];
+        if (i > 0 && op.start_ms < ops[i - 1].end_ms - tol) {
+          add("timeline", static_cast<std::int64_t>(r), static_cast<std::int64_t>(i),
+              fmt::format("op {}{} of stage {} starts at {} ms, before the rank's previous op ends at {} ms (a rank runs one "
+                          "op at a time)", op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, ops[i - 1].end_ms));
+        }
+        const std::size_t at = static_cast<std::size_t>(op.mb) * V_ + op.vstage;
+        if (op.kind == OpKind::Forward) f_end[at] = op.end_ms;
+        if (op.kind == OpKind::Backward || op.kind == OpKind::BackwardInput) g_end[at] = op.end_ms;
+        last = std::max(last, op.end_ms);
+      }
+    }
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto& ops = p.timeline[r];
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const ScheduledOp& op = ops[i];
+        const std::size_t at = static_cast<std::size_t>(op.mb) * V_ + op.vstage;
+        auto after = [&](double dep_end, const char* dep) {
+          if (dep_end == kNo || op.start_ms >= dep_end - tol) return;
+          add("timeline", static_cast<std::int64_t>(r), static_cast<std::int64_t>(i),
+              fmt::format("op {}{} of stage {} starts at {} ms, before {} ends at {} ms", op_kind_token(op.kind), op.mb,
+                          op.vstage, op.start_ms, dep, dep_end));
+        };
+        if (op.kind == OpKind::Forward) {
+          if (op.vstage > 0) after(f_end[at - 1], "the forward of the previous stage");
+        } else if (op.kind == OpKind::BackwardWeight) {
+          after(g_end[at], "its input gradient (I)");
+        } else {
+          after(f_end[at], "its forward");
+          if (op.vstage + 1 < V_) after(g_end[at + 1], "the backward of the next stage");
+        }
+      }
+    }
+    if (!(std::fabs(last - p.makespan_ms) <= tol)) {
+      add("timeline", -1, -1, fmt::format("makespan_ms: expected the end of the last timeline op, {} ms, found {} ms", last,
+                                          p.makespan_ms));
+    }
+  }
+  std::size_t timeline_violations_ = 0;
 
   // Field ranges and per-instruction static rules.
   void check_fields() {
@@ -539,6 +704,7 @@ class Checker {
                   fmt::format("{} b{}: the {} is read before its receive wait", role, b, describe_content(c, mb, stage)));
               return false;
             }
+            sl[b].read = true;
             return true;
           };
           const std::size_t k2 = ins.mb != kNone && ins.stage != kNone ? static_cast<std::size_t>(ins.mb) * V_ + ins.stage : 0;
@@ -668,6 +834,10 @@ class Checker {
               }
               if (s.send_pending) add("buffer", R, I, fmt::format("b{}: freed while a send from it is pending (no SEND_*_WAIT)", ins.in));
               if (s.recv_pending) add("buffer", R, I, fmt::format("b{}: freed while a receive into it is pending (no RECV_*_WAIT)", ins.in));
+              if (s.content == Content::Load && !s.read) {
+                add("dataflow", R, I, fmt::format("b{}: the {} is freed without being read (its forward has no in2)", ins.in,
+                                                  describe_content(s.content, s.mb, s.stage)));
+              }
               buffers[r] -= static_cast<double>(s.bytes);
               --live[r];
               s = Slot{};
@@ -803,10 +973,14 @@ class Checker {
 
 std::string to_string(const Violation& v, const Plan* plan) {
   std::string where;
-  if (v.rank < 0) {
+  if (v.kind == "replicas") {  // validate_replicas: `rank` is the replica
+    where = v.rank < 0 ? std::string("iteration") : fmt::format("replica {}", v.rank);
+  } else if (v.rank < 0) {
     where = "header";
   } else if (v.index < 0) {
     where = fmt::format("rank {}", v.rank);
+  } else if (v.kind == "timeline") {  // `index` is the op's position in the rank's timeline
+    where = fmt::format("rank {}, timeline op {}", v.rank, v.index);
   } else {
     where = fmt::format("rank {}, instruction {}", v.rank, v.index);
     if (plan != nullptr && static_cast<std::size_t>(v.rank) < plan->streams.size() &&
@@ -818,6 +992,56 @@ std::string to_string(const Violation& v, const Plan* plan) {
 }
 
 ValidationReport validate(const Plan& plan, const ValidateOptions& options) { return Checker(plan, options).run(); }
+
+std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
+  std::vector<Violation> out;
+  if (replicas.empty()) return out;
+  auto add = [&](std::int64_t replica, std::string msg) { out.push_back(Violation{"replicas", replica, -1, std::move(msg)}); };
+  const Plan& first = replicas.front();
+  if (replicas.size() != first.dp) {
+    add(-1, fmt::format("iteration {}: expected dp = {} replicas' plans, found {} (a replica is missing, or dp was edited)",
+                        first.iteration, first.dp, replicas.size()));
+  }
+  std::uint64_t tokens = 0;
+  std::map<std::uint32_t, std::size_t> sample_of;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_of;
+  for (std::size_t k = 0; k < replicas.size(); ++k) {
+    const Plan& p = replicas[k];
+    const auto K = static_cast<std::int64_t>(k);
+    auto same = [&](const char* field, auto a, auto b) {
+      if (a != b) add(K, fmt::format("{}: replica {} has {}, replica 0 has {} (one iteration, one pipeline)", field, k, a, b));
+    };
+    same("iteration", p.iteration, first.iteration);
+    same("replica", p.replica, static_cast<std::uint32_t>(k));
+    same("dp", p.dp, first.dp);
+    same("ranks", p.ranks, first.ranks);
+    same("vstages", p.vstages, first.vstages);
+    same("global_tokens", p.global_tokens, first.global_tokens);
+    if (p.stage_rank != first.stage_rank) add(K, fmt::format("stage_rank: replica {} maps stages to ranks unlike replica 0", k));
+    for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      tokens += mb.tokens;
+      for (const std::uint32_t s : mb.samples) {
+        const auto [it, fresh] = sample_of.emplace(s, k);
+        if (!fresh && it->second != k) {
+          add(K, fmt::format("micro-batch {}: sample {} is also in replica {} (each sample is trained once)", m, s, it->second));
+        }
+      }
+      for (const auto& r : mb.refs) {
+        const auto [it, fresh] = ref_of.emplace(std::make_pair(r.task, r.index), k);
+        if (!fresh && it->second != k) {
+          add(K, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is also in replica {}", m, r.task, r.index,
+                             it->second));
+        }
+      }
+    }
+  }
+  if (replicas.size() == first.dp && tokens != first.global_tokens) {
+    add(-1, fmt::format("global_tokens: expected the {} replicas' {} tokens, found {}", replicas.size(), tokens,
+                        first.global_tokens));
+  }
+  return out;
+}
 
 void validate_or_throw(const Plan& plan, const ValidateOptions& options) {
   const ValidationReport rep = validate(plan, options);

@@ -57,6 +57,12 @@ struct ValidationReport {
 ///     within memory_limit_bytes (when > 0).
 /// Never throws on a malformed plan (every index is checked); deterministic.
 ValidationReport validate(const Plan& plan, const ValidateOptions& options = {});
+/// Checks the plans of one iteration's data-parallel replicas against each other (`replicas[k]` is
+/// replica k, as a plan file holds them): one iteration, replicas 0 .. dp - 1 all present, one
+/// pipeline (ranks, stages, stage map), one global batch (global tokens, the replicas' tokens
+/// summing to it), and every sample (by global-batch id and by dataset reference) in one replica
+/// only. Violations (kind "replicas") name the replica as `rank` (-1: the iteration). Never throws.
+std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas);
 /// validate(plan); throws packpipe::Error listing the first violations if any.
 void validate_or_throw(const Plan& plan, const ValidateOptions& options = {});
 

@@ -89,6 +89,57 @@ assert ev and all(e["dur"] >= 0 and "ts" in e for e in ev)
 assert {e["tid"] for e in ev} == {0, 1, 2, 3}
 PY
 
+# replicas of one iteration: checked against each other, --iteration checks every replica
+$py - "$tmp" <<'PY' || fail "writing replica files"
+import json, sys
+import packpipe
+d = sys.argv[1]
+def replicas(dup):
+    js = [json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=20 + k).to_json()) for k in range(2)]
+    nxt, tokens = 0, 0
+    for k, j in enumerate(js):
+        j["iteration"], j["dp"], j["replica"] = 0, 2, k
+        for mb in j["microbatches"]:
+            mb["samples"] = list(range(nxt, nxt + len(mb["samples"])))
+            mb.pop("refs", None)
+            nxt += len(mb["samples"])
+            tokens += mb["tokens"]
+    if dup:
+        js[1]["microbatches"][0]["samples"][0] = js[0]["microbatches"][0]["samples"][0]
+    for j in js:
+        j["global_tokens"] = tokens
+        for mb in j["microbatches"]:
+            mb["loss_weight"] = mb["tokens"] / tokens
+    return [packpipe.Plan.from_json(json.dumps(j)) for j in js]
+for name, dup in (("dp.plans", False), ("dup.plans", True)):
+    with packpipe.PlanFileWriter(f"{d}/{name}") as w:
+        for p in replicas(dup):
+            w.append(p)
+PY
+"$pp" plan validate "$tmp/dp.plans" > "$tmp/out" || fail "validate of two consistent replicas"
+"$pp" plan validate "$tmp/dp.plans" --iteration 0 > "$tmp/out" || fail "validate --iteration of two replicas"
+grep -q "2 plans checked" "$tmp/out" || fail "validate --iteration checks every replica: $(cat "$tmp/out")"
+set +e
+"$pp" plan validate "$tmp/dup.plans" --iteration 0 > "$tmp/out"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "a sample in two replicas: validate exits $rc, expected 1"
+grep -q "\[replicas\].*also in replica 0" "$tmp/out" || fail "replica violation listed: $(cat "$tmp/out")"
+# inspect --replica never shows another iteration's plan
+if "$pp" plan inspect "$tmp/e.plans" --replica 1 > "$tmp/out" 2> "$tmp/err"; then fail "inspect --replica 1 of a dp 1 file accepted"; fi
+grep -q "no plan for iteration 10 replica 1" "$tmp/err" || fail "inspect --replica message: $(cat "$tmp/err")"
+
+# export refuses a plan that decodes but is inconsistent (here: timeline ops of missing micro-batches)
+$py - "$tmp/badtl.json" <<'PY' || fail "writing an inconsistent timeline"
+import json, sys
+import packpipe
+j = json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
+j["timeline"][0][0][1] = 1000
+open(sys.argv[1], "w").write(json.dumps(j))
+PY
+if "$pp" plan export "$tmp/badtl.json" --chrome-trace "$tmp/bt.json" 2> "$tmp/err"; then fail "export of an inconsistent plan accepted"; fi
+grep -q "rank 0, timeline op 0" "$tmp/err" || fail "export refusal names the violation: $(cat "$tmp/err")"
+[ ! -e "$tmp/bt.json" ] || fail "export of an inconsistent plan left a file"
+
 # corrupt files: clear error, exit 1
 head -c 100 "$tmp/e.plans" > "$tmp/cut.plans"
 if "$pp" plan validate "$tmp/cut.plans" 2> "$tmp/err"; then fail "truncated file accepted"; fi

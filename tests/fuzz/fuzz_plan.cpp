@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 #include "scheduler/plan_format.h"
@@ -40,7 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
       const PlanFileReader r = PlanFileReader::from_memory(data, size, "fuzz", verify);
       (void)r.complete();
-      for (std::size_t i = 0; i < r.size() && i < 4; ++i) check(r.read(i));
+      std::vector<Plan> replicas;  // the first iteration's replicas, checked against each other
+      for (std::size_t i = 0; i < r.size() && i < 4; ++i) {
+        Plan p = r.read(i);
+        check(p);
+        if (r.iteration(i) == r.iteration(0)) replicas.push_back(std::move(p));
+      }
+      (void)validate_replicas(replicas);
     } catch (const packpipe::Error&) {
     } catch (const packpipe::InvalidArgument&) {
     } catch (const packpipe::OutOfRange&) {

@@ -114,3 +114,41 @@ def test_pytorch_export():
     assert not ok and "one shape" in why
     with pytest.raises(RuntimeError, match="PyTorch"):
         q.pytorch_csv()
+
+
+def _replicas(duplicate):
+    js = [json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=30 + k).to_json()) for k in range(2)]
+    nxt, tokens = 0, 0
+    for k, j in enumerate(js):
+        j["iteration"], j["dp"], j["replica"] = 0, 2, k
+        for mb in j["microbatches"]:
+            mb["samples"] = list(range(nxt, nxt + len(mb["samples"])))
+            mb.pop("refs", None)
+            nxt += len(mb["samples"])
+            tokens += mb["tokens"]
+    if duplicate:
+        js[1]["microbatches"][0]["samples"][0] = js[0]["microbatches"][0]["samples"][0]
+    for j in js:
+        j["global_tokens"] = tokens
+        for mb in j["microbatches"]:
+            mb["loss_weight"] = mb["tokens"] / tokens
+    return [packpipe.Plan.from_json(json.dumps(j)) for j in js]
+
+
+def test_validate_replicas():
+    good = _replicas(False)
+    assert all(p.validate()["ok"] for p in good)
+    assert packpipe.validate_replicas(good) == []
+    bad = packpipe.validate_replicas(_replicas(True))
+    assert bad and all(v["kind"] == "replicas" for v in bad)
+    assert any("also in replica 0" in v["message"] and v["replica"] == 1 for v in bad)
+    missing = packpipe.validate_replicas(good[:1])
+    assert missing and missing[0]["replica"] == -1 and "expected dp = 2" in missing[0]["message"]
+
+
+def test_plan_json_refuses_unknown_and_duplicate_keys():
+    text = packpipe.synthetic_plan("gpipe", ranks=2, microbatches=2, seed=4).to_json(-1)
+    with pytest.raises(RuntimeError, match="unknown field"):
+        packpipe.Plan.from_json(text.replace('"samples":', '"refz":[],"samples":', 1))
+    with pytest.raises(RuntimeError, match="iteration"):
+        packpipe.Plan.from_json(text.replace('"iteration":4', '"iteration":4,"iteration":5', 1))

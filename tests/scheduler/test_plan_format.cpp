@@ -157,6 +157,21 @@ TEST_CASE("plan format: JSON errors name the field and expected versus found", "
   // Regression (found by fuzz_plan): a number overflowing a double is an Error, not a crash.
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":0.17e2385"), "j.json"),
                       Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("malformed JSON"));
+  // A repeated key is refused (the last one would silently win), naming the key and the file.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":4,\"iteration\":5"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("iteration"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"padded_len\":", "\"tokens\":1,\"padded_len\":"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("tokens"));
+  // Nesting deeper than any plan is refused before it can exhaust the stack.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":" + std::string(100000, '[')), "j.json"),
+                      Catch::Matchers::Contains("j.json"));
+  // An unknown (e.g. misspelt) field is refused rather than dropped, at every level.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":4,\"extra\":1"), "j.json"),
+                      Catch::Matchers::Contains("/extra") && Catch::Matchers::Contains("unknown field"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"samples\":", "\"refz\":[],\"samples\":"), "j.json"),
+                      Catch::Matchers::Contains("/microbatches/0/refz") && Catch::Matchers::Contains("unknown field"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"dtype\":\"bf16\"", "\"dtype\":\"bf16\",\"stride\":2"), "j.json"),
+                      Catch::Matchers::Contains("/shapes/") && Catch::Matchers::Contains("unknown field"));
 }
 
 TEST_CASE("plan file: written one iteration at a time, read by iteration", "[interface]") {

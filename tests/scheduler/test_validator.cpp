@@ -434,6 +434,103 @@ TEST_CASE("validator: every field a runtime or trainer reads is checked (mutatio
       if (!good.microbatches[0].refs.empty()) {
         refused("a dataset sample in two micro-batches", [](Plan& p) { p.microbatches[1].refs[0] = p.microbatches[0].refs[0]; });
       }
+      // Tables against the streams.
+      refused("a loss weight off by one unit in the last place", [](Plan& p) {
+        p.microbatches[0].loss_weight = std::nextafter(p.microbatches[0].loss_weight, 2.0);
+      });
+      refused("one stage of a micro-batch with another recompute mode", [](Plan& p) {
+        p.recompute[p.at(1, p.vstages - 1)] = static_cast<std::uint8_t>((p.recompute[p.at(1, 0)] + 1) % 3);
+      });
+      refused("a buffer slot no instruction allocates", [](Plan& p) { p.buffer_slots[1] += 1; });
+      refused("a shape no instruction uses", [](Plan& p) { p.shapes.push_back(p.shapes.back()); });
+      refused("an activation of another hidden size", [](Plan& p) {
+        for (auto& s : p.shapes) if (s.hidden > 1) { s.hidden += 1; break; }
+      });
+      refused("an activation of an integer dtype", [](Plan& p) {
+        for (auto& s : p.shapes) if (s.hidden > 1) s.dtype = Dtype::I32;
+      });
+      refused("loaded token ids of a floating dtype", [](Plan& p) {
+        for (auto& s : p.shapes) if (s.hidden == 1) s.dtype = Dtype::BF16;
+      });
+      refused("loaded token ids of hidden size 2", [](Plan& p) {
+        for (auto& s : p.shapes) if (s.hidden == 1) { s.hidden = 2; break; }
+      });
+      refused("a forward that drops its loaded inputs", [](Plan& p) {
+        for (auto& ins : p.streams[p.stage_rank[0]]) if (ins.op == Opcode::Forward && ins.in2 != kNone) { ins.in2 = kNone; break; }
+      });
+      // The timeline is the streams' compute order with causal times.
+      refused("two timeline ops of a rank swapped", [](Plan& p) { std::swap(p.timeline[0][0], p.timeline[0][1]); });
+      refused("a timeline op of another kind", [](Plan& p) {
+        auto& op = p.timeline[1].back();
+        op.kind = op.kind == OpKind::Forward ? OpKind::Backward : OpKind::Forward;
+      });
+      refused("a timeline op of another micro-batch", [](Plan& p) { p.timeline[1][0].mb = 1; });
+      refused("a timeline op missing", [](Plan& p) { p.timeline[2].pop_back(); });
+      refused("a makespan other than the last op's end", [](Plan& p) { p.makespan_ms *= 1.5; });
+      refused("timeline ops of a rank overlapping", [](Plan& p) {
+        auto& ops = p.timeline[0];
+        ops[1].start_ms = ops[0].start_ms + (ops[0].end_ms - ops[0].start_ms) / 2;
+      });
+      refused("a forward before the previous stage's forward ends", [](Plan& p) {
+        for (auto& op : p.timeline[1]) if (op.kind == OpKind::Forward) { op.start_ms = 0; break; }
+      });
+      refused("a backward before its forward ends", [](Plan& p) {
+        const std::uint32_t r = p.stage_rank[p.vstages - 1];
+        for (auto& op : p.timeline[r]) {
+          if (op.kind != OpKind::Forward) {
+            op.start_ms = 0;
+            break;
+          }
+        }
+      });
     }
   }
+}
+
+TEST_CASE("validator: the replicas of one iteration agree and share no sample", "[negative][mutation]") {
+  std::vector<Plan> good;
+  std::uint32_t next = 0;
+  std::uint64_t tokens = 0;
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    Plan p = syn::random_plan("1f1b", 2, 1, 3, 100 + k);
+    p.iteration = 5;
+    p.dp = 3;
+    p.replica = k;
+    for (auto& mb : p.microbatches) {
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        if (!mb.refs.empty()) mb.refs[i] = SampleRef{0, next};
+        mb.samples[i] = next++;
+      }
+      tokens += mb.tokens;
+    }
+    good.push_back(p);
+  }
+  for (auto& p : good) {
+    p.global_tokens = tokens;
+    for (auto& mb : p.microbatches) mb.loss_weight = static_cast<double>(mb.tokens) / static_cast<double>(tokens);
+    REQUIRE(validate(p).ok());
+  }
+  for (const auto& x : validate_replicas(good)) FAIL(to_string(x));
+  auto refused = [&](const char* what, const std::function<void(std::vector<Plan>&)>& mutate) {
+    std::vector<Plan> v = good;
+    mutate(v);
+    INFO(what);
+    const auto out = validate_replicas(v);
+    CHECK_FALSE(out.empty());
+    for (const auto& x : out) CHECK(x.kind == "replicas");
+  };
+  refused("a replica missing", [](std::vector<Plan>& v) { v.pop_back(); });
+  refused("dp edited", [](std::vector<Plan>& v) { for (auto& p : v) p.dp = 4; });
+  refused("one replica's dp edited", [](std::vector<Plan>& v) { v[1].dp = 1; });
+  refused("a sample in two replicas", [](std::vector<Plan>& v) {
+    v[2].microbatches[0].samples[0] = v[0].microbatches[0].samples[0];
+  });
+  if (!good[0].microbatches[0].refs.empty()) {
+    refused("a dataset sample in two replicas", [](std::vector<Plan>& v) {
+      v[2].microbatches[0].refs[0] = v[0].microbatches[0].refs[0];
+    });
+  }
+  refused("a replica of another iteration", [](std::vector<Plan>& v) { v[1].iteration = 7; });
+  refused("global tokens unlike the replicas' tokens", [](std::vector<Plan>& v) { for (auto& p : v) p.global_tokens += 1; });
+  refused("another pipeline", [](std::vector<Plan>& v) { v[2].ranks = 3; });
 }
