@@ -22,12 +22,12 @@
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
-#include "scheduler/partition.h"
+#include "partition/partition.h"
 
 namespace {
 
 namespace cm = packpipe::costmodel;
-namespace sch = packpipe::scheduler;
+namespace part = packpipe::partition;
 namespace dl = packpipe::dataloader;
 
 bool small() { return std::getenv("PACKPIPE_BENCH_SMALL") != nullptr; }
@@ -65,8 +65,8 @@ const Model& model(bool t5) {
   return cache.emplace(t5, std::move(m)).first->second;
 }
 
-sch::PipelineShape shape(bool t5, std::int64_t S) {
-  sch::PipelineShape s;
+part::PipelineShape shape(bool t5, std::int64_t S) {
+  part::PipelineShape s;
   s.stages = S;
   s.layers_per_stage = t5 ? 24 / S : 16 / S;
   s.memory_limit_mb = 36000;
@@ -81,9 +81,9 @@ std::uint32_t lognormal(std::mt19937_64& rng, double median, double sigma, std::
 }
 
 // Synthetic: n samples, or (n = 0) samples until 64K tokens.
-sch::BatchLengths synthetic(bool t5, std::size_t n, std::uint64_t seed = 2024) {
+part::BatchLengths synthetic(bool t5, std::size_t n, std::uint64_t seed = 2024) {
   std::mt19937_64 rng(seed);
-  sch::BatchLengths b;
+  part::BatchLengths b;
   std::uint64_t tokens = 0;
   while (n ? b.size() < n : tokens < 65536) {
     const std::uint32_t x = lognormal(rng, 200, 1.0, t5 ? 1536 : 2048);
@@ -99,7 +99,7 @@ sch::BatchLengths synthetic(bool t5, std::size_t n, std::uint64_t seed = 2024) {
 }
 
 // The demo data's first 64K-token global batch (GPT: input + target as one sequence).
-sch::BatchLengths demo(bool t5) {
+part::BatchLengths demo(bool t5) {
   const dl::MultiTaskDataset mt(dl::load_manifest(repo_root() + "/data/demo/manifest.json"));
   dl::SamplerConfig cfg;
   cfg.seed = 1234;
@@ -107,7 +107,7 @@ sch::BatchLengths demo(bool t5) {
   dl::Sampler sampler(mt, cfg);
   dl::GlobalBatch g;
   PACKPIPE_CHECK(sampler.next_batch(g), "demo data gave no batch");
-  sch::BatchLengths b;
+  part::BatchLengths b;
   for (const auto& r : g.samples) {
     const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
     if (t5) {
@@ -120,12 +120,12 @@ sch::BatchLengths demo(bool t5) {
   return b;
 }
 
-const sch::BatchLengths& batch(bool t5, int kind) {  // kind 0: demo, 1: synthetic 64K, 2: 4096 samples
-  static std::map<std::pair<bool, int>, sch::BatchLengths> cache;
+const part::BatchLengths& batch(bool t5, int kind) {  // kind 0: demo, 1: synthetic 64K, 2: 4096 samples
+  static std::map<std::pair<bool, int>, part::BatchLengths> cache;
   auto key = std::make_pair(t5, kind);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  sch::BatchLengths b = kind == 0 ? demo(t5) : synthetic(t5, kind == 1 ? 0 : (small() ? 256 : 4096));
+  part::BatchLengths b = kind == 0 ? demo(t5) : synthetic(t5, kind == 1 ? 0 : (small() ? 256 : 4096));
   return cache.emplace(key, std::move(b)).first->second;
 }
 
@@ -133,23 +133,23 @@ const char* kind_name(int k) { return k == 0 ? "demo64K" : k == 1 ? "lognormal64
 
 // `threads` as PartitionOptions::threads: 1 for the CPU-time figures (the default timer counts
 // the benchmark's own thread only), 2 for the wall-clock ones (UseRealTime).
-void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sch::PartitionMethod method,
-                  sch::CostBasis basis, sch::EncDecOrder order, int threads) {
+void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, part::PartitionMethod method,
+                  part::CostBasis basis, part::EncDecOrder order, int threads) {
   const Model& m = model(t5);
-  const sch::BatchLengths& b = batch(t5, kind);
-  const sch::PipelineShape sh = shape(t5, S);
-  const auto vs = sch::virtual_stages(m.cost->model(), sh);
-  sch::PartitionOptions o;
+  const part::BatchLengths& b = batch(t5, kind);
+  const part::PipelineShape sh = shape(t5, S);
+  const auto vs = part::virtual_stages(m.cost->model(), sh);
+  part::PartitionOptions o;
   o.method = method;
   o.basis = basis;
   o.microbatch_size = 4;
   o.token_budget = 4096;
-  o.oversize = sch::OversizePolicy::Drop;
+  o.oversize = part::OversizePolicy::Drop;
   o.order = order;
   o.threads = threads;
-  sch::Partition p;
+  part::Partition p;
   for (auto _ : state) {
-    p = sch::partition(b, *m.cost, sh, vs, o);
+    p = part::partition(b, *m.cost, sh, vs, o);
     benchmark::DoNotOptimize(p.objective_ms);
   }
   state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + " " + std::to_string(b.size()) + " samples");
@@ -158,15 +158,15 @@ void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sc
   state.counters["microbatches"] = static_cast<double>(p.microbatches.size());
   state.counters["tau_runs"] = static_cast<double>(p.tau_evaluations);
   try {
-    const sch::Partition e = sch::evaluate_partition(b, *m.cost, sh, vs, p.microbatches, o, sch::CostBasis::Stages);
+    const part::Partition e = part::evaluate_partition(b, *m.cost, sh, vs, p.microbatches, o, part::CostBasis::Stages);
     state.counters["predicted_ms"] = e.predicted_iteration_ms;
   } catch (const std::exception&) {
     state.counters["predicted_ms"] = -1;  // does not fit on the stage basis
   }
-  if (method == sch::PartitionMethod::DP && basis == sch::CostBasis::DynaPipe) {
-    sch::PartitionOptions d = o;
-    d.method = sch::PartitionMethod::DynaPipe;
-    const sch::Partition base = sch::partition(b, *m.cost, sh, vs, d);
+  if (method == part::PartitionMethod::DP && basis == part::CostBasis::DynaPipe) {
+    part::PartitionOptions d = o;
+    d.method = part::PartitionMethod::DynaPipe;
+    const part::Partition base = part::partition(b, *m.cost, sh, vs, d);
     state.counters["obj_vs_dynapipe"] = p.objective_ms / base.objective_ms;
   }
 }
@@ -175,17 +175,17 @@ void BM_Partition(benchmark::State& state, bool t5, int kind, std::int64_t S, sc
 // earlier global batches cost a look-up. Warm: the cache has seen this batch before.
 void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S) {
   const Model& m = model(t5);
-  const sch::BatchLengths& b = batch(t5, kind);
-  const sch::PipelineShape sh = shape(t5, S);
-  const auto vs = sch::virtual_stages(m.cost->model(), sh);
-  sch::PartitionCache cache;
-  sch::PartitionOptions o;
-  o.oversize = sch::OversizePolicy::Drop;
+  const part::BatchLengths& b = batch(t5, kind);
+  const part::PipelineShape sh = shape(t5, S);
+  const auto vs = part::virtual_stages(m.cost->model(), sh);
+  part::PartitionCache cache;
+  part::PartitionOptions o;
+  o.oversize = part::OversizePolicy::Drop;
   o.threads = 1;
   o.cache = &cache;
-  sch::Partition p = sch::partition(b, *m.cost, sh, vs, o);
+  part::Partition p = part::partition(b, *m.cost, sh, vs, o);
   for (auto _ : state) {
-    p = sch::partition(b, *m.cost, sh, vs, o);
+    p = part::partition(b, *m.cost, sh, vs, o);
     benchmark::DoNotOptimize(p.microbatches.data());
   }
   state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + " " + std::to_string(b.size()) + " samples");
@@ -195,8 +195,8 @@ void BM_PartitionWarm(benchmark::State& state, bool t5, int kind, std::int64_t S
 
 // Distinct synthetic batches for the planning-loop benchmarks (64K tokens, or `n` samples), from
 // seed `first` on; kept across benchmarks.
-const std::vector<sch::BatchLengths>& batch_series(bool t5, std::size_t n, std::uint64_t first, std::size_t count) {
-  static std::map<std::tuple<bool, std::size_t, std::uint64_t>, std::vector<sch::BatchLengths>> series;
+const std::vector<part::BatchLengths>& batch_series(bool t5, std::size_t n, std::uint64_t first, std::size_t count) {
+  static std::map<std::tuple<bool, std::size_t, std::uint64_t>, std::vector<part::BatchLengths>> series;
   auto& bs = series[{t5, n, first}];
   for (std::uint64_t seed = first + bs.size(); bs.size() < count; ++seed) {
     bs.push_back(synthetic(t5, small() && n ? 256 : n, seed));
@@ -210,23 +210,23 @@ const std::vector<sch::BatchLengths>& batch_series(bool t5, std::size_t n, std::
 // warm the cache before timing; shapes then come from earlier batches or are evaluated.
 void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::size_t n) {
   const Model& m = model(t5);
-  const sch::PipelineShape sh = shape(t5, S);
-  const auto vs = sch::virtual_stages(m.cost->model(), sh);
+  const part::PipelineShape sh = shape(t5, S);
+  const auto vs = part::virtual_stages(m.cost->model(), sh);
   const std::size_t warmup = n ? 30 : 50;
   const auto& bs = batch_series(t5, n, 1, small() ? warmup + 10 : warmup + (n ? 220 : 1050));
-  sch::PartitionCache cache;
-  sch::PartitionOptions o;
-  o.oversize = sch::OversizePolicy::Drop;
+  part::PartitionCache cache;
+  part::PartitionOptions o;
+  o.oversize = part::OversizePolicy::Drop;
   o.threads = 1;
   o.cache = &cache;
   std::size_t next = 0;
-  for (; next < warmup; ++next) sch::partition(bs[next], *m.cost, sh, vs, o);
+  for (; next < warmup; ++next) part::partition(bs[next], *m.cost, sh, vs, o);
   for (auto _ : state) {
     if (next == bs.size()) {
       state.SkipWithError("ran out of distinct batches");
       break;
     }
-    const sch::Partition p = sch::partition(bs[next++], *m.cost, sh, vs, o);
+    const part::Partition p = part::partition(bs[next++], *m.cost, sh, vs, o);
     benchmark::DoNotOptimize(p.microbatches.data());
   }
   state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + (n ? " 4096-sample batches" : " 64K-token batches"));
@@ -236,30 +236,30 @@ void BM_PartitionStream(benchmark::State& state, bool t5, std::int64_t S, std::s
 // The second batch of a planning run: a fresh PartitionCache has seen one batch (untimed) when the
 // next, different one is partitioned (timed). Pairs of batches (seeds 2k + 1, 2k + 2) never repeat
 // within one run. DynaPipe's quoted planning times are medians of such early batches.
-void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::size_t n, sch::EncDecOrder order,
+void BM_PartitionSecond(benchmark::State& state, bool t5, std::int64_t S, std::size_t n, part::EncDecOrder order,
                         int threads) {
   const Model& m = model(t5);
-  const sch::PipelineShape sh = shape(t5, S);
-  const auto vs = sch::virtual_stages(m.cost->model(), sh);
+  const part::PipelineShape sh = shape(t5, S);
+  const auto vs = part::virtual_stages(m.cost->model(), sh);
   const std::size_t pairs = small() ? 3 : n ? 40 : 200;
   const auto& bs = batch_series(t5, n, 100001, 2 * pairs);
-  sch::PartitionOptions o;
-  o.oversize = sch::OversizePolicy::Drop;
+  part::PartitionOptions o;
+  o.oversize = part::OversizePolicy::Drop;
   o.order = order;
   o.threads = threads;
   std::size_t next = 0;
-  std::unique_ptr<sch::PartitionCache> cache;
+  std::unique_ptr<part::PartitionCache> cache;
   for (auto _ : state) {
     if (next + 1 >= bs.size()) {
       state.SkipWithError("ran out of distinct batch pairs");
       break;
     }
     state.PauseTiming();
-    cache = std::make_unique<sch::PartitionCache>();  // the previous one is freed untimed
+    cache = std::make_unique<part::PartitionCache>();  // the previous one is freed untimed
     o.cache = cache.get();
-    sch::partition(bs[next++], *m.cost, sh, vs, o);
+    part::partition(bs[next++], *m.cost, sh, vs, o);
     state.ResumeTiming();
-    const sch::Partition p = sch::partition(bs[next++], *m.cost, sh, vs, o);
+    const part::Partition p = part::partition(bs[next++], *m.cost, sh, vs, o);
     benchmark::DoNotOptimize(p.microbatches.data());
   }
   state.SetLabel(std::string(m.profiled ? "profiled" : "analytic") + (n ? " 4096-sample batches" : " 64K-token batches"));
@@ -276,9 +276,9 @@ void register_all() {
             ->Unit(benchmark::kMillisecond)
             ->Iterations(small() ? 5 : n ? 200 : 1000);
         // Serial (CPU time) and two table builders (wall clock); T5 also in DynaPipe's sorted order.
-        for (const auto order : t5 ? std::vector<sch::EncDecOrder>{sch::EncDecOrder::Auto, sch::EncDecOrder::Sorted}
-                                   : std::vector<sch::EncDecOrder>{sch::EncDecOrder::Auto}) {
-          const std::string name = tail + (order == sch::EncDecOrder::Sorted ? "_sorted" : "");
+        for (const auto order : t5 ? std::vector<part::EncDecOrder>{part::EncDecOrder::Auto, part::EncDecOrder::Sorted}
+                                   : std::vector<part::EncDecOrder>{part::EncDecOrder::Auto}) {
+          const std::string name = tail + (order == part::EncDecOrder::Sorted ? "_sorted" : "");
           benchmark::RegisterBenchmark(("BM_PartitionSecond/" + name).c_str(),
                                        [=](benchmark::State& st) { BM_PartitionSecond(st, t5, S, n, order, 1); })
               ->Unit(benchmark::kMillisecond)
@@ -292,8 +292,8 @@ void register_all() {
       }
     }
   }
-  using M = sch::PartitionMethod;
-  using B = sch::CostBasis;
+  using M = part::PartitionMethod;
+  using B = part::CostBasis;
   for (bool t5 : {false, true}) {
     for (int kind : {0, 1, 2}) {
       for (std::int64_t S : {4, 8}) {
@@ -303,11 +303,11 @@ void register_all() {
           const char* name;
           M m;
           B b;
-          sch::EncDecOrder order = sch::EncDecOrder::Auto;
+          part::EncDecOrder order = part::EncDecOrder::Auto;
         };
         std::vector<Run> runs = {{"dynapipe_exact", M::DynaPipe, B::DynaPipe}, {"dp_dynapipe_basis", M::DP, B::DynaPipe},
                                  {"dp", M::DP, B::Stages}};
-        if (t5) runs.push_back({"dp_sorted", M::DP, B::Stages, sch::EncDecOrder::Sorted});  // DynaPipe's order
+        if (t5) runs.push_back({"dp_sorted", M::DP, B::Stages, part::EncDecOrder::Sorted});  // DynaPipe's order
         if (kind != 2) {
           runs.push_back({"fixed_mbs4", M::Fixed, B::Stages});
           runs.push_back({"tokens_4096", M::Tokens, B::Stages});
@@ -319,7 +319,7 @@ void register_all() {
         for (const auto& r : runs) {
           const M m = r.m;
           const B bb = r.b;
-          const sch::EncDecOrder order = r.order;
+          const part::EncDecOrder order = r.order;
           benchmark::RegisterBenchmark(("BM_Partition/" + base + r.name).c_str(),
                                        [=](benchmark::State& st) { BM_Partition(st, t5, kind, S, m, bb, order, 1); })
               ->Unit(benchmark::kMillisecond);

@@ -12,13 +12,17 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/plan_builder.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/validator.h"
+#include "plan/builder.h"
+#include "planner/planner.h"
+#include "tests/support/synthetic_plans.h"
+#include "plan/format.h"
+#include "plan/validator.h"
 
 namespace {
 
-using namespace packpipe::scheduler;
+using namespace packpipe::plan;
+using namespace packpipe::planner;
+namespace synthetic = packpipe::test::synthetic;
 
 bool small() {
   const char* s = std::getenv("PACKPIPE_BENCH_SMALL");
@@ -108,7 +112,7 @@ void BM_BuildPlan(benchmark::State& state) {
                          : synthetic::random_case(zb ? "zero-bubble" : "1f1b", 8, zb ? 2 : 1, 40, 3);
   std::size_t n = 0;
   for (auto _ : state) {
-    const Plan p = build_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
+    const Plan p = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
     n = p.instruction_count();
     benchmark::DoNotOptimize(n);
   }

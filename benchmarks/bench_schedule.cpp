@@ -14,12 +14,13 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/factory.h"
-#include "scheduler/schedules.h"
-#include "scheduler/search.h"
-#include "scheduler/simulator.h"
+#include "schedule/schedules.h"
+#include "schedule/search.h"
+#include "schedule/simulator.h"
 
 namespace cm = packpipe::costmodel;
-namespace sc = packpipe::scheduler;
+namespace part = packpipe::partition;
+namespace sched = packpipe::schedule;
 
 namespace {
 
@@ -34,8 +35,8 @@ std::uint64_t mix(std::uint64_t z) {
 
 // Long-tailed multi-task micro-batches: padded lengths 128 .. 2048 with geometric frequencies
 // (half at 128, a quarter at 256, ...), about 4K tokens each, a few smaller ones.
-std::vector<sc::MicroBatch> microbatches(std::size_t n) {
-  std::vector<sc::MicroBatch> mbs(n);
+std::vector<part::MicroBatch> microbatches(std::size_t n) {
+  std::vector<part::MicroBatch> mbs(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t h = mix(i + 1);
     int e = 0;
@@ -53,8 +54,8 @@ enum class Model { Analytic, Profiled };
 
 struct Bench {
   std::unique_ptr<cm::CostModel> cost;
-  sc::PipelineShape shape;
-  sc::SimProblem problem;
+  part::PipelineShape shape;
+  sched::SimProblem problem;
   Bench(Model model, std::int64_t stages) {
     cm::CostModelConfig cfg{"gpt-6.7b", "A100-40GB", {}};
     shape.stages = stages;
@@ -64,8 +65,8 @@ struct Bench {
       shape.layers_per_stage = 16 / stages;
     }
     cost = cm::make_cost_model(cfg);
-    const auto vs = sc::virtual_stages(cost->model(), shape);
-    problem = sc::make_sim_problem(sc::stage_cost_table(*cost, shape, vs, microbatches(small() ? 8 : 40)), *cost, shape);
+    const auto vs = part::virtual_stages(cost->model(), shape);
+    problem = sched::make_sim_problem(sched::stage_cost_table(*cost, shape, vs, microbatches(small() ? 8 : 40)), *cost, shape);
   }
 };
 
@@ -78,12 +79,12 @@ const Bench& bench(Model model, std::int64_t stages) {
 
 void BM_FastSearch(benchmark::State& state, Model model, std::int64_t stages) {
   const auto& b = bench(model, stages);
-  sc::SearchResult r;
+  sched::SearchResult r;
   for (auto _ : state) {
-    r = sc::search_schedule(b.problem);
+    r = sched::search_schedule(b.problem);
     benchmark::DoNotOptimize(static_cast<const double&>(r.best.makespan_ms));
   }
-  const sc::SearchResult ref = sc::reference_search(b.problem);
+  const sched::SearchResult ref = sched::reference_search(b.problem);
   state.counters["makespan_ms"] = r.best.makespan_ms;
   state.counters["reference_makespan_ms"] = ref.best.makespan_ms;
   state.counters["makespan_vs_reference"] = r.best.makespan_ms / ref.best.makespan_ms;
@@ -97,9 +98,9 @@ void BM_FastSearch(benchmark::State& state, Model model, std::int64_t stages) {
 
 void BM_ReferenceSearch(benchmark::State& state, Model model, std::int64_t stages) {
   const auto& b = bench(model, stages);
-  sc::SearchResult r;
+  sched::SearchResult r;
   for (auto _ : state) {
-    r = sc::reference_search(b.problem);
+    r = sched::reference_search(b.problem);
     benchmark::DoNotOptimize(static_cast<const double&>(r.best.makespan_ms));
   }
   state.counters["makespan_ms"] = r.best.makespan_ms;
@@ -109,15 +110,15 @@ void BM_ReferenceSearch(benchmark::State& state, Model model, std::int64_t stage
 }
 
 // One build + simulation of a schedule on the partition order; counters: makespan, bubble, peak.
-void BM_Schedule(benchmark::State& state, Model model, sc::ScheduleKind kind) {
+void BM_Schedule(benchmark::State& state, Model model, sched::ScheduleKind kind) {
   const auto& b = bench(model, 8);
   std::vector<std::uint32_t> order(static_cast<std::size_t>(b.problem.microbatches()));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-  sc::Simulator sim(b.problem);
-  sc::RankOrder ro;
-  sc::SimResult res;
+  sched::Simulator sim(b.problem);
+  sched::RankOrder ro;
+  sched::SimResult res;
   for (auto _ : state) {
-    sc::build_order(kind, b.problem, order, {}, ro);
+    sched::build_order(kind, b.problem, order, {}, ro);
     sim.run(ro, res);
     benchmark::DoNotOptimize(static_cast<const double&>(res.makespan_ms));
   }
@@ -125,7 +126,7 @@ void BM_Schedule(benchmark::State& state, Model model, sc::ScheduleKind kind) {
   state.counters["bubble"] = res.bubble_fraction;
   state.counters["peak_gb"] = res.max_peak_bytes() / 1e9;
   state.counters["fits"] = res.within_memory ? 1 : 0;
-  state.counters["lower_bound_ms"] = sc::makespan_lower_bounds(b.problem).value();
+  state.counters["lower_bound_ms"] = sched::makespan_lower_bounds(b.problem).value();
 }
 
 #define PACKPIPE_SEARCH_CASE(name, model, stages)                                                             \
@@ -138,12 +139,12 @@ PACKPIPE_SEARCH_CASE(analytic_s4, Model::Analytic, 4);
 PACKPIPE_SEARCH_CASE(profiled_s4, Model::Profiled, 4);
 
 #define PACKPIPE_SCHEDULE_CASES(model, prefix)                                                                    \
-  BENCHMARK_CAPTURE(BM_Schedule, prefix##_gpipe, model, sc::ScheduleKind::GPipe)->Unit(benchmark::kMicrosecond);  \
-  BENCHMARK_CAPTURE(BM_Schedule, prefix##_1f1b, model, sc::ScheduleKind::OneFOneB)->Unit(benchmark::kMicrosecond); \
-  BENCHMARK_CAPTURE(BM_Schedule, prefix##_cyclic, model, sc::ScheduleKind::Cyclic)->Unit(benchmark::kMicrosecond); \
-  BENCHMARK_CAPTURE(BM_Schedule, prefix##_wait_free_cyclic, model, sc::ScheduleKind::WaitFreeCyclic)             \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_gpipe, model, sched::ScheduleKind::GPipe)->Unit(benchmark::kMicrosecond);  \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_1f1b, model, sched::ScheduleKind::OneFOneB)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_cyclic, model, sched::ScheduleKind::Cyclic)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_wait_free_cyclic, model, sched::ScheduleKind::WaitFreeCyclic)             \
       ->Unit(benchmark::kMicrosecond);                                                                            \
-  BENCHMARK_CAPTURE(BM_Schedule, prefix##_zero_bubble, model, sc::ScheduleKind::ZeroBubble)                      \
+  BENCHMARK_CAPTURE(BM_Schedule, prefix##_zero_bubble, model, sched::ScheduleKind::ZeroBubble)                      \
       ->Unit(benchmark::kMicrosecond)
 
 PACKPIPE_SCHEDULE_CASES(Model::Analytic, analytic_s8);

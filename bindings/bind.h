@@ -9,9 +9,11 @@
 #include <pybind11/pybind11.h>
 
 #include "costmodel/cost_model.h"
-#include "scheduler/partition.h"
+#include "partition/partition.h"
 
 namespace packpipe::bindings {
+
+namespace part = ::packpipe::partition;
 
 /// Declares the dataloader classes (phase 1).
 /// A Python integer argument `arg` as an unsigned value at most `max`: ValueError (naming the
@@ -31,10 +33,10 @@ void define_costmodel(pybind11::module_& m);
 /// Packing (bind_packing.cpp).
 void declare_packing(pybind11::module_& m);
 void define_packing(pybind11::module_& m);
-/// packpipe.PartitionCache: a scheduler::PartitionCache for one thread at a time, holding the last
+/// packpipe.PartitionCache: a part::PartitionCache for one thread at a time, holding the last
 /// cost model it served (the memo is keyed by the model's address). Defined in bind_partition.cpp.
 struct PyPartitionCache {
-  scheduler::PartitionCache cache;
+  part::PartitionCache cache;
   std::shared_ptr<costmodel::CostModel> cost;
   std::mutex busy;
   /// Holds the cache for one call (none when `c` is null); throws InvalidArgument when another
@@ -44,7 +46,7 @@ struct PyPartitionCache {
     ~Use();
     Use(const Use&) = delete;
     Use& operator=(const Use&) = delete;
-    scheduler::PartitionCache* get() const;
+    part::PartitionCache* get() const;
     PyPartitionCache* owner = nullptr;
   };
 };

@@ -11,7 +11,7 @@
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
-#include "scheduler/partition.h"
+#include "partition/partition.h"
 
 namespace py = pybind11;
 
@@ -20,9 +20,9 @@ namespace packpipe::bindings {
 namespace {
 
 namespace cm = packpipe::costmodel;
-namespace sch = packpipe::scheduler;
+namespace part = packpipe::partition;
 
-py::dict mb_dict(const sch::MicroBatch& mb) {
+py::dict mb_dict(const part::MicroBatch& mb) {
   py::dict d;
   d["samples"] = owned_array(std::vector<std::uint32_t>(mb.samples));
   d["row_offsets"] = owned_array(std::vector<std::uint32_t>(mb.row_offsets));
@@ -37,7 +37,7 @@ py::dict mb_dict(const sch::MicroBatch& mb) {
   return d;
 }
 
-py::dict partition_dict(const sch::Partition& p) {
+py::dict partition_dict(const part::Partition& p) {
   py::dict d;
   py::list mbs;
   for (const auto& mb : p.microbatches) mbs.append(mb_dict(mb));
@@ -53,7 +53,7 @@ py::dict partition_dict(const sch::Partition& p) {
   d["efficiency"] = p.efficiency;
   d["input_efficiency"] = p.input_efficiency;
   d["target_efficiency"] = p.target_efficiency;
-  d["cost_basis"] = sch::cost_basis_name(p.basis);
+  d["cost_basis"] = part::cost_basis_name(p.basis);
   d["truncated"] = owned_array(std::vector<std::uint32_t>(p.truncated));
   d["dropped"] = owned_array(std::vector<std::uint32_t>(p.dropped));
   return d;
@@ -91,7 +91,7 @@ PyPartitionCache::Use::~Use() {
   if (owner != nullptr) owner->busy.unlock();
 }
 
-sch::PartitionCache* PyPartitionCache::Use::get() const { return owner ? &owner->cache : nullptr; }
+part::PartitionCache* PyPartitionCache::Use::get() const { return owner ? &owner->cache : nullptr; }
 
 void declare_partition(py::module_& m) {
   py::class_<PyPartitionCache, std::shared_ptr<PyPartitionCache>>(
@@ -121,12 +121,12 @@ void define_partition(py::module_& m) {
         PACKPIPE_CHECK_ARG(threads >= 0 && threads <= 1024, "threads must be in [0, 1024] (0: automatic), found {}",
                            threads);
         PACKPIPE_CHECK_ARG(mbs >= 0 && mbs <= (std::int64_t{1} << 31), "mbs must be in [0, 2^31], found {}", mbs);
-        sch::BatchLengths b;
+        part::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
         b.target = lengths_arg(target_lengths, "target_lengths");
         PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
                            "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
-        sch::PipelineShape sh;
+        part::PipelineShape sh;
         sh.stages = stages;
         sh.layers_per_stage = layers_per_stage;
         sh.chunks = chunks;
@@ -134,23 +134,23 @@ void define_partition(py::module_& m) {
         sh.tp = tp;
         sh.memory_limit_mb = memory_mb;
         sh.zero_stage = zero_stage;
-        sch::PartitionOptions o;
-        o.method = sch::partition_method_from_name(method);
+        part::PartitionOptions o;
+        o.method = part::partition_method_from_name(method);
         o.microbatch_size = mbs;
         o.token_budget = unsigned_arg(tokens, "tokens", std::uint64_t{1} << 40);
         o.round_multiple = round_multiple;
-        o.recompute = sch::recompute_policy_from_name(recompute);
-        o.oversize = sch::oversize_policy_from_name(oversize);
-        o.basis = sch::cost_basis_from_name(basis);
+        o.recompute = part::recompute_policy_from_name(recompute);
+        o.oversize = part::oversize_policy_from_name(oversize);
+        o.basis = part::cost_basis_from_name(basis);
         o.pack_windows = pack_windows;
-        o.order = sch::enc_dec_order_from_name(order);
+        o.order = part::enc_dec_order_from_name(order);
         o.threads = static_cast<int>(threads);
         const PyPartitionCache::Use use(cache.get(), cost);
         o.cache = use.get();
-        sch::Partition p;
+        part::Partition p;
         {
           py::gil_scoped_release release;
-          p = sch::partition(b, *cost, sh, o);
+          p = part::partition(b, *cost, sh, o);
         }
         return partition_dict(p);
       },

@@ -1,6 +1,6 @@
 // Python bindings of plans and instruction streams: packpipe.Plan (header fields, streams as
 // Instruction objects and as numpy structured arrays, validation, JSON and binary forms, PyTorch
-// export), packpipe.PlanFileReader / PlanFileWriter, and synthetic_plan for examples and tests.
+// export), packpipe.PlanFileReader / PlanFileWriter.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -12,13 +12,13 @@
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
-#include "scheduler/export_pytorch.h"
-#include "scheduler/plan_builder.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/validator.h"
+#include "plan/export_pytorch.h"
+#include "plan/builder.h"
+#include "plan/format.h"
+#include "plan/validator.h"
 
 namespace py = pybind11;
-namespace sch = packpipe::scheduler;
+namespace pl = packpipe::plan;
 
 namespace packpipe::bindings {
 
@@ -32,8 +32,8 @@ struct Row {
 };
 static_assert(sizeof(Row) == 32, "Row layout");
 
-py::object opt(std::uint32_t v) { return v == sch::kNone ? py::object(py::none()) : py::object(py::int_(v)); }
-std::int32_t as_i32(std::uint32_t v) { return v == sch::kNone ? -1 : static_cast<std::int32_t>(v); }
+py::object opt(std::uint32_t v) { return v == pl::kNone ? py::object(py::none()) : py::object(py::int_(v)); }
+std::int32_t as_i32(std::uint32_t v) { return v == pl::kNone ? -1 : static_cast<std::int32_t>(v); }
 
 py::object row_dtype() {
   py::dict d;
@@ -45,7 +45,7 @@ py::object row_dtype() {
   return py::module_::import("numpy").attr("dtype")(d);
 }
 
-py::array stream_array(const sch::Plan& p, std::int64_t rank) {
+py::array stream_array(const pl::Plan& p, std::int64_t rank) {
   PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(p.streams.size()), "rank {} out of range (plan has {})",
                        rank, p.streams.size());
   const auto& st = p.streams[static_cast<std::size_t>(rank)];
@@ -68,7 +68,7 @@ py::array stream_array(const sch::Plan& p, std::int64_t rank) {
   return py::array(dt, {static_cast<py::ssize_t>(rows->size())}, {static_cast<py::ssize_t>(sizeof(Row))}, rows->data(), owner);
 }
 
-py::dict mb_dict(const sch::Plan& p, std::size_t m) {
+py::dict mb_dict(const pl::Plan& p, std::size_t m) {
   const auto& mb = p.microbatches[m];
   py::dict d;
   d["rows"] = mb.rows;
@@ -92,7 +92,7 @@ py::dict mb_dict(const sch::Plan& p, std::size_t m) {
   return d;
 }
 
-py::dict report_dict(const sch::Plan& p, const sch::ValidationReport& rep) {
+py::dict report_dict(const pl::Plan& p, const pl::ValidationReport& rep) {
   py::list v;
   for (const auto& x : rep.violations) {
     py::dict d;
@@ -100,7 +100,7 @@ py::dict report_dict(const sch::Plan& p, const sch::ValidationReport& rep) {
     d["rank"] = x.rank;
     d["index"] = x.index;
     d["message"] = x.message;
-    d["text"] = sch::to_string(x, &p);
+    d["text"] = pl::to_string(x, &p);
     v.append(d);
   }
   py::dict d;
@@ -119,48 +119,48 @@ py::bytes to_bytes(const std::vector<std::uint8_t>& b) {
 }  // namespace
 
 void declare_plan(py::module_& m) {
-  py::class_<sch::Instruction>(m, "Instruction", "One instruction of a rank's stream");
-  py::class_<sch::Plan, std::shared_ptr<sch::Plan>>(m, "Plan", "One iteration's plan: header and per-rank instruction streams");
-  py::class_<sch::PlanFileReader, std::shared_ptr<sch::PlanFileReader>>(m, "PlanFileReader",
+  py::class_<pl::Instruction>(m, "Instruction", "One instruction of a rank's stream");
+  py::class_<pl::Plan, std::shared_ptr<pl::Plan>>(m, "Plan", "One iteration's plan: header and per-rank instruction streams");
+  py::class_<pl::PlanFileReader, std::shared_ptr<pl::PlanFileReader>>(m, "PlanFileReader",
                                                                           "Reads a plan file by iteration (memory-mapped)");
-  py::class_<sch::PlanFileWriter, std::shared_ptr<sch::PlanFileWriter>>(m, "PlanFileWriter",
+  py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>(m, "PlanFileWriter",
                                                                           "Writes plans to one file, one iteration at a time");
 }
 
 void define_plan(py::module_& m) {
-  py::reinterpret_borrow<py::class_<sch::Instruction>>(m.attr("Instruction"))
-      .def_property_readonly("op", [](const sch::Instruction& i) { return sch::opcode_name(i.op); })
-      .def_property_readonly("opcode", [](const sch::Instruction& i) { return static_cast<int>(i.op); })
-      .def_property_readonly("mb", [](const sch::Instruction& i) { return opt(i.mb); })
-      .def_property_readonly("stage", [](const sch::Instruction& i) { return opt(i.stage); })
-      .def_property_readonly("peer", [](const sch::Instruction& i) { return opt(i.peer); })
-      .def_property_readonly("in_", [](const sch::Instruction& i) { return opt(i.in); }, "buffer read (None: absent)")
-      .def_property_readonly("in2", [](const sch::Instruction& i) { return opt(i.in2); })
-      .def_property_readonly("out", [](const sch::Instruction& i) { return opt(i.out); })
-      .def_property_readonly("shape", [](const sch::Instruction& i) { return opt(i.shape); }, "index into Plan.shapes")
-      .def_property_readonly("is_compute", [](const sch::Instruction& i) { return sch::is_compute(i.op); })
-      .def("__eq__", [](const sch::Instruction& a, const sch::Instruction& b) { return a == b; })
-      .def("__repr__", [](const sch::Instruction& i) { return "Instruction(" + sch::to_string(i) + ")"; });
+  py::reinterpret_borrow<py::class_<pl::Instruction>>(m.attr("Instruction"))
+      .def_property_readonly("op", [](const pl::Instruction& i) { return pl::opcode_name(i.op); })
+      .def_property_readonly("opcode", [](const pl::Instruction& i) { return static_cast<int>(i.op); })
+      .def_property_readonly("mb", [](const pl::Instruction& i) { return opt(i.mb); })
+      .def_property_readonly("stage", [](const pl::Instruction& i) { return opt(i.stage); })
+      .def_property_readonly("peer", [](const pl::Instruction& i) { return opt(i.peer); })
+      .def_property_readonly("in_", [](const pl::Instruction& i) { return opt(i.in); }, "buffer read (None: absent)")
+      .def_property_readonly("in2", [](const pl::Instruction& i) { return opt(i.in2); })
+      .def_property_readonly("out", [](const pl::Instruction& i) { return opt(i.out); })
+      .def_property_readonly("shape", [](const pl::Instruction& i) { return opt(i.shape); }, "index into Plan.shapes")
+      .def_property_readonly("is_compute", [](const pl::Instruction& i) { return pl::is_compute(i.op); })
+      .def("__eq__", [](const pl::Instruction& a, const pl::Instruction& b) { return a == b; })
+      .def("__repr__", [](const pl::Instruction& i) { return "Instruction(" + pl::to_string(i) + ")"; });
 
-  using PlanPtr = std::shared_ptr<sch::Plan>;
-  py::reinterpret_borrow<py::class_<sch::Plan, PlanPtr>>(m.attr("Plan"))
-      .def_property_readonly("iteration", [](const sch::Plan& p) { return p.iteration; })
-      .def_property_readonly("schedule", [](const sch::Plan& p) { return p.schedule; })
-      .def_property_readonly("ranks", [](const sch::Plan& p) { return p.ranks; })
-      .def_property_readonly("vstages", [](const sch::Plan& p) { return p.vstages; })
-      .def_property_readonly("stage_rank", [](const sch::Plan& p) { return p.stage_rank; })
-      .def_property_readonly("dp", [](const sch::Plan& p) { return p.dp; })
-      .def_property_readonly("replica", [](const sch::Plan& p) { return p.replica; })
-      .def_property_readonly("global_tokens", [](const sch::Plan& p) { return p.global_tokens; })
-      .def_property_readonly("makespan_ms", [](const sch::Plan& p) { return p.makespan_ms; })
-      .def_property_readonly("memory_limit_bytes", [](const sch::Plan& p) { return p.memory_limit_bytes; })
-      .def_property_readonly("static_bytes", [](const sch::Plan& p) { return p.static_bytes; })
-      .def_property_readonly("buffer_slots", [](const sch::Plan& p) { return p.buffer_slots; })
-      .def_property_readonly("stored_bytes", [](const sch::Plan& p) { return p.stored_bytes; }, "[mb * vstages + v]")
-      .def_property_readonly("peak_bytes", [](const sch::Plan& p) { return p.peak_bytes; }, "[mb * vstages + v]")
-      .def_property_readonly("instruction_count", &sch::Plan::instruction_count)
+  using PlanPtr = std::shared_ptr<pl::Plan>;
+  py::reinterpret_borrow<py::class_<pl::Plan, PlanPtr>>(m.attr("Plan"))
+      .def_property_readonly("iteration", [](const pl::Plan& p) { return p.iteration; })
+      .def_property_readonly("schedule", [](const pl::Plan& p) { return p.schedule; })
+      .def_property_readonly("ranks", [](const pl::Plan& p) { return p.ranks; })
+      .def_property_readonly("vstages", [](const pl::Plan& p) { return p.vstages; })
+      .def_property_readonly("stage_rank", [](const pl::Plan& p) { return p.stage_rank; })
+      .def_property_readonly("dp", [](const pl::Plan& p) { return p.dp; })
+      .def_property_readonly("replica", [](const pl::Plan& p) { return p.replica; })
+      .def_property_readonly("global_tokens", [](const pl::Plan& p) { return p.global_tokens; })
+      .def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })
+      .def_property_readonly("memory_limit_bytes", [](const pl::Plan& p) { return p.memory_limit_bytes; })
+      .def_property_readonly("static_bytes", [](const pl::Plan& p) { return p.static_bytes; })
+      .def_property_readonly("buffer_slots", [](const pl::Plan& p) { return p.buffer_slots; })
+      .def_property_readonly("stored_bytes", [](const pl::Plan& p) { return p.stored_bytes; }, "[mb * vstages + v]")
+      .def_property_readonly("peak_bytes", [](const pl::Plan& p) { return p.peak_bytes; }, "[mb * vstages + v]")
+      .def_property_readonly("instruction_count", &pl::Plan::instruction_count)
       .def_property_readonly("shapes",
-                             [](const sch::Plan& p) {
+                             [](const pl::Plan& p) {
                                py::list l;
                                for (const auto& s : p.shapes) {
                                  py::dict d;
@@ -168,27 +168,27 @@ void define_plan(py::module_& m) {
                                  d["seq"] = s.seq;
                                  d["hidden"] = s.hidden;
                                  d["enc_seq"] = s.enc_seq;
-                                 d["dtype"] = sch::dtype_name(s.dtype);
+                                 d["dtype"] = pl::dtype_name(s.dtype);
                                  d["bytes"] = s.bytes();
                                  l.append(d);
                                }
                                return l;
                              })
       .def_property_readonly("microbatches",
-                             [](const sch::Plan& p) {
+                             [](const pl::Plan& p) {
                                py::list l;
                                for (std::size_t i = 0; i < p.microbatches.size(); ++i) l.append(mb_dict(p, i));
                                return l;
                              })
-      .def_property_readonly("streams", [](const sch::Plan& p) { return p.streams; },
+      .def_property_readonly("streams", [](const pl::Plan& p) { return p.streams; },
                              "per rank, a list of Instruction objects (copies)")
       .def_property_readonly("timeline",
-                             [](const sch::Plan& p) {
+                             [](const pl::Plan& p) {
                                py::list l;
                                for (const auto& ops : p.timeline) {
                                  py::list r;
                                  for (const auto& o : ops)
-                                   r.append(py::make_tuple(sch::op_kind_token(o.kind), o.mb, o.vstage, o.start_ms, o.end_ms));
+                                   r.append(py::make_tuple(pl::op_kind_token(o.kind), o.mb, o.vstage, o.start_ms, o.end_ms));
                                  l.append(r);
                                }
                                return l;
@@ -196,35 +196,35 @@ void define_plan(py::module_& m) {
       .def("instructions", &stream_array, py::arg("rank"),
            "Rank's stream as a numpy structured array (opcode u1; mb, stage, peer, in, in2, out, shape i4, -1 = absent)")
       .def("validate",
-           [](const sch::Plan& p, bool count_buffers) {
-             sch::ValidateOptions o;
+           [](const pl::Plan& p, bool count_buffers) {
+             pl::ValidateOptions o;
              o.count_buffers = count_buffers;
-             sch::ValidationReport rep;
+             pl::ValidationReport rep;
              {
                py::gil_scoped_release release;
-               rep = sch::validate(p, o);
+               rep = pl::validate(p, o);
              }
              return report_dict(p, rep);
            },
            py::arg("count_buffers") = false, "Every check of the validator; a dict with ok, violations and peaks")
       .def("validate_or_throw",
-           [](const sch::Plan& p) {
+           [](const pl::Plan& p) {
              py::gil_scoped_release release;
-             sch::validate_or_throw(p);
+             pl::validate_or_throw(p);
            },
            "Raises RuntimeError listing the first violations")
-      .def("to_json", [](const sch::Plan& p, int indent, std::int64_t rank) { return sch::plan_to_json(p, indent, rank); },
+      .def("to_json", [](const pl::Plan& p, int indent, std::int64_t rank) { return pl::plan_to_json(p, indent, rank); },
            py::arg("indent") = 1, py::arg("rank") = -1)
-      .def_static("from_json", [](const std::string& s) { return std::make_shared<sch::Plan>(sch::plan_from_json(s)); },
+      .def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
                   py::arg("text"))
       .def("to_bytes",
-           [](const sch::Plan& p, bool compress) {
-             sch::EncodeOptions o;
+           [](const pl::Plan& p, bool compress) {
+             pl::EncodeOptions o;
              o.compress = compress;
              std::vector<std::uint8_t> b;
              {
                py::gil_scoped_release release;
-               b = sch::encode_plan(p, o);
+               b = pl::encode_plan(p, o);
              }
              return to_bytes(b);
            },
@@ -232,76 +232,76 @@ void define_plan(py::module_& m) {
       .def_static("from_bytes",
                   [](const py::bytes& b) {
                     const std::string s = b;
-                    return std::make_shared<sch::Plan>(
-                        sch::decode_plan(reinterpret_cast<const std::uint8_t*>(s.data()), s.size(), "bytes"));
+                    return std::make_shared<pl::Plan>(
+                        pl::decode_plan(reinterpret_cast<const std::uint8_t*>(s.data()), s.size(), "bytes"));
                   },
                   py::arg("data"))
       .def("pytorch_exportable",
-           [](const sch::Plan& p) {
+           [](const pl::Plan& p) {
              std::string why;
-             const bool ok = sch::pytorch_exportable(p, &why);
+             const bool ok = pl::pytorch_exportable(p, &why);
              return py::make_tuple(ok, why);
            },
            "(ok, reason): whether every micro-batch shares one shape")
-      .def("pytorch_csv", &sch::pytorch_compute_csv, "PyTorch compute_only CSV (RuntimeError if shapes differ)")
-      .def("__eq__", [](const sch::Plan& a, const sch::Plan& b) { return a == b; })
-      .def("__repr__", [](const sch::Plan& p) {
+      .def("pytorch_csv", &pl::pytorch_compute_csv, "PyTorch compute_only CSV (RuntimeError if shapes differ)")
+      .def("__eq__", [](const pl::Plan& a, const pl::Plan& b) { return a == b; })
+      .def("__repr__", [](const pl::Plan& p) {
         return "Plan(iteration=" + std::to_string(p.iteration) + ", schedule='" + p.schedule +
                "', ranks=" + std::to_string(p.ranks) + ", vstages=" + std::to_string(p.vstages) +
                ", microbatches=" + std::to_string(p.microbatches.size()) +
                ", instructions=" + std::to_string(p.instruction_count()) + ")";
       });
 
-  py::reinterpret_borrow<py::class_<sch::PlanFileReader, std::shared_ptr<sch::PlanFileReader>>>(m.attr("PlanFileReader"))
-      .def(py::init([](const std::string& path) { return std::make_shared<sch::PlanFileReader>(path); }), py::arg("path"))
-      .def("__len__", &sch::PlanFileReader::size)
+  py::reinterpret_borrow<py::class_<pl::PlanFileReader, std::shared_ptr<pl::PlanFileReader>>>(m.attr("PlanFileReader"))
+      .def(py::init([](const std::string& path) { return std::make_shared<pl::PlanFileReader>(path); }), py::arg("path"))
+      .def("__len__", &pl::PlanFileReader::size)
       .def_property_readonly("iterations",
-                             [](const sch::PlanFileReader& r) {
+                             [](const pl::PlanFileReader& r) {
                                std::vector<std::uint64_t> v;
                                for (std::size_t i = 0; i < r.size(); ++i) v.push_back(r.iteration(i));
                                return v;
                              })
-      .def("read", [](const sch::PlanFileReader& r, std::uint64_t iteration, std::uint32_t replica) {
-             std::shared_ptr<sch::Plan> p;
+      .def("read", [](const pl::PlanFileReader& r, std::uint64_t iteration, std::uint32_t replica) {
+             std::shared_ptr<pl::Plan> p;
              {
                py::gil_scoped_release release;
-               p = std::make_shared<sch::Plan>(r.read_iteration(iteration, replica));
+               p = std::make_shared<pl::Plan>(r.read_iteration(iteration, replica));
              }
              return p;
            },
            py::arg("iteration"), py::arg("replica") = 0,
            "The plan of `iteration` for data-parallel `replica` (IndexError if absent)")
-      .def("__getitem__", [](const sch::PlanFileReader& r, std::size_t i) {
-             std::shared_ptr<sch::Plan> p;
+      .def("__getitem__", [](const pl::PlanFileReader& r, std::size_t i) {
+             std::shared_ptr<pl::Plan> p;
              {
                py::gil_scoped_release release;
-               p = std::make_shared<sch::Plan>(r.read(i));
+               p = std::make_shared<pl::Plan>(r.read(i));
              }
              return p;
            },
            py::arg("position"), "The plan at `position` in the file")
-      .def_property_readonly("path", &sch::PlanFileReader::path);
+      .def_property_readonly("path", &pl::PlanFileReader::path);
 
-  py::reinterpret_borrow<py::class_<sch::PlanFileWriter, std::shared_ptr<sch::PlanFileWriter>>>(m.attr("PlanFileWriter"))
+  py::reinterpret_borrow<py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>>(m.attr("PlanFileWriter"))
       .def(py::init([](const std::string& path, bool compress) {
-             sch::EncodeOptions o;
+             pl::EncodeOptions o;
              o.compress = compress;
-             return std::make_shared<sch::PlanFileWriter>(path, o);
+             return std::make_shared<pl::PlanFileWriter>(path, o);
            }),
            py::arg("path"), py::arg("compress") = false)
-      .def("append", [](sch::PlanFileWriter& w, const sch::Plan& p) {
+      .def("append", [](pl::PlanFileWriter& w, const pl::Plan& p) {
              py::gil_scoped_release release;
              w.append(p);
            },
            py::arg("plan"))
-      .def("close", &sch::PlanFileWriter::close)
-      .def_property_readonly("plans_written", &sch::PlanFileWriter::plans_written)
-      .def("__enter__", [](const std::shared_ptr<sch::PlanFileWriter>& w) { return w; })
-      .def("expect_iterations", &sch::PlanFileWriter::expect_iterations, py::arg("first_iteration"), py::arg("count"),
+      .def("close", &pl::PlanFileWriter::close)
+      .def_property_readonly("plans_written", &pl::PlanFileWriter::plans_written)
+      .def("__enter__", [](const std::shared_ptr<pl::PlanFileWriter>& w) { return w; })
+      .def("expect_iterations", &pl::PlanFileWriter::expect_iterations, py::arg("first_iteration"), py::arg("count"),
            "Declare the iterations the file will hold; close() marks it complete only if it holds them")
-      .def("discard", &sch::PlanFileWriter::discard, "Drop what was written: nothing appears at the path")
+      .def("discard", &pl::PlanFileWriter::discard, "Drop what was written: nothing appears at the path")
       // An exception inside the with-block discards the file: a failed run leaves nothing behind.
-      .def("__exit__", [](sch::PlanFileWriter& w, const py::object& exc_type, const py::object&, const py::object&) {
+      .def("__exit__", [](pl::PlanFileWriter& w, const py::object& exc_type, const py::object&, const py::object&) {
         if (exc_type.is_none()) {
           w.close();
         } else {
@@ -309,34 +309,20 @@ void define_plan(py::module_& m) {
         }
       });
 
-  m.def("synthetic_plan",
-        [](const std::string& kind, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches, std::uint64_t seed,
-           bool same_shape, bool encoder_decoder) {
-          std::shared_ptr<sch::Plan> p;
-          {
-            py::gil_scoped_release release;
-            p = std::make_shared<sch::Plan>(
-                sch::synthetic::random_plan(kind, ranks, chunks, microbatches, seed, same_shape, encoder_decoder));
-          }
-          return p;
-        },
-        py::arg("schedule") = "1f1b", py::arg("ranks") = 4, py::arg("chunks") = 1, py::arg("microbatches") = 8,
-        py::arg("seed") = 0, py::arg("same_shape") = false, py::arg("encoder_decoder") = false,
-        "A plan of random micro-batches under a textbook schedule (gpipe, 1f1b, zero-bubble): examples and tests");
   m.def("validate_replicas",
-        [](const std::vector<std::shared_ptr<sch::Plan>>& plans) {
-          std::vector<sch::Plan> v;
+        [](const std::vector<std::shared_ptr<pl::Plan>>& plans) {
+          std::vector<pl::Plan> v;
           for (const auto& p : plans) {
             if (p == nullptr) throw py::value_error("validate_replicas: a plan is None");
             v.push_back(*p);
           }
           py::list out;
-          for (const auto& x : sch::validate_replicas(v)) {
+          for (const auto& x : pl::validate_replicas(v)) {
             py::dict d;
             d["kind"] = x.kind;
             d["replica"] = x.rank;
             d["message"] = x.message;
-            d["text"] = sch::to_string(x);
+            d["text"] = pl::to_string(x);
             out.append(d);
           }
           return out;
@@ -346,7 +332,7 @@ void define_plan(py::module_& m) {
         "violations (dicts with kind, replica (-1: the iteration), message, text); empty when they agree");
   m.def("opcode_names", [] {
     std::vector<std::string> v;
-    for (int i = 0; i < sch::kOpcodeCount; ++i) v.push_back(sch::opcode_name(static_cast<sch::Opcode>(i)));
+    for (int i = 0; i < pl::kOpcodeCount; ++i) v.push_back(pl::opcode_name(static_cast<pl::Opcode>(i)));
     return v;
   }, "Instruction names by opcode value");
 }

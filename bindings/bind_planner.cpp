@@ -10,7 +10,7 @@
 #include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
-#include "scheduler/planner.h"
+#include "planner/planner.h"
 
 namespace py = pybind11;
 
@@ -19,9 +19,10 @@ namespace packpipe::bindings {
 namespace {
 
 namespace cm = packpipe::costmodel;
-namespace sch = packpipe::scheduler;
+namespace part = packpipe::partition;
+namespace pl = packpipe::plan;
 
-py::dict figures_dict(const sch::MethodFigures& f) {
+py::dict figures_dict(const planner::MethodFigures& f) {
   py::dict d;
   d["feasible"] = f.feasible;
   d["microbatches"] = f.microbatches;
@@ -33,7 +34,7 @@ py::dict figures_dict(const sch::MethodFigures& f) {
   return d;
 }
 
-py::list grid_list(const sch::BaselineGrid& g) {
+py::list grid_list(const planner::BaselineGrid& g) {
   py::list out;
   for (std::size_t i = 0; i < g.mbs.size(); ++i) {
     py::dict d = figures_dict(g.figures[i]);
@@ -57,12 +58,12 @@ void define_planner(py::module_& m) {
          const py::object& iteration, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
          const std::shared_ptr<PyPartitionCache>& cache, const std::string& oversize) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
-        sch::BatchLengths b;
+        part::BatchLengths b;
         b.input = lengths_arg(input_lengths, "input_lengths");
         b.target = lengths_arg(target_lengths, "target_lengths");
         PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
                            "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
-        sch::PlannerOptions o;
+        planner::PlannerOptions o;
         o.shape.stages = stages;
         o.shape.layers_per_stage = layers_per_stage;
         o.shape.chunks = chunks;
@@ -70,27 +71,27 @@ void define_planner(py::module_& m) {
         o.shape.tp = tp;
         o.shape.zero_stage = zero_stage;
         o.shape.memory_limit_mb = memory_mb;
-        o.partition.method = sch::partition_method_from_name(method);
-        o.partition.recompute = sch::recompute_policy_from_name(recompute);
+        o.partition.method = part::partition_method_from_name(method);
+        o.partition.recompute = part::recompute_policy_from_name(recompute);
         o.partition.round_multiple = round_multiple;
-        o.partition.oversize = sch::oversize_policy_from_name(oversize);
+        o.partition.oversize = part::oversize_policy_from_name(oversize);
         o.schedule = schedule;
         o.search.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
         const std::uint64_t iter = unsigned_arg(iteration, "iteration", std::numeric_limits<std::uint64_t>::max());
         o.validate = validate;
         o.baselines = baselines;
         o.baseline_mbs = baseline_mbs;
-        sch::check_planner_options(o);  // ValueError naming the argument before anything is planned
+        planner::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
-        sch::IterationResult r;
+        planner::IterationResult r;
         {
           py::gil_scoped_release release;
-          const auto vstages = sch::virtual_stages(cost->model(), o.shape);
-          r = sch::plan_iteration(b, nullptr, iter, *cost, vstages, o, use.get());
+          const auto vstages = part::virtual_stages(cost->model(), o.shape);
+          r = planner::plan_iteration(b, nullptr, iter, *cost, vstages, o, use.get());
         }
         py::dict d;
         py::list plans;
-        for (auto& p : r.plans) plans.append(std::make_shared<sch::Plan>(std::move(p)));
+        for (auto& p : r.plans) plans.append(std::make_shared<pl::Plan>(std::move(p)));
         d["plans"] = plans;
         d["packpipe"] = figures_dict(r.packpipe);
         if (baselines) {

@@ -16,15 +16,17 @@
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
-#include "scheduler/pipeline.h"
-#include "scheduler/schedules.h"
-#include "scheduler/search.h"
-#include "scheduler/simulator.h"
-#include "scheduler/trace.h"
+#include "partition/pipeline.h"
+#include "schedule/schedules.h"
+#include "schedule/search.h"
+#include "schedule/simulator.h"
+#include "plan/trace.h"
 
 namespace py = pybind11;
 namespace cm = packpipe::costmodel;
-namespace sc = packpipe::scheduler;
+namespace part = packpipe::partition;
+namespace sched = packpipe::schedule;
+namespace pl = packpipe::plan;
 
 namespace packpipe::bindings {
 
@@ -32,15 +34,15 @@ namespace {
 
 // A problem plus what the recompute fallback needs (only when built from a cost model).
 struct PyProblem {
-  sc::SimProblem problem;
+  sched::SimProblem problem;
   std::shared_ptr<cm::CostModel> cost;
-  sc::PipelineShape shape;
-  std::vector<sc::VirtualStage> vstages;
-  std::vector<sc::MicroBatch> mbs;
+  part::PipelineShape shape;
+  std::vector<part::VirtualStage> vstages;
+  std::vector<part::MicroBatch> mbs;
 };
 
 struct PySearch {
-  sc::SearchResult result;
+  sched::SearchResult result;
 };
 
 py::dtype op_dtype() {
@@ -50,16 +52,16 @@ py::dtype op_dtype() {
     formats.append(format);
     offsets.append(offset);
   };
-  field("kind", "u1", offsetof(sc::ScheduledOp, kind));
-  field("mb", "<u4", offsetof(sc::ScheduledOp, mb));
-  field("vstage", "<u4", offsetof(sc::ScheduledOp, vstage));
-  field("start_ms", "<f8", offsetof(sc::ScheduledOp, start_ms));
-  field("end_ms", "<f8", offsetof(sc::ScheduledOp, end_ms));
+  field("kind", "u1", offsetof(pl::ScheduledOp, kind));
+  field("mb", "<u4", offsetof(pl::ScheduledOp, mb));
+  field("vstage", "<u4", offsetof(pl::ScheduledOp, vstage));
+  field("start_ms", "<f8", offsetof(pl::ScheduledOp, start_ms));
+  field("end_ms", "<f8", offsetof(pl::ScheduledOp, end_ms));
   py::dict d;
   d["names"] = names;
   d["formats"] = formats;
   d["offsets"] = offsets;
-  d["itemsize"] = sizeof(sc::ScheduledOp);
+  d["itemsize"] = sizeof(pl::ScheduledOp);
   return py::dtype::from_args(d);
 }
 
@@ -81,7 +83,7 @@ std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_sty
                                       const py::object& static_bytes, std::int64_t ranks, double memory_limit_bytes) {
   PACKPIPE_CHECK_ARG(forward.ndim() == 2, "forward_ms must be a 2-D (micro-batches, virtual stages) array");
   const std::int64_t m = forward.shape(0), V = forward.shape(1);
-  sc::StageCostTable t;
+  sched::StageCostTable t;
   t.microbatches = m;
   t.vstages = V;
   t.forward_ms.assign(forward.data(), forward.data() + m * V);
@@ -96,7 +98,7 @@ std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_sty
     t.static_bytes = static_bytes.cast<std::vector<double>>();
   }
   auto out = std::make_shared<PyProblem>();
-  out->problem = sc::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
+  out->problem = sched::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
   if (!transfer.is_none()) out->problem.transfer_ms = matrix(transfer, "transfer_ms", m, V, false);
   return out;
 }
@@ -110,7 +112,7 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
     const auto t = microbatches[i].cast<py::tuple>();
     PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
                        "microbatches[{}] must be (rows, padded_len[, padded_dec_len[, recompute]])", i);
-    sc::MicroBatch mb;
+    part::MicroBatch mb;
     // Bounded before anything is allocated from them (rows x samples), as `packpipe schedule` reads them.
     const std::string where = "microbatches[" + std::to_string(i) + "]";
     const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
@@ -134,18 +136,18 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
   out->shape.dp = dp;
   out->shape.zero_stage = zero;
   out->shape.memory_limit_mb = memory_mb;
-  out->vstages = sc::virtual_stages(out->cost->model(), out->shape);
-  out->problem = sc::make_sim_problem(sc::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
+  out->vstages = part::virtual_stages(out->cost->model(), out->shape);
+  out->problem = sched::make_sim_problem(sched::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
                                       *out->cost, out->shape);
   return out;
 }
 
-std::vector<py::tuple> op_list(const sc::Schedule& s, std::int64_t rank) {
+std::vector<py::tuple> op_list(const pl::Schedule& s, std::int64_t rank) {
   PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(s.ops.size()), "rank {} outside 0..{}", rank,
                        s.ops.size());
   std::vector<py::tuple> out;
   for (const auto& op : s.ops[static_cast<std::size_t>(rank)]) {
-    out.push_back(py::make_tuple(sc::op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, op.end_ms));
+    out.push_back(py::make_tuple(pl::op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, op.end_ms));
   }
   return out;
 }
@@ -153,31 +155,31 @@ std::vector<py::tuple> op_list(const sc::Schedule& s, std::int64_t rank) {
 }  // namespace
 
 void declare_schedule(py::module_& m) {
-  py::class_<sc::Schedule>(m, "Schedule", "A simulated pipeline schedule: per-rank ops with start/end (ms)");
+  py::class_<pl::Schedule>(m, "Schedule", "A simulated pipeline schedule: per-rank ops with start/end (ms)");
   py::class_<PyProblem, std::shared_ptr<PyProblem>>(m, "ScheduleProblem",
                                                     "Costs of one iteration's micro-batches on a pipeline");
   py::class_<PySearch>(m, "ScheduleSearchResult", "Outcome of a schedule search");
 }
 
 void define_schedule(py::module_& m) {
-  py::reinterpret_borrow<py::class_<sc::Schedule>>(m.attr("Schedule"))
-      .def_readonly("name", &sc::Schedule::name)
-      .def_readonly("ranks", &sc::Schedule::ranks)
-      .def_readonly("vstages", &sc::Schedule::vstages)
-      .def_readonly("microbatches", &sc::Schedule::microbatches)
-      .def_readonly("makespan_ms", &sc::Schedule::makespan_ms)
-      .def_readonly("bubble_fraction", &sc::Schedule::bubble_fraction)
-      .def_readonly("peak_bytes", &sc::Schedule::peak_bytes, "per rank")
-      .def_readonly("utilization", &sc::Schedule::utilization, "per rank")
-      .def_readonly("order", &sc::Schedule::order, "micro-batch order used")
+  py::reinterpret_borrow<py::class_<pl::Schedule>>(m.attr("Schedule"))
+      .def_readonly("name", &pl::Schedule::name)
+      .def_readonly("ranks", &pl::Schedule::ranks)
+      .def_readonly("vstages", &pl::Schedule::vstages)
+      .def_readonly("microbatches", &pl::Schedule::microbatches)
+      .def_readonly("makespan_ms", &pl::Schedule::makespan_ms)
+      .def_readonly("bubble_fraction", &pl::Schedule::bubble_fraction)
+      .def_readonly("peak_bytes", &pl::Schedule::peak_bytes, "per rank")
+      .def_readonly("utilization", &pl::Schedule::utilization, "per rank")
+      .def_readonly("order", &pl::Schedule::order, "micro-batch order used")
       .def(
           "ops",
           [](py::object self, std::int64_t rank) {
-            const auto& s = self.cast<const sc::Schedule&>();
+            const auto& s = self.cast<const pl::Schedule&>();
             PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(s.ops.size()), "rank {} outside 0..{}",
                                  rank, s.ops.size());
             const auto& v = s.ops[static_cast<std::size_t>(rank)];
-            static const sc::ScheduledOp kEmpty{};
+            static const pl::ScheduledOp kEmpty{};
             return py::array(op_dtype(), {static_cast<py::ssize_t>(v.size())}, {},
                              v.empty() ? &kEmpty : v.data(), self);
           },
@@ -186,13 +188,13 @@ void define_schedule(py::module_& m) {
       .def("op_list", &op_list, py::arg("rank"), "Rank's ops as (token, mb, vstage, start_ms, end_ms) tuples")
       .def(
           "chrome_trace",
-          [](const sc::Schedule& s, const std::string& process_name) {
-            sc::TraceOptions o;
+          [](const pl::Schedule& s, const std::string& process_name) {
+            pl::TraceOptions o;
             o.process_name = process_name;
-            return sc::chrome_trace_json(s, o);
+            return pl::chrome_trace_json(s, o);
           },
           py::arg("process_name") = "packpipe", "Chrome trace / Perfetto JSON of the timeline")
-      .def("__repr__", [](const sc::Schedule& s) {
+      .def("__repr__", [](const pl::Schedule& s) {
         return "Schedule(name='" + s.name + "', makespan_ms=" + std::to_string(s.makespan_ms) +
                ", bubble_fraction=" + std::to_string(s.bubble_fraction) + ")";
       });
@@ -220,13 +222,13 @@ void define_schedule(py::module_& m) {
       .def_property_readonly("ranks", [](const PyProblem& p) { return p.problem.ranks; })
       .def_property_readonly("memory_limit_bytes", [](const PyProblem& p) { return p.problem.memory_limit_bytes; })
       .def_property_readonly("lower_bound_ms",
-                             [](const PyProblem& p) { return sc::makespan_lower_bounds(p.problem).value(); })
+                             [](const PyProblem& p) { return sched::makespan_lower_bounds(p.problem).value(); })
       .def(
           "simulate",
           [](const PyProblem& p, const std::string& schedule, std::optional<std::vector<std::uint32_t>> order) {
-            const sc::ScheduleKind k = sc::schedule_kind_from_name(schedule);
+            const sched::ScheduleKind k = sched::schedule_kind_from_name(schedule);
             py::gil_scoped_release release;
-            return sc::make_schedule(k, p.problem, order ? *order : std::vector<std::uint32_t>{});
+            return sched::make_schedule(k, p.problem, order ? *order : std::vector<std::uint32_t>{});
           },
           py::arg("schedule"), py::arg("order") = py::none(),
           "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)")
@@ -234,24 +236,24 @@ void define_schedule(py::module_& m) {
           "search",
           [](const PyProblem& p, const py::object& seed, std::optional<std::vector<std::string>> schedules,
              bool reference, int local_rounds) {
-            sc::SearchOptions o;
+            sched::SearchOptions o;
             o.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
             PACKPIPE_CHECK_ARG(local_rounds >= 0 && local_rounds <= 1000, "local_rounds must be in [0, 1000], found {}",
                                local_rounds);
             o.local_rounds = local_rounds;
             if (schedules) {
-              for (const auto& n : *schedules) o.schedules.push_back(sc::schedule_kind_from_name(n));
+              for (const auto& n : *schedules) o.schedules.push_back(sched::schedule_kind_from_name(n));
             }
             if (p.cost) {
               o.recompute_table = [&p](cm::Recompute rc) {
                 auto mbs = p.mbs;
                 for (auto& mb : mbs) mb.recompute = rc;
-                return sc::stage_cost_table(*p.cost, p.shape, p.vstages, mbs);
+                return sched::stage_cost_table(*p.cost, p.shape, p.vstages, mbs);
               };
             }
             py::gil_scoped_release release;
             PySearch r;
-            r.result = reference ? sc::reference_search(p.problem, o) : sc::search_schedule(p.problem, o);
+            r.result = reference ? sched::reference_search(p.problem, o) : sched::search_schedule(p.problem, o);
             return r;
           },
           py::arg("seed") = py::int_(0), py::arg("schedules") = py::none(), py::arg("reference") = false,
@@ -262,7 +264,7 @@ void define_schedule(py::module_& m) {
       "schedule_names",
       [] {
         std::vector<std::string> out;
-        for (auto k : sc::all_schedule_kinds()) out.emplace_back(sc::schedule_kind_name(k));
+        for (auto k : sched::all_schedule_kinds()) out.emplace_back(sched::schedule_kind_name(k));
         return out;
       },
       "Names of the pipeline schedules");

@@ -53,15 +53,6 @@ cm::ModelSpec resolve_model(const std::string& option, const cm::Profile& p) {
   }
 }
 
-const char* rc_name(cm::Recompute rc) {
-  switch (rc) {
-    case cm::Recompute::None: return "none";
-    case cm::Recompute::Selective: return "selective";
-    case cm::Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 Json errors_json(const cm::LooErrors& e) {
   Json j;
   j["points"] = e.points;
@@ -148,7 +139,7 @@ void run_validate(const ValidateArgs& a) {
       Json e = errors_json(b.errors);
       Json row;
       row["stage"] = cm::layer_kind_name(b.kind);
-      row["rc"] = rc_name(b.rc);
+      row["rc"] = cm::recompute_name(b.rc);
       for (auto it = e.begin(); it != e.end(); ++it) row[it.key()] = it.value();
       by.push_back(row);
     }
@@ -159,7 +150,7 @@ void run_validate(const ValidateArgs& a) {
         Json row;
         row["stage"] = cm::layer_kind_name(g.kind);
         row["tp"] = g.tp;
-        row["rc"] = rc_name(g.rc);
+        row["rc"] = cm::recompute_name(g.rc);
         row["variant"] = g.variant;
         row["axis"] = g.axis;
         const Json e = errors_json(g.errors);
@@ -180,7 +171,7 @@ void run_validate(const ValidateArgs& a) {
     std::printf("  %-24s %7zu %9.2f%% %9.2f%% %s\n", label.c_str(), e.points, e.time_mape, e.linear_time_mape,
                 mem.c_str());
   };
-  for (const auto& b : r.by_stage_rc) line(fmt::format("{} / {}", cm::layer_kind_name(b.kind), rc_name(b.rc)), b.errors);
+  for (const auto& b : r.by_stage_rc) line(fmt::format("{} / {}", cm::layer_kind_name(b.kind), cm::recompute_name(b.rc)), b.errors);
   line("all", r.all);
   std::printf("  (MAPE: ours = fitted curve and interpolated residual in log coordinates, nested; linear = DynaPipe's "
               "rule on the raw grid)\n");

@@ -14,12 +14,12 @@
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
-#include "scheduler/partition.h"
+#include "partition/partition.h"
 
 namespace packpipe::cli {
 
 namespace cm = packpipe::costmodel;
-namespace sch = packpipe::scheduler;
+namespace part = packpipe::partition;
 namespace dl = packpipe::dataloader;
 
 namespace {
@@ -38,7 +38,7 @@ struct PartitionCliOptions {
 };
 
 /// The sampled global batch and, per sample, how the user knows it (task and dataset index).
-sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std::vector<std::string>& names) {
+part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std::vector<std::string>& names) {
   const dl::MultiTaskDataset mt = !o.manifest.empty() ? dl::MultiTaskDataset(dl::load_manifest(o.manifest))
                                                       : dl::MultiTaskDataset::from_prefix(o.dataset);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
@@ -52,7 +52,7 @@ sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std:
   for (std::uint64_t k = 0; k <= o.batch_index; ++k) {
     PACKPIPE_CHECK_ARG(sampler.next_batch(g), "--batch-index {} is past the epoch ({} batches)", o.batch_index, k);
   }
-  sch::BatchLengths b;
+  part::BatchLengths b;
   for (const auto& r : g.samples) {
     const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
     names.push_back(fmt::format("global batch {}, task '{}', dataset sample {}", o.batch_index,
@@ -71,7 +71,7 @@ sch::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std:
   return b;
 }
 
-Json mb_json(const sch::MicroBatch& mb, bool encdec) {
+Json mb_json(const part::MicroBatch& mb, bool encdec) {
   Json j;
   j["samples"] = mb.samples;
   if (!mb.row_offsets.empty()) j["row_offsets"] = mb.row_offsets;
@@ -86,7 +86,7 @@ Json mb_json(const sch::MicroBatch& mb, bool encdec) {
   return j;
 }
 
-Json figures_json(const sch::Partition& p, bool encdec) {
+Json figures_json(const part::Partition& p, bool encdec) {
   Json j;
   j["microbatch_count"] = p.microbatches.size();
   j["objective_ms"] = p.objective_ms;
@@ -96,7 +96,7 @@ Json figures_json(const sch::Partition& p, bool encdec) {
   j["efficiency"] = p.efficiency;
   j["input_efficiency"] = p.input_efficiency;
   if (encdec) j["target_efficiency"] = p.target_efficiency;
-  j["cost_basis"] = sch::cost_basis_name(p.basis);
+  j["cost_basis"] = part::cost_basis_name(p.basis);
   j["truncated"] = p.truncated;
   j["dropped"] = p.dropped;
   return j;
@@ -113,10 +113,10 @@ Json run_partition(const PartitionCliOptions& o) {
   check_option_range("--threads", static_cast<std::int64_t>(o.threads), 0, kMaxThreads, "0: automatic");
   check_option_range("--mbs", o.mbs, 0, std::int64_t{1} << 31, "samples (rows) per micro-batch");
   check_option_range("--tokens", o.tokens, 0, kMaxGlobalBatchTokens, "padded tokens per micro-batch");
-  check_option_range("--round-multiple", o.round_multiple, 1, sch::kMaxRoundMultiple);
+  check_option_range("--round-multiple", o.round_multiple, 1, part::kMaxRoundMultiple);
   // Each sample as the user knows it: its line in the lengths file, or its task and index.
   std::vector<std::string> names;
-  sch::BatchLengths b;
+  part::BatchLengths b;
   if (!o.lengths_file.empty()) {
     LengthsFile f = read_lengths_file(o.lengths_file);
     for (std::size_t i = 0; i < f.input.size(); ++i) names.push_back(fmt::format("sample {} at {}", i, f.where(i)));
@@ -138,24 +138,24 @@ Json run_partition(const PartitionCliOptions& o) {
     }
     b.target.clear();
   }
-  const sch::PipelineShape sh = o.shape_args.shape();
-  const auto vs = sch::virtual_stages(cost->model(), sh);
-  sch::PartitionOptions po;
-  po.method = sch::partition_method_from_name(o.method);
+  const part::PipelineShape sh = o.shape_args.shape();
+  const auto vs = part::virtual_stages(cost->model(), sh);
+  part::PartitionOptions po;
+  po.method = part::partition_method_from_name(o.method);
   po.microbatch_size = o.mbs;
   po.token_budget = o.tokens;
   po.round_multiple = o.round_multiple;
-  po.recompute = sch::recompute_policy_from_name(o.recompute);
-  po.oversize = sch::oversize_policy_from_name(o.oversize);
-  po.basis = sch::cost_basis_from_name(o.basis);
+  po.recompute = part::recompute_policy_from_name(o.recompute);
+  po.oversize = part::oversize_policy_from_name(o.oversize);
+  po.basis = part::cost_basis_from_name(o.basis);
   po.pack_windows = o.pack_windows;
-  po.order = sch::enc_dec_order_from_name(o.order);
+  po.order = part::enc_dec_order_from_name(o.order);
   po.threads = o.threads;
   po.oversize_option = "--oversize";
   po.describe_sample = [&names](std::uint32_t s) {
     return s < names.size() ? names[s] : fmt::format("sample {}", s);
   };
-  const sch::Partition p = sch::partition(b, *cost, sh, vs, po);
+  const part::Partition p = part::partition(b, *cost, sh, vs, po);
   Json j;
   j["model"] = cost->model().name;
   j["cost_model"] = cost->describe();
@@ -170,19 +170,19 @@ Json run_partition(const PartitionCliOptions& o) {
   if (o.compare) {
     Json table = Json::array();
     for (const char* name : {"dp", "dynapipe", "fixed", "tokens", "packing"}) {
-      sch::PartitionOptions q = po;
-      q.method = sch::partition_method_from_name(name);
-      q.basis = sch::CostBasis::Auto;
+      part::PartitionOptions q = po;
+      q.method = part::partition_method_from_name(name);
+      q.basis = part::CostBasis::Auto;
       if (q.microbatch_size <= 0) q.microbatch_size = 4;
       if (q.token_budget == 0) q.token_budget = 4096;
       Json row;
       row["method"] = name;
       try {
-        const sch::Partition r = sch::partition(b, *cost, sh, vs, q);
+        const part::Partition r = part::partition(b, *cost, sh, vs, q);
         const Json rf = figures_json(r, encdec);
         for (auto it = rf.begin(); it != rf.end(); ++it) row[it.key()] = it.value();
         // Every method's micro-batches on the same (stage) basis.
-        const sch::Partition e = sch::evaluate_partition(b, *cost, sh, vs, r.microbatches, q, sch::CostBasis::Stages);
+        const part::Partition e = part::evaluate_partition(b, *cost, sh, vs, r.microbatches, q, part::CostBasis::Stages);
         row["predicted_iteration_ms"] = e.predicted_iteration_ms;
         row["feasible"] = true;
       } catch (const std::exception& e) {

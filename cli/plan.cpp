@@ -27,15 +27,17 @@
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/planner.h"
-#include "scheduler/trace.h"
+#include "plan/format.h"
+#include "planner/planner.h"
+#include "plan/trace.h"
 
 namespace packpipe::cli {
 
 namespace dl = packpipe::dataloader;
 namespace cm = packpipe::costmodel;
-namespace sc = packpipe::scheduler;
+namespace part = packpipe::partition;
+namespace sched = packpipe::schedule;
+namespace pl = packpipe::plan;
 
 namespace {
 
@@ -60,8 +62,8 @@ struct PlanCliOptions {
 struct Row {
   std::uint64_t iteration = 0, samples = 0, tokens = 0;
   double model_flops = 0;
-  sc::MethodFigures packpipe;
-  sc::BaselineGrid fixed, packing;
+  planner::MethodFigures packpipe;
+  planner::BaselineGrid fixed, packing;
   double partition_ms = 0, schedule_ms = 0, build_ms = 0, planning_ms = 0;
   std::uint64_t truncated = 0, dropped = 0;
 };
@@ -73,14 +75,14 @@ void check_plan_options(const PlanCliOptions& o) {
   check_option_range("--global-batch-samples", o.batch_samples, 0, kMaxGlobalBatchSamples,
                      "a global batch names its samples with 32-bit ids");
   check_option_range("--threads", static_cast<std::int64_t>(o.threads), 0, kMaxThreads, "0: all cores");
-  check_option_range("--round-multiple", o.round_multiple, 1, sc::kMaxRoundMultiple);
+  check_option_range("--round-multiple", o.round_multiple, 1, part::kMaxRoundMultiple);
   PACKPIPE_CHECK_ARG(!o.baseline_mbs.empty() || o.no_baselines, "--baseline-mbs needs at least one size");
-  for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, sc::kMaxBaselineMbs);
+  for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, planner::kMaxBaselineMbs);
 }
 
 /// The baseline grid column with the least total time over all iterations (infeasible anywhere:
 /// excluded), as a user tuning one micro-batch size for the run would pick.
-std::int64_t best_column(const std::vector<Row>& rows, sc::BaselineGrid Row::*grid, double* total_ms) {
+std::int64_t best_column(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, double* total_ms) {
   std::int64_t best = -1;
   double best_total = std::numeric_limits<double>::infinity();
   if (rows.empty()) return best;
@@ -106,7 +108,7 @@ double percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
 }
 
-Json figures_json(const sc::MethodFigures& f, std::uint64_t tokens) {
+Json figures_json(const planner::MethodFigures& f, std::uint64_t tokens) {
   Json j{{"feasible", f.feasible}, {"microbatches", f.microbatches}, {"efficiency", f.efficiency}};
   j["iteration_ms"] = std::isfinite(f.iteration_ms) ? Json(f.iteration_ms) : Json(nullptr);
   j["tokens_per_s"] = f.feasible && f.iteration_ms > 0 ? Json(static_cast<double>(tokens) / (f.iteration_ms / 1e3))
@@ -151,22 +153,22 @@ Json run_plan(const PlanCliOptions& o) {
   const cm::ModelSpec& model = cost->model();
   const bool enc_dec = model.arch == cm::Architecture::EncoderDecoder;
 
-  sc::PlannerOptions po;
+  planner::PlannerOptions po;
   po.shape = o.shape_args.shape();
-  po.partition.method = sc::partition_method_from_name(o.method);
-  po.partition.recompute = sc::recompute_policy_from_name(o.recompute);
+  po.partition.method = part::partition_method_from_name(o.method);
+  po.partition.recompute = part::recompute_policy_from_name(o.recompute);
   po.partition.round_multiple = o.round_multiple;
-  po.partition.oversize = sc::oversize_policy_from_name(o.oversize);
+  po.partition.oversize = part::oversize_policy_from_name(o.oversize);
   po.partition.oversize_option = "--oversize";
   for (const auto& t : data.manifest().tasks) po.task_names.push_back(t.name);
   po.schedule = o.schedule;
-  if (o.schedule != "search") (void)sc::schedule_kind_from_name(o.schedule);  // reject a bad name early
+  if (o.schedule != "search") (void)sched::schedule_kind_from_name(o.schedule);  // reject a bad name early
   po.search.seed = o.seed;
   po.validate = o.validate;
   po.baselines = !o.no_baselines;
   po.baseline_mbs = o.baseline_mbs;
   po.keep_timeline = true;
-  const auto vstages = sc::virtual_stages(model, po.shape);
+  const auto vstages = part::virtual_stages(model, po.shape);
 
   dl::SamplerConfig sconf = dl::sampler_config(data.manifest());
   sconf.seed = o.seed;
@@ -176,11 +178,11 @@ Json run_plan(const PlanCliOptions& o) {
   dl::Sampler sampler(data, sconf);
   sampler.set_epoch(o.epoch);
 
-  std::unique_ptr<sc::PlanFileWriter> writer;
+  std::unique_ptr<pl::PlanFileWriter> writer;
   if (!o.out.empty()) {
-    sc::EncodeOptions eo;
+    pl::EncodeOptions eo;
     eo.compress = o.compress;
-    writer = std::make_unique<sc::PlanFileWriter>(o.out, eo);
+    writer = std::make_unique<pl::PlanFileWriter>(o.out, eo);
   }
 
   // The exact iteration count: arithmetic for sample-count batches, a dry run of a copy of the
@@ -202,9 +204,9 @@ Json run_plan(const PlanCliOptions& o) {
 
   struct Work {
     std::uint64_t iteration = 0;
-    sc::BatchLengths lengths;
-    std::vector<sc::SampleRef> refs;
-    sc::IterationResult result;
+    part::BatchLengths lengths;
+    std::vector<SampleRef> refs;
+    planner::IterationResult result;
     std::vector<std::vector<std::uint8_t>> blobs;
   };
   std::vector<Row> rows;
@@ -213,7 +215,7 @@ Json run_plan(const PlanCliOptions& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
                                     static_cast<std::size_t>(threads));
-  oneapi::tbb::enumerable_thread_specific<sc::PartitionCache> caches;  // shape costs, per planning thread
+  oneapi::tbb::enumerable_thread_specific<part::PartitionCache> caches;  // shape costs, per planning thread
   const auto t_start = std::chrono::steady_clock::now();
   oneapi::tbb::parallel_pipeline(
       static_cast<std::size_t>(2 * threads),
@@ -249,9 +251,9 @@ Json run_plan(const PlanCliOptions& o) {
           oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
               oneapi::tbb::filter_mode::parallel,
               [&](std::shared_ptr<Work> w) {
-                w->result = sc::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po, &caches.local());
+                w->result = planner::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po, &caches.local());
                 if (writer) {
-                  for (const auto& p : w->result.plans) w->blobs.push_back(sc::encode_plan(p, {o.compress, 3}));
+                  for (const auto& p : w->result.plans) w->blobs.push_back(pl::encode_plan(p, {o.compress, 3}));
                 }
                 return w;
               }) &
@@ -261,7 +263,7 @@ Json run_plan(const PlanCliOptions& o) {
                 if (writer) {
                   for (const auto& blob : w->blobs) writer->append_encoded(r.iteration, blob);
                 }
-                if (r.iteration == 0 && !o.trace.empty()) trace_json = sc::chrome_trace_json(r.schedules.front());
+                if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
                 Row row;
                 row.iteration = r.iteration;
                 row.samples = r.samples;
@@ -324,7 +326,7 @@ Json run_plan(const PlanCliOptions& o) {
       it["packing"] = figures_json(r.packing.figures[packing_col], r.tokens);
       it["packing"]["mbs"] = r.packing.mbs[packing_col];
     }
-    if (po.partition.oversize != sc::OversizePolicy::Error) {
+    if (po.partition.oversize != part::OversizePolicy::Error) {
       it["truncated"] = r.truncated;
       it["dropped"] = r.dropped;
     }
@@ -358,7 +360,7 @@ Json run_plan(const PlanCliOptions& o) {
   total["packpipe"]["feasible"] = pp_feasible;
   total["packpipe"]["microbatches"] = microbatches;
   total["packpipe"]["peak_mb"] = peak;
-  if (po.partition.oversize != sc::OversizePolicy::Error) {
+  if (po.partition.oversize != part::OversizePolicy::Error) {
     std::uint64_t truncated = 0, dropped = 0;
     for (const auto& r : rows) {
       truncated += r.truncated;
@@ -367,7 +369,7 @@ Json run_plan(const PlanCliOptions& o) {
     total["truncated"] = truncated;
     total["dropped"] = dropped;
   }
-  auto baseline_total = [&](const char* name, std::int64_t col, double tot, sc::BaselineGrid Row::*grid) {
+  auto baseline_total = [&](const char* name, std::int64_t col, double tot, planner::BaselineGrid Row::*grid) {
     if (!po.baselines) return;
     if (col < 0 || !std::isfinite(tot)) {
       total[name] = Json{{"feasible", false}, {"why", "no micro-batch size of the grid fits every iteration"}};

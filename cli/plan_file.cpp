@@ -13,21 +13,21 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "costmodel/cost_model.h"
-#include "scheduler/export_pytorch.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/trace.h"
-#include "scheduler/validator.h"
+#include "plan/export_pytorch.h"
+#include "plan/format.h"
+#include "plan/trace.h"
+#include "plan/validator.h"
 
 namespace packpipe::cli {
 
-namespace sch = packpipe::scheduler;
+namespace pl = packpipe::plan;
 
 namespace {
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
 // The plan of `iteration` for data-parallel `replica`, or the file's first plan when iteration < 0.
-sch::Plan load(const sch::PlanFileReader& r, std::int64_t iteration, std::uint32_t replica) {
+pl::Plan load(const pl::PlanFileReader& r, std::int64_t iteration, std::uint32_t replica) {
   if (iteration < 0) {
     PACKPIPE_CHECK(r.size() > 0, "{}: the file holds no plans", r.path());
     return r.read_iteration(r.iteration(0), replica);  // replica of the first iteration, never another iteration's plan
@@ -57,15 +57,15 @@ void add_plan_file_commands(CLI::App& plan) {
     cmd->add_option("--rank", *rank, "Show only this rank's stream");
     cmd->add_flag("--json", *json, "Print the plan's JSON form (one rank's stream with --rank)");
     cmd->callback([=] {
-      const sch::PlanFileReader r(*file);
-      const sch::Plan p = load(r, *iteration, *replica);
+      const pl::PlanFileReader r(*file);
+      const pl::Plan p = load(r, *iteration, *replica);
       PACKPIPE_CHECK_RANGE(*rank < 0 || *rank < static_cast<std::int64_t>(p.ranks), "--rank {}: the plan has {} ranks",
                            *rank, p.ranks);
       if (*json) {
-        std::printf("%s\n", sch::plan_to_json(p, 1, *rank).c_str());
+        std::printf("%s\n", pl::plan_to_json(p, 1, *rank).c_str());
         return;
       }
-      const sch::ValidationReport rep = sch::validate(p);
+      const pl::ValidationReport rep = pl::validate(p);
       std::printf("iteration %llu of %zu in %s: schedule %s, %u ranks, %u virtual stages, dp %u\n",
                   static_cast<unsigned long long>(p.iteration), r.size(), r.path().c_str(), p.schedule.c_str(), p.ranks,
                   p.vstages, p.dp);
@@ -77,7 +77,7 @@ void add_plan_file_commands(CLI::App& plan) {
                   rep.ok() ? "valid" : fmt::format("{} violations", rep.violations.size()).c_str());
       // A plan that decodes may still be inconsistent: every index below is checked before use,
       // and the violations are listed.
-      for (const auto& x : rep.violations) std::printf("  violation: %s\n", sch::to_string(x, &p).c_str());
+      for (const auto& x : rep.violations) std::printf("  violation: %s\n", pl::to_string(x, &p).c_str());
       for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
         const auto& mb = p.microbatches[m];
         std::string rc = "?";
@@ -96,10 +96,10 @@ void add_plan_file_commands(CLI::App& plan) {
         for (std::size_t i = 0; i < p.streams[k].size(); ++i) {
           const auto& ins = p.streams[k][i];
           std::string extra;
-          if ((sch::opcode_fields(ins.op) & sch::kFieldShape) && ins.shape < p.shapes.size()) {
-            extra = "  [" + sch::to_string(p.shapes[ins.shape]) + "]";
+          if ((pl::opcode_fields(ins.op) & pl::kFieldShape) && ins.shape < p.shapes.size()) {
+            extra = "  [" + pl::to_string(p.shapes[ins.shape]) + "]";
           }
-          std::printf("  %4zu  %s%s\n", i, sch::to_string(ins).c_str(), extra.c_str());
+          std::printf("  %4zu  %s%s\n", i, pl::to_string(ins).c_str(), extra.c_str());
         }
       }
     });
@@ -115,8 +115,8 @@ void add_plan_file_commands(CLI::App& plan) {
     cmd->add_flag("--count-buffers", *buffers, "Count communication buffers towards the memory limit");
     cmd->add_flag("--json", *json, "Print one JSON object");
     cmd->callback([=] {
-      const sch::PlanFileReader r(*file);
-      sch::ValidateOptions o;
+      const pl::PlanFileReader r(*file);
+      pl::ValidateOptions o;
       o.count_buffers = *buffers;
       std::vector<std::size_t> which;
       if (*iteration >= 0) {
@@ -133,14 +133,14 @@ void add_plan_file_commands(CLI::App& plan) {
       Json replica_problems = Json::array();
       std::size_t bad = 0, total = 0, cross = 0;
       // The replicas of one iteration (consecutive in a plan file), checked against each other.
-      std::vector<sch::Plan> group;
+      std::vector<pl::Plan> group;
       auto check_group = [&] {
         if (group.empty() || !r.is_plan_file()) return;
-        for (const auto& x : sch::validate_replicas(group)) {
+        for (const auto& x : pl::validate_replicas(group)) {
           ++total;
           if (*json) {
             replica_problems.push_back(Json{{"iteration", group.front().iteration}, {"replica", x.rank},
-                                            {"message", x.message}, {"text", sch::to_string(x)}});
+                                            {"message", x.message}, {"text", pl::to_string(x)}});
           } else {
             std::printf("iteration %llu: [replicas] %s\n", static_cast<unsigned long long>(group.front().iteration),
                         x.message.c_str());
@@ -151,9 +151,9 @@ void add_plan_file_commands(CLI::App& plan) {
       };
       Progress progress("validate", which.size());
       for (std::size_t n = 0; n < which.size(); ++n) {
-        sch::Plan p = r.read(which[n]);
+        pl::Plan p = r.read(which[n]);
         if (!group.empty() && group.front().iteration != p.iteration) check_group();
-        const sch::ValidationReport rep = sch::validate(p, o);
+        const pl::ValidationReport rep = pl::validate(p, o);
         total += rep.violations.size();
         bad += rep.ok() ? 0 : 1;
         progress.update(n + 1);
@@ -161,13 +161,13 @@ void add_plan_file_commands(CLI::App& plan) {
           Json v = Json::array();
           for (const auto& x : rep.violations) {
             v.push_back(Json{{"kind", x.kind}, {"rank", x.rank}, {"index", x.index}, {"message", x.message},
-                             {"text", sch::to_string(x, &p)}});
+                             {"text", pl::to_string(x, &p)}});
           }
           plans.push_back(Json{{"iteration", p.iteration}, {"valid", rep.ok()}, {"peak_bytes", rep.peak_bytes},
                                {"violations", std::move(v)}});
         } else if (!rep.ok()) {
           std::printf("iteration %llu: %zu violations\n", static_cast<unsigned long long>(p.iteration), rep.violations.size());
-          for (const auto& x : rep.violations) std::printf("  %s\n", sch::to_string(x, &p).c_str());
+          for (const auto& x : rep.violations) std::printf("  %s\n", pl::to_string(x, &p).c_str());
         }
         group.push_back(std::move(p));
       }
@@ -211,13 +211,13 @@ void add_plan_file_commands(CLI::App& plan) {
     t->excludes(c);
     cmd->callback([=] {
       PACKPIPE_CHECK_ARG(!trace->empty() || !csv->empty(), "plan export: pass --chrome-trace OUT or --pytorch-csv OUT");
-      const sch::PlanFileReader r(*file);
-      const sch::Plan p = load(r, *iteration, *replica);
+      const pl::PlanFileReader r(*file);
+      const pl::Plan p = load(r, *iteration, *replica);
       // The exporters index the plan's tables: a plan that decodes but is inconsistent is refused
       // with its violations instead of being exported (or crashing the exporter).
-      sch::validate_or_throw(p);
+      pl::validate_or_throw(p);
       if (!csv->empty()) {
-        write_text(*csv, sch::pytorch_compute_csv(p), *file, "--pytorch-csv");
+        write_text(*csv, pl::pytorch_compute_csv(p), *file, "--pytorch-csv");
         std::printf("wrote %s (iteration %llu, %u ranks, %zu micro-batches)\n", csv->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.microbatches.size());
       }
@@ -225,16 +225,16 @@ void add_plan_file_commands(CLI::App& plan) {
         PACKPIPE_CHECK(!p.timeline.empty(),
                        "{}: iteration {} carries no simulated timeline (planned without keep_timeline); nothing to trace",
                        r.path(), p.iteration);
-        sch::Schedule s;
+        pl::Schedule s;
         s.name = p.schedule;
         s.ranks = p.ranks;
         s.vstages = p.vstages;
         s.microbatches = static_cast<std::int64_t>(p.microbatches.size());
         s.ops = p.timeline;
         s.makespan_ms = p.makespan_ms;
-        sch::TraceOptions o;
+        pl::TraceOptions o;
         o.process_name = fmt::format("packpipe plan iteration {} ({})", p.iteration, p.schedule);
-        write_text(*trace, sch::chrome_trace_json(s, o), *file, "--chrome-trace");
+        write_text(*trace, pl::chrome_trace_json(s, o), *file, "--chrome-trace");
         std::printf("wrote %s (iteration %llu, %u ranks, %.3f ms simulated)\n", trace->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.makespan_ms);
       }

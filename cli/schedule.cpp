@@ -15,16 +15,18 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "costmodel/factory.h"
-#include "scheduler/pipeline.h"
-#include "scheduler/schedules.h"
-#include "scheduler/search.h"
-#include "scheduler/simulator.h"
-#include "scheduler/trace.h"
+#include "partition/pipeline.h"
+#include "schedule/schedules.h"
+#include "schedule/search.h"
+#include "schedule/simulator.h"
+#include "plan/trace.h"
 
 namespace packpipe::cli {
 
 namespace cm = packpipe::costmodel;
-namespace sc = packpipe::scheduler;
+namespace part = packpipe::partition;
+namespace sched = packpipe::schedule;
+namespace pl = packpipe::plan;
 
 namespace {
 
@@ -45,17 +47,17 @@ constexpr std::uint64_t kMaxPaddedLen = std::uint64_t{1} << 24;
 
 // Micro-batch shapes: one per line, `rows padded_len [padded_dec_len] [recompute]`; '#' starts a
 // comment. Read without blocking on a FIFO; every error names file:line and the text.
-std::vector<sc::MicroBatch> read_microbatches(const std::string& path) {
+std::vector<part::MicroBatch> read_microbatches(const std::string& path) {
   const std::string name = path == "-" ? "<stdin>" : path;
   const std::string text = read_text_input(path, "micro-batch file");
-  std::vector<sc::MicroBatch> out;
+  std::vector<part::MicroBatch> out;
   for_each_data_line(text, [&](std::uint64_t lineno, const std::vector<std::string_view>& tok) {
     const std::string where = fmt::format("{}:{}", name, lineno);
     PACKPIPE_CHECK(tok.size() <= 4, "{}: expected 'rows padded_len [padded_dec_len] [recompute]', found {} fields",
                    where, tok.size());
     PACKPIPE_CHECK(tok.size() >= 2, "{}: missing padded_len; expected 'rows padded_len [padded_dec_len] [recompute]'",
                    where);
-    sc::MicroBatch mb;
+    part::MicroBatch mb;
     const std::uint64_t rows = parse_unsigned_field(tok[0], kMaxRows, where, "rows");
     PACKPIPE_CHECK(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
     mb.samples.resize(static_cast<std::size_t>(rows));
@@ -92,7 +94,7 @@ Json per_rank_mb(const std::vector<double>& bytes) {
   return a;
 }
 
-Json schedule_json(const sc::Schedule& s, double limit_bytes) {
+Json schedule_json(const pl::Schedule& s, double limit_bytes) {
   Json j;
   j["schedule"] = s.name;
   j["makespan_ms"] = s.makespan_ms;
@@ -115,17 +117,17 @@ void run_schedule(const ScheduleOptionsCli& o) {
   }
   const auto mbs = read_microbatches(o.input);
   const auto cost = o.costs.make();
-  const sc::PipelineShape shape = o.shape_args.shape();
-  const auto vs = sc::virtual_stages(cost->model(), shape);
-  const sc::SimProblem problem = sc::make_sim_problem(sc::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);
+  const part::PipelineShape shape = o.shape_args.shape();
+  const auto vs = part::virtual_stages(cost->model(), shape);
+  const sched::SimProblem problem = sched::make_sim_problem(sched::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);
   const double limit = problem.memory_limit_bytes;
 
-  sc::SearchOptions so;
+  sched::SearchOptions so;
   so.seed = o.seed;
   so.recompute_table = [&](cm::Recompute rc) {
     auto copy = mbs;
     for (auto& m : copy) m.recompute = rc;
-    return sc::stage_cost_table(*cost, shape, vs, copy);
+    return sched::stage_cost_table(*cost, shape, vs, copy);
   };
 
   Json j;
@@ -136,13 +138,13 @@ void run_schedule(const ScheduleOptionsCli& o) {
   j["stages"] = shape.stages;
   j["chunks"] = shape.chunks;
   j["memory_limit_mb"] = limit / 1e6;
-  j["lower_bound_ms"] = sc::makespan_lower_bounds(problem).value();
+  j["lower_bound_ms"] = sched::makespan_lower_bounds(problem).value();
 
-  sc::Schedule winner;
+  pl::Schedule winner;
   std::vector<Json> rows;
   if (o.schedule == "search" || o.schedule == "all") {
     const auto t0 = std::chrono::steady_clock::now();
-    const sc::SearchResult r = sc::search_schedule(problem, so);
+    const sched::SearchResult r = sched::search_schedule(problem, so);
     const double search_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     winner = r.best;
     Json w = schedule_json(r.best, limit);
@@ -154,7 +156,7 @@ void run_schedule(const ScheduleOptionsCli& o) {
     j["early_exits"] = r.early_exits;
     if (o.reference) {
       const auto t1 = std::chrono::steady_clock::now();
-      const sc::SearchResult ref = sc::reference_search(problem, so);
+      const sched::SearchResult ref = sched::reference_search(problem, so);
       const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
       j["reference"] = Json{{"schedule", ref.best.name},
                             {"makespan_ms", ref.best.makespan_ms},
@@ -168,21 +170,21 @@ void run_schedule(const ScheduleOptionsCli& o) {
     std::vector<std::uint32_t> order(mbs.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
     Json all = Json::array();
-    for (sc::ScheduleKind k : sc::all_schedule_kinds()) {
+    for (sched::ScheduleKind k : sched::all_schedule_kinds()) {
       std::string why;
-      if (!sc::schedule_supports(k, shape.stages, shape.chunks, problem.microbatches(), &why)) {
-        all.push_back(Json{{"schedule", sc::schedule_kind_name(k)}, {"supported", false}, {"why", why}});
+      if (!sched::schedule_supports(k, shape.stages, shape.chunks, problem.microbatches(), &why)) {
+        all.push_back(Json{{"schedule", sched::schedule_kind_name(k)}, {"supported", false}, {"why", why}});
         continue;
       }
-      Json row = schedule_json(sc::make_schedule(k, problem, order), limit);
+      Json row = schedule_json(sched::make_schedule(k, problem, order), limit);
       row["supported"] = true;
       all.push_back(row);
     }
     j["schedules"] = all;
   } else if (o.schedule != "search") {
-    const sc::ScheduleKind k = sc::schedule_kind_from_name(o.schedule);
+    const sched::ScheduleKind k = sched::schedule_kind_from_name(o.schedule);
     const auto t0 = std::chrono::steady_clock::now();
-    winner = sc::make_schedule(k, problem);
+    winner = sched::make_schedule(k, problem);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     Json w = schedule_json(winner, limit);
     for (auto it = w.begin(); it != w.end(); ++it) j[it.key()] = it.value();
@@ -190,7 +192,7 @@ void run_schedule(const ScheduleOptionsCli& o) {
     j["search_ms"] = ms;
   }
   if (!o.chrome_trace.empty()) {
-    write_file_atomic(o.chrome_trace, sc::chrome_trace_json(winner));
+    write_file_atomic(o.chrome_trace, pl::chrome_trace_json(winner));
     j["chrome_trace"] = o.chrome_trace;
   }
   if (o.json) {

@@ -249,8 +249,8 @@ void ShapeArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)");
 }
 
-scheduler::PipelineShape ShapeArgs::shape() const {
-  constexpr std::int64_t kMax = scheduler::kMaxPipelineSize;
+part::PipelineShape ShapeArgs::shape() const {
+  constexpr std::int64_t kMax = part::kMaxPipelineSize;
   check_option_range("--stages", stages, 1, kMax);
   check_option_range("--chunks", chunks, 1, kMax);
   check_option_range("--dp", dp, 1, kMax);
@@ -258,10 +258,10 @@ scheduler::PipelineShape ShapeArgs::shape() const {
   PACKPIPE_CHECK_ARG(layers_per_stage >= 0, "--layers-per-stage must not be negative (0: the model's layers split "
                      "evenly), found {}", layers_per_stage);
   PACKPIPE_CHECK_ARG(zero >= 0 && zero <= 3, "--zero must be 0-3, found {}", zero);
-  PACKPIPE_CHECK_ARG(std::isfinite(memory_mb) && memory_mb >= 0 && memory_mb <= scheduler::kMaxMemoryLimitMb,
+  PACKPIPE_CHECK_ARG(std::isfinite(memory_mb) && memory_mb >= 0 && memory_mb <= part::kMaxMemoryLimitMb,
                      "--memory-mb must be in [0, {:g}] (MB per device; 0: the device's memory), found {}",
-                     scheduler::kMaxMemoryLimitMb, memory_mb);
-  scheduler::PipelineShape s;
+                     part::kMaxMemoryLimitMb, memory_mb);
+  part::PipelineShape s;
   s.stages = stages;
   s.chunks = chunks;
   s.layers_per_stage = layers_per_stage;

@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/cost_model.h"
-#include "scheduler/pipeline.h"
+#include "partition/pipeline.h"
 
 namespace packpipe::cli {
+
+namespace part = ::packpipe::partition;
 
 using Json = nlohmann::ordered_json;
 
@@ -86,9 +88,9 @@ struct ShapeArgs {
   /// Registers the options on `cmd` with `stages` as the default stage count.
   void add_to(CLI::App* cmd);
   /// The pipeline shape; throws InvalidArgument naming the option and its limit for a size out of
-  /// range (scheduler::kMaxPipelineSize; the layers are checked against the model by
-  /// scheduler::virtual_stages).
-  scheduler::PipelineShape shape() const;
+  /// range (partition::kMaxPipelineSize; the layers are checked against the model by
+  /// partition::virtual_stages).
+  part::PipelineShape shape() const;
 };
 
 /// Human-readable byte count ("1.5 MiB").

@@ -8,22 +8,6 @@
 
 namespace packpipe::costmodel {
 
-const char* recompute_name(Recompute rc) {
-  switch (rc) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
-Recompute recompute_from_name(const std::string& name) {
-  for (auto rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-    if (name == recompute_name(rc)) return rc;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown recompute mode '{}' (expected none, selective, full)", name);
-}
-
 const char* provenance_name(Provenance p) {
   switch (p) {
     case Provenance::Profiled: return "profiled";

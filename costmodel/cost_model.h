@@ -8,16 +8,16 @@
 #include <memory>
 #include <string>
 
+#include "common/recompute.h"
 #include "costmodel/flops.h"
 #include "costmodel/model.h"
 
 namespace packpipe::costmodel {
 
-enum class Recompute { None, Selective, Full };
-/// "none", "selective", "full".
-const char* recompute_name(Recompute rc);
-/// Recompute mode from its name; throws InvalidArgument.
-Recompute recompute_from_name(const std::string& name);
+/// Activation recompute modes (common/recompute.h, one name table).
+using ::packpipe::Recompute;
+using ::packpipe::recompute_name;
+using ::packpipe::recompute_from_name;
 
 /// Where a number came from, best first.
 enum class Provenance { Profiled, Interpolated, Extrapolated, Analytic };

@@ -180,11 +180,11 @@ Table read_table(const std::string& text, const std::string& file, const std::ve
 }
 
 Recompute rc_from(const std::string& s, const Where& w) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  PACKPIPE_THROW(Error, "{} line {} column '{}': expected none, selective or full, found '{}'", w.file, w.line,
-                 w.column, s);
+  for (const auto& x : kRecomputeNames) {
+    if (s == x.name) return x.value;
+  }
+  PACKPIPE_THROW(Error, "{} line {} column '{}': expected one of {}, found '{}'", w.file, w.line, w.column,
+                 enum_name_list(kRecomputeNames), s);
 }
 
 LayerKind kind_from(const std::string& s, const Where& w, bool allow_embedding) {
@@ -993,16 +993,6 @@ Profile parse_packpipe(const std::string& text, const std::string& file) {
   return p;
 }
 
-// Local spelling of recompute_name() (cost_model.cpp) so the readers link on their own.
-const char* rc_text(Recompute rc) {
-  switch (rc) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 std::string first_line(const std::string& text) {
   std::size_t start = 0;
   while (start < text.size()) {
@@ -1108,7 +1098,7 @@ void check_points(const Profile& p, const std::string& file) {
     const ProfilePoint& x = p.points[i];
     auto where = [&] {
       return fmt::format("{}: point {} ({} layers, tp {}, rc {}, mbs {}, seq {}{})", file, i, layer_kind_name(x.kind), x.tp,
-                         rc_text(x.rc), x.mbs, x.seq, x.dec_seq ? fmt::format(", dec_seq {}", x.dec_seq) : std::string());
+                         recompute_name(x.rc), x.mbs, x.seq, x.dec_seq ? fmt::format(", dec_seq {}", x.dec_seq) : std::string());
     };
     for (const auto& [v, what] : {std::pair{x.fwd_ms, "forward time (ms)"}, std::pair{x.bwd_ms, "backward time (ms)"}}) {
       PACKPIPE_CHECK(std::isnan(v) || (std::isfinite(v) && v > 0), "{}: {} is {}; expected a finite time > 0", where(),
@@ -1183,13 +1173,13 @@ std::string write_packpipe_profile(const Profile& p) {
   j["point_columns"] = kPointColumns;
   auto pts = nlohmann::ordered_json::array();
   for (const auto& x : p.points) {
-    pts.push_back({layer_kind_name(x.kind), x.tp, rc_text(x.rc), x.variant, x.mbs, x.seq, x.dec_seq,
+    pts.push_back({layer_kind_name(x.kind), x.tp, recompute_name(x.rc), x.variant, x.mbs, x.seq, x.dec_seq,
                    num_or_null(x.fwd_ms), num_or_null(x.bwd_ms), num_or_null(x.stored_bytes), num_or_null(x.peak_bytes)});
   }
   j["points"] = std::move(pts);
   j["param_columns"] = kParamColumns;
   auto prs = nlohmann::ordered_json::array();
-  for (const auto& x : p.params) prs.push_back({layer_kind_name(x.kind), x.tp, rc_text(x.rc), x.bytes});
+  for (const auto& x : p.params) prs.push_back({layer_kind_name(x.kind), x.tp, recompute_name(x.rc), x.bytes});
   j["params"] = std::move(prs);
   j["comm_columns"] = kCommColumns;
   auto cms = nlohmann::ordered_json::array();

@@ -25,15 +25,6 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-const char* rc_text(Recompute rc) {
-  switch (rc) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 double median_of(std::vector<double>& v) {
   if (v.empty()) return kNaN;
   std::sort(v.begin(), v.end());
@@ -863,22 +854,22 @@ struct ProfiledCostModel::Rows {
   if (g == nullptr || !g->has_time()) {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "{} layers at tp {} with recompute {} are not profiled and there is no analytic fallback",
-                       layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+                       layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
     return;
   }
   // Refuse far beyond the grid.
   PACKPIPE_CHECK_ARG(q.mbs <= 2 * g->mbs.max(),
                      "mbs {} is beyond twice the largest profiled micro-batch size {} ({} tp {} rc {})", q.mbs,
-                     g->mbs.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+                     g->mbs.max(), layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
   if (g->seq.used()) {
     PACKPIPE_CHECK_ARG(q.seq <= 2 * g->seq.max(),
                        "seq {} is beyond twice the largest profiled sequence length {} ({} tp {} rc {})", q.seq,
-                       g->seq.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+                       g->seq.max(), layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
   }
   if (g->dec.used()) {
     PACKPIPE_CHECK_ARG(q.dec_seq <= 2 * g->dec.max(),
                        "dec_seq {} is beyond twice the largest profiled decoder length {} ({} tp {} rc {})", q.dec_seq,
-                       g->dec.max(), layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+                       g->dec.max(), layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
   }
   p.mbs_limit = 2 * g->mbs.max();  // also when the fallback answers (below): query() refuses first
   bool exact = true, extrap = false;
@@ -925,7 +916,7 @@ struct ProfiledCostModel::Rows {
   if (!(wsum > 0)) {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "no profiled shape near mbs {} seq {} dec_seq {} ({} tp {} rc {}) and no analytic fallback",
-                       q.mbs, q.seq, q.dec_seq, layer_kind_name(q.kind), q.tp, rc_text(q.recompute));
+                       q.mbs, q.seq, q.dec_seq, layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
     return;
   }
   p.g = g;
@@ -975,7 +966,7 @@ struct ProfiledCostModel::Rows {
   if (!(std::isfinite(out.forward_ms) && out.forward_ms >= 0 && std::isfinite(bwd_profiled) && bwd_profiled > 0)) {
     PACKPIPE_THROW(Error, "profiled cost of {} layers (tp {}, rc {}) at mbs {}, seq {}, dec_seq {}: forward {} ms, "
                    "backward {} ms; the profile does not cover this query",
-                   layer_kind_name(q.kind), q.tp, rc_text(q.recompute), mbs, q.seq, q.dec_seq, out.forward_ms,
+                   layer_kind_name(q.kind), q.tp, recompute_name(q.recompute), mbs, q.seq, q.dec_seq, out.forward_ms,
                    bwd_profiled);
   }
   double xm[kMaxFeatures] = {0, 0, 0, 0, 0};

@@ -11,21 +11,13 @@
 
 #include "common/errors.h"
 #include "common/json.h"
+#include "common/rng.h"
 
 namespace packpipe::dataloader {
 
 namespace {
 
-// splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
-inline std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-inline std::uint64_t combine(std::uint64_t a, std::uint64_t b) {
-  return mix64(a ^ mix64(b + 0x9e3779b97f4a7c15ULL));
-}
+inline std::uint64_t combine(std::uint64_t a, std::uint64_t b) { return mix_combine(a, b); }
 
 std::uint64_t double_bits(double d) {
   std::uint64_t u = 0;
@@ -55,7 +47,7 @@ Permutation::Permutation(std::uint64_t n, std::uint64_t key) : n_(n), half_bits_
   while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n) ++half_bits_;
   std::uint64_t k = mix64(key ^ 0x5045524dULL);  // "PERM"
   for (int r = 0; r < kRounds; ++r) {
-    k = mix64(k + 0x9e3779b97f4a7c15ULL);
+    k = mix64(k + kSplitMixGamma);
     round_keys_[r] = k;
   }
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/sample_ref.h"
+
 namespace packpipe::dataloader {
 
 /// What the sampler needs to know about the data: task sizes and per-sample token counts.
@@ -24,13 +26,8 @@ class SampleSource {
   virtual std::uint64_t sample_tokens(std::size_t task, std::uint64_t index) const = 0;
 };
 
-/// A sample: task number and index within the task (over all splits).
-struct SampleRef {
-  std::uint32_t task = 0;
-  std::uint64_t index = 0;
-  bool operator==(const SampleRef& o) const { return task == o.task && index == o.index; }
-  bool operator<(const SampleRef& o) const { return task != o.task ? task < o.task : index < o.index; }
-};
+/// A sample: task number and index within the task (over all splits); common/sample_ref.h.
+using ::packpipe::SampleRef;
 
 struct GlobalBatch {
   std::uint64_t epoch = 0;

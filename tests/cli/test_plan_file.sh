@@ -18,15 +18,15 @@ done
 # Write a plan file of 4 iterations, one JSON plan, one plan with one shape, one broken plan.
 $py - "$tmp" <<'PY' || fail "writing plan files"
 import json, sys
-import packpipe
+import packpipe, packpipe._testing
 d = sys.argv[1]
 with packpipe.PlanFileWriter(f"{d}/e.plans", compress=True) as w:
     for s in range(4):
-        w.append(packpipe.synthetic_plan("zero-bubble", ranks=4, chunks=2, microbatches=8, seed=10 + s))
-open(f"{d}/one.json", "w").write(packpipe.synthetic_plan("gpipe", ranks=2, microbatches=3, seed=1).to_json())
+        w.append(packpipe._testing.synthetic_plan("zero-bubble", ranks=4, chunks=2, microbatches=8, seed=10 + s))
+open(f"{d}/one.json", "w").write(packpipe._testing.synthetic_plan("gpipe", ranks=2, microbatches=3, seed=1).to_json())
 with packpipe.PlanFileWriter(f"{d}/same.plans") as w:
-    w.append(packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=5, same_shape=True))
-j = json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
+    w.append(packpipe._testing.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=5, same_shape=True))
+j = json.loads(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
 s = j["streams"][1]
 del s[next(i for i, x in enumerate(s) if x["op"] == "RECV_ACT_START")]
 open(f"{d}/bad.json", "w").write(json.dumps(j))
@@ -92,10 +92,10 @@ PY
 # replicas of one iteration: checked against each other, --iteration checks every replica
 $py - "$tmp" <<'PY' || fail "writing replica files"
 import json, sys
-import packpipe
+import packpipe, packpipe._testing
 d = sys.argv[1]
 def replicas(dup):
-    js = [json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=20 + k).to_json()) for k in range(2)]
+    js = [json.loads(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=20 + k).to_json()) for k in range(2)]
     nxt, tokens = 0, 0
     for k, j in enumerate(js):
         j["iteration"], j["dp"], j["replica"] = 0, 2, k
@@ -131,8 +131,8 @@ grep -q "no plan for iteration 10 replica 1" "$tmp/err" || fail "inspect --repli
 # export refuses a plan that decodes but is inconsistent (here: timeline ops of missing micro-batches)
 $py - "$tmp/badtl.json" <<'PY' || fail "writing an inconsistent timeline"
 import json, sys
-import packpipe
-j = json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
+import packpipe, packpipe._testing
+j = json.loads(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2).to_json())
 j["timeline"][0][0][1] = 1000
 open(sys.argv[1], "w").write(json.dumps(j))
 PY

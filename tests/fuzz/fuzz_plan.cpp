@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/validator.h"
+#include "plan/format.h"
+#include "plan/validator.h"
 
-using namespace packpipe::scheduler;
+using namespace packpipe::plan;
 
 namespace {
 void check(const Plan& p) {

@@ -6,19 +6,20 @@ import numpy as np
 import pytest
 
 import packpipe
+from packpipe._testing import synthetic_plan
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero-bubble"])
 def test_synthetic_plans_validate(schedule):
     for seed in range(20):
-        p = packpipe.synthetic_plan(schedule, ranks=4, chunks=2, microbatches=8, seed=seed)
+        p = synthetic_plan(schedule, ranks=4, chunks=2, microbatches=8, seed=seed)
         rep = p.validate()
         assert rep["ok"], rep["violations"][:3]
         assert len(rep["peak_bytes"]) == 4
 
 
 def test_header_fields():
-    p = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=6, seed=3, encoder_decoder=True)
+    p = synthetic_plan("1f1b", ranks=4, microbatches=6, seed=3, encoder_decoder=True)
     assert p.ranks == 4 and p.vstages == 4
     assert p.stage_rank == [0, 1, 2, 3]
     mbs = p.microbatches
@@ -33,7 +34,7 @@ def test_header_fields():
 
 
 def test_streams_as_objects_and_numpy_agree():
-    p = packpipe.synthetic_plan("zero-bubble", ranks=3, microbatches=5, seed=1)
+    p = synthetic_plan("zero-bubble", ranks=3, microbatches=5, seed=1)
     names = packpipe.opcode_names()
     for r in range(p.ranks):
         objs = p.streams[r]
@@ -56,7 +57,7 @@ def test_streams_as_objects_and_numpy_agree():
 
 
 def test_round_trips():
-    p = packpipe.synthetic_plan("1f1b", ranks=2, chunks=2, microbatches=4, seed=9)
+    p = synthetic_plan("1f1b", ranks=2, chunks=2, microbatches=4, seed=9)
     j = p.to_json()
     q = packpipe.Plan.from_json(j)
     assert q == p and q.to_json() == j
@@ -71,7 +72,7 @@ def test_round_trips():
 
 def test_plan_file_by_iteration(tmp_path):
     path = str(tmp_path / "e.plans")
-    plans = [packpipe.synthetic_plan("gpipe", ranks=2, microbatches=3, seed=s) for s in range(5)]
+    plans = [synthetic_plan("gpipe", ranks=2, microbatches=3, seed=s) for s in range(5)]
     with packpipe.PlanFileWriter(path, compress=True) as w:
         for p in plans:
             w.append(p)
@@ -86,7 +87,7 @@ def test_plan_file_by_iteration(tmp_path):
 
 
 def test_validation_reports_violations():
-    p = packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2)
+    p = synthetic_plan("1f1b", ranks=2, microbatches=3, seed=2)
     d = json.loads(p.to_json())
     # Drop rank 1's first receive start: channel mismatch and a stuck wait.
     stream = d["streams"][1]
@@ -103,13 +104,13 @@ def test_validation_reports_violations():
 
 
 def test_pytorch_export():
-    p = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1, same_shape=True)
+    p = synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1, same_shape=True)
     ok, why = p.pytorch_exportable()
     assert ok, why
     rows = p.pytorch_csv().splitlines()
     assert len(rows) == 4
     assert rows[0].split(",")[0] == "0F0"
-    q = packpipe.synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1)
+    q = synthetic_plan("1f1b", ranks=4, microbatches=8, seed=1)
     ok, why = q.pytorch_exportable()
     assert not ok and "one shape" in why
     with pytest.raises(RuntimeError, match="PyTorch"):
@@ -117,7 +118,7 @@ def test_pytorch_export():
 
 
 def _replicas(duplicate):
-    js = [json.loads(packpipe.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=30 + k).to_json()) for k in range(2)]
+    js = [json.loads(synthetic_plan("1f1b", ranks=2, microbatches=3, seed=30 + k).to_json()) for k in range(2)]
     nxt, tokens = 0, 0
     for k, j in enumerate(js):
         j["iteration"], j["dp"], j["replica"] = 0, 2, k
@@ -147,7 +148,7 @@ def test_validate_replicas():
 
 
 def test_plan_json_refuses_unknown_and_duplicate_keys():
-    text = packpipe.synthetic_plan("gpipe", ranks=2, microbatches=2, seed=4).to_json(-1)
+    text = synthetic_plan("gpipe", ranks=2, microbatches=2, seed=4).to_json(-1)
     with pytest.raises(RuntimeError, match="unknown field"):
         packpipe.Plan.from_json(text.replace('"samples":', '"refz":[],"samples":', 1))
     with pytest.raises(RuntimeError, match="iteration"):

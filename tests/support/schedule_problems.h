@@ -4,17 +4,17 @@
 #include <cstdint>
 #include <utility>
 
-#include "scheduler/simulator.h"
+#include "schedule/simulator.h"
 
 namespace packpipe::test {
 
 /// `m` micro-batches on `S` ranks x `c` chunks, every op with the same forward `f`, backward `b`
 /// (of which `w` is weight-gradient work) and stored bytes; `xfer` ms between virtual stages on
 /// different ranks; no static memory, no memory limit.
-inline scheduler::SimProblem uniform_problem(std::int64_t m, std::int64_t S, std::int64_t c, double f = 1.0,
+inline schedule::SimProblem uniform_problem(std::int64_t m, std::int64_t S, std::int64_t c, double f = 1.0,
                                              double b = 2.0, double w = 0.0, double stored = 0.0,
                                              double xfer = 0.0) {
-  scheduler::StageCostTable t;
+  schedule::StageCostTable t;
   t.microbatches = m;
   t.vstages = S * c;
   const auto n = static_cast<std::size_t>(m * S * c);
@@ -25,7 +25,7 @@ inline scheduler::SimProblem uniform_problem(std::int64_t m, std::int64_t S, std
   t.peak_bytes.assign(n, 0.0);
   t.send_bytes.assign(n, 0.0);
   t.static_bytes.assign(static_cast<std::size_t>(S), 0.0);
-  scheduler::SimProblem p = scheduler::make_sim_problem(std::move(t), S, costmodel::CommModel{}, 1, 0.0);
+  schedule::SimProblem p = schedule::make_sim_problem(std::move(t), S, costmodel::CommModel{}, 1, 0.0);
   for (std::int64_t mb = 0; mb < m; ++mb) {
     for (std::int64_t v = 0; v + 1 < S * c; ++v) {
       if (v % S != (v + 1) % S) p.transfer_ms[static_cast<std::size_t>(mb * S * c + v)] = xfer;

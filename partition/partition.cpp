@@ -1,0 +1,1077 @@
+// Micro-batch partition: driver, oversize policy, DP methods (packpipe's search over every cap and
+// DynaPipe's exact tau-DP), baselines, figures and data-parallel assignment.
+#include "partition/partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <memory>
+#include <numeric>
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_invoke.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "common/errors.h"
+#include "partition/detail/work.h"
+
+namespace packpipe::partition {
+
+using detail::Choice;
+using detail::Coster;
+using detail::WindowTable;
+
+PartitionCache::PartitionCache()
+    : memo_(std::make_unique<detail::ShapeMemo>()), memo2_(std::make_unique<detail::ShapeMemo>()) {}
+PartitionCache::~PartitionCache() = default;
+PartitionCache::PartitionCache(PartitionCache&&) noexcept = default;
+PartitionCache& PartitionCache::operator=(PartitionCache&&) noexcept = default;
+std::size_t PartitionCache::shapes() const { return memo_->size() + memo2_->size(); }
+using detail::Work;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}
+
+const char* partition_method_name(PartitionMethod m) {
+  switch (m) {
+    case PartitionMethod::DP: return "dp";
+    case PartitionMethod::DynaPipe: return "dynapipe";
+    case PartitionMethod::Fixed: return "fixed";
+    case PartitionMethod::Tokens: return "tokens";
+    case PartitionMethod::Packing: return "packing";
+  }
+  return "?";
+}
+PartitionMethod partition_method_from_name(const std::string& name) {
+  for (auto m : {PartitionMethod::DP, PartitionMethod::DynaPipe, PartitionMethod::Fixed, PartitionMethod::Tokens,
+                 PartitionMethod::Packing}) {
+    if (name == partition_method_name(m)) return m;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown partition method '{}'; expected dp, dynapipe, fixed, tokens or packing", name);
+}
+const char* recompute_policy_name(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::Auto: return "auto";
+    case RecomputePolicy::None: return "none";
+    case RecomputePolicy::Selective: return "selective";
+    case RecomputePolicy::Full: return "full";
+  }
+  return "?";
+}
+RecomputePolicy recompute_policy_from_name(const std::string& name) {
+  for (auto p : {RecomputePolicy::Auto, RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full}) {
+    if (name == recompute_policy_name(p)) return p;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown recompute policy '{}'; expected auto, none, selective or full", name);
+}
+const char* oversize_policy_name(OversizePolicy p) {
+  switch (p) {
+    case OversizePolicy::Error: return "error";
+    case OversizePolicy::Truncate: return "truncate";
+    case OversizePolicy::Drop: return "drop";
+  }
+  return "?";
+}
+OversizePolicy oversize_policy_from_name(const std::string& name) {
+  for (auto p : {OversizePolicy::Error, OversizePolicy::Truncate, OversizePolicy::Drop}) {
+    if (name == oversize_policy_name(p)) return p;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown oversize policy '{}'; expected error, truncate or drop", name);
+}
+const char* cost_basis_name(CostBasis b) {
+  switch (b) {
+    case CostBasis::Auto: return "auto";
+    case CostBasis::Stages: return "stages";
+    case CostBasis::DynaPipe: return "dynapipe";
+  }
+  return "?";
+}
+CostBasis cost_basis_from_name(const std::string& name) {
+  for (auto b : {CostBasis::Auto, CostBasis::Stages, CostBasis::DynaPipe}) {
+    if (name == cost_basis_name(b)) return b;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown cost basis '{}'; expected auto, stages or dynapipe", name);
+}
+
+const char* enc_dec_order_name(EncDecOrder o) {
+  switch (o) {
+    case EncDecOrder::Auto: return "auto";
+    case EncDecOrder::Sorted: return "sorted";
+    case EncDecOrder::Path: return "path";
+  }
+  return "?";
+}
+EncDecOrder enc_dec_order_from_name(const std::string& name) {
+  for (auto o : {EncDecOrder::Auto, EncDecOrder::Sorted, EncDecOrder::Path}) {
+    if (name == enc_dec_order_name(o)) return o;
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown encoder-decoder order '{}'; expected auto, sorted or path", name);
+}
+
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp) {
+  PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
+  std::vector<std::uint32_t> idx(time_ms.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](std::uint32_t a, std::uint32_t b) { return time_ms[a] > time_ms[b]; });
+  std::vector<std::vector<std::uint32_t>> out(static_cast<std::size_t>(dp));
+  std::vector<double> load(static_cast<std::size_t>(dp), 0.0);
+  for (std::uint32_t m : idx) {
+    std::size_t r = 0;
+    for (std::size_t k = 1; k < load.size(); ++k) {
+      if (load[k] < load[r]) r = k;
+    }
+    out[r].push_back(m);
+    load[r] += time_ms[m];
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+namespace {
+
+double resolve_limit(const cm::CostModel& cost, const PipelineShape& shape) {
+  const double limit = shape.memory_limit_mb > 0 ? shape.memory_limit_mb : cost.device().memory_gb * 1000.0;
+  PACKPIPE_CHECK_ARG(limit > 0 && std::isfinite(limit), "memory limit must be positive, found {} MB", limit);
+  return limit;
+}
+
+// Threads the oneTBB arena of the caller lets a parallel algorithm use.
+int available_threads() {
+  const auto limit = oneapi::tbb::global_control::active_value(oneapi::tbb::global_control::max_allowed_parallelism);
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(oneapi::tbb::this_task_arena::max_concurrency()), limit));
+}
+
+CostBasis resolve_basis(const PartitionOptions& o) {
+  if (o.basis != CostBasis::Auto) return o.basis;
+  return o.method == PartitionMethod::DynaPipe ? CostBasis::DynaPipe : CostBasis::Stages;
+}
+
+void check_options(const PartitionOptions& o) {
+  PACKPIPE_CHECK_ARG(o.round_multiple >= 1 && o.round_multiple <= kMaxRoundMultiple,
+                     "round_multiple must be in [1, {}], found {}", kMaxRoundMultiple, o.round_multiple);
+  PACKPIPE_CHECK_ARG(o.decoder_extra_tokens >= 0, "decoder_extra_tokens must be non-negative, found {}",
+                     o.decoder_extra_tokens);
+  PACKPIPE_CHECK_ARG(o.tau_tolerance >= 0 && o.tau_tolerance < 1, "tau_tolerance must be in [0, 1), found {}",
+                     o.tau_tolerance);
+  PACKPIPE_CHECK_ARG(o.dynapipe_thin_ms >= 0, "dynapipe_thin_ms must be non-negative, found {}", o.dynapipe_thin_ms);
+  PACKPIPE_CHECK_ARG(o.threads >= 0, "threads must be non-negative (0: automatic), found {}", o.threads);
+  if (o.method == PartitionMethod::Fixed || o.method == PartitionMethod::Packing) {
+    PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method {} needs microbatch_size >= 1, found {}",
+                       partition_method_name(o.method), o.microbatch_size);
+  }
+  if (o.method == PartitionMethod::Tokens) {
+    PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method tokens needs token_budget >= 1, found {}", o.token_budget);
+  }
+}
+
+// ---- window tables ---------------------------------------------------------------------------
+
+// First-fit of the window's samples (in window order) into rows of le input tokens (and ld
+// decoder tokens); returns the row count and, when `rows_out` is given, each sample's row.
+struct RowPacker {
+  explicit RowPacker(const Work* work) : w(work) {}
+  const Work* w;
+  std::int64_t le = 0, ld = 0;
+  std::vector<std::int64_t> used_e, used_d;
+  void reset(std::int64_t e, std::int64_t d) {
+    le = e;
+    ld = d;
+    used_e.clear();
+    used_d.clear();
+  }
+  std::size_t add(std::uint32_t s) {
+    const std::int64_t a = w->input[s];
+    const std::int64_t b = w->encdec() ? static_cast<std::int64_t>(w->target[s]) + w->dec_extra : 0;
+    for (std::size_t r = 0; r < used_e.size(); ++r) {
+      if (used_e[r] + a <= le && (!w->encdec() || used_d[r] + b <= ld)) {
+        used_e[r] += a;
+        used_d[r] += b;
+        return r;
+      }
+    }
+    used_e.push_back(a);
+    used_d.push_back(b);
+    return used_e.size() - 1;
+  }
+  std::size_t rows() const { return used_e.size(); }
+};
+
+// What building a column reads (read-only, shared by the builders): the padded lengths by
+// position, the batch size, whether starts share columns, the recompute policy.
+struct ColumnCtx {
+  const std::int64_t* re;
+  const std::int64_t* rd;
+  std::size_t n;
+  bool share;
+  RecomputePolicy policy;
+  // A start that reuses the column of the start before it.
+  bool follower(std::size_t i) const { return share && i > 0 && re[i] == re[i - 1]; }
+  // The last window end from j on that keeps the shape (le, ld) (bounded look-ahead, from the
+  // longest column built so far; a hint for the coster's batched queries).
+  std::size_t shape_run_end(std::size_t j, std::int64_t le, std::int64_t ld, std::int32_t max_count) const {
+    std::size_t e = share ? n : j;
+    const std::size_t look = std::min(n, j + std::max<std::size_t>(16, 2 * static_cast<std::size_t>(max_count)));
+    while (e < look && re[e] <= le && rd[e] <= ld) ++e;
+    return e;
+  }
+  // The windows of start i appended to `time` (runs of one shape at a time: j .. run_end share
+  // (le, ld)); returns their count.
+  std::int32_t column(std::size_t i, Coster& c, std::vector<double>& time, std::int32_t max_count) const {
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    std::int32_t count = 0;
+    for (std::size_t j = i + 1; j <= n;) {
+      le = std::max(le, re[j - 1]);
+      ld = std::max(ld, rd[j - 1]);
+      const std::size_t run_end = shape_run_end(j, le, ld, max_count);
+      c.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+      const std::int64_t want = static_cast<std::int64_t>(run_end - j) + 1;
+      const std::int64_t got = c.choose_run(static_cast<std::int64_t>(j - i), static_cast<std::int64_t>(run_end - i), le,
+                                            ld, policy, &first_mode, time);
+      count += static_cast<std::int32_t>(got);
+      if (got < want) break;  // a window that fits under no allowed mode: longer ones do not either
+      j = run_end + 1;
+    }
+    return count;
+  }
+};
+
+// The columns of every start (not packed) by two builders: one claims starts from the front, the
+// other from the back (a start with its followers is one claim), under a lock, until they meet;
+// each has its own coster. The back builder's columns are then copied after the front one's in
+// start order, the layout of a serial build: a window's cost does not depend on which coster or
+// batch of rows computed it, so the table is the same bits. Fills count, offset, time_ms (the
+// followers' entries are left to the caller). Out of line, so that the serial build's locals do
+// not escape into the tasks.
+[[gnu::noinline]] void build_columns_two(const ColumnCtx x, Coster& front_coster, Coster& back_coster, WindowTable& t) {
+  const std::size_t n = x.n;
+  back_coster.set_dynapipe_limits(front_coster.dynapipe_stored_limit_mb(), front_coster.dynapipe_peak_limit_mb());
+  std::mutex lock;
+  std::size_t front = 0, back = n;  // starts [0, front) are the front builder's, [back, n) the back one's
+  std::vector<double> back_time;    // the back builder's columns, in the order it built them
+  std::vector<std::int64_t> back_offset(n, -1);
+  std::int32_t front_max = 0, back_max = 0;
+  // Isolated: while this thread waits for the other builder it takes no outside task (one that
+  // might run another partition on this thread's cache).
+  oneapi::tbb::this_task_arena::isolate([&] {
+    oneapi::tbb::parallel_invoke(
+        [&] {
+          for (;;) {
+            std::size_t i = 0;
+            {
+              std::lock_guard<std::mutex> g(lock);
+              if (front >= back) return;
+              i = front;
+              std::size_t e = i + 1;
+              while (e < back && x.follower(e)) ++e;
+              front = e;
+            }
+            t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+            t.count[i] = x.column(i, front_coster, t.time_ms, front_max);
+            front_max = std::max(front_max, t.count[i]);
+          }
+        },
+        [&] {
+          for (;;) {
+            std::size_t i = 0;
+            {
+              std::lock_guard<std::mutex> g(lock);
+              if (front >= back) return;
+              i = back - 1;
+              while (i > front && x.follower(i)) --i;
+              if (x.follower(i)) return;  // its column's first start is the front builder's
+              back = i;
+            }
+            back_offset[i] = static_cast<std::int64_t>(back_time.size());
+            t.count[i] = x.column(i, back_coster, back_time, back_max);
+            back_max = std::max(back_max, t.count[i]);
+          }
+        });
+  });
+  for (std::size_t i = back; i < n; ++i) {
+    if (back_offset[i] < 0) continue;
+    const auto* src = back_time.data() + back_offset[i];
+    t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+    t.time_ms.insert(t.time_ms.end(), src, src + t.count[i]);
+  }
+}
+
+// Fills `t` (its storage reused) with the feasible windows of `order`. `second` (optional, not
+// with packing): a coster of the same setting with its own memo; batches of 64 samples or more
+// are then built by two threads (build_columns_two).
+void build_windows(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster, RecomputePolicy policy,
+                   bool pack, WindowTable& t, Coster* second = nullptr) {
+  const std::size_t n = order.size();
+  t.count.assign(n, 0);
+  t.offset.assign(n, 0);
+  t.column_end.clear();
+  t.time_ms.clear();
+  t.rows.clear();
+  t.max_count = 0;
+  RowPacker packer(&w);
+  // Padded lengths by position (rounding is monotone, so a window's padded length is the largest
+  // of its samples' padded lengths; no division per window).
+  std::vector<std::int64_t>& re = coster.scratch().padded_in;
+  std::vector<std::int64_t>& rd = coster.scratch().padded_tg;
+  re.resize(n);
+  rd.assign(n, 0);
+  for (std::size_t k = 0; k < n; ++k) {
+    re[k] = w.le_of(w.input[order[k]]);
+    if (w.encdec()) rd[k] = w.ld_of(w.target[order[k]]);
+  }
+  // Decoder-only, unpacked, sorted by length: a window's shape is (rows, padded length of its
+  // first sample), so starts with the same padded length share the first one's column.
+  bool share = !w.encdec() && !pack;
+  for (std::size_t i = 1; i < n && share; ++i) share = w.input[order[i]] <= w.input[order[i - 1]];
+  const ColumnCtx x{re.data(), rd.data(), n, share, policy};
+  if (!pack) {
+    // Every column (by one or two builders), then the followers point into their first start's.
+    constexpr std::size_t kMinParallel = 64;
+    if (second != nullptr && n >= kMinParallel) {
+      build_columns_two(x, coster, *second, t);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (x.follower(i)) continue;
+        t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+        t.count[i] = x.column(i, coster, t.time_ms, t.max_count);
+        t.max_count = std::max(t.max_count, t.count[i]);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (x.follower(i)) {
+        t.offset[i] = t.offset[i - 1];
+        t.count[i] = std::min<std::int32_t>(t.count[i - 1], static_cast<std::int32_t>(n - i));
+        continue;
+      }
+      t.max_count = std::max(t.max_count, t.count[i]);
+      t.column_end.push_back(t.offset[i] + t.count[i]);
+    }
+    detail::finish_table(t);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    t.offset[i] = static_cast<std::int64_t>(t.time_ms.size());
+    std::int64_t le = 0, ld = 0;  // the window's padded lengths
+    int first_mode = 0;  // modes below it already failed for this start: they fail for longer windows too
+    std::int64_t pack_le = -1, pack_ld = -1;
+    std::size_t run_end = 0;  // windows up to here keep the current shape
+    for (std::size_t j = i + 1; j <= n; ++j) {
+      const std::uint32_t s = order[j - 1];
+      le = std::max(le, re[j - 1]);
+      ld = std::max(ld, rd[j - 1]);
+      const auto m = static_cast<std::int64_t>(j - i);
+      if (j > run_end) {  // a new shape: how far it lasts
+        run_end = x.shape_run_end(j, le, ld, t.max_count);
+        coster.set_rows_hint(static_cast<std::int64_t>(run_end - i));
+      }
+      Choice c = coster.choose(m, le, ld, policy, &first_mode);
+      std::int64_t rows = m;
+      if (m > 1) {
+        if (le != pack_le || ld != pack_ld) {  // capacity changed: repack the window from scratch
+          packer.reset(le, ld);
+          for (std::size_t k = i; k < j; ++k) packer.add(order[k]);
+          pack_le = le;
+          pack_ld = ld;
+        } else {
+          packer.add(s);
+        }
+        const auto pr = static_cast<std::int64_t>(packer.rows());
+        if (pr < m) {
+          const Choice cp = coster.choose(pr, le, ld, policy);
+          if (cp.fits && (!c.fits || cp.time_ms < c.time_ms)) {
+            c = cp;
+            rows = pr;
+          }
+        }
+      } else {
+        packer.reset(le, ld);
+        packer.add(s);
+        pack_le = le;
+        pack_ld = ld;
+      }
+      if (!c.fits) break;
+      t.time_ms.push_back(c.time_ms);
+      t.rows.push_back(static_cast<std::int32_t>(rows));
+      ++t.count[i];
+    }
+    t.max_count = std::max(t.max_count, t.count[i]);
+    t.column_end.push_back(static_cast<std::int64_t>(t.time_ms.size()));
+  }
+  detail::finish_table(t);
+}
+
+// Same for DynaPipe's iteration-wide recompute mode: windows grow until the first infeasible one.
+WindowTable build_windows_fixed_rc(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
+                                   cm::Recompute rc, bool pack, Coster* second) {
+  RecomputePolicy p = rc == cm::Recompute::None        ? RecomputePolicy::None
+                      : rc == cm::Recompute::Selective ? RecomputePolicy::Selective
+                                                       : RecomputePolicy::Full;
+  WindowTable t;
+  build_windows(w, order, coster, p, pack, t, second);
+  return t;
+}
+
+// ---- packpipe's search over every cap --------------------------------------------------------
+
+struct SearchOutcome {
+  detail::CapResult best;
+  double objective = kInf;
+  std::int64_t evaluations = 0;
+};
+
+// Exact minimum over caps tau of (S-1) tau/c + G(tau)/d, where G(tau) is the min-sum partition
+// with every window <= tau. G is non-increasing and only changes at window times, and the optimal
+// partition's max is some window's time, so only window times are candidate caps; a run at cap m
+// returns the realised max r <= m and G is constant on [r, m], so the candidates in [r, m] need no
+// run. Order of work:
+//  1. run at the top cap (every window): G(inf) and its realised max r0; no cap above r0 can win;
+//  2. run at lb, the largest over samples of the cheapest window covering it (no partition's max
+//     is below lb): an incumbent that is often the optimum (one long sample sets the max);
+//  3. candidates: the window times in (lb, min(r0, tau_max)), tau_max = (best - G(inf)/d)
+//     / ((S-1)/c) (a larger cap cannot beat the incumbent even with the least sum), unsorted;
+//  4. bisection by rank (median selection) with the bound obj(tau) >= (S-1) c_min/c + G(above)/d
+//     on a range (c_min its least candidate, G(above) known from the run above it), which prunes
+//     every range that cannot win.
+// `bound`: an objective already reached (another order's): ranges that cannot beat it are pruned
+// too, and nothing that does not beat it is returned as better (callers compare with it).
+SearchOutcome search_caps(const WindowTable& t, const PipelineShape& shape, double tol, detail::Scratch& scratch,
+                          double bound = kInf) {
+  SearchOutcome out;
+  const std::size_t n = t.count.size();
+  if (n == 0) {
+    out.best.feasible = true;
+    out.best.cuts = {0};
+    out.objective = 0;
+    return out;
+  }
+  // Lower bound on any partition's max: every sample needs a window covering it. Sample i + k is
+  // covered from start i at best tail_min[k] (for a start sharing a column, the column's least
+  // time from k on, which may include windows past n - i: a weaker but still valid bound).
+  std::vector<double>& cover = scratch.cover;
+  cover.assign(n, kInf);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double* tm = t.tail_min.data() + t.offset[i];
+    double* cv = cover.data() + i;
+    for (std::int32_t k = 0; k < t.count[i]; ++k) cv[k] = std::min(cv[k], tm[k]);
+  }
+  double lb = 0;
+  for (double v : cover) lb = std::max(lb, v);
+  if (lb == kInf) return out;  // some sample has no feasible window
+  const double a = static_cast<double>(shape.stages - 1) / static_cast<double>(shape.chunks);
+  const double b = 1.0 / static_cast<double>(shape.dp);
+  auto consider = [&](detail::CapResult&& r) {
+    const double obj = detail::objective(shape, r.max, r.sum);
+    if (obj < out.objective) {
+      out.objective = obj;
+      out.best = std::move(r);
+    }
+  };
+  detail::CapWorkspace& ws = scratch.ws;
+  auto run = [&](double cap) {
+    ++out.evaluations;
+    return detail::min_sum_under_cap(t, cap, ws);
+  };
+  detail::CapResult first = run(t.max_time_ms);
+  if (!first.feasible) return out;
+  const double g0 = first.sum, r0 = first.max;
+  consider(std::move(first));
+  if (!(lb < r0)) return out;
+  {
+    detail::CapResult r = run(lb);  // infeasible when the cheapest covering windows do not chain
+    if (r.feasible) consider(std::move(r));
+  }
+  const double target = std::min(out.objective, bound) * (1.0 - tol);
+  // Candidate caps strictly between lb and r0 that could still beat the incumbent.
+  const double tau_max = a > 0 ? std::min(r0, (target - b * g0) / a) : r0;
+  std::vector<double>& cand = scratch.cand;
+  cand.clear();
+  for (double c : t.time_ms) {
+    if (c > lb && c < tau_max) cand.push_back(c);
+  }
+  auto pruned = [&](double lo, double g) { return a * lo + b * g >= std::min(out.objective, bound) * (1.0 - tol); };
+  // explore(lo, hi, g): the candidates in cand[lo, hi) (unsorted), over which G >= g. Bisection by
+  // rank: the median is selected (not sorted for) and each side partitioned, so ranges that are
+  // pruned are never ordered (the candidates are as many as the windows).
+  std::function<void(std::size_t, std::size_t, double)> explore = [&](std::size_t lo, std::size_t hi, double g) {
+    if (lo >= hi) return;
+    const auto first = cand.begin() + static_cast<std::ptrdiff_t>(lo), last = cand.begin() + static_cast<std::ptrdiff_t>(hi);
+    if (pruned(*std::min_element(first, last), g)) return;
+    const std::size_t m = lo + (hi - lo) / 2;
+    const auto mid = cand.begin() + static_cast<std::ptrdiff_t>(m);
+    std::nth_element(first, mid, last);
+    const double cm = *mid;
+    // Above the median: candidates equal to it need no run of their own.
+    const auto above = static_cast<std::size_t>(std::partition(mid + 1, last, [cm](double x) { return x > cm; }) - cand.begin());
+    detail::CapResult r = run(cm);
+    if (!r.feasible) {  // then no smaller cap is feasible either
+      explore(m + 1, above, g);
+      return;
+    }
+    const double rm = r.max, rg = r.sum;
+    consider(std::move(r));
+    // Candidates in [rm, cm] share G(cm) and have been charged at rm.
+    const auto left = static_cast<std::size_t>(std::partition(first, mid, [rm](double x) { return x < rm; }) - cand.begin());
+    explore(lo, left, rg);
+    explore(m + 1, above, g);
+  };
+  explore(0, cand.size(), g0);
+  return out;
+}
+
+// ---- DynaPipe's exact tau-DP -----------------------------------------------------------------
+
+struct DynaPipeOutcome {
+  detail::CapResult best;
+  double objective = kInf;
+  double tau = 0;
+  std::int64_t evaluations = 0;
+  cm::Recompute rc = cm::Recompute::None;
+  WindowTable table;
+};
+
+DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& order, Coster& coster,
+                            const PipelineShape& shape, cm::Recompute rc, double thin, bool pack, Coster* second) {
+  DynaPipeOutcome out;
+  out.rc = rc;
+  out.table = build_windows_fixed_rc(w, order, coster, rc, pack, second);
+  std::vector<double> cand(out.table.time_ms);
+  std::sort(cand.begin(), cand.end());
+  std::vector<double> taus;
+  for (double v : cand) {
+    if (!std::isfinite(v)) break;
+    if (taus.empty() || v - taus.back() > thin) taus.push_back(v);
+  }
+  detail::CapWorkspace ws;
+  for (double tau : taus) {
+    ++out.evaluations;
+    detail::CapResult r = detail::min_sum_under_cap(out.table, tau, ws);
+    if (!r.feasible) continue;
+    const double obj = detail::objective(shape, tau, r.sum);
+    if (obj < out.objective) {
+      out.objective = obj;
+      out.tau = tau;
+      out.best = std::move(r);
+    }
+  }
+  return out;
+}
+
+// ---- micro-batches and figures ---------------------------------------------------------------
+
+std::vector<std::uint32_t> sorted_order(const Work& w, const std::vector<std::uint32_t>& ids) {
+  std::vector<std::uint32_t> o(ids);
+  std::stable_sort(o.begin(), o.end(), [&](std::uint32_t a, std::uint32_t b) {
+    if (w.input[a] != w.input[b]) return w.input[a] > w.input[b];
+    if (w.encdec() && w.target[a] != w.target[b]) return w.target[a] > w.target[b];
+    return false;
+  });
+  return o;
+}
+
+// Micro-batches from window cuts of `order` (repacking the windows where the table packed them).
+std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector<std::uint32_t>& order,
+                                                const WindowTable& t, const std::vector<std::int32_t>& cuts) {
+  std::vector<MicroBatch> out;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const auto i = static_cast<std::size_t>(cuts[k]), j = static_cast<std::size_t>(cuts[k + 1]);
+    MicroBatch mb;
+    mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
+    const std::int32_t rows = t.rows.empty() ? static_cast<std::int32_t>(j - i)
+                                             : t.rows[static_cast<std::size_t>(t.offset[i]) + (j - i - 1)];
+    if (static_cast<std::size_t>(rows) < j - i) {
+      std::uint32_t max_in = 0, max_tg = 0;
+      for (auto s : mb.samples) {
+        max_in = std::max(max_in, w.input[s]);
+        if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
+      }
+      RowPacker packer(&w);
+      packer.reset(w.le_of(max_in), w.ld_of(max_tg));
+      std::vector<std::vector<std::uint32_t>> row_samples;
+      for (auto s : mb.samples) {
+        const std::size_t r = packer.add(s);
+        if (r >= row_samples.size()) row_samples.resize(r + 1);
+        row_samples[r].push_back(s);
+      }
+      mb.samples.clear();
+      mb.row_offsets.push_back(0);
+      for (const auto& rs : row_samples) {
+        mb.samples.insert(mb.samples.end(), rs.begin(), rs.end());
+        mb.row_offsets.push_back(static_cast<std::uint32_t>(mb.samples.size()));
+      }
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+// Padded shapes, recompute, costs and figures of given micro-batches. `forced_rc` >= 0 pins the
+// recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
+// `other` (optional): the second table builder's coster; a shape only it has costed is read there.
+Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, std::vector<MicroBatch> mbs,
+                   RecomputePolicy policy, int forced_rc, bool require_fit, Coster* other = nullptr) {
+  if (other != nullptr) {
+    other->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
+  }
+  Partition p;
+  p.basis = coster.basis();
+  p.memory_limit_mb = coster.limit_mb();
+  std::vector<double> times;
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    MicroBatch& mb = mbs[m];
+    PACKPIPE_CHECK_ARG(!mb.samples.empty(), "micro-batch {} has no samples", m);
+    std::uint64_t max_in = 0, max_tg = 0, in_tok = 0, tg_tok = 0;
+    if (mb.row_offsets.empty()) {
+      for (auto s : mb.samples) {
+        max_in = std::max<std::uint64_t>(max_in, w.input[s]);
+        in_tok += w.input[s];
+        if (w.encdec()) {
+          max_tg = std::max<std::uint64_t>(max_tg, w.target[s]);
+          tg_tok += w.target[s];
+        }
+      }
+    } else {
+      PACKPIPE_CHECK_ARG(mb.row_offsets.front() == 0 && mb.row_offsets.back() == mb.samples.size(),
+                         "micro-batch {}: row_offsets must start at 0 and end at {} samples", m, mb.samples.size());
+      for (std::size_t r = 0; r + 1 < mb.row_offsets.size(); ++r) {
+        PACKPIPE_CHECK_ARG(mb.row_offsets[r] < mb.row_offsets[r + 1], "micro-batch {}: row {} is empty", m, r);
+        std::uint64_t ri = 0, rt = 0;
+        for (std::uint32_t k = mb.row_offsets[r]; k < mb.row_offsets[r + 1]; ++k) {
+          const auto s = mb.samples[k];
+          ri += w.input[s];
+          if (w.encdec()) rt += static_cast<std::uint64_t>(w.target[s]) + static_cast<std::uint64_t>(w.dec_extra);
+        }
+        in_tok += ri;
+        max_in = std::max(max_in, ri);
+        if (w.encdec()) {
+          tg_tok += rt - static_cast<std::uint64_t>(w.dec_extra) * (mb.row_offsets[r + 1] - mb.row_offsets[r]);
+          max_tg = std::max(max_tg, rt);
+        }
+      }
+      // ld_of adds dec_extra once more for a single sample; packed rows already counted theirs.
+      if (w.encdec()) max_tg = max_tg >= static_cast<std::uint64_t>(w.dec_extra) ? max_tg - static_cast<std::uint64_t>(w.dec_extra) : 0;
+    }
+    mb.padded_len = w.le_of(max_in);
+    mb.padded_dec_len = w.ld_of(max_tg);
+    mb.tokens = in_tok + tg_tok;
+    Coster& cc = other != nullptr && !coster.has(mb.rows(), mb.padded_len, mb.padded_dec_len) &&
+                         other->has(mb.rows(), mb.padded_len, mb.padded_dec_len)
+                     ? *other
+                     : coster;
+    Choice c;
+    if (forced_rc >= 0) {
+      const auto rc = static_cast<cm::Recompute>(forced_rc);
+      const detail::RcCost& rcst = cc.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
+      c.time_ms = rcst.time_ms;
+      c.stored_mb = rcst.stored_mb;
+      c.peak_mb = rcst.peak_mb;
+      c.rc = rc;
+      c.fits = cc.fits(rcst);
+    } else {
+      c = cc.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
+    }
+    if (require_fit) {
+      PACKPIPE_CHECK_ARG(c.fits,
+                         "micro-batch {} ({} rows x {} tokens{}) does not fit in {} MB under recompute {}; use a "
+                         "smaller micro-batch size or token budget",
+                         m, mb.rows(), mb.padded_len,
+                         w.encdec() ? " + " + std::to_string(mb.padded_dec_len) + " decoder tokens" : std::string(),
+                         coster.limit_mb(), recompute_policy_name(policy));
+    }
+    mb.recompute = c.rc;
+    mb.time_ms = c.time_ms;
+    mb.stored_mb = c.stored_mb;
+    mb.peak_mb = c.peak_mb;
+    p.input_tokens += in_tok;
+    p.target_tokens += tg_tok;
+    p.padded_input_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_len);
+    p.padded_target_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_dec_len);
+    p.max_time_ms = std::max(p.max_time_ms, mb.time_ms);
+    p.sum_time_ms += mb.time_ms;
+    times.push_back(mb.time_ms);
+  }
+  p.microbatches = std::move(mbs);
+  p.tau_ms = p.max_time_ms;
+  p.predicted_iteration_ms = detail::objective(shape, p.max_time_ms, p.sum_time_ms);
+  p.objective_ms = p.predicted_iteration_ms;
+  auto ratio = [](std::uint64_t a, std::uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  p.input_efficiency = ratio(p.input_tokens, p.padded_input_tokens);
+  p.target_efficiency = ratio(p.target_tokens, p.padded_target_tokens);
+  p.efficiency = ratio(p.input_tokens + p.target_tokens, p.padded_input_tokens + p.padded_target_tokens);
+  p.ranks = assign_ranks(times, shape.dp);
+  p.rank_time_ms.assign(p.ranks.size(), 0.0);
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    for (auto m : p.ranks[r]) p.rank_time_ms[r] += times[m];
+  }
+  return p;
+}
+
+std::string sample_name(const PartitionOptions& o, std::uint32_t s) {
+  return o.describe_sample ? o.describe_sample(s) : fmt::format("sample {}", s);
+}
+
+// Throws when the model state (parameters, gradients, optimizer state) of some rank alone fills
+// the memory limit: then no sample fits whatever its length, and truncating or dropping samples
+// cannot help (the message says what can).
+void check_model_state_fits(const cm::CostModel& cost, const PipelineShape& shape,
+                            const std::vector<VirtualStage>& vstages, const Coster& coster, double limit_mb) {
+  const char* what_helps =
+      "use more pipeline stages, a larger tp, ZeRO stage 1-3 with dp > 1, or a larger memory limit (the oversize "
+      "policy cannot help: no sample fits whatever its length)";
+  if (coster.basis() == CostBasis::DynaPipe) {
+    PACKPIPE_CHECK_ARG(coster.dynapipe_available_mb() > 0,
+                       "the model state of a pipeline stage needs {:.0f} MB, all of the {} MB memory limit; {}",
+                       limit_mb - coster.dynapipe_available_mb(), limit_mb, what_helps);
+    return;
+  }
+  std::vector<double> state(static_cast<std::size_t>(shape.stages), 0.0);
+  for (const auto& v : vstages) {
+    state[static_cast<std::size_t>(v.rank)] +=
+        cm::stage_static_memory(cost.model(), v.layout, shape.tp, shape.dp, shape.zero_stage).total() / 1e6;
+  }
+  for (std::size_t r = 0; r < state.size(); ++r) {
+    PACKPIPE_CHECK_ARG(state[r] <= limit_mb,
+                       "the model state of rank {} (parameters, gradients and optimizer state of its layers) needs "
+                       "{:.0f} MB, more than the {} MB memory limit; {}",
+                       r, state[r], limit_mb, what_helps);
+  }
+}
+
+// Why the cost model refuses one sample's shape (empty: it does not, the sample is too long).
+std::string cost_refusal(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
+                         std::int64_t le, std::int64_t ld) {
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  for (const auto& v : vstages) {
+    std::vector<std::pair<cm::LayerKind, std::int64_t>> kinds;
+    if (v.layout.has_embedding) kinds.emplace_back(cm::LayerKind::Embedding, 1);
+    if (v.layout.encoder_layers > 0) kinds.emplace_back(cm::LayerKind::Encoder, v.layout.encoder_layers);
+    if (v.layout.decoder_layers > 0) kinds.emplace_back(cm::LayerKind::Decoder, v.layout.decoder_layers);
+    if (v.layout.has_postprocess) kinds.emplace_back(cm::LayerKind::PostProcess, 1);
+    for (const auto& [kind, layers] : kinds) {
+      cm::Query q;
+      q.kind = kind;
+      q.num_layers = layers;
+      q.tp = shape.tp;
+      q.mbs = 1;
+      q.seq = le;
+      q.dec_seq = encdec ? ld : 0;
+      try {
+        (void)cost.query(q);
+      } catch (const InvalidArgument& e) {
+        return e.what();
+      }
+    }
+  }
+  return {};
+}
+
+bool allowed_fits_alone(Coster& coster, std::int64_t le, std::int64_t ld, RecomputePolicy policy) {
+  if (coster.basis() == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail, avail);
+    return coster.choose(1, le, ld, policy).fits;  // the caller sets the DP's limits afterwards
+  }
+  return coster.choose(1, le, ld, policy).fits;
+}
+
+}  // namespace
+
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const PartitionOptions& options) {
+  return partition(lengths, cost, shape, virtual_stages(cost.model(), shape), options);
+}
+
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const std::vector<VirtualStage>& vstages, const PartitionOptions& options) {
+  check_options(options);
+  check_shape(shape);
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder() || (encdec && lengths.size() == 0),
+                     "model '{}' is {} but the batch {} target lengths", cost.model().name,
+                     encdec ? "encoder-decoder" : "decoder-only", lengths.encoder_decoder() ? "has" : "has no");
+  PACKPIPE_CHECK_ARG(!lengths.encoder_decoder() || lengths.target.size() == lengths.input.size(),
+                     "batch has {} input lengths but {} target lengths", lengths.input.size(), lengths.target.size());
+  PACKPIPE_CHECK_ARG(lengths.size() < (1ull << 31), "batch of {} samples is too large", lengths.size());
+  const CostBasis basis = resolve_basis(options);
+  const double limit = resolve_limit(cost, shape);
+  Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
+  check_model_state_fits(cost, shape, vstages, coster, limit);
+  // The second table builder (PartitionOptions::threads), made when first needed; a cache's second
+  // memo follows the first one's setting.
+  if (options.cache != nullptr && options.cache->memo(1).key != coster.setting()) options.cache->memo(1).clear();
+  // Automatic: two builders when the arena has a second thread and the work is mostly new rows
+  // (a cold call; a warm cache's call is mostly look-ups, which a second builder only slows).
+  constexpr double kNewShare = 0.1;
+  const bool two_builders =
+      options.threads >= 2 ||
+      (options.threads == 0 && available_threads() > 1 &&
+       (options.cache == nullptr || options.cache->memo().last_new_share >= kNewShare));
+  std::size_t windows_built = 0;  // window values of every table built (for last_new_share)
+  std::unique_ptr<Coster> coster2;
+  auto second = [&]() -> Coster* {
+    if (!two_builders) return nullptr;
+    if (!coster2) {
+      coster2 = std::make_unique<Coster>(cost, shape, vstages, basis, limit,
+                                         options.cache ? &options.cache->memo(1) : nullptr);
+    }
+    return coster2.get();
+  };
+
+  // Working lengths (truncation edits a copy).
+  std::vector<std::uint32_t> in(lengths.input), tg(lengths.target);
+  Work w;
+  w.input = in.data();
+  w.target = encdec ? tg.data() : nullptr;
+  w.round = options.round_multiple;
+  w.dec_extra = options.decoder_extra_tokens;
+  for (std::size_t s = 0; s < in.size(); ++s) {
+    PACKPIPE_CHECK_ARG(in[s] > 0, "{} has input length 0; every sample needs at least one input token",
+                       sample_name(options, static_cast<std::uint32_t>(s)));
+  }
+
+  // Samples that cannot fit alone, under the most permissive setting the method allows.
+  std::vector<std::uint32_t> ids;
+  std::vector<std::uint32_t> truncated, dropped;
+  ids.reserve(in.size());
+  // Each sample's check, by the two table builders' costers when there are two (halves of the
+  // samples; the first one that does not fit is then reported in sample order all the same).
+  std::vector<char> alone(in.size(), 0);
+  auto check_alone = [&](Coster& c, std::size_t a, std::size_t b) {
+    for (std::size_t s = a; s < b; ++s) {
+      alone[s] = allowed_fits_alone(c, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0), options.recompute) ? 1 : 0;
+    }
+  };
+  constexpr std::size_t kMinParallelCheck = 64;
+  const bool dp_method = options.method == PartitionMethod::DP || options.method == PartitionMethod::DynaPipe;
+  if (dp_method && two_builders && in.size() >= kMinParallelCheck) {
+    Coster& other = *second();
+    oneapi::tbb::this_task_arena::isolate([&] {
+      oneapi::tbb::parallel_invoke([&] { check_alone(coster, 0, in.size() / 2); },
+                                   [&] { check_alone(other, in.size() / 2, in.size()); });
+    });
+  } else {
+    check_alone(coster, 0, in.size());
+  }
+  for (std::uint32_t s = 0; s < in.size(); ++s) {
+    if (alone[s] != 0) {
+      ids.push_back(s);
+      continue;
+    }
+    switch (options.oversize) {
+      case OversizePolicy::Error: {
+        const std::string why =
+            cost_refusal(cost, shape, vstages, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0));
+        const std::string len = encdec ? fmt::format("input length {}, target length {}", in[s], tg[s])
+                                       : fmt::format("length {}", in[s]);
+        PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", sample_name(options, s), len,
+                           why);
+        PACKPIPE_THROW(InvalidArgument,
+                       "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate or drop, more "
+                       "stages or tp, or a larger memory limit",
+                       sample_name(options, s), len, limit, recompute_policy_name(options.recompute),
+                       options.oversize_option);
+      }
+      case OversizePolicy::Drop: dropped.push_back(s); break;
+      case OversizePolicy::Truncate: {
+        // Largest cap C (both sides cut to C) that fits.
+        const std::uint32_t hi0 = std::max(in[s], encdec ? tg[s] : 0u);
+        std::uint32_t lo = 0, hi = hi0;  // lo fits (0: nothing yet), hi does not
+        while (hi - lo > 1) {
+          const std::uint32_t mid = lo + (hi - lo) / 2;
+          const std::uint32_t a = std::min(in[s], mid), b = encdec ? std::min(tg[s], mid) : 0;
+          if (allowed_fits_alone(coster, w.le_of(a), w.ld_of(b), options.recompute)) {
+            lo = mid;
+          } else {
+            hi = mid;
+          }
+        }
+        PACKPIPE_CHECK_ARG(lo >= 1, "{} (length {}) does not fit in {} MB even truncated to 1 token; use {} drop, "
+                           "more stages or tp, or a larger memory limit",
+                           sample_name(options, s), in[s], limit, options.oversize_option);
+        in[s] = std::min(in[s], lo);
+        if (encdec) tg[s] = std::min(tg[s], lo);
+        truncated.push_back(s);
+        ids.push_back(s);
+        break;
+      }
+    }
+  }
+  if (basis == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
+  }
+
+  Partition result;
+  switch (options.method) {
+    case PartitionMethod::DP: {
+      // Encoder-decoder Auto: the path order first (it usually wins), so that its objective
+      // prunes the sorted order's search; on equal objectives the first order is kept.
+      std::vector<std::vector<std::uint32_t>> orders;
+      if (encdec && options.order != EncDecOrder::Sorted) {
+        std::vector<std::uint32_t> li(ids.size()), lt(ids.size());
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          li[k] = in[ids[k]];
+          lt[k] = tg[ids[k]];
+        }
+        std::vector<std::uint32_t> o = encdec_order(li, lt, true);
+        for (auto& x : o) x = ids[x];
+        orders.push_back(std::move(o));
+      }
+      if (!encdec || options.order != EncDecOrder::Path) orders.push_back(sorted_order(w, ids));
+      // The DynaPipe basis keeps its budget rule: stored <= available / S first, then available.
+      const double avail = coster.dynapipe_available_mb();
+      const std::vector<double> budgets =
+          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
+                                       : std::vector<double>{limit};
+      bool done = false;
+      for (double budget : budgets) {
+        if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budget, avail);
+        double best = kInf;
+        std::int64_t evals = 0;
+        for (const auto& order : orders) {
+          WindowTable& t = coster.scratch().table;
+          build_windows(w, order, coster, options.recompute, options.pack_windows, t, second());
+          windows_built += t.time_ms.size();
+          SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch(), best);
+          evals += so.evaluations;
+          if (!so.best.feasible || !(so.objective < best)) continue;
+          best = so.objective;
+          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, t, so.best.cuts),
+                                 options.recompute, -1, true, coster2.get());
+          p.order = order;
+          p.objective_ms = so.objective;
+          result = std::move(p);
+          done = true;
+        }
+        result.tau_evaluations = evals;
+        if (done) break;
+      }
+      PACKPIPE_CHECK_ARG(done || ids.empty(), "no partition fits in {} MB", limit);
+      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
+      break;
+    }
+    case PartitionMethod::DynaPipe: {
+      const std::vector<std::uint32_t> order = sorted_order(w, ids);
+      std::vector<cm::Recompute> rcs;
+      switch (options.recompute) {
+        case RecomputePolicy::Auto: rcs = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}; break;
+        case RecomputePolicy::None: rcs = {cm::Recompute::None}; break;
+        case RecomputePolicy::Selective: rcs = {cm::Recompute::Selective}; break;
+        case RecomputePolicy::Full: rcs = {cm::Recompute::Full}; break;
+      }
+      const double avail = coster.dynapipe_available_mb();
+      const std::vector<double> budgets =
+          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
+                                       : std::vector<double>{limit};
+      bool done = ids.empty();
+      std::int64_t evals = 0;
+      for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
+        for (cm::Recompute rc : rcs) {
+          if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budgets[bi], avail);
+          DynaPipeOutcome d =
+              dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows, second());
+          evals += d.evaluations;
+          windows_built += d.table.time_ms.size();
+          if (!d.best.feasible) continue;
+          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),
+                                 options.recompute, static_cast<int>(rc), true, coster2.get());
+          p.order = order;
+          p.objective_ms = d.objective;
+          p.tau_ms = d.tau;
+          p.dynapipe_recompute = rc;
+          result = std::move(p);
+          done = true;
+          break;
+        }
+      }
+      PACKPIPE_CHECK_ARG(done, "DynaPipe's partition found no feasible plan in {} MB", limit);
+      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
+      result.tau_evaluations = evals;
+      break;
+    }
+    case PartitionMethod::Fixed: {
+      std::vector<MicroBatch> mbs;
+      for (std::size_t k = 0; k < ids.size(); k += static_cast<std::size_t>(options.microbatch_size)) {
+        MicroBatch mb;
+        const std::size_t e = std::min(ids.size(), k + static_cast<std::size_t>(options.microbatch_size));
+        mb.samples.assign(ids.begin() + static_cast<std::ptrdiff_t>(k), ids.begin() + static_cast<std::ptrdiff_t>(e));
+        mbs.push_back(std::move(mb));
+      }
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = ids;
+      break;
+    }
+    case PartitionMethod::Tokens: {
+      const std::vector<std::uint32_t> order = sorted_order(w, ids);
+      std::vector<MicroBatch> mbs;
+      std::size_t i = 0;
+      while (i < order.size()) {
+        std::uint32_t max_in = 0, max_tg = 0;
+        std::size_t j = i;
+        while (j < order.size()) {
+          const std::uint32_t a = std::max(max_in, in[order[j]]);
+          const std::uint32_t b = encdec ? std::max(max_tg, tg[order[j]]) : 0;
+          const auto padded = static_cast<std::uint64_t>(j - i + 1) *
+                              static_cast<std::uint64_t>(w.le_of(a) + (encdec ? w.ld_of(b) : 0));
+          if (j > i && padded > options.token_budget) break;
+          max_in = a;
+          max_tg = b;
+          ++j;
+        }
+        MicroBatch mb;
+        mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
+        mbs.push_back(std::move(mb));
+        i = j;
+      }
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = order;
+      break;
+    }
+    case PartitionMethod::Packing: {
+      std::vector<MicroBatch> mbs =
+          ids.empty() ? std::vector<MicroBatch>{} : detail::packing_baseline(w, ids, options.microbatch_size);
+      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
+      result.order = ids;
+      break;
+    }
+  }
+  if (options.cache != nullptr && windows_built > 0) {
+    const auto rows = coster.rows_evaluated() + (coster2 ? coster2->rows_evaluated() : 0);
+    options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(windows_built);
+  }
+  result.truncated = std::move(truncated);
+  result.dropped = std::move(dropped);
+  return result;
+}
+
+Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                             const std::vector<VirtualStage>& vstages, std::vector<MicroBatch> microbatches,
+                             const PartitionOptions& options, CostBasis basis) {
+  check_options(options);
+  const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder(), "model '{}' and batch disagree on target lengths",
+                     cost.model().name);
+  if (basis == CostBasis::Auto) basis = CostBasis::Stages;
+  const double limit = resolve_limit(cost, shape);
+  Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
+  if (basis == CostBasis::DynaPipe) {
+    const double avail = coster.dynapipe_available_mb();
+    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
+  }
+  Work w;
+  w.input = lengths.input.data();
+  w.target = encdec ? lengths.target.data() : nullptr;
+  w.round = options.round_multiple;
+  w.dec_extra = options.decoder_extra_tokens;
+  for (std::size_t m = 0; m < microbatches.size(); ++m) {
+    for (auto s : microbatches[m].samples) {
+      PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {} but the batch has {}", m, s,
+                         lengths.size());
+    }
+  }
+  return finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true);
+}
+
+}  // namespace packpipe::partition

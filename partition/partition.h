@@ -1,0 +1,177 @@
+// Micro-batch partition of one global batch: DynaPipe's exact tau-DP (the baseline), packpipe's
+// faster and exact search over every cap, and the Megatron-style baselines (fixed micro-batch
+// size, token budget, packing), all from one entry point. See docs/design/005-partition.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partition/pipeline.h"
+
+namespace packpipe::partition {
+
+enum class PartitionMethod {
+  DP,        ///< packpipe: exact min over every cap of (S-1) max/c + sum/d, native cost table
+  DynaPipe,  ///< DynaPipe's exact algorithm (5 ms thinned caps, iteration-wide recompute)
+  Fixed,     ///< `microbatch_size` samples in batch order, padded to the longest (Megatron)
+  Tokens,    ///< samples sorted by length, cut when padded tokens would exceed `token_budget`
+  Packing,   ///< best-fit packing into rows of the longest length, then `microbatch_size` rows
+};
+/// "dp", "dynapipe", "fixed", "tokens", "packing".
+const char* partition_method_name(PartitionMethod m);
+/// Method from its name; throws InvalidArgument listing the names.
+PartitionMethod partition_method_from_name(const std::string& name);
+
+/// Which activation recompute a micro-batch may use.
+enum class RecomputePolicy { Auto, None, Selective, Full };
+/// "auto", "none", "selective", "full".
+const char* recompute_policy_name(RecomputePolicy p);
+RecomputePolicy recompute_policy_from_name(const std::string& name);
+
+/// What to do with a sample that does not fit in memory even alone.
+enum class OversizePolicy { Error, Truncate, Drop };
+/// "error", "truncate", "drop".
+const char* oversize_policy_name(OversizePolicy p);
+OversizePolicy oversize_policy_from_name(const std::string& name);
+
+/// How a micro-batch's time and memory are computed.
+enum class CostBasis {
+  Auto,      ///< DynaPipe for the dynapipe method, Stages otherwise
+  Stages,    ///< every virtual stage of the real layout: time = slowest rank (sum of its chunks);
+             ///< memory per rank = static + sum over its stages v of (V - v) stored + max peak
+  DynaPipe,  ///< DynaPipe's formula: l x per-layer costs, GPU-0 model state, budget available / S
+};
+/// "auto", "stages", "dynapipe".
+const char* cost_basis_name(CostBasis b);
+CostBasis cost_basis_from_name(const std::string& name);
+
+/// Sample order for encoder-decoder batches (decoder-only batches are always sorted by length).
+enum class EncDecOrder {
+  Auto,    ///< DP: partition both Sorted and Path, keep the better objective; others: Sorted
+  Sorted,  ///< (input, target) descending (DynaPipe with disable_tsp)
+  Path,    ///< Sorted then 2-opt and Or-opt on the L1 path length over (input, target)
+};
+/// "auto", "sorted", "path".
+const char* enc_dec_order_name(EncDecOrder o);
+EncDecOrder enc_dec_order_from_name(const std::string& name);
+
+namespace detail {
+struct ShapeMemo;
+}
+
+/// Costs of micro-batch shapes kept across partition calls that share the cost model, the pipeline
+/// shape, the virtual stages and the cost basis (e.g. every iteration one planning thread plans):
+/// shapes recur between global batches, and a memoised shape costs a look-up instead of a
+/// cost-model query per stage and recompute mode. A call with other settings starts it afresh.
+/// Results never depend on it. Not thread-safe: one per thread; must not outlive its cost model.
+class PartitionCache {
+ public:
+  PartitionCache();
+  ~PartitionCache();
+  PartitionCache(PartitionCache&&) noexcept;
+  PartitionCache& operator=(PartitionCache&&) noexcept;
+  /// Shapes (rows, lengths) memoised so far.
+  std::size_t shapes() const;
+  /// The memo (internal); `part` 1 is the second table builder's (PartitionOptions::threads).
+  detail::ShapeMemo& memo(int part = 0) { return part == 0 ? *memo_ : *memo2_; }
+
+ private:
+  std::unique_ptr<detail::ShapeMemo> memo_, memo2_;
+};
+
+struct PartitionOptions {
+  PartitionMethod method = PartitionMethod::DP;
+  std::int64_t microbatch_size = 0;  ///< fixed / packing: samples (rows) per micro-batch
+  std::uint64_t token_budget = 0;    ///< tokens: padded tokens (input + target) per micro-batch
+  std::int64_t round_multiple = 8;   ///< padded lengths rounded up to this multiple (kernels' tile)
+  std::int64_t decoder_extra_tokens = 2;  ///< added to the longest target before rounding (BOS/EOS)
+  RecomputePolicy recompute = RecomputePolicy::Auto;
+  OversizePolicy oversize = OversizePolicy::Error;
+  CostBasis basis = CostBasis::Auto;
+  EncDecOrder order = EncDecOrder::Auto;
+  bool pack_windows = false;          ///< dp / dynapipe: pack each window's samples if cheaper
+  double tau_tolerance = 0.0;         ///< dp: prune caps that cannot improve by more than this fraction (0: exact)
+  double dynapipe_thin_ms = 5.0;      ///< dynapipe: MIN_TMAX_INTERVAL between kept caps
+  PartitionCache* cache = nullptr;    ///< optional shape costs kept across calls (see PartitionCache)
+  /// dp / dynapipe: threads building the window table: 1 serial, 2 two (from the front and the
+  /// back, each with its own shape memo; batches of 64 samples or more), 0 automatic: two when
+  /// the oneTBB arena allows more than one thread and the call is mostly new work (no cache, or
+  /// the cache's last call evaluated at least one row per ten windows; a warm cache's call is
+  /// mostly look-ups, which a second builder slows). The result is the same bits whatever the
+  /// setting.
+  int threads = 0;
+  /// Names sample `s` of the batch in messages the way the caller's user knows it (its file line,
+  /// its dataset task and index); empty: "sample s".
+  std::function<std::string(std::uint32_t)> describe_sample;
+  /// How the caller's user sets the oversize policy, named in messages ("--oversize" on the CLI).
+  std::string oversize_option = "oversize";
+};
+
+/// Largest round_multiple accepted (padded lengths stay far below the cost model's bounds).
+constexpr std::int64_t kMaxRoundMultiple = std::int64_t{1} << 16;
+
+/// Result of partitioning one global batch.
+struct Partition {
+  std::vector<MicroBatch> microbatches;          ///< in order of the sample order used
+  std::vector<std::vector<std::uint32_t>> ranks;  ///< micro-batch indices per data-parallel rank, ascending
+  std::vector<double> rank_time_ms;              ///< sum of time_ms per data-parallel rank
+  std::vector<std::uint32_t> order;              ///< sample order the windows were cut from
+  double objective_ms = 0;           ///< what the method minimised ((S-1) tau/c + sum/d for dp/dynapipe)
+  double tau_ms = 0;                 ///< cap charged (dynapipe: the chosen candidate; others: realised max)
+  double max_time_ms = 0;            ///< realised max over micro-batches
+  double sum_time_ms = 0;            ///< sum over micro-batches
+  double predicted_iteration_ms = 0; ///< (S-1) max/c + sum/d: the 1F1B bound, not a simulation
+  std::uint64_t input_tokens = 0, target_tokens = 0;                ///< real tokens (after truncation)
+  std::uint64_t padded_input_tokens = 0, padded_target_tokens = 0;  ///< rows x padded lengths
+  double efficiency = 0;          ///< real / padded, input and target together
+  double input_efficiency = 0;    ///< encoder (or whole-sample) side
+  double target_efficiency = 0;   ///< decoder side (0 for decoder-only)
+  CostBasis basis = CostBasis::Stages;  ///< the basis the times and memory above use
+  cm::Recompute dynapipe_recompute = cm::Recompute::None;  ///< dynapipe: the iteration-wide mode chosen
+  double memory_limit_mb = 0;        ///< the limit checked
+  std::vector<std::uint32_t> truncated;  ///< sample ids truncated (OversizePolicy::Truncate)
+  std::vector<std::uint32_t> dropped;    ///< sample ids dropped (OversizePolicy::Drop)
+  std::int64_t tau_evaluations = 0;  ///< min-sum DP runs (one per cap tried)
+};
+
+/// Partitions `lengths` into micro-batches for `shape` (virtual stages `vstages`, from
+/// virtual_stages(cost.model(), shape)) under `options`. Every sample lands in exactly one
+/// micro-batch unless dropped by OversizePolicy::Drop; every micro-batch fits the memory limit
+/// (shape.memory_limit_mb, or the device's memory when 0) under the cost basis. Deterministic.
+/// Throws InvalidArgument naming the sample (options.describe_sample) and its length when one cannot
+/// fit alone (policy Error), saying why when the cost model refuses its shape, naming the rank when
+/// the model state alone exceeds the memory limit (whatever the policy: no sample can fit), naming
+/// the option when a parameter is missing or invalid, or naming the micro-batch when a fixed-size
+/// baseline does not fit. Thread-safe (the cost model is only queried).
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const std::vector<VirtualStage>& vstages, const PartitionOptions& options);
+/// As above with vstages = virtual_stages(cost.model(), shape).
+Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                    const PartitionOptions& options);
+
+/// Recomputes the padded shapes, recompute modes (fastest that fits under options.recompute),
+/// times, memory, figures and rank assignment of given micro-batches (their `samples` and
+/// `row_offsets`) under `basis`, e.g. to compare another method's micro-batches on packpipe's
+/// stage basis. objective_ms is (S-1) max/c + sum/d. Throws InvalidArgument naming a micro-batch
+/// that does not fit or a sample index out of range.
+Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
+                             const std::vector<VirtualStage>& vstages, std::vector<MicroBatch> microbatches,
+                             const PartitionOptions& options, CostBasis basis);
+
+/// Splits micro-batch costs across `dp` ranks by longest-processing-time (largest first, onto
+/// the least-loaded rank, ties to the lower index); each rank's list ascending. Deterministic.
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp);
+
+/// Encoder-decoder sample order: (input, target) descending, then (if `improve`) 2-opt and
+/// Or-opt moves on the open L1 path over (input, target) until no move shortens it. Ties by
+/// sample index; deterministic. Batches with a length of 2^28 or more keep the sorted order.
+std::vector<std::uint32_t> encdec_order(const std::vector<std::uint32_t>& input, const std::vector<std::uint32_t>& target,
+                                        bool improve);
+/// L1 length of the path visiting samples in `order`: sum of |input difference| + |target difference|.
+std::uint64_t path_length(const std::vector<std::uint32_t>& input, const std::vector<std::uint32_t>& target,
+                          const std::vector<std::uint32_t>& order);
+
+}  // namespace packpipe::partition

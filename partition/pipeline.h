@@ -1,0 +1,84 @@
+// Types shared by the partitioner, the schedules, the simulator and the instruction streams: the
+// pipeline shape, its virtual stages, micro-batches, per-stage costs and scheduled operations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "costmodel/cost_model.h"
+
+namespace packpipe::partition {
+
+namespace cm = ::packpipe::costmodel;
+
+/// Largest stages, chunks, dp and tp accepted (each): far above any real job, small enough that the
+/// sizes derived from them (per-rank tables, GPU counts) neither overflow nor exhaust memory.
+constexpr std::int64_t kMaxPipelineSize = std::int64_t{1} << 16;
+/// Largest memory limit accepted, MB (1 PB per device): keeps every byte count an exact integer.
+constexpr double kMaxMemoryLimitMb = 1e9;
+
+/// Shape of one training job's pipeline.
+struct PipelineShape {
+  std::int64_t stages = 1;            ///< S: pipeline ranks
+  std::int64_t chunks = 1;            ///< c: virtual stages per rank (interleaved schedules)
+  std::int64_t layers_per_stage = 0;  ///< transformer layers per virtual stage; 0: model layers / (S c)
+  std::int64_t dp = 1;                ///< data-parallel ranks
+  std::int64_t tp = 1;                ///< tensor-parallel ranks
+  int zero_stage = 1;                 ///< ZeRO stage of the optimizer (0-3)
+  double memory_limit_mb = 0;         ///< per device, MB = 1e6 bytes; 0: the device's memory
+  /// S c
+  std::int64_t vstages() const { return stages * chunks; }
+};
+
+/// One virtual stage in pipeline order: its index, the rank that runs it and its layers.
+struct VirtualStage {
+  std::int64_t index = 0;
+  std::int64_t rank = 0;
+  cm::StageLayout layout;
+};
+
+/// The virtual stages of `shape` for `model`: decoder-only layers split evenly (embedding on the
+/// first stage, LM head and loss on the last); encoder-decoder models place the encoder on the
+/// first half of the virtual stages and the decoder on the second (DynaPipe's placement; with one
+/// stage both run on it). Virtual stage v runs on rank v mod S. Throws InvalidArgument naming the
+/// field, the value and the limit (check_shape) when a size is out of range, when tp does not divide
+/// the model's heads, when the layers do not divide, or when layers_per_stage asks for more layers
+/// than the model has: S x chunks x layers_per_stage may be fewer than the model's layers (a slice of
+/// the model, e.g. to study a deeper pipeline on fewer layers) but never more (encoder-decoder: each
+/// half of the virtual stages against the encoder and the decoder layers).
+std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const PipelineShape& shape);
+
+/// Checks the sizes of `shape` before anything is allocated from them: stages, chunks, dp and tp in
+/// [1, kMaxPipelineSize], layers_per_stage >= 0, zero_stage 0-3, memory_limit_mb finite in [0,
+/// kMaxMemoryLimitMb]. Throws InvalidArgument naming the field, the value and the limit.
+void check_shape(const PipelineShape& shape);
+
+/// Sample lengths of one global batch (tokens): input (encoder, or the whole sample for
+/// decoder-only) and target (decoder side; empty for decoder-only).
+struct BatchLengths {
+  std::vector<std::uint32_t> input;
+  std::vector<std::uint32_t> target;
+  bool encoder_decoder() const { return !target.empty(); }
+  std::size_t size() const { return input.size(); }
+};
+
+/// A micro-batch: some samples of the global batch, their padded shape and recompute mode.
+struct MicroBatch {
+  std::vector<std::uint32_t> samples;      ///< indices into BatchLengths, in row order
+  std::vector<std::uint32_t> row_offsets;  ///< packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample
+  std::int64_t padded_len = 0;             ///< every row padded to this many tokens (encoder, or whole sample)
+  std::int64_t padded_dec_len = 0;         ///< decoder tokens per row (encoder-decoder), else 0
+  std::uint64_t tokens = 0;                ///< real tokens, input plus target
+  cm::Recompute recompute = cm::Recompute::None;
+  double time_ms = 0;    ///< predicted forward + backward (+ recompute) time of its slowest stage
+  double stored_mb = 0;  ///< activations stored per in-flight copy on its largest stage (MB = 1e6 bytes)
+  double peak_mb = 0;    ///< transient peak on its largest stage
+  /// Rows (sequences) of the micro-batch.
+  std::int64_t rows() const {
+    return row_offsets.empty() ? static_cast<std::int64_t>(samples.size())
+                               : static_cast<std::int64_t>(row_offsets.size()) - 1;
+  }
+};
+
+}  // namespace packpipe::partition

@@ -1,0 +1,995 @@
+#include "plan/format.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+#include <zstd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "common/errors.h"
+#include "common/file_io.h"
+#include "common/json.h"
+#include "common/mapped_file.h"
+#include "common/recompute.h"
+
+namespace packpipe::plan {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kPlanMagic[4] = {'P', 'P', 'L', 'N'};
+constexpr char kFileMagic[4] = {'P', 'P', 'L', 'F'};
+constexpr char kIndexMagic[4] = {'P', 'P', 'L', 'I'};
+constexpr std::size_t kHeaderSize = 32;
+constexpr std::size_t kFileHeaderSize = 8;
+// Plan file footer (format 2), after the index: count, index offset, first iteration, distinct
+// iterations held, iterations declared by the writer (0: none declared), flags (bit 0: complete),
+// XXH64 of the index and the footer's first 48 bytes, reserved, 'PPLI', footer version.
+constexpr std::size_t kFooterSize = 64;
+constexpr std::uint16_t kPlanFileVersion = 2;
+constexpr std::uint64_t kFlagComplete = 1;
+constexpr std::uint16_t kFlagZstd = 1;
+constexpr std::uint64_t kMaxBody = std::uint64_t{1} << 32;  // 4 GiB: far above any plan
+
+// ------------------------------------------------------------------------------------------
+// Binary writer / reader
+
+class Out {
+ public:
+  std::vector<std::uint8_t> b;
+  void u8(std::uint8_t v) { b.push_back(v); }
+  void var(std::uint64_t v) {
+    while (v >= 0x80) {
+      b.push_back(static_cast<std::uint8_t>(v | 0x80));
+      v >>= 7;
+    }
+    b.push_back(static_cast<std::uint8_t>(v));
+  }
+  void opt(std::uint32_t v) { var(v == kNone ? 0 : std::uint64_t{v} + 1); }
+  void f64(double d) {
+    std::uint64_t u;
+    std::memcpy(&u, &d, 8);
+    le(u, 8);
+  }
+  void le(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void str(const std::string& s) {
+    var(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+  }
+};
+
+class In {
+ public:
+  In(const std::uint8_t* d, std::size_t n, const std::string& what, std::size_t base) : d_(d), n_(n), what_(what), base_(base) {}
+  [[noreturn]] void fail(const char* field, const std::string& msg) const {
+    PACKPIPE_THROW(Error, "{}: offset {}: field '{}': {}", what_, base_ + p_, field, msg);
+  }
+  std::size_t left() const { return n_ - p_; }
+  std::size_t pos() const { return p_; }
+  void need(std::uint64_t k, const char* field) const {
+    if (k > left()) fail(field, fmt::format("expected {} more bytes, found {} (truncated)", k, left()));
+  }
+  std::uint8_t u8(const char* field) {
+    need(1, field);
+    return d_[p_++];
+  }
+  std::uint64_t var(const char* field) {
+    std::uint64_t v = 0;
+    const std::size_t start = p_;
+    for (int shift = 0;; shift += 7) {
+      if (p_ >= n_) {
+        p_ = start;
+        fail(field, "expected a varint, found the end of the data (truncated)");
+      }
+      const std::uint8_t byte = d_[p_++];
+      if (shift == 63 && byte > 1) {
+        p_ = start;
+        fail(field, "varint overflows 64 bits");
+      }
+      v |= static_cast<std::uint64_t>(byte & 0x7F) << shift;
+      if (!(byte & 0x80)) {
+        if (byte == 0 && shift > 0) {
+          p_ = start;
+          fail(field, "varint has a redundant trailing zero byte (non-canonical)");
+        }
+        return v;
+      }
+    }
+  }
+  std::uint64_t var_max(const char* field, std::uint64_t max) {
+    const std::size_t start = p_;
+    const std::uint64_t v = var(field);
+    if (v > max) {
+      p_ = start;
+      fail(field, fmt::format("expected at most {}, found {}", max, v));
+    }
+    return v;
+  }
+  std::uint32_t u32(const char* field) { return static_cast<std::uint32_t>(var_max(field, 0xFFFFFFFFull)); }
+  std::uint32_t opt(const char* field) {
+    const std::uint64_t v = var_max(field, 0xFFFFFFFFull);
+    return v == 0 ? kNone : static_cast<std::uint32_t>(v - 1);
+  }
+  // A count of elements of at least `min_bytes` bytes each: bounded by what is left.
+  std::size_t count(const char* field, std::uint64_t min_bytes) {
+    const std::size_t start = p_;
+    const std::uint64_t c = var(field);
+    if (min_bytes > 0 && c > left() / min_bytes) {
+      p_ = start;
+      fail(field, fmt::format("count {} needs at least {} bytes, only {} left (truncated or corrupt)", c,
+                              c > std::numeric_limits<std::uint64_t>::max() / min_bytes ? c : c * min_bytes, left()));
+    }
+    return static_cast<std::size_t>(c);
+  }
+  double f64(const char* field) {
+    need(8, field);
+    std::uint64_t u = 0;
+    for (int i = 0; i < 8; ++i) u |= static_cast<std::uint64_t>(d_[p_ + i]) << (8 * i);
+    p_ += 8;
+    double d;
+    std::memcpy(&d, &u, 8);
+    return d;
+  }
+  std::string str(const char* field) {
+    const std::size_t n = count(field, 1);
+    std::string s(reinterpret_cast<const char*>(d_ + p_), n);
+    p_ += n;
+    return s;
+  }
+
+ private:
+  const std::uint8_t* d_;
+  std::size_t n_;
+  std::string what_;
+  std::size_t base_;
+  std::size_t p_ = 0;
+};
+
+std::uint64_t rd_le(const std::uint8_t* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::string show_magic(const std::uint8_t* p, std::size_t n) {
+  std::string s;
+  for (std::size_t i = 0; i < n && i < 4; ++i) {
+    s += (p[i] >= 32 && p[i] < 127) ? fmt::format("{}", static_cast<char>(p[i])) : fmt::format("\\x{:02x}", p[i]);
+  }
+  return "'" + s + "'";
+}
+
+void encode_body(const Plan& p, Out& o) {
+  auto check_size = [](const char* name, std::size_t found, std::size_t expected) {
+    PACKPIPE_CHECK_ARG(found == expected, "encode_plan: {} has {} entries, expected {}", name, found, expected);
+  };
+  check_size("stage_rank", p.stage_rank.size(), p.vstages);
+  check_size("static_bytes", p.static_bytes.size(), p.ranks);
+  check_size("buffer_slots", p.buffer_slots.size(), p.ranks);
+  check_size("streams", p.streams.size(), p.ranks);
+  const std::size_t nv = p.microbatches.size() * p.vstages;
+  check_size("recompute", p.recompute.size(), nv);
+  check_size("stored_bytes", p.stored_bytes.size(), nv);
+  check_size("peak_bytes", p.peak_bytes.size(), nv);
+  PACKPIPE_CHECK_ARG(p.timeline.empty() || p.timeline.size() == p.ranks, "encode_plan: timeline has {} ranks, expected {}",
+                     p.timeline.size(), p.ranks);
+  o.var(p.iteration);
+  o.var(p.ranks);
+  o.var(p.vstages);
+  o.str(p.schedule);
+  for (auto r : p.stage_rank) o.var(r);
+  o.var(p.dp);
+  o.var(p.replica);
+  o.var(p.global_tokens);
+  o.f64(p.makespan_ms);
+  o.var(p.memory_limit_bytes);
+  for (auto b : p.static_bytes) o.var(b);
+  for (auto b : p.buffer_slots) o.var(b);
+  o.var(p.shapes.size());
+  for (const auto& s : p.shapes) {
+    o.var(s.rows);
+    o.var(s.seq);
+    o.var(s.hidden);
+    o.var(s.enc_seq);
+    o.u8(static_cast<std::uint8_t>(s.dtype));
+  }
+  o.var(p.microbatches.size());
+  for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+    const auto& mb = p.microbatches[m];
+    PACKPIPE_CHECK_ARG(mb.refs.empty() || mb.refs.size() == mb.samples.size(),
+                       "encode_plan: micro-batch {} has {} sample refs for {} samples", m, mb.refs.size(), mb.samples.size());
+    o.var(mb.rows);
+    o.var(mb.padded_len);
+    o.var(mb.padded_dec_len);
+    o.var(mb.tokens);
+    o.f64(mb.loss_weight);
+    o.var(mb.samples.size());
+    for (auto s : mb.samples) o.var(s);
+    o.u8(mb.refs.empty() ? 0 : 1);
+    for (const auto& r : mb.refs) {
+      o.var(r.task);
+      o.var(r.index);
+    }
+    o.var(mb.row_offsets.size());
+    for (auto x : mb.row_offsets) o.var(x);
+  }
+  for (std::size_t i = 0; i < nv; ++i) {
+    o.u8(p.recompute[i]);
+    o.var(p.stored_bytes[i]);
+    o.var(p.peak_bytes[i]);
+  }
+  for (const auto& st : p.streams) {
+    o.var(st.size());
+    for (const auto& ins : st) {
+      PACKPIPE_CHECK_ARG(static_cast<unsigned>(ins.op) < static_cast<unsigned>(kOpcodeCount),
+                         "encode_plan: opcode {} out of range", static_cast<unsigned>(ins.op));
+      o.u8(static_cast<std::uint8_t>(ins.op));
+      const std::uint8_t f = opcode_fields(ins.op);
+      if (f & kFieldMb) o.opt(ins.mb);
+      if (f & kFieldStage) o.opt(ins.stage);
+      if (f & kFieldPeer) o.opt(ins.peer);
+      if (f & kFieldIn) o.opt(ins.in);
+      if (f & kFieldIn2) o.opt(ins.in2);
+      if (f & kFieldOut) o.opt(ins.out);
+      if (f & kFieldShape) o.opt(ins.shape);
+    }
+  }
+  o.u8(p.timeline.empty() ? 0 : 1);
+  for (const auto& ops : p.timeline) {
+    o.var(ops.size());
+    for (const auto& op : ops) {
+      o.u8(static_cast<std::uint8_t>(op.kind));
+      o.var(op.mb);
+      o.var(op.vstage);
+      o.f64(op.start_ms);
+      o.f64(op.end_ms);
+    }
+  }
+}
+
+Plan decode_body(In& in) {
+  Plan p;
+  p.iteration = in.var("iteration");
+  p.ranks = static_cast<std::uint32_t>(in.var_max("ranks", 1u << 24));
+  p.vstages = static_cast<std::uint32_t>(in.var_max("vstages", 1u << 24));
+  p.schedule = in.str("schedule");
+  in.need(p.vstages, "stage_rank");
+  p.stage_rank.resize(p.vstages);
+  for (auto& r : p.stage_rank) r = in.u32("stage_rank");
+  p.dp = in.u32("dp");
+  p.replica = in.u32("replica");
+  p.global_tokens = in.var("global_tokens");
+  p.makespan_ms = in.f64("makespan_ms");
+  p.memory_limit_bytes = in.var("memory_limit_bytes");
+  in.need(2ull * p.ranks, "static_bytes");
+  p.static_bytes.resize(p.ranks);
+  for (auto& b : p.static_bytes) b = in.var("static_bytes");
+  p.buffer_slots.resize(p.ranks);
+  for (auto& b : p.buffer_slots) b = in.u32("buffer_slots");
+  p.shapes.resize(in.count("shapes", 5));
+  for (auto& s : p.shapes) {
+    s.rows = in.u32("shape.rows");
+    s.seq = in.u32("shape.seq");
+    s.hidden = in.u32("shape.hidden");
+    s.enc_seq = in.u32("shape.enc_seq");
+    const std::uint8_t d = in.u8("shape.dtype");
+    if (d > static_cast<std::uint8_t>(Dtype::I64)) in.fail("shape.dtype", fmt::format("expected 0..4, found {}", d));
+    s.dtype = static_cast<Dtype>(d);
+  }
+  p.microbatches.resize(in.count("microbatches", 15));
+  for (auto& mb : p.microbatches) {
+    mb.rows = in.u32("microbatch.rows");
+    mb.padded_len = in.u32("microbatch.padded_len");
+    mb.padded_dec_len = in.u32("microbatch.padded_dec_len");
+    mb.tokens = in.var("microbatch.tokens");
+    mb.loss_weight = in.f64("microbatch.loss_weight");
+    mb.samples.resize(in.count("microbatch.samples", 1));
+    for (auto& s : mb.samples) s = in.u32("microbatch.samples");
+    const std::uint8_t has_refs = in.u8("microbatch.has_refs");
+    if (has_refs > 1) in.fail("microbatch.has_refs", fmt::format("expected 0 or 1, found {}", has_refs));
+    if (has_refs) {
+      in.need(2ull * mb.samples.size(), "microbatch.refs");
+      mb.refs.resize(mb.samples.size());
+      for (auto& r : mb.refs) {
+        r.task = in.u32("microbatch.refs.task");
+        r.index = in.var("microbatch.refs.index");
+      }
+    }
+    mb.row_offsets.resize(in.count("microbatch.row_offsets", 1));
+    for (auto& x : mb.row_offsets) x = in.u32("microbatch.row_offsets");
+  }
+  const std::uint64_t nv = static_cast<std::uint64_t>(p.microbatches.size()) * p.vstages;
+  in.need(nv * 3, "recompute/stored/peak table");
+  p.recompute.resize(nv);
+  p.stored_bytes.resize(nv);
+  p.peak_bytes.resize(nv);
+  for (std::uint64_t i = 0; i < nv; ++i) {
+    p.recompute[i] = in.u8("recompute");
+    if (p.recompute[i] > 2) in.fail("recompute", fmt::format("expected 0 (none), 1 (selective) or 2 (full), found {}", p.recompute[i]));
+    p.stored_bytes[i] = in.var("stored_bytes");
+    p.peak_bytes[i] = in.var("peak_bytes");
+  }
+  in.need(p.ranks, "streams");
+  p.streams.resize(p.ranks);
+  for (auto& st : p.streams) {
+    st.resize(in.count("stream.length", 1));
+    for (auto& ins : st) {
+      const std::uint8_t op = in.u8("instruction.opcode");
+      if (op >= kOpcodeCount) in.fail("instruction.opcode", fmt::format("expected below {}, found {}", kOpcodeCount, op));
+      ins.op = static_cast<Opcode>(op);
+      const std::uint8_t f = opcode_fields(ins.op);
+      if (f & kFieldMb) ins.mb = in.opt("instruction.mb");
+      if (f & kFieldStage) ins.stage = in.opt("instruction.stage");
+      if (f & kFieldPeer) ins.peer = in.opt("instruction.peer");
+      if (f & kFieldIn) ins.in = in.opt("instruction.in");
+      if (f & kFieldIn2) ins.in2 = in.opt("instruction.in2");
+      if (f & kFieldOut) ins.out = in.opt("instruction.out");
+      if (f & kFieldShape) ins.shape = in.opt("instruction.shape");
+    }
+  }
+  const std::uint8_t has_tl = in.u8("has_timeline");
+  if (has_tl > 1) in.fail("has_timeline", fmt::format("expected 0 or 1, found {}", has_tl));
+  if (has_tl) {
+    in.need(p.ranks, "timeline");
+    p.timeline.resize(p.ranks);
+    for (auto& ops : p.timeline) {
+      ops.resize(in.count("timeline.length", 19));
+      for (auto& op : ops) {
+        const std::uint8_t k = in.u8("timeline.kind");
+        if (k > static_cast<std::uint8_t>(OpKind::BackwardWeight)) in.fail("timeline.kind", fmt::format("expected 0..3, found {}", k));
+        op.kind = static_cast<OpKind>(k);
+        op.mb = in.u32("timeline.mb");
+        op.vstage = in.u32("timeline.vstage");
+        op.start_ms = in.f64("timeline.start_ms");
+        op.end_ms = in.f64("timeline.end_ms");
+      }
+    }
+  }
+  if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------
+// JSON
+
+Json ins_json(const Instruction& ins) {
+  Json j;
+  j["op"] = opcode_name(ins.op);
+  const std::uint8_t f = opcode_fields(ins.op);
+  auto put = [&](std::uint8_t bit, const char* key, std::uint32_t v) {
+    if ((f & bit) && v != kNone) j[key] = v;
+  };
+  put(kFieldMb, "mb", ins.mb);
+  put(kFieldStage, "stage", ins.stage);
+  put(kFieldPeer, "peer", ins.peer);
+  put(kFieldIn, "in", ins.in);
+  put(kFieldIn2, "in2", ins.in2);
+  put(kFieldOut, "out", ins.out);
+  put(kFieldShape, "shape", ins.shape);
+  return j;
+}
+
+class JIn {
+ public:
+  explicit JIn(const std::string& what) : what_(what) {}
+  [[noreturn]] void fail(const std::string& ptr, const std::string& msg) const {
+    PACKPIPE_THROW(Error, "{}: field '{}': {}", what_, ptr, msg);
+  }
+  static std::string kind(const Json& j) { return j.type_name(); }
+  const Json& at(const Json& j, const std::string& ptr, const char* key) const {
+    if (!j.is_object()) fail(ptr, fmt::format("expected an object, found {}", kind(j)));
+    auto it = j.find(key);
+    if (it == j.end()) fail(ptr + "/" + key, "expected a value, found none (missing)");
+    return *it;
+  }
+  std::uint64_t u64(const Json& j, const std::string& ptr, std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) const {
+    if (!j.is_number_unsigned() && !(j.is_number_integer() && j.get<std::int64_t>() >= 0)) {
+      fail(ptr, fmt::format("expected a non-negative integer, found {} {}", kind(j), j.dump()));
+    }
+    const auto v = j.get<std::uint64_t>();
+    if (v > max) fail(ptr, fmt::format("expected at most {}, found {}", max, v));
+    return v;
+  }
+  std::uint32_t u32(const Json& j, const std::string& ptr) const { return static_cast<std::uint32_t>(u64(j, ptr, 0xFFFFFFFEull)); }
+  double num(const Json& j, const std::string& ptr) const {
+    if (!j.is_number()) fail(ptr, fmt::format("expected a number, found {} {}", kind(j), j.dump()));
+    return j.get<double>();
+  }
+  std::string str(const Json& j, const std::string& ptr) const {
+    if (!j.is_string()) fail(ptr, fmt::format("expected a string, found {} {}", kind(j), j.dump()));
+    return j.get<std::string>();
+  }
+  const Json& arr(const Json& j, const std::string& ptr, std::size_t expected = SIZE_MAX) const {
+    if (!j.is_array()) fail(ptr, fmt::format("expected an array, found {}", kind(j)));
+    if (expected != SIZE_MAX && j.size() != expected) fail(ptr, fmt::format("expected {} entries, found {}", expected, j.size()));
+    return j;
+  }
+  // Refuses a key not in `keys`: a misspelt optional field ("refz") would otherwise be dropped.
+  void only(const Json& j, const std::string& ptr, std::initializer_list<const char*> keys) const {
+    if (!j.is_object()) fail(ptr, fmt::format("expected an object, found {}", kind(j)));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; })) {
+        std::string known;
+        for (const char* k : keys) known += (known.empty() ? "" : ", ") + std::string(k);
+        fail(ptr + "/" + it.key(), fmt::format("unknown field; expected one of {}", known));
+      }
+    }
+  }
+  template <class T>
+  std::vector<T> u_list(const Json& j, const std::string& ptr, std::size_t expected = SIZE_MAX) const {
+    arr(j, ptr, expected);
+    std::vector<T> out;
+    out.reserve(j.size());
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      out.push_back(static_cast<T>(u64(j[i], ptr + "/" + std::to_string(i),
+                                       sizeof(T) == 4 ? 0xFFFFFFFFull : std::numeric_limits<std::uint64_t>::max())));
+    }
+    return out;
+  }
+
+ private:
+  std::string what_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+
+std::vector<std::uint8_t> encode_plan(const Plan& plan, const EncodeOptions& options) {
+  Out body;
+  encode_body(plan, body);
+  std::vector<std::uint8_t> stored;
+  std::uint16_t flags = 0;
+  if (options.compress) {
+    flags |= kFlagZstd;
+    stored.resize(ZSTD_compressBound(body.b.size()));
+    const std::size_t n = ZSTD_compress(stored.data(), stored.size(), body.b.data(), body.b.size(), options.zstd_level);
+    PACKPIPE_CHECK(!ZSTD_isError(n), "encode_plan: zstd compression failed: {}", ZSTD_getErrorName(n));
+    stored.resize(n);
+  } else {
+    stored = std::move(body.b);
+  }
+  Out o;
+  o.b.reserve(kHeaderSize + stored.size());
+  o.b.insert(o.b.end(), kPlanMagic, kPlanMagic + 4);
+  o.le(kPlanFormatVersion, 2);
+  o.le(flags, 2);
+  o.le(options.compress ? body.b.size() : stored.size(), 8);
+  o.le(stored.size(), 8);
+  o.le(XXH64(stored.data(), stored.size(), 0), 8);
+  o.b.insert(o.b.end(), stored.begin(), stored.end());
+  return std::move(o.b);
+}
+
+Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& what, bool verify_checksum) {
+  PACKPIPE_CHECK(size >= kHeaderSize, "{}: offset 0: field 'header': expected {} bytes, found {} (truncated)", what,
+                 kHeaderSize, size);
+  PACKPIPE_CHECK(std::memcmp(data, kPlanMagic, 4) == 0, "{}: offset 0: field 'magic': expected 'PPLN', found {}", what,
+                 show_magic(data, size));
+  const auto version = static_cast<std::uint16_t>(rd_le(data + 4, 2));
+  PACKPIPE_CHECK(version >= 1 && version <= kPlanFormatVersion,
+                 "{}: offset 4: field 'version': expected 1..{}, found {} (written by a newer packpipe?)", what,
+                 kPlanFormatVersion, version);
+  const auto flags = static_cast<std::uint16_t>(rd_le(data + 6, 2));
+  PACKPIPE_CHECK((flags & ~kFlagZstd) == 0, "{}: offset 6: field 'flags': expected bits 0x{:x}, found 0x{:x}", what,
+                 kFlagZstd, flags);
+  const std::uint64_t body_size = rd_le(data + 8, 8);
+  const std::uint64_t stored_size = rd_le(data + 16, 8);
+  const std::uint64_t checksum = rd_le(data + 24, 8);
+  PACKPIPE_CHECK(stored_size == size - kHeaderSize,
+                 "{}: offset 16: field 'stored_size': expected {} (the bytes after the header), found {}{}", what,
+                 size - kHeaderSize, stored_size, stored_size > size - kHeaderSize ? " (truncated)" : "");
+  const std::uint8_t* stored = data + kHeaderSize;
+  if (verify_checksum) {
+    const std::uint64_t actual = XXH64(stored, stored_size, 0);
+    PACKPIPE_CHECK(actual == checksum,
+                   "{}: offset 24: field 'checksum': expected XXH64 0x{:016x} of the body, found 0x{:016x} (corrupt)", what,
+                   actual, checksum);
+  }
+  std::vector<std::uint8_t> raw;
+  const std::uint8_t* body = stored;
+  if (flags & kFlagZstd) {
+    PACKPIPE_CHECK(body_size <= kMaxBody, "{}: offset 8: field 'body_size': expected at most {}, found {}", what, kMaxBody,
+                   body_size);
+    const unsigned long long frame = ZSTD_getFrameContentSize(stored, stored_size);
+    PACKPIPE_CHECK(frame != ZSTD_CONTENTSIZE_ERROR && frame != ZSTD_CONTENTSIZE_UNKNOWN && frame == body_size,
+                   "{}: offset {}: field 'zstd frame': expected a frame of {} bytes, found {}", what, kHeaderSize, body_size,
+                   frame == ZSTD_CONTENTSIZE_ERROR ? std::string("no valid frame")
+                   : frame == ZSTD_CONTENTSIZE_UNKNOWN ? std::string("an unknown size")
+                                                       : std::to_string(frame));
+    raw.resize(body_size);
+    const std::size_t n = ZSTD_decompress(raw.data(), raw.size(), stored, stored_size);
+    PACKPIPE_CHECK(!ZSTD_isError(n) && n == body_size, "{}: offset {}: field 'body': zstd decompression failed: {}", what,
+                   kHeaderSize, ZSTD_isError(n) ? ZSTD_getErrorName(n) : fmt::format("{} of {} bytes", n, body_size));
+    body = raw.data();
+  } else {
+    PACKPIPE_CHECK(body_size == stored_size, "{}: offset 8: field 'body_size': expected {} (uncompressed), found {}", what,
+                   stored_size, body_size);
+  }
+  // Offsets in errors are file offsets when uncompressed, offsets into the body otherwise.
+  In in(body, static_cast<std::size_t>(body_size), (flags & kFlagZstd) ? what + " (decompressed body)" : what,
+        (flags & kFlagZstd) ? 0 : kHeaderSize);
+  return decode_body(in);
+}
+
+std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
+  Json j;
+  j["format"] = "packpipe-plan";
+  j["version"] = kPlanFormatVersion;
+  j["iteration"] = p.iteration;
+  j["schedule"] = p.schedule;
+  j["ranks"] = p.ranks;
+  j["vstages"] = p.vstages;
+  j["stage_rank"] = p.stage_rank;
+  j["dp"] = p.dp;
+  j["replica"] = p.replica;
+  j["global_tokens"] = p.global_tokens;
+  j["makespan_ms"] = p.makespan_ms;
+  j["memory_limit_bytes"] = p.memory_limit_bytes;
+  j["static_bytes"] = p.static_bytes;
+  j["buffer_slots"] = p.buffer_slots;
+  Json shapes = Json::array();
+  for (const auto& s : p.shapes) {
+    shapes.push_back(Json{{"rows", s.rows}, {"seq", s.seq}, {"hidden", s.hidden}, {"enc_seq", s.enc_seq},
+                          {"dtype", dtype_name(s.dtype)}});
+  }
+  j["shapes"] = std::move(shapes);
+  Json mbs = Json::array();
+  for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+    const auto& mb = p.microbatches[m];
+    Json o;
+    o["rows"] = mb.rows;
+    o["padded_len"] = mb.padded_len;
+    o["padded_dec_len"] = mb.padded_dec_len;
+    o["tokens"] = mb.tokens;
+    o["loss_weight"] = mb.loss_weight;
+    o["samples"] = mb.samples;
+    if (!mb.refs.empty()) {
+      Json refs = Json::array();
+      for (const auto& r : mb.refs) refs.push_back(Json::array({r.task, r.index}));
+      o["refs"] = std::move(refs);
+    }
+    if (!mb.row_offsets.empty()) o["row_offsets"] = mb.row_offsets;
+    Json rc = Json::array(), st = Json::array(), pk = Json::array();
+    for (std::size_t v = 0; v < p.vstages; ++v) {
+      const std::size_t i = m * p.vstages + v;
+      rc.push_back(i < p.recompute.size() ? recompute_name(static_cast<Recompute>(p.recompute[i])) : "?");
+      st.push_back(i < p.stored_bytes.size() ? p.stored_bytes[i] : 0);
+      pk.push_back(i < p.peak_bytes.size() ? p.peak_bytes[i] : 0);
+    }
+    o["recompute"] = std::move(rc);
+    o["stored_bytes"] = std::move(st);
+    o["peak_bytes"] = std::move(pk);
+    mbs.push_back(std::move(o));
+  }
+  j["microbatches"] = std::move(mbs);
+  Json streams = Json::array();
+  for (std::size_t r = 0; r < p.streams.size(); ++r) {
+    if (rank >= 0 && static_cast<std::size_t>(rank) != r) continue;
+    Json s = Json::array();
+    for (const auto& ins : p.streams[r]) s.push_back(ins_json(ins));
+    streams.push_back(std::move(s));
+  }
+  if (rank >= 0) {
+    j["rank"] = rank;
+    j["stream"] = streams.empty() ? Json::array() : streams[0];
+  } else {
+    j["streams"] = std::move(streams);
+  }
+  if (!p.timeline.empty()) {
+    Json tl = Json::array();
+    for (std::size_t r = 0; r < p.timeline.size(); ++r) {
+      if (rank >= 0 && static_cast<std::size_t>(rank) != r) continue;
+      Json ops = Json::array();
+      for (const auto& op : p.timeline[r]) {
+        ops.push_back(Json::array({op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, op.end_ms}));
+      }
+      tl.push_back(std::move(ops));
+    }
+    j["timeline"] = std::move(tl);
+  }
+  return j.dump(indent);
+}
+
+Plan plan_from_json(const std::string& text, const std::string& what) {
+  Json j;
+  j = parse_ordered_json(text, what);  // duplicate keys refused, depth bounded; Error names byte and line
+  JIn in(what);
+  Plan p;
+  const std::string fmt_name = in.str(in.at(j, "", "format"), "/format");
+  if (fmt_name != "packpipe-plan") in.fail("/format", fmt::format("expected \"packpipe-plan\", found \"{}\"", fmt_name));
+  const auto version = in.u64(in.at(j, "", "version"), "/version");
+  if (version < 1 || version > kPlanFormatVersion) in.fail("/version", fmt::format("expected 1..{}, found {}", kPlanFormatVersion, version));
+  if (j.contains("stream")) in.fail("/stream", "this JSON holds one rank's stream only (written by inspect --rank); it is not a whole plan");
+  in.only(j, "", {"format", "version", "iteration", "schedule", "ranks", "vstages", "stage_rank", "dp", "replica",
+                  "global_tokens", "makespan_ms", "memory_limit_bytes", "static_bytes", "buffer_slots", "shapes",
+                  "microbatches", "streams", "timeline"});
+  p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
+  p.schedule = in.str(in.at(j, "", "schedule"), "/schedule");
+  p.ranks = static_cast<std::uint32_t>(in.u64(in.at(j, "", "ranks"), "/ranks", 1u << 24));
+  p.vstages = static_cast<std::uint32_t>(in.u64(in.at(j, "", "vstages"), "/vstages", 1u << 24));
+  p.stage_rank = in.u_list<std::uint32_t>(in.at(j, "", "stage_rank"), "/stage_rank", p.vstages);
+  p.dp = static_cast<std::uint32_t>(in.u64(in.at(j, "", "dp"), "/dp", 0xFFFFFFFFull));
+  p.replica = static_cast<std::uint32_t>(in.u64(in.at(j, "", "replica"), "/replica", 0xFFFFFFFFull));
+  p.global_tokens = in.u64(in.at(j, "", "global_tokens"), "/global_tokens");
+  p.makespan_ms = in.num(in.at(j, "", "makespan_ms"), "/makespan_ms");
+  p.memory_limit_bytes = in.u64(in.at(j, "", "memory_limit_bytes"), "/memory_limit_bytes");
+  p.static_bytes = in.u_list<std::uint64_t>(in.at(j, "", "static_bytes"), "/static_bytes", p.ranks);
+  p.buffer_slots = in.u_list<std::uint32_t>(in.at(j, "", "buffer_slots"), "/buffer_slots", p.ranks);
+  const Json& shapes = in.arr(in.at(j, "", "shapes"), "/shapes");
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const std::string ptr = "/shapes/" + std::to_string(i);
+    const Json& s = shapes[i];
+    in.only(s, ptr, {"rows", "seq", "hidden", "enc_seq", "dtype"});
+    TensorShape t;
+    t.rows = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
+    t.seq = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "seq"), ptr + "/seq", 0xFFFFFFFFull));
+    t.hidden = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "hidden"), ptr + "/hidden", 0xFFFFFFFFull));
+    t.enc_seq = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "enc_seq"), ptr + "/enc_seq", 0xFFFFFFFFull));
+    const std::string d = in.str(in.at(s, ptr, "dtype"), ptr + "/dtype");
+    try {
+      t.dtype = dtype_from_name(d);
+    } catch (const InvalidArgument&) {
+      in.fail(ptr + "/dtype", fmt::format("expected fp16, bf16, fp32, int32 or int64, found \"{}\"", d));
+    }
+    p.shapes.push_back(t);
+  }
+  const Json& mbs = in.arr(in.at(j, "", "microbatches"), "/microbatches");
+  const std::size_t N = mbs.size(), V = p.vstages;
+  p.recompute.resize(N * V);
+  p.stored_bytes.resize(N * V);
+  p.peak_bytes.resize(N * V);
+  for (std::size_t m = 0; m < N; ++m) {
+    const std::string ptr = "/microbatches/" + std::to_string(m);
+    const Json& o = mbs[m];
+    in.only(o, ptr, {"rows", "padded_len", "padded_dec_len", "tokens", "loss_weight", "samples", "refs", "row_offsets",
+                     "recompute", "stored_bytes", "peak_bytes"});
+    PlanMicroBatch mb;
+    mb.rows = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
+    mb.padded_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_len"), ptr + "/padded_len", 0xFFFFFFFFull));
+    mb.padded_dec_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_dec_len"), ptr + "/padded_dec_len", 0xFFFFFFFFull));
+    mb.tokens = in.u64(in.at(o, ptr, "tokens"), ptr + "/tokens");
+    mb.loss_weight = in.num(in.at(o, ptr, "loss_weight"), ptr + "/loss_weight");
+    mb.samples = in.u_list<std::uint32_t>(in.at(o, ptr, "samples"), ptr + "/samples");
+    if (o.contains("refs")) {
+      const Json& refs = in.arr(o["refs"], ptr + "/refs", mb.samples.size());
+      for (std::size_t i = 0; i < refs.size(); ++i) {
+        const std::string rp = ptr + "/refs/" + std::to_string(i);
+        in.arr(refs[i], rp, 2);
+        mb.refs.push_back(SampleRef{static_cast<std::uint32_t>(in.u64(refs[i][0], rp + "/0", 0xFFFFFFFFull)), in.u64(refs[i][1], rp + "/1")});
+      }
+    }
+    if (o.contains("row_offsets")) mb.row_offsets = in.u_list<std::uint32_t>(o["row_offsets"], ptr + "/row_offsets");
+    const Json& rc = in.arr(in.at(o, ptr, "recompute"), ptr + "/recompute", V);
+    const auto st = in.u_list<std::uint64_t>(in.at(o, ptr, "stored_bytes"), ptr + "/stored_bytes", V);
+    const auto pk = in.u_list<std::uint64_t>(in.at(o, ptr, "peak_bytes"), ptr + "/peak_bytes", V);
+    for (std::size_t v = 0; v < V; ++v) {
+      const std::string name = in.str(rc[v], ptr + "/recompute/" + std::to_string(v));
+      const auto* mode = std::find_if(std::begin(kRecomputeNames), std::end(kRecomputeNames),
+                                      [&](const auto& x) { return name == x.name; });
+      if (mode == std::end(kRecomputeNames)) {
+        in.fail(ptr + "/recompute/" + std::to_string(v),
+                fmt::format("expected one of {}, found \"{}\"", enum_name_list(kRecomputeNames), name));
+      }
+      p.recompute[m * V + v] = static_cast<std::uint8_t>(mode->value);
+      p.stored_bytes[m * V + v] = st[v];
+      p.peak_bytes[m * V + v] = pk[v];
+    }
+    p.microbatches.push_back(std::move(mb));
+  }
+  const Json& streams = in.arr(in.at(j, "", "streams"), "/streams", p.ranks);
+  p.streams.resize(p.ranks);
+  for (std::size_t r = 0; r < p.ranks; ++r) {
+    const std::string sp = "/streams/" + std::to_string(r);
+    const Json& s = in.arr(streams[r], sp);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const std::string ptr = sp + "/" + std::to_string(i);
+      Instruction ins;
+      const std::string name = in.str(in.at(s[i], ptr, "op"), ptr + "/op");
+      try {
+        ins.op = opcode_from_name(name);
+      } catch (const InvalidArgument&) {
+        in.fail(ptr + "/op", fmt::format("expected an instruction name (FWD, BWD, SEND_ACT_START, ...), found \"{}\"", name));
+      }
+      const std::uint8_t f = opcode_fields(ins.op);
+      for (auto it = s[i].begin(); it != s[i].end(); ++it) {
+        const std::string& key = it.key();
+        if (key == "op") continue;
+        struct K {
+          const char* name;
+          std::uint8_t bit;
+          std::uint32_t Instruction::*field;
+        };
+        static const K keys[] = {{"mb", kFieldMb, &Instruction::mb},       {"stage", kFieldStage, &Instruction::stage},
+                                 {"peer", kFieldPeer, &Instruction::peer}, {"in", kFieldIn, &Instruction::in},
+                                 {"in2", kFieldIn2, &Instruction::in2},    {"out", kFieldOut, &Instruction::out},
+                                 {"shape", kFieldShape, &Instruction::shape}};
+        bool known = false;
+        for (const auto& k : keys) {
+          if (key != k.name) continue;
+          known = true;
+          if (!(f & k.bit)) in.fail(ptr + "/" + key, fmt::format("{} has no field '{}'", name, key));
+          ins.*(k.field) = in.u32(it.value(), ptr + "/" + key);
+        }
+        if (!known) in.fail(ptr + "/" + key, "unknown instruction field");
+      }
+      p.streams[r].push_back(ins);
+    }
+  }
+  if (j.contains("timeline")) {
+    const Json& tl = in.arr(j["timeline"], "/timeline", p.ranks);
+    p.timeline.resize(p.ranks);
+    for (std::size_t r = 0; r < p.ranks; ++r) {
+      const Json& ops = in.arr(tl[r], "/timeline/" + std::to_string(r));
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const std::string ptr = "/timeline/" + std::to_string(r) + "/" + std::to_string(i);
+        const Json& a = in.arr(ops[i], ptr, 5);
+        ScheduledOp op;
+        const std::string k = in.str(a[0], ptr + "/0");
+        if (k == "F") op.kind = OpKind::Forward;
+        else if (k == "B") op.kind = OpKind::Backward;
+        else if (k == "I") op.kind = OpKind::BackwardInput;
+        else if (k == "W") op.kind = OpKind::BackwardWeight;
+        else in.fail(ptr + "/0", fmt::format("expected F, B, I or W, found \"{}\"", k));
+        op.mb = static_cast<std::uint32_t>(in.u64(a[1], ptr + "/1", 0xFFFFFFFFull));
+        op.vstage = static_cast<std::uint32_t>(in.u64(a[2], ptr + "/2", 0xFFFFFFFFull));
+        op.start_ms = in.num(a[3], ptr + "/3");
+        op.end_ms = in.num(a[4], ptr + "/4");
+        p.timeline[r].push_back(op);
+      }
+    }
+  }
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------
+// Plan files
+
+PlanFileWriter::PlanFileWriter(const std::string& path, const EncodeOptions& options)
+    : path_(path), options_(options), out_(std::make_unique<AtomicFile>(path)) {
+  Out h;
+  h.b.insert(h.b.end(), kFileMagic, kFileMagic + 4);
+  h.le(kPlanFileVersion, 2);
+  h.le(0, 2);
+  out_->write(h.b.data(), h.b.size());
+  offset_ = h.b.size();
+}
+
+// Without a successful close() the temporary is removed: a run that fails mid-epoch leaves no file.
+PlanFileWriter::~PlanFileWriter() = default;
+
+void PlanFileWriter::expect_iterations(std::uint64_t first_iteration, std::uint64_t count) {
+  PACKPIPE_CHECK_ARG(index_.empty(), "plan file '{}': expect_iterations() after the first plan", path_);
+  PACKPIPE_CHECK_ARG(count > 0, "plan file '{}': expect_iterations() with 0 iterations", path_);
+  first_expected_ = first_iteration;
+  expected_ = count;
+}
+
+void PlanFileWriter::discard() noexcept { out_.reset(); }
+
+void PlanFileWriter::append(const Plan& plan) { append_encoded(plan.iteration, encode_plan(plan, options_)); }
+
+void PlanFileWriter::append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob) {
+  PACKPIPE_CHECK(out_ != nullptr, "plan file '{}' is closed", path_);
+  PACKPIPE_CHECK_ARG(index_.empty() || iteration >= index_.back().iteration,
+                     "plan file '{}': iteration {} appended after iteration {}; plans go in iteration order",
+                     path_, iteration, index_.back().iteration);
+  PACKPIPE_CHECK_ARG(expected_ == 0 || (iteration >= first_expected_ && iteration - first_expected_ < expected_),
+                     "plan file '{}': iteration {} is outside the declared iterations {}..{}", path_, iteration,
+                     first_expected_, first_expected_ + expected_ - 1);
+  out_->write(blob.data(), blob.size());
+  index_.push_back(Entry{iteration, offset_, blob.size()});
+  offset_ += blob.size();
+}
+
+void PlanFileWriter::close() {
+  if (out_ == nullptr) return;
+  Out o;
+  for (const auto& e : index_) {
+    o.le(e.iteration, 8);
+    o.le(e.offset, 8);
+    o.le(e.size, 8);
+  }
+  std::uint64_t distinct = 0;
+  for (std::size_t i = 0; i < index_.size(); ++i) distinct += i == 0 || index_[i].iteration != index_[i - 1].iteration;
+  const std::uint64_t first = index_.empty() ? first_expected_ : index_.front().iteration;
+  const bool complete = expected_ == 0 || (distinct == expected_ && first == first_expected_);
+  const std::size_t foot = o.b.size();
+  o.le(index_.size(), 8);
+  o.le(offset_, 8);
+  o.le(first, 8);
+  o.le(distinct, 8);
+  o.le(expected_, 8);
+  o.le(complete ? kFlagComplete : 0, 8);
+  o.le(XXH64(o.b.data(), foot + 48, 0), 8);
+  o.b.insert(o.b.end(), kIndexMagic, kIndexMagic + 4);
+  o.le(kPlanFileVersion, 4);
+  std::unique_ptr<AtomicFile> out = std::move(out_);
+  out->write(o.b.data(), o.b.size());
+  out->commit();
+}
+
+PlanFileReader::PlanFileReader(const std::string& path) : path_(path) {
+  map_ = std::make_shared<MappedFile>(path);
+  open(map_->data(), static_cast<std::size_t>(map_->size()));
+}
+
+PlanFileReader PlanFileReader::from_memory(const std::uint8_t* data, std::size_t size, const std::string& what,
+                                           bool verify_checksums) {
+  PlanFileReader r;
+  r.path_ = what;
+  r.verify_ = verify_checksums;
+  r.bytes_ = std::make_shared<std::vector<std::uint8_t>>(data, data + size);
+  r.open(r.bytes_->data(), r.bytes_->size());
+  return r;
+}
+
+void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
+  data_ = data;
+  size_ = size;
+  const std::string& w = path_;
+  std::size_t first = 0;
+  while (first < size && (data[first] == ' ' || data[first] == '\n' || data[first] == '\r' || data[first] == '\t')) ++first;
+  if (first < size && data[first] == '{') {
+    json_ = true;
+    const Plan p = plan_from_json(std::string(reinterpret_cast<const char*>(data), size), w);
+    entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    single_ = true;
+    first_iteration_ = p.iteration;
+    iterations_ = 1;
+    return;
+  }
+  PACKPIPE_CHECK(size >= 4, "{}: offset 0: field 'magic': expected 'PPLF' (plan file), 'PPLN' (one plan) or a JSON object, "
+                 "found {} bytes (truncated)", w, size);
+  if (std::memcmp(data, kPlanMagic, 4) == 0) {
+    const Plan p = decode_plan(data, size, w);
+    entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    single_ = true;
+    first_iteration_ = p.iteration;
+    iterations_ = 1;
+    return;
+  }
+  PACKPIPE_CHECK(std::memcmp(data, kFileMagic, 4) == 0,
+                 "{}: offset 0: field 'magic': expected 'PPLF' (plan file), 'PPLN' (one plan) or a JSON object, found {}", w,
+                 show_magic(data, size));
+  PACKPIPE_CHECK(size >= kFileHeaderSize + kFooterSize,
+                 "{}: offset {}: field 'footer': expected at least {} bytes, found {} (truncated, or the writer was not "
+                 "closed)", w, size, kFileHeaderSize + kFooterSize, size);
+  const auto version = rd_le(data + 4, 2);
+  PACKPIPE_CHECK(version == kPlanFileVersion,
+                 "{}: offset 4: field 'version': expected plan file format {}, found {}{}", w, kPlanFileVersion, version,
+                 version == 1 ? " (format 1 has no index checksum or completeness record: plan the epoch again to "
+                                "rewrite it)"
+                              : "");
+  const std::uint8_t* foot = data + size - kFooterSize;
+  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0 && rd_le(foot + 60, 4) == kPlanFileVersion,
+                 "{}: offset {}: field 'footer magic': expected 'PPLI' version {}, found {} (truncated, or the writer "
+                 "was not closed)", w, size - kFooterSize + 56, kPlanFileVersion, show_magic(foot + 56, 4));
+  const std::uint64_t count = rd_le(foot, 8);
+  const std::uint64_t index_offset = rd_le(foot + 8, 8);
+  const std::uint64_t index_end = size - kFooterSize;
+  PACKPIPE_CHECK(index_offset >= kFileHeaderSize && index_offset <= index_end && (index_end - index_offset) % 24 == 0 &&
+                     (index_end - index_offset) / 24 == count,
+                 "{}: offset {}: field 'index': expected {} entries of 24 bytes between offset {} and {}, found an index "
+                 "at offset {} for {} plans", w, size - kFooterSize, count, index_offset, index_end, index_offset, count);
+  const std::uint64_t sum = XXH64(data + index_offset, static_cast<std::size_t>(index_end - index_offset) + 48, 0);
+  PACKPIPE_CHECK(!verify_ || sum == rd_le(foot + 48, 8),
+                 "{}: offset {}: field 'index checksum': expected XXH64 0x{:016x} of the index and footer, found "
+                 "0x{:016x} (corrupt or edited)", w, size - kFooterSize + 48, sum, rd_le(foot + 48, 8));
+  first_iteration_ = rd_le(foot + 16, 8);
+  iterations_ = rd_le(foot + 24, 8);
+  expected_iterations_ = rd_le(foot + 32, 8);
+  const std::uint64_t flags = rd_le(foot + 40, 8);
+  PACKPIPE_CHECK((flags & ~kFlagComplete) == 0, "{}: offset {}: field 'flags': unknown bits 0x{:x}", w,
+                 size - kFooterSize + 40, flags & ~kFlagComplete);
+  complete_ = (flags & kFlagComplete) != 0;
+  entries_.resize(count);
+  std::uint64_t expect_offset = kFileHeaderSize, distinct = 0, group = 0, replicas = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const std::uint8_t* e = data + index_offset + 24 * i;
+    Entry& en = entries_[i];
+    en.iteration = rd_le(e, 8);
+    en.offset = rd_le(e + 8, 8);
+    en.size = rd_le(e + 16, 8);
+    const std::string field = fmt::format("{}: offset {}: field 'index[{}]'", w, index_offset + 24 * i, i);
+    // Blobs are back to back: a removed, duplicated or redirected entry leaves a gap or an overlap.
+    PACKPIPE_CHECK(en.offset == expect_offset && en.size <= index_offset - en.offset,
+                   "{}: expected a plan at offset {} within bytes {}..{}, found offset {} size {}", field,
+                   expect_offset, kFileHeaderSize, index_offset, en.offset, en.size);
+    expect_offset = en.offset + en.size;
+    const bool starts = i == 0 || en.iteration != entries_[i - 1].iteration;
+    if (starts) {
+      PACKPIPE_CHECK(i == 0 || en.iteration == entries_[i - 1].iteration + 1,
+                     "{}: expected iteration {} (iterations are consecutive), found {}", field,
+                     entries_[i - 1].iteration + 1, en.iteration);
+      PACKPIPE_CHECK(i == 0 || group == replicas || replicas == 0, "{}: iteration {} has {} plans, the first has {}",
+                     field, entries_[i - 1].iteration, group, replicas);
+      if (i > 0 && replicas == 0) replicas = group;
+      group = 0;
+      ++distinct;
+    }
+    en.replica = group++;
+  }
+  PACKPIPE_CHECK(count == 0 || replicas == 0 || group == replicas,
+                 "{}: field 'index': the last iteration has {} plans, the others {}", w, group, replicas);
+  PACKPIPE_CHECK(expect_offset == index_offset || count == 0,
+                 "{}: field 'index': the plans end at offset {} but the index starts at {}", w, expect_offset,
+                 index_offset);
+  PACKPIPE_CHECK(distinct == iterations_ && (count == 0 || entries_.front().iteration == first_iteration_),
+                 "{}: field 'footer': records {} iterations from {}, the index holds {} from {}", w, iterations_,
+                 first_iteration_, distinct, count == 0 ? 0 : entries_.front().iteration);
+  PACKPIPE_CHECK(!complete_ || expected_iterations_ == 0 || expected_iterations_ == iterations_,
+                 "{}: field 'footer': marked complete with {} of {} declared iterations", w, iterations_,
+                 expected_iterations_);
+}
+
+std::uint64_t PlanFileReader::iteration(std::size_t i) const {
+  PACKPIPE_CHECK_RANGE(i < entries_.size(), "{}: plan {} out of range (file holds {})", path_, i, entries_.size());
+  return entries_[i].iteration;
+}
+
+std::int64_t PlanFileReader::find(std::uint64_t iteration) const {
+  const bool sorted = std::is_sorted(entries_.begin(), entries_.end(),
+                                     [](const Entry& a, const Entry& b) { return a.iteration < b.iteration; });
+  if (sorted) {
+    const auto it = std::lower_bound(entries_.begin(), entries_.end(), iteration,
+                                     [](const Entry& e, std::uint64_t x) { return e.iteration < x; });
+    return it != entries_.end() && it->iteration == iteration ? static_cast<std::int64_t>(it - entries_.begin()) : -1;
+  }
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].iteration == iteration) return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
+Plan PlanFileReader::read(std::size_t i) const {
+  PACKPIPE_CHECK_RANGE(i < entries_.size(), "{}: plan {} out of range (file holds {})", path_, i, entries_.size());
+  const Entry& e = entries_[i];
+  if (json_) return plan_from_json(std::string(reinterpret_cast<const char*>(data_), size_), path_);
+  const std::string what =
+      entries_.size() == 1 && e.offset == 0 ? path_ : fmt::format("{} (plan {} at offset {})", path_, i, e.offset);
+  Plan p;
+  if (map_ != nullptr) {
+    // A copy through the SIGBUS guard: a plan file truncated by another process is an Error.
+    std::vector<std::uint8_t> blob(static_cast<std::size_t>(e.size));
+    map_->read(e.offset, e.size, blob.data());
+    p = decode_plan(blob.data(), blob.size(), what, verify_);
+  } else {
+    p = decode_plan(data_ + e.offset, static_cast<std::size_t>(e.size), what, verify_);
+  }
+  if (!single_) {
+    PACKPIPE_CHECK(p.iteration == e.iteration && p.replica == e.replica,
+                   "{}: the index entry says iteration {} replica {}, the plan is iteration {} replica {} (the index "
+                   "was edited or points at another plan)", what, e.iteration, e.replica, p.iteration, p.replica);
+  }
+  return p;
+}
+
+Plan PlanFileReader::read_iteration(std::uint64_t iteration, std::uint32_t replica) const {
+  const std::int64_t first = find(iteration);
+  const std::size_t i = static_cast<std::size_t>(first) + replica;
+  PACKPIPE_CHECK_RANGE(first >= 0 && i < entries_.size() && entries_[i].iteration == iteration,
+                       "{}: no plan for iteration {} replica {} (the file holds {} plans{})", path_, iteration, replica,
+                       entries_.size(),
+                       entries_.empty() ? std::string()
+                                        : fmt::format(", iterations {} .. {}", entries_.front().iteration,
+                                                      entries_.back().iteration));
+  Plan p = read(i);
+  PACKPIPE_CHECK(p.replica == replica, "{}: plan {} is replica {}, expected replica {} of iteration {}", path_, i,
+                 p.replica, replica, iteration);
+  return p;
+}
+
+std::uint64_t PlanFileReader::stored_size(std::size_t i) const {
+  PACKPIPE_CHECK_RANGE(i < entries_.size(), "{}: plan {} out of range (file holds {})", path_, i, entries_.size());
+  return entries_[i].size;
+}
+
+}  // namespace packpipe::plan

@@ -1,0 +1,149 @@
+// Plan serialization: a compact versioned binary form (optionally zstd-compressed, checksummed),
+// a JSON form for people, and a multi-iteration plan file read by iteration (mmap).
+//
+// Binary plan ("blob"): 32-byte header, little-endian:
+//   magic "PPLN" | u16 version | u16 flags (bit 0: body zstd-compressed) | u64 body size
+//   (uncompressed) | u64 stored size | u64 XXH64 of the stored body bytes
+// followed by the body (varints and f64, see docs/design/007-instructions.md).
+// Plan file: "PPLF" u16 version u16 flags(0) | blobs... | index (per plan: u64 iteration, u64
+// offset, u64 size) | footer: u64 plan count, u64 index offset, "PPLI" u32 version.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "plan/plan.h"
+
+namespace packpipe {
+class AtomicFile;
+}
+
+namespace packpipe::plan {
+
+constexpr std::uint16_t kPlanFormatVersion = 1;
+
+struct EncodeOptions {
+  bool compress = false;  ///< zstd-compress the body
+  int zstd_level = 3;
+};
+
+/// The binary form of `plan`. Deterministic: the same plan gives the same bytes. Throws
+/// InvalidArgument if a field cannot be represented (e.g. a buffer id equal to kNone).
+std::vector<std::uint8_t> encode_plan(const Plan& plan, const EncodeOptions& options = {});
+/// Decodes a binary plan from memory. `what` names the source in errors (a file name). Throws
+/// packpipe::Error naming `what`, the byte offset, the field and expected versus found on any
+/// truncation, corruption (checksum), unknown version or out-of-range value; never reads outside
+/// [data, data + size). `verify_checksum` false skips the checksum (fuzzing only). Round trip: encode_plan(decode_plan(encode_plan(p))) == encode_plan(p).
+Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& what = "plan", bool verify_checksum = true);
+
+/// The JSON form (one object, keys in a fixed order; shapes and instructions by name).
+/// Deterministic; plan_to_json(plan_from_json(j)) == j for any j that plan_to_json wrote.
+/// `rank` >= 0 keeps only that rank's stream (for `plan inspect --rank`); the result then no
+/// longer reads back as a whole plan.
+std::string plan_to_json(const Plan& plan, int indent = 1, std::int64_t rank = -1);
+/// Parses the JSON form; throws Error naming the field (JSON pointer) and expected versus found.
+Plan plan_from_json(const std::string& json, const std::string& what = "plan JSON");
+
+/// Writes plans to one file, one iteration at a time; holds only the index in memory (24 bytes
+/// per plan). Not thread-safe. The file is written to a temporary beside `path` and appears only
+/// when close() succeeds; a writer destroyed before (a run that failed mid-epoch) leaves nothing,
+/// and a second writer of the same path fails at once (common/file_io.h AtomicFile). The footer
+/// records the iterations held, those declared by expect_iterations(), whether the two agree
+/// (complete), and an XXH64 of the index and footer.
+class PlanFileWriter {
+ public:
+  /// Starts writing `path`; throws Error naming the path on failure (or if another writer has it).
+  explicit PlanFileWriter(const std::string& path, const EncodeOptions& options = {});
+  /// Declares that the file will hold iterations [first_iteration, first_iteration + count);
+  /// close() marks the file complete only if it does. Call before the first append.
+  void expect_iterations(std::uint64_t first_iteration, std::uint64_t count);
+  ~PlanFileWriter();
+  PlanFileWriter(const PlanFileWriter&) = delete;
+  PlanFileWriter& operator=(const PlanFileWriter&) = delete;
+  /// Appends `plan` (its iteration number goes to the index). Throws Error on I/O failure.
+  void append(const Plan& plan);
+  /// Appends an already encoded plan (encode_plan's output; e.g. from a worker thread).
+  void append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob);
+  /// Writes the index and footer and renames the file into place; idempotent.
+  void close();
+  /// Drops what was written (nothing appears at the path); idempotent, never throws.
+  void discard() noexcept;
+  std::uint64_t plans_written() const { return index_.size(); }
+
+ private:
+  struct Entry {
+    std::uint64_t iteration, offset, size;
+  };
+  std::string path_;
+  EncodeOptions options_;
+  std::unique_ptr<AtomicFile> out_;
+  std::uint64_t offset_ = 0;
+  std::uint64_t first_expected_ = 0;
+  std::uint64_t expected_ = 0;
+  std::vector<Entry> index_;
+};
+
+/// Reads a plan file by iteration without reading the others (the file is memory-mapped; only the
+/// footer and index are touched on open). Also opens a single binary plan or a JSON plan (as a
+/// file of one plan). Read-only and thread-safe after construction.
+class PlanFileReader {
+ public:
+  /// Opens `path`; throws Error naming the path, offset and field if the footer or index is bad.
+  explicit PlanFileReader(const std::string& path);
+  /// A reader over bytes in memory (copied); `what` names them in errors. `verify_checksums` false
+  /// skips the index and blob checksums (fuzzing only: the semantic checks still run).
+  static PlanFileReader from_memory(const std::uint8_t* data, std::size_t size, const std::string& what = "memory",
+                                    bool verify_checksums = true);
+  /// Number of plans.
+  std::size_t size() const { return entries_.size(); }
+  /// Iteration number of the i-th plan.
+  std::uint64_t iteration(std::size_t i) const;
+  /// Position of the first plan of `iteration` (replica 0), or -1. O(log n): files are written in
+  /// iteration order, the replicas of one iteration one after another.
+  std::int64_t find(std::uint64_t iteration) const;
+  /// Decodes the i-th plan (0 <= i < size(); OutOfRange otherwise).
+  Plan read(std::size_t i) const;
+  /// Decodes the plan of `iteration` for data-parallel `replica`; OutOfRange naming the available
+  /// range if absent.
+  Plan read_iteration(std::uint64_t iteration, std::uint32_t replica = 0) const;
+  /// Bytes of the i-th plan's blob as stored.
+  std::uint64_t stored_size(std::size_t i) const;
+  /// True if the writer closed the file with every declared iteration (a single plan or a JSON
+  /// plan is complete).
+  bool complete() const { return complete_; }
+  /// First iteration and number of distinct iterations held.
+  std::uint64_t first_iteration() const { return first_iteration_; }
+  std::uint64_t iterations() const { return iterations_; }
+  /// Iterations the writer declared (0: none declared).
+  std::uint64_t expected_iterations() const { return expected_iterations_; }
+  const std::string& path() const { return path_; }
+  /// True for a plan file (PPLF), false for a single binary or JSON plan.
+  bool is_plan_file() const { return !single_; }
+
+ private:
+  PlanFileReader() = default;
+  void open(const std::uint8_t* data, std::size_t size);
+  struct Entry {
+    std::uint64_t iteration, offset, size;
+    std::uint64_t replica = 0;  ///< position within its iteration's plans
+  };
+  std::string path_;
+  std::shared_ptr<MappedFile> map_;
+  std::shared_ptr<std::vector<std::uint8_t>> bytes_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool json_ = false;
+  bool single_ = false;  ///< one plan (binary or JSON), not a plan file
+  bool verify_ = true;   ///< check the index and blob checksums
+  bool complete_ = true;
+  std::uint64_t first_iteration_ = 0;
+  std::uint64_t iterations_ = 0;
+  std::uint64_t expected_iterations_ = 0;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace packpipe::plan

@@ -1,0 +1,91 @@
+#include "plan/plan.h"
+
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "common/errors.h"
+
+namespace packpipe::plan {
+
+std::uint32_t dtype_size(Dtype d) {
+  switch (d) {
+    case Dtype::F16: return 2;
+    case Dtype::BF16: return 2;
+    case Dtype::F32: return 4;
+    case Dtype::I32: return 4;
+    case Dtype::I64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(Dtype d) {
+  switch (d) {
+    case Dtype::F16: return "fp16";
+    case Dtype::BF16: return "bf16";
+    case Dtype::F32: return "fp32";
+    case Dtype::I32: return "int32";
+    case Dtype::I64: return "int64";
+  }
+  return "?";
+}
+
+Dtype dtype_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(Dtype::I64); ++i) {
+    if (name == dtype_name(static_cast<Dtype>(i))) return static_cast<Dtype>(i);
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown dtype '{}' (expected fp16, bf16, fp32, int32 or int64)", name);
+}
+
+std::uint64_t TensorShape::bytes() const {
+  return static_cast<std::uint64_t>(rows) * (static_cast<std::uint64_t>(seq) + enc_seq) * hidden * dtype_size(dtype);
+}
+
+bool TensorShape::operator<(const TensorShape& o) const {
+  return std::make_tuple(rows, seq, hidden, enc_seq, static_cast<int>(dtype)) <
+         std::make_tuple(o.rows, o.seq, o.hidden, o.enc_seq, static_cast<int>(o.dtype));
+}
+
+std::string to_string(const TensorShape& s) {
+  std::string out = fmt::format("{}x{}x{} {}", s.rows, s.seq, s.hidden, dtype_name(s.dtype));
+  if (s.enc_seq > 0) out += fmt::format(" (+ enc {}x{})", s.rows, s.enc_seq);
+  return out;
+}
+
+bool PlanMicroBatch::operator==(const PlanMicroBatch& o) const {
+  return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && rows == o.rows &&
+         padded_len == o.padded_len && padded_dec_len == o.padded_dec_len && tokens == o.tokens &&
+         loss_weight == o.loss_weight;
+}
+
+std::size_t Plan::instruction_count() const {
+  std::size_t n = 0;
+  for (const auto& s : streams) n += s.size();
+  return n;
+}
+
+namespace {
+bool same_ops(const std::vector<std::vector<ScheduledOp>>& a, const std::vector<std::vector<ScheduledOp>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    if (a[r].size() != b[r].size()) return false;
+    for (std::size_t i = 0; i < a[r].size(); ++i) {
+      const auto &x = a[r][i], &y = b[r][i];
+      if (x.kind != y.kind || x.mb != y.mb || x.vstage != y.vstage || x.start_ms != y.start_ms || x.end_ms != y.end_ms)
+        return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+bool Plan::operator==(const Plan& o) const {
+  return iteration == o.iteration && ranks == o.ranks && vstages == o.vstages && stage_rank == o.stage_rank &&
+         dp == o.dp && replica == o.replica && schedule == o.schedule && global_tokens == o.global_tokens && microbatches == o.microbatches &&
+         recompute == o.recompute && stored_bytes == o.stored_bytes && peak_bytes == o.peak_bytes &&
+         static_bytes == o.static_bytes && memory_limit_bytes == o.memory_limit_bytes && shapes == o.shapes &&
+         buffer_slots == o.buffer_slots && streams == o.streams && makespan_ms == o.makespan_ms &&
+         same_ops(timeline, o.timeline);
+}
+
+}  // namespace packpipe::plan

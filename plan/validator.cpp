@@ -1,0 +1,1057 @@
+#include "plan/validator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "common/errors.h"
+
+namespace packpipe::plan {
+
+
+namespace {
+
+enum class Content : std::uint8_t { Load, Act, Grad };
+
+const char* content_name(Content c) {
+  switch (c) {
+    case Content::Load: return "loaded inputs";
+    case Content::Act: return "activation";
+    case Content::Grad: return "input gradient";
+  }
+  return "?";
+}
+
+struct Slot {
+  bool live = false;
+  Content content = Content::Load;
+  std::uint32_t mb = 0, stage = 0;  // Act: output of stage; Grad: input gradient of stage; Load: of stage
+  bool ready = false;               // data present (receives: after the wait)
+  std::int64_t alloc_index = -1;
+  std::uint64_t bytes = 0;
+  // pending communication on this slot
+  bool recv_pending = false;
+  std::int64_t recv_channel = -1, recv_k = -1;
+  std::int64_t send_channel = -1, send_k = -1;  // last send posted from this slot, not yet waited
+  bool send_pending = false;
+  bool read = false;  // read by a compute op or a send (loaded inputs must be)
+};
+
+struct CommRec {
+  std::int64_t rank, index;
+  std::uint32_t mb, stage, shape;
+};
+
+struct Channel {
+  std::int64_t src, dst, dir;
+  std::vector<CommRec> sends, recvs;  // static, in stream order
+  std::size_t sends_posted = 0, recvs_posted = 0;
+};
+
+std::string describe_content(Content c, std::uint32_t mb, std::uint32_t stage) {
+  return fmt::format("{} of micro-batch {} stage {}", content_name(c), mb, stage);
+}
+
+class Checker {
+ public:
+  Checker(const Plan& p, const ValidateOptions& o) : p_(p), o_(o) {}
+
+  ValidationReport run() {
+    if (!check_header()) return std::move(rep_);
+    check_fields();
+    check_tables();
+    check_timeline();
+    check_channels();
+    simulate();
+    check_counts();
+    return std::move(rep_);
+  }
+
+ private:
+  const Plan& p_;
+  const ValidateOptions& o_;
+  ValidationReport rep_;
+  std::size_t N_ = 0, V_ = 0, S_ = 0;
+  std::vector<std::vector<std::uint8_t>> bad_;  // [rank][index]: skip in the simulation
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::size_t> channel_index_;
+  std::vector<Channel> channels_;
+  // per (mb, v) counters
+  std::vector<std::uint32_t> nf_, nb_, ni_, nw_;
+
+  bool full() const { return o_.max_violations > 0 && rep_.violations.size() >= o_.max_violations; }
+  void add(const char* kind, std::int64_t rank, std::int64_t index, std::string msg) {
+    if (full()) return;
+    rep_.violations.push_back(Violation{kind, rank, index, std::move(msg)});
+  }
+
+  bool check_header() {
+    const Plan& p = p_;
+    const std::size_t before = rep_.violations.size();
+    if (p.ranks == 0) add("header", -1, -1, "ranks: expected at least 1, found 0");
+    if (p.vstages == 0) add("header", -1, -1, "vstages: expected at least 1, found 0");
+    if (p.microbatches.empty()) add("header", -1, -1, "microbatches: expected at least 1, found none");
+    if (p.dp == 0) add("header", -1, -1, "dp: expected at least 1, found 0");
+    if (p.replica >= p.dp && p.dp > 0) {
+      add("header", -1, -1, fmt::format("replica: expected below dp {}, found {}", p.dp, p.replica));
+    }
+    auto size_is = [&](const char* name, std::size_t found, std::size_t expected) {
+      if (found != expected) add("header", -1, -1, fmt::format("{}: expected {} entries, found {}", name, expected, found));
+    };
+    size_is("stage_rank", p.stage_rank.size(), p.vstages);
+    size_is("streams", p.streams.size(), p.ranks);
+    size_is("buffer_slots", p.buffer_slots.size(), p.ranks);
+    size_is("static_bytes", p.static_bytes.size(), p.ranks);
+    const std::size_t nv = p.microbatches.size() * static_cast<std::size_t>(p.vstages);
+    size_is("recompute", p.recompute.size(), nv);
+    size_is("stored_bytes", p.stored_bytes.size(), nv);
+    size_is("peak_bytes", p.peak_bytes.size(), nv);
+    if (!p.timeline.empty()) size_is("timeline", p.timeline.size(), p.ranks);
+    if (rep_.violations.size() != before) return false;
+    for (std::size_t r = 0; r < p.ranks; ++r) {
+      // Every slot is allocated by some instruction: more slots than instructions is corrupt (and
+      // would make the simulation allocate state for slots that cannot be used).
+      if (p.buffer_slots[r] > p.streams[r].size()) {
+        add("header", static_cast<std::int64_t>(r), -1,
+            fmt::format("buffer_slots[{}]: expected at most the stream's {} instructions, found {}", r,
+                        p.streams[r].size(), p.buffer_slots[r]));
+      }
+    }
+    if (rep_.violations.size() != before) return false;
+    N_ = p.microbatches.size();
+    V_ = p.vstages;
+    S_ = p.ranks;
+    std::vector<std::uint32_t> stages_on(S_, 0);
+    for (std::size_t v = 0; v < V_; ++v) {
+      if (p.stage_rank[v] >= S_) {
+        add("header", -1, -1, fmt::format("stage_rank[{}]: expected a rank below {}, found {}", v, S_, p.stage_rank[v]));
+      } else {
+        ++stages_on[p.stage_rank[v]];
+      }
+    }
+    if (rep_.violations.size() != before) return false;
+    for (std::size_t r = 0; r < S_; ++r) {
+      if (stages_on[r] == 0) add("header", static_cast<std::int64_t>(r), -1, fmt::format("rank {} runs no stage", r));
+    }
+    for (std::size_t i = 0; i < p.recompute.size(); ++i) {
+      if (p.recompute[i] > 2) {
+        add("header", -1, -1, fmt::format("recompute[{}] (micro-batch {} stage {}): expected 0, 1 or 2, found {}", i,
+                                          i / V_, i % V_, p.recompute[i]));
+      }
+    }
+    std::uint64_t tokens = 0;
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      tokens += mb.tokens;
+      const std::size_t rows = mb.row_offsets.empty() ? mb.samples.size() : mb.row_offsets.size() - 1;
+      if (mb.rows == 0 || mb.rows != rows) {
+        add("header", -1, -1, fmt::format("micro-batch {}: rows {} but {} rows of samples", m, mb.rows, rows));
+      }
+      if (!mb.refs.empty() && mb.refs.size() != mb.samples.size()) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} sample refs for {} samples", m, mb.refs.size(), mb.samples.size()));
+      }
+      if (!mb.row_offsets.empty()) {
+        bool mono = mb.row_offsets.front() == 0 && mb.row_offsets.back() == mb.samples.size();
+        for (std::size_t i = 1; i < mb.row_offsets.size(); ++i) mono = mono && mb.row_offsets[i - 1] <= mb.row_offsets[i];
+        if (!mono) add("header", -1, -1, fmt::format("micro-batch {}: row offsets are not 0 .. {} non-decreasing", m, mb.samples.size()));
+      }
+      if (mb.padded_len == 0) add("header", -1, -1, fmt::format("micro-batch {}: padded length 0", m));
+      if (p.global_tokens > 0) {
+        const double expected = static_cast<double>(mb.tokens) / static_cast<double>(p.global_tokens);
+        // Exactly tokens / global tokens (one correctly rounded division): any other value is edited.
+        if (!(mb.loss_weight == expected)) {
+          add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected tokens / global tokens = {} / {} = {}, found {}",
+                                            m, mb.tokens, p.global_tokens, expected, mb.loss_weight));
+        }
+      }
+    }
+    if (p.global_tokens > 0 && tokens > p.global_tokens) {
+      add("header", -1, -1, fmt::format("global_tokens: expected at least the micro-batches' {} tokens, found {}", tokens,
+                                        p.global_tokens));
+    }
+    check_contents();
+    return true;
+  }
+
+  // What a runtime or a trainer reads besides the streams: samples, lengths, tokens, weights,
+  // shapes and the simulated timeline. Each check names the field and expected versus found.
+  void check_contents() {
+    const Plan& p = p_;
+    if (p.global_tokens == 0) add("header", -1, -1, "global_tokens: expected at least 1 (the loss weights' denominator), found 0");
+    // A sample (by id in the global batch, and by dataset reference) is trained once.
+    std::map<std::uint32_t, std::size_t> sample_mb;
+    std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_mb;
+    std::size_t with_dec = 0;
+    double weights = 0;
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      for (const std::uint32_t s : mb.samples) {
+        const auto [it, fresh] = sample_mb.emplace(s, m);
+        if (!fresh) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} is already in micro-batch {} (each sample is "
+                                            "trained once)", m, s, it->second));
+        }
+      }
+      for (const auto& r : mb.refs) {
+        const auto [it, fresh] = ref_mb.emplace(std::make_pair(r.task, r.index), m);
+        if (!fresh) {
+          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is already in "
+                                            "micro-batch {}", m, r.task, r.index, it->second));
+        }
+      }
+      if (mb.samples.empty()) add("header", -1, -1, fmt::format("micro-batch {}: no samples", m));
+      // Every real token sits in a padded row: tokens <= rows x (padded length + decoder length).
+      const std::uint64_t room = static_cast<std::uint64_t>(mb.rows) * (std::uint64_t{mb.padded_len} + mb.padded_dec_len);
+      if (mb.tokens > room) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} tokens do not fit {} rows x ({} + {}) padded tokens; a "
+                                          "padded length is below its samples' tokens", m, mb.tokens, mb.rows,
+                                          mb.padded_len, mb.padded_dec_len));
+      }
+      if (!std::isfinite(mb.loss_weight) || mb.loss_weight < 0 || mb.loss_weight > 1) {
+        add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected in [0, 1], found {}", m, mb.loss_weight));
+      } else {
+        weights += mb.loss_weight;
+      }
+      with_dec += mb.padded_dec_len > 0;
+    }
+    if (weights > 1 + 1e-9) add("header", -1, -1, fmt::format("loss weights: expected a sum of at most 1, found {}", weights));
+    // Decoder lengths: all micro-batches of an encoder-decoder plan have one, none of a decoder-only plan.
+    if (with_dec != 0 && with_dec != N_) {
+      add("header", -1, -1, fmt::format("padded_dec_len: {} of {} micro-batches have a decoder length; expected all "
+                                        "(encoder-decoder) or none (decoder-only)", with_dec, N_));
+    }
+    for (std::size_t k = 0; k < p.shapes.size(); ++k) {
+      const TensorShape& s = p.shapes[k];
+      if (s.rows == 0 || s.seq == 0 || s.hidden == 0) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): expected rows, seq and hidden of at least 1", k, to_string(s)));
+      }
+      if (static_cast<unsigned>(s.dtype) > static_cast<unsigned>(Dtype::I64)) {
+        add("header", -1, -1, fmt::format("shape #{}: dtype {} is not a known dtype", k, static_cast<unsigned>(s.dtype)));
+      }
+    }
+    // The simulated figures a trainer reports.
+    if (!std::isfinite(p.makespan_ms) || p.makespan_ms < 0) {
+      add("header", -1, -1, fmt::format("makespan_ms: expected a finite value >= 0, found {}", p.makespan_ms));
+    }
+    timeline_violations_ = rep_.violations.size();
+    if (!p.timeline.empty()) {
+      const double end = std::isfinite(p.makespan_ms) ? p.makespan_ms * (1 + 1e-9) + 1e-9 : 0;
+      for (std::size_t r = 0; r < p.timeline.size(); ++r) {
+        for (std::size_t i = 0; i < p.timeline[r].size(); ++i) {
+          const ScheduledOp& op = p.timeline[r][i];
+          const auto R = static_cast<std::int64_t>(r);
+          const auto I = static_cast<std::int64_t>(i);
+          if (op.mb >= N_ || op.vstage >= V_) {
+            add("timeline", R, I, fmt::format("op of micro-batch {} stage {}: expected below {} micro-batches and {} "
+                                              "stages", op.mb, op.vstage, N_, V_));
+          } else if (p.stage_rank[op.vstage] != r) {
+            add("timeline", R, I, fmt::format("op of stage {} on rank {}: the stage runs on rank {}", op.vstage, r,
+                                              p.stage_rank[op.vstage]));
+          }
+          if (static_cast<unsigned>(op.kind) > static_cast<unsigned>(OpKind::BackwardWeight)) {
+            add("timeline", R, I, fmt::format("op kind {} is not F, B, I or W", static_cast<unsigned>(op.kind)));
+          }
+          if (!std::isfinite(op.start_ms) || !std::isfinite(op.end_ms) || op.start_ms < 0 || op.end_ms < op.start_ms ||
+              (p.makespan_ms > 0 && op.end_ms > end)) {
+            add("timeline", R, I, fmt::format("op times {} .. {} ms: expected 0 <= start <= end <= makespan {} ms",
+                                              op.start_ms, op.end_ms, p.makespan_ms));
+          }
+        }
+      }
+    }
+    timeline_violations_ = rep_.violations.size() - timeline_violations_;
+  }
+
+  // Per-(micro-batch, stage) tables and the shape table, against what the streams use.
+  void check_tables() {
+    const Plan& p = p_;
+    // Recompute is chosen per micro-batch: the same mode on every stage of it.
+    for (std::size_t m = 0; m < N_; ++m) {
+      for (std::size_t v = 1; v < V_; ++v) {
+        if (p.recompute[m * V_ + v] != p.recompute[m * V_]) {
+          add("header", -1, -1, fmt::format("recompute[{}] (micro-batch {} stage {}): expected micro-batch {}'s mode {} "
+                                            "on every stage, found {}", m * V_ + v, m, v, m, p.recompute[m * V_],
+                                            p.recompute[m * V_ + v]));
+          break;
+        }
+      }
+    }
+    // Every slot a rank declares is allocated by its stream (slots are handed out lowest first).
+    for (std::size_t r = 0; r < S_; ++r) {
+      std::uint64_t used = 0;
+      for (const Instruction& ins : p.streams[r]) {
+        if ((opcode_fields(ins.op) & kFieldOut) && ins.out != kNone) used = std::max<std::uint64_t>(used, std::uint64_t{ins.out} + 1);
+      }
+      if (used != p.buffer_slots[r]) {
+        add("header", static_cast<std::int64_t>(r), -1,
+            fmt::format("buffer_slots[{}]: expected {} (the slots the stream allocates), found {}", r, used,
+                        p.buffer_slots[r]));
+      }
+    }
+    // Shapes: each one referenced; loaded inputs are token ids (an integer dtype), boundary tensors
+    // (activations, gradients) a floating dtype, and every boundary tensor has the model's hidden
+    // size and dtype.
+    enum : std::uint8_t { kUnused = 0, kLoad = 1, kBoundary = 2 };
+    std::vector<std::uint8_t> use(p.shapes.size(), kUnused);
+    for (std::size_t r = 0; r < S_; ++r) {
+      for (const Instruction& ins : p.streams[r]) {
+        if (!(opcode_fields(ins.op) & kFieldShape) || ins.shape >= p.shapes.size()) continue;
+        use[ins.shape] |= ins.op == Opcode::LoadMb ? kLoad : kBoundary;
+      }
+    }
+    std::int64_t first_boundary = -1, first_load = -1;
+    for (std::size_t k = 0; k < p.shapes.size(); ++k) {
+      const TensorShape& s = p.shapes[k];
+      const bool integer = s.dtype == Dtype::I32 || s.dtype == Dtype::I64;
+      if (use[k] == kUnused) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): referenced by no instruction", k, to_string(s)));
+      } else if (use[k] == (kLoad | kBoundary)) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): used both for loaded inputs and for activations or gradients",
+                                          k, to_string(s)));
+      } else if (use[k] == kLoad && !integer) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected int32 or int64, found {}",
+                                          k, to_string(s), dtype_name(s.dtype)));
+      } else if (use[k] == kBoundary && integer) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): activations and gradients expected fp16, bf16 or fp32, found {}",
+                                          k, to_string(s), dtype_name(s.dtype)));
+      } else if (use[k] == kLoad && s.hidden != 1) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected hidden size 1, found {}", k,
+                                          to_string(s), s.hidden));
+      } else if (use[k] == kLoad && first_load >= 0 && s.dtype != p.shapes[static_cast<std::size_t>(first_load)].dtype) {
+        add("header", -1, -1, fmt::format("shape #{} ({}): expected the dtype {} of every loaded input (shape #{}), found {}",
+                                          k, to_string(s), dtype_name(p.shapes[static_cast<std::size_t>(first_load)].dtype),
+                                          first_load, dtype_name(s.dtype)));
+      } else if (use[k] == kLoad) {
+        if (first_load < 0) first_load = static_cast<std::int64_t>(k);
+      } else if (use[k] == kBoundary && first_boundary < 0) {
+        first_boundary = static_cast<std::int64_t>(k);
+      } else if (use[k] == kBoundary) {
+        const TensorShape& f = p.shapes[static_cast<std::size_t>(first_boundary)];
+        if (s.hidden != f.hidden || s.dtype != f.dtype) {
+          add("header", -1, -1, fmt::format("shape #{} ({}): expected the hidden size {} and dtype {} of every activation "
+                                            "(shape #{}), found {} {}", k, to_string(s), f.hidden, dtype_name(f.dtype),
+                                            first_boundary, s.hidden, dtype_name(s.dtype)));
+        }
+      }
+    }
+  }
+
+  // The simulated timeline is the streams' compute order with times: per rank the same ops in the
+  // same order, one at a time, each after the ops it depends on, the last ending at the makespan.
+  void check_timeline() {
+    const Plan& p = p_;
+    if (p.timeline.empty() || timeline_violations_ > 0 || full()) return;
+    const std::size_t before = rep_.violations.size();
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto R = static_cast<std::int64_t>(r);
+      const auto& ops = p.timeline[r];
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
+        const Instruction& ins = p.streams[r][i];
+        if (!is_compute(ins.op)) continue;
+        const OpKind kind = ins.op == Opcode::Forward    ? OpKind::Forward
+                            : ins.op == Opcode::Backward ? OpKind::Backward
+                            : ins.op == Opcode::BackwardInput ? OpKind::BackwardInput
+                                                               : OpKind::BackwardWeight;
+        if (k >= ops.size()) {
+          add("timeline", R, static_cast<std::int64_t>(k),
+              fmt::format("the stream's compute op #{} ({}) has no timeline op (the timeline holds {})", k,
+                          to_string(ins), ops.size()));
+          break;
+        }
+        const ScheduledOp& op = ops[k];
+        if (op.kind != kind || op.mb != ins.mb || op.vstage != ins.stage) {
+          add("timeline", R, static_cast<std::int64_t>(k),
+              fmt::format("op {}{} of stage {}: expected the stream's compute op #{} ({}, instruction {})",
+                          op_kind_token(op.kind), op.mb, op.vstage, k, to_string(ins), i));
+          break;
+        }
+        ++k;
+      }
+      if (k < ops.size() && rep_.violations.size() == before) {
+        add("timeline", R, static_cast<std::int64_t>(k),
+            fmt::format("{} ops, the stream runs {} compute ops", ops.size(), k));
+      }
+    }
+    if (rep_.violations.size() != before) return;
+    const double tol = 1e-9 * std::max(1.0, p.makespan_ms);
+    const double kNo = -1;
+    std::vector<double> f_end(N_ * V_, kNo), g_end(N_ * V_, kNo);  // forward; backward (B or I)
+    double last = 0;
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto& ops = p.timeline[r];
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const ScheduledOp& op = ops[i];
+        if (i > 0 && op.start_ms < ops[i - 1].end_ms - tol) {
+          add("timeline", static_cast<std::int64_t>(r), static_cast<std::int64_t>(i),
+              fmt::format("op {}{} of stage {} starts at {} ms, before the rank's previous op ends at {} ms (a rank runs one "
+                          "op at a time)", op_kind_token(op.kind), op.mb, op.vstage, op.start_ms, ops[i - 1].end_ms));
+        }
+        const std::size_t at = static_cast<std::size_t>(op.mb) * V_ + op.vstage;
+        if (op.kind == OpKind::Forward) f_end[at] = op.end_ms;
+        if (op.kind == OpKind::Backward || op.kind == OpKind::BackwardInput) g_end[at] = op.end_ms;
+        last = std::max(last, op.end_ms);
+      }
+    }
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto& ops = p.timeline[r];
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const ScheduledOp& op = ops[i];
+        const std::size_t at = static_cast<std::size_t>(op.mb) * V_ + op.vstage;
+        auto after = [&](double dep_end, const char* dep) {
+          if (dep_end == kNo || op.start_ms >= dep_end - tol) return;
+          add("timeline", static_cast<std::int64_t>(r), static_cast<std::int64_t>(i),
+              fmt::format("op {}{} of stage {} starts at {} ms, before {} ends at {} ms", op_kind_token(op.kind), op.mb,
+                          op.vstage, op.start_ms, dep, dep_end));
+        };
+        if (op.kind == OpKind::Forward) {
+          if (op.vstage > 0) after(f_end[at - 1], "the forward of the previous stage");
+        } else if (op.kind == OpKind::BackwardWeight) {
+          after(g_end[at], "its input gradient (I)");
+        } else {
+          after(f_end[at], "its forward");
+          if (op.vstage + 1 < V_) after(g_end[at + 1], "the backward of the next stage");
+        }
+      }
+    }
+    if (!(std::fabs(last - p.makespan_ms) <= tol)) {
+      add("timeline", -1, -1, fmt::format("makespan_ms: expected the end of the last timeline op, {} ms, found {} ms", last,
+                                          p.makespan_ms));
+    }
+  }
+  std::size_t timeline_violations_ = 0;
+
+  // Field ranges and per-instruction static rules.
+  void check_fields() {
+    const Plan& p = p_;
+    bad_.resize(S_);
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto& st = p.streams[r];
+      bad_[r].assign(st.size(), 0);
+      for (std::size_t i = 0; i < st.size(); ++i) {
+        const Instruction& ins = st[i];
+        const auto R = static_cast<std::int64_t>(r);
+        const auto I = static_cast<std::int64_t>(i);
+        auto fail = [&](std::string msg) {
+          bad_[r][i] = 1;
+          add("field", R, I, std::move(msg));
+        };
+        const auto opv = static_cast<unsigned>(ins.op);
+        if (opv >= static_cast<unsigned>(kOpcodeCount)) {
+          fail(fmt::format("opcode: expected below {}, found {}", kOpcodeCount, opv));
+          continue;
+        }
+        const std::uint8_t f = opcode_fields(ins.op);
+        if ((f & kFieldMb) && ins.mb >= N_) {
+          fail(fmt::format("micro-batch: expected below {}, found {}", N_, ins.mb == kNone ? -1 : static_cast<std::int64_t>(ins.mb)));
+          continue;
+        }
+        if (f & kFieldStage) {
+          if (ins.stage >= V_) {
+            fail(fmt::format("stage: expected below {}, found {}", V_, ins.stage == kNone ? -1 : static_cast<std::int64_t>(ins.stage)));
+            continue;
+          }
+          if (p.stage_rank[ins.stage] != r) {
+            fail(fmt::format("stage {} runs on rank {}, not on this rank", ins.stage, p.stage_rank[ins.stage]));
+            continue;
+          }
+        }
+        if (f & kFieldPeer) {
+          // Activations flow from stage v to v + 1, gradients from v to v - 1.
+          const bool act = ins.op == Opcode::SendActStart || ins.op == Opcode::SendActWait ||
+                           ins.op == Opcode::RecvActStart || ins.op == Opcode::RecvActWait;
+          const bool send = ins.op == Opcode::SendActStart || ins.op == Opcode::SendActWait ||
+                            ins.op == Opcode::SendGradStart || ins.op == Opcode::SendGradWait;
+          const bool up = act == send;  // the peer's stage is stage + 1
+          if (up ? ins.stage + 1 >= V_ : ins.stage == 0) {
+            fail(fmt::format("stage {} has no {} stage to communicate with", ins.stage, up ? "next" : "previous"));
+            continue;
+          }
+          const std::uint32_t expected = p.stage_rank[up ? ins.stage + 1 : ins.stage - 1];
+          if (ins.peer != expected || ins.peer == r) {
+            fail(fmt::format("peer: expected rank {} (runs stage {}){}, found {}", expected, up ? ins.stage + 1 : ins.stage - 1,
+                             expected == r ? " which is this rank: same-rank stages hand over without communication" : "",
+                             ins.peer == kNone ? -1 : static_cast<std::int64_t>(ins.peer)));
+            continue;
+          }
+        }
+        if ((f & kFieldShape) && ins.shape != kNone) {
+          if (ins.shape >= p.shapes.size()) {
+            fail(fmt::format("shape: expected an index below {}, found {}", p.shapes.size(), ins.shape));
+            continue;
+          }
+          if (p.shapes[ins.shape].rows != p.microbatches[ins.mb].rows) {
+            fail(fmt::format("shape #{} ({}) has {} rows, micro-batch {} has {}", ins.shape, to_string(p.shapes[ins.shape]),
+                             p.shapes[ins.shape].rows, ins.mb, p.microbatches[ins.mb].rows));
+            continue;
+          }
+          // The shape's lengths are the micro-batch's: the encoder (or whole-sample) length, or on
+          // decoder stages the decoder length with the encoder output beside it.
+          const TensorShape& s = p.shapes[ins.shape];
+          const PlanMicroBatch& mb = p.microbatches[ins.mb];
+          const bool seq_ok = s.seq > 0 && (s.seq == mb.padded_len || (mb.padded_dec_len > 0 && s.seq == mb.padded_dec_len));
+          const bool enc_ok = s.enc_seq == 0 || (s.enc_seq == mb.padded_len && s.seq == mb.padded_dec_len);
+          if (!seq_ok || !enc_ok) {
+            fail(fmt::format("shape #{} ({}): expected the sequence length of micro-batch {} ({}{}), found {}{}", ins.shape,
+                             to_string(s), ins.mb, mb.padded_len,
+                             mb.padded_dec_len > 0 ? fmt::format(", or decoder {}", mb.padded_dec_len) : std::string(),
+                             s.seq, s.enc_seq > 0 ? fmt::format(" with encoder {}", s.enc_seq) : std::string()));
+            continue;
+          }
+        }
+        if ((f & kFieldShape) && ins.shape == kNone) {
+          fail("shape: expected a shape index, found none");
+          continue;
+        }
+        bool buf_ok = true;
+        auto buf = [&](std::uint8_t bit, const char* name, std::uint32_t b) {
+          if (!(f & bit) || b == kNone || !buf_ok) return;
+          if (b >= p.buffer_slots[r]) {
+            buf_ok = false;
+            fail(fmt::format("{}: expected a buffer slot below {}, found {}", name, p.buffer_slots[r], b));
+          }
+        };
+        buf(kFieldIn, "in", ins.in);
+        buf(kFieldIn2, "in2", ins.in2);
+        buf(kFieldOut, "out", ins.out);
+        if (!buf_ok) continue;
+        // Required buffers.
+        const bool needs_in = ins.op == Opcode::FreeBuf || ins.op == Opcode::SendActStart || ins.op == Opcode::SendGradStart ||
+                              ins.op == Opcode::SendActWait || ins.op == Opcode::SendGradWait ||
+                              ins.op == Opcode::RecvActWait || ins.op == Opcode::RecvGradWait ||
+                              (ins.op == Opcode::Forward && ins.stage > 0) ||
+                              ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage + 1 < V_);
+        const bool needs_out = ins.op == Opcode::LoadMb || ins.op == Opcode::RecvActStart || ins.op == Opcode::RecvGradStart ||
+                               (ins.op == Opcode::Forward && ins.stage + 1 < V_) ||
+                               ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage > 0);
+        if (needs_in && ins.in == kNone) {
+          fail(fmt::format("in: expected a buffer ({}), found none",
+                           is_compute(ins.op) ? (ins.op == Opcode::Forward ? "the activation of the previous stage"
+                                                                           : "the output gradient of the next stage")
+                                              : "the buffer it names"));
+          continue;
+        }
+        const bool no_in = (ins.op == Opcode::Forward && ins.stage == 0) ||
+                           ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage + 1 == V_);
+        const bool no_out = (ins.op == Opcode::Forward && ins.stage + 1 == V_) ||
+                            ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && ins.stage == 0);
+        if (no_in && ins.in != kNone) {
+          fail(fmt::format("in: expected none ({} stage has no {}), found b{}", ins.stage == 0 ? "the first" : "the last",
+                           ins.op == Opcode::Forward ? "previous activation" : "next gradient", ins.in));
+          continue;
+        }
+        if (no_out && ins.out != kNone) {
+          fail(fmt::format("out: expected none ({} stage sends nothing on), found b{}", ins.stage == 0 ? "the first" : "the last",
+                           ins.out));
+          continue;
+        }
+        if (needs_out && ins.out == kNone) {
+          fail("out: expected a buffer to write, found none");
+          continue;
+        }
+        if (ins.op == Opcode::Forward && ins.stage == 0 && ins.in2 == kNone) {
+          fail("in2: the first stage's forward needs the loaded micro-batch, found none");
+          continue;
+        }
+        if (ins.op == Opcode::IterBegin && i != 0) add("order", R, I, "ITER_BEGIN: expected at index 0 only");
+        if (ins.op == Opcode::IterEnd && i + 1 != st.size()) add("order", R, I, "ITER_END: expected as the last instruction only");
+      }
+    }
+  }
+
+  std::int64_t channel_of(std::int64_t src, std::int64_t dst, std::int64_t dir) {
+    const auto key = std::make_tuple(src, dst, dir);
+    auto it = channel_index_.find(key);
+    if (it != channel_index_.end()) return static_cast<std::int64_t>(it->second);
+    channel_index_.emplace(key, channels_.size());
+    channels_.push_back(Channel{src, dst, dir, {}, {}, 0, 0});
+    return static_cast<std::int64_t>(channels_.size() - 1);
+  }
+
+  void check_channels() {
+    const Plan& p = p_;
+    for (std::size_t r = 0; r < S_; ++r) {
+      for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
+        if (bad_[r][i]) continue;
+        const Instruction& ins = p.streams[r][i];
+        const auto R = static_cast<std::int64_t>(r);
+        CommRec rec{R, static_cast<std::int64_t>(i), ins.mb, ins.stage, ins.shape};
+        switch (ins.op) {
+          case Opcode::SendActStart: channels_[channel_of(R, ins.peer, 0)].sends.push_back(rec); break;
+          case Opcode::SendGradStart: channels_[channel_of(R, ins.peer, 1)].sends.push_back(rec); break;
+          case Opcode::RecvActStart: channels_[channel_of(ins.peer, R, 0)].recvs.push_back(rec); break;
+          case Opcode::RecvGradStart: channels_[channel_of(ins.peer, R, 1)].recvs.push_back(rec); break;
+          default: break;
+        }
+      }
+    }
+    for (const Channel& c : channels_) {
+      const char* dir = c.dir == 0 ? "activation" : "gradient";
+      const std::size_t n = std::min(c.sends.size(), c.recvs.size());
+      for (std::size_t k = 0; k < n; ++k) {
+        const CommRec &s = c.sends[k], &rv = c.recvs[k];
+        const std::uint32_t expected_stage = c.dir == 0 ? s.stage + 1 : s.stage - 1;
+        if (s.mb != rv.mb || rv.stage != expected_stage || p.shapes[s.shape] != p.shapes[rv.shape]) {
+          add("channel", rv.rank, rv.index,
+              fmt::format("{} channel rank {} -> rank {}, message #{}: expected micro-batch {} stage {} shape {} (rank {} "
+                          "instruction {}), found micro-batch {} stage {} shape {}",
+                          dir, c.src, c.dst, k, s.mb, expected_stage, to_string(p.shapes[s.shape]), s.rank, s.index, rv.mb,
+                          rv.stage, to_string(p.shapes[rv.shape])));
+        }
+      }
+      for (std::size_t k = n; k < c.sends.size(); ++k) {
+        add("channel", c.sends[k].rank, c.sends[k].index,
+            fmt::format("{} channel rank {} -> rank {}: send #{} (micro-batch {} stage {}) has no matching receive on rank {} "
+                        "({} receives)", dir, c.src, c.dst, k, c.sends[k].mb, c.sends[k].stage, c.dst, c.recvs.size()));
+      }
+      for (std::size_t k = n; k < c.recvs.size(); ++k) {
+        add("channel", c.recvs[k].rank, c.recvs[k].index,
+            fmt::format("{} channel rank {} -> rank {}: receive #{} (micro-batch {} stage {}) has no matching send on rank {} "
+                        "({} sends)", dir, c.src, c.dst, k, c.recvs[k].mb, c.recvs[k].stage, c.src, c.sends.size()));
+      }
+    }
+  }
+
+  void simulate() {
+    const Plan& p = p_;
+    nf_.assign(N_ * V_, 0);
+    nb_.assign(N_ * V_, 0);
+    ni_.assign(N_ * V_, 0);
+    nw_.assign(N_ * V_, 0);
+    std::vector<std::vector<Slot>> slots(S_);
+    for (std::size_t r = 0; r < S_; ++r) slots[r].resize(p.buffer_slots[r]);
+    std::vector<std::size_t> pc(S_, 0);
+    // memory
+    std::vector<double> stored(S_, 0), buffers(S_, 0);
+    std::vector<std::uint32_t> live(S_, 0);
+    rep_.peak_bytes.assign(S_, 0);
+    rep_.peak_buffer_bytes.assign(S_, 0);
+    rep_.peak_buffers.assign(S_, 0);
+    std::vector<std::uint8_t> mem_reported(S_, 0);
+    std::vector<std::uint32_t> done_bwd_stage(V_, 0);  // backward completions (B or W) per stage
+    std::vector<std::uint8_t>& reduced = has_reduce_stage_;
+    reduced.assign(V_, 0);
+    std::vector<std::uint8_t> stepped(S_, 0);
+    std::vector<std::int64_t> blocked_channel(S_, -1), blocked_k(S_, -1);
+
+    auto charge = [&](std::size_t r, std::int64_t i, double transient) {
+      const double total = static_cast<double>(p.static_bytes[r]) + stored[r] + transient +
+                           (o_.count_buffers ? buffers[r] : 0.0);
+      const auto t = total > 0 ? static_cast<std::uint64_t>(total) : 0;
+      rep_.peak_bytes[r] = std::max(rep_.peak_bytes[r], t);
+      if (p.memory_limit_bytes > 0 && t > p.memory_limit_bytes && !mem_reported[r]) {
+        mem_reported[r] = 1;
+        add("memory", static_cast<std::int64_t>(r), i,
+            fmt::format("memory: expected at most the limit {} bytes, found {} (static {} + stored {} + transient {}{})",
+                        p.memory_limit_bytes, t, p.static_bytes[r], static_cast<std::uint64_t>(stored[r]),
+                        static_cast<std::uint64_t>(transient),
+                        o_.count_buffers ? fmt::format(" + buffers {}", static_cast<std::uint64_t>(buffers[r])) : ""));
+      }
+    };
+
+    bool progress = true;
+    while (progress && !full()) {
+      progress = false;
+      for (std::size_t r = 0; r < S_; ++r) {
+        const auto& st = p.streams[r];
+        const auto R = static_cast<std::int64_t>(r);
+        auto& sl = slots[r];
+        while (pc[r] < st.size() && !full()) {
+          const std::size_t i = pc[r];
+          const auto I = static_cast<std::int64_t>(i);
+          if (bad_[r][i]) {
+            ++pc[r];
+            progress = true;
+            continue;
+          }
+          const Instruction& ins = st[i];
+          auto alloc = [&](std::uint32_t b, Content c, std::uint32_t mb, std::uint32_t stage, bool ready, std::uint64_t bytes) {
+            Slot& s = sl[b];
+            if (s.live) {
+              add("buffer", R, I,
+                  fmt::format("buffer b{}: expected a free slot, found it holding the {} (allocated at instruction {})", b,
+                              describe_content(s.content, s.mb, s.stage), s.alloc_index));
+            }
+            s = Slot{};
+            s.live = true;
+            s.content = c;
+            s.mb = mb;
+            s.stage = stage;
+            s.ready = ready;
+            s.alloc_index = I;
+            s.bytes = bytes;
+            buffers[r] += static_cast<double>(bytes);
+            ++live[r];
+            rep_.peak_buffers[r] = std::max(rep_.peak_buffers[r], live[r]);
+            rep_.peak_buffer_bytes[r] = std::max(rep_.peak_buffer_bytes[r], static_cast<std::uint64_t>(buffers[r]));
+          };
+          // Checks that buffer b holds ready data `c` of (mb, stage).
+          auto read = [&](std::uint32_t b, Content c, std::uint32_t mb, std::uint32_t stage, const char* role) {
+            const Slot& s = sl[b];
+            if (!s.live) {
+              add("buffer", R, I, fmt::format("{} b{}: expected the {}, found a free slot", role, b, describe_content(c, mb, stage)));
+              return false;
+            }
+            if (s.content != c || s.mb != mb || s.stage != stage) {
+              add("dataflow", R, I,
+                  fmt::format("{} b{}: expected the {}, found the {}", role, b, describe_content(c, mb, stage),
+                              describe_content(s.content, s.mb, s.stage)));
+              return false;
+            }
+            if (!s.ready) {
+              add("dataflow", R, I,
+                  fmt::format("{} b{}: the {} is read before its receive wait", role, b, describe_content(c, mb, stage)));
+              return false;
+            }
+            sl[b].read = true;
+            return true;
+          };
+          const std::size_t k2 = ins.mb != kNone && ins.stage != kNone ? static_cast<std::size_t>(ins.mb) * V_ + ins.stage : 0;
+          bool blocked = false;
+          switch (ins.op) {
+            case Opcode::IterBegin:
+            case Opcode::IterEnd: break;
+            case Opcode::LoadMb:
+              alloc(ins.out, Content::Load, ins.mb, ins.stage, true, p.shapes[ins.shape].bytes());
+              break;
+            case Opcode::Forward: {
+              if (nf_[k2]++ > 0) add("count", R, I, fmt::format("forward of micro-batch {} stage {}: expected once, found again", ins.mb, ins.stage));
+              if (ins.stage > 0) read(ins.in, Content::Act, ins.mb, ins.stage - 1, "in");
+              if (ins.in2 != kNone) read(ins.in2, Content::Load, ins.mb, ins.stage, "in2");
+              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
+              stored[r] += static_cast<double>(p.stored_bytes[k2]);
+              if (ins.out != kNone) alloc(ins.out, Content::Act, ins.mb, ins.stage, true, out_bytes(r, i));
+              break;
+            }
+            case Opcode::Backward:
+            case Opcode::BackwardInput: {
+              const bool full_bwd = ins.op == Opcode::Backward;
+              if (nf_[k2] == 0) {
+                add("order", R, I, fmt::format("backward of micro-batch {} stage {}: expected after its forward, found before", ins.mb, ins.stage));
+              }
+              if ((full_bwd ? nb_[k2] : ni_[k2]) > 0 || (full_bwd ? ni_[k2] : nb_[k2]) > 0) {
+                add("count", R, I, fmt::format("backward of micro-batch {} stage {}: expected one B or one I, found another", ins.mb, ins.stage));
+              }
+              ++(full_bwd ? nb_[k2] : ni_[k2]);
+              if (ins.stage + 1 < V_) read(ins.in, Content::Grad, ins.mb, ins.stage + 1, "in");
+              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
+              if (full_bwd) {
+                if (nf_[k2] > 0) stored[r] = std::max(0.0, stored[r] - static_cast<double>(p.stored_bytes[k2]));
+                ++done_bwd_stage[ins.stage];
+              }
+              if (ins.out != kNone) alloc(ins.out, Content::Grad, ins.mb, ins.stage, true, out_bytes(r, i));
+              break;
+            }
+            case Opcode::BackwardWeight:
+              if (ni_[k2] == 0) {
+                add("order", R, I, fmt::format("weight gradient of micro-batch {} stage {}: expected after its input gradient (BWD_I), found before", ins.mb, ins.stage));
+              }
+              if (nw_[k2]++ > 0) add("count", R, I, fmt::format("weight gradient of micro-batch {} stage {}: expected once, found again", ins.mb, ins.stage));
+              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
+              if (nf_[k2] > 0) stored[r] = std::max(0.0, stored[r] - static_cast<double>(p.stored_bytes[k2]));
+              ++done_bwd_stage[ins.stage];
+              break;
+            case Opcode::SendActStart:
+            case Opcode::SendGradStart: {
+              const bool act = ins.op == Opcode::SendActStart;
+              read(ins.in, act ? Content::Act : Content::Grad, ins.mb, ins.stage, "in");
+              const std::int64_t ch = channel_of(R, ins.peer, act ? 0 : 1);
+              Slot& s = sl[ins.in];
+              if (s.send_pending) {
+                add("buffer", R, I, fmt::format("in b{}: a send from it is already pending (instruction {})", ins.in, s.alloc_index));
+              }
+              s.send_pending = true;
+              s.send_channel = ch;
+              s.send_k = static_cast<std::int64_t>(channels_[ch].sends_posted++);
+              break;
+            }
+            case Opcode::RecvActStart:
+            case Opcode::RecvGradStart: {
+              const bool act = ins.op == Opcode::RecvActStart;
+              alloc(ins.out, act ? Content::Act : Content::Grad, ins.mb, act ? ins.stage - 1 : ins.stage + 1, false,
+                    p.shapes[ins.shape].bytes());
+              const std::int64_t ch = channel_of(ins.peer, R, act ? 0 : 1);
+              Slot& s = sl[ins.out];
+              s.recv_pending = true;
+              s.recv_channel = ch;
+              s.recv_k = static_cast<std::int64_t>(channels_[ch].recvs_posted++);
+              break;
+            }
+            case Opcode::RecvActWait:
+            case Opcode::RecvGradWait: {
+              Slot& s = sl[ins.in];
+              const bool act = ins.op == Opcode::RecvActWait;
+              if (!s.live || !s.recv_pending) {
+                add("buffer", R, I, fmt::format("in b{}: expected a posted {} receive, found {}", ins.in,
+                                                act ? "activation" : "gradient", s.live ? "none pending" : "a free slot"));
+                break;
+              }
+              const Channel& c = channels_[s.recv_channel];
+              if (c.sends_posted <= static_cast<std::size_t>(s.recv_k)) {
+                blocked = true;
+                blocked_channel[r] = s.recv_channel;
+                blocked_k[r] = s.recv_k;
+                break;
+              }
+              if (s.mb != ins.mb || s.stage != (act ? ins.stage - 1 : ins.stage + 1) || c.src != ins.peer ||
+                  c.dir != (act ? 0 : 1)) {
+                add("dataflow", R, I, fmt::format("in b{}: the wait names micro-batch {} stage {} from rank {}, the receive "
+                                                  "posted into it is the {} from rank {}", ins.in, ins.mb, ins.stage, ins.peer,
+                                                  describe_content(s.content, s.mb, s.stage), c.src));
+              }
+              s.recv_pending = false;
+              s.ready = true;
+              break;
+            }
+            case Opcode::SendActWait:
+            case Opcode::SendGradWait: {
+              Slot& s = sl[ins.in];
+              if (!s.live || !s.send_pending) {
+                add("buffer", R, I, fmt::format("in b{}: expected a pending send, found {}", ins.in, s.live ? "none" : "a free slot"));
+                break;
+              }
+              const Channel& c = channels_[s.send_channel];
+              if (c.recvs_posted <= static_cast<std::size_t>(s.send_k)) {
+                blocked = true;
+                blocked_channel[r] = s.send_channel;
+                blocked_k[r] = s.send_k;
+                break;
+              }
+              if (s.mb != ins.mb || s.stage != ins.stage || c.dst != ins.peer) {
+                add("dataflow", R, I, fmt::format("in b{}: the wait names micro-batch {} stage {} to rank {}, the send "
+                                                  "pending on it is the {} to rank {}", ins.in, ins.mb, ins.stage, ins.peer,
+                                                  describe_content(s.content, s.mb, s.stage), c.dst));
+              }
+              s.send_pending = false;
+              break;
+            }
+            case Opcode::FreeBuf: {
+              Slot& s = sl[ins.in];
+              if (!s.live) {
+                add("buffer", R, I, fmt::format("b{}: expected a live buffer, found a free slot (freed twice or never allocated)", ins.in));
+                break;
+              }
+              if (s.send_pending) add("buffer", R, I, fmt::format("b{}: freed while a send from it is pending (no SEND_*_WAIT)", ins.in));
+              if (s.recv_pending) add("buffer", R, I, fmt::format("b{}: freed while a receive into it is pending (no RECV_*_WAIT)", ins.in));
+              if (s.content == Content::Load && !s.read) {
+                add("dataflow", R, I, fmt::format("b{}: the {} is freed without being read (its forward has no in2)", ins.in,
+                                                  describe_content(s.content, s.mb, s.stage)));
+              }
+              buffers[r] -= static_cast<double>(s.bytes);
+              --live[r];
+              s = Slot{};
+              break;
+            }
+            case Opcode::ReduceGrad: {
+              if (reduced[ins.stage]++) add("count", R, I, fmt::format("REDUCE_GRAD of stage {}: expected once, found again", ins.stage));
+              if (done_bwd_stage[ins.stage] < N_) {
+                add("order", R, I, fmt::format("REDUCE_GRAD of stage {}: expected after its {} backward passes, found after {}",
+                                               ins.stage, N_, done_bwd_stage[ins.stage]));
+              }
+              break;
+            }
+            case Opcode::OptStep: {
+              if (stepped[r]++) add("count", R, I, "OPT_STEP: expected at most once, found again");
+              for (std::size_t v = 0; v < V_; ++v) {
+                if (p.stage_rank[v] != r) continue;
+                if (done_bwd_stage[v] < N_) {
+                  add("order", R, I, fmt::format("OPT_STEP: expected after the {} backward passes of stage {}, found after {}", N_, v, done_bwd_stage[v]));
+                }
+                if (reduced.size() > v && any_reduce(r) && !reduced[v]) {
+                  add("order", R, I, fmt::format("OPT_STEP: expected after REDUCE_GRAD of stage {}", v));
+                }
+              }
+              break;
+            }
+          }
+          if (blocked) break;
+          blocked_channel[r] = -1;
+          ++pc[r];
+          progress = true;
+        }
+      }
+    }
+    if (full()) return;
+    for (std::size_t r = 0; r < S_; ++r) {
+      const auto R = static_cast<std::int64_t>(r);
+      if (pc[r] < p.streams[r].size()) {
+        const std::int64_t ch = blocked_channel[r];
+        std::string why = "blocked";
+        if (ch >= 0) {
+          const Channel& c = channels_[ch];
+          const bool recv = c.dst == R;
+          const std::int64_t other = recv ? c.src : c.dst;
+          why = fmt::format("blocked waiting for rank {} to post {} #{} on the {} channel rank {} -> rank {} ({} posted); rank "
+                            "{} is {}", other, recv ? "send" : "receive", blocked_k[r], c.dir == 0 ? "activation" : "gradient",
+                            c.src, c.dst, recv ? c.sends_posted : c.recvs_posted, other,
+                            pc[other] < p.streams[other].size()
+                                ? fmt::format("at instruction {} ({})", pc[other], to_string(p.streams[other][pc[other]]))
+                                : std::string("finished"));
+        }
+        add("deadlock", R, static_cast<std::int64_t>(pc[r]), fmt::format("deadlock: {} ({})", why, to_string(p.streams[r][pc[r]])));
+        continue;
+      }
+      for (std::size_t b = 0; b < slots[r].size(); ++b) {
+        const Slot& s = slots[r][b];
+        if (s.live) {
+          add("buffer", R, s.alloc_index,
+              fmt::format("b{} holding the {} is never freed", b, describe_content(s.content, s.mb, s.stage)));
+        }
+      }
+    }
+  }
+
+  bool any_reduce(std::size_t r) {
+    auto& cache = has_reduce_;
+    if (cache.empty()) {
+      cache.assign(S_, 0);
+      for (std::size_t q = 0; q < S_; ++q)
+        for (const auto& ins : p_.streams[q]) cache[q] = cache[q] || ins.op == Opcode::ReduceGrad;
+    }
+    return cache[r] != 0;
+  }
+  std::vector<std::uint8_t> has_reduce_;
+  std::vector<std::uint8_t> has_reduce_stage_;
+
+  // Bytes of the output buffer of a compute instruction: the matching send's shape if any, else 0
+  // (same-rank hand-over; its size is counted by the consumer's stored activations).
+  std::uint64_t out_bytes(std::size_t r, std::size_t i) const {
+    const auto& st = p_.streams[r];
+    const Instruction& c = st[i];
+    for (std::size_t j = i + 1; j < st.size() && j < i + 16; ++j) {
+      const Instruction& s = st[j];
+      if ((s.op == Opcode::SendActStart || s.op == Opcode::SendGradStart) && s.in == c.out && s.shape < p_.shapes.size())
+        return p_.shapes[s.shape].bytes();
+    }
+    return 0;
+  }
+
+  void check_counts() {
+    if (full()) return;
+    // Optional instructions: either on every rank (once) or on none.
+    for (Opcode op : {Opcode::IterBegin, Opcode::IterEnd, Opcode::OptStep}) {
+      std::vector<std::size_t> n(S_, 0);
+      std::size_t with = 0;
+      for (std::size_t r = 0; r < S_; ++r) {
+        for (const auto& ins : p_.streams[r]) n[r] += ins.op == op;
+        with += n[r] > 0;
+      }
+      for (std::size_t r = 0; r < S_ && with > 0; ++r) {
+        if (n[r] != 1) {
+          add("count", static_cast<std::int64_t>(r), -1,
+              fmt::format("{}: expected once on every rank (it is on {} of {} ranks), found {} here", opcode_name(op), with,
+                          S_, n[r]));
+        }
+      }
+    }
+    bool any = false;
+    for (std::size_t r = 0; r < S_; ++r) any = any || any_reduce(r);
+    for (std::size_t m = 0; m < N_; ++m) {
+      for (std::size_t v = 0; v < V_; ++v) {
+        const std::size_t k = m * V_ + v;
+        const auto R = static_cast<std::int64_t>(p_.stage_rank[v]);
+        if (nf_[k] == 0) add("count", R, -1, fmt::format("forward of micro-batch {} stage {}: expected once, found none", m, v));
+        if (nb_[k] + ni_[k] == 0) {
+          add("count", R, -1, fmt::format("backward of micro-batch {} stage {}: expected one B or one I and one W, found none", m, v));
+        } else if (ni_[k] != nw_[k]) {
+          add("count", R, -1, fmt::format("micro-batch {} stage {}: expected as many weight (W) as input (I) gradients, found {} and {}",
+                                          m, v, nw_[k], ni_[k]));
+        }
+      }
+    }
+    for (std::size_t v = 0; v < V_; ++v) {
+      const std::size_t r = p_.stage_rank[v];
+      if (any && has_reduce_stage_.size() == V_ && !has_reduce_stage_[v]) {
+        add("count", static_cast<std::int64_t>(r), -1, fmt::format("REDUCE_GRAD of stage {}: expected once on rank {}, found none", v, r));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::string to_string(const Violation& v, const Plan* plan) {
+  std::string where;
+  if (v.kind == "replicas") {  // validate_replicas: `rank` is the replica
+    where = v.rank < 0 ? std::string("iteration") : fmt::format("replica {}", v.rank);
+  } else if (v.rank < 0) {
+    where = "header";
+  } else if (v.index < 0) {
+    where = fmt::format("rank {}", v.rank);
+  } else if (v.kind == "timeline") {  // `index` is the op's position in the rank's timeline
+    where = fmt::format("rank {}, timeline op {}", v.rank, v.index);
+  } else {
+    where = fmt::format("rank {}, instruction {}", v.rank, v.index);
+    if (plan != nullptr && static_cast<std::size_t>(v.rank) < plan->streams.size() &&
+        static_cast<std::size_t>(v.index) < plan->streams[v.rank].size()) {
+      where += fmt::format(" ({})", to_string(plan->streams[v.rank][v.index]));
+    }
+  }
+  return fmt::format("{}: [{}] {}", where, v.kind, v.message);
+}
+
+ValidationReport validate(const Plan& plan, const ValidateOptions& options) { return Checker(plan, options).run(); }
+
+std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
+  std::vector<Violation> out;
+  if (replicas.empty()) return out;
+  auto add = [&](std::int64_t replica, std::string msg) { out.push_back(Violation{"replicas", replica, -1, std::move(msg)}); };
+  const Plan& first = replicas.front();
+  if (replicas.size() != first.dp) {
+    add(-1, fmt::format("iteration {}: expected dp = {} replicas' plans, found {} (a replica is missing, or dp was edited)",
+                        first.iteration, first.dp, replicas.size()));
+  }
+  std::uint64_t tokens = 0;
+  std::map<std::uint32_t, std::size_t> sample_of;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_of;
+  for (std::size_t k = 0; k < replicas.size(); ++k) {
+    const Plan& p = replicas[k];
+    const auto K = static_cast<std::int64_t>(k);
+    auto same = [&](const char* field, auto a, auto b) {
+      if (a != b) add(K, fmt::format("{}: replica {} has {}, replica 0 has {} (one iteration, one pipeline)", field, k, a, b));
+    };
+    same("iteration", p.iteration, first.iteration);
+    same("replica", p.replica, static_cast<std::uint32_t>(k));
+    same("dp", p.dp, first.dp);
+    same("ranks", p.ranks, first.ranks);
+    same("vstages", p.vstages, first.vstages);
+    same("global_tokens", p.global_tokens, first.global_tokens);
+    if (p.stage_rank != first.stage_rank) add(K, fmt::format("stage_rank: replica {} maps stages to ranks unlike replica 0", k));
+    for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      tokens += mb.tokens;
+      for (const std::uint32_t s : mb.samples) {
+        const auto [it, fresh] = sample_of.emplace(s, k);
+        if (!fresh && it->second != k) {
+          add(K, fmt::format("micro-batch {}: sample {} is also in replica {} (each sample is trained once)", m, s, it->second));
+        }
+      }
+      for (const auto& r : mb.refs) {
+        const auto [it, fresh] = ref_of.emplace(std::make_pair(r.task, r.index), k);
+        if (!fresh && it->second != k) {
+          add(K, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is also in replica {}", m, r.task, r.index,
+                             it->second));
+        }
+      }
+    }
+  }
+  if (replicas.size() == first.dp && tokens != first.global_tokens) {
+    add(-1, fmt::format("global_tokens: expected the {} replicas' {} tokens, found {}", replicas.size(), tokens,
+                        first.global_tokens));
+  }
+  return out;
+}
+
+void validate_or_throw(const Plan& plan, const ValidateOptions& options) {
+  const ValidationReport rep = validate(plan, options);
+  if (rep.ok()) return;
+  std::string msg = fmt::format("plan of iteration {} (schedule '{}') is invalid: {} violation{}", plan.iteration,
+                                plan.schedule, rep.violations.size(), rep.violations.size() == 1 ? "" : "s");
+  for (std::size_t i = 0; i < rep.violations.size() && i < 10; ++i) msg += "\n  " + to_string(rep.violations[i], &plan);
+  if (rep.violations.size() > 10) msg += fmt::format("\n  ... and {} more", rep.violations.size() - 10);
+  throw Error(msg);
+}
+
+}  // namespace packpipe::plan

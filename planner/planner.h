@@ -1,0 +1,116 @@
+// The planning job for one iteration: partition the global batch into micro-batches, search the
+// pipeline schedule, build the per-rank instruction streams, and measure the same batch under the
+// baselines a user would run (fixed micro-batch size with padding, and packing plus a fixed
+// micro-batch size, both under 1F1B). `packpipe plan` runs it over every iteration of an epoch.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "partition/partition.h"
+#include "partition/pipeline.h"
+#include "plan/builder.h"
+#include "plan/plan.h"
+#include "schedule/search.h"
+#include "schedule/stage_costs.h"
+
+namespace packpipe::planner {
+
+namespace cm = ::packpipe::costmodel;
+namespace part = ::packpipe::partition;
+namespace pl = ::packpipe::plan;
+namespace sched = ::packpipe::schedule;
+
+struct PlannerOptions {
+  part::PipelineShape shape;
+  part::PartitionOptions partition;       ///< method dp by default
+  std::string schedule = "search";  ///< "search", or one schedule kind ("1f1b", "zero-bubble", ...)
+  sched::SearchOptions search;             ///< candidates and seed of the search
+  pl::Dtype dtype = pl::Dtype::BF16;        ///< activations and gradients on the wire
+  bool validate = false;            ///< run the plan validator on every plan (throws on a violation)
+  bool baselines = true;            ///< also measure the fixed and packing baselines
+  std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< micro-batch sizes of the grid
+  bool keep_timeline = true;        ///< store the simulated ops in the plans (for traces)
+  /// Task names by SampleRef::task, naming a dataset sample in messages (e.g. one that does not
+  /// fit); empty: tasks by number.
+  std::vector<std::string> task_names;
+};
+
+/// Largest micro-batch size of the baselines' grid accepted.
+constexpr std::int64_t kMaxBaselineMbs = std::int64_t{1} << 20;
+
+/// Checks `options` before planning: the shape (check_shape), every baseline micro-batch size in
+/// [1, kMaxBaselineMbs], the schedule name. Throws InvalidArgument naming the field and the value.
+void check_planner_options(const PlannerOptions& options);
+
+/// What one method achieves on one global batch (all data-parallel replicas).
+struct MethodFigures {
+  bool feasible = false;           ///< partitioned and every replica's schedule within memory
+  std::int64_t microbatches = 0;
+  double efficiency = 0;           ///< real tokens / padded tokens
+  double iteration_ms = std::numeric_limits<double>::infinity();  ///< simulated, max over replicas
+  std::vector<double> peak_mb;     ///< per pipeline rank, max over replicas (MB = 1e6 bytes)
+  std::string schedule;            ///< the schedule used (of replica 0)
+  std::string why;                 ///< why infeasible
+};
+
+/// Figures of a baseline for each micro-batch size of the grid.
+struct BaselineGrid {
+  std::vector<std::int64_t> mbs;
+  std::vector<MethodFigures> figures;
+};
+
+/// The plans and figures of one iteration.
+struct IterationResult {
+  std::uint64_t iteration = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t tokens = 0;         ///< real tokens of the global batch (as trained: see plan_iteration)
+  std::uint64_t truncated = 0;      ///< samples the oversize policy truncated
+  std::uint64_t dropped = 0;        ///< samples the oversize policy dropped
+  double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
+  std::vector<pl::Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
+  std::vector<pl::Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
+  MethodFigures packpipe;
+  BaselineGrid fixed;               ///< fixed micro-batch size, padded to the longest, 1F1B
+  BaselineGrid packing;             ///< packed rows of the longest sample, fixed rows per micro-batch, 1F1B
+  double partition_ms = 0;          ///< wall time of packpipe's partition
+  double schedule_ms = 0;           ///< wall time of the schedule search (all replicas)
+  double build_ms = 0;              ///< wall time of building (and validating) the plans
+  double planning_ms = 0;           ///< the three together
+};
+
+/// Plans one global batch. `refs` (optional) names each sample as (task, index) in the plans;
+/// `cache` (optional, one per thread) keeps micro-batch shape costs across the iterations a thread
+/// plans. Thread-safe (the cost model is only queried); deterministic, with or without a cache.
+/// Throws InvalidArgument when packpipe's own partition is impossible (e.g. a sample cannot fit
+/// alone and options.partition.oversize is Error), naming the iteration and the sample as the user
+/// knows it: its task and index in the dataset when `refs` are given. Under the truncate and drop
+/// policies the plans, `samples` and `tokens` count what is trained (dropped samples out,
+/// truncated ones at their new length).
+IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                               std::uint64_t iteration, const cm::CostModel& cost,
+                               const std::vector<part::VirtualStage>& vstages, const PlannerOptions& options,
+                               part::PartitionCache* cache = nullptr);
+
+/// The plan of one iteration from the partitioner's micro-batches, the virtual stages and the
+/// simulated schedule: plan::build_plan on their plan-level forms. `costs` (optional) fills the
+/// memory fields. Throws InvalidArgument as build_plan does, and naming a micro-batch whose padded
+/// lengths do not fit 32 bits or a virtual stage out of order.
+pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBatch>& mbs,
+                   const std::vector<part::VirtualStage>& vstages, const sched::StageCostTable* costs,
+                   const pl::PlanOptions& options);
+
+/// Simulated iteration time of given micro-batches under one schedule kind ("1f1b" for the
+/// baselines), replicas as assigned; fills `figures` (feasible, iteration_ms, peak_mb).
+void simulate_method(const part::BatchLengths& lengths, const part::Partition& partition, const cm::CostModel& cost,
+                     const std::vector<part::VirtualStage>& vstages, const part::PipelineShape& shape, sched::ScheduleKind kind,
+                     MethodFigures& figures);
+
+/// Forward + backward FLOPs of the real samples (each at its own length, as model FLOPs count)
+/// through the layers the pipeline's virtual stages hold (3 x forward, no recompute).
+double batch_model_flops(const cm::ModelSpec& model, const std::vector<part::VirtualStage>& vstages,
+                         const part::BatchLengths& lengths);
+
+}  // namespace packpipe::planner

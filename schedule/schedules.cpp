@@ -1,0 +1,606 @@
+#include "schedule/schedules.h"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+
+#include "common/errors.h"
+#include "schedule/detail/order_builder.h"
+
+namespace packpipe::schedule {
+
+namespace pl = ::packpipe::plan;
+
+namespace {
+
+pl::ScheduledOp make_op(pl::OpKind k, std::uint32_t mb, std::int64_t v) {
+  pl::ScheduledOp op;
+  op.kind = k;
+  op.mb = mb;
+  op.vstage = static_cast<std::uint32_t>(v);
+  return op;
+}
+
+void reset(RankOrder& out, std::size_t S, bool cycles) {
+  out.ops.resize(S);
+  for (auto& r : out.ops) r.clear();
+  if (cycles) {
+    out.cycle.resize(S);
+    for (auto& r : out.cycle) r.clear();
+  } else {
+    out.cycle.clear();
+  }
+}
+
+void build_gpipe(const SimProblem& p, const std::vector<std::uint32_t>& order, RankOrder& out) {
+  const std::int64_t S = p.ranks, c = p.vstages() / p.ranks;
+  for (std::int64_t r = 0; r < S; ++r) {
+    auto& ops = out.ops[static_cast<std::size_t>(r)];
+    for (std::int64_t k = 0; k < c; ++k) {
+      for (std::uint32_t mb : order) ops.push_back(make_op(pl::OpKind::Forward, mb, k * S + r));
+    }
+    for (std::int64_t k = c - 1; k >= 0; --k) {
+      for (std::uint32_t mb : order) ops.push_back(make_op(pl::OpKind::Backward, mb, k * S + r));
+    }
+  }
+}
+
+void build_1f1b(const SimProblem& p, const std::vector<std::uint32_t>& order, RankOrder& out) {
+  const std::int64_t S = p.ranks, m = p.microbatches();
+  for (std::int64_t r = 0; r < S; ++r) {
+    auto& ops = out.ops[static_cast<std::size_t>(r)];
+    const std::int64_t w = warmup_forwards(ScheduleKind::OneFOneB, S, r, 1, m, 0);
+    for (std::int64_t k = 0; k < w; ++k) ops.push_back(make_op(pl::OpKind::Forward, order[k], r));
+    for (std::int64_t k = 0; k < m - w; ++k) {
+      ops.push_back(make_op(pl::OpKind::Forward, order[w + k], r));
+      ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+    }
+    for (std::int64_t k = m - w; k < m; ++k) ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+  }
+}
+
+void build_interleaved(const SimProblem& p, const std::vector<std::uint32_t>& order, std::int64_t group,
+                       RankOrder& out) {
+  const std::int64_t S = p.ranks, c = p.vstages() / p.ranks, m = p.microbatches();
+  const auto table = interleaved_table(m, c, group);
+  const std::int64_t total = m * c;
+  for (std::int64_t r = 0; r < S; ++r) {
+    auto& ops = out.ops[static_cast<std::size_t>(r)];
+    const std::int64_t w = warmup_forwards(ScheduleKind::Interleaved1F1B, S, r, c, m, group);
+    auto fwd = [&](std::int64_t k) {
+      const auto& e = table[static_cast<std::size_t>(k)];
+      ops.push_back(make_op(pl::OpKind::Forward, order[e.first], static_cast<std::int64_t>(e.second) * S + r));
+    };
+    auto bwd = [&](std::int64_t k) {
+      const auto& e = table[static_cast<std::size_t>(k)];
+      ops.push_back(make_op(pl::OpKind::Backward, order[e.first], (c - 1 - static_cast<std::int64_t>(e.second)) * S + r));
+    };
+    for (std::int64_t k = 0; k < w; ++k) fwd(k);
+    for (std::int64_t k = 0; k < total - w; ++k) {
+      fwd(w + k);
+      bwd(k);
+    }
+    for (std::int64_t k = total - w; k < total; ++k) bwd(k);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+OrderBuilder::OrderBuilder(const SimProblem& problem)
+    : p_(problem), S_(problem.ranks), V_(problem.vstages()), m_(problem.microbatches()), c_(V_ / S_) {
+  const StageCostTable& t = p_.costs;
+  const auto Su = static_cast<std::size_t>(S_);
+  mb_stored_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
+  mb_peak_.assign(static_cast<std::size_t>(m_) * Su, 0.0);
+  rank_work_.assign(Su, 0.0);
+  for (std::int64_t mb = 0; mb < m_; ++mb) {
+    for (std::int64_t v = 0; v < V_; ++v) {
+      const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S_);
+      mb_stored_[k] += t.stored_bytes[i];
+      mb_peak_[k] = std::max(mb_peak_[k], t.peak_bytes[i]);
+      const double in = t.backward_ms[i] - t.backward_weight_ms[i];
+      rank_work_[static_cast<std::size_t>(v % S_)] += t.forward_ms[i] + in + t.backward_weight_ms[i];
+      if (!(t.forward_ms[i] > 0) || !(in > 0) || !(t.backward_weight_ms[i] > 0)) exact_ = false;
+    }
+  }
+  // Zero-bubble admission caps: 1F1B's in-flight count S - r; interleaved: Megatron's warm-up + 1
+  // over c.
+  cap_.resize(Su);
+  for (std::size_t r = 0; r < Su; ++r) {
+    const auto rr = static_cast<std::int64_t>(r);
+    cap_[r] = c_ == 1 ? S_ - rr : std::max<std::int64_t>(1, (2 * (S_ - rr - 1) + (c_ - 1) * S_ + c_) / c_);
+  }
+}
+
+void OrderBuilder::check(ScheduleKind kind, const std::vector<std::uint32_t>& order) {
+  std::string why;
+  PACKPIPE_CHECK_ARG(schedule_supports(kind, S_, c_, m_, &why), "{}", why);
+  const auto m = static_cast<std::size_t>(m_);
+  PACKPIPE_CHECK_ARG(order.size() == m, "order must list {} micro-batches, found {}", m, order.size());
+  seen_.assign(m, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    PACKPIPE_CHECK_ARG(order[i] < m && !seen_[order[i]], "order is not a permutation of 0..{}: entry {} is {}", m - 1,
+                       i, order[i]);
+    seen_[order[i]] = 1;
+  }
+}
+
+void OrderBuilder::build(ScheduleKind kind, const std::vector<std::uint32_t>& order, const ScheduleOptions& options,
+                         RankOrder& out) {
+  check(kind, order);
+  const auto Su = static_cast<std::size_t>(S_);
+  reset(out, Su, kind == ScheduleKind::Cyclic || kind == ScheduleKind::WaitFreeCyclic);
+  switch (kind) {
+    case ScheduleKind::GPipe: build_gpipe(p_, order, out); break;
+    case ScheduleKind::OneFOneB: build_1f1b(p_, order, out); break;
+    case ScheduleKind::Interleaved1F1B: {
+      const std::int64_t g = options.group_size > 0 ? options.group_size : S_;
+      PACKPIPE_CHECK_ARG(g >= S_ && m_ % g == 0,
+                         "interleaved-1f1b group size {} must be at least {} ranks and divide {} micro-batches", g, S_,
+                         m_);
+      build_interleaved(p_, order, g, out);
+      break;
+    }
+    case ScheduleKind::Cyclic:
+    case ScheduleKind::WaitFreeCyclic:
+      build_cyclic(order, options, out);
+      if (kind == ScheduleKind::WaitFreeCyclic) out.cycle.clear();
+      break;
+    case ScheduleKind::ZeroBubble: {
+      std::vector<double> peak;
+      zero_bubble(order, options, out, peak);
+      break;
+    }
+  }
+}
+
+// DynaPipe's cyclic order: synchronous cycles; in each cycle every rank runs, for each of its
+// virtual stages in ascending order, the head backward then the head forward of that stage's ready
+// queues (queues ordered by micro-batch position). An op becomes ready in the cycle after its
+// input was produced. New micro-batches enter stage 0 only while every rank's memory bound (static
+// + stored of the micro-batches in flight there + the newcomer's + the largest transient peak)
+// stays within the limit, and while fewer than max_in_flight are in flight.
+void OrderBuilder::build_cyclic(const std::vector<std::uint32_t>& order, const ScheduleOptions& opt, RankOrder& out) {
+  const std::int64_t S = S_, V = V_, m = m_;
+  const auto Su = static_cast<std::size_t>(S);
+  const StageCostTable& t = p_.costs;
+  // Ready queues per virtual stage and direction, entries are micro-batch positions; kept sorted
+  // descending so the head (smallest position) is back().
+  fq_.resize(static_cast<std::size_t>(V));
+  bq_.resize(static_cast<std::size_t>(V));
+  for (auto& q : fq_) q.clear();
+  for (auto& q : bq_) q.clear();
+  auto push_sorted = [](std::vector<std::uint32_t>& q, std::uint32_t pos) {
+    q.insert(std::upper_bound(q.begin(), q.end(), pos, std::greater<std::uint32_t>()), pos);
+  };
+  // Per-rank memory bound of the micro-batches in flight.
+  stored_sum_.assign(Su, 0.0);
+  peak_max_.assign(Su, 0.0);
+  const bool mem = opt.memory_aware && p_.memory_limit_bytes > 0;
+  std::int64_t injected = 0, in_flight = 0, finished = 0;
+  const std::int64_t total_ops = 2 * m * V;
+  std::int64_t done = 0;
+  auto can_inject = [&]() {
+    if (injected >= m) return false;
+    if (in_flight == 0) return true;
+    if (opt.max_in_flight > 0 && in_flight >= opt.max_in_flight) return false;
+    if (!mem) return true;
+    const std::size_t base = static_cast<std::size_t>(order[static_cast<std::size_t>(injected)]) * Su;
+    for (std::size_t r = 0; r < Su; ++r) {
+      const double bound =
+          t.static_bytes[r] + stored_sum_[r] + mb_stored_[base + r] + std::max(peak_max_[r], mb_peak_[base + r]);
+      if (bound > p_.memory_limit_bytes) return false;
+    }
+    return true;
+  };
+  auto inject = [&]() {
+    const std::uint32_t mb = order[static_cast<std::size_t>(injected)];
+    for (std::int64_t v = 0; v < V; ++v) {
+      const std::size_t i = t.at(mb, v), r = static_cast<std::size_t>(v % S);
+      stored_sum_[r] += t.stored_bytes[i];
+      peak_max_[r] = std::max(peak_max_[r], t.peak_bytes[i]);
+    }
+    push_sorted(fq_[0], static_cast<std::uint32_t>(injected));
+    ++injected;
+    ++in_flight;
+  };
+  std::uint32_t cycle = 0;
+  while (done < total_ops) {
+    if (fq_[0].empty() && can_inject()) inject();
+    produced_.clear();
+    for (std::int64_t r = 0; r < S; ++r) {
+      auto& ops = out.ops[static_cast<std::size_t>(r)];
+      auto& cyc = out.cycle[static_cast<std::size_t>(r)];
+      for (std::int64_t v = r; v < V; v += S) {
+        auto& b = bq_[static_cast<std::size_t>(v)];
+        if (!b.empty()) {
+          const std::uint32_t pos = b.back();
+          b.pop_back();
+          ops.push_back(make_op(pl::OpKind::Backward, order[pos], v));
+          cyc.push_back(cycle);
+          produced_.push_back({1, pos, v});
+        }
+        auto& f = fq_[static_cast<std::size_t>(v)];
+        if (!f.empty()) {
+          const std::uint32_t pos = f.back();
+          f.pop_back();
+          ops.push_back(make_op(pl::OpKind::Forward, order[pos], v));
+          cyc.push_back(cycle);
+          produced_.push_back({0, pos, v});
+        }
+      }
+    }
+    PACKPIPE_ASSERT(!produced_.empty());
+    for (const auto& e : produced_) {
+      const std::uint32_t pos = e.pos;
+      const std::int64_t v = e.v;
+      ++done;
+      if (e.backward == 0) {
+        if (v + 1 < V) {
+          push_sorted(fq_[static_cast<std::size_t>(v + 1)], pos);
+        } else {
+          push_sorted(bq_[static_cast<std::size_t>(v)], pos);
+        }
+      } else {
+        const std::size_t i = t.at(order[pos], v);
+        stored_sum_[static_cast<std::size_t>(v % S)] -= t.stored_bytes[i];
+        if (v > 0) {
+          push_sorted(bq_[static_cast<std::size_t>(v - 1)], pos);
+        } else {
+          --in_flight;
+          ++finished;
+        }
+      }
+    }
+    ++cycle;
+  }
+  PACKPIPE_ASSERT(finished == m);
+}
+
+// ZB-H1-like greedy: time-driven list scheduling. A free rank runs, in priority order, a ready
+// input-gradient op (I, it unblocks the previous stage), else a ready forward, else the oldest
+// deferred weight-gradient op (W) to fill what would be a bubble. A micro-batch is admitted to a
+// rank at its first-chunk forward only while fewer than `cap` admitted micro-batches still hold
+// activations there (cap = S - rank, 1F1B's in-flight count; interleaved: Megatron's warm-up + 1
+// over c) and, with a memory limit, while the rank's reservation (static + stored of every chunk
+// of the admitted micro-batches + the largest transient peak among them) fits; later chunks of
+// admitted micro-batches are always allowed (no deadlock). Activations are released at W.
+//
+// Events: completions (processed in (time, rank) order, as the simulator does, so transfers queue
+// on the send and receive streams in the same order) and decisions of an idle rank (after every
+// completion of the same instant). A rank keeps at most one pending decision: a request at or
+// after a pending one is redundant (that decision either starts an op, whose completion asks
+// again, or leaves the rank idle and asks again at the next known arrival).
+double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const ScheduleOptions& opt, RankOrder& out,
+                                 std::vector<double>& peak_bytes, double abort_above_ms, bool abort_on_memory) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const std::int64_t S = S_, V = V_, m = m_, c = c_;
+  const StageCostTable& t = p_.costs;
+  const auto Su = static_cast<std::size_t>(S);
+  reset(out, Su, false);
+  fcand_.resize(Su);
+  fcand_later_.resize(Su);
+  icand_.resize(Su);
+  wq_.resize(Su);
+  for (std::size_t r = 0; r < Su; ++r) {
+    fcand_[r].clear();
+    fcand_later_[r].clear();
+    icand_[r].clear();
+    wq_[r].clear();
+  }
+  whead_.assign(Su, 0);
+  send_free_.assign(Su, 0.0);
+  recv_free_.assign(Su, 0.0);
+  holding_.assign(Su, 0);
+  max_peak_.assign(Su, 0.0);
+  decide_at_.assign(Su, kInf);
+  busy_.assign(Su, 0);
+  running_.resize(Su);
+  w_left_.assign(static_cast<std::size_t>(m) * Su, c);
+  mem_.assign(t.static_bytes.begin(), t.static_bytes.end());
+  reserved_.assign(t.static_bytes.begin(), t.static_bytes.end());
+  peak_bytes.assign(t.static_bytes.begin(), t.static_bytes.end());
+  done_at_.assign(Su, kInf);
+  left_.assign(rank_work_.begin(), rank_work_.end());
+  // Early exit: a rank with `left` work not yet started at time `now` ends no earlier than
+  // now + left (its ops run one at a time); the margin covers the rounding of the running sums.
+  const double abort_at = abort_above_ms * (1 + 1e-9);
+  const double limit = p_.memory_limit_bytes;
+  const bool memcap = opt.memory_aware && limit > 0;
+  const bool memabort = abort_on_memory && limit > 0;
+  std::int64_t next_inject = 0;  // only rank 0 injects, at v = 0
+  double makespan = 0;
+  bool over_memory = false;
+
+  auto request = [&](std::size_t r, double time) { decide_at_[r] = std::min(decide_at_[r], time); };
+  auto deliver = [&](std::size_t from, std::size_t to, double now, double xfer) {
+    if (from == to) return now;
+    const double s = std::max(now, std::max(send_free_[from], recv_free_[to]));
+    send_free_[from] = recv_free_[to] = s + xfer;
+    return s + xfer;
+  };
+  // Same arithmetic as Simulator::run: duration, end = start + duration, memory while running.
+  auto start = [&](std::size_t r, double now, pl::OpKind k, std::uint32_t pos, std::uint32_t v) {
+    const std::uint32_t mb = order[pos];
+    const std::size_t i = t.at(mb, v);
+    const double dur = t.op_ms(k, i);
+    double during = mem_[r] + t.peak_bytes[i];
+    if (k == pl::OpKind::Forward) {
+      during += t.stored_bytes[i];
+      if (static_cast<std::int64_t>(v) < S) {  // admission on the rank's first chunk
+        const std::size_t key = static_cast<std::size_t>(mb) * Su + r;
+        ++holding_[r];
+        reserved_[r] += mb_stored_[key];
+        max_peak_[r] = std::max(max_peak_[r], mb_peak_[key]);
+      }
+    }
+    left_[r] -= dur;
+    peak_bytes[r] = std::max(peak_bytes[r], during);
+    if (memabort && peak_bytes[r] > limit) over_memory = true;
+    // Fields written in place (a stack temporary copied whole stalls store forwarding).
+    pl::ScheduledOp& op = out.ops[r].emplace_back();
+    op.kind = k;
+    op.mb = mb;
+    op.vstage = v;
+    op.start_ms = now;
+    op.end_ms = now + dur;
+    busy_[r] = 1;
+    Running& run = running_[r];
+    run.kind = k;
+    run.pos = pos;
+    run.v = v;
+    done_at_[r] = op.end_ms;
+  };
+  auto admissible = [&](std::size_t r, std::uint32_t pos, std::uint32_t v) {
+    if (static_cast<std::int64_t>(v) >= S) return true;  // a later chunk of an admitted micro-batch
+    if (holding_[r] == 0) return true;
+    if (holding_[r] >= cap_[r]) return false;
+    if (!memcap) return true;
+    const std::size_t k = static_cast<std::size_t>(order[pos]) * Su + r;
+    return reserved_[r] + mb_stored_[k] + std::max(max_peak_[r], mb_peak_[k]) <= limit;
+  };
+  // Candidate lists are kept sorted by priority, so a decision takes the first ready (and, for
+  // forwards, admissible) entry: input gradients by (position, last virtual stage first), forwards
+  // by (position, first virtual stage first), split into first-chunk forwards (subject to
+  // admission) and later chunks (always admissible).
+  auto i_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v > b.v); };
+  auto f_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v < b.v); };
+  auto first_ready = [](const std::vector<Cand>& l, double now) {
+    std::size_t k = 0;
+    while (k < l.size() && l[k].arrive > now) ++k;
+    return k;
+  };
+  auto take = [](std::vector<Cand>& l, std::size_t k) {
+    const Cand cd = l[k];
+    l.erase(l.begin() + static_cast<std::ptrdiff_t>(k));
+    return cd;
+  };
+  auto decide = [&](std::size_t r, double now) {
+    if (busy_[r]) return;
+    // 1. a ready input-gradient op
+    auto& ic = icand_[r];
+    const std::size_t bi = first_ready(ic, now);
+    if (bi < ic.size()) {
+      const Cand cd = take(ic, bi);
+      start(r, now, pl::OpKind::BackwardInput, cd.pos, cd.v);
+      return;
+    }
+    // 2. a ready forward within the caps: the later-chunk head, or the first admissible first-chunk
+    // forward before it; rank 0 injects the next micro-batch when it comes first.
+    auto& f1 = fcand_later_[r];
+    auto& f0 = fcand_[r];
+    const std::size_t b1 = first_ready(f1, now);
+    std::size_t b0 = f0.size();
+    const bool admit = holding_[r] == 0 || holding_[r] < cap_[r];
+    if (admit) {
+      for (std::size_t k = 0; k < f0.size(); ++k) {
+        if (b1 < f1.size() && !f_before(f0[k], f1[b1])) break;
+        if (f0[k].arrive <= now && admissible(r, f0[k].pos, f0[k].v)) {
+          b0 = k;
+          break;
+        }
+      }
+    }
+    const Cand* best = b0 < f0.size() ? &f0[b0] : (b1 < f1.size() ? &f1[b1] : nullptr);
+    const bool inject = r == 0 && next_inject < m &&
+                        (best == nullptr || static_cast<std::uint32_t>(next_inject) < best->pos) &&
+                        admissible(0, static_cast<std::uint32_t>(next_inject), 0);
+    if (inject) {
+      start(r, now, pl::OpKind::Forward, static_cast<std::uint32_t>(next_inject++), 0);
+      return;
+    }
+    if (best != nullptr) {
+      const Cand cd = b0 < f0.size() ? take(f0, b0) : take(f1, b1);
+      start(r, now, pl::OpKind::Forward, cd.pos, cd.v);
+      return;
+    }
+    // 3. a deferred weight-gradient op
+    if (whead_[r] < wq_[r].size()) {
+      const auto w = wq_[r][whead_[r]++];
+      start(r, now, pl::OpKind::BackwardWeight, w.first, w.second);
+      return;
+    }
+    // Idle: wake up at the next arrival already known (later ones ask when they are sent).
+    double wake = kInf;
+    for (const auto* l : {&f0, &f1, &ic}) {
+      for (const auto& cd : *l) {
+        if (cd.arrive > now) wake = std::min(wake, cd.arrive);
+      }
+    }
+    if (wake < kInf) request(r, wake);
+  };
+  auto insert = [](std::vector<Cand>& l, const Cand& cd, auto before) {
+    l.insert(std::upper_bound(l.begin(), l.end(), cd, before), cd);
+  };
+  for (std::size_t r = 0; r < Su; ++r) request(r, 0.0);
+  // The next event: the earliest completion (least rank on ties), else, when strictly earlier, the
+  // earliest decision (least rank on ties). Per rank at most one of each is pending, so a scan over
+  // the ranks replaces a heap.
+  for (;;) {
+    if (over_memory) return kInf;
+    std::size_t rc = 0, rd = 0;
+    double tc = done_at_[0], td = decide_at_[0];
+    for (std::size_t q = 1; q < Su; ++q) {  // branch-free minimum (conditional moves)
+      const double a = done_at_[q], b = decide_at_[q];
+      rc = a < tc ? q : rc;
+      tc = a < tc ? a : tc;
+      rd = b < td ? q : rd;
+      td = b < td ? b : td;
+    }
+    if (td < tc) {
+      const double now = td;
+      decide_at_[rd] = kInf;
+      if (now + left_[rd] > abort_at) return kInf;
+      decide(rd, now);
+      continue;
+    }
+    if (tc == kInf) break;
+    const std::size_t r = rc;
+    const double now = tc;
+    done_at_[r] = kInf;
+    if (now > abort_above_ms || now + left_[r] > abort_at) return kInf;
+    makespan = now;
+    const Running run = running_[r];
+    busy_[r] = 0;
+    const std::size_t i = t.at(order[run.pos], run.v);
+    if (run.kind == pl::OpKind::Forward) {
+      mem_[r] += t.stored_bytes[i];
+      if (run.v + 1 == static_cast<std::uint32_t>(V)) {
+        insert(icand_[r], Cand{now, run.pos, run.v}, i_before);
+      } else {
+        const auto to = static_cast<std::size_t>((run.v + 1) % static_cast<std::uint32_t>(S));
+        const double a = deliver(r, to, now, p_.transfer_ms[i]);
+        const Cand cd{a, run.pos, run.v + 1};
+        if (cd.v < static_cast<std::uint32_t>(S)) {
+          insert(fcand_[to], cd, f_before);
+        } else {
+          insert(fcand_later_[to], cd, f_before);
+        }
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
+      }
+    } else if (run.kind == pl::OpKind::BackwardInput) {
+      wq_[r].push_back({run.pos, run.v});
+      if (run.v > 0) {
+        const auto to = static_cast<std::size_t>((run.v - 1) % static_cast<std::uint32_t>(S));
+        const double a = deliver(r, to, now, p_.transfer_ms[t.at(order[run.pos], run.v - 1)]);
+        insert(icand_[to], Cand{a, run.pos, run.v - 1}, i_before);
+        if (to != r && !busy_[to]) request(to, std::max(a, now));
+      }
+    } else {
+      mem_[r] -= t.stored_bytes[i];
+      reserved_[r] -= t.stored_bytes[i];
+      if (--w_left_[static_cast<std::size_t>(order[run.pos]) * Su + r] == 0) --holding_[r];
+    }
+    request(r, now);
+  }
+  if (over_memory) return kInf;
+  for (std::size_t r = 0; r < Su; ++r) {
+    PACKPIPE_ASSERT(whead_[r] == wq_[r].size() && fcand_[r].empty() && fcand_later_[r].empty() && icand_[r].empty());
+  }
+  PACKPIPE_ASSERT(next_inject == m);
+  return makespan;
+}
+
+}  // namespace detail
+
+const char* schedule_kind_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::GPipe: return "gpipe";
+    case ScheduleKind::OneFOneB: return "1f1b";
+    case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
+    case ScheduleKind::Cyclic: return "cyclic";
+    case ScheduleKind::WaitFreeCyclic: return "wait-free-cyclic";
+    case ScheduleKind::ZeroBubble: return "zero-bubble";
+  }
+  return "?";
+}
+
+ScheduleKind schedule_kind_from_name(const std::string& name) {
+  for (ScheduleKind k : all_schedule_kinds()) {
+    if (name == schedule_kind_name(k)) return k;
+  }
+  PACKPIPE_THROW(::packpipe::InvalidArgument,
+                 "unknown schedule '{}': expected gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic or "
+                 "zero-bubble",
+                 name);
+}
+
+const std::vector<ScheduleKind>& all_schedule_kinds() {
+  static const std::vector<ScheduleKind> kinds = {ScheduleKind::GPipe,          ScheduleKind::OneFOneB,
+                                                  ScheduleKind::Interleaved1F1B, ScheduleKind::Cyclic,
+                                                  ScheduleKind::WaitFreeCyclic, ScheduleKind::ZeroBubble};
+  return kinds;
+}
+
+bool schedule_supports(ScheduleKind k, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches,
+                       std::string* why) {
+  auto no = [&](std::string w) {
+    if (why) *why = std::move(w);
+    return false;
+  };
+  if (ranks < 1 || chunks < 1 || microbatches < 1) return no("ranks, chunks and micro-batches must be positive");
+  if (k == ScheduleKind::OneFOneB && chunks != 1) {
+    return no(fmt::format("1f1b needs one virtual stage per rank (chunks 1, found {}); use interleaved-1f1b", chunks));
+  }
+  if (k == ScheduleKind::Interleaved1F1B) {
+    if (chunks < 2) return no("interleaved-1f1b needs chunks > 1; use 1f1b");
+    if (microbatches % ranks != 0) {
+      return no(fmt::format("interleaved-1f1b needs a multiple of {} micro-batches (Megatron's groups of one per "
+                            "rank; a partial last group deadlocks), found {}",
+                            ranks, microbatches));
+    }
+  }
+  return true;
+}
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> interleaved_table(std::int64_t microbatches, std::int64_t chunks,
+                                                                       std::int64_t group_size) {
+  PACKPIPE_CHECK_ARG(group_size >= 1, "interleaved group size must be at least 1, found {}", group_size);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> table;
+  table.reserve(static_cast<std::size_t>(microbatches * chunks));
+  for (std::int64_t lo = 0; lo < microbatches; lo += group_size) {
+    const std::int64_t hi = lo + group_size >= microbatches ? microbatches : lo + group_size;
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      for (std::int64_t mb = lo; mb < hi; ++mb) {
+        table.emplace_back(static_cast<std::uint32_t>(mb), static_cast<std::uint32_t>(k));
+      }
+    }
+  }
+  return table;
+}
+
+std::int64_t warmup_forwards(ScheduleKind kind, std::int64_t ranks, std::int64_t rank, std::int64_t chunks,
+                             std::int64_t microbatches, std::int64_t group_size) {
+  if (kind == ScheduleKind::Interleaved1F1B) {
+    const std::int64_t total = microbatches * chunks;
+    if (microbatches == ranks) return total;
+    const std::int64_t g = group_size > 0 ? group_size : ranks;
+    return std::min(total, 2 * (ranks - rank - 1) + (chunks - 1) * g);
+  }
+  return std::min(ranks - rank - 1, microbatches);
+}
+
+void build_order(ScheduleKind kind, const SimProblem& problem, const std::vector<std::uint32_t>& order,
+                 const ScheduleOptions& options, RankOrder& out) {
+  detail::OrderBuilder(problem).build(kind, order, options, out);
+}
+
+RankOrder build_order(ScheduleKind kind, const SimProblem& problem, const std::vector<std::uint32_t>& order,
+                      const ScheduleOptions& options) {
+  RankOrder out;
+  build_order(kind, problem, order, options, out);
+  return out;
+}
+
+pl::Schedule make_schedule(ScheduleKind kind, const SimProblem& problem, std::vector<std::uint32_t> order,
+                       const ScheduleOptions& options) {
+  if (order.empty()) {
+    order.resize(static_cast<std::size_t>(problem.microbatches()));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
+  }
+  return simulate(problem, build_order(kind, problem, order, options), schedule_kind_name(kind), order);
+}
+
+}  // namespace packpipe::schedule

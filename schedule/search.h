@@ -1,0 +1,62 @@
+// Schedule search: the schedule and micro-batch order with the smallest simulated makespan
+// within the memory limit, deterministically. Two searches: a DynaPipe-like exhaustive reference
+// (every schedule x DynaPipe's order candidates, each fully simulated) and the fast search used
+// by the planner (the same candidates plus constructive orders and local improvement, pruned by
+// early-exit simulation and lower bounds; never worse than the reference by construction).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "schedule/schedules.h"
+#include "schedule/simulator.h"
+
+namespace packpipe::schedule {
+
+namespace pl = ::packpipe::plan;
+
+struct SearchOptions {
+  std::vector<ScheduleKind> schedules;  ///< candidates; empty: every kind the shape supports
+  std::uint64_t seed = 0;               ///< shuffles inside order clusters, random swaps
+  ScheduleOptions schedule_options;
+  int local_rounds = 1;                 ///< fast search: rounds of order improvement (0: none)
+  int local_evaluations = 0;            ///< fast search: random swaps per round (count, deterministic); 0: m / 4
+  /// Optional: the cost table under one uniform recompute mode. When no candidate fits the memory
+  /// limit with the given table, both searches retry with Selective, then Full (as DynaPipe tries
+  /// uniform modes); must return a table of the same shape.
+  std::function<StageCostTable(cm::Recompute)> recompute_table;
+};
+
+struct SearchResult {
+  pl::Schedule best;                  ///< the winner, simulated (ops with times)
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  bool feasible = false;          ///< best fits the memory limit (else: the candidate of least peak memory)
+  std::string recompute = "given";  ///< "given", or the uniform mode the fallback used ("selective", "full")
+  std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
+  std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
+  double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
+};
+
+/// DynaPipe's order candidates, made deterministic: the given order 0..m-1, then, when m > k (k = 3
+/// above 20 micro-batches, else 4), the k! orders of k clusters of a deterministic k-means (Lloyd's,
+/// quantile initialisation) on (first-stage forward, last-stage forward, first-stage backward,
+/// last-stage backward) times, each cluster's members shuffled by a splitmix64 stream from `seed`;
+/// otherwise all m! permutations. Duplicates removed; at most 25 orders.
+std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& problem, std::uint64_t seed);
+/// Constructive orders of the fast search: longest first, shortest first, short at both ends and
+/// long in the middle (hides long micro-batches in the steady phase), and its mirror.
+std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& problem);
+
+/// Exhaustive reference: every schedule x reference_orders, each fully simulated; winner = least
+/// makespan among those within memory (first in enumeration order on ties). Deterministic.
+SearchResult reference_search(const SimProblem& problem, const SearchOptions& options = {});
+/// Fast search: reference candidates first (so its result is never worse), then constructive
+/// orders, then local improvement (adjacent swaps at the ends and a count of seeded random swaps)
+/// of the best order, every evaluation stopped once it passes the incumbent (or a rank's clock
+/// plus its unstarted work does) and orders over the memory limit rejected before simulating;
+/// stops at the lower bound. Deterministic (no wall-clock budget).
+SearchResult search_schedule(const SimProblem& problem, const SearchOptions& options = {});
+
+}  // namespace packpipe::schedule

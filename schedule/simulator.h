@@ -1,0 +1,114 @@
+// Event-driven simulation of a pipeline schedule: per rank one compute stream and two
+// communication streams (send, receive), compute times from a StageCostTable, transfer times from
+// the cost model's communication model, memory per rank. Given per-rank op orders it reports the
+// makespan, the bubble fraction, each rank's peak memory and utilisation, and op start/end times.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "costmodel/cost_model.h"
+#include "schedule/stage_costs.h"
+
+namespace packpipe::schedule {
+
+namespace part = ::packpipe::partition;
+namespace pl = ::packpipe::plan;
+
+/// Everything the schedules and the simulator need about one iteration: the per-(micro-batch,
+/// virtual stage) costs, the rank count and the boundary transfer times.
+struct SimProblem {
+  StageCostTable costs;
+  std::int64_t ranks = 1;
+  /// [mb * vstages + v]: ms to move the activation of (mb, v) to v + 1 (the gradient coming back
+  /// has the same size and time); 0 when v and v + 1 share a rank, and for the last stage.
+  std::vector<double> transfer_ms;
+  double memory_limit_bytes = 0;  ///< per rank; 0: unlimited
+  std::int64_t microbatches() const { return costs.microbatches; }
+  std::int64_t vstages() const { return costs.vstages; }
+  std::int64_t rank_of(std::int64_t v) const { return v % ranks; }
+};
+
+/// A problem from a cost table: transfers p2p_ms(send_bytes) of `comm`, inter-node when the two
+/// ranks fall in different nodes of `ranks_per_node` pipeline ranks (gpus_per_node / tp, at least
+/// 1), zero between virtual stages of one rank. `memory_limit_bytes` 0: unlimited. Throws
+/// InvalidArgument when the table's sizes disagree or ranks does not divide its virtual stages.
+SimProblem make_sim_problem(StageCostTable costs, std::int64_t ranks, const cm::CommModel& comm,
+                            std::int64_t ranks_per_node, double memory_limit_bytes);
+/// A problem from the cost model and the pipeline shape (shape.memory_limit_mb, or the device's
+/// memory when 0; comm and gpus_per_node from the cost model's device).
+SimProblem make_sim_problem(StageCostTable costs, const cm::CostModel& cost, const part::PipelineShape& shape);
+
+/// A schedule before simulation: per-rank op orders and, for synchronous (barrier) schedules, the
+/// cycle of every op (an op of cycle c starts after every op of cycle c - 1 has ended).
+struct RankOrder {
+  std::vector<std::vector<pl::ScheduledOp>> ops;      ///< ops[rank] in execution order
+  std::vector<std::vector<std::uint32_t>> cycle;  ///< empty, or cycle[rank][i] nondecreasing per rank
+  void clear() {
+    for (auto& r : ops) r.clear();
+    for (auto& r : cycle) r.clear();
+  }
+};
+
+/// What one simulation measured.
+struct SimResult {
+  double makespan_ms = 0;
+  double bubble_fraction = 0;      ///< idle compute / (ranks x makespan)
+  std::vector<double> peak_bytes;  ///< per rank: static + stored in flight + the running op's peak
+  std::vector<double> busy_ms;     ///< per rank
+  std::vector<double> utilization; ///< per rank: busy / makespan
+  bool within_memory = true;       ///< every peak <= the problem's limit (or no limit)
+  bool aborted = false;            ///< stopped early (makespan above the bound or memory exceeded)
+  double max_peak_bytes() const;
+};
+
+/// Reusable simulator for one problem (holds a reference: the problem must outlive it). Buffers
+/// are sized once, so repeated runs allocate nothing. Not thread-safe; one per thread.
+class Simulator {
+ public:
+  explicit Simulator(const SimProblem& problem);
+  /// Simulates `order` (every op on the rank of its virtual stage; per (mb, v) one F and either
+  /// one B or one I and one W) and writes each op's start/end into it. Stored activations are
+  /// released at the end of B, or of W (which still needs the layer inputs) when split. Stops
+  /// early, with result.aborted, once simulated time (or a rank's clock plus the work it has not
+  /// started) passes `abort_above_ms` or, when
+  /// `abort_on_memory`, a rank exceeds the memory limit. Throws InvalidArgument naming the rank
+  /// and op for an op on the wrong rank, a repeated or missing op, or a deadlock (an op whose
+  /// inputs can never arrive). O(ops x ranks) time (a scan of the ranks per event; S is small).
+  void run(RankOrder& order, SimResult& result, double abort_above_ms = std::numeric_limits<double>::infinity(),
+           bool abort_on_memory = false);
+  /// Makespan only (same rules); infinity when aborted.
+  double makespan(RankOrder& order, double abort_above_ms = std::numeric_limits<double>::infinity(),
+                  bool abort_on_memory = false);
+  const SimProblem& problem() const { return p_; }
+
+ private:
+  const SimProblem& p_;
+  std::vector<double> f_in_, g_in_, f_done_, i_done_;
+  std::vector<std::uint8_t> state_;
+  std::vector<double> rank_free_, send_free_, recv_free_, cur_mem_;
+  std::vector<std::size_t> next_;
+  std::vector<std::uint8_t> busy_;
+  std::vector<std::uint32_t> cycle_left_;
+  std::vector<double> cycle_end_;
+  std::vector<double> left_;     ///< per rank: work not started yet (early exit)
+  std::vector<double> pending_;  ///< per rank: end of the running op, infinity when idle
+  SimResult scratch_;
+};
+
+/// Simulates `order` and returns the Schedule (name, ops with times, makespan, bubble, peaks,
+/// utilisation); `mb_order` is recorded as Schedule::order. Throws as Simulator::run.
+pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::string& name,
+                  const std::vector<std::uint32_t>& mb_order);
+
+/// Lower bounds on any schedule's makespan: the busiest rank's total compute, and the longest
+/// single micro-batch critical path (every F, then every backward, plus transfers).
+struct MakespanBounds {
+  double rank_work_ms = 0;
+  double critical_path_ms = 0;
+  double value() const { return rank_work_ms > critical_path_ms ? rank_work_ms : critical_path_ms; }
+};
+MakespanBounds makespan_lower_bounds(const SimProblem& problem);
+
+}  // namespace packpipe::schedule

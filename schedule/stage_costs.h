@@ -1,0 +1,50 @@
+// The per-(micro-batch, virtual stage) costs a schedule is simulated with, from the cost model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "costmodel/cost_model.h"
+#include "partition/pipeline.h"
+#include "plan/timeline.h"
+
+namespace packpipe::schedule {
+
+namespace cm = ::packpipe::costmodel;
+namespace part = ::packpipe::partition;
+namespace pl = ::packpipe::plan;
+
+/// Costs of every (micro-batch, virtual stage) for the simulator, row-major [mb * vstages + v].
+struct StageCostTable {
+  std::int64_t microbatches = 0;
+  std::int64_t vstages = 0;
+  std::vector<double> forward_ms;
+  std::vector<double> backward_ms;         ///< input and weight gradients plus recompute
+  std::vector<double> backward_weight_ms;  ///< the weight-gradient share of backward_ms (deferrable)
+  std::vector<double> stored_bytes;        ///< activations kept from forward to backward
+  std::vector<double> peak_bytes;          ///< transient peak while the stage runs
+  std::vector<double> send_bytes;          ///< activation bytes sent to the next virtual stage
+  std::vector<double> static_bytes;        ///< per rank: parameters, gradients, optimizer state
+  std::size_t at(std::int64_t mb, std::int64_t v) const { return static_cast<std::size_t>(mb * vstages + v); }
+  /// Duration of one compute op of entry i = at(mb, v): forward, full backward, its input-gradient
+  /// half (backward minus the weight share) or its weight-gradient half. The one arithmetic of op
+  /// times: the simulator, the schedule builders and the runtime's replay all time ops with it.
+  double op_ms(pl::OpKind kind, std::size_t i) const {
+    switch (kind) {
+      case pl::OpKind::Forward: return forward_ms[i];
+      case pl::OpKind::Backward: return backward_ms[i];
+      case pl::OpKind::BackwardInput: return backward_ms[i] - backward_weight_ms[i];
+      case pl::OpKind::BackwardWeight: return backward_weight_ms[i];
+    }
+    return 0;
+  }
+};
+
+/// Queries the cost model for every (micro-batch, virtual stage): rows x padded lengths under
+/// each micro-batch's recompute mode. The weight-gradient share is the dense-GEMM part of the
+/// backward FLOPs (weights' gradients), the rest (input gradients, attention, recompute) must run
+/// before the previous stage can continue.
+StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs);
+
+}  // namespace packpipe::schedule

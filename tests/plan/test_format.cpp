@@ -1,0 +1,385 @@
+// Plan serialization: exact round trips (binary and JSON), clear errors on truncated or corrupt
+// input, and the multi-iteration plan file read by iteration.
+#include <random>
+
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <catch2/catch.hpp>
+
+#include "common/errors.h"
+#include "common/mapped_file.h"
+#include "plan/builder.h"
+#include "planner/planner.h"
+#include "tests/support/synthetic_plans.h"
+#include "plan/format.h"
+#include "plan/validator.h"
+#include "tests/support/temp_dir.h"
+
+using namespace packpipe::plan;
+using namespace packpipe::planner;
+namespace syn = packpipe::test::synthetic;
+using packpipe::test::TempDir;
+
+namespace {
+
+Plan random_plan_of(std::mt19937_64& rng) {
+  static const char* kinds[] = {"gpipe", "1f1b", "zero-bubble"};
+  const std::int64_t S = 1 + static_cast<std::int64_t>(rng() % 8);
+  const std::int64_t C = 1 + static_cast<std::int64_t>(rng() % 2);
+  const std::int64_t N = C > 1 ? S * (1 + static_cast<std::int64_t>(rng() % 3)) : 1 + static_cast<std::int64_t>(rng() % 16);
+  const bool encdec = rng() % 2 == 0 && (S * C == 1 || (S * C) % 2 == 0);
+  const char* kind = kinds[rng() % 3];
+  Plan p = syn::random_plan(kind, S, C, N, rng(), false, encdec);
+  if (rng() % 2) {  // sample refs and packed rows on some micro-batches
+    for (auto& mb : p.microbatches) {
+      for (auto s : mb.samples) mb.refs.push_back(SampleRef{s % 7, 1000000000000ull + s});
+    }
+  }
+  return p;
+}
+
+std::vector<std::uint8_t> bytes_of(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
+
+}  // namespace
+
+TEST_CASE("plan format: binary round trips are exact, compressed or not", "[interface]") {
+  std::mt19937_64 rng(0xf0f0);
+  for (int t = 0; t < 200; ++t) {
+    const Plan p = random_plan_of(rng);
+    for (bool compress : {false, true}) {
+      EncodeOptions o;
+      o.compress = compress;
+      const auto a = encode_plan(p, o);
+      const Plan q = decode_plan(a.data(), a.size());
+      REQUIRE(q == p);
+      REQUIRE(encode_plan(q, o) == a);
+      REQUIRE(validate(q).ok());
+    }
+  }
+}
+
+TEST_CASE("plan format: JSON round trips are exact and agree with the binary form", "[interface]") {
+  std::mt19937_64 rng(0xf0f1);
+  for (int t = 0; t < 60; ++t) {
+    const Plan p = random_plan_of(rng);
+    const std::string j = plan_to_json(p);
+    const Plan q = plan_from_json(j);
+    REQUIRE(q == p);
+    REQUIRE(plan_to_json(q) == j);
+    REQUIRE(encode_plan(q) == encode_plan(p));
+    CHECK(plan_to_json(p, -1) == plan_to_json(q, -1));
+  }
+}
+
+TEST_CASE("plan format: instructions take a few bytes each", "[interface]") {
+  Plan p = syn::random_plan("1f1b", 8, 1, 40, 1);
+  const std::size_t n = p.instruction_count();
+  const auto full = encode_plan(p);
+  // Streams alone: strip everything else and compare sizes.
+  Plan bare = p;
+  for (auto& s : bare.streams) s.clear();
+  const auto head = encode_plan(bare);
+  const double per = static_cast<double>(full.size() - head.size()) / static_cast<double>(n);
+  CHECK(per < 8.0);
+  CHECK(per > 1.0);
+  EncodeOptions z;
+  z.compress = true;
+  CHECK(encode_plan(p, z).size() < full.size());
+}
+
+TEST_CASE("plan format: every truncation of a plan is a clear error, never a crash", "[negative]") {
+  const Plan p = syn::random_plan("zero-bubble", 3, 1, 4, 2, false, false);
+  for (bool compress : {false, true}) {
+    EncodeOptions o;
+    o.compress = compress;
+    const auto a = encode_plan(p, o);
+    for (std::size_t n = 0; n < a.size(); ++n) {
+      REQUIRE_THROWS_AS(decode_plan(a.data(), n, "x.plan"), packpipe::Error);
+    }
+    REQUIRE_THROWS_WITH(decode_plan(a.data(), 10, "x.plan"), Catch::Matchers::Contains("x.plan") &&
+                                                                 Catch::Matchers::Contains("truncated"));
+    REQUIRE_THROWS_WITH(decode_plan(a.data(), a.size() - 1, "x.plan"), Catch::Matchers::Contains("stored_size"));
+  }
+}
+
+TEST_CASE("plan format: corrupt bytes are caught by the checksum, or by field checks without it", "[negative]") {
+  const Plan p = syn::random_plan("1f1b", 4, 1, 6, 3);
+  const auto a = encode_plan(p);
+  std::mt19937_64 rng(11);
+  int field_errors = 0;
+  for (int t = 0; t < 300; ++t) {
+    auto b = a;
+    const std::size_t i = 32 + rng() % (b.size() - 32);
+    b[i] ^= static_cast<std::uint8_t>(1 + rng() % 255);
+    REQUIRE_THROWS_WITH(decode_plan(b.data(), b.size(), "c.plan"), Catch::Matchers::Contains("checksum"));
+    try {
+      const Plan q = decode_plan(b.data(), b.size(), "c.plan", false);
+      (void)validate(q);  // never crashes on whatever decodes
+    } catch (const packpipe::Error& e) {
+      ++field_errors;
+      CHECK(std::string(e.what()).find("c.plan: offset") != std::string::npos);
+    }
+  }
+  CHECK(field_errors > 0);
+  SECTION("magic, version and flags") {
+    auto b = a;
+    b[0] = 'X';
+    REQUIRE_THROWS_WITH(decode_plan(b.data(), b.size(), "m.plan"), Catch::Matchers::Contains("field 'magic'"));
+    b = a;
+    b[4] = 9;
+    REQUIRE_THROWS_WITH(decode_plan(b.data(), b.size(), "m.plan"), Catch::Matchers::Contains("field 'version'") &&
+                                                                      Catch::Matchers::Contains("found 9"));
+    b = a;
+    b[6] = 4;
+    REQUIRE_THROWS_WITH(decode_plan(b.data(), b.size(), "m.plan"), Catch::Matchers::Contains("field 'flags'"));
+  }
+}
+
+TEST_CASE("plan format: JSON errors name the field and expected versus found", "[negative]") {
+  const Plan p = syn::random_plan("gpipe", 2, 1, 2, 4);
+  std::string j = plan_to_json(p, -1);
+  REQUIRE_THROWS_WITH(plan_from_json("{", "j.json"), Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("malformed JSON"));
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = j;
+    const auto at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    s.replace(at, from.size(), to);
+    return s;
+  };
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"op\":\"FWD\"", "\"op\":\"FORWARD\""), "j.json"),
+                      Catch::Matchers::Contains("/op") && Catch::Matchers::Contains("FORWARD"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"ranks\":2", "\"ranks\":\"two\""), "j.json"),
+                      Catch::Matchers::Contains("/ranks") && Catch::Matchers::Contains("non-negative integer"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"dtype\":\"bf16\"", "\"dtype\":\"fp8\""), "j.json"),
+                      Catch::Matchers::Contains("dtype") && Catch::Matchers::Contains("fp8"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"op\":\"OPT_STEP\"", "\"op\":\"OPT_STEP\",\"mb\":1"), "j.json"),
+                      Catch::Matchers::Contains("has no field 'mb'"));
+  REQUIRE_THROWS_AS(plan_from_json(plan_to_json(p, -1, 1)), packpipe::Error);
+  // Regression (found by fuzz_plan): a number overflowing a double is an Error, not a crash.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":0.17e2385"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("malformed JSON"));
+  // A repeated key is refused (the last one would silently win), naming the key and the file.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":4,\"iteration\":5"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("iteration"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"padded_len\":", "\"tokens\":1,\"padded_len\":"), "j.json"),
+                      Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("tokens"));
+  // Nesting deeper than any plan is refused before it can exhaust the stack.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":" + std::string(100000, '[')), "j.json"),
+                      Catch::Matchers::Contains("j.json"));
+  // An unknown (e.g. misspelt) field is refused rather than dropped, at every level.
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"iteration\":4", "\"iteration\":4,\"extra\":1"), "j.json"),
+                      Catch::Matchers::Contains("/extra") && Catch::Matchers::Contains("unknown field"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"samples\":", "\"refz\":[],\"samples\":"), "j.json"),
+                      Catch::Matchers::Contains("/microbatches/0/refz") && Catch::Matchers::Contains("unknown field"));
+  REQUIRE_THROWS_WITH(plan_from_json(replace("\"dtype\":\"bf16\"", "\"dtype\":\"bf16\",\"stride\":2"), "j.json"),
+                      Catch::Matchers::Contains("/shapes/") && Catch::Matchers::Contains("unknown field"));
+}
+
+TEST_CASE("plan file: written one iteration at a time, read by iteration", "[interface]") {
+  TempDir dir;
+  const std::string path = dir.file("epoch.plans");
+  std::vector<Plan> plans;
+  {
+    EncodeOptions o;
+    o.compress = true;
+    PlanFileWriter w(path, o);
+    for (std::uint64_t it = 0; it < 12; ++it) {
+      Plan p = syn::random_plan(it % 2 ? "1f1b" : "zero-bubble", 4, 1, 4 + static_cast<std::int64_t>(it), 100 + it);
+      p.iteration = 1000 + it;
+      w.append(p);
+      plans.push_back(p);
+    }
+    CHECK(w.plans_written() == 12);
+    w.close();
+  }
+  const PlanFileReader r(path);
+  REQUIRE(r.size() == 12);
+  for (std::size_t i = 12; i-- > 0;) {
+    CHECK(r.iteration(i) == 1000 + i);
+    CHECK(r.read(i) == plans[i]);
+    CHECK(r.read_iteration(1000 + i) == plans[i]);
+  }
+  CHECK(r.find(5) == -1);
+  REQUIRE_THROWS_AS(r.read_iteration(5), packpipe::OutOfRange);
+  REQUIRE_THROWS_WITH(r.read_iteration(5), Catch::Matchers::Contains("iterations 1000 .. 1011"));
+  REQUIRE_THROWS_AS(r.read(12), packpipe::OutOfRange);
+}
+
+TEST_CASE("plan file: a single binary plan or a JSON plan opens as a file of one plan", "[interface]") {
+  TempDir dir;
+  const Plan p = syn::random_plan("gpipe", 2, 2, 4, 9);
+  packpipe::test::write_file(dir.file("one.plan"), [&] {
+    const auto b = encode_plan(p);
+    return std::string(b.begin(), b.end());
+  }());
+  packpipe::test::write_file(dir.file("one.json"), plan_to_json(p));
+  for (const char* name : {"one.plan", "one.json"}) {
+    const PlanFileReader r(dir.file(name));
+    REQUIRE(r.size() == 1);
+    CHECK(r.read(0) == p);
+    CHECK(r.read_iteration(p.iteration) == p);
+  }
+}
+
+TEST_CASE("plan file: truncated files and bad indexes are clear errors", "[negative]") {
+  TempDir dir;
+  const std::string path = dir.file("t.plans");
+  {
+    PlanFileWriter w(path);
+    for (int i = 0; i < 3; ++i) w.append(syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(i)));
+  }  // destroyed without close(): a run that failed mid-epoch leaves no file
+  REQUIRE_FALSE(packpipe::file_exists(path));
+  {
+    PlanFileWriter w(path);
+    for (int i = 0; i < 3; ++i) {
+      Plan p = syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(i));
+      p.iteration = static_cast<std::uint64_t>(i);
+      w.append(p);
+    }
+    w.close();
+  }
+  const std::string bytes = packpipe::test::read_file(path);
+  REQUIRE(PlanFileReader(path).size() == 3);
+  // Every truncation either fails to open or, if the footer survives by chance, fails to read.
+  for (std::size_t n = 0; n < bytes.size(); n += 7) {
+    const auto b = bytes_of(bytes.substr(0, n));
+    REQUIRE_THROWS_AS(PlanFileReader::from_memory(b.data(), b.size(), "t.plans"), packpipe::Error);
+  }
+  const auto cut = bytes_of(bytes.substr(0, bytes.size() - 5));
+  REQUIRE_THROWS_WITH(PlanFileReader::from_memory(cut.data(), cut.size(), "t.plans"),
+                      Catch::Matchers::Contains("t.plans") && Catch::Matchers::Contains("footer"));
+  auto bad = bytes_of(bytes);
+  bad[bad.size() - 64 + 8] ^= 0x40;  // index offset
+  REQUIRE_THROWS_WITH(PlanFileReader::from_memory(bad.data(), bad.size(), "t.plans"), Catch::Matchers::Contains("field 'index'"));
+  REQUIRE_THROWS_WITH(PlanFileReader::from_memory(reinterpret_cast<const std::uint8_t*>("GARBAGE!"), 8, "g"),
+                      Catch::Matchers::Contains("expected 'PPLF'"));
+  REQUIRE_THROWS_AS(PlanFileReader(dir.file("missing.plans")), packpipe::Error);
+}
+
+namespace {
+
+std::uint64_t get_le(const std::string& b, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int k = 7; k >= 0; --k) v = (v << 8) | static_cast<std::uint8_t>(b[at + static_cast<std::size_t>(k)]);
+  return v;
+}
+void put_le(std::string& b, std::size_t at, std::uint64_t v) {
+  for (int k = 0; k < 8; ++k) b[at + static_cast<std::size_t>(k)] = static_cast<char>((v >> (8 * k)) & 0xFF);
+}
+// Recomputes the index-and-footer checksum after an edit, as a deliberate forger would.
+void reseal(std::string& b) {
+  const std::size_t foot = b.size() - 64;
+  const std::size_t index = static_cast<std::size_t>(get_le(b, foot + 8));
+  put_le(b, foot + 48, XXH64(b.data() + index, foot - index + 48, 0));
+}
+std::string plan_file_of(const std::string& path, int iterations, int replicas) {
+  PlanFileWriter w(path);
+  for (int it = 0; it < iterations; ++it) {
+    for (int r = 0; r < replicas; ++r) {
+      Plan p = syn::random_plan("1f1b", 2, 1, 3, static_cast<std::uint64_t>(10 * it + r));
+      p.iteration = static_cast<std::uint64_t>(it);
+      p.replica = static_cast<std::uint32_t>(r);
+      p.dp = static_cast<std::uint32_t>(replicas);
+      w.append(p);
+    }
+  }
+  w.close();
+  return packpipe::test::read_file(path);
+}
+PlanFileReader open_bytes(const std::string& b) {
+  return PlanFileReader::from_memory(reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), "f.plans");
+}
+void read_all(const PlanFileReader& r) {
+  for (std::size_t i = 0; i < r.size(); ++i) (void)r.read(i);
+}
+
+}  // namespace
+
+TEST_CASE("plan file: the index and footer are checksummed, and each blob matches its entry", "[negative]") {
+  TempDir dir;
+  const std::string good = plan_file_of(dir.file("f.plans"), 4, 2);
+  REQUIRE_NOTHROW(read_all(open_bytes(good)));
+  const std::size_t foot = good.size() - 64;
+  const std::size_t index = static_cast<std::size_t>(get_le(good, foot + 8));
+  SECTION("any edit of the index without resealing") {
+    for (std::size_t at = index; at < foot + 48; at += 3) {
+      std::string b = good;
+      b[at] = static_cast<char>(b[at] ^ 0x01);
+      REQUIRE_THROWS_AS(open_bytes(b), packpipe::Error);
+    }
+  }
+  SECTION("an entry redirected to another plan, resealed") {
+    std::string b = good;
+    // Entry 4 (iteration 2, replica 0) points at entry 6's blob (iteration 3) and vice versa.
+    const std::uint64_t o4 = get_le(b, index + 24 * 4 + 8), s4 = get_le(b, index + 24 * 4 + 16);
+    const std::uint64_t o6 = get_le(b, index + 24 * 6 + 8), s6 = get_le(b, index + 24 * 6 + 16);
+    put_le(b, index + 24 * 4 + 8, o6);
+    put_le(b, index + 24 * 4 + 16, s6);
+    put_le(b, index + 24 * 6 + 8, o4);
+    put_le(b, index + 24 * 6 + 16, s4);
+    reseal(b);
+    REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+  }
+  SECTION("an entry's iteration relabelled, resealed") {
+    std::string b = good;
+    put_le(b, index + 24 * 4, 3);  // iteration 2 shown as 3
+    reseal(b);
+    REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+  }
+  SECTION("an entry removed, resealed") {
+    for (std::size_t gone = 0; gone < 8; ++gone) {
+      std::string b = good.substr(0, index + 24 * gone) + good.substr(index + 24 * (gone + 1));
+      const std::size_t f = b.size() - 64;
+      put_le(b, f, 7);  // the count, made to agree
+      reseal(b);
+      REQUIRE_THROWS_AS(read_all(open_bytes(b)), packpipe::Error);
+    }
+  }
+  SECTION("the completeness flag") {
+    PlanFileReader r = open_bytes(good);
+    CHECK(r.complete());
+    CHECK(r.first_iteration() == 0);
+    CHECK(r.iterations() == 4);
+  }
+}
+
+TEST_CASE("plan file: an epoch that stops early is marked incomplete; writers are exclusive", "[negative]") {
+  TempDir dir;
+  const std::string path = dir.file("e.plans");
+  {
+    PlanFileWriter w(path);
+    w.expect_iterations(0, 5);
+    for (int it = 0; it < 3; ++it) {
+      Plan p = syn::random_plan("gpipe", 2, 1, 3, static_cast<std::uint64_t>(it));
+      p.iteration = static_cast<std::uint64_t>(it);
+      w.append(p);
+    }
+    // A second writer of the same file is refused while this one writes.
+    REQUIRE_THROWS_WITH(PlanFileWriter(path), Catch::Matchers::Contains("another process is writing"));
+    Plan late = syn::random_plan("gpipe", 2, 1, 3, 9);
+    late.iteration = 9;
+    REQUIRE_THROWS_AS(w.append(late), packpipe::InvalidArgument);  // outside the declared iterations
+    w.close();
+  }
+  const PlanFileReader r(path);
+  CHECK_FALSE(r.complete());
+  CHECK(r.iterations() == 3);
+  CHECK(r.expected_iterations() == 5);
+  // The flag is covered by the checksum: setting it by hand is refused.
+  std::string b = packpipe::test::read_file(path);
+  b[b.size() - 64 + 40] = 1;
+  REQUIRE_THROWS_WITH(open_bytes(b), Catch::Matchers::Contains("checksum"));
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Catch::Matchers::Contains("marked complete with 3 of 5"));
+}
+
+TEST_CASE("plan file: a file truncated while open is an Error when read, not SIGBUS", "[negative]") {
+  TempDir dir;
+  const std::string path = dir.file("t.plans");
+  plan_file_of(path, 40, 1);
+  const PlanFileReader r(path);
+  REQUIRE(::truncate(path.c_str(), 100) == 0);
+  REQUIRE_THROWS_WITH(r.read(r.size() - 1), Catch::Matchers::Contains("t.plans") && Catch::Matchers::Contains("SIGBUS"));
+}

@@ -1,0 +1,262 @@
+// Schedule search: determinism, fast search never worse than the exhaustive reference, order
+// candidates, memory limit, recompute fallback, lower bounds.
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <set>
+
+#include <catch2/catch.hpp>
+
+#include "common/errors.h"
+#include "costmodel/analytic.h"
+#include "schedule/search.h"
+
+using namespace packpipe::partition;
+using namespace packpipe::schedule;
+using namespace packpipe::plan;
+namespace cm = packpipe::costmodel;
+
+namespace {
+
+// Micro-batches of a long-tailed multi-task batch priced by the analytic GPT model.
+std::vector<MicroBatch> random_microbatches(std::mt19937_64& rng, std::size_t n) {
+  std::vector<MicroBatch> mbs(n);
+  for (auto& mb : mbs) {
+    const std::int64_t len = 64 << (rng() % 6);  // 64 .. 2048
+    const std::int64_t rows = std::max<std::int64_t>(1, 4096 / len - static_cast<std::int64_t>(rng() % 2));
+    mb.samples.resize(static_cast<std::size_t>(rows));
+    mb.padded_len = len;
+  }
+  return mbs;
+}
+
+struct Setup {
+  cm::AnalyticCostModel cost{cm::load_model("gpt-1.3b"), cm::load_device("A100-40GB")};
+  PipelineShape shape;
+  std::vector<VirtualStage> vs;
+  std::vector<MicroBatch> mbs;
+  SimProblem problem;
+  Setup(std::mt19937_64& rng, std::int64_t stages, std::int64_t chunks, std::size_t n, double memory_mb = 0) {
+    shape.stages = stages;
+    shape.chunks = chunks;
+    shape.layers_per_stage = 2;
+    shape.memory_limit_mb = memory_mb;
+    vs = virtual_stages(cost.model(), shape);
+    mbs = random_microbatches(rng, n);
+    problem = make_sim_problem(stage_cost_table(cost, shape, vs, mbs), cost, shape);
+  }
+  StageCostTable table(cm::Recompute rc) const {
+    auto m = mbs;
+    for (auto& x : m) x.recompute = rc;
+    return stage_cost_table(cost, shape, vs, m);
+  }
+};
+
+bool same_schedule(const Schedule& a, const Schedule& b) {
+  if (a.name != b.name || a.order != b.order || a.makespan_ms != b.makespan_ms || a.ops.size() != b.ops.size()) {
+    return false;
+  }
+  for (std::size_t r = 0; r < a.ops.size(); ++r) {
+    if (a.ops[r].size() != b.ops[r].size()) return false;
+    for (std::size_t i = 0; i < a.ops[r].size(); ++i) {
+      const auto &x = a.ops[r][i], &y = b.ops[r][i];
+      if (x.kind != y.kind || x.mb != y.mb || x.vstage != y.vstage || x.start_ms != y.start_ms || x.end_ms != y.end_ms) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("search: reference orders are DynaPipe's candidate set, deterministic per seed", "[interface]") {
+  std::mt19937_64 rng(1);
+  for (std::size_t n : {1u, 3u, 4u, 5u, 12u, 21u, 40u}) {
+    Setup s(rng, 2, 1, n);
+    const auto a = reference_orders(s.problem, 7);
+    const auto b = reference_orders(s.problem, 7);
+    CHECK(a == b);
+    REQUIRE(!a.empty());
+    CHECK(a.size() <= 25);
+    if (n > 20) CHECK(a.size() <= 7);
+    std::vector<std::uint32_t> id(n);
+    for (std::size_t i = 0; i < n; ++i) id[i] = static_cast<std::uint32_t>(i);
+    CHECK(a.front() == id);
+    std::set<std::vector<std::uint32_t>> uniq(a.begin(), a.end());
+    CHECK(uniq.size() == a.size());
+    for (auto o : a) {
+      std::sort(o.begin(), o.end());
+      CHECK(o == id);
+    }
+    if (n <= 4) {
+      std::size_t fact = 1;
+      for (std::size_t i = 2; i <= n; ++i) fact *= i;
+      CHECK(a.size() == fact);
+    }
+  }
+}
+
+TEST_CASE("search: same inputs and seed give a bit-identical schedule", "[interface]") {
+  std::mt19937_64 rng(2);
+  Setup s(rng, 4, 1, 24);
+  SearchOptions o;
+  o.seed = 99;
+  const SearchResult a = search_schedule(s.problem, o);
+  const SearchResult b = search_schedule(s.problem, o);
+  CHECK(same_schedule(a.best, b.best));
+  CHECK(a.simulations == b.simulations);
+  const SearchResult ra = reference_search(s.problem, o);
+  const SearchResult rb = reference_search(s.problem, o);
+  CHECK(same_schedule(ra.best, rb.best));
+}
+
+TEST_CASE("search: fast search is never worse than the exhaustive reference", "[interface][stress]") {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::int64_t S = 2 + static_cast<std::int64_t>(rng() % 3) * 2;
+    const std::int64_t c = (trial % 3 == 2) ? 2 : 1;
+    const std::size_t n = 3 + static_cast<std::size_t>(rng() % 30);
+    Setup s(rng, S, c, n);
+    SearchOptions o;
+    o.seed = static_cast<std::uint64_t>(trial);
+    const SearchResult fast = search_schedule(s.problem, o);
+    const SearchResult ref = reference_search(s.problem, o);
+    INFO("S " << S << " c " << c << " m " << n);
+    REQUIRE(fast.feasible);
+    REQUIRE(ref.feasible);
+    CHECK(fast.best.makespan_ms <= ref.best.makespan_ms);
+    CHECK(fast.best.makespan_ms >= fast.lower_bound_ms * (1 - 1e-12));
+    // The reported schedule is what re-simulating its kind and order gives.
+    const Schedule again = make_schedule(fast.kind, s.problem, fast.best.order);
+    CHECK(again.makespan_ms == fast.best.makespan_ms);
+    CHECK(fast.best.name == schedule_kind_name(fast.kind));
+    // The reference simulates every candidate in full.
+    CHECK(ref.early_exits == 0);
+  }
+}
+
+TEST_CASE("search: restricted to one schedule, it still beats or ties every reference order of it", "[interface]") {
+  std::mt19937_64 rng(4);
+  Setup s(rng, 4, 1, 30);
+  SearchOptions o;
+  o.schedules = {ScheduleKind::OneFOneB};
+  const SearchResult r = search_schedule(s.problem, o);
+  CHECK(r.kind == ScheduleKind::OneFOneB);
+  for (const auto& ord : reference_orders(s.problem, 0)) {
+    CHECK(r.best.makespan_ms <= make_schedule(ScheduleKind::OneFOneB, s.problem, ord).makespan_ms);
+  }
+  SearchOptions bad;
+  bad.schedules = {ScheduleKind::Interleaved1F1B};
+  REQUIRE_THROWS_AS(search_schedule(s.problem, bad), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(search_schedule(s.problem, bad), Catch::Matchers::Contains("no candidate schedule supports"));
+}
+
+TEST_CASE("search: the winner fits the memory limit, or falls back to uniform recompute", "[interface][boundary]") {
+  std::mt19937_64 rng(5);
+  Setup s(rng, 4, 1, 16);
+  const Schedule loose = make_schedule(ScheduleKind::GPipe, s.problem);
+  const double gpipe_peak = *std::max_element(loose.peak_bytes.begin(), loose.peak_bytes.end());
+  // Between one micro-batch in flight and GPipe's all of them.
+  SimProblem p = s.problem;
+  const Schedule one = make_schedule(ScheduleKind::OneFOneB, s.problem);
+  p.memory_limit_bytes = *std::max_element(one.peak_bytes.begin(), one.peak_bytes.end());
+  CHECK(p.memory_limit_bytes < gpipe_peak);
+  for (auto fn : {&search_schedule, &reference_search}) {
+    const SearchResult r = fn(p, SearchOptions{});
+    REQUIRE(r.feasible);
+    for (double b : r.best.peak_bytes) CHECK(b <= p.memory_limit_bytes);
+    CHECK(r.recompute == "given");
+  }
+  // A limit that only full recompute meets.
+  const StageCostTable full = s.table(cm::Recompute::Full);
+  SimProblem pf = s.problem;
+  pf.costs = full;
+  double need_full = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    double st = full.static_bytes[r], pk = 0;
+    for (std::int64_t mb = 0; mb < 16; ++mb) pk = std::max(pk, full.peak_bytes[full.at(mb, static_cast<std::int64_t>(r))] + full.stored_bytes[full.at(mb, static_cast<std::int64_t>(r))]);
+    need_full = std::max(need_full, st + pk);
+  }
+  SimProblem tight = s.problem;
+  tight.memory_limit_bytes = need_full * 1.000001;
+  SearchOptions o;
+  o.recompute_table = [&](cm::Recompute rc) { return s.table(rc); };
+  const SearchResult fr = search_schedule(tight, o);
+  const SearchResult rr = reference_search(tight, o);
+  if (rr.feasible) {
+    REQUIRE(fr.feasible);
+    CHECK(rr.recompute != "given");
+    CHECK(fr.best.makespan_ms <= rr.best.makespan_ms);
+    for (double b : fr.best.peak_bytes) CHECK(b <= tight.memory_limit_bytes);
+  }
+  // Nothing fits: reported as infeasible, with the least-memory candidate.
+  SimProblem none = s.problem;
+  none.memory_limit_bytes = 1.0;
+  const SearchResult nr = search_schedule(none, SearchOptions{});
+  CHECK_FALSE(nr.feasible);
+  CHECK(nr.best.makespan_ms > 0);
+  // A fallback table of the wrong shape is refused.
+  SearchOptions wrong;
+  wrong.recompute_table = [&](cm::Recompute) { return StageCostTable{}; };
+  REQUIRE_THROWS_WITH(search_schedule(none, wrong), Catch::Matchers::Contains("recompute_table(selective) returned"));
+}
+
+TEST_CASE("search: constructive orders are permutations with short micro-batches at the ends", "[interface]") {
+  std::mt19937_64 rng(6);
+  Setup s(rng, 4, 1, 11);
+  const auto orders = constructive_orders(s.problem);
+  REQUIRE(orders.size() >= 3);
+  std::vector<double> tot(11, 0.0);
+  for (std::int64_t mb = 0; mb < 11; ++mb) {
+    for (std::int64_t v = 0; v < 4; ++v) {
+      tot[static_cast<std::size_t>(mb)] += s.problem.costs.forward_ms[s.problem.costs.at(mb, v)] +
+                                           s.problem.costs.backward_ms[s.problem.costs.at(mb, v)];
+    }
+  }
+  for (const auto& o : orders) {
+    auto sorted = o;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 0; i < sorted.size(); ++i) CHECK(sorted[i] == i);
+  }
+  CHECK(tot[orders[0].front()] == *std::max_element(tot.begin(), tot.end()));  // longest first
+  CHECK(tot[orders[1].front()] == *std::min_element(tot.begin(), tot.end()));  // shortest first
+}
+
+TEST_CASE("search: never worse than the reference under memory limits, interleaved shapes and local budgets",
+          "[interface][stress]") {
+  std::mt19937_64 rng(8);
+  for (int trial = 0; trial < 10; ++trial) {
+    const std::int64_t S = 2 + static_cast<std::int64_t>(rng() % 3) * 2;
+    const std::int64_t c = trial % 2 == 1 ? 2 : 1;
+    const std::size_t n = static_cast<std::size_t>(S) * (1 + rng() % 5);
+    Setup s(rng, S, c, n);
+    // A limit between the least and the largest peak of the reference candidates.
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
+    for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::ZeroBubble, ScheduleKind::Cyclic}) {
+      const Schedule sc = make_schedule(k, s.problem);
+      const double pk = *std::max_element(sc.peak_bytes.begin(), sc.peak_bytes.end());
+      lo = std::min(lo, pk);
+      hi = std::max(hi, pk);
+    }
+    SimProblem p = s.problem;
+    p.memory_limit_bytes = lo + (hi - lo) * static_cast<double>(trial % 4) / 4.0;
+    SearchOptions o;
+    o.seed = static_cast<std::uint64_t>(trial) * 11;
+    o.local_evaluations = trial % 3 == 0 ? 1 : 0;
+    o.local_rounds = trial % 5 == 0 ? 2 : 1;
+    INFO("S " << S << " c " << c << " m " << n << " limit " << p.memory_limit_bytes);
+    const SearchResult fast = search_schedule(p, o);
+    const SearchResult ref = reference_search(p, o);
+    REQUIRE(fast.feasible == ref.feasible);
+    if (ref.feasible) {
+      CHECK(fast.best.makespan_ms <= ref.best.makespan_ms);
+      for (double b : fast.best.peak_bytes) CHECK(b <= p.memory_limit_bytes);
+    }
+    const SearchResult again = search_schedule(p, o);
+    CHECK(same_schedule(again.best, fast.best));
+    CHECK(again.simulations == fast.simulations);
+    // The winner re-simulated from its kind and order.
+    CHECK(make_schedule(fast.kind, p, fast.best.order).makespan_ms == fast.best.makespan_ms);
+  }
+}
