@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "costmodel/factory.h"
 #include "dataloader/manifest.h"
+#include "planner/epoch.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
 #include "partition/partition.h"
@@ -43,32 +44,19 @@ part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std
                                                       : dl::MultiTaskDataset::from_prefix(o.dataset);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
-  dl::SamplerConfig cfg = dl::sampler_config(mt.manifest());
-  cfg.seed = o.seed;
-  cfg.global_batch_tokens = o.batch_tokens;
-  cfg.global_batch_samples = o.batch_samples;
-  dl::Sampler sampler(mt, cfg);
-  dl::GlobalBatch g;
-  for (std::uint64_t k = 0; k <= o.batch_index; ++k) {
-    PACKPIPE_CHECK_ARG(sampler.next_batch(g), "--batch-index {} is past the epoch ({} batches)", o.batch_index, k);
-  }
-  part::BatchLengths b;
-  for (const auto& r : g.samples) {
-    const std::uint32_t in = mt.input_length(r), tg = mt.target_length(r);
+  planner::EpochSpec spec;
+  spec.sampler = dl::sampler_config(mt.manifest());
+  spec.sampler.seed = o.seed;
+  spec.sampler.global_batch_tokens = o.batch_tokens;
+  spec.sampler.global_batch_samples = o.batch_samples;
+  // The epoch planner's rule from a global batch to lengths, the one `packpipe plan` plans with.
+  planner::SampledBatch g = planner::sample_batch(mt, spec, o.batch_index, encdec);
+  for (const auto& r : g.refs) {
     names.push_back(fmt::format("global batch {}, task '{}', dataset sample {}", o.batch_index,
                                 r.task < mt.manifest().tasks.size() ? mt.manifest().tasks[r.task].name : "?",
                                 r.index));
-    if (encdec) {
-      b.input.push_back(in);
-      b.target.push_back(tg);
-    } else {
-      const std::uint64_t sum = std::uint64_t{in} + tg;  // decoder-only: the whole sample is one sequence
-      PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(), "{}: {} tokens, more than 2^32 - 1",
-                         names.back(), sum);
-      b.input.push_back(static_cast<std::uint32_t>(sum));
-    }
   }
-  return b;
+  return std::move(g.lengths);
 }
 
 Json mb_json(const part::MicroBatch& mb, bool encdec) {

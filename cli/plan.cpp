@@ -13,10 +13,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <oneapi/tbb/enumerable_thread_specific.h>
-#include <oneapi/tbb/global_control.h>
-#include <oneapi/tbb/info.h>
-#include <oneapi/tbb/parallel_pipeline.h>
 
 #include "cli/commands.h"
 #include "cli/util.h"
@@ -28,7 +24,7 @@
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
 #include "plan/format.h"
-#include "planner/planner.h"
+#include "planner/epoch.h"
 #include "plan/trace.h"
 
 namespace packpipe::cli {
@@ -151,7 +147,6 @@ Json run_plan(const PlanCliOptions& o) {
 
   const auto cost = o.costs.make();
   const cm::ModelSpec& model = cost->model();
-  const bool enc_dec = model.arch == cm::Architecture::EncoderDecoder;
 
   planner::PlannerOptions po;
   po.shape = o.shape_args.shape();
@@ -160,127 +155,66 @@ Json run_plan(const PlanCliOptions& o) {
   po.partition.round_multiple = o.round_multiple;
   po.partition.oversize = part::oversize_policy_from_name(o.oversize);
   po.partition.oversize_option = "--oversize";
-  for (const auto& t : data.manifest().tasks) po.task_names.push_back(t.name);
   po.schedule = o.schedule;
-  if (o.schedule != "search") (void)sched::schedule_kind_from_name(o.schedule);  // reject a bad name early
   po.search.seed = o.seed;
   po.validate = o.validate;
   po.baselines = !o.no_baselines;
   po.baseline_mbs = o.baseline_mbs;
   po.keep_timeline = true;
-  const auto vstages = part::virtual_stages(model, po.shape);
 
-  dl::SamplerConfig sconf = dl::sampler_config(data.manifest());
-  sconf.seed = o.seed;
-  sconf.split = dl::split_from_name(o.split);
-  sconf.global_batch_tokens = o.batch_tokens;
-  sconf.global_batch_samples = o.batch_samples;
-  dl::Sampler sampler(data, sconf);
-  sampler.set_epoch(o.epoch);
+  planner::EpochSpec spec;
+  spec.sampler = dl::sampler_config(data.manifest());
+  spec.sampler.seed = o.seed;
+  spec.sampler.split = dl::split_from_name(o.split);
+  spec.sampler.global_batch_tokens = o.batch_tokens;
+  spec.sampler.global_batch_samples = o.batch_samples;
+  spec.epoch = o.epoch;
+  spec.iterations = o.iterations;
+  planner::EpochOptions eo;
+  eo.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  eo.encode = !o.out.empty();
+  eo.encoding.compress = o.compress;
+  planner::EpochPlanner epoch(data, *cost, po, spec, eo);
 
   std::unique_ptr<pl::PlanFileWriter> writer;
   if (!o.out.empty()) {
-    pl::EncodeOptions eo;
-    eo.compress = o.compress;
-    writer = std::make_unique<pl::PlanFileWriter>(o.out, eo);
+    pl::EncodeOptions wo;
+    wo.compress = o.compress;
+    writer = std::make_unique<pl::PlanFileWriter>(o.out, wo);
   }
-
-  // The exact iteration count: arithmetic for sample-count batches, a dry run of a copy of the
-  // sampler for token budgets (batch boundaries only, no assembly: millions of samples a second).
-  // The progress line shows it, and the plan file records it, so a file that holds fewer
-  // iterations than the run was to plan is marked incomplete.
-  const std::uint64_t epoch_samples = sampler.epoch_size();
-  std::uint64_t expected = 0;
-  if (o.batch_samples > 0) {
-    expected = (epoch_samples + o.batch_samples - 1) / o.batch_samples;
-  } else {
-    dl::Sampler probe(sampler);
-    dl::GlobalBatch g;
-    while ((o.iterations == 0 || expected < o.iterations) && probe.next_batch(g)) ++expected;
-  }
-  if (o.iterations > 0) expected = std::min(expected, o.iterations);
+  // The plan file records the iterations the run was to plan, so a file that holds fewer is
+  // marked incomplete.
+  const std::uint64_t expected = epoch.iterations();
   if (writer && expected > 0) writer->expect_iterations(0, expected);
   Progress progress("planning", expected);
 
-  struct Work {
-    std::uint64_t iteration = 0;
-    part::BatchLengths lengths;
-    std::vector<SampleRef> refs;
-    planner::IterationResult result;
-    std::vector<std::vector<std::uint8_t>> blobs;
-  };
   std::vector<Row> rows;
   std::string trace_json;
-  std::uint64_t next_iteration = 0;
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
-                                    static_cast<std::size_t>(threads));
-  oneapi::tbb::enumerable_thread_specific<part::PartitionCache> caches;  // shape costs, per planning thread
+  const int threads = eo.threads;
   const auto t_start = std::chrono::steady_clock::now();
-  oneapi::tbb::parallel_pipeline(
-      static_cast<std::size_t>(2 * threads),
-      oneapi::tbb::make_filter<void, std::shared_ptr<Work>>(
-          oneapi::tbb::filter_mode::serial_in_order,
-          [&](oneapi::tbb::flow_control& fc) -> std::shared_ptr<Work> {
-            dl::GlobalBatch b;
-            if ((o.iterations > 0 && next_iteration >= o.iterations) || !sampler.next_batch(b)) {
-              fc.stop();
-              return nullptr;
-            }
-            auto w = std::make_shared<Work>();
-            w->iteration = next_iteration++;
-            w->lengths.input.reserve(b.samples.size());
-            for (const auto& ref : b.samples) {
-              const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
-              if (enc_dec) {
-                // Decoder-only tasks in an encoder-decoder run get a one-token target (as DynaPipe's
-                // --is-supervised pads an empty side).
-                w->lengths.input.push_back(std::max<std::uint32_t>(in, 1));
-                w->lengths.target.push_back(std::max<std::uint32_t>(tg, 1));
-              } else {
-                const std::uint64_t sum = std::uint64_t{in} + tg;
-                PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(),
-                                   "iteration {}: sample {} of task '{}' has {} tokens, more than 2^32 - 1",
-                                   w->iteration, ref.index, data.manifest().tasks[ref.task].name, sum);
-                w->lengths.input.push_back(static_cast<std::uint32_t>(sum));
-              }
-              w->refs.push_back(ref);
-            }
-            return w;
-          }) &
-          oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
-              oneapi::tbb::filter_mode::parallel,
-              [&](std::shared_ptr<Work> w) {
-                w->result = planner::plan_iteration(w->lengths, &w->refs, w->iteration, *cost, vstages, po, &caches.local());
-                if (writer) {
-                  for (const auto& p : w->result.plans) w->blobs.push_back(pl::encode_plan(p, {o.compress, 3}));
-                }
-                return w;
-              }) &
-          oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
-              oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                auto& r = w->result;
-                if (writer) {
-                  for (const auto& blob : w->blobs) writer->append_encoded(r.iteration, blob);
-                }
-                if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
-                Row row;
-                row.iteration = r.iteration;
-                row.samples = r.samples;
-                row.tokens = r.tokens;
-                row.model_flops = r.model_flops;
-                row.packpipe = std::move(r.packpipe);
-                row.fixed = std::move(r.fixed);
-                row.packing = std::move(r.packing);
-                row.partition_ms = r.partition_ms;
-                row.schedule_ms = r.schedule_ms;
-                row.build_ms = r.build_ms;
-                row.planning_ms = r.planning_ms;
-                row.truncated = r.truncated;
-                row.dropped = r.dropped;
-                rows.push_back(std::move(row));
-                progress.update(rows.size());
-              }));
+  epoch.run([&](planner::PlannedIteration& w) {
+    auto& r = w.result;
+    if (writer) {
+      for (const auto& blob : w.blobs) writer->append_encoded(r.iteration, blob);
+    }
+    if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
+    Row row;
+    row.iteration = r.iteration;
+    row.samples = r.samples;
+    row.tokens = r.tokens;
+    row.model_flops = r.model_flops;
+    row.packpipe = std::move(r.packpipe);
+    row.fixed = std::move(r.fixed);
+    row.packing = std::move(r.packing);
+    row.partition_ms = r.partition_ms;
+    row.schedule_ms = r.schedule_ms;
+    row.build_ms = r.build_ms;
+    row.planning_ms = r.planning_ms;
+    row.truncated = r.truncated;
+    row.dropped = r.dropped;
+    rows.push_back(std::move(row));
+    progress.update(rows.size());
+  });
   progress.finish();
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   PACKPIPE_CHECK_ARG(!rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);

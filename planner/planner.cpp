@@ -204,7 +204,7 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
       return fmt::format("iteration {}, {}, dataset sample {}", iteration, task, ref.index);
     };
   }
-  const part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
+  part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
   if (!split.truncated.empty() || !split.dropped.empty()) {
     // The oversize policy changed the batch: count what is trained.
@@ -287,6 +287,7 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     r.fixed = baseline_grid(lengths, cost, vstages, o, part::PartitionMethod::Fixed, cache);
     r.packing = baseline_grid(lengths, cost, vstages, o, part::PartitionMethod::Packing, cache);
   }
+  r.partition = std::move(split);
   return r;
 }
 

@@ -70,6 +70,7 @@ struct IterationResult {
   std::uint64_t truncated = 0;      ///< samples the oversize policy truncated
   std::uint64_t dropped = 0;        ///< samples the oversize policy dropped
   double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
+  part::Partition partition;        ///< packpipe's partition of the batch (every replica's micro-batches)
   std::vector<pl::Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
   std::vector<pl::Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
   MethodFigures packpipe;

@@ -71,6 +71,25 @@ if "$BIN" partition "$T/gpt.txt" $SHAPE --threads -1 2> "$T/err.txt"; then fail 
 "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --batch-index 1 $SHAPE --json > "$T/d.json"
 $PY -c "import json,sys; j=json.load(open('$T/d.json')); assert j['samples'] > 0 and len(j['microbatches']) > 0" || fail "manifest"
 
+# One rule from a global batch to lengths: partition --manifest counts the tokens `plan` plans for
+# the same batch (decoder-only and encoder-decoder, whose decoder-only tasks get a one-token target).
+for model in "gpt-6.7b --stages 4" "t5-11b --stages 8 --memory-mb 80000"; do
+  "$BIN" plan --manifest "$ROOT/data/demo/manifest.json" --model $model --global-batch-samples 96 --seed 9 \
+    --iterations 3 --no-baselines --json > "$T/plan.json"
+  for i in 0 2; do
+    "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --model $model --global-batch-samples 96 --seed 9 \
+      --batch-index $i --json > "$T/part.json"
+    $PY - "$T/plan.json" "$T/part.json" $i <<'PYEOF' || fail "partition --manifest and plan disagree on batch $i ($model)"
+import json, sys
+plan = json.load(open(sys.argv[1])); part = json.load(open(sys.argv[2])); i = int(sys.argv[3])
+it = plan["iterations"][i]
+tokens = sum(mb["tokens"] for mb in part["microbatches"])
+assert it["tokens"] == tokens, (it["tokens"], tokens)
+assert it["samples"] == part["samples"], (it["samples"], part["samples"])
+PYEOF
+  done
+done
+
 # Oversize: error names the sample and its length; drop and truncate count it.
 printf "100\n1000000\n50\n" > "$T/big.txt"
 if "$BIN" partition "$T/big.txt" $SHAPE 2> "$T/err.txt"; then fail "oversize accepted"; fi

@@ -1,0 +1,252 @@
+#include "planner/epoch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/parallel_pipeline.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "common/errors.h"
+
+namespace packpipe::planner {
+
+part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::GlobalBatch& batch, bool encoder_decoder,
+                                 std::uint64_t iteration, std::vector<SampleRef>* refs) {
+  part::BatchLengths b;
+  b.input.reserve(batch.samples.size());
+  if (encoder_decoder) b.target.reserve(batch.samples.size());
+  if (refs != nullptr) refs->reserve(refs->size() + batch.samples.size());
+  for (const auto& ref : batch.samples) {
+    const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
+    if (encoder_decoder) {
+      // Decoder-only tasks in an encoder-decoder run get a one-token target (as DynaPipe's
+      // --is-supervised pads an empty side).
+      b.input.push_back(std::max<std::uint32_t>(in, 1));
+      b.target.push_back(std::max<std::uint32_t>(tg, 1));
+    } else {
+      const std::uint64_t sum = std::uint64_t{in} + tg;  // decoder-only: the whole sample is one sequence
+      PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(),
+                         "iteration {}: sample {} of task '{}' has {} tokens, more than 2^32 - 1", iteration, ref.index,
+                         ref.task < data.manifest().tasks.size() ? data.manifest().tasks[ref.task].name : "?", sum);
+      b.input.push_back(static_cast<std::uint32_t>(sum));
+    }
+    if (refs != nullptr) refs->push_back(ref);
+  }
+  return b;
+}
+
+namespace {
+
+// A sampler positioned at the start of batch `first` of `spec.epoch`.
+dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t first) {
+  dl::Sampler s(data, spec.sampler);
+  s.set_epoch(spec.epoch);
+  dl::GlobalBatch g;
+  for (std::uint64_t k = 0; k < first; ++k) {
+    PACKPIPE_CHECK_ARG(s.next_batch(g), "iteration {} is past the end of epoch {} ({} iterations)", first, spec.epoch,
+                       k);
+  }
+  return s;
+}
+
+}  // namespace
+
+SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
+                          bool encoder_decoder) {
+  dl::Sampler s(data, spec.sampler);
+  s.set_epoch(spec.epoch);
+  dl::GlobalBatch g;
+  for (std::uint64_t k = 0; k <= index; ++k) {
+    PACKPIPE_CHECK_ARG(s.next_batch(g), "batch {} is past the end of epoch {} ({} batches)", index, spec.epoch, k);
+  }
+  SampledBatch out;
+  out.iteration = index;
+  out.lengths = batch_lengths(data, g, encoder_decoder, index, &out.refs);
+  return out;
+}
+
+// The background planning of next(): a thread running the pipeline into a bounded queue.
+struct EpochPlanner::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<PlannedIteration> ready;
+  std::size_t capacity = 1;
+  bool done = false;      // the pipeline ended (all delivered, or an error)
+  bool stop = false;      // the consumer is gone
+  bool consuming = false;
+  bool ran = false;        // run() used this planner
+  std::exception_ptr error;
+  std::thread worker;
+};
+
+namespace {
+// One iteration in flight: planned, or the error planning it raised (delivered in order, so every
+// iteration before the first failing one is delivered and none after).
+struct Work {
+  PlannedIteration it;
+  std::exception_ptr error;
+};
+}  // namespace
+
+EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel& cost, PlannerOptions options,
+                           EpochSpec spec, EpochOptions epoch_options)
+    : data_(data), cost_(cost), options_(std::move(options)), spec_(std::move(spec)), eo_(epoch_options) {
+  check_planner_options(options_);
+  PACKPIPE_CHECK_ARG(eo_.threads >= 0 && eo_.threads <= 4096, "threads must be in [0, 4096] (0: every core), found {}",
+                     eo_.threads);
+  PACKPIPE_CHECK_ARG((spec_.sampler.global_batch_tokens > 0) != (spec_.sampler.global_batch_samples > 0),
+                     "give exactly one of a global batch token budget and a global batch sample count");
+  encdec_ = cost_.model().arch == cm::Architecture::EncoderDecoder;
+  vstages_ = part::virtual_stages(cost_.model(), options_.shape);
+  if (options_.task_names.empty()) {
+    for (const auto& t : data_.manifest().tasks) options_.task_names.push_back(t.name);
+  }
+  // The exact iteration count: arithmetic for sample-count batches, a dry run of a sampler for
+  // token budgets (batch boundaries only, no assembly: millions of samples a second). Plan files
+  // record it, so a file that holds fewer iterations than its run was to plan is marked incomplete.
+  dl::Sampler probe(data_, spec_.sampler);
+  probe.set_epoch(spec_.epoch);
+  if (spec_.sampler.global_batch_samples > 0) {
+    epoch_count_ = (probe.epoch_size() + spec_.sampler.global_batch_samples - 1) / spec_.sampler.global_batch_samples;
+  } else {
+    const std::uint64_t cap = spec_.iterations > 0 ? spec_.first_iteration + spec_.iterations
+                                                   : std::numeric_limits<std::uint64_t>::max();
+    dl::GlobalBatch g;
+    while (epoch_count_ < cap && probe.next_batch(g)) ++epoch_count_;
+  }
+  PACKPIPE_CHECK_ARG(spec_.first_iteration <= epoch_count_,
+                     "first iteration {} is past the end of epoch {} ({} iterations)", spec_.first_iteration,
+                     spec_.epoch, epoch_count_);
+  count_ = epoch_count_ - spec_.first_iteration;
+  if (spec_.iterations > 0) count_ = std::min(count_, spec_.iterations);
+}
+
+EpochPlanner::~EpochPlanner() {
+  if (impl_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, const std::function<bool()>& stopped) {
+  if (count_ == 0) return;
+  dl::Sampler sampler = positioned_sampler(data_, spec_, spec_.first_iteration);
+  const int threads = eo_.threads > 0 ? eo_.threads
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::size_t tokens = std::max<std::size_t>(1, 2 * static_cast<std::size_t>(threads));
+  std::uint64_t next_iteration = spec_.first_iteration;
+  const std::uint64_t end = spec_.first_iteration + count_;
+  oneapi::tbb::enumerable_thread_specific<part::PartitionCache> caches;  // shape costs, per planning thread
+  oneapi::tbb::task_arena arena(threads);
+  arena.execute([&] {
+    oneapi::tbb::parallel_pipeline(
+        tokens,
+        oneapi::tbb::make_filter<void, std::shared_ptr<Work>>(
+            oneapi::tbb::filter_mode::serial_in_order,
+            [&](oneapi::tbb::flow_control& fc) -> std::shared_ptr<Work> {
+              dl::GlobalBatch b;
+              if (next_iteration >= end || stopped() || !sampler.next_batch(b)) {
+                fc.stop();
+                return nullptr;
+              }
+              auto w = std::make_shared<Work>();
+              w->it.iteration = next_iteration++;
+              try {
+                w->it.lengths = batch_lengths(data_, b, encdec_, w->it.iteration, &w->it.refs);
+              } catch (...) {
+                w->error = std::current_exception();
+              }
+              return w;
+            }) &
+            oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
+                oneapi::tbb::filter_mode::parallel,
+                [&](std::shared_ptr<Work> w) {
+                  if (w->error || stopped()) return w;
+                  try {
+                    PlannedIteration& it = w->it;
+                    it.result = plan_iteration(it.lengths, &it.refs, it.iteration, cost_, vstages_, options_,
+                                               &caches.local());
+                    if (eo_.encode) {
+                      for (const auto& p : it.result.plans) it.blobs.push_back(pl::encode_plan(p, eo_.encoding));
+                    }
+                  } catch (...) {
+                    w->error = std::current_exception();
+                  }
+                  return w;
+                }) &
+            oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
+                oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
+                  if (w->error) std::rethrow_exception(w->error);
+                  if (!stopped()) sink(w->it);
+                }));
+  });
+}
+
+void EpochPlanner::run(const std::function<void(PlannedIteration&)>& sink) {
+  PACKPIPE_CHECK_ARG(impl_ == nullptr, "EpochPlanner: run() after next(); use one of them, once");
+  impl_ = std::make_unique<Impl>();
+  impl_->done = true;
+  impl_->ran = true;
+  pipeline([&](PlannedIteration& it) { sink(it); return true; }, [] { return false; });
+}
+
+bool EpochPlanner::next(PlannedIteration& out) {
+  if (impl_ == nullptr) {
+    impl_ = std::make_unique<Impl>();
+    Impl* im = impl_.get();
+    im->capacity = eo_.depth > 0 ? eo_.depth
+                                 : 2 * static_cast<std::size_t>(eo_.threads > 0 ? eo_.threads
+                                                                                 : std::max(1u, std::thread::hardware_concurrency()));
+    im->worker = std::thread([this, im] {
+      try {
+        pipeline(
+            [im](PlannedIteration& it) {
+              std::unique_lock<std::mutex> lock(im->mu);
+              im->cv.wait(lock, [im] { return im->stop || im->ready.size() < im->capacity; });
+              if (im->stop) return false;
+              im->ready.push_back(std::move(it));
+              im->cv.notify_all();
+              return true;
+            },
+            [im] {
+              std::lock_guard<std::mutex> lock(im->mu);
+              return im->stop;
+            });
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(im->mu);
+        im->error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(im->mu);
+      im->done = true;
+      im->cv.notify_all();
+    });
+  }
+  Impl* im = impl_.get();
+  PACKPIPE_CHECK_ARG(!im->ran, "EpochPlanner: next() after run(); use one of them, once");
+  std::unique_lock<std::mutex> lock(im->mu);
+  PACKPIPE_CHECK_ARG(!im->consuming, "EpochPlanner: next() called while another thread is inside next(); use one "
+                                     "consumer");
+  im->consuming = true;
+  im->cv.wait(lock, [im] { return !im->ready.empty() || im->done; });
+  im->consuming = false;
+  if (!im->ready.empty()) {
+    out = std::move(im->ready.front());
+    im->ready.pop_front();
+    im->cv.notify_all();
+    return true;
+  }
+  if (im->error) std::rethrow_exception(im->error);
+  return false;
+}
+
+}  // namespace packpipe::planner
