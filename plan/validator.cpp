@@ -8,52 +8,12 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "plan/dry_run.h"
 
 namespace packpipe::plan {
 
 
 namespace {
-
-enum class Content : std::uint8_t { Load, Act, Grad };
-
-const char* content_name(Content c) {
-  switch (c) {
-    case Content::Load: return "loaded inputs";
-    case Content::Act: return "activation";
-    case Content::Grad: return "input gradient";
-  }
-  return "?";
-}
-
-struct Slot {
-  bool live = false;
-  Content content = Content::Load;
-  std::uint32_t mb = 0, stage = 0;  // Act: output of stage; Grad: input gradient of stage; Load: of stage
-  bool ready = false;               // data present (receives: after the wait)
-  std::int64_t alloc_index = -1;
-  std::uint64_t bytes = 0;
-  // pending communication on this slot
-  bool recv_pending = false;
-  std::int64_t recv_channel = -1, recv_k = -1;
-  std::int64_t send_channel = -1, send_k = -1;  // last send posted from this slot, not yet waited
-  bool send_pending = false;
-  bool read = false;  // read by a compute op or a send (loaded inputs must be)
-};
-
-struct CommRec {
-  std::int64_t rank, index;
-  std::uint32_t mb, stage, shape;
-};
-
-struct Channel {
-  std::int64_t src, dst, dir;
-  std::vector<CommRec> sends, recvs;  // static, in stream order
-  std::size_t sends_posted = 0, recvs_posted = 0;
-};
-
-std::string describe_content(Content c, std::uint32_t mb, std::uint32_t stage) {
-  return fmt::format("{} of micro-batch {} stage {}", content_name(c), mb, stage);
-}
 
 class Checker {
  public:
@@ -64,9 +24,18 @@ class Checker {
     check_fields();
     check_tables();
     check_timeline();
-    check_channels();
-    simulate();
-    check_counts();
+    DryRunOptions dro;
+    dro.count_buffers = o_.count_buffers;
+    DryRun dry(p_, [this](const char* kind, std::int64_t rank, std::int64_t index, std::string msg) {
+      add(kind, rank, index, std::move(msg));
+      return !full();
+    }, &bad_, dro);
+    check_channels(dry.channels());
+    if (!full()) dry.run();
+    rep_.peak_bytes = dry.peak_bytes();
+    rep_.peak_buffer_bytes = dry.peak_buffer_bytes();
+    rep_.peak_buffers = dry.peak_buffers();
+    check_counts(dry);
     return std::move(rep_);
   }
 
@@ -76,10 +45,6 @@ class Checker {
   ValidationReport rep_;
   std::size_t N_ = 0, V_ = 0, S_ = 0;
   std::vector<std::vector<std::uint8_t>> bad_;  // [rank][index]: skip in the simulation
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::size_t> channel_index_;
-  std::vector<Channel> channels_;
-  // per (mb, v) counters
-  std::vector<std::uint32_t> nf_, nb_, ni_, nw_;
 
   bool full() const { return o_.max_violations > 0 && rep_.violations.size() >= o_.max_violations; }
   void add(const char* kind, std::int64_t rank, std::int64_t index, std::string msg) {
@@ -561,37 +526,15 @@ class Checker {
     }
   }
 
-  std::int64_t channel_of(std::int64_t src, std::int64_t dst, std::int64_t dir) {
-    const auto key = std::make_tuple(src, dst, dir);
-    auto it = channel_index_.find(key);
-    if (it != channel_index_.end()) return static_cast<std::int64_t>(it->second);
-    channel_index_.emplace(key, channels_.size());
-    channels_.push_back(Channel{src, dst, dir, {}, {}, 0, 0});
-    return static_cast<std::int64_t>(channels_.size() - 1);
-  }
-
-  void check_channels() {
+  // Per channel, the i-th send start and the i-th receive start name the same micro-batch,
+  // adjacent stages and one shape; every message has both ends.
+  void check_channels(const std::vector<ChannelState>& channels) {
     const Plan& p = p_;
-    for (std::size_t r = 0; r < S_; ++r) {
-      for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
-        if (bad_[r][i]) continue;
-        const Instruction& ins = p.streams[r][i];
-        const auto R = static_cast<std::int64_t>(r);
-        CommRec rec{R, static_cast<std::int64_t>(i), ins.mb, ins.stage, ins.shape};
-        switch (ins.op) {
-          case Opcode::SendActStart: channels_[channel_of(R, ins.peer, 0)].sends.push_back(rec); break;
-          case Opcode::SendGradStart: channels_[channel_of(R, ins.peer, 1)].sends.push_back(rec); break;
-          case Opcode::RecvActStart: channels_[channel_of(ins.peer, R, 0)].recvs.push_back(rec); break;
-          case Opcode::RecvGradStart: channels_[channel_of(ins.peer, R, 1)].recvs.push_back(rec); break;
-          default: break;
-        }
-      }
-    }
-    for (const Channel& c : channels_) {
+    for (const ChannelState& c : channels) {
       const char* dir = c.dir == 0 ? "activation" : "gradient";
       const std::size_t n = std::min(c.sends.size(), c.recvs.size());
       for (std::size_t k = 0; k < n; ++k) {
-        const CommRec &s = c.sends[k], &rv = c.recvs[k];
+        const MessageEnd &s = c.sends[k], &rv = c.recvs[k];
         const std::uint32_t expected_stage = c.dir == 0 ? s.stage + 1 : s.stage - 1;
         if (s.mb != rv.mb || rv.stage != expected_stage || p.shapes[s.shape] != p.shapes[rv.shape]) {
           add("channel", rv.rank, rv.index,
@@ -614,322 +557,12 @@ class Checker {
     }
   }
 
-  void simulate() {
-    const Plan& p = p_;
-    nf_.assign(N_ * V_, 0);
-    nb_.assign(N_ * V_, 0);
-    ni_.assign(N_ * V_, 0);
-    nw_.assign(N_ * V_, 0);
-    std::vector<std::vector<Slot>> slots(S_);
-    for (std::size_t r = 0; r < S_; ++r) slots[r].resize(p.buffer_slots[r]);
-    std::vector<std::size_t> pc(S_, 0);
-    // memory
-    std::vector<double> stored(S_, 0), buffers(S_, 0);
-    std::vector<std::uint32_t> live(S_, 0);
-    rep_.peak_bytes.assign(S_, 0);
-    rep_.peak_buffer_bytes.assign(S_, 0);
-    rep_.peak_buffers.assign(S_, 0);
-    std::vector<std::uint8_t> mem_reported(S_, 0);
-    std::vector<std::uint32_t> done_bwd_stage(V_, 0);  // backward completions (B or W) per stage
-    std::vector<std::uint8_t>& reduced = has_reduce_stage_;
-    reduced.assign(V_, 0);
-    std::vector<std::uint8_t> stepped(S_, 0);
-    std::vector<std::int64_t> blocked_channel(S_, -1), blocked_k(S_, -1);
-
-    auto charge = [&](std::size_t r, std::int64_t i, double transient) {
-      const double total = static_cast<double>(p.static_bytes[r]) + stored[r] + transient +
-                           (o_.count_buffers ? buffers[r] : 0.0);
-      const auto t = total > 0 ? static_cast<std::uint64_t>(total) : 0;
-      rep_.peak_bytes[r] = std::max(rep_.peak_bytes[r], t);
-      if (p.memory_limit_bytes > 0 && t > p.memory_limit_bytes && !mem_reported[r]) {
-        mem_reported[r] = 1;
-        add("memory", static_cast<std::int64_t>(r), i,
-            fmt::format("memory: expected at most the limit {} bytes, found {} (static {} + stored {} + transient {}{})",
-                        p.memory_limit_bytes, t, p.static_bytes[r], static_cast<std::uint64_t>(stored[r]),
-                        static_cast<std::uint64_t>(transient),
-                        o_.count_buffers ? fmt::format(" + buffers {}", static_cast<std::uint64_t>(buffers[r])) : ""));
-      }
-    };
-
-    bool progress = true;
-    while (progress && !full()) {
-      progress = false;
-      for (std::size_t r = 0; r < S_; ++r) {
-        const auto& st = p.streams[r];
-        const auto R = static_cast<std::int64_t>(r);
-        auto& sl = slots[r];
-        while (pc[r] < st.size() && !full()) {
-          const std::size_t i = pc[r];
-          const auto I = static_cast<std::int64_t>(i);
-          if (bad_[r][i]) {
-            ++pc[r];
-            progress = true;
-            continue;
-          }
-          const Instruction& ins = st[i];
-          auto alloc = [&](std::uint32_t b, Content c, std::uint32_t mb, std::uint32_t stage, bool ready, std::uint64_t bytes) {
-            Slot& s = sl[b];
-            if (s.live) {
-              add("buffer", R, I,
-                  fmt::format("buffer b{}: expected a free slot, found it holding the {} (allocated at instruction {})", b,
-                              describe_content(s.content, s.mb, s.stage), s.alloc_index));
-            }
-            s = Slot{};
-            s.live = true;
-            s.content = c;
-            s.mb = mb;
-            s.stage = stage;
-            s.ready = ready;
-            s.alloc_index = I;
-            s.bytes = bytes;
-            buffers[r] += static_cast<double>(bytes);
-            ++live[r];
-            rep_.peak_buffers[r] = std::max(rep_.peak_buffers[r], live[r]);
-            rep_.peak_buffer_bytes[r] = std::max(rep_.peak_buffer_bytes[r], static_cast<std::uint64_t>(buffers[r]));
-          };
-          // Checks that buffer b holds ready data `c` of (mb, stage).
-          auto read = [&](std::uint32_t b, Content c, std::uint32_t mb, std::uint32_t stage, const char* role) {
-            const Slot& s = sl[b];
-            if (!s.live) {
-              add("buffer", R, I, fmt::format("{} b{}: expected the {}, found a free slot", role, b, describe_content(c, mb, stage)));
-              return false;
-            }
-            if (s.content != c || s.mb != mb || s.stage != stage) {
-              add("dataflow", R, I,
-                  fmt::format("{} b{}: expected the {}, found the {}", role, b, describe_content(c, mb, stage),
-                              describe_content(s.content, s.mb, s.stage)));
-              return false;
-            }
-            if (!s.ready) {
-              add("dataflow", R, I,
-                  fmt::format("{} b{}: the {} is read before its receive wait", role, b, describe_content(c, mb, stage)));
-              return false;
-            }
-            sl[b].read = true;
-            return true;
-          };
-          const std::size_t k2 = ins.mb != kNone && ins.stage != kNone ? static_cast<std::size_t>(ins.mb) * V_ + ins.stage : 0;
-          bool blocked = false;
-          switch (ins.op) {
-            case Opcode::IterBegin:
-            case Opcode::IterEnd: break;
-            case Opcode::LoadMb:
-              alloc(ins.out, Content::Load, ins.mb, ins.stage, true, p.shapes[ins.shape].bytes());
-              break;
-            case Opcode::Forward: {
-              if (nf_[k2]++ > 0) add("count", R, I, fmt::format("forward of micro-batch {} stage {}: expected once, found again", ins.mb, ins.stage));
-              if (ins.stage > 0) read(ins.in, Content::Act, ins.mb, ins.stage - 1, "in");
-              if (ins.in2 != kNone) read(ins.in2, Content::Load, ins.mb, ins.stage, "in2");
-              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
-              stored[r] += static_cast<double>(p.stored_bytes[k2]);
-              if (ins.out != kNone) alloc(ins.out, Content::Act, ins.mb, ins.stage, true, out_bytes(r, i));
-              break;
-            }
-            case Opcode::Backward:
-            case Opcode::BackwardInput: {
-              const bool full_bwd = ins.op == Opcode::Backward;
-              if (nf_[k2] == 0) {
-                add("order", R, I, fmt::format("backward of micro-batch {} stage {}: expected after its forward, found before", ins.mb, ins.stage));
-              }
-              if ((full_bwd ? nb_[k2] : ni_[k2]) > 0 || (full_bwd ? ni_[k2] : nb_[k2]) > 0) {
-                add("count", R, I, fmt::format("backward of micro-batch {} stage {}: expected one B or one I, found another", ins.mb, ins.stage));
-              }
-              ++(full_bwd ? nb_[k2] : ni_[k2]);
-              if (ins.stage + 1 < V_) read(ins.in, Content::Grad, ins.mb, ins.stage + 1, "in");
-              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
-              if (full_bwd) {
-                if (nf_[k2] > 0) stored[r] = std::max(0.0, stored[r] - static_cast<double>(p.stored_bytes[k2]));
-                ++done_bwd_stage[ins.stage];
-              }
-              if (ins.out != kNone) alloc(ins.out, Content::Grad, ins.mb, ins.stage, true, out_bytes(r, i));
-              break;
-            }
-            case Opcode::BackwardWeight:
-              if (ni_[k2] == 0) {
-                add("order", R, I, fmt::format("weight gradient of micro-batch {} stage {}: expected after its input gradient (BWD_I), found before", ins.mb, ins.stage));
-              }
-              if (nw_[k2]++ > 0) add("count", R, I, fmt::format("weight gradient of micro-batch {} stage {}: expected once, found again", ins.mb, ins.stage));
-              charge(r, I, static_cast<double>(p.peak_bytes[k2]));
-              if (nf_[k2] > 0) stored[r] = std::max(0.0, stored[r] - static_cast<double>(p.stored_bytes[k2]));
-              ++done_bwd_stage[ins.stage];
-              break;
-            case Opcode::SendActStart:
-            case Opcode::SendGradStart: {
-              const bool act = ins.op == Opcode::SendActStart;
-              read(ins.in, act ? Content::Act : Content::Grad, ins.mb, ins.stage, "in");
-              const std::int64_t ch = channel_of(R, ins.peer, act ? 0 : 1);
-              Slot& s = sl[ins.in];
-              if (s.send_pending) {
-                add("buffer", R, I, fmt::format("in b{}: a send from it is already pending (instruction {})", ins.in, s.alloc_index));
-              }
-              s.send_pending = true;
-              s.send_channel = ch;
-              s.send_k = static_cast<std::int64_t>(channels_[ch].sends_posted++);
-              break;
-            }
-            case Opcode::RecvActStart:
-            case Opcode::RecvGradStart: {
-              const bool act = ins.op == Opcode::RecvActStart;
-              alloc(ins.out, act ? Content::Act : Content::Grad, ins.mb, act ? ins.stage - 1 : ins.stage + 1, false,
-                    p.shapes[ins.shape].bytes());
-              const std::int64_t ch = channel_of(ins.peer, R, act ? 0 : 1);
-              Slot& s = sl[ins.out];
-              s.recv_pending = true;
-              s.recv_channel = ch;
-              s.recv_k = static_cast<std::int64_t>(channels_[ch].recvs_posted++);
-              break;
-            }
-            case Opcode::RecvActWait:
-            case Opcode::RecvGradWait: {
-              Slot& s = sl[ins.in];
-              const bool act = ins.op == Opcode::RecvActWait;
-              if (!s.live || !s.recv_pending) {
-                add("buffer", R, I, fmt::format("in b{}: expected a posted {} receive, found {}", ins.in,
-                                                act ? "activation" : "gradient", s.live ? "none pending" : "a free slot"));
-                break;
-              }
-              const Channel& c = channels_[s.recv_channel];
-              if (c.sends_posted <= static_cast<std::size_t>(s.recv_k)) {
-                blocked = true;
-                blocked_channel[r] = s.recv_channel;
-                blocked_k[r] = s.recv_k;
-                break;
-              }
-              if (s.mb != ins.mb || s.stage != (act ? ins.stage - 1 : ins.stage + 1) || c.src != ins.peer ||
-                  c.dir != (act ? 0 : 1)) {
-                add("dataflow", R, I, fmt::format("in b{}: the wait names micro-batch {} stage {} from rank {}, the receive "
-                                                  "posted into it is the {} from rank {}", ins.in, ins.mb, ins.stage, ins.peer,
-                                                  describe_content(s.content, s.mb, s.stage), c.src));
-              }
-              s.recv_pending = false;
-              s.ready = true;
-              break;
-            }
-            case Opcode::SendActWait:
-            case Opcode::SendGradWait: {
-              Slot& s = sl[ins.in];
-              if (!s.live || !s.send_pending) {
-                add("buffer", R, I, fmt::format("in b{}: expected a pending send, found {}", ins.in, s.live ? "none" : "a free slot"));
-                break;
-              }
-              const Channel& c = channels_[s.send_channel];
-              if (c.recvs_posted <= static_cast<std::size_t>(s.send_k)) {
-                blocked = true;
-                blocked_channel[r] = s.send_channel;
-                blocked_k[r] = s.send_k;
-                break;
-              }
-              if (s.mb != ins.mb || s.stage != ins.stage || c.dst != ins.peer) {
-                add("dataflow", R, I, fmt::format("in b{}: the wait names micro-batch {} stage {} to rank {}, the send "
-                                                  "pending on it is the {} to rank {}", ins.in, ins.mb, ins.stage, ins.peer,
-                                                  describe_content(s.content, s.mb, s.stage), c.dst));
-              }
-              s.send_pending = false;
-              break;
-            }
-            case Opcode::FreeBuf: {
-              Slot& s = sl[ins.in];
-              if (!s.live) {
-                add("buffer", R, I, fmt::format("b{}: expected a live buffer, found a free slot (freed twice or never allocated)", ins.in));
-                break;
-              }
-              if (s.send_pending) add("buffer", R, I, fmt::format("b{}: freed while a send from it is pending (no SEND_*_WAIT)", ins.in));
-              if (s.recv_pending) add("buffer", R, I, fmt::format("b{}: freed while a receive into it is pending (no RECV_*_WAIT)", ins.in));
-              if (s.content == Content::Load && !s.read) {
-                add("dataflow", R, I, fmt::format("b{}: the {} is freed without being read (its forward has no in2)", ins.in,
-                                                  describe_content(s.content, s.mb, s.stage)));
-              }
-              buffers[r] -= static_cast<double>(s.bytes);
-              --live[r];
-              s = Slot{};
-              break;
-            }
-            case Opcode::ReduceGrad: {
-              if (reduced[ins.stage]++) add("count", R, I, fmt::format("REDUCE_GRAD of stage {}: expected once, found again", ins.stage));
-              if (done_bwd_stage[ins.stage] < N_) {
-                add("order", R, I, fmt::format("REDUCE_GRAD of stage {}: expected after its {} backward passes, found after {}",
-                                               ins.stage, N_, done_bwd_stage[ins.stage]));
-              }
-              break;
-            }
-            case Opcode::OptStep: {
-              if (stepped[r]++) add("count", R, I, "OPT_STEP: expected at most once, found again");
-              for (std::size_t v = 0; v < V_; ++v) {
-                if (p.stage_rank[v] != r) continue;
-                if (done_bwd_stage[v] < N_) {
-                  add("order", R, I, fmt::format("OPT_STEP: expected after the {} backward passes of stage {}, found after {}", N_, v, done_bwd_stage[v]));
-                }
-                if (reduced.size() > v && any_reduce(r) && !reduced[v]) {
-                  add("order", R, I, fmt::format("OPT_STEP: expected after REDUCE_GRAD of stage {}", v));
-                }
-              }
-              break;
-            }
-          }
-          if (blocked) break;
-          blocked_channel[r] = -1;
-          ++pc[r];
-          progress = true;
-        }
-      }
-    }
+  void check_counts(const DryRun& dry) {
     if (full()) return;
-    for (std::size_t r = 0; r < S_; ++r) {
-      const auto R = static_cast<std::int64_t>(r);
-      if (pc[r] < p.streams[r].size()) {
-        const std::int64_t ch = blocked_channel[r];
-        std::string why = "blocked";
-        if (ch >= 0) {
-          const Channel& c = channels_[ch];
-          const bool recv = c.dst == R;
-          const std::int64_t other = recv ? c.src : c.dst;
-          why = fmt::format("blocked waiting for rank {} to post {} #{} on the {} channel rank {} -> rank {} ({} posted); rank "
-                            "{} is {}", other, recv ? "send" : "receive", blocked_k[r], c.dir == 0 ? "activation" : "gradient",
-                            c.src, c.dst, recv ? c.sends_posted : c.recvs_posted, other,
-                            pc[other] < p.streams[other].size()
-                                ? fmt::format("at instruction {} ({})", pc[other], to_string(p.streams[other][pc[other]]))
-                                : std::string("finished"));
-        }
-        add("deadlock", R, static_cast<std::int64_t>(pc[r]), fmt::format("deadlock: {} ({})", why, to_string(p.streams[r][pc[r]])));
-        continue;
-      }
-      for (std::size_t b = 0; b < slots[r].size(); ++b) {
-        const Slot& s = slots[r][b];
-        if (s.live) {
-          add("buffer", R, s.alloc_index,
-              fmt::format("b{} holding the {} is never freed", b, describe_content(s.content, s.mb, s.stage)));
-        }
-      }
-    }
-  }
-
-  bool any_reduce(std::size_t r) {
-    auto& cache = has_reduce_;
-    if (cache.empty()) {
-      cache.assign(S_, 0);
-      for (std::size_t q = 0; q < S_; ++q)
-        for (const auto& ins : p_.streams[q]) cache[q] = cache[q] || ins.op == Opcode::ReduceGrad;
-    }
-    return cache[r] != 0;
-  }
-  std::vector<std::uint8_t> has_reduce_;
-  std::vector<std::uint8_t> has_reduce_stage_;
-
-  // Bytes of the output buffer of a compute instruction: the matching send's shape if any, else 0
-  // (same-rank hand-over; its size is counted by the consumer's stored activations).
-  std::uint64_t out_bytes(std::size_t r, std::size_t i) const {
-    const auto& st = p_.streams[r];
-    const Instruction& c = st[i];
-    for (std::size_t j = i + 1; j < st.size() && j < i + 16; ++j) {
-      const Instruction& s = st[j];
-      if ((s.op == Opcode::SendActStart || s.op == Opcode::SendGradStart) && s.in == c.out && s.shape < p_.shapes.size())
-        return p_.shapes[s.shape].bytes();
-    }
-    return 0;
-  }
-
-  void check_counts() {
-    if (full()) return;
+    const auto& nf = dry.forwards();
+    const auto& nb = dry.backwards();
+    const auto& ni = dry.input_grads();
+    const auto& nw = dry.weight_grads();
     // Optional instructions: either on every rank (once) or on none.
     for (Opcode op : {Opcode::IterBegin, Opcode::IterEnd, Opcode::OptStep}) {
       std::vector<std::size_t> n(S_, 0);
@@ -947,23 +580,23 @@ class Checker {
       }
     }
     bool any = false;
-    for (std::size_t r = 0; r < S_; ++r) any = any || any_reduce(r);
+    for (std::size_t r = 0; r < S_; ++r) any = any || dry.has_reduce(r);
     for (std::size_t m = 0; m < N_; ++m) {
       for (std::size_t v = 0; v < V_; ++v) {
         const std::size_t k = m * V_ + v;
         const auto R = static_cast<std::int64_t>(p_.stage_rank[v]);
-        if (nf_[k] == 0) add("count", R, -1, fmt::format("forward of micro-batch {} stage {}: expected once, found none", m, v));
-        if (nb_[k] + ni_[k] == 0) {
+        if (nf[k] == 0) add("count", R, -1, fmt::format("forward of micro-batch {} stage {}: expected once, found none", m, v));
+        if (nb[k] + ni[k] == 0) {
           add("count", R, -1, fmt::format("backward of micro-batch {} stage {}: expected one B or one I and one W, found none", m, v));
-        } else if (ni_[k] != nw_[k]) {
+        } else if (ni[k] != nw[k]) {
           add("count", R, -1, fmt::format("micro-batch {} stage {}: expected as many weight (W) as input (I) gradients, found {} and {}",
-                                          m, v, nw_[k], ni_[k]));
+                                          m, v, nw[k], ni[k]));
         }
       }
     }
     for (std::size_t v = 0; v < V_; ++v) {
       const std::size_t r = p_.stage_rank[v];
-      if (any && has_reduce_stage_.size() == V_ && !has_reduce_stage_[v]) {
+      if (any && !dry.reduced()[v]) {
         add("count", static_cast<std::int64_t>(r), -1, fmt::format("REDUCE_GRAD of stage {}: expected once on rank {}, found none", v, r));
       }
     }
