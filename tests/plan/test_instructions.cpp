@@ -330,31 +330,12 @@ TEST_CASE("instructions: the validator passes on every plan of random batches fo
   std::mt19937_64 rng(0x5eed0005);
   std::map<std::string, int> built;
   for (int t = 0; t < 1200; ++t) {
-    const std::int64_t S = 1 + static_cast<std::int64_t>(rng() % 8);
-    const std::int64_t C = 1 + static_cast<std::int64_t>(rng() % 2);
-    const std::int64_t N = C > 1 ? S * (1 + static_cast<std::int64_t>(rng() % 3)) : 1 + static_cast<std::int64_t>(rng() % 24);
-    const bool encdec = rng() % 4 == 0 && (S * C == 1 || (S * C) % 2 == 0);
-    const std::uint64_t seed = rng();
-    const syn::Case c = syn::random_case("gpipe", S, C, N, seed, false, encdec);
-    cm::CommModel comm;
-    comm.intra_latency_ms = 0.01;
-    comm.intra_bytes_per_ms = 1e8;
-    comm.inter_latency_ms = 0.02;
-    comm.inter_bytes_per_ms = 1e7;
-    const double limit = rng() % 2 ? 0.0 : 2e10;
-    const SimProblem prob = make_sim_problem(c.costs, S, comm, 1 + static_cast<std::int64_t>(rng() % 8), limit);
-    std::vector<std::uint32_t> order(static_cast<std::size_t>(N));
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (ScheduleKind k : all_schedule_kinds()) {
-      if (!schedule_supports(k, S, C, N)) continue;
-      const Schedule s = make_schedule(k, prob, order);
-      const Plan p = make_plan(s, c.mbs, c.vstages, &c.costs, c.options);
-      const ValidationReport rep = validate(p);
-      INFO(schedule_kind_name(k) << " S=" << S << " chunks=" << C << " mbs=" << N << " encdec=" << encdec << "\n"
-                                 << violations_text(p, rep));
+    std::string shape;
+    for (const auto& kp : syn::real_schedule_plans(rng(), &shape)) {
+      const ValidationReport rep = validate(kp.plan);
+      INFO(kp.kind << " " << shape << "\n" << violations_text(kp.plan, rep));
       REQUIRE(rep.ok());
-      ++built[schedule_kind_name(k)];
+      ++built[kp.kind];
     }
   }
   for (ScheduleKind k : all_schedule_kinds()) CHECK(built[schedule_kind_name(k)] > 100);

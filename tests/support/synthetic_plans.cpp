@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <random>
+
+#include <fmt/format.h>
 
 #include "common/errors.h"
 #include "common/rng.h"
@@ -225,6 +228,34 @@ Case random_case(const std::string& kind, std::int64_t ranks, std::int64_t chunk
 }
 
 pl::Plan build(const Case& c) { return planner::make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options); }
+
+std::vector<KindPlan> real_schedule_plans(std::uint64_t seed, std::string* shape) {
+  std::mt19937_64 rng(seed);
+  const std::int64_t S = 1 + static_cast<std::int64_t>(rng() % 8);
+  const std::int64_t C = 1 + static_cast<std::int64_t>(rng() % 2);
+  const std::int64_t N = C > 1 ? S * (1 + static_cast<std::int64_t>(rng() % 3)) : 1 + static_cast<std::int64_t>(rng() % 24);
+  const bool encdec = rng() % 4 == 0 && (S * C == 1 || (S * C) % 2 == 0);
+  const std::uint64_t case_seed = rng();
+  const Case c = random_case("gpipe", S, C, N, case_seed, false, encdec);
+  cm::CommModel comm;
+  comm.intra_latency_ms = 0.01;
+  comm.intra_bytes_per_ms = 1e8;
+  comm.inter_latency_ms = 0.02;
+  comm.inter_bytes_per_ms = 1e7;
+  const double limit = rng() % 2 ? 0.0 : 2e10;
+  const sched::SimProblem prob = sched::make_sim_problem(c.costs, S, comm, 1 + static_cast<std::int64_t>(rng() % 8), limit);
+  std::vector<std::uint32_t> order(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  if (shape != nullptr) *shape = fmt::format("S={} chunks={} mbs={} encdec={}", S, C, N, encdec);
+  std::vector<KindPlan> out;
+  for (sched::ScheduleKind k : sched::all_schedule_kinds()) {
+    if (!sched::schedule_supports(k, S, C, N)) continue;
+    const Schedule s = sched::make_schedule(k, prob, order);
+    out.push_back(KindPlan{sched::schedule_kind_name(k), planner::make_plan(s, c.mbs, c.vstages, &c.costs, c.options)});
+  }
+  return out;
+}
 
 pl::Plan random_plan(const std::string& kind, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches,
                      std::uint64_t seed, bool same_shape, bool encoder_decoder) {

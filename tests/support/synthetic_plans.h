@@ -45,4 +45,16 @@ plan::Plan random_plan(const std::string& kind, std::int64_t ranks, std::int64_t
 /// A case's plan (planner::make_plan of its parts).
 plan::Plan build(const Case& c);
 
+/// A plan of one random batch under one real schedule kind.
+struct KindPlan {
+  std::string kind;  ///< schedule::schedule_kind_name
+  plan::Plan plan;
+};
+/// One random batch (seeded): S 1-8, chunks 1-2, random micro-batch shapes and costs, decoder-only
+/// or encoder-decoder (a quarter), a random communication model, nodes and memory limit, a shuffled
+/// micro-batch order; its plans under every real schedule kind that supports the shape (simulated
+/// by the schedule component, built by the planner). `shape` (optional) receives "S=.. chunks=..
+/// mbs=.. encdec=..".
+std::vector<KindPlan> real_schedule_plans(std::uint64_t seed, std::string* shape = nullptr);
+
 }  // namespace packpipe::test::synthetic
