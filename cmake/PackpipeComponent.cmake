@@ -10,6 +10,8 @@
 #    lower layer including a higher one) fails to compile.
 # The dependency closure of every component is written to build/layers.txt for the include scan
 # test (tests/cmake/test_layering.sh), which also catches headers no translation unit includes.
+include(GNUInstallDirs)  # CMAKE_INSTALL_INCLUDEDIR below, CMAKE_INSTALL_BINDIR in cli/
+
 function(packpipe_add_component name)
   cmake_parse_arguments(A "" "" "DEPENDS;PRIVATE;SOURCES" ${ARGN})
   if(A_SOURCES)
@@ -20,6 +22,7 @@ function(packpipe_add_component name)
   set(_t packpipe_${name})
   add_library(${_t} STATIC ${_src})
   add_library(packpipe::${name} ALIAS ${_t})
+  set_target_properties(${_t} PROPERTIES EXPORT_NAME ${name})  # installed as packpipe::<name> too
   set(_inc ${PROJECT_BINARY_DIR}/include/${name})
   file(MAKE_DIRECTORY ${_inc})
   if(NOT IS_SYMLINK ${_inc}/${name})
@@ -39,7 +42,11 @@ function(packpipe_add_component name)
     list(APPEND _closure ${_d} ${_dc})
   endforeach()
   list(REMOVE_DUPLICATES _closure)
-  target_link_libraries(${_t} PRIVATE packpipe_warnings ${A_PRIVATE})
+  # packpipe's warning flags (C++ sources) as compile options of the component only: linking
+  # packpipe_warnings, even PRIVATE, would put it in the exported link interface of a static library.
+  target_compile_options(${_t} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:$<TARGET_PROPERTY:packpipe_warnings,INTERFACE_COMPILE_OPTIONS>>)
+  target_link_libraries(${_t} PRIVATE ${A_PRIVATE})
   set_property(GLOBAL APPEND PROPERTY PACKPIPE_COMPONENTS ${name})
   set_property(GLOBAL PROPERTY PACKPIPE_CLOSURE_${name} ${_closure})
   string(REPLACE ";" " " _cl "${_closure}")

@@ -1,12 +1,18 @@
 # PACKPIPE_SANITIZE="address,undefined": checks the flag is accepted and fails loudly otherwise.
+# The cached result PACKPIPE_SANITIZE_OK belongs to the value it was checked for (remembered in
+# PACKPIPE_SANITIZE_CHECKED): a new value in an existing tree is checked again.
 if(PACKPIPE_SANITIZE)
   include(CheckCXXCompilerFlag)
+  if(NOT PACKPIPE_SANITIZE STREQUAL "${PACKPIPE_SANITIZE_CHECKED}")
+    unset(PACKPIPE_SANITIZE_OK CACHE)
+  endif()
   set(_flags "-fsanitize=${PACKPIPE_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all")
   set(CMAKE_REQUIRED_FLAGS "${_flags}")
   set(CMAKE_REQUIRED_LINK_OPTIONS "-fsanitize=${PACKPIPE_SANITIZE}")
   check_cxx_compiler_flag("${_flags}" PACKPIPE_SANITIZE_OK)
   unset(CMAKE_REQUIRED_FLAGS)
   unset(CMAKE_REQUIRED_LINK_OPTIONS)
+  set(PACKPIPE_SANITIZE_CHECKED "${PACKPIPE_SANITIZE}" CACHE INTERNAL "PACKPIPE_SANITIZE value of PACKPIPE_SANITIZE_OK")
   if(NOT PACKPIPE_SANITIZE_OK)
     message(FATAL_ERROR "The compiler rejects -fsanitize=${PACKPIPE_SANITIZE}")
   endif()

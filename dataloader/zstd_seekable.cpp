@@ -22,6 +22,7 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/mapped_file.h"
+#include "common/zstd_check.h"
 #include "dataloader/detail/zstd_seek_table.h"
 
 namespace packpipe::dataloader {
@@ -162,11 +163,10 @@ void decompress_frame(const std::uint8_t* buffer, const SeekTable& t, std::uint6
                    "found {}",
                    frame_label(name, t, f), dsize, header_size);
   }
-  const std::size_t got = ZSTD_decompressDCtx(thread_dctx(), dst, dsize, src, csize);
-  if (ZSTD_isError(got)) {
-    PACKPIPE_THROW(Error, "{}: zstd error: {} (expected {} decompressed bytes)",
-                   frame_label(name, t, f), ZSTD_getErrorName(got), dsize);
-  }
+  const std::size_t got =
+      PACKPIPE_CHECK_ZSTD(ZSTD_decompressDCtx(thread_dctx(), dst, dsize, src, csize),
+                          "{}: decompression failed (expected {} decompressed bytes)",
+                          frame_label(name, t, f), dsize);
   if (got != dsize) {
     PACKPIPE_THROW(Error, "{}: decompressed size mismatch: expected {}, found {}",
                    frame_label(name, t, f), dsize, got);
@@ -371,10 +371,9 @@ std::uint64_t zstd_seekable_compress(const std::string& in_path, const std::stri
     PACKPIPE_CHECK(frames < std::numeric_limits<std::uint32_t>::max(),
                    "{}: more than {} frames of {} bytes; use a larger frame_size", in_path,
                    std::numeric_limits<std::uint32_t>::max() - 1, options.frame_size);
-    const std::size_t csize =
-        ZSTD_compressCCtx(cctx.get(), dst.data(), dst.size(), src.data(), got, options.level);
-    PACKPIPE_CHECK(!ZSTD_isError(csize), "{}: zstd compression of frame {} failed: {}", in_path,
-                   frames, ZSTD_getErrorName(csize));
+    const std::size_t csize = PACKPIPE_CHECK_ZSTD(
+        ZSTD_compressCCtx(cctx.get(), dst.data(), dst.size(), src.data(), got, options.level),
+        "{}: compression of frame {} failed", in_path, frames);
     out.write(dst.data(), csize);
     const std::size_t at = entries.size();
     entries.resize(at + entry);

@@ -15,6 +15,7 @@
 #include "common/json.h"
 #include "common/mapped_file.h"
 #include "common/recompute.h"
+#include "common/zstd_check.h"
 
 namespace packpipe::plan {
 
@@ -450,8 +451,9 @@ std::vector<std::uint8_t> encode_plan(const Plan& plan, const EncodeOptions& opt
   if (options.compress) {
     flags |= kFlagZstd;
     stored.resize(ZSTD_compressBound(body.b.size()));
-    const std::size_t n = ZSTD_compress(stored.data(), stored.size(), body.b.data(), body.b.size(), options.zstd_level);
-    PACKPIPE_CHECK(!ZSTD_isError(n), "encode_plan: zstd compression failed: {}", ZSTD_getErrorName(n));
+    const std::size_t n = PACKPIPE_CHECK_ZSTD(
+        ZSTD_compress(stored.data(), stored.size(), body.b.data(), body.b.size(), options.zstd_level),
+        "encode_plan: compression of a {}-byte body failed", body.b.size());
     stored.resize(n);
   } else {
     stored = std::move(body.b);
@@ -505,9 +507,10 @@ Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& 
                    : frame == ZSTD_CONTENTSIZE_UNKNOWN ? std::string("an unknown size")
                                                        : std::to_string(frame));
     raw.resize(body_size);
-    const std::size_t n = ZSTD_decompress(raw.data(), raw.size(), stored, stored_size);
-    PACKPIPE_CHECK(!ZSTD_isError(n) && n == body_size, "{}: offset {}: field 'body': zstd decompression failed: {}", what,
-                   kHeaderSize, ZSTD_isError(n) ? ZSTD_getErrorName(n) : fmt::format("{} of {} bytes", n, body_size));
+    const std::size_t n = PACKPIPE_CHECK_ZSTD(ZSTD_decompress(raw.data(), raw.size(), stored, stored_size),
+                                              "{}: offset {}: field 'body': decompression failed", what, kHeaderSize);
+    PACKPIPE_CHECK(n == body_size, "{}: offset {}: field 'body': zstd decompression failed: {} of {} bytes", what,
+                   kHeaderSize, n, body_size);
     body = raw.data();
   } else {
     PACKPIPE_CHECK(body_size == stored_size, "{}: offset 8: field 'body_size': expected {} (uncompressed), found {}", what,
