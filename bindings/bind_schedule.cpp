@@ -13,6 +13,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
@@ -65,28 +66,29 @@ py::dtype op_dtype() {
   return py::dtype::from_args(d);
 }
 
+/// A (rows, cols) cost array argument (real_array_arg: floating or exact integer values); None gives
+/// zeros unless `required`.
 std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t rows, std::int64_t cols, bool required) {
   if (obj.is_none()) {
     PACKPIPE_CHECK_ARG(!required, "{} is required", arg);
     return std::vector<double>(static_cast<std::size_t>(rows * cols), 0.0);
   }
-  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
-  PACKPIPE_CHECK_ARG(a, "{} must be a float array", arg);
-  PACKPIPE_CHECK_ARG(a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols, "{} must have shape ({}, {})", arg,
-                     rows, cols);
-  return std::vector<double>(a.data(), a.data() + rows * cols);
+  RealArray a = real_array_arg(obj, arg, 2);
+  PACKPIPE_CHECK_ARG(a.shape[0] == rows && a.shape[1] == cols, "{} must have shape ({}, {}), found ({}, {})", arg,
+                     rows, cols, a.shape[0], a.shape[1]);
+  return std::move(a.values);
 }
 
-std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_style | py::array::forcecast>& forward,
-                                      const py::object& backward, const py::object& backward_weight,
-                                      const py::object& stored, const py::object& peak, const py::object& transfer,
+std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::object& backward,
+                                      const py::object& backward_weight, const py::object& stored,
+                                      const py::object& peak, const py::object& transfer,
                                       const py::object& static_bytes, std::int64_t ranks, double memory_limit_bytes) {
-  PACKPIPE_CHECK_ARG(forward.ndim() == 2, "forward_ms must be a 2-D (micro-batches, virtual stages) array");
-  const std::int64_t m = forward.shape(0), V = forward.shape(1);
+  RealArray f = real_array_arg(forward, "forward_ms", 2);  // (micro-batches, virtual stages)
+  const std::int64_t m = f.shape[0], V = f.shape[1];
   sched::StageCostTable t;
   t.microbatches = m;
   t.vstages = V;
-  t.forward_ms.assign(forward.data(), forward.data() + m * V);
+  t.forward_ms = std::move(f.values);
   t.backward_ms = matrix(backward, "backward_ms", m, V, true);
   t.backward_weight_ms = matrix(backward_weight, "backward_weight_ms", m, V, false);
   t.stored_bytes = matrix(stored, "stored_bytes", m, V, false);
@@ -95,7 +97,7 @@ std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_sty
   if (static_bytes.is_none()) {
     t.static_bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(ranks, 0)), 0.0);
   } else {
-    t.static_bytes = static_bytes.cast<std::vector<double>>();
+    t.static_bytes = real_array_arg(static_bytes, "static_bytes", 1).values;
   }
   auto out = std::make_shared<PyProblem>();
   out->problem = sched::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
@@ -216,7 +218,8 @@ void define_schedule(py::module_& m) {
                   py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
                   py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),
                   py::arg("static_bytes") = py::none(), py::arg("ranks") = 1, py::arg("memory_limit_bytes") = 0.0,
-                  "From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1")
+                  "From (micro-batches, virtual stages) cost arrays of floating or integer dtype (lists too); "
+                  "transfer_ms[mb, v]: v -> v + 1; static_bytes: one value per rank")
       .def_property_readonly("microbatches", [](const PyProblem& p) { return p.problem.microbatches(); })
       .def_property_readonly("vstages", [](const PyProblem& p) { return p.problem.vstages(); })
       .def_property_readonly("ranks", [](const PyProblem& p) { return p.problem.ranks; })

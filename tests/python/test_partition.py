@@ -57,7 +57,7 @@ def test_dp_no_worse_than_dynapipe_and_deterministic():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="input_lengths must have dtype uint32 or int64"):
+    with pytest.raises(ValueError, match=r"input_lengths must have an integer dtype \(lengths in tokens\), found float64"):
         packpipe.partition(np.array([1.5, 2.0]), gpt())
     with pytest.raises(ValueError, match="input_lengths must be one-dimensional"):
         packpipe.partition(np.ones((2, 2), dtype=np.uint32), gpt())
@@ -153,3 +153,15 @@ def test_model_state_over_the_limit_is_named_whatever_the_policy():
     for pol in ("error", "truncate", "drop"):
         with pytest.raises(ValueError, match=r"model state of rank 0 .* more than the 100 MB memory limit.*cannot help"):
             packpipe.partition(x, gpt(), stages=4, memory_mb=100, oversize=pol)
+
+
+def test_lengths_are_checked_never_cast():
+    x = np.arange(1, 101)
+    ref = packpipe.partition(x.astype(np.uint32), gpt(), stages=4, layers_per_stage=4)
+    for arg in (x.astype(np.int16), x.astype(np.uint64), x.tolist(), np.arange(1, 101).repeat(2)[::2]):
+        assert packpipe.partition(arg, gpt(), stages=4, layers_per_stage=4)["objective_ms"] == ref["objective_ms"]
+    for arg, found in ((np.array([True, False]), "bool"), (np.array([1 + 0j]), "complex128"), ([1.5], "float64")):
+        with pytest.raises(ValueError, match=f"input_lengths must have an integer dtype .*found {found}"):
+            packpipe.partition(arg, gpt())
+    with pytest.raises(ValueError, match=r"input_lengths\[1\] = -1 is out of range"):
+        packpipe.partition([3, -1], gpt())

@@ -76,7 +76,7 @@ def test_bad_arguments():
         packpipe.ScheduleProblem(cm, [(0, 512)], stages=4)
     with pytest.raises(ValueError, match="not a permutation"):
         packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("gpipe", order=[0] * len(SHAPES))
-    with pytest.raises(ValueError, match="must have shape"):
+    with pytest.raises(ValueError, match=r"backward_ms must have shape \(2, 2\), found \(3, 2\)"):
         packpipe.ScheduleProblem.from_costs(np.ones((2, 2)), np.ones((3, 2)), ranks=2)
 
 
@@ -98,3 +98,31 @@ def test_sizes_out_of_range_raise_value_error():
     with pytest.raises(ValueError, match="seed must not be negative"):
         p.search(seed=-1)
     assert p.search(seed=2**64 - 1).schedule.makespan_ms > 0
+
+
+def test_cost_arrays_accept_floats_and_exact_integers_only():
+    m, S = 6, 3
+    ref = packpipe.ScheduleProblem.from_costs(np.ones((m, S)), 2 * np.ones((m, S)), ranks=S).simulate("1f1b")
+    for fwd, bwd in [
+        (np.ones((m, S), dtype=np.float32), 2 * np.ones((m, S), dtype=np.float16)),
+        (np.ones((m, S), dtype=np.int64), np.full((m, S), 2, dtype=np.uint8)),
+        ([[1] * S] * m, [[2.0] * S] * m),  # lists, through numpy
+        (np.ones((S, m)).T, (2 * np.ones((m, 2 * S)))[:, ::2]),  # strided views
+    ]:
+        p = packpipe.ScheduleProblem.from_costs(fwd, bwd, ranks=S)
+        assert p.simulate("1f1b").makespan_ms == ref.makespan_ms
+    bad = [
+        (np.ones((m, S), dtype=bool), "forward_ms must have a floating or integer dtype, found bool"),
+        (np.ones((m, S), dtype=np.complex128), "forward_ms must have a floating or integer dtype, found complex128"),
+        (np.array([[object()] * S] * m), "forward_ms must have a floating or integer dtype, found object"),
+        (np.ones(m), "forward_ms must have 2 dimensions, found 1"),
+        (np.full((m, S), 2**60, dtype=np.int64), "forward_ms entry 0 .* is not exact as a double"),
+    ]
+    for fwd, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            packpipe.ScheduleProblem.from_costs(fwd, 2 * np.ones((m, S)), ranks=S)
+    with pytest.raises(ValueError, match="peak_bytes must have a floating or integer dtype, found bool"):
+        packpipe.ScheduleProblem.from_costs(np.ones((m, S)), np.ones((m, S)), peak_bytes=np.zeros((m, S), bool),
+                                            ranks=S)
+    with pytest.raises(ValueError, match="static_bytes must have 1 dimensions, found 2"):
+        packpipe.ScheduleProblem.from_costs(np.ones((m, S)), np.ones((m, S)), static_bytes=np.zeros((1, S)), ranks=S)
