@@ -1,5 +1,5 @@
 // Python bindings of the schedules, the simulator and the search: packpipe.ScheduleProblem (from a
-// cost model and micro-batch shapes, or from cost arrays), .simulate() and .search(), results as
+// cost model, micro-batches and a PipelineShape, or from cost arrays), .simulate() and .search(), results as
 // packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
 // check lives in C++; the GIL is released while simulating and searching.
 #include <cstddef>
@@ -105,39 +105,37 @@ std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::objec
   return out;
 }
 
-std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::list& microbatches,
-                                      std::int64_t stages, std::int64_t chunks, std::int64_t layers_per_stage,
-                                      std::int64_t tp, std::int64_t dp, int zero, double memory_mb) {
+/// Micro-batch `i` of ScheduleProblem's argument: a MicroBatch (of a Partition) as it is, or a tuple
+/// (rows, padded_len[, padded_dec_len[, recompute]]) bounded before anything is allocated from it
+/// (rows x samples), as `packpipe schedule` reads them.
+part::MicroBatch microbatch_arg(const py::handle& item, std::size_t i) {
+  if (py::isinstance<part::MicroBatch>(item)) return item.cast<part::MicroBatch>();
+  const auto t = item.cast<py::tuple>();
+  PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
+                     "microbatches[{}] must be a MicroBatch or (rows, padded_len[, padded_dec_len[, recompute]])", i);
+  part::MicroBatch mb;
+  const std::string where = "microbatches[" + std::to_string(i) + "]";
+  const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
+  PACKPIPE_CHECK_ARG(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
+  mb.samples.resize(static_cast<std::size_t>(rows));
+  constexpr std::uint64_t kMaxLen = std::uint64_t{1} << 24;
+  mb.padded_len = static_cast<std::int64_t>(unsigned_arg(t[1], (where + " padded_len").c_str(), kMaxLen));
+  PACKPIPE_CHECK_ARG(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
+  if (t.size() >= 3) {
+    mb.padded_dec_len = static_cast<std::int64_t>(unsigned_arg(t[2], (where + " padded_dec_len").c_str(), kMaxLen));
+  }
+  if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
+  return mb;
+}
+
+std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::sequence& microbatches,
+                                      const part::PipelineShape& shape) {
   PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must be a packpipe.CostModel");
   auto out = std::make_shared<PyProblem>();
-  for (std::size_t i = 0; i < microbatches.size(); ++i) {
-    const auto t = microbatches[i].cast<py::tuple>();
-    PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
-                       "microbatches[{}] must be (rows, padded_len[, padded_dec_len[, recompute]])", i);
-    part::MicroBatch mb;
-    // Bounded before anything is allocated from them (rows x samples), as `packpipe schedule` reads them.
-    const std::string where = "microbatches[" + std::to_string(i) + "]";
-    const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
-    PACKPIPE_CHECK_ARG(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
-    mb.samples.resize(static_cast<std::size_t>(rows));
-    constexpr std::uint64_t kMaxLen = std::uint64_t{1} << 24;
-    mb.padded_len = static_cast<std::int64_t>(unsigned_arg(t[1], (where + " padded_len").c_str(), kMaxLen));
-    PACKPIPE_CHECK_ARG(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
-    if (t.size() >= 3) {
-      mb.padded_dec_len = static_cast<std::int64_t>(unsigned_arg(t[2], (where + " padded_dec_len").c_str(), kMaxLen));
-    }
-    if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
-    out->mbs.push_back(std::move(mb));
-  }
+  for (std::size_t i = 0; i < microbatches.size(); ++i) out->mbs.push_back(microbatch_arg(microbatches[i], i));
   PACKPIPE_CHECK_ARG(!out->mbs.empty(), "microbatches is empty");
   out->cost = std::move(cost);
-  out->shape.stages = stages;
-  out->shape.chunks = chunks;
-  out->shape.layers_per_stage = layers_per_stage;
-  out->shape.tp = tp;
-  out->shape.dp = dp;
-  out->shape.zero_stage = zero;
-  out->shape.memory_limit_mb = memory_mb;
+  out->shape = shape;
   out->vstages = part::virtual_stages(out->cost->model(), out->shape);
   out->problem = sched::make_sim_problem(sched::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
                                       *out->cost, out->shape);
@@ -210,10 +208,10 @@ void define_schedule(py::module_& m) {
       .def_property_readonly("lower_bound_ms", [](const PySearch& r) { return r.result.lower_bound_ms; });
 
   py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"))
-      .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::arg("stages") = 4,
-           py::arg("chunks") = 1, py::arg("layers_per_stage") = 0, py::arg("tp") = 1, py::arg("dp") = 1,
-           py::arg("zero") = 1, py::arg("memory_mb") = 0.0,
-           "From a cost model and micro-batch shapes [(rows, padded_len[, padded_dec_len[, recompute]]), ...]")
+      .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::kw_only(),
+           py::arg("shape") = four_stage_shape(),
+           "From a cost model and micro-batches: MicroBatch objects (Partition.microbatches) or shapes "
+           "[(rows, padded_len[, padded_dec_len[, recompute]]), ...], on the pipeline `shape`")
       .def_static("from_costs", &from_costs, py::arg("forward_ms"), py::arg("backward_ms"),
                   py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
                   py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),
