@@ -136,7 +136,7 @@ struct PyPartitionCache {
 /// the two must have as many entries). Defined in bind_partition.cpp.
 part::BatchLengths batch_arg(const pybind11::object& input_lengths, const pybind11::object& target_lengths);
 
-/// The default shape of plan_batch() and ScheduleProblem: 4 stages, as the CLI's `plan`
+/// The default shape of plan_batch(), plan_epoch() and ScheduleProblem: 4 stages, as the CLI's `plan`
 /// and `schedule` (partition() defaults to PipelineShape(), one stage, as `packpipe partition`).
 inline part::PipelineShape four_stage_shape() {
   part::PipelineShape s;
@@ -155,7 +155,7 @@ void define_schedule(pybind11::module_& m);
 void declare_plan(pybind11::module_& m);
 void define_plan(pybind11::module_& m);
 
-/// The planning job for one global batch (bind_planner.cpp).
+/// The planning job for one global batch and for an epoch (bind_planner.cpp).
 void declare_planner(pybind11::module_& m);
 void define_planner(pybind11::module_& m);
 

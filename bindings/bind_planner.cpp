@@ -1,6 +1,7 @@
 // Python bindings of the planner: packpipe.plan_batch(cost_model, input_lengths, ...) plans one global
-// batch; results are bound classes (IterationResult, MethodFigures, BaselineGrid) whose plans are
-// packpipe.Plan objects.
+// batch, packpipe.plan_epoch(cost_model, dataset, ...) every iteration of an epoch (an iterator over
+// PlannedIteration, planned ahead in parallel); results are bound classes (IterationResult,
+// MethodFigures, BaselineGrid) whose plans are packpipe.Plan objects.
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -14,6 +15,9 @@
 #include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
+#include "dataloader/multitask.h"
+#include "dataloader/sampler.h"
+#include "planner/epoch.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -23,6 +27,7 @@ namespace packpipe::bindings {
 namespace {
 
 namespace cm = packpipe::costmodel;
+namespace dl = packpipe::dataloader;
 namespace part = packpipe::partition;
 namespace pl = packpipe::plan;
 
@@ -36,13 +41,42 @@ struct PyIterationResult {
   }
 };
 
+/// One iteration of plan_epoch().
+struct PyPlannedIteration {
+  std::uint64_t iteration = 0;
+  part::BatchLengths lengths;
+  std::vector<SampleRef> refs;
+  std::shared_ptr<PyIterationResult> result;
+  std::vector<std::vector<std::uint8_t>> blobs;
+  explicit PyPlannedIteration(planner::PlannedIteration&& it)
+      : iteration(it.iteration),
+        lengths(std::move(it.lengths)),
+        refs(std::move(it.refs)),
+        result(std::make_shared<PyIterationResult>(std::move(it.result))),
+        blobs(std::move(it.blobs)) {}
+};
+
+/// The object plan_epoch() returns; the dataset is kept alive by keep_alive, the cost model here.
+struct PyEpochPlanner {
+  std::shared_ptr<cm::CostModel> cost;
+  std::unique_ptr<planner::EpochPlanner> planner;
+  ~PyEpochPlanner() {
+    // Stops the background planning and joins it (an iteration in flight finishes first) without
+    // holding the GIL.
+    py::gil_scoped_release release;
+    planner.reset();
+  }
+};
+
 using FiguresClass = py::class_<planner::MethodFigures>;
 using GridClass = py::class_<planner::BaselineGrid>;
 using ResultClass = py::class_<PyIterationResult, std::shared_ptr<PyIterationResult>>;
+using PlannedClass = py::class_<PyPlannedIteration, std::shared_ptr<PyPlannedIteration>>;
+using EpochClass = py::class_<PyEpochPlanner, std::shared_ptr<PyEpochPlanner>>;
 
 const std::vector<std::int64_t> kBaselineMbs = planner::PlannerOptions{}.baseline_mbs;
 
-/// The options of plan_batch() as the library takes them.
+/// The options of plan_batch() and plan_epoch() as the library takes them.
 planner::PlannerOptions planner_options(const part::PipelineShape& shape, const part::PartitionOptions& options,
                                         const std::string& schedule, const py::object& seed, bool validate,
                                         bool baselines, const std::vector<std::int64_t>& baseline_mbs) {
@@ -70,6 +104,16 @@ auto result_view(T planner::IterationResult::*m) {
     return py::cast(&(self.cast<const PyIterationResult&>().result.*m), py::return_value_policy::reference_internal,
                     self);
   };
+}
+
+/// numpy dtype of SampleRef: (task u4, index u8).
+py::dtype ref_dtype() {
+  py::dict d;
+  d["names"] = py::make_tuple("task", "index");
+  d["formats"] = py::make_tuple("<u4", "<u8");
+  d["offsets"] = py::make_tuple(offsetof(SampleRef, task), offsetof(SampleRef, index));
+  d["itemsize"] = sizeof(SampleRef);
+  return py::dtype::from_args(d);
 }
 
 void define_results(py::module_& m) {
@@ -133,6 +177,61 @@ void define_results(py::module_& m) {
                              "the three together");
   def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "plans", "planning_ms"});
 
+  auto it = py::reinterpret_borrow<PlannedClass>(m.attr("PlannedIteration"));
+  it.def_readonly("iteration", &PyPlannedIteration::iteration, "the batch's index in its epoch")
+      .def_property_readonly(
+          "input_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.input, self); },
+          "uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them")
+      .def_property_readonly(
+          "target_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.target, self); },
+          "uint32 target lengths (encoder-decoder; empty for decoder-only models)")
+      .def_property_readonly(
+          "refs",
+          [](const py::object& self) {
+            const auto& v = self.cast<const PyPlannedIteration&>().refs;
+            return view_array(ref_dtype(), v.size(), v.data(), self);
+          },
+          "each sample's (task, index) in the dataset: a structured array with fields task (u4) and index (u8)")
+      .def_readonly("result", &PyPlannedIteration::result, "the IterationResult")
+      .def_property_readonly(
+          "blobs",
+          [](const PyPlannedIteration& x) {
+            py::list out;
+            for (const auto& b : x.blobs) out.append(py::bytes(reinterpret_cast<const char*>(b.data()), b.size()));
+            return out;
+          },
+          "encoded plans (bytes, one per replica; Plan.from_bytes reads one) when plan_epoch(encode=True), else []");
+  def_repr(it, {"iteration", "input_lengths", "result"});
+
+  auto e = py::reinterpret_borrow<EpochClass>(m.attr("EpochPlanner"));
+  e.def_property_readonly(
+       "iterations", [](const PyEpochPlanner& p) { return p.planner->iterations(); },
+       "iterations this run plans (after first_iteration, at most `iterations`)")
+      .def_property_readonly(
+          "epoch_iterations", [](const PyEpochPlanner& p) { return p.planner->epoch_iterations(); },
+          "iterations the whole epoch holds")
+      .def_property_readonly(
+          "vstages", [](const PyEpochPlanner& p) { return p.planner->vstages().size(); },
+          "virtual stages planned for")
+      .def("__len__", [](const PyEpochPlanner& p) { return p.planner->iterations(); })
+      .def("__iter__", [](const py::object& self) { return self; })
+      .def(
+          "__next__",
+          [](PyEpochPlanner& p) {
+            planner::PlannedIteration it;
+            bool more = false;
+            {
+              py::gil_scoped_release release;
+              more = p.planner->next(it);
+            }
+            if (!more) throw py::stop_iteration();
+            return std::make_shared<PyPlannedIteration>(std::move(it));
+          },
+          "the next iteration in order (planned ahead in the background; the GIL is released while waiting); a "
+          "planning error is raised here, naming the iteration, after every earlier iteration");
+  def_repr(e, {"iterations", "vstages"});
 }
 
 }  // namespace
@@ -141,6 +240,10 @@ void declare_planner(py::module_& m) {
   FiguresClass(m, "MethodFigures", "What one method achieves on one global batch (all data-parallel replicas).");
   GridClass(m, "BaselineGrid", "Figures of a baseline for each micro-batch size of the grid.");
   ResultClass(m, "IterationResult", "The plans and figures of one global batch.");
+  PlannedClass(m, "PlannedIteration", "One iteration of plan_epoch(): the sampled batch and its IterationResult.");
+  EpochClass(m, "EpochPlanner",
+             "The iterations of an epoch, planned in parallel and delivered in order (what plan_epoch() returns). "
+             "Deterministic whatever the threads; keeps the dataset and the cost model alive.");
 }
 
 void define_planner(py::module_& m) {
@@ -176,6 +279,49 @@ void define_planner(py::module_& m) {
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
       "Out-of-range sizes and unknown names raise ValueError naming the argument.");
+  m.def(
+      "plan_epoch",
+      [](const std::shared_ptr<cm::CostModel>& cost, const dl::MultiTaskDataset& data, const part::PipelineShape& shape,
+         const part::PartitionOptions& options, const py::object& global_batch_tokens,
+         const py::object& global_batch_samples, const py::object& seed, const std::string& split,
+         const py::object& epoch, const py::object& first_iteration, const py::object& iterations,
+         const std::string& schedule, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+         const py::object& threads, const py::object& depth, bool encode, bool compress) {
+        PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        planner::EpochSpec spec;
+        spec.sampler = dl::sampler_config(data.manifest());
+        spec.sampler.seed = count_arg<std::uint64_t>(seed, "seed");
+        spec.sampler.split = dl::split_from_name(split);
+        spec.sampler.global_batch_tokens = count_arg<std::uint64_t>(global_batch_tokens, "global_batch_tokens");
+        spec.sampler.global_batch_samples = count_arg<std::uint64_t>(global_batch_samples, "global_batch_samples");
+        spec.epoch = count_arg<std::uint64_t>(epoch, "epoch");
+        spec.first_iteration = count_arg<std::uint64_t>(first_iteration, "first_iteration");
+        spec.iterations = count_arg<std::uint64_t>(iterations, "iterations");
+        planner::EpochOptions eo;
+        eo.threads = count_arg<int>(threads, "threads");
+        eo.depth = count_arg<std::size_t>(depth, "depth");
+        eo.encode = encode;
+        eo.encoding.compress = compress;
+        auto out = std::make_shared<PyEpochPlanner>();
+        out->cost = cost;
+        planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs);
+        py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
+        out->planner = std::make_unique<planner::EpochPlanner>(data, *cost, std::move(o), std::move(spec), eo);
+        return out;
+      },
+      py::arg("cost_model"), py::arg("dataset"), py::kw_only(), py::arg("shape") = four,
+      py::arg("options") = part::PartitionOptions{}, py::arg("global_batch_tokens") = 0,
+      py::arg("global_batch_samples") = 0, py::arg("seed") = 1234, py::arg("split") = "train", py::arg("epoch") = 0,
+      py::arg("first_iteration") = 0, py::arg("iterations") = 0, py::arg("schedule") = "search",
+      py::arg("validate") = false, py::arg("baselines") = false, py::arg("baseline_mbs") = kBaselineMbs,
+      py::arg("threads") = 0, py::arg("depth") = 0, py::arg("encode") = false, py::arg("compress") = false,
+      py::keep_alive<0, 2>(),
+      "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
+      "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "
+      "iterations planned ahead, 0 twice the threads). Exactly one of global_batch_tokens and global_batch_samples "
+      "is given; seed seeds the sampler and the schedule search. iterations: at most this many (0: to the end of "
+      "the epoch) from first_iteration. encode: also encode every plan (PlannedIteration.blobs). The same inputs "
+      "give the same plans whatever threads and depth.");
 }
 
 }  // namespace packpipe::bindings

@@ -27,11 +27,12 @@ def test_one_argument_order_across_the_entry_points():
     orders = {
         "partition": parameters(_core.partition),
         "plan_batch": parameters(_core.plan_batch),
+        "plan_epoch": parameters(_core.plan_epoch),
         "ScheduleProblem": [p for p in parameters(_core.ScheduleProblem.__init__) if p != "self"],
     }
     for name, params in orders.items():
         assert params[0] == "cost_model", (name, params)
-        assert params[1] in ("input_lengths", "microbatches"), (name, params)
+        assert params[1] in ("input_lengths", "dataset", "microbatches"), (name, params)
         assert params.index("shape") > 1, (name, params)
         if "options" in params:
             assert params.index("options") == params.index("shape") + 1, (name, params)
@@ -50,9 +51,9 @@ def test_one_spelling_of_each_parameter():
                      "pack_windows", "threads"}
     assert set(parameters(_core.PipelineShape.__init__)) - {"self"} == shape_fields
     assert set(parameters(_core.PartitionOptions.__init__)) - {"self"} == option_fields
-    for fn in (_core.partition, _core.plan_batch, _core.ScheduleProblem.__init__):
+    for fn in (_core.partition, _core.plan_batch, _core.plan_epoch, _core.ScheduleProblem.__init__):
         flat = set(parameters(fn)) & (shape_fields | option_fields | {"zero_stage"})
-        assert not flat, (fn, flat)
+        assert flat <= {"threads"}, (fn, flat)  # plan_epoch's threads: planning threads, not the partitioner's
     assert "zero" in parameters(_core.static_memory)
     assert "zero" in parameters(_core.CostModel.stage_static_memory)
 
