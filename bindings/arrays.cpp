@@ -1,5 +1,7 @@
 #include "bindings/arrays.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/errors.h"
@@ -7,6 +9,37 @@
 namespace py = pybind11;
 
 namespace packpipe::bindings {
+
+namespace {
+
+/// `obj` as a numpy array: an array as it is (no copy, no cast), anything else through
+/// numpy.asarray, so that the dtype checks below see what numpy made of it.
+py::array as_array(const py::object& obj) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  return py::module_::import("numpy").attr("asarray")(obj);
+}
+
+std::string dtype_text(const py::array& a) { return py::str(a.dtype()); }
+
+/// Copies `a` (1-D, strided or not) into `out` when its dtype is T; values outside [0, 2^32 - 1]
+/// throw naming `arg` and the index.
+template <typename T>
+bool read_lengths(const py::array& a, const char* arg, std::vector<std::uint32_t>& out) {
+  if (!a.dtype().equal(py::dtype::of<T>())) return false;
+  const auto v = a.unchecked<T, 1>();
+  out.resize(static_cast<std::size_t>(v.shape(0)));
+  for (py::ssize_t k = 0; k < v.shape(0); ++k) {
+    const T x = v(k);
+    bool negative = false;
+    if constexpr (std::numeric_limits<T>::is_signed) negative = x < 0;
+    PACKPIPE_CHECK_ARG(!negative && static_cast<std::uint64_t>(x) <= std::numeric_limits<std::uint32_t>::max(),
+                       "{}[{}] = {} is out of range [0, {}]", arg, k, x, std::numeric_limits<std::uint32_t>::max());
+    out[static_cast<std::size_t>(k)] = static_cast<std::uint32_t>(x);
+  }
+  return true;
+}
+
+}  // namespace
 
 py::array view_array(const py::dtype& dt, std::uint64_t n, const void* data, py::handle owner) {
   static const std::uint64_t kEmpty = 0;
@@ -18,24 +51,42 @@ py::array view_array(const py::dtype& dt, std::uint64_t n, const void* data, py:
 std::vector<std::uint32_t> lengths_arg(const py::object& obj, const char* arg) {
   std::vector<std::uint32_t> out;
   if (obj.is_none()) return out;
-  PACKPIPE_CHECK_ARG(py::isinstance<py::array>(obj), "{} must be a numpy array of uint32 or int64", arg);
-  const py::array a = obj.cast<py::array>();
+  const bool given_array = py::isinstance<py::array>(obj);
+  const py::array a = as_array(obj);
   PACKPIPE_CHECK_ARG(a.ndim() == 1, "{} must be one-dimensional, found {} dimensions", arg, a.ndim());
-  const auto n = static_cast<std::size_t>(a.shape(0));
-  out.resize(n);
-  if (a.dtype().equal(py::dtype::of<std::uint32_t>())) {
-    auto v = a.cast<py::array_t<std::uint32_t, py::array::forcecast>>().unchecked<1>();  // handles strides
-    for (std::size_t k = 0; k < n; ++k) out[k] = v(static_cast<py::ssize_t>(k));
-  } else if (a.dtype().equal(py::dtype::of<std::int64_t>())) {
-    auto v = a.cast<py::array_t<std::int64_t, py::array::forcecast>>().unchecked<1>();
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::int64_t x = v(static_cast<py::ssize_t>(k));
-      PACKPIPE_CHECK_ARG(x >= 0 && x <= 0xffffffffLL, "{}[{}] = {} is out of range", arg, k, x);
-      out[k] = static_cast<std::uint32_t>(x);
+  if (!given_array && a.size() == 0) return out;  // an empty list has no dtype of its own
+  const char kind = a.dtype().kind();
+  PACKPIPE_CHECK_ARG(kind == 'i' || kind == 'u', "{} must have an integer dtype (lengths in tokens), found {}", arg,
+                     dtype_text(a));
+  const bool read = read_lengths<std::uint32_t>(a, arg, out) || read_lengths<std::int64_t>(a, arg, out) ||
+                    read_lengths<std::int32_t>(a, arg, out) || read_lengths<std::uint64_t>(a, arg, out) ||
+                    read_lengths<std::uint16_t>(a, arg, out) || read_lengths<std::int16_t>(a, arg, out) ||
+                    read_lengths<std::uint8_t>(a, arg, out) || read_lengths<std::int8_t>(a, arg, out);
+  PACKPIPE_CHECK_ARG(read, "{} must have an integer dtype in native byte order, found {}", arg, dtype_text(a));
+  return out;
+}
+
+RealArray real_array_arg(const py::object& obj, const char* arg, int ndim) {
+  const py::array a = as_array(obj);
+  const char kind = a.dtype().kind();
+  PACKPIPE_CHECK_ARG(kind == 'f' || kind == 'i' || kind == 'u', "{} must have a floating or integer dtype, found {}",
+                     arg, dtype_text(a));
+  PACKPIPE_CHECK_ARG(a.ndim() == ndim, "{} must have {} dimensions, found {}", arg, ndim, a.ndim());
+  // The dtype is one a double holds (floating) or holds exactly below 2^53 (integers, checked
+  // below): an explicit conversion of an accepted dtype, in C order.
+  const auto d = py::array_t<double, py::array::c_style>::ensure(
+      py::module_::import("numpy").attr("ascontiguousarray")(a, py::arg("dtype") = "float64"));
+  PACKPIPE_ASSERT(d);
+  RealArray out;
+  out.shape.assign(a.shape(), a.shape() + a.ndim());
+  out.values.assign(d.data(), d.data() + d.size());
+  if (kind != 'f' && a.dtype().itemsize() > 4) {
+    constexpr double kExact = 9007199254740992.0;  // 2^53
+    for (std::size_t k = 0; k < out.values.size(); ++k) {
+      PACKPIPE_CHECK_ARG(std::fabs(out.values[k]) < kExact,
+                         "{} entry {} (row-major) is not exact as a double: integers must be below 2^53 in magnitude",
+                         arg, k);
     }
-  } else {
-    PACKPIPE_THROW(InvalidArgument, "{} must have dtype uint32 or int64, found {}", arg,
-                   std::string(py::str(a.dtype())));
   }
   return out;
 }

@@ -29,8 +29,20 @@ pybind11::array owned_array(std::vector<T>&& v, std::vector<pybind11::ssize_t> s
   return pybind11::array(pybind11::dtype::of<T>(), std::move(shape), {}, heap->empty() ? &kEmpty : heap->data(), base);
 }
 
-/// Lengths from a 1-D numpy array of uint32 or int64 (None gives an empty vector); throws
-/// InvalidArgument naming `arg` for another type, dtype, shape or an out-of-range value.
+/// Lengths from a 1-D array of any integer dtype (strided views too) or a sequence numpy converts to
+/// one (a list of ints); None gives an empty vector. Never casts: a float, bool, complex or object
+/// array, another number of dimensions or a value outside [0, 2^32 - 1] throws InvalidArgument
+/// naming `arg`, what was expected and what was found.
 std::vector<std::uint32_t> lengths_arg(const pybind11::object& obj, const char* arg);
+
+/// Values of an array of `ndim` dimensions with a floating or an integer dtype (integers only where
+/// exact in a double: magnitude at most 2^53), or of a sequence numpy converts to one, as doubles in
+/// row-major order with its shape. Throws InvalidArgument naming `arg` for another dtype (bool,
+/// complex, object, ...), another number of dimensions or an integer a double cannot hold exactly.
+struct RealArray {
+  std::vector<double> values;
+  std::vector<pybind11::ssize_t> shape;
+};
+RealArray real_array_arg(const pybind11::object& obj, const char* arg, int ndim);
 
 }  // namespace packpipe::bindings

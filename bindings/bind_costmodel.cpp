@@ -179,7 +179,7 @@ void define_costmodel(py::module_& m) {
       .def("describe", &cm::CostModel::describe)
       .def("__repr__", [](const cm::CostModel& self) { return "CostModel(" + self.describe() + ")"; });
 
-  m.def("static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero_stage") = 0,
+  m.def("static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero") = 0,
         "Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO");
   m.def("model_presets", &cm::model_preset_names);
   m.def("device_presets", &cm::device_preset_names);

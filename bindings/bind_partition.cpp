@@ -1,5 +1,9 @@
-// Python bindings of the micro-batch partition: packpipe.partition(lengths, cost_model, ...).
+// Python bindings of the micro-batch partition: the option classes packpipe.PipelineShape and
+// packpipe.PartitionOptions (one spelling per parameter, the CLI's), the results packpipe.Partition
+// and packpipe.MicroBatch (arrays are zero-copy views), packpipe.PartitionCache and
+// packpipe.partition(cost_model, input_lengths, target_lengths, *, shape, options, cache).
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,41 +26,156 @@ namespace {
 namespace cm = packpipe::costmodel;
 namespace part = packpipe::partition;
 
-py::dict mb_dict(const part::MicroBatch& mb) {
-  py::dict d;
-  d["samples"] = owned_array(std::vector<std::uint32_t>(mb.samples));
-  d["row_offsets"] = owned_array(std::vector<std::uint32_t>(mb.row_offsets));
-  d["rows"] = mb.rows();
-  d["padded_len"] = mb.padded_len;
-  d["padded_dec_len"] = mb.padded_dec_len;
-  d["tokens"] = mb.tokens;
-  d["recompute"] = cm::recompute_name(mb.recompute);
-  d["time_ms"] = mb.time_ms;
-  d["stored_mb"] = mb.stored_mb;
-  d["peak_mb"] = mb.peak_mb;
-  return d;
+using ShapeClass = py::class_<part::PipelineShape>;
+using OptionsClass = py::class_<part::PartitionOptions>;
+using MicroBatchClass = py::class_<part::MicroBatch>;
+using PartitionClass = py::class_<part::Partition>;
+
+/// A read-only numpy view of the vector `member` of the bound object `self`.
+template <typename Obj, typename T>
+auto view_of(std::vector<T> Obj::*member) {
+  return [member](const py::object& self) { return view_vector(self.cast<const Obj&>().*member, self); };
 }
 
-py::dict partition_dict(const part::Partition& p) {
-  py::dict d;
-  py::list mbs;
-  for (const auto& mb : p.microbatches) mbs.append(mb_dict(mb));
-  d["microbatches"] = mbs;
-  d["ranks"] = p.ranks;
-  d["rank_time_ms"] = p.rank_time_ms;
-  d["order"] = owned_array(std::vector<std::uint32_t>(p.order));
-  d["objective_ms"] = p.objective_ms;
-  d["tau_ms"] = p.tau_ms;
-  d["max_time_ms"] = p.max_time_ms;
-  d["sum_time_ms"] = p.sum_time_ms;
-  d["predicted_iteration_ms"] = p.predicted_iteration_ms;
-  d["efficiency"] = p.efficiency;
-  d["input_efficiency"] = p.input_efficiency;
-  d["target_efficiency"] = p.target_efficiency;
-  d["cost_basis"] = part::cost_basis_name(p.basis);
-  d["truncated"] = owned_array(std::vector<std::uint32_t>(p.truncated));
-  d["dropped"] = owned_array(std::vector<std::uint32_t>(p.dropped));
-  return d;
+void define_shape(py::module_& m) {
+  auto cls = py::reinterpret_borrow<ShapeClass>(m.attr("PipelineShape"));
+  cls.def(py::init([](const py::object& stages, const py::object& chunks, const py::object& layers_per_stage,
+                      const py::object& dp, const py::object& tp, const py::object& zero, double memory_mb) {
+            part::PipelineShape s;
+            s.stages = count_arg<std::int64_t>(stages, "stages");
+            s.chunks = count_arg<std::int64_t>(chunks, "chunks");
+            s.layers_per_stage = count_arg<std::int64_t>(layers_per_stage, "layers_per_stage");
+            s.dp = count_arg<std::int64_t>(dp, "dp");
+            s.tp = count_arg<std::int64_t>(tp, "tp");
+            s.zero_stage = count_arg<int>(zero, "zero");
+            s.memory_limit_mb = memory_mb;
+            part::check_shape(s);
+            return s;
+          }),
+          py::kw_only(), py::arg("stages") = 1, py::arg("chunks") = 1, py::arg("layers_per_stage") = 0,
+          py::arg("dp") = 1, py::arg("tp") = 1, py::arg("zero") = 1, py::arg("memory_mb") = 0.0,
+          "The pipeline of one training job (the CLI's --stages, --chunks, --layers-per-stage, --dp, --tp, --zero, "
+          "--memory-mb). Sizes out of range raise ValueError naming the field.");
+  def_field(cls, "stages", &part::PipelineShape::stages, "pipeline ranks", &part::check_shape);
+  def_field(cls, "chunks", &part::PipelineShape::chunks, "virtual stages per rank (interleaved schedules)",
+            &part::check_shape);
+  def_field(cls, "layers_per_stage", &part::PipelineShape::layers_per_stage,
+            "transformer layers per virtual stage; 0: the model's layers / (stages x chunks)", &part::check_shape);
+  def_field(cls, "dp", &part::PipelineShape::dp, "data-parallel replicas", &part::check_shape);
+  def_field(cls, "tp", &part::PipelineShape::tp, "tensor-parallel ranks", &part::check_shape);
+  def_field(cls, "zero", &part::PipelineShape::zero_stage, "ZeRO stage of the optimizer state (0-3)",
+            &part::check_shape);
+  def_field(cls, "memory_mb", &part::PipelineShape::memory_limit_mb,
+            "memory limit per device, MB = 1e6 bytes; 0: the device's memory", &part::check_shape);
+  def_value(cls, {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"});
+}
+
+void define_options(py::module_& m) {
+  auto cls = py::reinterpret_borrow<OptionsClass>(m.attr("PartitionOptions"));
+  cls.def(py::init([](const std::string& method, const py::object& mbs, const py::object& tokens,
+                      const py::object& round_multiple, const std::string& recompute, const std::string& oversize,
+                      const std::string& cost_basis, const std::string& order, bool pack_windows,
+                      const py::object& threads) {
+            part::PartitionOptions o;
+            o.method = part::partition_method_from_name(method);
+            o.microbatch_size = count_arg<std::int64_t>(mbs, "mbs");
+            o.token_budget = count_arg<std::uint64_t>(tokens, "tokens");
+            o.round_multiple = count_arg<std::int64_t>(round_multiple, "round_multiple");
+            o.recompute = part::recompute_policy_from_name(recompute);
+            o.oversize = part::oversize_policy_from_name(oversize);
+            o.basis = part::cost_basis_from_name(cost_basis);
+            o.order = part::enc_dec_order_from_name(order);
+            o.pack_windows = pack_windows;
+            o.threads = count_arg<int>(threads, "threads");
+            return o;
+          }),
+          py::kw_only(), py::arg("method") = "dp", py::arg("mbs") = 0, py::arg("tokens") = 0,
+          py::arg("round_multiple") = 8, py::arg("recompute") = "auto", py::arg("oversize") = "error",
+          py::arg("cost_basis") = "auto", py::arg("order") = "auto", py::arg("pack_windows") = false,
+          py::arg("threads") = 0,
+          "How a global batch is cut into micro-batches (the CLI's --method, --mbs, --tokens, --round-multiple, "
+          "--recompute, --oversize, --cost-basis, --order, --pack-windows, --threads). Names are checked when set "
+          "(ValueError listing the valid ones); ranges when used.");
+  def_named(cls, "method", &part::PartitionOptions::method, &part::partition_method_name,
+            &part::partition_method_from_name, "dp, dynapipe, fixed, tokens or packing");
+  def_field(cls, "mbs", &part::PartitionOptions::microbatch_size, "fixed / packing: samples (rows) per micro-batch");
+  def_field(cls, "tokens", &part::PartitionOptions::token_budget, "tokens: padded tokens per micro-batch");
+  def_field(cls, "round_multiple", &part::PartitionOptions::round_multiple,
+            "padded lengths rounded up to this multiple");
+  def_named(cls, "recompute", &part::PartitionOptions::recompute, &part::recompute_policy_name,
+            &part::recompute_policy_from_name, "activation recompute allowed: auto, none, selective or full");
+  def_named(cls, "oversize", &part::PartitionOptions::oversize, &part::oversize_policy_name,
+            &part::oversize_policy_from_name, "a sample that cannot fit alone: error, truncate or drop");
+  def_named(cls, "cost_basis", &part::PartitionOptions::basis, &part::cost_basis_name, &part::cost_basis_from_name,
+            "how micro-batch time and memory are computed: auto, stages or dynapipe");
+  def_named(cls, "order", &part::PartitionOptions::order, &part::enc_dec_order_name, &part::enc_dec_order_from_name,
+            "encoder-decoder sample order for dp: auto, sorted (DynaPipe's) or path");
+  def_field(cls, "pack_windows", &part::PartitionOptions::pack_windows,
+            "dp / dynapipe: pack each window's samples when cheaper");
+  def_field(cls, "threads", &part::PartitionOptions::threads,
+            "threads building the window table (0: automatic, at most 2); the result is the same");
+  def_value(cls, {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
+                  "pack_windows", "threads"});
+}
+
+void define_results(py::module_& m) {
+  auto mb = py::reinterpret_borrow<MicroBatchClass>(m.attr("MicroBatch"));
+  mb.def_property_readonly("samples", view_of(&part::MicroBatch::samples),
+                           "uint32 indices into the global batch, in row order (read-only view)")
+      .def_property_readonly("row_offsets", view_of(&part::MicroBatch::row_offsets),
+                             "packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample")
+      .def_property_readonly("rows", &part::MicroBatch::rows, "rows (sequences)")
+      .def_readonly("padded_len", &part::MicroBatch::padded_len,
+                    "tokens every row is padded to (encoder, or the whole sample)")
+      .def_readonly("padded_dec_len", &part::MicroBatch::padded_dec_len,
+                    "decoder tokens per row (encoder-decoder), else 0")
+      .def_readonly("tokens", &part::MicroBatch::tokens, "real tokens, input plus target")
+      .def_property_readonly(
+          "recompute", [](const part::MicroBatch& b) { return std::string(cm::recompute_name(b.recompute)); },
+          "activation recompute: none, selective or full")
+      .def_readonly("time_ms", &part::MicroBatch::time_ms,
+                    "predicted forward + backward (+ recompute) time of its slowest stage")
+      .def_readonly("stored_mb", &part::MicroBatch::stored_mb,
+                    "activations stored per in-flight copy on its largest stage (MB = 1e6 bytes)")
+      .def_readonly("peak_mb", &part::MicroBatch::peak_mb, "transient peak on its largest stage");
+  def_repr(mb, {"rows", "padded_len", "padded_dec_len", "tokens", "recompute", "time_ms", "stored_mb", "peak_mb"});
+
+  auto p = py::reinterpret_borrow<PartitionClass>(m.attr("Partition"));
+  p.def_property_readonly(
+       "microbatches",
+       [](const py::object& self) { return views_of(self.cast<const part::Partition&>().microbatches, self); },
+       "the micro-batches (MicroBatch, views into this result), in the order of the sample order used")
+      .def_readonly("ranks", &part::Partition::ranks, "micro-batch indices per data-parallel rank, ascending")
+      .def_readonly("rank_time_ms", &part::Partition::rank_time_ms, "sum of time_ms per data-parallel rank")
+      .def_property_readonly("order", view_of(&part::Partition::order), "sample order the windows were cut from")
+      .def_readonly("objective_ms", &part::Partition::objective_ms,
+                    "what the method minimised ((S-1) tau/c + sum/d for dp and dynapipe)")
+      .def_readonly("tau_ms", &part::Partition::tau_ms,
+                    "cap charged (dynapipe: the chosen candidate; others: the realised max)")
+      .def_readonly("max_time_ms", &part::Partition::max_time_ms, "realised max over micro-batches")
+      .def_readonly("sum_time_ms", &part::Partition::sum_time_ms, "sum over micro-batches")
+      .def_readonly("predicted_iteration_ms", &part::Partition::predicted_iteration_ms,
+                    "(S-1) max/c + sum/d: the 1F1B bound, not a simulation")
+      .def_readonly("input_tokens", &part::Partition::input_tokens, "real input tokens (after truncation)")
+      .def_readonly("target_tokens", &part::Partition::target_tokens, "real target tokens (after truncation)")
+      .def_readonly("padded_input_tokens", &part::Partition::padded_input_tokens, "rows x padded lengths, input")
+      .def_readonly("padded_target_tokens", &part::Partition::padded_target_tokens, "rows x padded lengths, target")
+      .def_readonly("efficiency", &part::Partition::efficiency, "real / padded tokens, input and target together")
+      .def_readonly("input_efficiency", &part::Partition::input_efficiency, "encoder (or whole-sample) side")
+      .def_readonly("target_efficiency", &part::Partition::target_efficiency, "decoder side (0 for decoder-only)")
+      .def_property_readonly(
+          "cost_basis", [](const part::Partition& r) { return std::string(part::cost_basis_name(r.basis)); },
+          "the basis the times and memory use: stages or dynapipe")
+      .def_property_readonly(
+          "dynapipe_recompute",
+          [](const part::Partition& r) { return std::string(cm::recompute_name(r.dynapipe_recompute)); },
+          "dynapipe: the iteration-wide recompute mode chosen")
+      .def_readonly("memory_limit_mb", &part::Partition::memory_limit_mb, "the memory limit checked")
+      .def_property_readonly("truncated", view_of(&part::Partition::truncated),
+                             "sample ids truncated (oversize 'truncate')")
+      .def_property_readonly("dropped", view_of(&part::Partition::dropped), "sample ids dropped (oversize 'drop')")
+      .def_readonly("tau_evaluations", &part::Partition::tau_evaluations, "min-sum DP runs (one per cap tried)");
+  def_repr(p, {"microbatches", "objective_ms", "predicted_iteration_ms", "efficiency", "cost_basis"});
 }
 
 }  // namespace
@@ -81,6 +200,15 @@ std::uint64_t unsigned_arg(const py::handle& value, const char* arg, std::uint64
   return static_cast<std::uint64_t>(u);
 }
 
+part::BatchLengths batch_arg(const py::object& input_lengths, const py::object& target_lengths) {
+  part::BatchLengths b;
+  b.input = lengths_arg(input_lengths, "input_lengths");
+  b.target = lengths_arg(target_lengths, "target_lengths");
+  PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
+                     "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
+  return b;
+}
+
 PyPartitionCache::Use::Use(PyPartitionCache* c, const std::shared_ptr<cm::CostModel>& cost) : owner(c) {
   if (c == nullptr) return;
   PACKPIPE_CHECK_ARG(c->busy.try_lock(), "this PartitionCache is in use by another thread: keep one per thread");
@@ -94,6 +222,10 @@ PyPartitionCache::Use::~Use() {
 part::PartitionCache* PyPartitionCache::Use::get() const { return owner ? &owner->cache : nullptr; }
 
 void declare_partition(py::module_& m) {
+  ShapeClass(m, "PipelineShape", "The pipeline of one training job: ranks, interleaving, replicas, memory.");
+  OptionsClass(m, "PartitionOptions", "How a global batch is cut into micro-batches.");
+  MicroBatchClass(m, "MicroBatch", "Some samples of a global batch, their padded shape, recompute mode and costs.");
+  PartitionClass(m, "Partition", "The micro-batches of one global batch and what they cost.");
   py::class_<PyPartitionCache, std::shared_ptr<PyPartitionCache>>(
       m, "PartitionCache",
       "Micro-batch shape costs kept across partition() / plan_batch() calls, as a training loop's planner keeps "
@@ -109,63 +241,28 @@ void declare_partition(py::module_& m) {
 }
 
 void define_partition(py::module_& m) {
+  define_shape(m);
+  define_options(m);
+  define_results(m);
   m.def(
       "partition",
-      [](const py::object& input_lengths, const std::shared_ptr<cm::CostModel>& cost, const py::object& target_lengths,
-         std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
-         double memory_mb, int zero_stage, const std::string& method, std::int64_t mbs, const py::object& tokens,
-         std::int64_t round_multiple, const std::string& recompute, const std::string& oversize,
-         const std::string& basis, bool pack_windows, const std::shared_ptr<PyPartitionCache>& cache,
-         const std::string& order, std::int64_t threads) {
+      [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
+         const part::PipelineShape& shape, const part::PartitionOptions& options,
+         const std::shared_ptr<PyPartitionCache>& cache) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
-        PACKPIPE_CHECK_ARG(threads >= 0 && threads <= 1024, "threads must be in [0, 1024] (0: automatic), found {}",
-                           threads);
-        PACKPIPE_CHECK_ARG(mbs >= 0 && mbs <= (std::int64_t{1} << 31), "mbs must be in [0, 2^31], found {}", mbs);
-        part::BatchLengths b;
-        b.input = lengths_arg(input_lengths, "input_lengths");
-        b.target = lengths_arg(target_lengths, "target_lengths");
-        PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
-                           "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
-        part::PipelineShape sh;
-        sh.stages = stages;
-        sh.layers_per_stage = layers_per_stage;
-        sh.chunks = chunks;
-        sh.dp = dp;
-        sh.tp = tp;
-        sh.memory_limit_mb = memory_mb;
-        sh.zero_stage = zero_stage;
-        part::PartitionOptions o;
-        o.method = part::partition_method_from_name(method);
-        o.microbatch_size = mbs;
-        o.token_budget = unsigned_arg(tokens, "tokens", std::uint64_t{1} << 40);
-        o.round_multiple = round_multiple;
-        o.recompute = part::recompute_policy_from_name(recompute);
-        o.oversize = part::oversize_policy_from_name(oversize);
-        o.basis = part::cost_basis_from_name(basis);
-        o.pack_windows = pack_windows;
-        o.order = part::enc_dec_order_from_name(order);
-        o.threads = static_cast<int>(threads);
+        const part::BatchLengths b = batch_arg(input_lengths, target_lengths);
+        part::PartitionOptions o = options;
         const PyPartitionCache::Use use(cache.get(), cost);
         o.cache = use.get();
-        part::Partition p;
-        {
-          py::gil_scoped_release release;
-          p = part::partition(b, *cost, sh, o);
-        }
-        return partition_dict(p);
+        py::gil_scoped_release release;
+        return part::partition(b, *cost, shape, o);
       },
-      py::arg("input_lengths"), py::arg("cost_model"), py::arg("target_lengths") = py::none(), py::arg("stages") = 1,
-      py::arg("layers_per_stage") = 0, py::arg("chunks") = 1, py::arg("dp") = 1, py::arg("tp") = 1,
-      py::arg("memory_mb") = 0.0, py::arg("zero_stage") = 1, py::arg("method") = "dp", py::arg("mbs") = 0,
-      py::arg("tokens") = py::int_(0), py::arg("round_multiple") = 8, py::arg("recompute") = "auto",
-      py::arg("oversize") = "error", py::arg("cost_basis") = "auto", py::arg("pack_windows") = false,
-      py::arg("cache") = nullptr, py::arg("order") = "auto", py::arg("threads") = 0,
-      "Micro-batches of one global batch. input_lengths (and target_lengths for encoder-decoder models): "
-      "1-D numpy arrays of uint32 or int64. Returns a dict: microbatches (dicts with numpy 'samples'), "
-      "objective_ms, efficiency, predicted_iteration_ms, ranks, truncated, dropped, ... cache: a "
-      "packpipe.PartitionCache kept across calls (a training loop's planner), or None. order: "
-      "encoder-decoder sample order for dp, 'auto', 'sorted' (DynaPipe's) or 'path'. threads: threads building "
-      "the window table (0: automatic, at most 2; the result is the same).");
+      py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
+      py::arg("shape") = part::PipelineShape{}, py::arg("options") = part::PartitionOptions{},
+      py::arg("cache") = nullptr,
+      "Micro-batches of one global batch: a Partition. input_lengths (and target_lengths for encoder-decoder "
+      "models): 1-D integer arrays or lists of tokens per sample. cache: a PartitionCache kept across calls (a "
+      "training loop's planner), or None; results never depend on it.");
 }
 
 }  // namespace packpipe::bindings

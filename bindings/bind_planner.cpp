@@ -1,15 +1,23 @@
-// Python binding of the planning job for one global batch: packpipe.plan_batch(...).
-#include <cmath>
+// Python bindings of the planner: packpipe.plan_batch(cost_model, input_lengths, ...) plans one global
+// batch, packpipe.plan_epoch(cost_model, dataset, ...) every iteration of an epoch (an iterator over
+// PlannedIteration, planned ahead in parallel); results are bound classes (IterationResult,
+// MethodFigures, BaselineGrid) whose plans are packpipe.Plan objects.
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
+#include "dataloader/multitask.h"
+#include "dataloader/sampler.h"
+#include "planner/epoch.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -19,68 +27,239 @@ namespace packpipe::bindings {
 namespace {
 
 namespace cm = packpipe::costmodel;
+namespace dl = packpipe::dataloader;
 namespace part = packpipe::partition;
 namespace pl = packpipe::plan;
 
-py::dict figures_dict(const planner::MethodFigures& f) {
-  py::dict d;
-  d["feasible"] = f.feasible;
-  d["microbatches"] = f.microbatches;
-  d["efficiency"] = f.efficiency;
-  d["iteration_ms"] = f.iteration_ms;
-  d["peak_mb"] = f.peak_mb;
-  d["schedule"] = f.schedule;
-  d["why"] = f.why;
-  return d;
+/// An IterationResult whose plans are shared with Python (packpipe.Plan objects, never copied).
+struct PyIterationResult {
+  planner::IterationResult result;  ///< plans moved out into `plans`
+  std::vector<std::shared_ptr<pl::Plan>> plans;
+  explicit PyIterationResult(planner::IterationResult&& r) : result(std::move(r)) {
+    for (auto& p : result.plans) plans.push_back(std::make_shared<pl::Plan>(std::move(p)));
+    result.plans.clear();
+  }
+};
+
+/// One iteration of plan_epoch().
+struct PyPlannedIteration {
+  std::uint64_t iteration = 0;
+  part::BatchLengths lengths;
+  std::vector<SampleRef> refs;
+  std::shared_ptr<PyIterationResult> result;
+  std::vector<std::vector<std::uint8_t>> blobs;
+  explicit PyPlannedIteration(planner::PlannedIteration&& it)
+      : iteration(it.iteration),
+        lengths(std::move(it.lengths)),
+        refs(std::move(it.refs)),
+        result(std::make_shared<PyIterationResult>(std::move(it.result))),
+        blobs(std::move(it.blobs)) {}
+};
+
+/// The object plan_epoch() returns; the dataset is kept alive by keep_alive, the cost model here.
+struct PyEpochPlanner {
+  std::shared_ptr<cm::CostModel> cost;
+  std::unique_ptr<planner::EpochPlanner> planner;
+  ~PyEpochPlanner() {
+    // Stops the background planning and joins it (an iteration in flight finishes first) without
+    // holding the GIL.
+    py::gil_scoped_release release;
+    planner.reset();
+  }
+};
+
+using FiguresClass = py::class_<planner::MethodFigures>;
+using GridClass = py::class_<planner::BaselineGrid>;
+using ResultClass = py::class_<PyIterationResult, std::shared_ptr<PyIterationResult>>;
+using PlannedClass = py::class_<PyPlannedIteration, std::shared_ptr<PyPlannedIteration>>;
+using EpochClass = py::class_<PyEpochPlanner, std::shared_ptr<PyEpochPlanner>>;
+
+const std::vector<std::int64_t> kBaselineMbs = planner::PlannerOptions{}.baseline_mbs;
+
+/// The options of plan_batch() and plan_epoch() as the library takes them.
+planner::PlannerOptions planner_options(const part::PipelineShape& shape, const part::PartitionOptions& options,
+                                        const std::string& schedule, const py::object& seed, bool validate,
+                                        bool baselines, const std::vector<std::int64_t>& baseline_mbs) {
+  planner::PlannerOptions o;
+  o.shape = shape;
+  o.partition = options;
+  o.schedule = schedule;
+  o.search.seed = count_arg<std::uint64_t>(seed, "seed");
+  o.validate = validate;
+  o.baselines = baselines;
+  o.baseline_mbs = baseline_mbs;
+  return o;
 }
 
-py::list grid_list(const planner::BaselineGrid& g) {
-  py::list out;
-  for (std::size_t i = 0; i < g.mbs.size(); ++i) {
-    py::dict d = figures_dict(g.figures[i]);
-    d["mbs"] = g.mbs[i];
-    out.append(d);
-  }
-  return out;
+/// A read-only property returning the member `m` of IterationResult by value.
+template <typename T>
+auto result_of(T planner::IterationResult::*m) {
+  return [m](const PyIterationResult& r) { return r.result.*m; };
+}
+
+/// A read-only property viewing the member `m` of IterationResult (kept alive by the result object).
+template <typename T>
+auto result_view(T planner::IterationResult::*m) {
+  return [m](const py::object& self) {
+    return py::cast(&(self.cast<const PyIterationResult&>().result.*m), py::return_value_policy::reference_internal,
+                    self);
+  };
+}
+
+/// numpy dtype of SampleRef: (task u4, index u8).
+py::dtype ref_dtype() {
+  py::dict d;
+  d["names"] = py::make_tuple("task", "index");
+  d["formats"] = py::make_tuple("<u4", "<u8");
+  d["offsets"] = py::make_tuple(offsetof(SampleRef, task), offsetof(SampleRef, index));
+  d["itemsize"] = sizeof(SampleRef);
+  return py::dtype::from_args(d);
+}
+
+void define_results(py::module_& m) {
+  auto f = py::reinterpret_borrow<FiguresClass>(m.attr("MethodFigures"));
+  f.def_readonly("feasible", &planner::MethodFigures::feasible,
+                 "partitioned, and every replica's schedule within memory")
+      .def_readonly("microbatches", &planner::MethodFigures::microbatches, "micro-batches (all replicas)")
+      .def_readonly("efficiency", &planner::MethodFigures::efficiency, "real tokens / padded tokens")
+      .def_readonly("iteration_ms", &planner::MethodFigures::iteration_ms,
+                    "simulated iteration time, max over replicas (inf when infeasible)")
+      .def_readonly("peak_mb", &planner::MethodFigures::peak_mb,
+                    "peak memory per pipeline rank, max over replicas (MB = 1e6 bytes)")
+      .def_readonly("schedule", &planner::MethodFigures::schedule, "the schedule used (of replica 0)")
+      .def_readonly("why", &planner::MethodFigures::why, "why infeasible ('' when feasible)");
+  def_repr(f, {"feasible", "microbatches", "efficiency", "iteration_ms", "schedule", "why"});
+
+  auto g = py::reinterpret_borrow<GridClass>(m.attr("BaselineGrid"));
+  g.def_readonly("mbs", &planner::BaselineGrid::mbs, "the micro-batch sizes of the grid")
+      .def_property_readonly(
+          "figures",
+          [](const py::object& self) { return views_of(self.cast<const planner::BaselineGrid&>().figures, self); },
+          "MethodFigures for each micro-batch size, in the order of mbs")
+      .def("__len__", [](const planner::BaselineGrid& x) { return x.mbs.size(); });
+  def_repr(g, {"mbs"});
+
+  auto r = py::reinterpret_borrow<ResultClass>(m.attr("IterationResult"));
+  r.def_property_readonly("iteration", result_of(&planner::IterationResult::iteration), "the iteration planned")
+      .def_property_readonly("samples", result_of(&planner::IterationResult::samples),
+                             "samples trained (dropped ones out)")
+      .def_property_readonly("tokens", result_of(&planner::IterationResult::tokens),
+                             "real tokens trained (truncated samples at their new length)")
+      .def_property_readonly("truncated", result_of(&planner::IterationResult::truncated),
+                             "samples the oversize policy truncated")
+      .def_property_readonly("dropped", result_of(&planner::IterationResult::dropped),
+                             "samples the oversize policy dropped")
+      .def_property_readonly("model_flops", result_of(&planner::IterationResult::model_flops),
+                             "forward + backward FLOPs of the real samples (no padding, no recompute)")
+      .def_property_readonly("partition", result_view(&planner::IterationResult::partition),
+                             "packpipe's Partition of the batch (every replica's micro-batches)")
+      .def_property_readonly(
+          "plans", [](const PyIterationResult& x) { return x.plans; },
+          "one packpipe.Plan per data-parallel replica, in replica order")
+      .def_property_readonly(
+          "schedules",
+          [](const py::object& self) { return views_of(self.cast<const PyIterationResult&>().result.schedules, self); },
+          "the simulated Schedule of each replica (for traces)")
+      .def_property_readonly("packpipe", result_view(&planner::IterationResult::packpipe),
+                             "MethodFigures of packpipe's plan")
+      .def_property_readonly("fixed", result_view(&planner::IterationResult::fixed),
+                             "BaselineGrid: fixed micro-batch size, padded to the longest, 1F1B (empty without "
+                             "baselines)")
+      .def_property_readonly("packing", result_view(&planner::IterationResult::packing),
+                             "BaselineGrid: packed rows, fixed rows per micro-batch, 1F1B (empty without baselines)")
+      .def_property_readonly("partition_ms", result_of(&planner::IterationResult::partition_ms),
+                             "wall time of packpipe's partition")
+      .def_property_readonly("schedule_ms", result_of(&planner::IterationResult::schedule_ms),
+                             "wall time of the schedule search (all replicas)")
+      .def_property_readonly("build_ms", result_of(&planner::IterationResult::build_ms),
+                             "wall time of building (and validating) the plans")
+      .def_property_readonly("planning_ms", result_of(&planner::IterationResult::planning_ms),
+                             "the three together");
+  def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "plans", "planning_ms"});
+
+  auto it = py::reinterpret_borrow<PlannedClass>(m.attr("PlannedIteration"));
+  it.def_readonly("iteration", &PyPlannedIteration::iteration, "the batch's index in its epoch")
+      .def_property_readonly(
+          "input_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.input, self); },
+          "uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them")
+      .def_property_readonly(
+          "target_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.target, self); },
+          "uint32 target lengths (encoder-decoder; empty for decoder-only models)")
+      .def_property_readonly(
+          "refs",
+          [](const py::object& self) {
+            const auto& v = self.cast<const PyPlannedIteration&>().refs;
+            return view_array(ref_dtype(), v.size(), v.data(), self);
+          },
+          "each sample's (task, index) in the dataset: a structured array with fields task (u4) and index (u8)")
+      .def_readonly("result", &PyPlannedIteration::result, "the IterationResult")
+      .def_property_readonly(
+          "blobs",
+          [](const PyPlannedIteration& x) {
+            py::list out;
+            for (const auto& b : x.blobs) out.append(py::bytes(reinterpret_cast<const char*>(b.data()), b.size()));
+            return out;
+          },
+          "encoded plans (bytes, one per replica; Plan.from_bytes reads one) when plan_epoch(encode=True), else []");
+  def_repr(it, {"iteration", "input_lengths", "result"});
+
+  auto e = py::reinterpret_borrow<EpochClass>(m.attr("EpochPlanner"));
+  e.def_property_readonly(
+       "iterations", [](const PyEpochPlanner& p) { return p.planner->iterations(); },
+       "iterations this run plans (after first_iteration, at most `iterations`)")
+      .def_property_readonly(
+          "epoch_iterations", [](const PyEpochPlanner& p) { return p.planner->epoch_iterations(); },
+          "iterations the whole epoch holds")
+      .def_property_readonly(
+          "vstages", [](const PyEpochPlanner& p) { return p.planner->vstages().size(); },
+          "virtual stages planned for")
+      .def("__len__", [](const PyEpochPlanner& p) { return p.planner->iterations(); })
+      .def("__iter__", [](const py::object& self) { return self; })
+      .def(
+          "__next__",
+          [](PyEpochPlanner& p) {
+            planner::PlannedIteration it;
+            bool more = false;
+            {
+              py::gil_scoped_release release;
+              more = p.planner->next(it);
+            }
+            if (!more) throw py::stop_iteration();
+            return std::make_shared<PyPlannedIteration>(std::move(it));
+          },
+          "the next iteration in order (planned ahead in the background; the GIL is released while waiting); a "
+          "planning error is raised here, naming the iteration, after every earlier iteration");
+  def_repr(e, {"iterations", "vstages"});
 }
 
 }  // namespace
 
-void declare_planner(py::module_&) {}
+void declare_planner(py::module_& m) {
+  FiguresClass(m, "MethodFigures", "What one method achieves on one global batch (all data-parallel replicas).");
+  GridClass(m, "BaselineGrid", "Figures of a baseline for each micro-batch size of the grid.");
+  ResultClass(m, "IterationResult", "The plans and figures of one global batch.");
+  PlannedClass(m, "PlannedIteration", "One iteration of plan_epoch(): the sampled batch and its IterationResult.");
+  EpochClass(m, "EpochPlanner",
+             "The iterations of an epoch, planned in parallel and delivered in order (what plan_epoch() returns). "
+             "Deterministic whatever the threads; keeps the dataset and the cost model alive.");
+}
 
 void define_planner(py::module_& m) {
+  define_results(m);
+  const part::PipelineShape four = four_stage_shape();
   m.def(
       "plan_batch",
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
-         std::int64_t stages, std::int64_t layers_per_stage, std::int64_t chunks, std::int64_t dp, std::int64_t tp,
-         int zero_stage, double memory_mb, const std::string& method, const std::string& schedule,
-         const std::string& recompute, std::int64_t round_multiple, const py::object& seed,
-         const py::object& iteration, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
-         const std::shared_ptr<PyPartitionCache>& cache, const std::string& oversize) {
+         const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
+         const py::object& seed, const py::object& iteration, bool validate, bool baselines,
+         const std::vector<std::int64_t>& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
-        part::BatchLengths b;
-        b.input = lengths_arg(input_lengths, "input_lengths");
-        b.target = lengths_arg(target_lengths, "target_lengths");
-        PACKPIPE_CHECK_ARG(b.target.empty() || b.target.size() == b.input.size(),
-                           "target_lengths has {} entries but input_lengths has {}", b.target.size(), b.input.size());
-        planner::PlannerOptions o;
-        o.shape.stages = stages;
-        o.shape.layers_per_stage = layers_per_stage;
-        o.shape.chunks = chunks;
-        o.shape.dp = dp;
-        o.shape.tp = tp;
-        o.shape.zero_stage = zero_stage;
-        o.shape.memory_limit_mb = memory_mb;
-        o.partition.method = part::partition_method_from_name(method);
-        o.partition.recompute = part::recompute_policy_from_name(recompute);
-        o.partition.round_multiple = round_multiple;
-        o.partition.oversize = part::oversize_policy_from_name(oversize);
-        o.schedule = schedule;
-        o.search.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
-        const std::uint64_t iter = unsigned_arg(iteration, "iteration", std::numeric_limits<std::uint64_t>::max());
-        o.validate = validate;
-        o.baselines = baselines;
-        o.baseline_mbs = baseline_mbs;
+        const part::BatchLengths b = batch_arg(input_lengths, target_lengths);
+        const planner::PlannerOptions o =
+            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs);
+        const auto iter = count_arg<std::uint64_t>(iteration, "iteration");
         planner::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
         planner::IterationResult r;
@@ -89,41 +268,60 @@ void define_planner(py::module_& m) {
           const auto vstages = part::virtual_stages(cost->model(), o.shape);
           r = planner::plan_iteration(b, nullptr, iter, *cost, vstages, o, use.get());
         }
-        py::dict d;
-        py::list plans;
-        for (auto& p : r.plans) plans.append(std::make_shared<pl::Plan>(std::move(p)));
-        d["plans"] = plans;
-        d["packpipe"] = figures_dict(r.packpipe);
-        if (baselines) {
-          d["fixed"] = grid_list(r.fixed);
-          d["packing"] = grid_list(r.packing);
-        }
-        d["iteration"] = r.iteration;
-        d["samples"] = r.samples;
-        d["tokens"] = r.tokens;
-        d["truncated"] = r.truncated;
-        d["dropped"] = r.dropped;
-        d["model_flops"] = r.model_flops;
-        d["partition_ms"] = r.partition_ms;
-        d["schedule_ms"] = r.schedule_ms;
-        d["build_ms"] = r.build_ms;
-        d["planning_ms"] = r.planning_ms;
-        return d;
+        return std::make_shared<PyIterationResult>(std::move(r));
       },
       py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
-      py::arg("stages") = 4, py::arg("layers_per_stage") = 0, py::arg("chunks") = 1, py::arg("dp") = 1,
-      py::arg("tp") = 1, py::arg("zero_stage") = 1, py::arg("memory_mb") = 0.0, py::arg("method") = "dp",
-      py::arg("schedule") = "search", py::arg("recompute") = "auto", py::arg("round_multiple") = 8,
-      py::arg("seed") = py::int_(1234), py::arg("iteration") = py::int_(0), py::arg("validate") = false,
-      py::arg("baselines") = false, py::arg("baseline_mbs") = std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64},
-      py::arg("cache") = nullptr, py::arg("oversize") = "error",
-      "Plan one global batch: micro-batches, schedule search and per-rank instruction streams. Returns a dict with "
-      "'plans' (one packpipe.Plan per data-parallel replica), the figures of packpipe's plan and, with "
-      "baselines=True, of the fixed and packing baselines for every micro-batch size of baseline_mbs. cache: a "
-      "packpipe.PartitionCache kept across iterations (shape costs), or None. oversize: a sample that cannot fit "
-      "even alone is an error ('error', the default, naming it), 'truncate'd or 'drop'ped; 'truncated' and "
-      "'dropped' count them and 'samples' / 'tokens' are what is trained. Sizes out of range raise ValueError "
-      "naming the argument.");
+      py::arg("shape") = four, py::arg("options") = part::PartitionOptions{}, py::arg("schedule") = "search",
+      py::arg("seed") = 1234, py::arg("iteration") = 0, py::arg("validate") = false, py::arg("baselines") = false,
+      py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr,
+      "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
+      "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
+      "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
+      "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
+      "Out-of-range sizes and unknown names raise ValueError naming the argument.");
+  m.def(
+      "plan_epoch",
+      [](const std::shared_ptr<cm::CostModel>& cost, const dl::MultiTaskDataset& data, const part::PipelineShape& shape,
+         const part::PartitionOptions& options, const py::object& global_batch_tokens,
+         const py::object& global_batch_samples, const py::object& seed, const std::string& split,
+         const py::object& epoch, const py::object& first_iteration, const py::object& iterations,
+         const std::string& schedule, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+         const py::object& threads, const py::object& depth, bool encode, bool compress) {
+        PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        planner::EpochSpec spec;
+        spec.sampler = dl::sampler_config(data.manifest());
+        spec.sampler.seed = count_arg<std::uint64_t>(seed, "seed");
+        spec.sampler.split = dl::split_from_name(split);
+        spec.sampler.global_batch_tokens = count_arg<std::uint64_t>(global_batch_tokens, "global_batch_tokens");
+        spec.sampler.global_batch_samples = count_arg<std::uint64_t>(global_batch_samples, "global_batch_samples");
+        spec.epoch = count_arg<std::uint64_t>(epoch, "epoch");
+        spec.first_iteration = count_arg<std::uint64_t>(first_iteration, "first_iteration");
+        spec.iterations = count_arg<std::uint64_t>(iterations, "iterations");
+        planner::EpochOptions eo;
+        eo.threads = count_arg<int>(threads, "threads");
+        eo.depth = count_arg<std::size_t>(depth, "depth");
+        eo.encode = encode;
+        eo.encoding.compress = compress;
+        auto out = std::make_shared<PyEpochPlanner>();
+        out->cost = cost;
+        planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs);
+        py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
+        out->planner = std::make_unique<planner::EpochPlanner>(data, *cost, std::move(o), std::move(spec), eo);
+        return out;
+      },
+      py::arg("cost_model"), py::arg("dataset"), py::kw_only(), py::arg("shape") = four,
+      py::arg("options") = part::PartitionOptions{}, py::arg("global_batch_tokens") = 0,
+      py::arg("global_batch_samples") = 0, py::arg("seed") = 1234, py::arg("split") = "train", py::arg("epoch") = 0,
+      py::arg("first_iteration") = 0, py::arg("iterations") = 0, py::arg("schedule") = "search",
+      py::arg("validate") = false, py::arg("baselines") = false, py::arg("baseline_mbs") = kBaselineMbs,
+      py::arg("threads") = 0, py::arg("depth") = 0, py::arg("encode") = false, py::arg("compress") = false,
+      py::keep_alive<0, 2>(),
+      "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
+      "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "
+      "iterations planned ahead, 0 twice the threads). Exactly one of global_batch_tokens and global_batch_samples "
+      "is given; seed seeds the sampler and the schedule search. iterations: at most this many (0: to the end of "
+      "the epoch) from first_iteration. encode: also encode every plan (PlannedIteration.blobs). The same inputs "
+      "give the same plans whatever threads and depth.");
 }
 
 }  // namespace packpipe::bindings

@@ -1,5 +1,5 @@
 // Python bindings of the schedules, the simulator and the search: packpipe.ScheduleProblem (from a
-// cost model and micro-batch shapes, or from cost arrays), .simulate() and .search(), results as
+// cost model, micro-batches and a PipelineShape, or from cost arrays), .simulate() and .search(), results as
 // packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
 // check lives in C++; the GIL is released while simulating and searching.
 #include <cstddef>
@@ -13,6 +13,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "bindings/arrays.h"
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
@@ -65,28 +66,29 @@ py::dtype op_dtype() {
   return py::dtype::from_args(d);
 }
 
+/// A (rows, cols) cost array argument (real_array_arg: floating or exact integer values); None gives
+/// zeros unless `required`.
 std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t rows, std::int64_t cols, bool required) {
   if (obj.is_none()) {
     PACKPIPE_CHECK_ARG(!required, "{} is required", arg);
     return std::vector<double>(static_cast<std::size_t>(rows * cols), 0.0);
   }
-  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
-  PACKPIPE_CHECK_ARG(a, "{} must be a float array", arg);
-  PACKPIPE_CHECK_ARG(a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols, "{} must have shape ({}, {})", arg,
-                     rows, cols);
-  return std::vector<double>(a.data(), a.data() + rows * cols);
+  RealArray a = real_array_arg(obj, arg, 2);
+  PACKPIPE_CHECK_ARG(a.shape[0] == rows && a.shape[1] == cols, "{} must have shape ({}, {}), found ({}, {})", arg,
+                     rows, cols, a.shape[0], a.shape[1]);
+  return std::move(a.values);
 }
 
-std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_style | py::array::forcecast>& forward,
-                                      const py::object& backward, const py::object& backward_weight,
-                                      const py::object& stored, const py::object& peak, const py::object& transfer,
+std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::object& backward,
+                                      const py::object& backward_weight, const py::object& stored,
+                                      const py::object& peak, const py::object& transfer,
                                       const py::object& static_bytes, std::int64_t ranks, double memory_limit_bytes) {
-  PACKPIPE_CHECK_ARG(forward.ndim() == 2, "forward_ms must be a 2-D (micro-batches, virtual stages) array");
-  const std::int64_t m = forward.shape(0), V = forward.shape(1);
+  RealArray f = real_array_arg(forward, "forward_ms", 2);  // (micro-batches, virtual stages)
+  const std::int64_t m = f.shape[0], V = f.shape[1];
   sched::StageCostTable t;
   t.microbatches = m;
   t.vstages = V;
-  t.forward_ms.assign(forward.data(), forward.data() + m * V);
+  t.forward_ms = std::move(f.values);
   t.backward_ms = matrix(backward, "backward_ms", m, V, true);
   t.backward_weight_ms = matrix(backward_weight, "backward_weight_ms", m, V, false);
   t.stored_bytes = matrix(stored, "stored_bytes", m, V, false);
@@ -95,7 +97,7 @@ std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_sty
   if (static_bytes.is_none()) {
     t.static_bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(ranks, 0)), 0.0);
   } else {
-    t.static_bytes = static_bytes.cast<std::vector<double>>();
+    t.static_bytes = real_array_arg(static_bytes, "static_bytes", 1).values;
   }
   auto out = std::make_shared<PyProblem>();
   out->problem = sched::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
@@ -103,39 +105,37 @@ std::shared_ptr<PyProblem> from_costs(const py::array_t<double, py::array::c_sty
   return out;
 }
 
-std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::list& microbatches,
-                                      std::int64_t stages, std::int64_t chunks, std::int64_t layers_per_stage,
-                                      std::int64_t tp, std::int64_t dp, int zero, double memory_mb) {
+/// Micro-batch `i` of ScheduleProblem's argument: a MicroBatch (of a Partition) as it is, or a tuple
+/// (rows, padded_len[, padded_dec_len[, recompute]]) bounded before anything is allocated from it
+/// (rows x samples), as `packpipe schedule` reads them.
+part::MicroBatch microbatch_arg(const py::handle& item, std::size_t i) {
+  if (py::isinstance<part::MicroBatch>(item)) return item.cast<part::MicroBatch>();
+  const auto t = item.cast<py::tuple>();
+  PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
+                     "microbatches[{}] must be a MicroBatch or (rows, padded_len[, padded_dec_len[, recompute]])", i);
+  part::MicroBatch mb;
+  const std::string where = "microbatches[" + std::to_string(i) + "]";
+  const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
+  PACKPIPE_CHECK_ARG(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
+  mb.samples.resize(static_cast<std::size_t>(rows));
+  constexpr std::uint64_t kMaxLen = std::uint64_t{1} << 24;
+  mb.padded_len = static_cast<std::int64_t>(unsigned_arg(t[1], (where + " padded_len").c_str(), kMaxLen));
+  PACKPIPE_CHECK_ARG(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
+  if (t.size() >= 3) {
+    mb.padded_dec_len = static_cast<std::int64_t>(unsigned_arg(t[2], (where + " padded_dec_len").c_str(), kMaxLen));
+  }
+  if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
+  return mb;
+}
+
+std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::sequence& microbatches,
+                                      const part::PipelineShape& shape) {
   PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must be a packpipe.CostModel");
   auto out = std::make_shared<PyProblem>();
-  for (std::size_t i = 0; i < microbatches.size(); ++i) {
-    const auto t = microbatches[i].cast<py::tuple>();
-    PACKPIPE_CHECK_ARG(t.size() >= 2 && t.size() <= 4,
-                       "microbatches[{}] must be (rows, padded_len[, padded_dec_len[, recompute]])", i);
-    part::MicroBatch mb;
-    // Bounded before anything is allocated from them (rows x samples), as `packpipe schedule` reads them.
-    const std::string where = "microbatches[" + std::to_string(i) + "]";
-    const auto rows = unsigned_arg(t[0], (where + " rows").c_str(), std::uint64_t{1} << 20);
-    PACKPIPE_CHECK_ARG(rows >= 1, "{}: rows must be at least 1, found {}", where, rows);
-    mb.samples.resize(static_cast<std::size_t>(rows));
-    constexpr std::uint64_t kMaxLen = std::uint64_t{1} << 24;
-    mb.padded_len = static_cast<std::int64_t>(unsigned_arg(t[1], (where + " padded_len").c_str(), kMaxLen));
-    PACKPIPE_CHECK_ARG(mb.padded_len >= 1, "{}: padded_len must be at least 1, found 0", where);
-    if (t.size() >= 3) {
-      mb.padded_dec_len = static_cast<std::int64_t>(unsigned_arg(t[2], (where + " padded_dec_len").c_str(), kMaxLen));
-    }
-    if (t.size() >= 4) mb.recompute = cm::recompute_from_name(t[3].cast<std::string>());
-    out->mbs.push_back(std::move(mb));
-  }
+  for (std::size_t i = 0; i < microbatches.size(); ++i) out->mbs.push_back(microbatch_arg(microbatches[i], i));
   PACKPIPE_CHECK_ARG(!out->mbs.empty(), "microbatches is empty");
   out->cost = std::move(cost);
-  out->shape.stages = stages;
-  out->shape.chunks = chunks;
-  out->shape.layers_per_stage = layers_per_stage;
-  out->shape.tp = tp;
-  out->shape.dp = dp;
-  out->shape.zero_stage = zero;
-  out->shape.memory_limit_mb = memory_mb;
+  out->shape = shape;
   out->vstages = part::virtual_stages(out->cost->model(), out->shape);
   out->problem = sched::make_sim_problem(sched::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
                                       *out->cost, out->shape);
@@ -208,15 +208,16 @@ void define_schedule(py::module_& m) {
       .def_property_readonly("lower_bound_ms", [](const PySearch& r) { return r.result.lower_bound_ms; });
 
   py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"))
-      .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::arg("stages") = 4,
-           py::arg("chunks") = 1, py::arg("layers_per_stage") = 0, py::arg("tp") = 1, py::arg("dp") = 1,
-           py::arg("zero") = 1, py::arg("memory_mb") = 0.0,
-           "From a cost model and micro-batch shapes [(rows, padded_len[, padded_dec_len[, recompute]]), ...]")
+      .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::kw_only(),
+           py::arg("shape") = four_stage_shape(),
+           "From a cost model and micro-batches: MicroBatch objects (Partition.microbatches) or shapes "
+           "[(rows, padded_len[, padded_dec_len[, recompute]]), ...], on the pipeline `shape`")
       .def_static("from_costs", &from_costs, py::arg("forward_ms"), py::arg("backward_ms"),
                   py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
                   py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),
                   py::arg("static_bytes") = py::none(), py::arg("ranks") = 1, py::arg("memory_limit_bytes") = 0.0,
-                  "From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1")
+                  "From (micro-batches, virtual stages) cost arrays of floating or integer dtype (lists too); "
+                  "transfer_ms[mb, v]: v -> v + 1; static_bytes: one value per rank")
       .def_property_readonly("microbatches", [](const PyProblem& p) { return p.problem.microbatches(); })
       .def_property_readonly("vstages", [](const PyProblem& p) { return p.problem.vstages(); })
       .def_property_readonly("ranks", [](const PyProblem& p) { return p.problem.ranks; })

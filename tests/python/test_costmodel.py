@@ -36,7 +36,7 @@ def test_encoder_decoder_and_stage():
 
 
 def test_static_memory_comm_and_report():
-    s = packpipe.static_memory(1e9, dp=8, zero_stage=3)
+    s = packpipe.static_memory(1e9, dp=8, zero=3)
     assert s.total_bytes == pytest.approx(16e9 / 8)
     cm = packpipe.CostModel()
     assert cm.all_reduce_ms(1e8, 4) == pytest.approx(cm.all_gather_ms(1e8, 4) + cm.reduce_scatter_ms(1e8, 4))

@@ -1,8 +1,10 @@
-"""packpipe.partition from Python: numpy lengths in, micro-batches with numpy sample arrays out."""
+"""packpipe.partition from Python: the cost model, then numpy lengths, then the shape and options;
+a Partition of MicroBatch objects whose sample arrays are zero-copy views."""
 import numpy as np
 import pytest
 
 import packpipe
+from packpipe import PartitionOptions, PipelineShape
 
 
 def gpt():
@@ -19,137 +21,164 @@ def lengths(n, seed, median=200.0, cap=2048):
 
 
 def covered(result, n):
-    seen = np.concatenate([mb["samples"] for mb in result["microbatches"]] + [result["dropped"]])
+    seen = np.concatenate([mb.samples for mb in result.microbatches] + [result.dropped])
     return np.array_equal(np.sort(seen), np.arange(n))
+
+
+FOUR = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
 
 
 @pytest.mark.parametrize("method", ["dp", "dynapipe", "fixed", "tokens", "packing"])
 def test_every_method_covers_each_sample_once(method):
     x = lengths(150, 1)
-    r = packpipe.partition(x, gpt(), stages=4, layers_per_stage=4, memory_mb=36000, method=method, mbs=2, tokens=4096)
+    r = packpipe.partition(gpt(), x, shape=FOUR, options=PartitionOptions(method=method, mbs=2, tokens=4096))
+    assert isinstance(r, packpipe.Partition)
     assert covered(r, len(x))
-    assert 0 < r["efficiency"] <= 1
-    for mb in r["microbatches"]:
-        assert mb["samples"].dtype == np.uint32
-        assert mb["padded_len"] % 8 == 0
-        assert mb["padded_len"] >= x[mb["samples"]].max() or len(mb["row_offsets"]) > 0
-        assert mb["recompute"] in ("none", "selective", "full")
+    assert 0 < r.efficiency <= 1
+    for mb in r.microbatches:
+        assert isinstance(mb, packpipe.MicroBatch)
+        assert mb.samples.dtype == np.uint32
+        assert mb.padded_len % 8 == 0
+        assert mb.padded_len >= x[mb.samples].max() or len(mb.row_offsets) > 0
+        assert mb.recompute in ("none", "selective", "full")
+        assert mb.rows == (len(mb.row_offsets) - 1 if len(mb.row_offsets) else len(mb.samples))
+
+
+def test_result_fields():
+    x = lengths(120, 5)
+    r = packpipe.partition(gpt(), x, shape=PipelineShape(stages=4, layers_per_stage=4, dp=2, memory_mb=36000))
+    mbs = r.microbatches
+    assert sum(mb.tokens for mb in mbs) == int(x.sum()) == r.input_tokens
+    assert r.target_tokens == 0 and r.target_efficiency == 0
+    assert r.padded_input_tokens == sum(mb.rows * mb.padded_len for mb in mbs)
+    assert r.efficiency == pytest.approx(r.input_tokens / r.padded_input_tokens)
+    assert r.max_time_ms == max(mb.time_ms for mb in mbs)
+    assert r.sum_time_ms == pytest.approx(sum(mb.time_ms for mb in mbs))
+    assert len(r.ranks) == 2 and sorted(i for rank in r.ranks for i in rank) == list(range(len(mbs)))
+    assert r.rank_time_ms == pytest.approx([sum(mbs[i].time_ms for i in rank) for rank in r.ranks])
+    assert r.cost_basis == "stages" and r.memory_limit_mb == 36000
+    assert sorted(r.order.tolist()) == list(range(len(x)))
+    assert r.objective_ms > 0 and r.tau_evaluations > 0
+    assert all(mb.stored_mb > 0 and mb.peak_mb > 0 for mb in mbs)
+    # results are read-only: views into the C++ result, kept alive by it
+    view = mbs[0].samples
+    assert not view.flags.writeable and not view.flags.owndata
+    with pytest.raises(AttributeError):
+        r.objective_ms = 1.0
+    del r, mbs
+    assert view.tolist() == view.tolist()  # still valid once the result is gone
+    assert repr(packpipe.partition(gpt(), x[:8], shape=FOUR)).startswith("Partition(microbatches=[")
 
 
 def test_int64_lengths_and_encoder_decoder():
     x = lengths(80, 2, cap=1024).astype(np.int64)
     y = lengths(80, 3, median=60, cap=512).astype(np.int64)
-    r = packpipe.partition(x, t5(), target_lengths=y, stages=4, layers_per_stage=6, memory_mb=36000)
+    r = packpipe.partition(t5(), x, y, shape=PipelineShape(stages=4, layers_per_stage=6, memory_mb=36000))
     assert covered(r, len(x))
-    assert all(mb["padded_dec_len"] >= y[mb["samples"]].max() for mb in r["microbatches"])
-    assert 0 < r["target_efficiency"] <= 1
+    assert all(mb.padded_dec_len >= y[mb.samples].max() for mb in r.microbatches)
+    assert 0 < r.target_efficiency <= 1
+    assert r.target_tokens == int(y.sum())
 
 
 def test_dp_no_worse_than_dynapipe_and_deterministic():
     x = lengths(200, 4)
-    kw = dict(stages=4, layers_per_stage=4, memory_mb=36000, cost_basis="dynapipe")
-    ours = packpipe.partition(x, gpt(), method="dp", **kw)
-    base = packpipe.partition(x, gpt(), method="dynapipe", **kw)
-    assert ours["objective_ms"] <= base["objective_ms"] * (1 + 1e-12)
-    again = packpipe.partition(x, gpt(), method="dp", **kw)
-    assert again["objective_ms"] == ours["objective_ms"]
-    assert all(np.array_equal(a["samples"], b["samples"]) for a, b in zip(ours["microbatches"], again["microbatches"]))
+    dp = PartitionOptions(method="dp", cost_basis="dynapipe")
+    ours = packpipe.partition(gpt(), x, shape=FOUR, options=dp)
+    base = packpipe.partition(gpt(), x, shape=FOUR, options=PartitionOptions(method="dynapipe", cost_basis="dynapipe"))
+    assert ours.objective_ms <= base.objective_ms * (1 + 1e-12)
+    assert base.dynapipe_recompute in ("none", "selective", "full")
+    again = packpipe.partition(gpt(), x, shape=FOUR, options=dp)
+    assert again.objective_ms == ours.objective_ms
+    assert all(np.array_equal(a.samples, b.samples) for a, b in zip(ours.microbatches, again.microbatches))
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="input_lengths must have dtype uint32 or int64"):
-        packpipe.partition(np.array([1.5, 2.0]), gpt())
+    with pytest.raises(ValueError, match=r"input_lengths must have an integer dtype .*found float64"):
+        packpipe.partition(gpt(), np.array([1.5, 2.0]))
     with pytest.raises(ValueError, match="input_lengths must be one-dimensional"):
-        packpipe.partition(np.ones((2, 2), dtype=np.uint32), gpt())
+        packpipe.partition(gpt(), np.ones((2, 2), dtype=np.uint32))
     with pytest.raises(ValueError, match=r"sample 1 \(length 1000000\)"):
-        packpipe.partition(np.array([10, 1000000], dtype=np.uint32), gpt(), stages=4, layers_per_stage=4,
-                           memory_mb=36000)
-    r = packpipe.partition(np.array([10, 1000000], dtype=np.uint32), gpt(), stages=4, layers_per_stage=4,
-                           memory_mb=36000, oversize="drop")
-    assert list(r["dropped"]) == [1]
+        packpipe.partition(gpt(), np.array([10, 1000000], dtype=np.uint32), shape=FOUR)
+    r = packpipe.partition(gpt(), np.array([10, 1000000], dtype=np.uint32), shape=FOUR,
+                           options=PartitionOptions(oversize="drop"))
+    assert list(r.dropped) == [1]
     with pytest.raises(ValueError, match="unknown partition method"):
-        packpipe.partition(np.array([10], dtype=np.uint32), gpt(), method="greedy")
+        PartitionOptions(method="greedy")
+    with pytest.raises(ValueError, match="target_lengths has 1 entries but input_lengths has 2"):
+        packpipe.partition(t5(), [10, 20], [5])
+    with pytest.raises(TypeError):
+        packpipe.partition(gpt(), lengths(10, 1), shape=FOUR, options=FOUR)
 
 
 def _same(a, b):
-    assert a["objective_ms"] == b["objective_ms"]
-    assert len(a["microbatches"]) == len(b["microbatches"])
-    for x, y in zip(a["microbatches"], b["microbatches"]):
-        assert np.array_equal(x["samples"], y["samples"])
-        assert x["time_ms"] == y["time_ms"] and x["recompute"] == y["recompute"]
+    assert a.objective_ms == b.objective_ms
+    assert len(a.microbatches) == len(b.microbatches)
+    for x, y in zip(a.microbatches, b.microbatches):
+        assert np.array_equal(x.samples, y.samples)
+        assert x.time_ms == y.time_ms and x.recompute == y.recompute
 
 
 def test_partition_cache_keeps_shapes_and_never_changes_results():
     cache = packpipe.PartitionCache()
     assert cache.shapes == 0
     models = [gpt(), t5()]
-    seen = 0
     for k in range(6):
         cm = models[k % 2]  # alternating models: the cache starts afresh for each
         x = lengths(120, 10 + k, cap=1024)
         y = lengths(120, 20 + k, median=60.0, cap=256) if k % 2 else None
-        kw = dict(target_lengths=y, stages=4, layers_per_stage=(6 if k % 2 else 4), memory_mb=36000)
-        cold = packpipe.partition(x, cm, **kw)
-        warm = packpipe.partition(x, cm, cache=cache, **kw)
+        shape = PipelineShape(stages=4, layers_per_stage=(6 if k % 2 else 4), memory_mb=36000)
+        cold = packpipe.partition(cm, x, y, shape=shape)
+        warm = packpipe.partition(cm, x, y, shape=shape, cache=cache)
         _same(cold, warm)
-        again = packpipe.partition(x, cm, cache=cache, **kw)
+        again = packpipe.partition(cm, x, y, shape=shape, cache=cache)
         _same(cold, again)
         assert cache.shapes > 0
-        seen = max(seen, cache.shapes)
     assert "shapes=" in repr(cache)
     with pytest.raises(TypeError):
-        packpipe.partition(lengths(10, 1), gpt(), stages=2, layers_per_stage=8, cache=object())
+        packpipe.partition(gpt(), lengths(10, 1), shape=PipelineShape(stages=2, layers_per_stage=8), cache=object())
 
 
 def test_order_and_threads():
     x = lengths(150, 7, cap=1024)
     y = lengths(150, 8, median=60, cap=512)
-    kw = dict(target_lengths=y, stages=4, layers_per_stage=6, memory_mb=36000)
-    sorted_ = packpipe.partition(x, t5(), order="sorted", **kw)
-    order = np.concatenate([mb["samples"] for mb in sorted_["microbatches"]])
+    shape = PipelineShape(stages=4, layers_per_stage=6, memory_mb=36000)
+    sorted_ = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(order="sorted"))
+    order = np.concatenate([mb.samples for mb in sorted_.microbatches])
     pairs = list(zip(x[order].tolist(), y[order].tolist()))
     assert pairs == sorted(pairs, reverse=True)
-    one = packpipe.partition(x, t5(), threads=1, **kw)
-    two = packpipe.partition(x, t5(), threads=2, **kw)
-    assert one["objective_ms"] == two["objective_ms"] <= sorted_["objective_ms"]
-    assert all(np.array_equal(a["samples"], b["samples"]) for a, b in zip(one["microbatches"], two["microbatches"]))
+    one = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=1))
+    two = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=2))
+    assert one.objective_ms == two.objective_ms <= sorted_.objective_ms
+    assert all(np.array_equal(a.samples, b.samples) for a, b in zip(one.microbatches, two.microbatches))
     with pytest.raises(ValueError, match="unknown encoder-decoder order 'tsp'"):
-        packpipe.partition(x, t5(), order="tsp", **kw)
-    with pytest.raises(ValueError, match=r"threads must be in \[0, 1024\]"):
-        packpipe.partition(x, t5(), threads=-1, **kw)
+        PartitionOptions(order="tsp")
+    with pytest.raises(ValueError, match="threads must not be negative"):
+        PartitionOptions(threads=-1)
 
 
 def test_arguments_out_of_range_raise_value_error():
-    """Unsigned arguments refuse negatives (no wrap-around), sizes are bounded before anything is
-    allocated from them, and a layer count above the model's is refused."""
+    """Sizes are bounded before anything is allocated from them (the C++ library's checks, named as the
+    Python fields), and a layer count above the model's is refused."""
     x = lengths(20, 3, cap=512)
     cm = gpt()
-    for kw, msg in [
-        (dict(tokens=-1, method="tokens"), "tokens must not be negative"),
-        (dict(tokens=1.5, method="tokens"), "tokens must be an integer"),
-        (dict(tokens=2**64, method="tokens"), "tokens must be at most"),
-        (dict(stages=2**31 - 1), r"stages must be in \[1, 65536\], found 2147483647"),
-        (dict(chunks=2**40), r"chunks must be in \[1, 65536\]"),
-        (dict(dp=0), r"dp must be in \[1, 65536\]"),
-        (dict(stages=4, layers_per_stage=1000), "= 4000 layers, more than the 32 layers of 'gpt-6.7b'"),
-        (dict(stages=64), "64 virtual stages exceed the 32 layers"),
-        (dict(tp=3), "tp 3 must divide the attention heads"),
-        (dict(memory_mb=1e300), "memory limit must be in"),
-        (dict(memory_mb=float("nan")), "memory limit must be in"),
-        (dict(round_multiple=2**62), r"round_multiple must be in \[1, 65536\]"),
-        (dict(threads=2**40), r"threads must be in \[0, 1024\]"),
-        (dict(mbs=-1, method="fixed"), "mbs must be in"),
+    for shape, options, msg in [
+        (dict(), dict(method="tokens"), "method tokens needs token_budget >= 1"),
+        (dict(), dict(method="fixed"), "method fixed needs microbatch_size >= 1"),
+        (dict(stages=4, layers_per_stage=1000), dict(), "= 4000 layers, more than the 32 layers of 'gpt-6.7b'"),
+        (dict(stages=64), dict(), "64 virtual stages exceed the 32 layers"),
+        (dict(tp=3), dict(), "tp 3 must divide the attention heads"),
+        (dict(), dict(round_multiple=2**62), r"round_multiple must be in \[1, 65536\]"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            packpipe.partition(x, cm, **kw)
+            packpipe.partition(cm, x, shape=PipelineShape(**shape), options=PartitionOptions(**options))
     # numpy integers are integers
-    r = packpipe.partition(x, cm, stages=4, layers_per_stage=4, method="tokens", tokens=np.uint64(4096),
-                           memory_mb=36000)
-    assert sum(len(mb["samples"]) for mb in r["microbatches"]) == 20
+    r = packpipe.partition(cm, x, shape=FOUR, options=PartitionOptions(method="tokens", tokens=np.uint64(4096)))
+    assert sum(len(mb.samples) for mb in r.microbatches) == 20
 
 
 def test_model_state_over_the_limit_is_named_whatever_the_policy():
     x = lengths(20, 4, cap=512)
     for pol in ("error", "truncate", "drop"):
         with pytest.raises(ValueError, match=r"model state of rank 0 .* more than the 100 MB memory limit.*cannot help"):
-            packpipe.partition(x, gpt(), stages=4, memory_mb=100, oversize=pol)
+            packpipe.partition(gpt(), x, shape=PipelineShape(stages=4, memory_mb=100),
+                               options=PartitionOptions(oversize=pol))

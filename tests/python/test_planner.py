@@ -1,8 +1,9 @@
-"""Planning a global batch from Python: plans out as objects and numpy arrays."""
+"""Planning a global batch from Python: an IterationResult with packpipe.Plan objects and figures."""
 import numpy as np
 import pytest
 
 import packpipe
+from packpipe import PartitionOptions, PipelineShape
 
 
 def _lengths(n, seed):
@@ -10,15 +11,20 @@ def _lengths(n, seed):
     return np.clip(rng.lognormal(np.log(200), 1.0, n), 1, 2048).astype(np.uint32)
 
 
+def gpt():
+    return packpipe.CostModel("gpt-6.7b", "A100-40GB")
+
+
 def test_plan_batch_returns_valid_plans_covering_every_sample():
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
     lengths = _lengths(300, 1)
-    r = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, dp=2, validate=True, baselines=True,
-                            baseline_mbs=[1, 4])
-    assert len(r["plans"]) == 2
+    r = packpipe.plan_batch(gpt(), lengths, shape=PipelineShape(stages=4, layers_per_stage=4, dp=2), validate=True,
+                            baselines=True, baseline_mbs=[1, 4])
+    assert isinstance(r, packpipe.IterationResult)
+    assert len(r.plans) == 2 and r.plans[0] is r.plans[0]  # the same Plan objects on every access
     seen = []
     weight = 0.0
-    for k, plan in enumerate(r["plans"]):
+    for k, plan in enumerate(r.plans):
+        assert isinstance(plan, packpipe.Plan)
         assert plan.replica == k and plan.ranks == 4
         assert plan.validate()["ok"]
         ins = plan.instructions(0)
@@ -28,72 +34,110 @@ def test_plan_batch_returns_valid_plans_covering_every_sample():
             weight += mb["loss_weight"]
     assert sorted(seen) == list(range(300))
     assert weight == pytest.approx(1.0)
-    assert r["packpipe"]["feasible"] and r["packpipe"]["iteration_ms"] > 0
-    assert r["tokens"] == int(lengths.sum())
-    assert [g["mbs"] for g in r["fixed"]] == [1, 4]
-    best = min(g["iteration_ms"] for g in r["fixed"] + r["packing"] if g["feasible"])
-    assert r["packpipe"]["iteration_ms"] <= best * 1.0001
+    assert r.packpipe.feasible and r.packpipe.iteration_ms > 0 and r.packpipe.why == ""
+    assert r.tokens == int(lengths.sum()) and r.samples == 300 and r.truncated == r.dropped == 0
+    assert r.fixed.mbs == [1, 4] and len(r.fixed) == 2 and len(r.packing.figures) == 2
+    assert all(isinstance(f, packpipe.MethodFigures) for f in r.fixed.figures + r.packing.figures)
+    best = min(f.iteration_ms for f in r.fixed.figures + r.packing.figures if f.feasible)
+    assert r.packpipe.iteration_ms <= best * 1.0001
+
+
+def test_result_fields():
+    lengths = _lengths(160, 9)
+    r = packpipe.plan_batch(gpt(), lengths, shape=PipelineShape(stages=4, layers_per_stage=4, dp=2), iteration=3)
+    assert r.iteration == 3 and all(p.iteration == 3 for p in r.plans)
+    part = r.partition
+    assert isinstance(part, packpipe.Partition)
+    assert len(part.microbatches) == r.packpipe.microbatches == sum(len(p.microbatches) for p in r.plans)
+    assert part.efficiency == pytest.approx(r.packpipe.efficiency)
+    assert len(part.ranks) == 2
+    for rank, plan in zip(part.ranks, r.plans):  # replica k runs the micro-batches of data-parallel rank k
+        assert sorted(int(s) for m in rank for s in part.microbatches[m].samples) == \
+            sorted(int(s) for mb in plan.microbatches for s in mb["samples"])
+    assert [s.makespan_ms for s in r.schedules] == [p.makespan_ms for p in r.plans]
+    assert max(p.makespan_ms for p in r.plans) == pytest.approx(r.packpipe.iteration_ms)
+    assert r.packpipe.schedule == r.plans[0].schedule and len(r.packpipe.peak_mb) == 4
+    assert r.model_flops > 0
+    assert r.planning_ms >= r.partition_ms >= 0 and r.schedule_ms >= 0 and r.build_ms >= 0
+    assert len(r.fixed) == 0 and len(r.packing) == 0  # no baselines asked
+    assert repr(r).startswith("IterationResult(iteration=3, samples=160, ")
+    assert repr(r.packpipe).startswith("MethodFigures(feasible=True, ")
+    with pytest.raises(AttributeError):
+        r.tokens = 0
+    views = part.microbatches
+    del r, part
+    assert sum(len(mb.samples) for mb in views) == 160  # micro-batches keep their result alive
 
 
 def test_plan_batch_is_deterministic_and_checks_arguments():
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
     lengths = _lengths(120, 2)
-    a = packpipe.plan_batch(cm, lengths, stages=2, layers_per_stage=8)
-    b = packpipe.plan_batch(cm, lengths.astype(np.int64), stages=2, layers_per_stage=8)
-    assert a["plans"][0].to_bytes() == b["plans"][0].to_bytes()
-    with pytest.raises(ValueError, match="input_lengths must have dtype uint32 or int64"):
-        packpipe.plan_batch(cm, lengths.astype(np.float32), stages=2, layers_per_stage=8)
-    with pytest.raises(ValueError, match="schedule"):
-        packpipe.plan_batch(cm, lengths, stages=2, layers_per_stage=8, schedule="nope")
+    shape = PipelineShape(stages=2, layers_per_stage=8)
+    a = packpipe.plan_batch(gpt(), lengths, shape=shape)
+    b = packpipe.plan_batch(gpt(), lengths.astype(np.int64), shape=shape)
+    c = packpipe.plan_batch(gpt(), lengths.tolist(), shape=shape)
+    assert a.plans[0].to_bytes() == b.plans[0].to_bytes() == c.plans[0].to_bytes()
+    with pytest.raises(ValueError, match="input_lengths must have an integer dtype .*found float32"):
+        packpipe.plan_batch(gpt(), lengths.astype(np.float32), shape=shape)
+    with pytest.raises(ValueError, match="unknown schedule 'nope'"):
+        packpipe.plan_batch(gpt(), lengths, shape=shape, schedule="nope")
 
 
 def test_plan_batch_with_a_cache_plans_the_same():
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
     cache = packpipe.PartitionCache()
+    shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
     for seed in range(3):
         lengths = _lengths(150, 30 + seed)
-        a = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, memory_mb=36000)
-        b = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, memory_mb=36000, cache=cache)
-        assert a["packpipe"]["iteration_ms"] == b["packpipe"]["iteration_ms"]
-        assert [list(m["samples"]) for m in a["plans"][0].microbatches] == [list(m["samples"]) for m in b["plans"][0].microbatches]
+        a = packpipe.plan_batch(gpt(), lengths, shape=shape)
+        b = packpipe.plan_batch(gpt(), lengths, shape=shape, cache=cache)
+        assert a.packpipe.iteration_ms == b.packpipe.iteration_ms
+        assert a.plans[0].to_bytes() == b.plans[0].to_bytes()
     assert cache.shapes > 0
 
 
+def test_plan_batch_uses_every_partition_option():
+    """options= reaches the partitioner whole: the method and its size shape the plans."""
+    lengths = _lengths(64, 4)
+    shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
+    r = packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(method="fixed", mbs=4))
+    assert [len(mb["samples"]) for mb in r.plans[0].microbatches] == [4] * 16
+    assert packpipe.partition(gpt(), lengths, shape=shape, options=PartitionOptions(method="fixed", mbs=4)).objective_ms \
+        == r.partition.objective_ms
+
+
 def test_plan_batch_refuses_out_of_range_arguments():
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
     lengths = _lengths(40, 3)
     for kw, msg in [
         (dict(seed=-1), "seed must not be negative"),
         (dict(iteration=-1), "iteration must not be negative"),
         (dict(iteration=2**64), "iteration must be at most"),
         (dict(seed=0.5), "seed must be an integer"),
-        (dict(stages=2**31 - 1), r"stages must be in \[1, 65536\]"),
-        (dict(stages=4, layers_per_stage=1000), "more than the 32 layers"),
+        (dict(shape=PipelineShape(stages=4, layers_per_stage=1000)), "more than the 32 layers"),
         (dict(baselines=True, baseline_mbs=[1, -1]), r"baseline micro-batch size -1 \(entry 1 of baseline_mbs\)"),
         (dict(baselines=True, baseline_mbs=[0]), "baseline micro-batch size 0"),
-        (dict(memory_mb=1e300), "memory limit must be in"),
-        (dict(oversize="squash"), "unknown oversize policy 'squash'"),
+        (dict(target_lengths=[1, 2]), "target_lengths has 2 entries but input_lengths has 40"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            packpipe.plan_batch(cm, lengths, **kw)
-    r = packpipe.plan_batch(cm, lengths, stages=4, layers_per_stage=4, seed=2**64 - 1, iteration=np.int64(7))
-    assert r["iteration"] == 7
+            packpipe.plan_batch(gpt(), lengths, **kw)
+    r = packpipe.plan_batch(gpt(), lengths, seed=2**64 - 1, iteration=np.int64(7))
+    assert r.iteration == 7
 
 
 def test_plan_batch_oversize_policy():
     """One long sample no longer aborts the batch when asked: error names it and the option;
     truncate and drop plan the rest and count what is trained."""
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
     lengths = np.array([300, 200, 900000, 150], dtype=np.uint32)
-    kw = dict(stages=4, layers_per_stage=4, memory_mb=36000, validate=True)
+    shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
     with pytest.raises(ValueError, match=r"iteration 5, sample 2 of the global batch \(length 900000\) does not fit.*"
                                          r"oversize truncate or drop"):
-        packpipe.plan_batch(cm, lengths, iteration=5, **kw)
-    d = packpipe.plan_batch(cm, lengths, oversize="drop", **kw)
-    assert d["dropped"] == 1 and d["truncated"] == 0 and d["samples"] == 3 and d["tokens"] == 650
-    seen = sorted(int(s) for p in d["plans"] for mb in p.microbatches for s in mb["samples"])
+        packpipe.plan_batch(gpt(), lengths, shape=shape, iteration=5, validate=True)
+    d = packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(oversize="drop"), validate=True)
+    assert d.dropped == 1 and d.truncated == 0 and d.samples == 3 and d.tokens == 650
+    assert list(d.partition.dropped) == [2]
+    seen = sorted(int(s) for p in d.plans for mb in p.microbatches for s in mb["samples"])
     assert seen == [0, 1, 3]
-    assert sum(mb["loss_weight"] for p in d["plans"] for mb in p.microbatches) == pytest.approx(1.0)
-    t = packpipe.plan_batch(cm, lengths, oversize="truncate", **kw)
-    assert t["truncated"] == 1 and t["dropped"] == 0 and t["samples"] == 4 and 650 < t["tokens"] < 650 + 900000
-    assert sum(mb["loss_weight"] for p in t["plans"] for mb in p.microbatches) == pytest.approx(1.0)
+    assert sum(mb["loss_weight"] for p in d.plans for mb in p.microbatches) == pytest.approx(1.0)
+    t = packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(oversize="truncate"), validate=True)
+    assert t.truncated == 1 and t.dropped == 0 and t.samples == 4 and 650 < t.tokens < 650 + 900000
+    assert list(t.partition.truncated) == [2]
+    assert sum(mb["loss_weight"] for p in t.plans for mb in p.microbatches) == pytest.approx(1.0)
+

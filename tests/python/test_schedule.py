@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 
 import packpipe
+from packpipe import PipelineShape
 
 SHAPES = [(4, 512), (2, 1024), (16, 128, 0, "selective"), (1, 2048), (8, 256), (4, 512), (2, 1024), (8, 256)]
 
 
 @pytest.fixture(scope="module")
 def problem():
-    return packpipe.ScheduleProblem(packpipe.CostModel("gpt-1.3b"), SHAPES, stages=4)
+    return packpipe.ScheduleProblem(packpipe.CostModel("gpt-1.3b"), SHAPES)  # 4 stages by default, as the CLI
 
 
 def test_schedule_names():
@@ -69,32 +70,75 @@ def test_chrome_trace_is_valid_json(problem):
 def test_bad_arguments():
     cm = packpipe.CostModel("gpt-1.3b")
     with pytest.raises(ValueError, match="unknown schedule"):
-        packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("pipedream")
+        packpipe.ScheduleProblem(cm, SHAPES).simulate("pipedream")
     with pytest.raises(ValueError, match="microbatches is empty"):
-        packpipe.ScheduleProblem(cm, [], stages=4)
+        packpipe.ScheduleProblem(cm, [])
     with pytest.raises(ValueError, match="rows must be at least 1"):
-        packpipe.ScheduleProblem(cm, [(0, 512)], stages=4)
+        packpipe.ScheduleProblem(cm, [(0, 512)])
     with pytest.raises(ValueError, match="not a permutation"):
-        packpipe.ScheduleProblem(cm, SHAPES, stages=4).simulate("gpipe", order=[0] * len(SHAPES))
-    with pytest.raises(ValueError, match="must have shape"):
+        packpipe.ScheduleProblem(cm, SHAPES).simulate("gpipe", order=[0] * len(SHAPES))
+    with pytest.raises(ValueError, match=r"backward_ms must have shape \(2, 2\), found \(3, 2\)"):
         packpipe.ScheduleProblem.from_costs(np.ones((2, 2)), np.ones((3, 2)), ranks=2)
 
 
 def test_sizes_out_of_range_raise_value_error():
     cm = packpipe.CostModel("gpt-1.3b")
     with pytest.raises(ValueError, match=r"microbatches\[0\] rows must not be negative"):
-        packpipe.ScheduleProblem(cm, [(-4, 512)], stages=4)
+        packpipe.ScheduleProblem(cm, [(-4, 512)])
     with pytest.raises(ValueError, match=r"microbatches\[1\] rows must be at most 1048576"):
-        packpipe.ScheduleProblem(cm, [(4, 512), (2**40, 512)], stages=4)
+        packpipe.ScheduleProblem(cm, [(4, 512), (2**40, 512)])
     with pytest.raises(ValueError, match=r"microbatches\[0\] padded_len must not be negative"):
-        packpipe.ScheduleProblem(cm, [(4, -512)], stages=4)
+        packpipe.ScheduleProblem(cm, [(4, -512)])
     with pytest.raises(ValueError, match=r"microbatches\[0\]: padded_len must be at least 1"):
-        packpipe.ScheduleProblem(cm, [(4, 0)], stages=4)
+        packpipe.ScheduleProblem(cm, [(4, 0)])
     with pytest.raises(ValueError, match=r"stages must be in \[1, 65536\]"):
-        packpipe.ScheduleProblem(cm, SHAPES, stages=2**31 - 1)
+        packpipe.ScheduleProblem(cm, SHAPES, shape=PipelineShape(stages=2**31 - 1))
     with pytest.raises(ValueError, match="more than the 24 layers"):
-        packpipe.ScheduleProblem(cm, SHAPES, stages=4, layers_per_stage=7)
-    p = packpipe.ScheduleProblem(cm, SHAPES, stages=4)
+        packpipe.ScheduleProblem(cm, SHAPES, shape=PipelineShape(stages=4, layers_per_stage=7))
+    p = packpipe.ScheduleProblem(cm, SHAPES)
     with pytest.raises(ValueError, match="seed must not be negative"):
         p.search(seed=-1)
     assert p.search(seed=2**64 - 1).schedule.makespan_ms > 0
+
+
+def test_cost_arrays_accept_floats_and_exact_integers_only():
+    m, S = 6, 3
+    ref = packpipe.ScheduleProblem.from_costs(np.ones((m, S)), 2 * np.ones((m, S)), ranks=S).simulate("1f1b")
+    for fwd, bwd in [
+        (np.ones((m, S), dtype=np.float32), 2 * np.ones((m, S), dtype=np.float16)),
+        (np.ones((m, S), dtype=np.int64), np.full((m, S), 2, dtype=np.uint8)),
+        ([[1] * S] * m, [[2.0] * S] * m),  # lists, through numpy
+        (np.ones((S, m)).T, (2 * np.ones((m, 2 * S)))[:, ::2]),  # strided views
+    ]:
+        p = packpipe.ScheduleProblem.from_costs(fwd, bwd, ranks=S)
+        assert p.simulate("1f1b").makespan_ms == ref.makespan_ms
+    bad = [
+        (np.ones((m, S), dtype=bool), "forward_ms must have a floating or integer dtype, found bool"),
+        (np.ones((m, S), dtype=np.complex128), "forward_ms must have a floating or integer dtype, found complex128"),
+        (np.array([[object()] * S] * m), "forward_ms must have a floating or integer dtype, found object"),
+        (np.ones(m), "forward_ms must have 2 dimensions, found 1"),
+        (np.full((m, S), 2**60, dtype=np.int64), "forward_ms entry 0 .* is not exact as a double"),
+    ]
+    for fwd, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            packpipe.ScheduleProblem.from_costs(fwd, 2 * np.ones((m, S)), ranks=S)
+    with pytest.raises(ValueError, match="peak_bytes must have a floating or integer dtype, found bool"):
+        packpipe.ScheduleProblem.from_costs(np.ones((m, S)), np.ones((m, S)), peak_bytes=np.zeros((m, S), bool),
+                                            ranks=S)
+    with pytest.raises(ValueError, match="static_bytes must have 1 dimensions, found 2"):
+        packpipe.ScheduleProblem.from_costs(np.ones((m, S)), np.ones((m, S)), static_bytes=np.zeros((1, S)), ranks=S)
+
+
+def test_microbatches_of_a_partition_and_the_shape():
+    """ScheduleProblem takes a Partition's micro-batches as they are, on the same PipelineShape."""
+    cm = packpipe.CostModel("gpt-1.3b")
+    shape = PipelineShape(stages=4, chunks=2, layers_per_stage=3, memory_mb=36000)
+    lengths = np.random.default_rng(3).integers(16, 1500, 60)
+    part = packpipe.partition(cm, lengths, shape=shape)
+    p = packpipe.ScheduleProblem(cm, part.microbatches, shape=shape)
+    assert p.microbatches == len(part.microbatches) and p.vstages == 8 and p.ranks == 4
+    tuples = [(mb.rows, mb.padded_len, 0, mb.recompute) for mb in part.microbatches]
+    q = packpipe.ScheduleProblem(cm, tuples, shape=shape)
+    assert p.simulate("zero-bubble").makespan_ms == q.simulate("zero-bubble").makespan_ms > 0
+    with pytest.raises(ValueError, match=r"microbatches\[0\] must be a MicroBatch or \(rows, padded_len"):
+        packpipe.ScheduleProblem(cm, [(1,)], shape=shape)

@@ -1,0 +1,881 @@
+"""Type stubs of packpipe._core, the native core of packpipe (re-exported by the package)."""
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+# Arrays of tokens per sample: a 1-D integer numpy array (any integer dtype, strided views too) or
+# a list of ints. Float, bool, complex and object arrays are refused with ValueError.
+_Lengths = Union[npt.NDArray[np.integer], Sequence[int]]
+# Cost arrays: a numpy array of a floating or integer dtype, or nested lists of numbers.
+_Costs = Union[npt.NDArray[Union[np.floating, np.integer]], Sequence[Any]]
+# A micro-batch for ScheduleProblem: a MicroBatch or (rows, padded_len[, padded_dec_len[, recompute]]).
+_MicroBatchShape = Union["MicroBatch", Tuple[int, int], Tuple[int, int, int], Tuple[int, int, int, str]]
+
+__version__: str
+built_with_cuda: bool
+"""Whether this build has CUDA support."""
+
+def cuda_device_count() -> int:
+    """Number of usable CUDA devices (0 without CUDA or without a device)."""
+
+# ---- data loader -------------------------------------------------------------------------------
+
+class IndexedDataset:
+    """A Megatron indexed dataset (<prefix>.idx + <prefix>.bin or .bin.zst), memory-mapped."""
+    def __init__(self, prefix: str, modes: str = "auto") -> None:
+        """Open a dataset; modes: 'auto', 'present' or 'absent' (sequence modes of multimodal datasets)."""
+    def __len__(self) -> int:
+        """Number of sequences."""
+    def __getitem__(self, idx: Union[int, slice]) -> Any:
+        """Tokens of sequence idx (a read-only view into the map), or a list of them for a slice."""
+    def get(self, idx: int, offset: int = 0, length: int = -1) -> np.ndarray:
+        """Tokens [offset, offset + length) of sequence idx (length -1: to the end)."""
+    @property
+    def sizes(self) -> np.ndarray:
+        """int32 tokens per sequence (view)."""
+    @property
+    def pointers(self) -> np.ndarray:
+        """int64 byte offset of each sequence in the .bin (view)."""
+    @property
+    def doc_idx(self) -> np.ndarray:
+        """int64 first sequence of each document, plus the end (view)."""
+    @property
+    def modes(self) -> Optional[np.ndarray]:
+        """int8 mode per sequence (multimodal datasets), else None."""
+    @property
+    def dtype(self) -> np.dtype:
+        """Token dtype."""
+    @property
+    def prefix(self) -> str:
+        """The path prefix opened."""
+    @property
+    def format(self) -> str:
+        """Index format name."""
+    @property
+    def num_documents(self) -> int:
+        """Number of documents."""
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens."""
+    @property
+    def compressed(self) -> bool:
+        """Whether tokens are read from a seekable .bin.zst."""
+    def verify(self, max_problems: int = 100) -> List[Tuple[str, str]]:
+        """Full consistency check; a list of (file, message), empty when consistent."""
+
+class IndexedDatasetBuilder:
+    """Streaming writer of a Megatron MMIDIDX v1 dataset."""
+    def __init__(self, prefix: str, dtype: Any = ..., multimodal: bool = False) -> None:
+        """Start <prefix>.bin / .idx with tokens of `dtype` (default int32)."""
+    def add_item(self, tokens: np.ndarray, mode: int = 0) -> None:
+        """Append one sequence (a 1-D C-contiguous array of the builder's dtype)."""
+    def end_document(self) -> None:
+        """Close the current document."""
+    def add_document(self, tokens: np.ndarray, lengths: Any, modes: Any = None) -> None:
+        """Append a document of sequences of `lengths` tokens taken from `tokens`."""
+    def add_index(self, prefix: str) -> None:
+        """Append every sequence of another dataset."""
+    def finalize(self) -> None:
+        """Write the index; the dataset is complete."""
+    @property
+    def num_sequences(self) -> int:
+        """Sequences written so far."""
+    @property
+    def num_documents(self) -> int:
+        """Documents written so far."""
+
+def merge_datasets(inputs: List[str], output_prefix: str) -> None:
+    """Concatenate datasets in constant memory."""
+
+def compress_dataset(prefix: str, level: int = 3, frame_size: int = 262144) -> int:
+    """Write <prefix>.bin.zst; returns its size in bytes."""
+
+class MultiTaskDataset:
+    """The datasets of a multi-task manifest, opened."""
+    def __init__(self, path: str) -> None:
+        """Open a manifest .json or a dataset prefix."""
+    def __len__(self) -> int:
+        """Samples over every task."""
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks."""
+    @property
+    def task_names(self) -> List[str]:
+        """Task names, by task number."""
+    def task_size(self, task: int) -> int:
+        """Samples of a task."""
+    def encoder_decoder(self, task: int) -> bool:
+        """Whether a task's samples have a target part."""
+    def lengths(self, task: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(input_lengths, target_lengths) of every sample of a task, as uint32 arrays."""
+    def sample(self, task: int, index: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(input_tokens, target_tokens) of a sample; views when uncompressed."""
+
+class Sampler:
+    """Deterministic, resumable multi-task sampler of global batches."""
+    def __init__(self, dataset: MultiTaskDataset, *, seed: int = 1234, global_batch_tokens: int = 0,
+                 global_batch_samples: int = 0, split: str = "train", weights: Optional[List[float]] = None,
+                 epoch: int = 0) -> None:
+        """A sampler of `dataset` (kept alive); exactly one of the two batch sizes is non-zero."""
+    @property
+    def epoch_size(self) -> int:
+        """Samples per epoch."""
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+    @property
+    def position(self) -> int:
+        """Next epoch position to deliver."""
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` from its beginning."""
+    def next_batch(self) -> Optional[Dict[str, Any]]:
+        """The next global batch as a dict (tasks, indices, tokens, ...), or None at the end of the epoch."""
+    def __iter__(self) -> "Sampler":
+        """The sampler itself."""
+    def __next__(self) -> Dict[str, Any]:
+        """The next global batch (StopIteration at the end of the epoch)."""
+    def state(self) -> str:
+        """Checkpoint as a JSON string."""
+    def restore(self, state: str) -> None:
+        """Resume from a checkpoint of state()."""
+
+def shard_batch(batch: Dict[str, Any], dataset: MultiTaskDataset, rank: int, world: int) -> Dict[str, Any]:
+    """The samples of a global batch that data-parallel rank `rank` of `world` takes."""
+
+class Prefetcher:
+    """Background sampling and assembly of the next global batches."""
+    def __init__(self, dataset: MultiTaskDataset, sampler: Sampler, depth: int = 4) -> None:
+        """Prefetch `depth` batches of `sampler` (both arguments kept alive)."""
+    def __iter__(self) -> "Prefetcher":
+        """The prefetcher itself."""
+    def __next__(self) -> Dict[str, Any]:
+        """The next batch dict with its 'samples': (input, target) token views."""
+    def state(self) -> str:
+        """Sampler state after the last delivered batch."""
+
+# ---- cost model --------------------------------------------------------------------------------
+
+class LayerCost:
+    """Time (ms) and memory (bytes) of a cost-model query."""
+    @property
+    def forward_ms(self) -> float:
+        """Forward time."""
+    @property
+    def backward_ms(self) -> float:
+        """Backward time, excluding recompute."""
+    @property
+    def recompute_ms(self) -> float:
+        """Recompute time."""
+    @property
+    def stored_bytes(self) -> float:
+        """Activations kept from forward to backward."""
+    @property
+    def peak_bytes(self) -> float:
+        """Transient peak, on top of stored."""
+    @property
+    def boundary_bytes(self) -> float:
+        """Activation bytes at the layer boundary."""
+    @property
+    def total_ms(self) -> float:
+        """Forward + backward + recompute."""
+    @property
+    def time_source(self) -> str:
+        """Where the times come from (analytic, profiled, ...)."""
+    @property
+    def memory_source(self) -> str:
+        """Where the memory figures come from."""
+    def to_dict(self) -> Dict[str, Any]:
+        """Every field as a dict."""
+
+class StaticMemory:
+    """Parameters, gradients and optimizer state on one GPU (bytes)."""
+    @property
+    def params_bytes(self) -> float:
+        """Parameters."""
+    @property
+    def grads_bytes(self) -> float:
+        """Gradients."""
+    @property
+    def optimizer_bytes(self) -> float:
+        """Optimizer state."""
+    @property
+    def total_bytes(self) -> float:
+        """The three together."""
+
+class CostModel:
+    """Cost model: analytic, or from profiles when given."""
+    def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...) -> None:
+        """Model and device presets or .json files; profiles (files or folders) select the profiled model."""
+    def query(self, kind: str = "encoder", mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
+              recompute: str = "none", layers: int = 1) -> LayerCost:
+        """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples."""
+    def stage_cost(self, encoder_layers: int = 0, decoder_layers: int = 0, has_embedding: bool = False,
+                   has_postprocess: bool = False, mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
+                   recompute: str = "none") -> LayerCost:
+        """One micro-batch on a stage holding these layers (embedding and LM head included where flagged)."""
+    def stage_static_memory(self, encoder_layers: int = 0, decoder_layers: int = 0, has_embedding: bool = False,
+                            has_postprocess: bool = False, tp: int = 1, dp: int = 1, zero: int = 0) -> StaticMemory:
+        """Model state of a stage holding these layers under tp, dp and ZeRO stage `zero`."""
+    def p2p_ms(self, bytes: float, inter_node: bool = False) -> float:
+        """Point-to-point transfer time."""
+    def all_reduce_ms(self, bytes: float, n: int, inter_node: bool = False) -> float:
+        """All-reduce time over n ranks."""
+    def all_gather_ms(self, bytes: float, n: int, inter_node: bool = False) -> float:
+        """All-gather time over n ranks."""
+    def reduce_scatter_ms(self, bytes: float, n: int, inter_node: bool = False) -> float:
+        """Reduce-scatter time over n ranks."""
+    @property
+    def model(self) -> Dict[str, Any]:
+        """The model's specification (name, arch, layers, hidden, heads, ...)."""
+    @property
+    def device(self) -> Dict[str, Any]:
+        """The device's specification (name, peak_tflops, memory_gb, links, ...)."""
+    def describe(self) -> str:
+        """One line naming the model, the device and the cost source."""
+
+def static_memory(params: float, dp: int = 1, zero: int = 0) -> StaticMemory:
+    """Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO stage `zero`."""
+
+def model_presets() -> List[str]:
+    """Names of the model presets."""
+
+def device_presets() -> List[str]:
+    """Names of the device presets."""
+
+def bigscience_params(model: str, seq: int) -> float:
+    """P = l (12 h^2 + 13 h) + V h + s h + 2 h."""
+
+def bigscience_tflops_per_gpu(params: float, seq: int, global_batch: int, iteration_s: float, gpus: int,
+                              factor: int = 4) -> float:
+    """P * factor * 2 * s * GBS / (T * N * 1e12); factor 4 with full recompute, 3 without."""
+
+def training_flops(model: str, mbs: int, seq: int, dec_seq: int = 0) -> float:
+    """Model FLOPs (3 x forward) of one micro-batch."""
+
+def throughput_report(model_flops: float, samples: float, tokens: float, iteration_s: float, gpus: int,
+                      device: str) -> Dict[str, float]:
+    """Tokens per second, TFLOPs per GPU and MFU of an iteration."""
+
+# ---- packing -----------------------------------------------------------------------------------
+
+class Packing:
+    """Rows of packed samples in CSR form (row r: samples[row_offsets[r]:row_offsets[r + 1]])."""
+    @property
+    def samples(self) -> np.ndarray:
+        """uint32 sample ids, row after row in placement order (read-only view)."""
+    @property
+    def row_offsets(self) -> np.ndarray:
+        """uint64, rows + 1 entries."""
+    @property
+    def row_tokens(self) -> np.ndarray:
+        """uint64 input tokens per row."""
+    @property
+    def row_target_tokens(self) -> np.ndarray:
+        """uint64 target tokens per row (empty in one dimension)."""
+    @property
+    def rows(self) -> int:
+        """Number of rows."""
+    @property
+    def capacity(self) -> int:
+        """Input tokens per row."""
+    @property
+    def target_capacity(self) -> int:
+        """Target tokens per row (0 in one dimension)."""
+    @property
+    def algorithm(self) -> str:
+        """'ffd', 'bfd' or 'histogram'."""
+    @property
+    def efficiency(self) -> float:
+        """Real tokens over rows x capacity (both dimensions together)."""
+    def __len__(self) -> int:
+        """Number of rows."""
+    def row(self, r: int) -> np.ndarray:
+        """Sample ids of row r (a copy)."""
+    def row_tensors(self, padded_len: int = 0) -> Dict[str, Any]:
+        """cu_seqlens, position_ids and segment_ids (int32 arrays) and max_seqlen of the rows."""
+
+def pack(lengths: np.ndarray, capacity: int, algorithm: str = "bfd", target_lengths: Optional[np.ndarray] = None,
+         target_capacity: int = 0, max_samples_per_row: int = 0) -> Packing:
+    """Pack samples of uint32 `lengths` into rows of `capacity` tokens ('ffd', 'bfd' or 'histogram')."""
+
+# ---- partition ---------------------------------------------------------------------------------
+
+class PipelineShape:
+    """The pipeline of one training job: ranks, interleaving, replicas, memory (the CLI's shape flags)."""
+    stages: int
+    """Pipeline ranks (--stages)."""
+    chunks: int
+    """Virtual stages per rank, for interleaved schedules (--chunks)."""
+    layers_per_stage: int
+    """Transformer layers per virtual stage; 0: the model's layers / (stages x chunks) (--layers-per-stage)."""
+    dp: int
+    """Data-parallel replicas (--dp)."""
+    tp: int
+    """Tensor-parallel ranks (--tp)."""
+    zero: int
+    """ZeRO stage of the optimizer state, 0-3 (--zero)."""
+    memory_mb: float
+    """Memory limit per device, MB = 1e6 bytes; 0: the device's memory (--memory-mb)."""
+    def __init__(self, *, stages: int = 1, chunks: int = 1, layers_per_stage: int = 0, dp: int = 1, tp: int = 1,
+                 zero: int = 1, memory_mb: float = 0.0) -> None:
+        """A shape; a size out of range (or negative) raises ValueError naming the field."""
+    def __eq__(self, other: object) -> bool:
+        """Same fields."""
+    def __copy__(self) -> "PipelineShape":
+        """A copy."""
+    def __deepcopy__(self, memo: Any) -> "PipelineShape":
+        """A copy."""
+
+class PartitionOptions:
+    """How a global batch is cut into micro-batches (the CLI's partition flags)."""
+    method: str
+    """dp, dynapipe, fixed, tokens or packing (--method)."""
+    mbs: int
+    """fixed / packing: samples (rows) per micro-batch (--mbs)."""
+    tokens: int
+    """tokens: padded tokens per micro-batch (--tokens)."""
+    round_multiple: int
+    """Padded lengths rounded up to this multiple (--round-multiple)."""
+    recompute: str
+    """Activation recompute allowed: auto, none, selective or full (--recompute)."""
+    oversize: str
+    """A sample that cannot fit alone: error, truncate or drop (--oversize)."""
+    cost_basis: str
+    """How micro-batch time and memory are computed: auto, stages or dynapipe (--cost-basis)."""
+    order: str
+    """Encoder-decoder sample order for dp: auto, sorted or path (--order)."""
+    pack_windows: bool
+    """dp / dynapipe: pack each window's samples when cheaper (--pack-windows)."""
+    threads: int
+    """Threads building the window table, 0: automatic (--threads); the result is the same."""
+    def __init__(self, *, method: str = "dp", mbs: int = 0, tokens: int = 0, round_multiple: int = 8,
+                 recompute: str = "auto", oversize: str = "error", cost_basis: str = "auto", order: str = "auto",
+                 pack_windows: bool = False, threads: int = 0) -> None:
+        """Options; an unknown name raises ValueError listing the valid ones, a negative count ValueError."""
+    def __eq__(self, other: object) -> bool:
+        """Same fields."""
+    def __copy__(self) -> "PartitionOptions":
+        """A copy."""
+    def __deepcopy__(self, memo: Any) -> "PartitionOptions":
+        """A copy."""
+
+class MicroBatch:
+    """Some samples of a global batch, their padded shape, recompute mode and costs (read-only)."""
+    @property
+    def samples(self) -> np.ndarray:
+        """uint32 indices into the global batch, in row order (read-only view)."""
+    @property
+    def row_offsets(self) -> np.ndarray:
+        """Packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample."""
+    @property
+    def rows(self) -> int:
+        """Rows (sequences)."""
+    @property
+    def padded_len(self) -> int:
+        """Tokens every row is padded to (encoder, or the whole sample)."""
+    @property
+    def padded_dec_len(self) -> int:
+        """Decoder tokens per row (encoder-decoder), else 0."""
+    @property
+    def tokens(self) -> int:
+        """Real tokens, input plus target."""
+    @property
+    def recompute(self) -> str:
+        """Activation recompute: none, selective or full."""
+    @property
+    def time_ms(self) -> float:
+        """Predicted forward + backward (+ recompute) time of its slowest stage."""
+    @property
+    def stored_mb(self) -> float:
+        """Activations stored per in-flight copy on its largest stage (MB = 1e6 bytes)."""
+    @property
+    def peak_mb(self) -> float:
+        """Transient peak on its largest stage."""
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
+
+class Partition:
+    """The micro-batches of one global batch and what they cost (read-only)."""
+    @property
+    def microbatches(self) -> List[MicroBatch]:
+        """The micro-batches, in the order of the sample order used."""
+    @property
+    def ranks(self) -> List[List[int]]:
+        """Micro-batch indices per data-parallel rank, ascending."""
+    @property
+    def rank_time_ms(self) -> List[float]:
+        """Sum of time_ms per data-parallel rank."""
+    @property
+    def order(self) -> np.ndarray:
+        """uint32 sample order the windows were cut from."""
+    @property
+    def objective_ms(self) -> float:
+        """What the method minimised ((S-1) tau/c + sum/d for dp and dynapipe)."""
+    @property
+    def tau_ms(self) -> float:
+        """Cap charged (dynapipe: the chosen candidate; others: the realised max)."""
+    @property
+    def max_time_ms(self) -> float:
+        """Realised max over micro-batches."""
+    @property
+    def sum_time_ms(self) -> float:
+        """Sum over micro-batches."""
+    @property
+    def predicted_iteration_ms(self) -> float:
+        """(S-1) max/c + sum/d: the 1F1B bound, not a simulation."""
+    @property
+    def input_tokens(self) -> int:
+        """Real input tokens (after truncation)."""
+    @property
+    def target_tokens(self) -> int:
+        """Real target tokens (after truncation)."""
+    @property
+    def padded_input_tokens(self) -> int:
+        """Rows x padded lengths, input."""
+    @property
+    def padded_target_tokens(self) -> int:
+        """Rows x padded lengths, target."""
+    @property
+    def efficiency(self) -> float:
+        """Real / padded tokens, input and target together."""
+    @property
+    def input_efficiency(self) -> float:
+        """Encoder (or whole-sample) side."""
+    @property
+    def target_efficiency(self) -> float:
+        """Decoder side (0 for decoder-only)."""
+    @property
+    def cost_basis(self) -> str:
+        """The basis the times and memory use: stages or dynapipe."""
+    @property
+    def dynapipe_recompute(self) -> str:
+        """dynapipe: the iteration-wide recompute mode chosen."""
+    @property
+    def memory_limit_mb(self) -> float:
+        """The memory limit checked."""
+    @property
+    def truncated(self) -> np.ndarray:
+        """uint32 sample ids truncated (oversize 'truncate')."""
+    @property
+    def dropped(self) -> np.ndarray:
+        """uint32 sample ids dropped (oversize 'drop')."""
+    @property
+    def tau_evaluations(self) -> int:
+        """Min-sum DP runs (one per cap tried)."""
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
+
+class PartitionCache:
+    """Micro-batch shape costs kept across partition() / plan_batch() calls; one per thread."""
+    def __init__(self) -> None:
+        """An empty cache."""
+    @property
+    def shapes(self) -> int:
+        """Micro-batch shapes (rows, lengths) memoised so far."""
+
+def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
+              shape: PipelineShape = ..., options: PartitionOptions = ...,
+              cache: Optional[PartitionCache] = None) -> Partition:
+    """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
+
+# ---- schedules ---------------------------------------------------------------------------------
+
+class Schedule:
+    """A simulated pipeline schedule: per-rank ops with start/end (ms)."""
+    @property
+    def name(self) -> str:
+        """The schedule kind."""
+    @property
+    def ranks(self) -> int:
+        """Pipeline ranks."""
+    @property
+    def vstages(self) -> int:
+        """Virtual stages."""
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches."""
+    @property
+    def makespan_ms(self) -> float:
+        """Simulated iteration time."""
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle fraction of the ranks."""
+    @property
+    def peak_bytes(self) -> List[float]:
+        """Peak memory per rank."""
+    @property
+    def utilization(self) -> List[float]:
+        """Busy fraction per rank."""
+    @property
+    def order(self) -> List[int]:
+        """Micro-batch order used."""
+    def ops(self, rank: int) -> np.ndarray:
+        """Rank's ops as a zero-copy structured array (kind, mb, vstage, start_ms, end_ms)."""
+    def op_list(self, rank: int) -> List[Tuple[str, int, int, float, float]]:
+        """Rank's ops as (token, mb, vstage, start_ms, end_ms) tuples."""
+    def chrome_trace(self, process_name: str = "packpipe") -> str:
+        """Chrome trace / Perfetto JSON of the timeline."""
+
+class ScheduleSearchResult:
+    """Outcome of a schedule search."""
+    @property
+    def schedule(self) -> Schedule:
+        """The best schedule found."""
+    @property
+    def feasible(self) -> bool:
+        """Whether it fits the memory limit."""
+    @property
+    def recompute(self) -> str:
+        """Recompute mode used."""
+    @property
+    def simulations(self) -> int:
+        """Schedules simulated."""
+    @property
+    def early_exits(self) -> int:
+        """Simulations cut short by the bound."""
+    @property
+    def lower_bound_ms(self) -> float:
+        """Makespan lower bound."""
+
+class ScheduleProblem:
+    """_Costs of one iteration's micro-batches on a pipeline."""
+    def __init__(self, cost_model: CostModel, microbatches: Sequence[_MicroBatchShape], *,
+                 shape: PipelineShape = ...) -> None:
+        """From a cost model, micro-batches and the pipeline shape (default PipelineShape(stages=4))."""
+    @staticmethod
+    def from_costs(forward_ms: _Costs, backward_ms: _Costs, backward_weight_ms: Optional[_Costs] = None,
+                   stored_bytes: Optional[_Costs] = None, peak_bytes: Optional[_Costs] = None,
+                   transfer_ms: Optional[_Costs] = None, static_bytes: Optional[_Costs] = None, ranks: int = 1,
+                   memory_limit_bytes: float = 0.0) -> "ScheduleProblem":
+        """From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1."""
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches."""
+    @property
+    def vstages(self) -> int:
+        """Virtual stages."""
+    @property
+    def ranks(self) -> int:
+        """Pipeline ranks."""
+    @property
+    def memory_limit_bytes(self) -> float:
+        """Memory limit per rank."""
+    @property
+    def lower_bound_ms(self) -> float:
+        """Makespan lower bound."""
+    def simulate(self, schedule: str, order: Optional[List[int]] = None) -> Schedule:
+        """Build and simulate one schedule (see schedule_names())."""
+    def search(self, seed: int = 0, schedules: Optional[List[str]] = None, reference: bool = False,
+               local_rounds: int = 1) -> ScheduleSearchResult:
+        """Search the schedule and micro-batch order (reference=True: the exhaustive DynaPipe-like search)."""
+
+def schedule_names() -> List[str]:
+    """Names of the pipeline schedules."""
+
+# ---- plans -------------------------------------------------------------------------------------
+
+class Instruction:
+    """One instruction of a rank's stream."""
+    @property
+    def op(self) -> str:
+        """Opcode name."""
+    @property
+    def opcode(self) -> int:
+        """Opcode value."""
+    @property
+    def mb(self) -> Optional[int]:
+        """Micro-batch (None: absent)."""
+    @property
+    def stage(self) -> Optional[int]:
+        """Virtual stage (None: absent)."""
+    @property
+    def peer(self) -> Optional[int]:
+        """Peer rank (None: absent)."""
+    @property
+    def in_(self) -> Optional[int]:
+        """Buffer read (None: absent)."""
+    @property
+    def in2(self) -> Optional[int]:
+        """Second buffer read (None: absent)."""
+    @property
+    def out(self) -> Optional[int]:
+        """Buffer written (None: absent)."""
+    @property
+    def shape(self) -> Optional[int]:
+        """Index into Plan.shapes (None: absent)."""
+    @property
+    def is_compute(self) -> bool:
+        """Whether it is a compute instruction."""
+    def __eq__(self, other: object) -> bool:
+        """Same instruction."""
+
+class Plan:
+    """One iteration's plan: header and per-rank instruction streams."""
+    @property
+    def iteration(self) -> int:
+        """The iteration."""
+    @property
+    def schedule(self) -> str:
+        """The schedule."""
+    @property
+    def ranks(self) -> int:
+        """Pipeline ranks."""
+    @property
+    def vstages(self) -> int:
+        """Virtual stages."""
+    @property
+    def stage_rank(self) -> List[int]:
+        """Rank of each virtual stage."""
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas."""
+    @property
+    def replica(self) -> int:
+        """This plan's replica."""
+    @property
+    def global_tokens(self) -> int:
+        """Real tokens of the global batch (all replicas)."""
+    @property
+    def makespan_ms(self) -> float:
+        """Simulated iteration time."""
+    @property
+    def memory_limit_bytes(self) -> int:
+        """Memory limit per device."""
+    @property
+    def static_bytes(self) -> List[int]:
+        """Model state per rank."""
+    @property
+    def buffer_slots(self) -> List[int]:
+        """Buffer slots per rank."""
+    @property
+    def stored_bytes(self) -> List[int]:
+        """Stored activations, [mb * vstages + v]."""
+    @property
+    def peak_bytes(self) -> List[int]:
+        """Transient peaks, [mb * vstages + v]."""
+    @property
+    def instruction_count(self) -> int:
+        """Instructions over every rank."""
+    @property
+    def shapes(self) -> List[Dict[str, Any]]:
+        """Tensor shapes (rows, seq, hidden, enc_seq, dtype, bytes)."""
+    @property
+    def microbatches(self) -> List[Dict[str, Any]]:
+        """Micro-batches (rows, lengths, tokens, loss_weight, samples, refs, row_offsets, recompute)."""
+    @property
+    def streams(self) -> List[List[Instruction]]:
+        """Per rank, a list of Instruction objects (copies)."""
+    @property
+    def timeline(self) -> List[List[Tuple[str, int, int, float, float]]]:
+        """Per rank, the simulated ops (token, mb, vstage, start_ms, end_ms)."""
+    def instructions(self, rank: int) -> np.ndarray:
+        """Rank's stream as a numpy structured array (-1 = absent)."""
+    def validate(self, count_buffers: bool = False) -> Dict[str, Any]:
+        """Every check of the validator; a dict with ok, violations and peaks."""
+    def validate_or_throw(self) -> None:
+        """Raises RuntimeError listing the first violations."""
+    def to_json(self, indent: int = 1, rank: int = -1) -> str:
+        """The JSON form (one rank's stream with rank >= 0)."""
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        """A plan from its JSON form."""
+    def to_bytes(self, compress: bool = False) -> bytes:
+        """The binary form."""
+    @staticmethod
+    def from_bytes(data: bytes) -> "Plan":
+        """A plan from its binary form."""
+    def pytorch_exportable(self) -> Tuple[bool, str]:
+        """(ok, reason): whether every micro-batch shares one shape."""
+    def pytorch_csv(self) -> str:
+        """PyTorch compute_only CSV (RuntimeError if shapes differ)."""
+    def __eq__(self, other: object) -> bool:
+        """Same plan."""
+
+class PlanFileReader:
+    """Reads a plan file by iteration (memory-mapped)."""
+    def __init__(self, path: str) -> None:
+        """Open a plan file."""
+    def __len__(self) -> int:
+        """Plans in the file."""
+    def __getitem__(self, position: int) -> Plan:
+        """The plan at `position` in the file."""
+    @property
+    def iterations(self) -> List[int]:
+        """Iteration of each plan, by position."""
+    @property
+    def path(self) -> str:
+        """The file."""
+    def read(self, iteration: int, replica: int = 0) -> Plan:
+        """The plan of `iteration` for data-parallel `replica` (IndexError if absent)."""
+
+class PlanFileWriter:
+    """Writes plans to one file, one iteration at a time."""
+    def __init__(self, path: str, compress: bool = False) -> None:
+        """Start a plan file (it appears at close())."""
+    def append(self, plan: Plan) -> None:
+        """Append a plan."""
+    def close(self) -> None:
+        """Write the index and move the file into place."""
+    @property
+    def plans_written(self) -> int:
+        """Plans appended so far."""
+    def expect_iterations(self, first_iteration: int, count: int) -> None:
+        """Declare the iterations the file will hold; close() marks it complete only if it holds them."""
+    def discard(self) -> None:
+        """Drop what was written: nothing appears at the path."""
+    def __enter__(self) -> "PlanFileWriter":
+        """The writer."""
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """close(), or discard() when the block raised."""
+
+def validate_replicas(plans: List[Plan]) -> List[Dict[str, Any]]:
+    """The plans of one iteration's replicas checked against each other; empty when they agree."""
+
+def opcode_names() -> List[str]:
+    """Instruction names by opcode value."""
+
+# ---- planner -----------------------------------------------------------------------------------
+
+class MethodFigures:
+    """What one method achieves on one global batch (all data-parallel replicas)."""
+    @property
+    def feasible(self) -> bool:
+        """Partitioned, and every replica's schedule within memory."""
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches (all replicas)."""
+    @property
+    def efficiency(self) -> float:
+        """Real tokens / padded tokens."""
+    @property
+    def iteration_ms(self) -> float:
+        """Simulated iteration time, max over replicas (inf when infeasible)."""
+    @property
+    def peak_mb(self) -> List[float]:
+        """Peak memory per pipeline rank, max over replicas (MB = 1e6 bytes)."""
+    @property
+    def schedule(self) -> str:
+        """The schedule used (of replica 0)."""
+    @property
+    def why(self) -> str:
+        """Why infeasible ('' when feasible)."""
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
+
+class BaselineGrid:
+    """Figures of a baseline for each micro-batch size of the grid."""
+    @property
+    def mbs(self) -> List[int]:
+        """The micro-batch sizes of the grid."""
+    @property
+    def figures(self) -> List[MethodFigures]:
+        """MethodFigures for each micro-batch size, in the order of mbs."""
+    def __len__(self) -> int:
+        """Micro-batch sizes in the grid."""
+
+class IterationResult:
+    """The plans and figures of one global batch (read-only)."""
+    @property
+    def iteration(self) -> int:
+        """The iteration planned."""
+    @property
+    def samples(self) -> int:
+        """Samples trained (dropped ones out)."""
+    @property
+    def tokens(self) -> int:
+        """Real tokens trained (truncated samples at their new length)."""
+    @property
+    def truncated(self) -> int:
+        """Samples the oversize policy truncated."""
+    @property
+    def dropped(self) -> int:
+        """Samples the oversize policy dropped."""
+    @property
+    def model_flops(self) -> float:
+        """Forward + backward FLOPs of the real samples (no padding, no recompute)."""
+    @property
+    def partition(self) -> Partition:
+        """packpipe's Partition of the batch (every replica's micro-batches)."""
+    @property
+    def plans(self) -> List[Plan]:
+        """One Plan per data-parallel replica, in replica order."""
+    @property
+    def schedules(self) -> List[Schedule]:
+        """The simulated Schedule of each replica (for traces)."""
+    @property
+    def packpipe(self) -> MethodFigures:
+        """Figures of packpipe's plan."""
+    @property
+    def fixed(self) -> BaselineGrid:
+        """Fixed micro-batch size, padded to the longest, 1F1B (empty without baselines)."""
+    @property
+    def packing(self) -> BaselineGrid:
+        """Packed rows, fixed rows per micro-batch, 1F1B (empty without baselines)."""
+    @property
+    def partition_ms(self) -> float:
+        """Wall time of packpipe's partition."""
+    @property
+    def schedule_ms(self) -> float:
+        """Wall time of the schedule search (all replicas)."""
+    @property
+    def build_ms(self) -> float:
+        """Wall time of building (and validating) the plans."""
+    @property
+    def planning_ms(self) -> float:
+        """The three together."""
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
+
+class PlannedIteration:
+    """One iteration of plan_epoch(): the sampled batch and its IterationResult."""
+    @property
+    def iteration(self) -> int:
+        """The batch's index in its epoch."""
+    @property
+    def input_lengths(self) -> np.ndarray:
+        """uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them."""
+    @property
+    def target_lengths(self) -> np.ndarray:
+        """uint32 target lengths (encoder-decoder; empty for decoder-only models)."""
+    @property
+    def refs(self) -> np.ndarray:
+        """Each sample's (task, index) in the dataset: a structured array with fields task and index."""
+    @property
+    def result(self) -> IterationResult:
+        """The IterationResult."""
+    @property
+    def blobs(self) -> List[bytes]:
+        """Encoded plans, one per replica, with plan_epoch(encode=True); else []."""
+
+class EpochPlanner:
+    """The iterations of an epoch planned in parallel and delivered in order (what plan_epoch() returns)."""
+    @property
+    def iterations(self) -> int:
+        """Iterations this run plans (after first_iteration, at most `iterations`)."""
+    @property
+    def epoch_iterations(self) -> int:
+        """Iterations the whole epoch holds."""
+    @property
+    def vstages(self) -> int:
+        """Virtual stages planned for."""
+    def __len__(self) -> int:
+        """Iterations this run plans."""
+    def __iter__(self) -> Iterator[PlannedIteration]:
+        """The planner itself."""
+    def __next__(self) -> PlannedIteration:
+        """The next iteration in order; a planning error is raised here, naming the iteration."""
+
+def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
+               shape: PipelineShape = ..., options: PartitionOptions = ..., schedule: str = "search",
+               seed: int = 1234, iteration: int = 0, validate: bool = False, baselines: bool = False,
+               baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None) -> IterationResult:
+    """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica."""
+
+def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: PipelineShape = ...,
+               options: PartitionOptions = ..., global_batch_tokens: int = 0, global_batch_samples: int = 0,
+               seed: int = 1234, split: str = "train", epoch: int = 0, first_iteration: int = 0,
+               iterations: int = 0, schedule: str = "search", validate: bool = False, baselines: bool = False,
+               baseline_mbs: List[int] = ..., threads: int = 0, depth: int = 0, encode: bool = False,
+               compress: bool = False) -> EpochPlanner:
+    """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order."""

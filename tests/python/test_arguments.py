@@ -1,0 +1,120 @@
+"""What every entry point shares: one argument order (the cost model, the data, then shape= and
+options=) and lengths checked, never cast."""
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import packpipe
+from packpipe import _core
+
+
+def gpt():
+    return packpipe.CostModel("gpt-1.3b", "A100-40GB")
+
+
+SHAPE = packpipe.PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
+
+
+def parameters(fn):
+    """Parameter names of a native function or constructor, from its pybind11 signature line."""
+    line = fn.__doc__.strip().splitlines()[0]
+    return re.findall(r"(?:^|[(,] ?\*?,? ?)(\w+):", line.split("(", 1)[1])
+
+
+def test_one_argument_order_across_the_entry_points():
+    orders = {
+        "partition": parameters(_core.partition),
+        "plan_batch": parameters(_core.plan_batch),
+        "plan_epoch": parameters(_core.plan_epoch),
+        "ScheduleProblem": [p for p in parameters(_core.ScheduleProblem.__init__) if p != "self"],
+    }
+    for name, params in orders.items():
+        assert params[0] == "cost_model", (name, params)
+        assert params[1] in ("input_lengths", "dataset", "microbatches"), (name, params)
+        assert params.index("shape") > 1, (name, params)
+        if "options" in params:
+            assert params.index("options") == params.index("shape") + 1, (name, params)
+    # shape and options are keyword-only everywhere: nothing to put in the wrong place
+    for fn in (packpipe.partition, packpipe.plan_batch):
+        with pytest.raises(TypeError):
+            fn(gpt(), [10, 20], None, SHAPE)
+    with pytest.raises(TypeError, match="shape is keyword-only"):
+        packpipe.ScheduleProblem(gpt(), [(1, 128)], SHAPE)
+
+
+def test_one_spelling_of_each_parameter():
+    """zero (not zero_stage), memory_mb, mbs, tokens, cost_basis: the CLI's names, on the option classes."""
+    shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"}
+    option_fields = {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
+                     "pack_windows", "threads"}
+    assert set(parameters(_core.PipelineShape.__init__)) - {"self"} == shape_fields
+    assert set(parameters(_core.PartitionOptions.__init__)) - {"self"} == option_fields
+    for fn in (_core.partition, _core.plan_batch, _core.plan_epoch, _core.ScheduleProblem.__init__):
+        flat = set(parameters(fn)) & (shape_fields | option_fields | {"zero_stage"})
+        assert flat <= {"threads"}, (fn, flat)  # plan_epoch's threads: planning threads, not the partitioner's
+    assert "zero" in parameters(_core.static_memory)
+    assert "zero" in parameters(_core.CostModel.stage_static_memory)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64,
+                                   np.int64])
+def test_every_integer_dtype_gives_the_same_partition(dtype):
+    x = np.arange(1, 101, dtype=np.int64)
+    ref = packpipe.partition(gpt(), x.astype(np.uint32), shape=SHAPE)
+    r = packpipe.partition(gpt(), x.astype(dtype), shape=SHAPE)
+    assert r.objective_ms == ref.objective_ms
+    assert [m.samples.tolist() for m in r.microbatches] == [m.samples.tolist() for m in ref.microbatches]
+
+
+def test_lists_and_strided_views_are_lengths():
+    x = np.arange(1, 201, dtype=np.int64)
+    ref = packpipe.partition(gpt(), x[::2].copy(), shape=SHAPE)
+    for arg in (x[::2], x[::2].tolist(), tuple(x[::2].tolist()), x.reshape(100, 2)[:, 0]):
+        r = packpipe.partition(gpt(), arg, shape=SHAPE)
+        assert r.objective_ms == ref.objective_ms and r.input_tokens == int(x[::2].sum())
+    assert len(packpipe.partition(gpt(), [], shape=SHAPE).microbatches) == 0  # an empty list has no dtype
+
+
+@pytest.mark.parametrize("value, found", [
+    (np.array([1.0, 2.0]), "float64"),
+    (np.array([1.5, 2.0], dtype=np.float32), "float32"),
+    (np.array([True, False]), "bool"),
+    (np.array([1 + 0j, 2]), "complex128"),
+    (np.array([1, "a"], dtype=object), "object"),
+    ([1.5, 2.5], "float64"),  # a list numpy makes floats of
+    (np.array([], dtype=np.float64), "float64"),
+    (np.array(["12", "3"]), "<U2"),
+])
+@pytest.mark.parametrize("entry", ["partition", "plan_batch"])
+def test_non_integer_lengths_name_the_argument_and_the_dtype(entry, value, found):
+    fn = getattr(packpipe, entry)
+    with pytest.raises(ValueError, match=rf"input_lengths must have an integer dtype \(lengths in tokens\), "
+                                         rf"found {re.escape(found)}"):
+        fn(gpt(), value, shape=SHAPE)
+    t5 = packpipe.CostModel("t5-770m", "A100-40GB")
+    with pytest.raises(ValueError, match=rf"target_lengths must have an integer dtype .*found {re.escape(found)}"):
+        fn(t5, [10, 20], value, shape=packpipe.PipelineShape(stages=2))
+
+
+def test_dimensions_and_ranges_name_the_argument():
+    for value, msg in [
+        (np.ones((2, 2), dtype=np.uint32), "input_lengths must be one-dimensional, found 2 dimensions"),
+        (np.uint32(5), "input_lengths must be one-dimensional, found 0 dimensions"),
+        (np.array([5, -1]), r"input_lengths\[1\] = -1 is out of range \[0, 4294967295\]"),
+        (np.array([5, 2**32], dtype=np.uint64), r"input_lengths\[1\] = 4294967296 is out of range"),
+        ([3, -4], r"input_lengths\[1\] = -4 is out of range"),
+        (np.array([5, 6], dtype=">i4"), "input_lengths must have an integer dtype in native byte order, found >i4"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            packpipe.partition(gpt(), value, shape=SHAPE)
+    with pytest.raises(ValueError, match="input_lengths must be one-dimensional"):
+        packpipe.plan_batch(gpt(), np.ones((3, 1), dtype=np.int64))
+
+
+def test_the_wrapped_functions_keep_their_names_and_docs():
+    for name in ("partition", "plan_batch", "static_memory"):
+        fn = getattr(packpipe, name)
+        assert fn.__name__ == name and fn.__doc__ == getattr(_core, name).__doc__
+        assert inspect.unwrap(fn) is getattr(_core, name)

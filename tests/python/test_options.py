@@ -1,0 +1,107 @@
+"""packpipe.PipelineShape and packpipe.PartitionOptions: one spelling per parameter (the CLI's flags),
+keyword constructors, read/write properties checked when set, repr and equality."""
+import copy
+
+import numpy as np
+import pytest
+
+from packpipe import PartitionOptions, PipelineShape
+
+
+def test_shape_defaults_keywords_and_properties():
+    s = PipelineShape()
+    assert (s.stages, s.chunks, s.layers_per_stage, s.dp, s.tp, s.zero, s.memory_mb) == (1, 1, 0, 1, 1, 1, 0.0)
+    s = PipelineShape(stages=4, chunks=2, layers_per_stage=3, dp=2, tp=2, zero=3, memory_mb=36000)
+    assert (s.stages, s.chunks, s.layers_per_stage, s.dp, s.tp, s.zero, s.memory_mb) == (4, 2, 3, 2, 2, 3, 36000.0)
+    s.stages = np.int64(8)  # numpy integers are integers
+    s.memory_mb = 1000
+    assert s.stages == 8 and s.memory_mb == 1000.0
+    with pytest.raises(TypeError):
+        PipelineShape(4)  # keywords only: no order to get wrong
+    with pytest.raises(TypeError):
+        PipelineShape(zero_stage=1)  # one spelling: zero
+
+
+def test_shape_repr_round_trips_and_equality():
+    s = PipelineShape(stages=4, chunks=2, dp=2, memory_mb=1.5)
+    assert repr(s) == "PipelineShape(stages=4, chunks=2, layers_per_stage=0, dp=2, tp=1, zero=1, memory_mb=1.5)"
+    assert eval(repr(s), {"PipelineShape": PipelineShape}) == s
+    assert s == PipelineShape(stages=4, chunks=2, dp=2, memory_mb=1.5)
+    assert s != PipelineShape(stages=4, chunks=2, dp=2)
+    assert s != "PipelineShape" and s != PartitionOptions()
+    c = copy.copy(s)
+    c.stages = 2
+    assert c != s and s.stages == 4 and copy.deepcopy(s) == s
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("stages", 0, r"stages must be in \[1, 65536\], found 0"),
+    ("stages", 2**31 - 1, r"stages must be in \[1, 65536\], found 2147483647"),
+    ("chunks", 2**40, r"chunks must be in \[1, 65536\]"),
+    ("dp", 0, r"dp must be in \[1, 65536\]"),
+    ("tp", 2**17, r"tp must be in \[1, 65536\]"),
+    ("zero", 4, "zero_stage must be 0-3, found 4"),
+    ("memory_mb", 1e300, "memory limit must be in"),
+    ("memory_mb", float("nan"), "memory limit must be in"),
+    ("memory_mb", -1.0, "memory limit must be in"),
+    ("stages", -1, "stages must not be negative, found -1"),
+    ("layers_per_stage", -2, "layers_per_stage must not be negative, found -2"),
+    ("zero", -1, "zero must not be negative"),
+    ("dp", 2**64, "dp must be at most"),
+    ("tp", 1.5, "tp must be an integer, found 1.5 of type float"),
+])
+def test_shape_bad_values_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineShape(**{field: value})
+    s = PipelineShape(stages=2)
+    with pytest.raises(ValueError, match=message):
+        setattr(s, field, value)
+    assert s == PipelineShape(stages=2)  # a refused value leaves the object as it was
+
+
+def test_options_defaults_keywords_and_properties():
+    o = PartitionOptions()
+    assert (o.method, o.mbs, o.tokens, o.round_multiple, o.recompute, o.oversize, o.cost_basis, o.order,
+            o.pack_windows, o.threads) == ("dp", 0, 0, 8, "auto", "error", "auto", "auto", False, 0)
+    o = PartitionOptions(method="fixed", mbs=4, tokens=2**40, round_multiple=64, recompute="full", oversize="drop",
+                         cost_basis="dynapipe", order="path", pack_windows=True, threads=2)
+    assert (o.method, o.mbs, o.tokens, o.round_multiple, o.recompute, o.oversize, o.cost_basis, o.order,
+            o.pack_windows, o.threads) == ("fixed", 4, 2**40, 64, "full", "drop", "dynapipe", "path", True, 2)
+    o.method = "packing"
+    o.oversize = "truncate"
+    assert o.method == "packing" and o.oversize == "truncate"
+    with pytest.raises(TypeError):
+        PartitionOptions("dp")
+
+
+def test_options_repr_round_trips_and_equality():
+    o = PartitionOptions(method="tokens", tokens=4096)
+    assert repr(o) == ("PartitionOptions(method='tokens', mbs=0, tokens=4096, round_multiple=8, recompute='auto', "
+                       "oversize='error', cost_basis='auto', order='auto', pack_windows=False, threads=0)")
+    assert eval(repr(o), {"PartitionOptions": PartitionOptions}) == o
+    assert o != PartitionOptions(method="tokens", tokens=4097)
+    assert o != PartitionOptions()
+    assert copy.deepcopy(o) == o
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("method", "greedy", "unknown partition method 'greedy'; expected dp, dynapipe, fixed, tokens or packing"),
+    ("recompute", "some", "unknown recompute policy 'some'; expected auto, none, selective or full"),
+    ("oversize", "squash", "unknown oversize policy 'squash'; expected error, truncate or drop"),
+    ("cost_basis", "flops", "unknown cost basis 'flops'; expected auto, stages or dynapipe"),
+    ("order", "tsp", "unknown encoder-decoder order 'tsp'; expected auto, sorted or path"),
+    ("mbs", -1, "mbs must not be negative, found -1"),
+    ("tokens", -1, "tokens must not be negative"),
+    ("tokens", 2**64, "tokens must be at most"),
+    ("tokens", 1.5, "tokens must be an integer"),
+    ("round_multiple", -8, "round_multiple must not be negative"),
+    ("threads", -1, "threads must not be negative"),
+    ("threads", 2**40, "threads must be at most 2147483647"),
+])
+def test_options_bad_values_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PartitionOptions(**{field: value})
+    o = PartitionOptions()
+    with pytest.raises(ValueError, match=message):
+        setattr(o, field, value)
+    assert o == PartitionOptions()
