@@ -179,6 +179,9 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
                                part::PartitionCache* cache) {
   check_planner_options(o);
   PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
+  PACKPIPE_CHECK_ARG(lengths.target.empty() || lengths.target.size() == lengths.input.size(),
+                     "iteration {}: {} target lengths for {} input lengths (encoder-decoder batches give one of each "
+                     "per sample)", iteration, lengths.target.size(), lengths.input.size());
   PACKPIPE_CHECK_ARG(refs == nullptr || refs->size() == lengths.size(),
                      "iteration {}: {} sample refs for a global batch of {} samples", iteration,
                      refs ? refs->size() : 0, lengths.size());

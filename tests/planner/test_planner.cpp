@@ -283,3 +283,15 @@ TEST_CASE("planning names an oversize dataset sample and plans the rest under tr
     REQUIRE_THROWS_WITH(plan_iteration(b, &refs, 0, gpt, vs, o), Contains("entry 1 of baseline_mbs"));
   }
 }
+
+TEST_CASE("planning refuses target lengths that do not match the inputs, before reading them", "[negative]") {
+  const cm::AnalyticCostModel t5(cm::load_model("t5-11b"), cm::load_device("A100-80GB"));
+  PlannerOptions o;
+  o.shape.stages = 2;
+  o.baselines = false;
+  BatchLengths b;
+  b.input = {100, 200, 300};
+  b.target = {10, 20};
+  const auto vs = virtual_stages(t5.model(), o.shape);
+  REQUIRE_THROWS_WITH(plan_iteration(b, nullptr, 3, t5, vs, o), Catch::Matchers::Contains("2 target lengths for 3 input lengths"));
+}
