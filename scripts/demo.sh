@@ -22,3 +22,6 @@ echo "== packpipe plan: GPT-6.7B (16 layers) on 4 x A100-40GB stages, 64K-token 
 echo
 echo "  report (JSON): $out/report.json"
 echo "  inspect a plan: $pp plan inspect $out/demo.plan --iteration 0 --rank 0"
+echo
+echo "== packpipe run --replay: execute the plans with no model (ops at 1/100 of their planned duration) =="
+"$pp" run "$out/demo.plan" --replay --time-scale 0.01 --trace "$out/replay-trace.json"

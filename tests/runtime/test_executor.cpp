@@ -4,6 +4,7 @@
 
 #include <map>
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,7 +78,10 @@ TEST_CASE("runtime: plans of random batches under every schedule run to completi
   std::uint64_t verified = 0, with_comm = 0;
   ExecutorOptions eo;
   eo.timeout_s = 60;
-  for (int t = 0; t < 1000; ++t) {
+  // ThreadSanitizer runs a sample (PACKPIPE_TEST_SCALE=tsan): the same code, 10x slower.
+  const char* scale = std::getenv("PACKPIPE_TEST_SCALE");
+  const int batches = scale != nullptr && std::string(scale) == "tsan" ? 120 : 1000;
+  for (int t = 0; t < batches; ++t) {
     std::string shape;
     const bool dp2 = t % 3 == 0;
     for (const auto& kp : syn::real_schedule_plans(rng(), &shape)) {
@@ -110,9 +114,9 @@ TEST_CASE("runtime: plans of random batches under every schedule run to completi
   }
   for (const auto& k : {"gpipe", "1f1b", "interleaved-1f1b", "cyclic", "wait-free-cyclic", "zero-bubble"}) {
     INFO(k);
-    CHECK(ran[k] > 100);
+    CHECK(ran[k] > batches / 10);
   }
-  CHECK(with_comm > 1000);
+  CHECK(with_comm > static_cast<std::uint64_t>(batches));
   CHECK(verified > 0);
 }
 
