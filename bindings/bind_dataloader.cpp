@@ -129,10 +129,7 @@ void define_dataloader(py::module_& m) {
   auto ds = py::reinterpret_borrow<py::class_<dl::IndexedDataset>>(m.attr("IndexedDataset"));
   ds.def(py::init([](const std::string& prefix, const std::string& modes) {
            dl::IndexedDataset::Options o;
-           o.modes = modes == "auto" ? dl::ModesPolicy::Auto
-                     : modes == "present" ? dl::ModesPolicy::Present
-                     : modes == "absent"  ? dl::ModesPolicy::Absent
-                                          : throw InvalidArgument("modes must be 'auto', 'present' or 'absent', found '" + modes + "'");
+           o.modes = dl::modes_policy_from_name(modes);
            return std::make_unique<dl::IndexedDataset>(prefix, o);
          }),
          py::arg("prefix"), py::arg("modes") = "auto", py::call_guard<py::gil_scoped_release>())
