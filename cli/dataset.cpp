@@ -48,13 +48,6 @@ std::string normalize_prefix(std::string p) {
   return p;
 }
 
-dl::ModesPolicy modes_from_name(const std::string& s) {
-  if (s == "auto") return dl::ModesPolicy::Auto;
-  if (s == "present") return dl::ModesPolicy::Present;
-  if (s == "absent") return dl::ModesPolicy::Absent;
-  PACKPIPE_THROW(InvalidArgument, "--modes must be auto, present or absent, found '{}'", s);
-}
-
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
 // ---- info -------------------------------------------------------------------------------------
@@ -436,7 +429,7 @@ Json run_build(const BuildOptions& o) {
       t["targets"] = rel(w.prefixes[1]);
     } else {
       t["dataset"] = rel(w.prefixes[0]);
-      t["layout"] = "paired_sequences";
+      t["layout"] = dl::layout_name(dl::TaskLayout::PairedSequences);
     }
     manifest_tasks.push_back(std::move(t));
   }
@@ -529,8 +522,8 @@ void register_dataset_commands(CLI::App& app) {
     auto modes = std::make_shared<std::string>("auto");
     cmd->add_option("PATH", *path, "Dataset prefix (P, P.idx or P.bin) or a manifest .json")->required();
     cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->add_option("--modes", *modes, "Whether .idx carries sequence modes: auto, present, absent")
-        ->check(CLI::IsMember({"auto", "present", "absent"}));
+    cmd->add_option("--modes", *modes, "Whether .idx carries sequence modes: " + enum_name_list(dl::kModesPolicyNames))
+        ->check(one_of(dl::kModesPolicyNames));
     cmd->callback([=] {
       Json j;
       if (is_manifest_path(*path)) {
@@ -539,7 +532,7 @@ void register_dataset_commands(CLI::App& app) {
         return print_manifest_info(j);
       }
       dl::IndexedDataset::Options opt;
-      opt.modes = modes_from_name(*modes);
+      opt.modes = dl::modes_policy_from_name(*modes);
       j = dataset_info_json(dl::IndexedDataset(normalize_prefix(*path), opt));
       if (*json) return print_json(j);
       print_dataset_info(j);
@@ -684,7 +677,7 @@ void register_dataset_commands(CLI::App& app) {
     cmd->add_option("--epoch", o->epoch, "Epoch");
     cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
     cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
-    cmd->add_option("--split", o->split, "train, valid or test")->check(CLI::IsMember({"train", "valid", "test"}));
+    cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
     cmd->add_option("--batches", o->batches, "How many batches to show");
     cmd->add_option("--dp", o->dp, "Data-parallel ranks to shard each batch over");
     cmd->add_flag("--json", o->json, "Print one JSON object");

@@ -23,9 +23,11 @@
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
+#include "partition/partition.h"
 #include "plan/format.h"
 #include "planner/epoch.h"
 #include "plan/trace.h"
+#include "schedule/schedules.h"
 
 namespace packpipe::cli {
 
@@ -420,20 +422,24 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
   cmd->add_option("--seed", o->seed, "Sampler and search seed")->capture_default_str();
   cmd->add_option("--epoch", o->epoch, "Epoch to plan")->capture_default_str();
-  cmd->add_option("--split", o->split, "train, valid or test")->check(CLI::IsMember({"train", "valid", "test"}));
+  cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
   cmd->add_option("--iterations", o->iterations, "Plan only the first N iterations (default: the whole epoch)");
-  cmd->add_option("--schedule", o->schedule,
-                  "search, or one of gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble")
+  cmd->add_option("--schedule", o->schedule, "search, or one of " + enum_name_list(sched::kScheduleKindNames))
       ->capture_default_str();
-  cmd->add_option("--method", o->method, "Partition: dp (packpipe) or dynapipe (DynaPipe's exact DP)")
-      ->check(CLI::IsMember({"dp", "dynapipe"}))
+  const char* dp = part::partition_method_name(part::PartitionMethod::DP);
+  const char* dynapipe = part::partition_method_name(part::PartitionMethod::DynaPipe);
+  cmd->add_option("--method", o->method,
+                  fmt::format("Partition: {} (packpipe) or {} (DynaPipe's exact DP)", dp, dynapipe))
+      ->check(CLI::IsMember(std::vector<std::string>{dp, dynapipe}))
       ->capture_default_str();
-  cmd->add_option("--recompute", o->recompute, "auto (per micro-batch), none, selective, full")
-      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
+  cmd->add_option("--recompute", o->recompute,
+                  "Recompute policy: " + enum_name_list(part::kRecomputePolicyNames) + " (auto: per micro-batch)")
+      ->check(one_of(part::kRecomputePolicyNames));
   cmd->add_option("--round-multiple", o->round_multiple, "Pad lengths to a multiple of this")->capture_default_str();
   cmd->add_option("--oversize", o->oversize,
-                  "A sample that cannot fit in memory even alone: error (stop, naming it), truncate it, or drop it")
-      ->check(CLI::IsMember({"error", "truncate", "drop"}))
+                  "A sample that cannot fit in memory even alone: " + enum_name_list(part::kOversizePolicyNames) +
+                      " (error: stop, naming it)")
+      ->check(one_of(part::kOversizePolicyNames))
       ->capture_default_str();
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the baselines' grid search tries");
   cmd->add_flag("--no-baselines", o->no_baselines, "Skip the fixed and packing baselines");
