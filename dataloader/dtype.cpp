@@ -1,6 +1,7 @@
 #include "dataloader/dtype.h"
 
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <type_traits>
 
@@ -11,6 +12,15 @@ namespace packpipe::dataloader {
 namespace {
 // Bytes per token, indexed by code - 1 (names: kDTypeNames, in the same order).
 constexpr std::size_t kSizes[] = {1, 1, 2, 4, 8, 8, 4, 2};
+static_assert(std::size(kSizes) == std::size(kDTypeNames), "one size per dtype");
+
+constexpr bool names_in_code_order() {
+  for (std::size_t i = 0; i < std::size(kDTypeNames); ++i) {
+    if (static_cast<std::size_t>(kDTypeNames[i].value) != i + 1) return false;
+  }
+  return true;
+}
+static_assert(names_in_code_order(), "kDTypeNames must list the dtypes in code order");
 }  // namespace
 
 bool is_valid_dtype_code(std::uint64_t code) { return code >= 1 && code <= 8; }
