@@ -13,6 +13,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "common/rng.h"
 #include "costmodel/factory.h"
 #include "schedule/schedules.h"
 #include "schedule/search.h"
@@ -26,19 +27,12 @@ namespace {
 
 bool small() { return std::getenv("PACKPIPE_BENCH_SMALL") != nullptr; }
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Long-tailed multi-task micro-batches: padded lengths 128 .. 2048 with geometric frequencies
 // (half at 128, a quarter at 256, ...), about 4K tokens each, a few smaller ones.
 std::vector<part::MicroBatch> microbatches(std::size_t n) {
   std::vector<part::MicroBatch> mbs(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t h = mix(i + 1);
+    const std::uint64_t h = packpipe::SplitMix64(i + 1).next();  // splitmix64 of i + 1
     int e = 0;
     while (e < 4 && (h >> e) & 1) ++e;
     const std::int64_t len = 128 << e;

@@ -125,14 +125,14 @@ void declare_dataloader(py::module_& m) {
   py::class_<dl::Prefetcher>(m, "Prefetcher", "Background sampling and assembly of the next global batches.");
 }
 
-void define_dataloader(py::module_& m) {
+namespace {
+
+/// IndexedDataset: a dataset read in place; sequences as zero-copy views (copies for .bin.zst).
+void define_indexed_dataset(py::module_& m) {
   auto ds = py::reinterpret_borrow<py::class_<dl::IndexedDataset>>(m.attr("IndexedDataset"));
   ds.def(py::init([](const std::string& prefix, const std::string& modes) {
            dl::IndexedDataset::Options o;
-           o.modes = modes == "auto" ? dl::ModesPolicy::Auto
-                     : modes == "present" ? dl::ModesPolicy::Present
-                     : modes == "absent"  ? dl::ModesPolicy::Absent
-                                          : throw InvalidArgument("modes must be 'auto', 'present' or 'absent', found '" + modes + "'");
+           o.modes = dl::modes_policy_from_name(modes);
            return std::make_unique<dl::IndexedDataset>(prefix, o);
          }),
          py::arg("prefix"), py::arg("modes") = "auto", py::call_guard<py::gil_scoped_release>())
@@ -191,7 +191,10 @@ void define_dataloader(py::module_& m) {
            },
            py::arg("max_problems") = 100, py::call_guard<py::gil_scoped_release>(),
            "Full consistency check; returns a list of (file, message), empty when consistent.");
+}
 
+/// IndexedDatasetBuilder: writing a dataset from arrays.
+void define_dataset_builder(py::module_& m) {
   auto b = py::reinterpret_borrow<py::class_<dl::IndexedDatasetBuilder>>(m.attr("IndexedDatasetBuilder"));
   b.def(py::init([](const std::string& prefix, py::object dtype, bool multimodal) {
           return std::make_unique<dl::IndexedDatasetBuilder>(prefix, dtype_from_py(dtype), multimodal);
@@ -232,7 +235,10 @@ void define_dataloader(py::module_& m) {
       .def("finalize", &dl::IndexedDatasetBuilder::finalize, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_sequences", &dl::IndexedDatasetBuilder::num_sequences)
       .def_property_readonly("num_documents", &dl::IndexedDatasetBuilder::num_documents);
+}
 
+/// merge_datasets and compress_dataset: whole-dataset file operations.
+void define_dataset_files(py::module_& m) {
   m.def("merge_datasets", &dl::merge_datasets, py::arg("inputs"), py::arg("output_prefix"),
         py::call_guard<py::gil_scoped_release>(), "Concatenate datasets in constant memory.");
   m.def("compress_dataset",
@@ -244,7 +250,10 @@ void define_dataloader(py::module_& m) {
         },
         py::arg("prefix"), py::arg("level") = 3, py::arg("frame_size") = 256 * 1024,
         py::call_guard<py::gil_scoped_release>(), "Write <prefix>.bin.zst; returns its size in bytes.");
+}
 
+/// MultiTaskDataset: the tasks of a manifest, their lengths and samples.
+void define_multitask_dataset(py::module_& m) {
   auto mt = py::reinterpret_borrow<py::class_<dl::MultiTaskDataset>>(m.attr("MultiTaskDataset"));
   mt.def(py::init([](const std::string& path) {
            if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
@@ -291,7 +300,10 @@ void define_dataloader(py::module_& m) {
              return one[0];
            },
            py::arg("task"), py::arg("index"), "(input_tokens, target_tokens) of a sample; views when uncompressed.");
+}
 
+/// Sampler: global batches as dicts, checkpointable.
+void define_sampler(py::module_& m) {
   auto s = py::reinterpret_borrow<py::class_<dl::Sampler>>(m.attr("Sampler"));
   s.def(py::init([](const dl::MultiTaskDataset& d, std::uint64_t seed, std::uint64_t global_batch_tokens,
                     std::uint64_t global_batch_samples, const std::string& split,
@@ -336,7 +348,10 @@ void define_dataloader(py::module_& m) {
            "Checkpoint as a JSON string.")
       .def("restore", [](dl::Sampler& self, const std::string& json) { self.restore(dl::SamplerState::from_json(json)); },
            py::arg("state"));
+}
 
+/// shard_batch: one data-parallel rank's samples of a global batch.
+void define_shard_batch(py::module_& m) {
   m.def("shard_batch",
         [](const py::dict& batch, const dl::MultiTaskDataset& d, std::uint32_t rank, std::uint32_t world) {
           dl::GlobalBatch b = batch_from_dict(batch);
@@ -348,7 +363,10 @@ void define_dataloader(py::module_& m) {
         },
         py::arg("batch"), py::arg("dataset"), py::arg("rank"), py::arg("world"),
         "The samples of a global batch that data-parallel rank `rank` of `world` takes.");
+}
 
+/// Prefetcher: assembled batches in the background.
+void define_prefetcher(py::module_& m) {
   auto pf = py::reinterpret_borrow<py::class_<dl::Prefetcher>>(m.attr("Prefetcher"));
   // The sampler advances as batches are delivered (sampler.state() is what a checkpoint saves), so
   // the Prefetcher keeps both the dataset and the sampler alive.
@@ -371,6 +389,18 @@ void define_dataloader(py::module_& m) {
         d["samples"] = samples;
         return d;
       });
+}
+
+}  // namespace
+
+void define_dataloader(py::module_& m) {
+  define_indexed_dataset(m);
+  define_dataset_builder(m);
+  define_dataset_files(m);
+  define_multitask_dataset(m);
+  define_sampler(m);
+  define_shard_batch(m);
+  define_prefetcher(m);
 }
 
 }  // namespace packpipe::bindings

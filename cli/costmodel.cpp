@@ -26,7 +26,7 @@ void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 Json model_json(const cm::ModelSpec& m) {
   Json j;
   j["name"] = m.name;
-  j["arch"] = m.arch == cm::Architecture::DecoderOnly ? "decoder_only" : "encoder_decoder";
+  j["arch"] = cm::architecture_name(m.arch);
   if (m.arch == cm::Architecture::DecoderOnly) {
     j["num_layers"] = m.num_layers;
   } else {
@@ -228,14 +228,15 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
     sub->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
     sub->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
-    sub->add_option("--kind", o->kind, "Layer kind: encoder, decoder, embedding, postprocess (default encoder)");
+    sub->add_option("--kind", o->kind, "Layer kind: " + enum_name_list(cm::kLayerKindNames) + " (default encoder)");
     sub->add_option("--layers", o->layers, "Number of consecutive layers (default 1)");
     sub->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
     sub->add_option("--mbs", o->mbs, "Micro-batch size in samples (default 1)");
     sub->add_option("--seq", o->seq, "Sequence length (padded tokens per sample)");
     sub->add_option("--enc-seq", o->enc_seq, "Encoder length (encoder-decoder models; same as --seq)");
     sub->add_option("--dec-seq", o->dec_seq, "Decoder length (encoder-decoder models)");
-    sub->add_option("--recompute", o->recompute, "Activation recompute: none, selective, full (default none)");
+    sub->add_option("--recompute", o->recompute,
+                    "Activation recompute: " + enum_name_list(cm::kRecomputeNames) + " (default none)");
     sub->add_option("--dp", o->dp, "Data-parallel size for the static memory (default 1)");
     sub->add_option("--zero", o->zero, "ZeRO stage 0-3 for the static memory (default 0)");
     sub->add_flag("--json", o->json, "Print one JSON object");

@@ -48,13 +48,6 @@ std::string normalize_prefix(std::string p) {
   return p;
 }
 
-dl::ModesPolicy modes_from_name(const std::string& s) {
-  if (s == "auto") return dl::ModesPolicy::Auto;
-  if (s == "present") return dl::ModesPolicy::Present;
-  if (s == "absent") return dl::ModesPolicy::Absent;
-  PACKPIPE_THROW(InvalidArgument, "--modes must be auto, present or absent, found '{}'", s);
-}
-
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
 // ---- info -------------------------------------------------------------------------------------
@@ -436,7 +429,7 @@ Json run_build(const BuildOptions& o) {
       t["targets"] = rel(w.prefixes[1]);
     } else {
       t["dataset"] = rel(w.prefixes[0]);
-      t["layout"] = "paired_sequences";
+      t["layout"] = dl::layout_name(dl::TaskLayout::PairedSequences);
     }
     manifest_tasks.push_back(std::move(t));
   }
@@ -517,202 +510,223 @@ Json run_sample(const SampleOptions& o) {
 int exit_status() { return g_exit_status; }
 void set_exit_status(int status) { g_exit_status = status; }
 
+namespace {
+
+/// The text form of `dataset build`'s result.
+void print_build(const Json& j) {
+  std::printf("built %zu dataset(s) from %llu records (dtype %s)\n", j["datasets"].size(),
+              j["records"].get<unsigned long long>(), j["dtype"].get<std::string>().c_str());
+  for (const auto& d : j["datasets"]) {
+    std::printf("  %s: %llu sequences, %llu tokens\n", d["prefix"].get<std::string>().c_str(),
+                d["sequences"].get<unsigned long long>(), d["tokens"].get<unsigned long long>());
+  }
+  if (j.contains("manifest")) std::printf("manifest: %s\n", j["manifest"].get<std::string>().c_str());
+}
+
+/// The text form of `dataset sample`'s result for `source`.
+void print_sample(const Json& j, const std::string& source) {
+  std::printf("%s: epoch %llu has %llu samples\n", source.c_str(), j["epoch"].get<unsigned long long>(),
+              j["epoch_samples"].get<unsigned long long>());
+  for (const auto& b : j["batches"]) {
+    std::string tasks;
+    for (auto it = b["tasks"].begin(); it != b["tasks"].end(); ++it) {
+      tasks += fmt::format("{}{}={}", tasks.empty() ? "" : " ", it.key(), it.value().get<std::uint64_t>());
+    }
+    std::printf("  batch %llu: %llu samples, %llu tokens, longest %llu  [%s]\n",
+                b["index"].get<unsigned long long>(), b["samples"].get<unsigned long long>(),
+                b["tokens"].get<unsigned long long>(), b["max_sample_tokens"].get<unsigned long long>(),
+                tasks.c_str());
+    if (b.contains("ranks")) {
+      std::string ranks;
+      for (const auto& r : b["ranks"]) {
+        ranks += fmt::format("{}{}/{}", ranks.empty() ? "" : "  ", r["samples"].get<std::uint64_t>(),
+                             r["tokens"].get<std::uint64_t>());
+      }
+      std::printf("           per rank (samples/tokens): %s\n", ranks.c_str());
+    }
+  }
+}
+
+/// `dataset info`: format, dtype, counts and length statistics.
+void add_info_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("info", "Format, dtype, counts and length statistics of a dataset or manifest");
+  auto path = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto modes = std::make_shared<std::string>("auto");
+  cmd->add_option("PATH", *path, "Dataset prefix (P, P.idx or P.bin) or a manifest .json")->required();
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->add_option("--modes", *modes, "Whether .idx carries sequence modes: " + enum_name_list(dl::kModesPolicyNames))
+      ->check(one_of(dl::kModesPolicyNames));
+  cmd->callback([=] {
+    Json j;
+    if (is_manifest_path(*path)) {
+      j = manifest_info_json(dl::MultiTaskDataset(dl::load_manifest(*path)));
+      if (*json) return print_json(j);
+      return print_manifest_info(j);
+    }
+    dl::IndexedDataset::Options opt;
+    opt.modes = dl::modes_policy_from_name(*modes);
+    j = dataset_info_json(dl::IndexedDataset(normalize_prefix(*path), opt));
+    if (*json) return print_json(j);
+    print_dataset_info(j);
+  });
+}
+
+/// `dataset verify`: the full consistency check; exit status 1 on a problem.
+void add_verify_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("verify", "Full consistency check; exit status 1 on any problem");
+  auto paths = std::make_shared<std::vector<std::string>>();
+  auto json = std::make_shared<bool>(false);
+  auto max_problems = std::make_shared<std::size_t>(20);
+  cmd->add_option("PATH", *paths, "Dataset prefixes and/or manifest .json files")->required();
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->add_option("--max-problems", *max_problems, "Stop listing after this many problems per dataset");
+  cmd->callback([=] {
+    std::vector<std::string> prefixes;
+    for (const auto& p : *paths) {
+      if (!is_manifest_path(p)) {
+        prefixes.push_back(normalize_prefix(p));
+        continue;
+      }
+      const auto m = dl::load_manifest(p);
+      for (const auto& t : m.tasks) {
+        prefixes.insert(prefixes.end(), t.prefixes.begin(), t.prefixes.end());
+        prefixes.insert(prefixes.end(), t.target_prefixes.begin(), t.target_prefixes.end());
+      }
+    }
+    Json results = Json::array();
+    std::size_t problems = 0;
+    for (const auto& p : prefixes) problems += verify_prefix(p, *max_problems, *json ? &results : nullptr);
+    if (*json) print_json(Json{{"ok", problems == 0}, {"problems", problems}, {"datasets", results}});
+    set_exit_status(problems == 0 ? 0 : 1);
+  });
+}
+
+/// `dataset build`: Megatron datasets from pre-tokenized JSON lines.
+void add_build_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("build", "Build Megatron datasets from pre-tokenized JSON lines");
+  auto o = std::make_shared<BuildOptions>();
+  cmd->add_option("--input", o->input, "JSON lines with 'input_ids', optional 'target_ids' and 'task'")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--output-prefix", o->output_prefix, "Output prefix (P writes P.bin and P.idx)")->required();
+  cmd->add_option("--dtype", o->dtype, "Token dtype, or auto (uint16 below 65500, else int32)");
+  cmd->add_option("--append-eod", o->append_eod, "Append this token id to every sequence");
+  cmd->add_flag("--split-by-task", o->split_by_task, "One dataset per task: P_<task>[_inputs|_targets_document]");
+  cmd->add_option("--paired-layout", o->paired_layout,
+                  "Records with targets: 'prefixes' (two datasets) or 'sequences' (two sequences per document, modes 0/1)")
+      ->check(CLI::IsMember({"prefixes", "sequences"}));
+  cmd->add_option("--manifest", o->manifest, "Also write a manifest listing the datasets");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] {
+    const Json j = run_build(*o);
+    if (o->json) return print_json(j);
+    print_build(j);
+  });
+}
+
+/// `dataset compress`: P.bin.zst beside P.idx, verified.
+void add_compress_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("compress", "Write P.bin.zst (seekable zstd) beside P.idx");
+  auto prefix = std::make_shared<std::string>();
+  auto opt = std::make_shared<dl::ZstdSeekableOptions>();
+  auto remove = std::make_shared<bool>(false);
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("PREFIX", *prefix, "Dataset prefix")->required();
+  cmd->add_option("--level", opt->level, "zstd level (1-19; 3 default, 19 for cold archives)")
+      ->check(CLI::Range(1, 22));
+  cmd->add_option("--frame-size", opt->frame_size, "Uncompressed bytes per frame (default 262144)")
+      ->check(CLI::Range(1u << 10, 1u << 30));
+  cmd->add_flag("--remove-bin", *remove, "Delete P.bin after a verified compression");
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->callback([=] {
+    const std::string p = normalize_prefix(*prefix);
+    const std::string bin = p + ".bin", zst = p + ".bin.zst";
+    { const dl::IndexedDataset check(p); }  // refuse to compress a dataset whose index does not open
+    const std::uint64_t out = dl::zstd_seekable_compress(bin, zst, *opt);
+    const std::uint64_t in = file_size(bin);
+    dl::open_zstd_bin(zst)->verify();
+    if (*remove) fs::remove(bin);
+    Json j{{"prefix", p}, {"bin_bytes", in}, {"zst_bytes", out},
+           {"ratio", out ? static_cast<double>(in) / static_cast<double>(out) : 0.0},
+           {"frame_size", opt->frame_size}, {"level", opt->level}, {"removed_bin", *remove}};
+    if (*json) return print_json(j);
+    std::printf("%s: %s -> %s (%.2fx), verified%s\n", zst.c_str(), human_bytes(in).c_str(),
+                human_bytes(out).c_str(), j["ratio"].get<double>(), *remove ? ", .bin removed" : "");
+  });
+}
+
+/// `dataset decompress`: P.bin from P.bin.zst.
+void add_decompress_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("decompress", "Write P.bin from P.bin.zst, checking every frame");
+  auto prefix = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("PREFIX", *prefix, "Dataset prefix")->required();
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->callback([=] {
+    const std::string p = normalize_prefix(*prefix);
+    const std::uint64_t n = dl::zstd_seekable_decompress(p + ".bin.zst", p + ".bin");
+    if (*json) return print_json(Json{{"prefix", p}, {"bin_bytes", n}});
+    std::printf("%s.bin: %s written, all frames checked\n", p.c_str(), human_bytes(n).c_str());
+  });
+}
+
+/// `dataset merge`: datasets concatenated.
+void add_merge_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("merge", "Concatenate datasets (byte copy plus pointer shift, constant memory)");
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  auto out = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("INPUT", *inputs, "Input prefixes, in order")->required();
+  cmd->add_option("--output-prefix", *out, "Output prefix")->required();
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->callback([=] {
+    std::vector<std::string> in;
+    for (const auto& p : *inputs) in.push_back(normalize_prefix(p));
+    dl::merge_datasets(in, *out);
+    dl::IndexedDataset merged(*out);
+    Json j{{"prefix", *out}, {"inputs", in}, {"sequences", merged.size()},
+           {"documents", merged.num_documents()}, {"tokens", merged.num_tokens()}};
+    if (*json) return print_json(j);
+    std::printf("%s: merged %zu datasets, %llu sequences, %llu documents, %llu tokens\n", out->c_str(),
+                in.size(), static_cast<unsigned long long>(merged.size()),
+                static_cast<unsigned long long>(merged.num_documents()),
+                static_cast<unsigned long long>(merged.num_tokens()));
+  });
+}
+
+/// `dataset sample`: the global batches the sampler forms.
+void add_sample_command(CLI::App* ds) {
+  auto* cmd = ds->add_subcommand("sample", "Show the global batches the sampler forms");
+  auto o = std::make_shared<SampleOptions>();
+  cmd->add_option("PATH", o->source, "Manifest .json or dataset prefix")->required();
+  cmd->add_option("--seed", o->seed, "Sampler seed");
+  cmd->add_option("--epoch", o->epoch, "Epoch");
+  cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
+  cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
+  cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
+  cmd->add_option("--batches", o->batches, "How many batches to show");
+  cmd->add_option("--dp", o->dp, "Data-parallel ranks to shard each batch over");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] {
+    const Json j = run_sample(*o);
+    if (o->json) return print_json(j);
+    print_sample(j, o->source);
+  });
+}
+
+}  // namespace
+
 void register_dataset_commands(CLI::App& app) {
   auto* ds = app.add_subcommand("dataset", "Inspect, verify, build, compress and merge token datasets");
   ds->require_subcommand(1);
-
-  // info
-  {
-    auto* cmd = ds->add_subcommand("info", "Format, dtype, counts and length statistics of a dataset or manifest");
-    auto path = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
-    auto modes = std::make_shared<std::string>("auto");
-    cmd->add_option("PATH", *path, "Dataset prefix (P, P.idx or P.bin) or a manifest .json")->required();
-    cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->add_option("--modes", *modes, "Whether .idx carries sequence modes: auto, present, absent")
-        ->check(CLI::IsMember({"auto", "present", "absent"}));
-    cmd->callback([=] {
-      Json j;
-      if (is_manifest_path(*path)) {
-        j = manifest_info_json(dl::MultiTaskDataset(dl::load_manifest(*path)));
-        if (*json) return print_json(j);
-        return print_manifest_info(j);
-      }
-      dl::IndexedDataset::Options opt;
-      opt.modes = modes_from_name(*modes);
-      j = dataset_info_json(dl::IndexedDataset(normalize_prefix(*path), opt));
-      if (*json) return print_json(j);
-      print_dataset_info(j);
-    });
-  }
-
-  // verify
-  {
-    auto* cmd = ds->add_subcommand("verify", "Full consistency check; exit status 1 on any problem");
-    auto paths = std::make_shared<std::vector<std::string>>();
-    auto json = std::make_shared<bool>(false);
-    auto max_problems = std::make_shared<std::size_t>(20);
-    cmd->add_option("PATH", *paths, "Dataset prefixes and/or manifest .json files")->required();
-    cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->add_option("--max-problems", *max_problems, "Stop listing after this many problems per dataset");
-    cmd->callback([=] {
-      std::vector<std::string> prefixes;
-      for (const auto& p : *paths) {
-        if (!is_manifest_path(p)) {
-          prefixes.push_back(normalize_prefix(p));
-          continue;
-        }
-        const auto m = dl::load_manifest(p);
-        for (const auto& t : m.tasks) {
-          prefixes.insert(prefixes.end(), t.prefixes.begin(), t.prefixes.end());
-          prefixes.insert(prefixes.end(), t.target_prefixes.begin(), t.target_prefixes.end());
-        }
-      }
-      Json results = Json::array();
-      std::size_t problems = 0;
-      for (const auto& p : prefixes) problems += verify_prefix(p, *max_problems, *json ? &results : nullptr);
-      if (*json) print_json(Json{{"ok", problems == 0}, {"problems", problems}, {"datasets", results}});
-      set_exit_status(problems == 0 ? 0 : 1);
-    });
-  }
-
-  // build
-  {
-    auto* cmd = ds->add_subcommand("build", "Build Megatron datasets from pre-tokenized JSON lines");
-    auto o = std::make_shared<BuildOptions>();
-    cmd->add_option("--input", o->input, "JSON lines with 'input_ids', optional 'target_ids' and 'task'")
-        ->required()
-        ->check(CLI::ExistingFile);
-    cmd->add_option("--output-prefix", o->output_prefix, "Output prefix (P writes P.bin and P.idx)")->required();
-    cmd->add_option("--dtype", o->dtype, "Token dtype, or auto (uint16 below 65500, else int32)");
-    cmd->add_option("--append-eod", o->append_eod, "Append this token id to every sequence");
-    cmd->add_flag("--split-by-task", o->split_by_task, "One dataset per task: P_<task>[_inputs|_targets_document]");
-    cmd->add_option("--paired-layout", o->paired_layout,
-                    "Records with targets: 'prefixes' (two datasets) or 'sequences' (two sequences per document, modes 0/1)")
-        ->check(CLI::IsMember({"prefixes", "sequences"}));
-    cmd->add_option("--manifest", o->manifest, "Also write a manifest listing the datasets");
-    cmd->add_flag("--json", o->json, "Print one JSON object");
-    cmd->callback([o] {
-      const Json j = run_build(*o);
-      if (o->json) return print_json(j);
-      std::printf("built %zu dataset(s) from %llu records (dtype %s)\n", j["datasets"].size(),
-                  j["records"].get<unsigned long long>(), j["dtype"].get<std::string>().c_str());
-      for (const auto& d : j["datasets"]) {
-        std::printf("  %s: %llu sequences, %llu tokens\n", d["prefix"].get<std::string>().c_str(),
-                    d["sequences"].get<unsigned long long>(), d["tokens"].get<unsigned long long>());
-      }
-      if (j.contains("manifest")) std::printf("manifest: %s\n", j["manifest"].get<std::string>().c_str());
-    });
-  }
-
-  // compress
-  {
-    auto* cmd = ds->add_subcommand("compress", "Write P.bin.zst (seekable zstd) beside P.idx");
-    auto prefix = std::make_shared<std::string>();
-    auto opt = std::make_shared<dl::ZstdSeekableOptions>();
-    auto remove = std::make_shared<bool>(false);
-    auto json = std::make_shared<bool>(false);
-    cmd->add_option("PREFIX", *prefix, "Dataset prefix")->required();
-    cmd->add_option("--level", opt->level, "zstd level (1-19; 3 default, 19 for cold archives)")
-        ->check(CLI::Range(1, 22));
-    cmd->add_option("--frame-size", opt->frame_size, "Uncompressed bytes per frame (default 262144)")
-        ->check(CLI::Range(1u << 10, 1u << 30));
-    cmd->add_flag("--remove-bin", *remove, "Delete P.bin after a verified compression");
-    cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->callback([=] {
-      const std::string p = normalize_prefix(*prefix);
-      const std::string bin = p + ".bin", zst = p + ".bin.zst";
-      { const dl::IndexedDataset check(p); }  // refuse to compress a dataset whose index does not open
-      const std::uint64_t out = dl::zstd_seekable_compress(bin, zst, *opt);
-      const std::uint64_t in = file_size(bin);
-      dl::open_zstd_bin(zst)->verify();
-      if (*remove) fs::remove(bin);
-      Json j{{"prefix", p}, {"bin_bytes", in}, {"zst_bytes", out},
-             {"ratio", out ? static_cast<double>(in) / static_cast<double>(out) : 0.0},
-             {"frame_size", opt->frame_size}, {"level", opt->level}, {"removed_bin", *remove}};
-      if (*json) return print_json(j);
-      std::printf("%s: %s -> %s (%.2fx), verified%s\n", zst.c_str(), human_bytes(in).c_str(),
-                  human_bytes(out).c_str(), j["ratio"].get<double>(), *remove ? ", .bin removed" : "");
-    });
-  }
-
-  // decompress
-  {
-    auto* cmd = ds->add_subcommand("decompress", "Write P.bin from P.bin.zst, checking every frame");
-    auto prefix = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
-    cmd->add_option("PREFIX", *prefix, "Dataset prefix")->required();
-    cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->callback([=] {
-      const std::string p = normalize_prefix(*prefix);
-      const std::uint64_t n = dl::zstd_seekable_decompress(p + ".bin.zst", p + ".bin");
-      if (*json) return print_json(Json{{"prefix", p}, {"bin_bytes", n}});
-      std::printf("%s.bin: %s written, all frames checked\n", p.c_str(), human_bytes(n).c_str());
-    });
-  }
-
-  // merge
-  {
-    auto* cmd = ds->add_subcommand("merge", "Concatenate datasets (byte copy plus pointer shift, constant memory)");
-    auto inputs = std::make_shared<std::vector<std::string>>();
-    auto out = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
-    cmd->add_option("INPUT", *inputs, "Input prefixes, in order")->required();
-    cmd->add_option("--output-prefix", *out, "Output prefix")->required();
-    cmd->add_flag("--json", *json, "Print one JSON object");
-    cmd->callback([=] {
-      std::vector<std::string> in;
-      for (const auto& p : *inputs) in.push_back(normalize_prefix(p));
-      dl::merge_datasets(in, *out);
-      dl::IndexedDataset merged(*out);
-      Json j{{"prefix", *out}, {"inputs", in}, {"sequences", merged.size()},
-             {"documents", merged.num_documents()}, {"tokens", merged.num_tokens()}};
-      if (*json) return print_json(j);
-      std::printf("%s: merged %zu datasets, %llu sequences, %llu documents, %llu tokens\n", out->c_str(),
-                  in.size(), static_cast<unsigned long long>(merged.size()),
-                  static_cast<unsigned long long>(merged.num_documents()),
-                  static_cast<unsigned long long>(merged.num_tokens()));
-    });
-  }
-
-  // sample
-  {
-    auto* cmd = ds->add_subcommand("sample", "Show the global batches the sampler forms");
-    auto o = std::make_shared<SampleOptions>();
-    cmd->add_option("PATH", o->source, "Manifest .json or dataset prefix")->required();
-    cmd->add_option("--seed", o->seed, "Sampler seed");
-    cmd->add_option("--epoch", o->epoch, "Epoch");
-    cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
-    cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
-    cmd->add_option("--split", o->split, "train, valid or test")->check(CLI::IsMember({"train", "valid", "test"}));
-    cmd->add_option("--batches", o->batches, "How many batches to show");
-    cmd->add_option("--dp", o->dp, "Data-parallel ranks to shard each batch over");
-    cmd->add_flag("--json", o->json, "Print one JSON object");
-    cmd->callback([o] {
-      const Json j = run_sample(*o);
-      if (o->json) return print_json(j);
-      std::printf("%s: epoch %llu has %llu samples\n", o->source.c_str(), j["epoch"].get<unsigned long long>(),
-                  j["epoch_samples"].get<unsigned long long>());
-      for (const auto& b : j["batches"]) {
-        std::string tasks;
-        for (auto it = b["tasks"].begin(); it != b["tasks"].end(); ++it) {
-          tasks += fmt::format("{}{}={}", tasks.empty() ? "" : " ", it.key(), it.value().get<std::uint64_t>());
-        }
-        std::printf("  batch %llu: %llu samples, %llu tokens, longest %llu  [%s]\n",
-                    b["index"].get<unsigned long long>(), b["samples"].get<unsigned long long>(),
-                    b["tokens"].get<unsigned long long>(), b["max_sample_tokens"].get<unsigned long long>(),
-                    tasks.c_str());
-        if (b.contains("ranks")) {
-          std::string ranks;
-          for (const auto& r : b["ranks"]) {
-            ranks += fmt::format("{}{}/{}", ranks.empty() ? "" : "  ", r["samples"].get<std::uint64_t>(),
-                                 r["tokens"].get<std::uint64_t>());
-          }
-          std::printf("           per rank (samples/tokens): %s\n", ranks.c_str());
-        }
-      }
-    });
-  }
+  add_info_command(ds);
+  add_verify_command(ds);
+  add_build_command(ds);
+  add_compress_command(ds);
+  add_decompress_command(ds);
+  add_merge_command(ds);
+  add_sample_command(ds);
 }
 
 }  // namespace packpipe::cli

@@ -121,8 +121,8 @@ void register_pack_commands(CLI::App& app) {
       ->required();
   cmd->add_option("--capacity", o->capacity, "Tokens per row (input side)")->required();
   cmd->add_option("--target-capacity", o->target_capacity, "Target tokens per row (two-column input)");
-  cmd->add_option("--algorithm", o->algorithm, "ffd, bfd or histogram")
-      ->check(CLI::IsMember({"ffd", "bfd", "histogram"}));
+  cmd->add_option("--algorithm", o->algorithm, "Packing algorithm: " + enum_name_list(pk::kAlgorithmNames))
+      ->check(one_of(pk::kAlgorithmNames));
   cmd->add_option("--max-samples-per-row", o->max_samples_per_row, "At most this many samples per row (0: no limit)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->add_flag("--rows", o->rows, "List the rows (sample ids in placement order)");

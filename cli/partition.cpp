@@ -244,20 +244,22 @@ void register_partition_commands(CLI::App& app) {
   cmd->add_option("--batch-index", o->batch_index, "Which global batch of epoch 0");
   o->costs.add_to(cmd);
   o->shape_args.add_to(cmd);
-  cmd->add_option("--method", o->method, "dp, dynapipe, fixed, tokens or packing")
-      ->check(CLI::IsMember({"dp", "dynapipe", "fixed", "tokens", "packing"}));
+  cmd->add_option("--method", o->method, "Partition method: " + enum_name_list(part::kPartitionMethodNames))
+      ->check(one_of(part::kPartitionMethodNames));
   cmd->add_option("--mbs", o->mbs, "fixed / packing: samples (rows) per micro-batch");
   cmd->add_option("--tokens", o->tokens, "tokens: padded tokens per micro-batch");
   cmd->add_option("--round-multiple", o->round_multiple, "Round padded lengths up to this multiple");
-  cmd->add_option("--recompute", o->recompute, "auto, none, selective or full")
-      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
-  cmd->add_option("--oversize", o->oversize, "error, truncate or drop a sample that cannot fit alone")
-      ->check(CLI::IsMember({"error", "truncate", "drop"}));
-  cmd->add_option("--cost-basis", o->basis, "auto, stages or dynapipe")
-      ->check(CLI::IsMember({"auto", "stages", "dynapipe"}));
+  cmd->add_option("--recompute", o->recompute, "Recompute policy: " + enum_name_list(part::kRecomputePolicyNames))
+      ->check(one_of(part::kRecomputePolicyNames));
+  cmd->add_option("--oversize", o->oversize,
+                  "A sample that cannot fit alone: " + enum_name_list(part::kOversizePolicyNames))
+      ->check(one_of(part::kOversizePolicyNames));
+  cmd->add_option("--cost-basis", o->basis, "Cost basis: " + enum_name_list(part::kCostBasisNames))
+      ->check(one_of(part::kCostBasisNames));
   cmd->add_flag("--pack-windows", o->pack_windows, "dp / dynapipe: pack each window's samples when cheaper");
   cmd->add_option("--order", o->order,
-                  "dp, encoder-decoder: auto (sorted and path, the better), sorted (DynaPipe's) or path")
+                  "dp, encoder-decoder sample order: " + enum_name_list(part::kEncDecOrderNames) +
+                      " (auto: the better of sorted and path; sorted: DynaPipe's)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "dp / dynapipe: threads building the window table (0: automatic, at most 2)")
       ->check(CLI::NonNegativeNumber)

@@ -23,9 +23,11 @@
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
+#include "partition/partition.h"
 #include "plan/format.h"
 #include "planner/epoch.h"
 #include "plan/trace.h"
+#include "schedule/schedules.h"
 
 namespace packpipe::cli {
 
@@ -76,6 +78,16 @@ void check_plan_options(const PlanCliOptions& o) {
   for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, planner::kMaxBaselineMbs);
 }
 
+/// Total time of baseline grid column `c` over all iterations (infinite where it does not fit).
+double column_total_ms(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, std::size_t c) {
+  double total = 0;
+  for (const auto& r : rows) {
+    const auto& f = (r.*grid).figures[c];
+    total += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
+  }
+  return total;
+}
+
 /// The baseline grid column with the least total time over all iterations (infeasible anywhere:
 /// excluded), as a user tuning one micro-batch size for the run would pick.
 std::int64_t best_column(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, double* total_ms) {
@@ -84,11 +96,7 @@ std::int64_t best_column(const std::vector<Row>& rows, planner::BaselineGrid Row
   if (rows.empty()) return best;
   const std::size_t columns = ((rows.front()).*grid).mbs.size();
   for (std::size_t c = 0; c < columns; ++c) {
-    double total = 0;
-    for (const auto& r : rows) {
-      const auto& f = (r.*grid).figures[c];
-      total += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
-    }
+    const double total = column_total_ms(rows, grid, c);
     if (total < best_total) {
       best_total = total;
       best = static_cast<std::int64_t>(c);
@@ -115,39 +123,42 @@ Json figures_json(const planner::MethodFigures& f, std::uint64_t tokens) {
   return j;
 }
 
-Json run_plan(const PlanCliOptions& o) {
+// ---- run_plan's steps ----
+
+/// The option checks that need no file: one source, the ranges, one batch size.
+void check_plan_inputs(const PlanCliOptions& o) {
   PACKPIPE_CHECK_ARG(o.manifest.empty() != o.dataset.empty(), "give exactly one of --manifest and --dataset");
   check_plan_options(o);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
                      "give exactly one of --global-batch-tokens and --global-batch-samples");
-  const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
-                                                       : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
-  // Every output is refused before anything is written if it is one of the inputs (the manifest,
-  // any dataset file of any task, a profile): writing it would destroy what is being read. Checked before the
-  // cost model is loaded, so that a model or profile file named as an output is refused as such.
+}
+
+/// Refuses every output before anything is written if it is one of the inputs (the manifest, any
+/// dataset file of any task, a profile): writing it would destroy what is being read. Called before
+/// the cost model is loaded, so that a model or profile file named as an output is refused as such.
+/// Also refuses two outputs naming the same file.
+void check_plan_outputs(const PlanCliOptions& o, const dl::MultiTaskDataset& data) {
   std::vector<std::string> inputs;
   if (!o.manifest.empty()) inputs.push_back(o.manifest);
+  auto add_dataset = [&](const std::string& prefix) {
+    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(prefix + ext);
+  };
   for (const auto& t : data.manifest().tasks) {
-    for (const auto* list : {&t.prefixes, &t.target_prefixes}) {
-      for (const auto& pre : *list) {
-        for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
-      }
-    }
+    for (const auto& pre : t.prefixes) add_dataset(pre);
+    for (const auto& pre : t.target_prefixes) add_dataset(pre);
   }
-  for (const auto& pre : {o.dataset}) {
-    if (pre.empty()) continue;
-    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(pre + ext);
-  }
+  if (!o.dataset.empty()) add_dataset(o.dataset);
   for (const auto& f : cost_model_inputs(o.costs)) inputs.push_back(f);
-  for (const auto& [out, what] : {std::pair{o.out, "--out"}, std::pair{o.trace, "--chrome-trace"},
-                                  std::pair{o.report, "--report"}}) {
+  const std::vector<std::pair<std::string, std::string>> outputs = {
+      {o.out, "--out"}, {o.trace, "--chrome-trace"}, {o.report, "--report"}};
+  for (const auto& [out, what] : outputs) {
     if (!out.empty()) check_output_is_not_input(out, inputs, what);
   }
-  check_distinct_outputs({{o.out, "--out"}, {o.trace, "--chrome-trace"}, {o.report, "--report"}});
+  check_distinct_outputs(outputs);
+}
 
-  const auto cost = o.costs.make();
-  const cm::ModelSpec& model = cost->model();
-
+/// The planner's options from the command line.
+planner::PlannerOptions planner_options(const PlanCliOptions& o) {
   planner::PlannerOptions po;
   po.shape = o.shape_args.shape();
   po.partition.method = part::partition_method_from_name(o.method);
@@ -161,7 +172,11 @@ Json run_plan(const PlanCliOptions& o) {
   po.baselines = !o.no_baselines;
   po.baseline_mbs = o.baseline_mbs;
   po.keep_timeline = true;
+  return po;
+}
 
+/// The iterations to plan: the sampler of `data` under the command line's seed, split and batch size.
+planner::EpochSpec epoch_spec(const PlanCliOptions& o, const dl::MultiTaskDataset& data) {
   planner::EpochSpec spec;
   spec.sampler = dl::sampler_config(data.manifest());
   spec.sampler.seed = o.seed;
@@ -170,27 +185,60 @@ Json run_plan(const PlanCliOptions& o) {
   spec.sampler.global_batch_samples = o.batch_samples;
   spec.epoch = o.epoch;
   spec.iterations = o.iterations;
+  return spec;
+}
+
+/// The --out plan file (null without --out), marked to hold `expected` iterations, so that a file
+/// that holds fewer reads as incomplete.
+std::unique_ptr<pl::PlanFileWriter> open_plan_file(const PlanCliOptions& o, std::uint64_t expected) {
+  if (o.out.empty()) return nullptr;
+  pl::EncodeOptions wo;
+  wo.compress = o.compress;
+  auto writer = std::make_unique<pl::PlanFileWriter>(o.out, wo);
+  if (expected > 0) writer->expect_iterations(0, expected);
+  return writer;
+}
+
+/// One iteration's figures for the report.
+Row report_row(planner::IterationResult& r) {
+  Row row;
+  row.iteration = r.iteration;
+  row.samples = r.samples;
+  row.tokens = r.tokens;
+  row.model_flops = r.model_flops;
+  row.packpipe = std::move(r.packpipe);
+  row.fixed = std::move(r.fixed);
+  row.packing = std::move(r.packing);
+  row.partition_ms = r.partition_ms;
+  row.schedule_ms = r.schedule_ms;
+  row.build_ms = r.build_ms;
+  row.planning_ms = r.planning_ms;
+  row.truncated = r.truncated;
+  row.dropped = r.dropped;
+  return row;
+}
+
+/// What planning the epoch leaves for the report.
+struct Planned {
+  std::vector<Row> rows;
+  double wall_s = 0;
+  int threads = 0;
+};
+
+/// Plans every iteration through planner::EpochPlanner, streaming the plans to --out (which
+/// appears only when all are written) and iteration 0's timeline to --chrome-trace.
+Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, const cm::CostModel& cost,
+                   const planner::PlannerOptions& po) {
   planner::EpochOptions eo;
   eo.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   eo.encode = !o.out.empty();
   eo.encoding.compress = o.compress;
-  planner::EpochPlanner epoch(data, *cost, po, spec, eo);
-
-  std::unique_ptr<pl::PlanFileWriter> writer;
-  if (!o.out.empty()) {
-    pl::EncodeOptions wo;
-    wo.compress = o.compress;
-    writer = std::make_unique<pl::PlanFileWriter>(o.out, wo);
-  }
-  // The plan file records the iterations the run was to plan, so a file that holds fewer is
-  // marked incomplete.
-  const std::uint64_t expected = epoch.iterations();
-  if (writer && expected > 0) writer->expect_iterations(0, expected);
-  Progress progress("planning", expected);
-
-  std::vector<Row> rows;
+  planner::EpochPlanner epoch(data, cost, po, epoch_spec(o, data), eo);
+  const std::unique_ptr<pl::PlanFileWriter> writer = open_plan_file(o, epoch.iterations());
+  Progress progress("planning", epoch.iterations());
+  Planned out;
+  out.threads = eo.threads;
   std::string trace_json;
-  const int threads = eo.threads;
   const auto t_start = std::chrono::steady_clock::now();
   epoch.run([&](planner::PlannedIteration& w) {
     auto& r = w.result;
@@ -198,67 +246,65 @@ Json run_plan(const PlanCliOptions& o) {
       for (const auto& blob : w.blobs) writer->append_encoded(r.iteration, blob);
     }
     if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
-    Row row;
-    row.iteration = r.iteration;
-    row.samples = r.samples;
-    row.tokens = r.tokens;
-    row.model_flops = r.model_flops;
-    row.packpipe = std::move(r.packpipe);
-    row.fixed = std::move(r.fixed);
-    row.packing = std::move(r.packing);
-    row.partition_ms = r.partition_ms;
-    row.schedule_ms = r.schedule_ms;
-    row.build_ms = r.build_ms;
-    row.planning_ms = r.planning_ms;
-    row.truncated = r.truncated;
-    row.dropped = r.dropped;
-    rows.push_back(std::move(row));
-    progress.update(rows.size());
+    out.rows.push_back(report_row(r));
+    progress.update(out.rows.size());
   });
   progress.finish();
-  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  PACKPIPE_CHECK_ARG(!rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  PACKPIPE_CHECK_ARG(!out.rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
   if (writer) writer->close();  // only now does the plan file appear
   if (!o.trace.empty() && !trace_json.empty()) write_file_atomic(o.trace, trace_json);
+  return out;
+}
 
-  // ---- report ----
-  const std::int64_t gpus = po.shape.stages * po.shape.dp * po.shape.tp;
-  Json j;
-  j["config"] = Json{{"source", o.manifest.empty() ? o.dataset : o.manifest},
-                     {"model", model.name},
-                     {"device", cost->device().name},
-                     {"cost_model", cost->describe()},
-                     {"stages", po.shape.stages},
-                     {"chunks", po.shape.chunks},
-                     {"dp", po.shape.dp},
-                     {"tp", po.shape.tp},
-                     {"memory_limit_mb", po.shape.memory_limit_mb > 0 ? po.shape.memory_limit_mb : cost->device().memory_gb * 1e3},
-                     {"global_batch_tokens", o.batch_tokens},
-                     {"global_batch_samples", o.batch_samples},
-                     {"seed", o.seed},
-                     {"epoch", o.epoch},
-                     {"method", o.method},
-                     {"schedule", o.schedule},
-                     {"threads", threads}};
+/// The report's "config": what was planned, on what, how.
+Json config_json(const PlanCliOptions& o, const cm::CostModel& cost, const planner::PlannerOptions& po, int threads) {
+  const double memory_mb = po.shape.memory_limit_mb > 0 ? po.shape.memory_limit_mb : cost.device().memory_gb * 1e3;
+  return Json{{"source", o.manifest.empty() ? o.dataset : o.manifest},
+              {"model", cost.model().name},
+              {"device", cost.device().name},
+              {"cost_model", cost.describe()},
+              {"stages", po.shape.stages},
+              {"chunks", po.shape.chunks},
+              {"dp", po.shape.dp},
+              {"tp", po.shape.tp},
+              {"memory_limit_mb", memory_mb},
+              {"global_batch_tokens", o.batch_tokens},
+              {"global_batch_samples", o.batch_samples},
+              {"seed", o.seed},
+              {"epoch", o.epoch},
+              {"method", o.method},
+              {"schedule", o.schedule},
+              {"threads", threads}};
+}
+
+/// The baseline grid columns the report compares with: the best over the run (-1: none).
+struct Baselines {
+  std::int64_t fixed_col = -1, packing_col = -1;
   double fixed_total = 0, packing_total = 0;
-  const std::int64_t fixed_col = po.baselines ? best_column(rows, &Row::fixed, &fixed_total) : -1;
-  const std::int64_t packing_col = po.baselines ? best_column(rows, &Row::packing, &packing_total) : -1;
+};
+
+Baselines choose_baselines(const std::vector<Row>& rows, const planner::PlannerOptions& po) {
+  Baselines b;
+  if (!po.baselines) return b;
+  b.fixed_col = best_column(rows, &Row::fixed, &b.fixed_total);
+  b.packing_col = best_column(rows, &Row::packing, &b.packing_total);
+  return b;
+}
+
+/// The report's "iterations": packpipe's figures per iteration and the chosen baselines'.
+Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions& po, const Baselines& b) {
   Json iters = Json::array();
-  double pp_total = 0, flops = 0;
-  std::uint64_t samples = 0, tokens = 0, microbatches = 0;
-  std::vector<double> plan_ms;
-  std::vector<double> peak(static_cast<std::size_t>(po.shape.stages), 0.0);
-  bool pp_feasible = true;
   for (const auto& r : rows) {
     Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
     it["packpipe"] = figures_json(r.packpipe, r.tokens);
-    if (fixed_col >= 0) {
-      it["fixed"] = figures_json(r.fixed.figures[fixed_col], r.tokens);
-      it["fixed"]["mbs"] = r.fixed.mbs[fixed_col];
+    if (b.fixed_col >= 0) {
+      it["fixed"] = figures_json(r.fixed.figures[b.fixed_col], r.tokens);
+      it["fixed"]["mbs"] = r.fixed.mbs[b.fixed_col];
     }
-    if (packing_col >= 0) {
-      it["packing"] = figures_json(r.packing.figures[packing_col], r.tokens);
-      it["packing"]["mbs"] = r.packing.mbs[packing_col];
+    if (b.packing_col >= 0) {
+      it["packing"] = figures_json(r.packing.figures[b.packing_col], r.tokens);
+      it["packing"]["mbs"] = r.packing.mbs[b.packing_col];
     }
     if (po.partition.oversize != part::OversizePolicy::Error) {
       it["truncated"] = r.truncated;
@@ -269,76 +315,122 @@ Json run_plan(const PlanCliOptions& o) {
     it["schedule_ms"] = r.schedule_ms;
     it["build_ms"] = r.build_ms;
     iters.push_back(std::move(it));
-    pp_total += r.packpipe.iteration_ms;
-    pp_feasible = pp_feasible && r.packpipe.feasible;
-    flops += r.model_flops;
-    samples += r.samples;
-    tokens += r.tokens;
-    microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
-    plan_ms.push_back(r.planning_ms);
-    for (std::size_t s = 0; s < peak.size() && s < r.packpipe.peak_mb.size(); ++s) {
-      peak[s] = std::max(peak[s], r.packpipe.peak_mb[s]);
+  }
+  return iters;
+}
+
+/// Sums over the iterations for the report's "total".
+struct Sums {
+  double packpipe_ms = 0, flops = 0;
+  std::uint64_t samples = 0, tokens = 0, microbatches = 0, truncated = 0, dropped = 0;
+  bool packpipe_feasible = true;
+  std::vector<double> planning_ms;
+  std::vector<double> peak_mb;  ///< per stage, the max over the iterations
+};
+
+Sums sum_rows(const std::vector<Row>& rows, std::int64_t stages) {
+  Sums s;
+  s.peak_mb.assign(static_cast<std::size_t>(stages), 0.0);
+  for (const auto& r : rows) {
+    s.packpipe_ms += r.packpipe.iteration_ms;
+    s.packpipe_feasible = s.packpipe_feasible && r.packpipe.feasible;
+    s.flops += r.model_flops;
+    s.samples += r.samples;
+    s.tokens += r.tokens;
+    s.microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
+    s.truncated += r.truncated;
+    s.dropped += r.dropped;
+    s.planning_ms.push_back(r.planning_ms);
+    for (std::size_t k = 0; k < s.peak_mb.size() && k < r.packpipe.peak_mb.size(); ++k) {
+      s.peak_mb[k] = std::max(s.peak_mb[k], r.packpipe.peak_mb[k]);
     }
   }
-  auto total_json = [&](double total_ms) {
-    const auto tr = cm::throughput_report(flops, static_cast<double>(samples), static_cast<double>(tokens),
-                                          total_ms / 1e3, gpus, cost->device());
-    return Json{{"time_s", total_ms / 1e3},
-                {"tokens_per_s", tr.tokens_per_s},
-                {"samples_per_s", tr.samples_per_s},
-                {"tflops_per_gpu", tr.tflops_per_gpu},
-                {"mfu", tr.mfu}};
-  };
-  Json total{{"iterations", rows.size()}, {"samples", samples}, {"tokens", tokens}};
-  total["packpipe"] = total_json(pp_total);
-  total["packpipe"]["feasible"] = pp_feasible;
-  total["packpipe"]["microbatches"] = microbatches;
-  total["packpipe"]["peak_mb"] = peak;
+  return s;
+}
+
+/// Time, throughput and MFU of the whole run taking `total_ms` on `gpus` devices.
+Json throughput_json(const Sums& s, double total_ms, std::int64_t gpus, const cm::DeviceSpec& device) {
+  const auto tr = cm::throughput_report(s.flops, static_cast<double>(s.samples), static_cast<double>(s.tokens),
+                                        total_ms / 1e3, gpus, device);
+  return Json{{"time_s", total_ms / 1e3},
+              {"tokens_per_s", tr.tokens_per_s},
+              {"samples_per_s", tr.samples_per_s},
+              {"tflops_per_gpu", tr.tflops_per_gpu},
+              {"mfu", tr.mfu}};
+}
+
+/// A baseline's totals at its chosen column, its speedup figure and its whole grid.
+Json baseline_total_json(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, std::int64_t col,
+                         double total_ms, const Sums& s, std::int64_t gpus, const cm::DeviceSpec& device) {
+  if (col < 0 || !std::isfinite(total_ms)) {
+    return Json{{"feasible", false}, {"why", "no micro-batch size of the grid fits every iteration"}};
+  }
+  Json j = throughput_json(s, total_ms, gpus, device);
+  const auto& mbs = (rows.front().*grid).mbs;
+  j["mbs"] = mbs[col];
+  j["speedup_of_packpipe"] = total_ms / s.packpipe_ms;
+  Json grid_json = Json::array();
+  for (std::size_t c = 0; c < mbs.size(); ++c) {
+    const double t = column_total_ms(rows, grid, c);
+    grid_json.push_back(Json{{"mbs", mbs[c]}, {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
+  }
+  j["grid"] = std::move(grid_json);
+  return j;
+}
+
+/// The report's "total": packpipe's and the baselines' time and throughput over the run, and the
+/// planning time.
+Json total_json(const Planned& planned, const cm::CostModel& cost, const planner::PlannerOptions& po,
+                const Baselines& b) {
+  const auto& rows = planned.rows;
+  const Sums s = sum_rows(rows, po.shape.stages);
+  const std::int64_t gpus = po.shape.stages * po.shape.dp * po.shape.tp;
+  Json total{{"iterations", rows.size()}, {"samples", s.samples}, {"tokens", s.tokens}};
+  total["packpipe"] = throughput_json(s, s.packpipe_ms, gpus, cost.device());
+  total["packpipe"]["feasible"] = s.packpipe_feasible;
+  total["packpipe"]["microbatches"] = s.microbatches;
+  total["packpipe"]["peak_mb"] = s.peak_mb;
   if (po.partition.oversize != part::OversizePolicy::Error) {
-    std::uint64_t truncated = 0, dropped = 0;
-    for (const auto& r : rows) {
-      truncated += r.truncated;
-      dropped += r.dropped;
-    }
-    total["truncated"] = truncated;
-    total["dropped"] = dropped;
+    total["truncated"] = s.truncated;
+    total["dropped"] = s.dropped;
   }
-  auto baseline_total = [&](const char* name, std::int64_t col, double tot, planner::BaselineGrid Row::*grid) {
-    if (!po.baselines) return;
-    if (col < 0 || !std::isfinite(tot)) {
-      total[name] = Json{{"feasible", false}, {"why", "no micro-batch size of the grid fits every iteration"}};
-      return;
-    }
-    total[name] = total_json(tot);
-    total[name]["mbs"] = (rows.front().*grid).mbs[col];
-    total[name]["speedup_of_packpipe"] = tot / pp_total;
-    Json grid_json = Json::array();
-    for (std::size_t c = 0; c < (rows.front().*grid).mbs.size(); ++c) {
-      double t = 0;
-      for (const auto& r : rows) {
-        const auto& f = (r.*grid).figures[c];
-        t += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
-      }
-      grid_json.push_back(Json{{"mbs", (rows.front().*grid).mbs[c]},
-                               {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
-    }
-    total[name]["grid"] = std::move(grid_json);
-  };
-  baseline_total("fixed", fixed_col, fixed_total, &Row::fixed);
-  baseline_total("packing", packing_col, packing_total, &Row::packing);
-  total["planning_ms"] = Json{{"median", percentile(plan_ms, 0.5)},
-                              {"p90", percentile(plan_ms, 0.9)},
-                              {"max", percentile(plan_ms, 1.0)},
-                              {"mean", std::accumulate(plan_ms.begin(), plan_ms.end(), 0.0) /
-                                           static_cast<double>(plan_ms.size())}};
-  total["wall_s"] = wall_s;
-  j["iterations"] = std::move(iters);
-  j["total"] = std::move(total);
+  if (po.baselines) {
+    total["fixed"] = baseline_total_json(rows, &Row::fixed, b.fixed_col, b.fixed_total, s, gpus, cost.device());
+    total["packing"] = baseline_total_json(rows, &Row::packing, b.packing_col, b.packing_total, s, gpus, cost.device());
+  }
+  const auto& ms = s.planning_ms;
+  total["planning_ms"] = Json{{"median", percentile(ms, 0.5)},
+                              {"p90", percentile(ms, 0.9)},
+                              {"max", percentile(ms, 1.0)},
+                              {"mean", std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size())}};
+  total["wall_s"] = planned.wall_s;
+  return total;
+}
+
+/// The whole report: config, iterations, totals and the files written.
+Json report_json(const PlanCliOptions& o, const cm::CostModel& cost, const planner::PlannerOptions& po,
+                 const Planned& planned) {
+  const Baselines b = choose_baselines(planned.rows, po);
+  Json j;
+  j["config"] = config_json(o, cost, po, planned.threads);
+  j["iterations"] = iterations_json(planned.rows, po, b);
+  j["total"] = total_json(planned, cost, po, b);
   if (!o.out.empty()) j["plan_file"] = o.out;
   if (!o.trace.empty()) j["chrome_trace"] = o.trace;
-  if (!o.report.empty()) {
-    write_file_atomic(o.report, j.dump(2) + "\n");
-  }
+  return j;
+}
+
+/// `packpipe plan`: plans the epoch and returns the report (also written to --report).
+Json run_plan(const PlanCliOptions& o) {
+  check_plan_inputs(o);
+  const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
+                                                       : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
+  check_plan_outputs(o, data);
+  const auto cost = o.costs.make();
+  const planner::PlannerOptions po = planner_options(o);
+  const Planned planned = plan_epoch(o, data, *cost, po);
+  Json j = report_json(o, *cost, po, planned);
+  if (!o.report.empty()) write_file_atomic(o.report, j.dump(2) + "\n");
   return j;
 }
 
@@ -420,20 +512,24 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
   cmd->add_option("--seed", o->seed, "Sampler and search seed")->capture_default_str();
   cmd->add_option("--epoch", o->epoch, "Epoch to plan")->capture_default_str();
-  cmd->add_option("--split", o->split, "train, valid or test")->check(CLI::IsMember({"train", "valid", "test"}));
+  cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
   cmd->add_option("--iterations", o->iterations, "Plan only the first N iterations (default: the whole epoch)");
-  cmd->add_option("--schedule", o->schedule,
-                  "search, or one of gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble")
+  cmd->add_option("--schedule", o->schedule, "search, or one of " + enum_name_list(sched::kScheduleKindNames))
       ->capture_default_str();
-  cmd->add_option("--method", o->method, "Partition: dp (packpipe) or dynapipe (DynaPipe's exact DP)")
-      ->check(CLI::IsMember({"dp", "dynapipe"}))
+  const char* dp = part::partition_method_name(part::PartitionMethod::DP);
+  const char* dynapipe = part::partition_method_name(part::PartitionMethod::DynaPipe);
+  cmd->add_option("--method", o->method,
+                  fmt::format("Partition: {} (packpipe) or {} (DynaPipe's exact DP)", dp, dynapipe))
+      ->check(CLI::IsMember(std::vector<std::string>{dp, dynapipe}))
       ->capture_default_str();
-  cmd->add_option("--recompute", o->recompute, "auto (per micro-batch), none, selective, full")
-      ->check(CLI::IsMember({"auto", "none", "selective", "full"}));
+  cmd->add_option("--recompute", o->recompute,
+                  "Recompute policy: " + enum_name_list(part::kRecomputePolicyNames) + " (auto: per micro-batch)")
+      ->check(one_of(part::kRecomputePolicyNames));
   cmd->add_option("--round-multiple", o->round_multiple, "Pad lengths to a multiple of this")->capture_default_str();
   cmd->add_option("--oversize", o->oversize,
-                  "A sample that cannot fit in memory even alone: error (stop, naming it), truncate it, or drop it")
-      ->check(CLI::IsMember({"error", "truncate", "drop"}))
+                  "A sample that cannot fit in memory even alone: " + enum_name_list(part::kOversizePolicyNames) +
+                      " (error: stop, naming it)")
+      ->check(one_of(part::kOversizePolicyNames))
       ->capture_default_str();
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the baselines' grid search tries");
   cmd->add_flag("--no-baselines", o->no_baselines, "Skip the fixed and packing baselines");

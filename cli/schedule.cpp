@@ -74,8 +74,8 @@ std::vector<part::MicroBatch> read_microbatches(const std::string& path) {
       try {
         mb.recompute = cm::recompute_from_name(std::string(tok[next]));
       } catch (const std::exception&) {
-        PACKPIPE_THROW(::packpipe::Error, "{}: recompute must be none, selective or full, found '{}'", where,
-                       tok[next]);
+        PACKPIPE_THROW(::packpipe::Error, "{}: recompute must be one of {}, found '{}'", where,
+                       enum_name_list(kRecomputeNames), tok[next]);
       }
       ++next;
     }
@@ -245,7 +245,7 @@ void register_schedule_commands(CLI::App& app) {
   o->costs.add_to(cmd);
   o->shape_args.add_to(cmd);
   cmd->add_option("--schedule", o->schedule,
-                  "search (default), gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble, or all");
+                  "search (default), " + enum_name_list(sched::kScheduleKindNames) + ", or all");
   cmd->add_option("--seed", o->seed, "Seed of the search (default 0)");
   cmd->add_option("--chrome-trace", o->chrome_trace, "Write the (best) schedule's timeline as Chrome trace JSON");
   cmd->add_flag("--reference", o->reference, "Also run the exhaustive DynaPipe-like reference search");

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/enum_names.h"
 #include "costmodel/cost_model.h"
 #include "partition/pipeline.h"
 
@@ -140,6 +141,13 @@ void check_option_range(std::string_view option, std::uint64_t value, std::uint6
 /// file (same path after resolving links and "..", or the same inode): the later would overwrite
 /// the earlier.
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+/// A CLI11 check accepting exactly the names of `table` (an enum's one name table), so that a
+/// new value of the enum is accepted without another edit.
+template <class E, std::size_t N>
+CLI::IsMember one_of(const EnumName<E> (&table)[N]) {
+  return CLI::IsMember(enum_names(table));
+}
 
 /// The files a cost model reads (for check_output_is_not_input): the profiles (a folder and every
 /// file under it), and --model / --device when they name files.

@@ -172,7 +172,8 @@ struct AnalyticCostModel::RowPlan {
   PACKPIPE_CHECK_ARG(!enc_tokens || q.seq > 0, "seq (sequence length) must be positive, found {}", q.seq);
   PACKPIPE_CHECK_ARG(q.recompute == Recompute::None || q.recompute == Recompute::Selective ||
                          q.recompute == Recompute::Full,
-                     "recompute must be none, selective or full, found {}", static_cast<int>(q.recompute));
+                     "recompute must be one of {}, found {}", enum_name_list(kRecomputeNames),
+                     static_cast<int>(q.recompute));
   p.kind = q.kind;
   p.rc = q.recompute;
   p.dec = q.kind == LayerKind::Decoder;

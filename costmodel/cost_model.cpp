@@ -8,16 +8,6 @@
 
 namespace packpipe::costmodel {
 
-const char* provenance_name(Provenance p) {
-  switch (p) {
-    case Provenance::Profiled: return "profiled";
-    case Provenance::Interpolated: return "interpolated";
-    case Provenance::Extrapolated: return "extrapolated";
-    case Provenance::Analytic: return "analytic";
-  }
-  return "?";
-}
-
 StaticMemory static_memory(double params, std::int64_t dp, int zero_stage) {
   PACKPIPE_CHECK_ARG(params >= 0 && std::isfinite(params), "params must be a finite non-negative number, found {}",
                      params);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "common/enum_names.h"
 #include "common/recompute.h"
 #include "costmodel/flops.h"
 #include "costmodel/model.h"
@@ -18,11 +19,17 @@ namespace packpipe::costmodel {
 using ::packpipe::Recompute;
 using ::packpipe::recompute_name;
 using ::packpipe::recompute_from_name;
+using ::packpipe::kRecomputeNames;
 
 /// Where a number came from, best first.
 enum class Provenance { Profiled, Interpolated, Extrapolated, Analytic };
-/// "profiled", "interpolated", "extrapolated", "analytic".
-const char* provenance_name(Provenance p);
+/// The one name table: "profiled", "interpolated", "extrapolated", "analytic".
+inline constexpr EnumName<Provenance> kProvenanceNames[] = {{Provenance::Profiled, "profiled"},
+                                                            {Provenance::Interpolated, "interpolated"},
+                                                            {Provenance::Extrapolated, "extrapolated"},
+                                                            {Provenance::Analytic, "analytic"}};
+/// The provenance's name in kProvenanceNames.
+constexpr const char* provenance_name(Provenance p) { return enum_name(kProvenanceNames, p); }
 
 /// One query: `num_layers` consecutive layers of `kind` for a micro-batch of `mbs` samples padded
 /// to `seq` tokens (and `dec_seq` decoder tokens for encoder-decoder models) on one GPU of a

@@ -4,23 +4,6 @@
 
 namespace packpipe::costmodel {
 
-const char* layer_kind_name(LayerKind k) {
-  switch (k) {
-    case LayerKind::Embedding: return "embedding";
-    case LayerKind::Encoder: return "encoder";
-    case LayerKind::Decoder: return "decoder";
-    case LayerKind::PostProcess: return "postprocess";
-  }
-  return "?";
-}
-
-LayerKind layer_kind_from_name(const std::string& name) {
-  for (auto k : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
-    if (name == layer_kind_name(k)) return k;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown layer kind '{}' (expected embedding, encoder, decoder, postprocess)", name);
-}
-
 namespace detail {
 
 void refuse_flops(const ModelSpec& m, LayerKind kind, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "common/enum_names.h"
 #include "costmodel/model.h"
 
 namespace packpipe::costmodel {
@@ -17,10 +19,17 @@ enum class LayerKind {
   Decoder,      ///< a T5 decoder layer (self- and cross-attention)
   PostProcess,  ///< final norm, LM head and loss of the last stage
 };
-/// "embedding", "encoder", "decoder", "postprocess".
-const char* layer_kind_name(LayerKind k);
-/// LayerKind from its name; throws InvalidArgument.
-LayerKind layer_kind_from_name(const std::string& name);
+/// The one name table: "embedding", "encoder", "decoder", "postprocess".
+inline constexpr EnumName<LayerKind> kLayerKindNames[] = {{LayerKind::Embedding, "embedding"},
+                                                          {LayerKind::Encoder, "encoder"},
+                                                          {LayerKind::Decoder, "decoder"},
+                                                          {LayerKind::PostProcess, "postprocess"}};
+/// The kind's name in kLayerKindNames.
+constexpr const char* layer_kind_name(LayerKind k) { return enum_name(kLayerKindNames, k); }
+/// LayerKind from its name; throws InvalidArgument listing the names.
+inline LayerKind layer_kind_from_name(const std::string& name) {
+  return enum_from_name(kLayerKindNames, name, "layer kind");
+}
 
 /// Forward FLOPs of one layer, split into dense matrix products and the quadratic attention part.
 struct LayerFlops {

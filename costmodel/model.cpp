@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -191,9 +192,11 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   if (arch.empty()) {
     m.arch = (m.encoder_layers > 0 || m.decoder_layers > 0) ? Architecture::EncoderDecoder : Architecture::DecoderOnly;
   } else {
-    PACKPIPE_CHECK_ARG(arch == "decoder_only" || arch == "encoder_decoder",
-                       "{}: 'arch' must be decoder_only or encoder_decoder, found '{}'", name, arch);
-    m.arch = arch == "decoder_only" ? Architecture::DecoderOnly : Architecture::EncoderDecoder;
+    const auto* it = std::find_if(std::begin(kArchitectureNames), std::end(kArchitectureNames),
+                                  [&](const auto& x) { return arch == x.name; });
+    PACKPIPE_CHECK_ARG(it != std::end(kArchitectureNames), "{}: 'arch' must be one of {}, found '{}'", name,
+                       enum_name_list(kArchitectureNames), arch);
+    m.arch = it->value;
   }
   take(j, {"hidden", "hidden_size"}, m.hidden, name);
   take(j, {"heads", "num_attn_heads", "num_attention_heads"}, m.heads, name);

@@ -5,9 +5,20 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
+
 namespace packpipe::costmodel {
 
 enum class Architecture { DecoderOnly, EncoderDecoder };
+/// The one name table: "decoder_only", "encoder_decoder" (the `arch` of model files and reports).
+inline constexpr EnumName<Architecture> kArchitectureNames[] = {{Architecture::DecoderOnly, "decoder_only"},
+                                                                {Architecture::EncoderDecoder, "encoder_decoder"}};
+/// The architecture's name in kArchitectureNames.
+constexpr const char* architecture_name(Architecture a) { return enum_name(kArchitectureNames, a); }
+/// Architecture from its name; throws InvalidArgument listing the names.
+inline Architecture architecture_from_name(const std::string& name) {
+  return enum_from_name(kArchitectureNames, name, "architecture");
+}
 
 /// Transformer shape. Decoder-only models use `num_layers`; encoder-decoder models use
 /// `encoder_layers` and `decoder_layers`.

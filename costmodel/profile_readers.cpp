@@ -188,12 +188,16 @@ Recompute rc_from(const std::string& s, const Where& w) {
 }
 
 LayerKind kind_from(const std::string& s, const Where& w, bool allow_embedding) {
-  if (s == "encoder") return LayerKind::Encoder;
-  if (s == "decoder") return LayerKind::Decoder;
-  if (s == "postprocess") return LayerKind::PostProcess;
-  if (allow_embedding && s == "embedding") return LayerKind::Embedding;
-  PACKPIPE_THROW(Error, "{} line {} column '{}': expected {}encoder, decoder or postprocess, found '{}'", w.file,
-                 w.line, w.column, allow_embedding ? "embedding, " : "", s);
+  auto allowed = [&](LayerKind k) { return allow_embedding || k != LayerKind::Embedding; };
+  for (const auto& x : kLayerKindNames) {
+    if (allowed(x.value) && s == x.name) return x.value;
+  }
+  std::string expected;
+  for (const auto& x : kLayerKindNames) {
+    if (allowed(x.value)) expected += (expected.empty() ? "" : ", ") + std::string(x.name);
+  }
+  PACKPIPE_THROW(Error, "{} line {} column '{}': expected one of {}, found '{}'", w.file, w.line, w.column, expected,
+                 s);
 }
 
 /// "gpt_6.7b" from "path/gpt_6.7b_timing.csv".
@@ -948,8 +952,8 @@ Profile parse_packpipe(const std::string& text, const std::string& file) {
     return v.get<double>();
   };
   auto kind_of = [&](const std::string& s, const char* key, std::size_t row) {
-    for (auto k : {LayerKind::Embedding, LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
-      if (s == layer_kind_name(k)) return k;
+    for (const auto& x : kLayerKindNames) {
+      if (s == x.name) return x.value;
     }
     PACKPIPE_THROW(Error, "{}: '{}' row {} column 'kind': unknown layer kind '{}'", file, key, row, s);
   };
@@ -1025,23 +1029,6 @@ void Profile::merge(Profile other) {
   comm.insert(comm.end(), other.comm.begin(), other.comm.end());
   sources.insert(sources.end(), other.sources.begin(), other.sources.end());
   notes.insert(notes.end(), other.notes.begin(), other.notes.end());
-}
-
-const char* profile_format_name(ProfileFormat f) {
-  switch (f) {
-    case ProfileFormat::DynaPipeTiming: return "dynapipe-timing";
-    case ProfileFormat::DynaPipeActivation: return "dynapipe-activation";
-    case ProfileFormat::DynaPipeModelState: return "dynapipe-model-state";
-    case ProfileFormat::DynaPipeMicrobench: return "dynapipe-microbench";
-    case ProfileFormat::AcesoOps: return "aceso-ops";
-    case ProfileFormat::AcesoPrim: return "aceso-prim";
-    case ProfileFormat::AcesoP2P: return "aceso-p2p";
-    case ProfileFormat::Metis: return "metis";
-    case ProfileFormat::Aiob: return "aiob";
-    case ProfileFormat::AicbLog: return "aicb-log";
-    case ProfileFormat::Packpipe: return "packpipe";
-  }
-  return "?";
 }
 
 ProfileFormat detect_profile_format(const std::string& name, const std::string& text) {

@@ -80,7 +80,21 @@ enum class ProfileFormat {
   AicbLog,             ///< AICB run log CSV (bytes, ms)
   Packpipe,            ///< packpipe's own profile JSON (ms, bytes)
 };
-const char* profile_format_name(ProfileFormat f);
+/// The one name table: "dynapipe-timing", "dynapipe-activation", ..., "packpipe".
+inline constexpr EnumName<ProfileFormat> kProfileFormatNames[] = {
+    {ProfileFormat::DynaPipeTiming, "dynapipe-timing"},
+    {ProfileFormat::DynaPipeActivation, "dynapipe-activation"},
+    {ProfileFormat::DynaPipeModelState, "dynapipe-model-state"},
+    {ProfileFormat::DynaPipeMicrobench, "dynapipe-microbench"},
+    {ProfileFormat::AcesoOps, "aceso-ops"},
+    {ProfileFormat::AcesoPrim, "aceso-prim"},
+    {ProfileFormat::AcesoP2P, "aceso-p2p"},
+    {ProfileFormat::Metis, "metis"},
+    {ProfileFormat::Aiob, "aiob"},
+    {ProfileFormat::AicbLog, "aicb-log"},
+    {ProfileFormat::Packpipe, "packpipe"}};
+/// The format's name in kProfileFormatNames.
+constexpr const char* profile_format_name(ProfileFormat f) { return enum_name(kProfileFormatNames, f); }
 
 /// Detects the format from the file name (without folders) and the first line; throws Error naming
 /// the file when nothing matches.

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/enum_names.h"
+
 namespace packpipe::dataloader {
 
 /// Megatron dtype codes (MMIDIDX header byte 17, TNTIDX header u64 at offset 16).
@@ -25,10 +27,16 @@ bool is_valid_dtype_code(std::uint64_t code);
 DType dtype_from_code(std::uint64_t code, const std::string& context);
 /// Bytes per token of `dt` (1, 2, 4 or 8).
 std::size_t dtype_size(DType dt);
+/// The one name table, in code order (codes 1..8): the numpy names.
+inline constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::UInt8, "uint8"},     {DType::Int8, "int8"},       {DType::Int16, "int16"},
+    {DType::Int32, "int32"},     {DType::Int64, "int64"},     {DType::Float64, "float64"},
+    {DType::Float32, "float32"}, {DType::UInt16, "uint16"},
+};
 /// numpy name of `dt` ("uint16", "int32", ...).
-const char* dtype_name(DType dt);
+constexpr const char* dtype_name(DType dt) { return enum_name(kDTypeNames, dt); }
 /// DType from a numpy name; throws InvalidArgument listing the accepted names otherwise.
-DType dtype_from_name(const std::string& name);
+inline DType dtype_from_name(const std::string& name) { return enum_from_name(kDTypeNames, name, "dtype"); }
 /// True if integer token id `id` is exactly representable in `dt`.
 bool fits_dtype(std::int64_t id, DType dt);
 /// Writes `n` ids into `out` as `dt` (n * dtype_size(dt) bytes); throws InvalidArgument naming the

@@ -314,8 +314,6 @@ constexpr std::size_t kCopyChunk = 1024 * 1024;
 
 }  // namespace
 
-const char* format_name(IndexFormat f) { return f == IndexFormat::MMIDIDX ? "MMIDIDX" : "TNTIDX"; }
-
 IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
                       ModesPolicy modes) {
   PACKPIPE_CHECK(size > 0, "{}: truncated header: expected at least {} bytes, found 0", name,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/mapped_file.h"
 #include "dataloader/bin_reader.h"
 #include "dataloader/dtype.h"
@@ -16,11 +17,23 @@
 namespace packpipe::dataloader {
 
 enum class IndexFormat { MMIDIDX, TNTIDX };
+/// The one name table: "MMIDIDX", "TNTIDX".
+inline constexpr EnumName<IndexFormat> kIndexFormatNames[] = {{IndexFormat::MMIDIDX, "MMIDIDX"},
+                                                              {IndexFormat::TNTIDX, "TNTIDX"}};
 /// "MMIDIDX" or "TNTIDX".
-const char* format_name(IndexFormat f);
+constexpr const char* format_name(IndexFormat f) { return enum_name(kIndexFormatNames, f); }
 
 /// Whether `.idx` carries the optional int8 sequence_modes array (MMIDIDX only).
 enum class ModesPolicy { Auto, Present, Absent };
+/// The one name table: "auto", "present", "absent".
+inline constexpr EnumName<ModesPolicy> kModesPolicyNames[] = {
+    {ModesPolicy::Auto, "auto"}, {ModesPolicy::Present, "present"}, {ModesPolicy::Absent, "absent"}};
+/// The policy's name in kModesPolicyNames.
+constexpr const char* modes_policy_name(ModesPolicy m) { return enum_name(kModesPolicyNames, m); }
+/// Policy from its name; throws InvalidArgument listing the names.
+inline ModesPolicy modes_policy_from_name(const std::string& name) {
+  return enum_from_name(kModesPolicyNames, name, "modes policy");
+}
 
 /// Read-only array of little-endian T at any address. MMIDIDX arrays start at byte 34 of the
 /// file, so int32/int64 elements in the mapped `.idx` are not naturally aligned; element access

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 
@@ -47,6 +48,17 @@ std::string describe(const json& v) {
                             const json& found) {
   PACKPIPE_THROW(InvalidArgument, "{}: field '{}': expected {}, found {}", w.str(), field, expected,
                  describe(found));
+}
+
+/// The quoted names of `layouts` for messages: "\"a\", \"b\" or \"c\"".
+std::string quoted(std::initializer_list<TaskLayout> layouts) {
+  std::string s;
+  std::size_t k = 0;
+  for (const TaskLayout l : layouts) {
+    s += fmt::format("{}\"{}\"", k == 0 ? "" : k + 1 == layouts.size() ? " or " : ", ", layout_name(l));
+    ++k;
+  }
+  return s;
 }
 
 void check_keys(const json& obj, const char* const* allowed, std::size_t n, const Where& w) {
@@ -219,7 +231,7 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
     std::string layout;
     if (jt.contains("layout")) {
       const json& v = jt["layout"];
-      if (!v.is_string()) bad_field(w, "layout", "\"sequence\", \"paired_sequences\" or \"paired_prefixes\"", v);
+      if (!v.is_string()) bad_field(w, "layout", quoted({TaskLayout::Sequence, TaskLayout::PairedSequences, TaskLayout::PairedPrefixes}), v);
       layout = v.get<std::string>();
     }
 
@@ -228,8 +240,9 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
         PACKPIPE_THROW(InvalidArgument, "{}: missing field '{}' (paired prefixes need both 'inputs' and 'targets')",
                        w.str(), has_inputs ? "targets" : "inputs");
       }
-      if (!layout.empty() && layout != "paired_prefixes") {
-        bad_field(w, "layout", "\"paired_prefixes\" (or no layout) with 'inputs' + 'targets'", jt["layout"]);
+      if (!layout.empty() && layout != layout_name(TaskLayout::PairedPrefixes)) {
+        bad_field(w, "layout", quoted({TaskLayout::PairedPrefixes}) + " (or no layout) with 'inputs' + 'targets'",
+                  jt["layout"]);
       }
       spec.layout = TaskLayout::PairedPrefixes;
       spec.prefixes = prefix_list(jt["inputs"], "inputs", true, w, base_dir);
@@ -240,12 +253,13 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
                        w.str(), spec.prefixes.size(), spec.target_prefixes.size());
       }
     } else {
-      if (layout.empty() || layout == "sequence") {
+      if (layout.empty() || layout == layout_name(TaskLayout::Sequence)) {
         spec.layout = TaskLayout::Sequence;
-      } else if (layout == "paired_sequences") {
+      } else if (layout == layout_name(TaskLayout::PairedSequences)) {
         spec.layout = TaskLayout::PairedSequences;
       } else {
-        bad_field(w, "layout", "\"sequence\" or \"paired_sequences\" with 'dataset'/'datasets'", jt["layout"]);
+        bad_field(w, "layout", quoted({TaskLayout::Sequence, TaskLayout::PairedSequences}) + " with 'dataset'/'datasets'",
+                  jt["layout"]);
       }
       spec.prefixes = has_dataset ? prefix_list(jt["dataset"], "dataset", true, w, base_dir)
                                   : prefix_list(jt["datasets"], "datasets", false, w, base_dir);
@@ -295,15 +309,6 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
 }
 
 }  // namespace
-
-const char* layout_name(TaskLayout layout) {
-  switch (layout) {
-    case TaskLayout::Sequence: return "sequence";
-    case TaskLayout::PairedPrefixes: return "paired_prefixes";
-    case TaskLayout::PairedSequences: return "paired_sequences";
-  }
-  return "unknown";
-}
 
 Manifest load_manifest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
+
 namespace packpipe::dataloader {
 
 enum class TaskLayout {
@@ -13,8 +15,12 @@ enum class TaskLayout {
   PairedPrefixes,   ///< input and target in two prefixes matched by document; "inputs" + "targets"
   PairedSequences,  ///< two sequences per document (input, target; modes 0/1 if present)
 };
+/// The one name table: "sequence", "paired_prefixes", "paired_sequences" (a task's "layout").
+inline constexpr EnumName<TaskLayout> kTaskLayoutNames[] = {{TaskLayout::Sequence, "sequence"},
+                                                            {TaskLayout::PairedPrefixes, "paired_prefixes"},
+                                                            {TaskLayout::PairedSequences, "paired_sequences"}};
 /// "sequence", "paired_prefixes" or "paired_sequences".
-const char* layout_name(TaskLayout layout);
+constexpr const char* layout_name(TaskLayout layout) { return enum_name(kTaskLayoutNames, layout); }
 
 struct TaskSpec {
   std::string name;

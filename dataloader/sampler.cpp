@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <queue>
 
@@ -77,24 +78,6 @@ std::uint64_t Permutation::operator()(std::uint64_t i) const {
   return x;
 }
 
-// ---- names -------------------------------------------------------------------
-
-const char* split_name(Split s) {
-  switch (s) {
-    case Split::Train: return "train";
-    case Split::Valid: return "valid";
-    case Split::Test: return "test";
-  }
-  return "unknown";
-}
-
-Split split_from_name(const std::string& name) {
-  if (name == "train") return Split::Train;
-  if (name == "valid" || name == "validation") return Split::Valid;
-  if (name == "test") return Split::Test;
-  PACKPIPE_THROW(InvalidArgument, "unknown split '{}' (expected train, valid or test)", name);
-}
-
 // ---- SamplerState --------------------------------------------------------------
 
 std::string SamplerState::to_json() const {
@@ -160,7 +143,8 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
                      "non-zero, found {} and {}",
                      config_.global_batch_tokens, config_.global_batch_samples);
   const auto s = static_cast<std::size_t>(config_.split);
-  PACKPIPE_CHECK_ARG(s < 3, "sampler: split {} (expected train, valid or test)", s);
+  PACKPIPE_CHECK_ARG(s < std::size(kSplitNames), "sampler: split {} (expected 0..{}: {})", s,
+                     std::size(kSplitNames) - 1, enum_name_list(kSplitNames));
 
   // Megatron-style bookends: normalise, accumulate, round(b * n).
   double total = 0.0;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/sample_ref.h"
 
 namespace packpipe::dataloader {
@@ -38,10 +39,15 @@ struct GlobalBatch {
 };
 
 enum class Split : std::uint8_t { Train = 0, Valid = 1, Test = 2 };
+/// The one name table: "train", "valid", "test".
+inline constexpr EnumName<Split> kSplitNames[] = {
+    {Split::Train, "train"}, {Split::Valid, "valid"}, {Split::Test, "test"}};
 /// "train", "valid" or "test".
-const char* split_name(Split s);
-/// Split from its name; throws InvalidArgument.
-Split split_from_name(const std::string& name);
+constexpr const char* split_name(Split s) { return enum_name(kSplitNames, s); }
+/// Split from its name ("validation" also names Split::Valid); throws InvalidArgument listing the names.
+inline Split split_from_name(const std::string& name) {
+  return name == "validation" ? Split::Valid : enum_from_name(kSplitNames, name, "split");
+}
 
 struct SamplerConfig {
   std::uint64_t seed = 1234;

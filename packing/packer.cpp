@@ -429,22 +429,6 @@ Packing bfd_2d(const std::vector<std::uint32_t>& ids, const std::uint32_t* a, co
 
 }  // namespace
 
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::FirstFitDecreasing: return "ffd";
-    case Algorithm::BestFitDecreasing: return "bfd";
-    case Algorithm::Histogram: return "histogram";
-  }
-  return "unknown";
-}
-
-Algorithm algorithm_from_name(const std::string& name) {
-  for (const Algorithm a : {Algorithm::FirstFitDecreasing, Algorithm::BestFitDecreasing, Algorithm::Histogram}) {
-    if (name == algorithm_name(a)) return a;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown packing algorithm '{}'; expected one of ffd, bfd, histogram", name);
-}
-
 double Packing::efficiency() const {
   if (rows() == 0) return 0.0;
   double tokens = 0;

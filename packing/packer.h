@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
+
 namespace packpipe::packing {
 
 enum class Algorithm {
@@ -13,10 +15,16 @@ enum class Algorithm {
   BestFitDecreasing,   ///< longest first, into the row whose remaining room fits tightest
   Histogram,           ///< SPFHP-style: works on the length histogram, for very large inputs
 };
-/// "ffd", "bfd", "histogram".
-const char* algorithm_name(Algorithm a);
+/// The one name table: "ffd", "bfd", "histogram".
+inline constexpr EnumName<Algorithm> kAlgorithmNames[] = {{Algorithm::FirstFitDecreasing, "ffd"},
+                                                          {Algorithm::BestFitDecreasing, "bfd"},
+                                                          {Algorithm::Histogram, "histogram"}};
+/// The algorithm's name in kAlgorithmNames.
+constexpr const char* algorithm_name(Algorithm a) { return enum_name(kAlgorithmNames, a); }
 /// Algorithm from its name; throws InvalidArgument listing the names.
-Algorithm algorithm_from_name(const std::string& name);
+inline Algorithm algorithm_from_name(const std::string& name) {
+  return enum_from_name(kAlgorithmNames, name, "packing algorithm");
+}
 
 struct PackOptions {
   Algorithm algorithm = Algorithm::BestFitDecreasing;

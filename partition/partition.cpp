@@ -35,82 +35,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 }
 
-const char* partition_method_name(PartitionMethod m) {
-  switch (m) {
-    case PartitionMethod::DP: return "dp";
-    case PartitionMethod::DynaPipe: return "dynapipe";
-    case PartitionMethod::Fixed: return "fixed";
-    case PartitionMethod::Tokens: return "tokens";
-    case PartitionMethod::Packing: return "packing";
-  }
-  return "?";
-}
-PartitionMethod partition_method_from_name(const std::string& name) {
-  for (auto m : {PartitionMethod::DP, PartitionMethod::DynaPipe, PartitionMethod::Fixed, PartitionMethod::Tokens,
-                 PartitionMethod::Packing}) {
-    if (name == partition_method_name(m)) return m;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown partition method '{}'; expected dp, dynapipe, fixed, tokens or packing", name);
-}
-const char* recompute_policy_name(RecomputePolicy p) {
-  switch (p) {
-    case RecomputePolicy::Auto: return "auto";
-    case RecomputePolicy::None: return "none";
-    case RecomputePolicy::Selective: return "selective";
-    case RecomputePolicy::Full: return "full";
-  }
-  return "?";
-}
-RecomputePolicy recompute_policy_from_name(const std::string& name) {
-  for (auto p : {RecomputePolicy::Auto, RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full}) {
-    if (name == recompute_policy_name(p)) return p;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown recompute policy '{}'; expected auto, none, selective or full", name);
-}
-const char* oversize_policy_name(OversizePolicy p) {
-  switch (p) {
-    case OversizePolicy::Error: return "error";
-    case OversizePolicy::Truncate: return "truncate";
-    case OversizePolicy::Drop: return "drop";
-  }
-  return "?";
-}
-OversizePolicy oversize_policy_from_name(const std::string& name) {
-  for (auto p : {OversizePolicy::Error, OversizePolicy::Truncate, OversizePolicy::Drop}) {
-    if (name == oversize_policy_name(p)) return p;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown oversize policy '{}'; expected error, truncate or drop", name);
-}
-const char* cost_basis_name(CostBasis b) {
-  switch (b) {
-    case CostBasis::Auto: return "auto";
-    case CostBasis::Stages: return "stages";
-    case CostBasis::DynaPipe: return "dynapipe";
-  }
-  return "?";
-}
-CostBasis cost_basis_from_name(const std::string& name) {
-  for (auto b : {CostBasis::Auto, CostBasis::Stages, CostBasis::DynaPipe}) {
-    if (name == cost_basis_name(b)) return b;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown cost basis '{}'; expected auto, stages or dynapipe", name);
-}
-
-const char* enc_dec_order_name(EncDecOrder o) {
-  switch (o) {
-    case EncDecOrder::Auto: return "auto";
-    case EncDecOrder::Sorted: return "sorted";
-    case EncDecOrder::Path: return "path";
-  }
-  return "?";
-}
-EncDecOrder enc_dec_order_from_name(const std::string& name) {
-  for (auto o : {EncDecOrder::Auto, EncDecOrder::Sorted, EncDecOrder::Path}) {
-    if (name == enc_dec_order_name(o)) return o;
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown encoder-decoder order '{}'; expected auto, sorted or path", name);
-}
-
 std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp) {
   PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
   std::vector<std::uint32_t> idx(time_ms.size());
@@ -712,6 +636,32 @@ std::string sample_name(const PartitionOptions& o, std::uint32_t s) {
   return o.describe_sample ? o.describe_sample(s) : fmt::format("sample {}", s);
 }
 
+// The Work view of lengths (`target` null for decoder-only) under the options' rounding.
+Work make_work(const std::uint32_t* input, const std::uint32_t* target, const PartitionOptions& o) {
+  Work w;
+  w.input = input;
+  w.target = target;
+  w.round = o.round_multiple;
+  w.dec_extra = o.decoder_extra_tokens;
+  return w;
+}
+
+// The DynaPipe basis' memory rule for a partition's micro-batches: stored activations within the
+// available memory / S, peak within the available memory (the stage basis has no such limits).
+void set_basis_limits(Coster& coster, const PipelineShape& shape) {
+  if (coster.basis() != CostBasis::DynaPipe) return;
+  const double avail = coster.dynapipe_available_mb();
+  coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
+}
+
+// Every sample needs at least one input token.
+void check_input_lengths(const std::vector<std::uint32_t>& in, const PartitionOptions& o) {
+  for (std::size_t s = 0; s < in.size(); ++s) {
+    PACKPIPE_CHECK_ARG(in[s] > 0, "{} has input length 0; every sample needs at least one input token",
+                       sample_name(o, static_cast<std::uint32_t>(s)));
+  }
+}
+
 // Throws when the model state (parameters, gradients, optimizer state) of some rank alone fills
 // the memory limit: then no sample fits whatever its length, and truncating or dropping samples
 // cannot help (the message says what can).
@@ -776,6 +726,346 @@ bool allowed_fits_alone(Coster& coster, std::int64_t le, std::int64_t ld, Recomp
   return coster.choose(1, le, ld, policy).fits;
 }
 
+// ---- one partition call ----------------------------------------------------------------------
+
+// The working lengths of a batch: `in` and `tg` (copies the oversize step may truncate) and the
+// Work view over them. Not movable: the view points into the copies.
+struct Lengths {
+  std::vector<std::uint32_t> in, tg;
+  Work w;
+  Lengths(const BatchLengths& lengths, bool encdec, const PartitionOptions& o) : in(lengths.input), tg(lengths.target) {
+    w = make_work(in.data(), encdec ? tg.data() : nullptr, o);
+  }
+  Lengths(const Lengths&) = delete;
+  Lengths& operator=(const Lengths&) = delete;
+};
+
+// What the steps of one partition call share: the inputs, the costers (the second table builder's
+// made when first needed), the working lengths and the samples the oversize step kept.
+struct Run {
+  const cm::CostModel& cost;
+  const PipelineShape& shape;
+  const std::vector<VirtualStage>& vstages;
+  const PartitionOptions& options;
+  bool encdec;
+  CostBasis basis;
+  double limit;
+  Coster coster;
+  bool two_builders = false;
+  std::unique_ptr<Coster> coster2;
+  Lengths len;
+  std::vector<std::uint32_t> ids, truncated, dropped;  ///< samples kept (batch order), truncated, dropped
+  std::size_t windows_built = 0;                        ///< window values of every table built
+
+  Run(const BatchLengths& lengths, const cm::CostModel& cost_, const PipelineShape& shape_,
+      const std::vector<VirtualStage>& vstages_, const PartitionOptions& o, bool encdec_)
+      : cost(cost_), shape(shape_), vstages(vstages_), options(o), encdec(encdec_), basis(resolve_basis(o)),
+        limit(resolve_limit(cost_, shape_)),
+        coster(cost_, shape_, vstages_, basis, limit, o.cache ? &o.cache->memo() : nullptr),
+        len(lengths, encdec_, o) {}
+  // The second table builder's coster when two build (PartitionOptions::threads), else null.
+  Coster* second() {
+    if (!two_builders) return nullptr;
+    if (!coster2) {
+      coster2 = std::make_unique<Coster>(cost, shape, vstages, basis, limit,
+                                         options.cache ? &options.cache->memo(1) : nullptr);
+    }
+    return coster2.get();
+  }
+  // A sample's padded (encoder, decoder) lengths alone.
+  std::int64_t le(std::uint32_t s) const { return len.w.le_of(len.in[s]); }
+  std::int64_t ld(std::uint32_t s) const { return len.w.ld_of(encdec ? len.tg[s] : 0); }
+  // Figures of `mbs` under the run's recompute policy (`forced_rc` >= 0 pins the mode).
+  Partition finish(std::vector<MicroBatch> mbs, int forced_rc = -1, Coster* other = nullptr) {
+    return finalize(len.w, coster, shape, std::move(mbs), options.recompute, forced_rc, true, other);
+  }
+};
+
+// The model and the batch agree on target lengths, and the batch is small enough for 31-bit ids.
+void check_batch(const BatchLengths& lengths, const cm::CostModel& cost, bool encdec) {
+  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder() || (encdec && lengths.size() == 0),
+                     "model '{}' is {} but the batch {} target lengths", cost.model().name,
+                     encdec ? "encoder-decoder" : "decoder-only", lengths.encoder_decoder() ? "has" : "has no");
+  PACKPIPE_CHECK_ARG(!lengths.encoder_decoder() || lengths.target.size() == lengths.input.size(),
+                     "batch has {} input lengths but {} target lengths", lengths.input.size(), lengths.target.size());
+  PACKPIPE_CHECK_ARG(lengths.size() < (1ull << 31), "batch of {} samples is too large", lengths.size());
+}
+
+// Whether two builders make the window table (PartitionOptions::threads). Automatic: when the
+// arena has a second thread and the work is mostly new rows (a cold call; a warm cache's call is
+// mostly look-ups, which a second builder only slows). A cache's second memo follows the first
+// one's setting.
+bool use_two_builders(const PartitionOptions& o, const Coster& coster) {
+  if (o.cache != nullptr && o.cache->memo(1).key != coster.setting()) o.cache->memo(1).clear();
+  constexpr double kNewShare = 0.1;
+  return o.threads >= 2 || (o.threads == 0 && available_threads() > 1 &&
+                            (o.cache == nullptr || o.cache->memo().last_new_share >= kNewShare));
+}
+
+// Whether each sample fits alone under the most permissive setting the method allows (1: fits).
+// The DP methods with two builders check halves of the samples on the two costers.
+std::vector<char> fits_alone(Run& r) {
+  const auto& in = r.len.in;
+  std::vector<char> alone(in.size(), 0);
+  auto check = [&](Coster& c, std::size_t a, std::size_t b) {
+    for (std::size_t s = a; s < b; ++s) {
+      const auto id = static_cast<std::uint32_t>(s);
+      alone[s] = allowed_fits_alone(c, r.le(id), r.ld(id), r.options.recompute) ? 1 : 0;
+    }
+  };
+  constexpr std::size_t kMinParallelCheck = 64;
+  const bool dp_method = r.options.method == PartitionMethod::DP || r.options.method == PartitionMethod::DynaPipe;
+  if (dp_method && r.two_builders && in.size() >= kMinParallelCheck) {
+    Coster& other = *r.second();
+    oneapi::tbb::this_task_arena::isolate([&] {
+      oneapi::tbb::parallel_invoke([&] { check(r.coster, 0, in.size() / 2); },
+                                   [&] { check(other, in.size() / 2, in.size()); });
+    });
+  } else {
+    check(r.coster, 0, in.size());
+  }
+  return alone;
+}
+
+// OversizePolicy::Error: throws for sample `s`, saying why the cost model refuses it or that it
+// does not fit even alone.
+[[noreturn]] void refuse_oversize(const Run& r, std::uint32_t s) {
+  const auto& in = r.len.in;
+  const auto& tg = r.len.tg;
+  const std::string why = cost_refusal(r.cost, r.shape, r.vstages, r.le(s), r.ld(s));
+  const std::string len =
+      r.encdec ? fmt::format("input length {}, target length {}", in[s], tg[s]) : fmt::format("length {}", in[s]);
+  const std::string name = sample_name(r.options, s);
+  PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", name, len, why);
+  PACKPIPE_THROW(InvalidArgument,
+                 "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate or drop, more "
+                 "stages or tp, or a larger memory limit",
+                 name, len, r.limit, recompute_policy_name(r.options.recompute), r.options.oversize_option);
+}
+
+// OversizePolicy::Truncate: cuts sample `s` (both sides) to the largest cap that fits alone.
+void truncate_to_fit(Run& r, std::uint32_t s) {
+  auto& in = r.len.in;
+  auto& tg = r.len.tg;
+  const std::uint32_t hi0 = std::max(in[s], r.encdec ? tg[s] : 0u);
+  std::uint32_t lo = 0, hi = hi0;  // lo fits (0: nothing yet), hi does not
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    const std::uint32_t a = std::min(in[s], mid), b = r.encdec ? std::min(tg[s], mid) : 0;
+    if (allowed_fits_alone(r.coster, r.len.w.le_of(a), r.len.w.ld_of(b), r.options.recompute)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  PACKPIPE_CHECK_ARG(lo >= 1, "{} (length {}) does not fit in {} MB even truncated to 1 token; use {} drop, "
+                     "more stages or tp, or a larger memory limit",
+                     sample_name(r.options, s), in[s], r.limit, r.options.oversize_option);
+  in[s] = std::min(in[s], lo);
+  if (r.encdec) tg[s] = std::min(tg[s], lo);
+}
+
+// Keeps the samples that fit alone in r.ids and applies the oversize policy to the others; then
+// sets the DynaPipe basis' limits for the methods.
+void handle_oversize(Run& r) {
+  const std::vector<char> alone = fits_alone(r);
+  r.ids.reserve(alone.size());
+  for (std::uint32_t s = 0; s < alone.size(); ++s) {
+    if (alone[s] != 0) {
+      r.ids.push_back(s);
+      continue;
+    }
+    switch (r.options.oversize) {
+      case OversizePolicy::Error: refuse_oversize(r, s);
+      case OversizePolicy::Drop: r.dropped.push_back(s); break;
+      case OversizePolicy::Truncate:
+        truncate_to_fit(r, s);
+        r.truncated.push_back(s);
+        r.ids.push_back(s);
+        break;
+    }
+  }
+  set_basis_limits(r.coster, r.shape);
+}
+
+// The memory budgets the DP methods try in turn: the DynaPipe basis keeps its rule (stored <=
+// available / S first, then available); the stage basis has the one limit.
+std::vector<double> dp_budgets(const Run& r) {
+  const double avail = r.coster.dynapipe_available_mb();
+  return r.basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(r.shape.stages), avail}
+                                        : std::vector<double>{r.limit};
+}
+
+// The sample orders the dp method searches. Encoder-decoder Auto: the path order first (it
+// usually wins), so that its objective prunes the sorted order's search.
+std::vector<std::vector<std::uint32_t>> dp_orders(const Run& r) {
+  std::vector<std::vector<std::uint32_t>> orders;
+  if (r.encdec && r.options.order != EncDecOrder::Sorted) {
+    std::vector<std::uint32_t> li(r.ids.size()), lt(r.ids.size());
+    for (std::size_t k = 0; k < r.ids.size(); ++k) {
+      li[k] = r.len.in[r.ids[k]];
+      lt[k] = r.len.tg[r.ids[k]];
+    }
+    std::vector<std::uint32_t> o = encdec_order(li, lt, true);
+    for (auto& x : o) x = r.ids[x];
+    orders.push_back(std::move(o));
+  }
+  if (!r.encdec || r.options.order != EncDecOrder::Path) orders.push_back(sorted_order(r.len.w, r.ids));
+  return orders;
+}
+
+// PartitionMethod::DP: every order under each budget in turn; the best objective of the first
+// budget with a feasible partition (on equal objectives the first order is kept).
+Partition partition_dp(Run& r) {
+  const std::vector<std::vector<std::uint32_t>> orders = dp_orders(r);
+  const double avail = r.coster.dynapipe_available_mb();
+  Partition result;
+  bool done = false;
+  for (double budget : dp_budgets(r)) {
+    if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budget, avail);
+    double best = kInf;
+    std::int64_t evals = 0;
+    for (const auto& order : orders) {
+      WindowTable& t = r.coster.scratch().table;
+      build_windows(r.len.w, order, r.coster, r.options.recompute, r.options.pack_windows, t, r.second());
+      r.windows_built += t.time_ms.size();
+      SearchOutcome so = search_caps(t, r.shape, r.options.tau_tolerance, r.coster.scratch(), best);
+      evals += so.evaluations;
+      if (!so.best.feasible || !(so.objective < best)) continue;
+      best = so.objective;
+      Partition p = r.finish(windows_to_microbatches(r.len.w, order, t, so.best.cuts), -1, r.coster2.get());
+      p.order = order;
+      p.objective_ms = so.objective;
+      result = std::move(p);
+      done = true;
+    }
+    result.tau_evaluations = evals;
+    if (done) break;
+  }
+  PACKPIPE_CHECK_ARG(done || r.ids.empty(), "no partition fits in {} MB", r.limit);
+  if (r.ids.empty()) result = r.finish({});
+  return result;
+}
+
+// The iteration-wide recompute modes DynaPipe tries under `policy`, fastest first.
+std::vector<cm::Recompute> dynapipe_modes(RecomputePolicy policy) {
+  switch (policy) {
+    case RecomputePolicy::Auto: return {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
+    case RecomputePolicy::None: return {cm::Recompute::None};
+    case RecomputePolicy::Selective: return {cm::Recompute::Selective};
+    case RecomputePolicy::Full: return {cm::Recompute::Full};
+  }
+  return {};
+}
+
+// PartitionMethod::DynaPipe: the sorted order; under each budget in turn, the first recompute
+// mode with a feasible tau-DP.
+Partition partition_dynapipe(Run& r) {
+  const std::vector<std::uint32_t> order = sorted_order(r.len.w, r.ids);
+  const std::vector<cm::Recompute> rcs = dynapipe_modes(r.options.recompute);
+  const std::vector<double> budgets = dp_budgets(r);
+  const double avail = r.coster.dynapipe_available_mb();
+  Partition result;
+  bool done = r.ids.empty();
+  std::int64_t evals = 0;
+  for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
+    for (cm::Recompute rc : rcs) {
+      if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budgets[bi], avail);
+      DynaPipeOutcome d = dynapipe_dp(r.len.w, order, r.coster, r.shape, rc, r.options.dynapipe_thin_ms,
+                                      r.options.pack_windows, r.second());
+      evals += d.evaluations;
+      r.windows_built += d.table.time_ms.size();
+      if (!d.best.feasible) continue;
+      Partition p = r.finish(windows_to_microbatches(r.len.w, order, d.table, d.best.cuts), static_cast<int>(rc),
+                             r.coster2.get());
+      p.order = order;
+      p.objective_ms = d.objective;
+      p.tau_ms = d.tau;
+      p.dynapipe_recompute = rc;
+      result = std::move(p);
+      done = true;
+      break;
+    }
+  }
+  PACKPIPE_CHECK_ARG(done, "DynaPipe's partition found no feasible plan in {} MB", r.limit);
+  if (r.ids.empty()) result = r.finish({});
+  result.tau_evaluations = evals;
+  return result;
+}
+
+// PartitionMethod::Fixed: `microbatch_size` samples at a time in batch order.
+Partition partition_fixed(Run& r) {
+  const auto size = static_cast<std::size_t>(r.options.microbatch_size);
+  std::vector<MicroBatch> mbs;
+  for (std::size_t k = 0; k < r.ids.size(); k += size) {
+    MicroBatch mb;
+    const std::size_t e = std::min(r.ids.size(), k + size);
+    mb.samples.assign(r.ids.begin() + static_cast<std::ptrdiff_t>(k), r.ids.begin() + static_cast<std::ptrdiff_t>(e));
+    mbs.push_back(std::move(mb));
+  }
+  Partition result = r.finish(std::move(mbs));
+  result.order = r.ids;
+  return result;
+}
+
+// PartitionMethod::Tokens: the sorted order cut where the padded tokens would pass the budget.
+Partition partition_tokens(Run& r) {
+  const std::vector<std::uint32_t> order = sorted_order(r.len.w, r.ids);
+  const auto& in = r.len.in;
+  const auto& tg = r.len.tg;
+  std::vector<MicroBatch> mbs;
+  std::size_t i = 0;
+  while (i < order.size()) {
+    std::uint32_t max_in = 0, max_tg = 0;
+    std::size_t j = i;
+    while (j < order.size()) {
+      const std::uint32_t a = std::max(max_in, in[order[j]]);
+      const std::uint32_t b = r.encdec ? std::max(max_tg, tg[order[j]]) : 0;
+      const auto padded = static_cast<std::uint64_t>(j - i + 1) *
+                          static_cast<std::uint64_t>(r.len.w.le_of(a) + (r.encdec ? r.len.w.ld_of(b) : 0));
+      if (j > i && padded > r.options.token_budget) break;
+      max_in = a;
+      max_tg = b;
+      ++j;
+    }
+    MicroBatch mb;
+    mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
+    mbs.push_back(std::move(mb));
+    i = j;
+  }
+  Partition result = r.finish(std::move(mbs));
+  result.order = order;
+  return result;
+}
+
+// PartitionMethod::Packing: packed rows, `microbatch_size` rows per micro-batch.
+Partition partition_packing(Run& r) {
+  std::vector<MicroBatch> mbs =
+      r.ids.empty() ? std::vector<MicroBatch>{} : detail::packing_baseline(r.len.w, r.ids, r.options.microbatch_size);
+  Partition result = r.finish(std::move(mbs));
+  result.order = r.ids;
+  return result;
+}
+
+// The method's partition of the kept samples.
+Partition run_method(Run& r) {
+  switch (r.options.method) {
+    case PartitionMethod::DP: return partition_dp(r);
+    case PartitionMethod::DynaPipe: return partition_dynapipe(r);
+    case PartitionMethod::Fixed: return partition_fixed(r);
+    case PartitionMethod::Tokens: return partition_tokens(r);
+    case PartitionMethod::Packing: return partition_packing(r);
+  }
+  return {};
+}
+
+// Records in the cache the share of new rows of this call (for PartitionOptions::threads).
+void record_new_share(const Run& r) {
+  if (r.options.cache == nullptr || r.windows_built == 0) return;
+  const auto rows = r.coster.rows_evaluated() + (r.coster2 ? r.coster2->rows_evaluated() : 0);
+  r.options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(r.windows_built);
+}
+
 }  // namespace
 
 Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
@@ -788,261 +1078,16 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   check_options(options);
   check_shape(shape);
   const bool encdec = cost.model().arch == cm::Architecture::EncoderDecoder;
-  PACKPIPE_CHECK_ARG(encdec == lengths.encoder_decoder() || (encdec && lengths.size() == 0),
-                     "model '{}' is {} but the batch {} target lengths", cost.model().name,
-                     encdec ? "encoder-decoder" : "decoder-only", lengths.encoder_decoder() ? "has" : "has no");
-  PACKPIPE_CHECK_ARG(!lengths.encoder_decoder() || lengths.target.size() == lengths.input.size(),
-                     "batch has {} input lengths but {} target lengths", lengths.input.size(), lengths.target.size());
-  PACKPIPE_CHECK_ARG(lengths.size() < (1ull << 31), "batch of {} samples is too large", lengths.size());
-  const CostBasis basis = resolve_basis(options);
-  const double limit = resolve_limit(cost, shape);
-  Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
-  check_model_state_fits(cost, shape, vstages, coster, limit);
-  // The second table builder (PartitionOptions::threads), made when first needed; a cache's second
-  // memo follows the first one's setting.
-  if (options.cache != nullptr && options.cache->memo(1).key != coster.setting()) options.cache->memo(1).clear();
-  // Automatic: two builders when the arena has a second thread and the work is mostly new rows
-  // (a cold call; a warm cache's call is mostly look-ups, which a second builder only slows).
-  constexpr double kNewShare = 0.1;
-  const bool two_builders =
-      options.threads >= 2 ||
-      (options.threads == 0 && available_threads() > 1 &&
-       (options.cache == nullptr || options.cache->memo().last_new_share >= kNewShare));
-  std::size_t windows_built = 0;  // window values of every table built (for last_new_share)
-  std::unique_ptr<Coster> coster2;
-  auto second = [&]() -> Coster* {
-    if (!two_builders) return nullptr;
-    if (!coster2) {
-      coster2 = std::make_unique<Coster>(cost, shape, vstages, basis, limit,
-                                         options.cache ? &options.cache->memo(1) : nullptr);
-    }
-    return coster2.get();
-  };
-
-  // Working lengths (truncation edits a copy).
-  std::vector<std::uint32_t> in(lengths.input), tg(lengths.target);
-  Work w;
-  w.input = in.data();
-  w.target = encdec ? tg.data() : nullptr;
-  w.round = options.round_multiple;
-  w.dec_extra = options.decoder_extra_tokens;
-  for (std::size_t s = 0; s < in.size(); ++s) {
-    PACKPIPE_CHECK_ARG(in[s] > 0, "{} has input length 0; every sample needs at least one input token",
-                       sample_name(options, static_cast<std::uint32_t>(s)));
-  }
-
-  // Samples that cannot fit alone, under the most permissive setting the method allows.
-  std::vector<std::uint32_t> ids;
-  std::vector<std::uint32_t> truncated, dropped;
-  ids.reserve(in.size());
-  // Each sample's check, by the two table builders' costers when there are two (halves of the
-  // samples; the first one that does not fit is then reported in sample order all the same).
-  std::vector<char> alone(in.size(), 0);
-  auto check_alone = [&](Coster& c, std::size_t a, std::size_t b) {
-    for (std::size_t s = a; s < b; ++s) {
-      alone[s] = allowed_fits_alone(c, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0), options.recompute) ? 1 : 0;
-    }
-  };
-  constexpr std::size_t kMinParallelCheck = 64;
-  const bool dp_method = options.method == PartitionMethod::DP || options.method == PartitionMethod::DynaPipe;
-  if (dp_method && two_builders && in.size() >= kMinParallelCheck) {
-    Coster& other = *second();
-    oneapi::tbb::this_task_arena::isolate([&] {
-      oneapi::tbb::parallel_invoke([&] { check_alone(coster, 0, in.size() / 2); },
-                                   [&] { check_alone(other, in.size() / 2, in.size()); });
-    });
-  } else {
-    check_alone(coster, 0, in.size());
-  }
-  for (std::uint32_t s = 0; s < in.size(); ++s) {
-    if (alone[s] != 0) {
-      ids.push_back(s);
-      continue;
-    }
-    switch (options.oversize) {
-      case OversizePolicy::Error: {
-        const std::string why =
-            cost_refusal(cost, shape, vstages, w.le_of(in[s]), w.ld_of(encdec ? tg[s] : 0));
-        const std::string len = encdec ? fmt::format("input length {}, target length {}", in[s], tg[s])
-                                       : fmt::format("length {}", in[s]);
-        PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", sample_name(options, s), len,
-                           why);
-        PACKPIPE_THROW(InvalidArgument,
-                       "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate or drop, more "
-                       "stages or tp, or a larger memory limit",
-                       sample_name(options, s), len, limit, recompute_policy_name(options.recompute),
-                       options.oversize_option);
-      }
-      case OversizePolicy::Drop: dropped.push_back(s); break;
-      case OversizePolicy::Truncate: {
-        // Largest cap C (both sides cut to C) that fits.
-        const std::uint32_t hi0 = std::max(in[s], encdec ? tg[s] : 0u);
-        std::uint32_t lo = 0, hi = hi0;  // lo fits (0: nothing yet), hi does not
-        while (hi - lo > 1) {
-          const std::uint32_t mid = lo + (hi - lo) / 2;
-          const std::uint32_t a = std::min(in[s], mid), b = encdec ? std::min(tg[s], mid) : 0;
-          if (allowed_fits_alone(coster, w.le_of(a), w.ld_of(b), options.recompute)) {
-            lo = mid;
-          } else {
-            hi = mid;
-          }
-        }
-        PACKPIPE_CHECK_ARG(lo >= 1, "{} (length {}) does not fit in {} MB even truncated to 1 token; use {} drop, "
-                           "more stages or tp, or a larger memory limit",
-                           sample_name(options, s), in[s], limit, options.oversize_option);
-        in[s] = std::min(in[s], lo);
-        if (encdec) tg[s] = std::min(tg[s], lo);
-        truncated.push_back(s);
-        ids.push_back(s);
-        break;
-      }
-    }
-  }
-  if (basis == CostBasis::DynaPipe) {
-    const double avail = coster.dynapipe_available_mb();
-    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
-  }
-
-  Partition result;
-  switch (options.method) {
-    case PartitionMethod::DP: {
-      // Encoder-decoder Auto: the path order first (it usually wins), so that its objective
-      // prunes the sorted order's search; on equal objectives the first order is kept.
-      std::vector<std::vector<std::uint32_t>> orders;
-      if (encdec && options.order != EncDecOrder::Sorted) {
-        std::vector<std::uint32_t> li(ids.size()), lt(ids.size());
-        for (std::size_t k = 0; k < ids.size(); ++k) {
-          li[k] = in[ids[k]];
-          lt[k] = tg[ids[k]];
-        }
-        std::vector<std::uint32_t> o = encdec_order(li, lt, true);
-        for (auto& x : o) x = ids[x];
-        orders.push_back(std::move(o));
-      }
-      if (!encdec || options.order != EncDecOrder::Path) orders.push_back(sorted_order(w, ids));
-      // The DynaPipe basis keeps its budget rule: stored <= available / S first, then available.
-      const double avail = coster.dynapipe_available_mb();
-      const std::vector<double> budgets =
-          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
-                                       : std::vector<double>{limit};
-      bool done = false;
-      for (double budget : budgets) {
-        if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budget, avail);
-        double best = kInf;
-        std::int64_t evals = 0;
-        for (const auto& order : orders) {
-          WindowTable& t = coster.scratch().table;
-          build_windows(w, order, coster, options.recompute, options.pack_windows, t, second());
-          windows_built += t.time_ms.size();
-          SearchOutcome so = search_caps(t, shape, options.tau_tolerance, coster.scratch(), best);
-          evals += so.evaluations;
-          if (!so.best.feasible || !(so.objective < best)) continue;
-          best = so.objective;
-          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, t, so.best.cuts),
-                                 options.recompute, -1, true, coster2.get());
-          p.order = order;
-          p.objective_ms = so.objective;
-          result = std::move(p);
-          done = true;
-        }
-        result.tau_evaluations = evals;
-        if (done) break;
-      }
-      PACKPIPE_CHECK_ARG(done || ids.empty(), "no partition fits in {} MB", limit);
-      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
-      break;
-    }
-    case PartitionMethod::DynaPipe: {
-      const std::vector<std::uint32_t> order = sorted_order(w, ids);
-      std::vector<cm::Recompute> rcs;
-      switch (options.recompute) {
-        case RecomputePolicy::Auto: rcs = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}; break;
-        case RecomputePolicy::None: rcs = {cm::Recompute::None}; break;
-        case RecomputePolicy::Selective: rcs = {cm::Recompute::Selective}; break;
-        case RecomputePolicy::Full: rcs = {cm::Recompute::Full}; break;
-      }
-      const double avail = coster.dynapipe_available_mb();
-      const std::vector<double> budgets =
-          basis == CostBasis::DynaPipe ? std::vector<double>{avail / static_cast<double>(shape.stages), avail}
-                                       : std::vector<double>{limit};
-      bool done = ids.empty();
-      std::int64_t evals = 0;
-      for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
-        for (cm::Recompute rc : rcs) {
-          if (basis == CostBasis::DynaPipe) coster.set_dynapipe_limits(budgets[bi], avail);
-          DynaPipeOutcome d =
-              dynapipe_dp(w, order, coster, shape, rc, options.dynapipe_thin_ms, options.pack_windows, second());
-          evals += d.evaluations;
-          windows_built += d.table.time_ms.size();
-          if (!d.best.feasible) continue;
-          Partition p = finalize(w, coster, shape, windows_to_microbatches(w, order, d.table, d.best.cuts),
-                                 options.recompute, static_cast<int>(rc), true, coster2.get());
-          p.order = order;
-          p.objective_ms = d.objective;
-          p.tau_ms = d.tau;
-          p.dynapipe_recompute = rc;
-          result = std::move(p);
-          done = true;
-          break;
-        }
-      }
-      PACKPIPE_CHECK_ARG(done, "DynaPipe's partition found no feasible plan in {} MB", limit);
-      if (ids.empty()) result = finalize(w, coster, shape, {}, options.recompute, -1, true);
-      result.tau_evaluations = evals;
-      break;
-    }
-    case PartitionMethod::Fixed: {
-      std::vector<MicroBatch> mbs;
-      for (std::size_t k = 0; k < ids.size(); k += static_cast<std::size_t>(options.microbatch_size)) {
-        MicroBatch mb;
-        const std::size_t e = std::min(ids.size(), k + static_cast<std::size_t>(options.microbatch_size));
-        mb.samples.assign(ids.begin() + static_cast<std::ptrdiff_t>(k), ids.begin() + static_cast<std::ptrdiff_t>(e));
-        mbs.push_back(std::move(mb));
-      }
-      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
-      result.order = ids;
-      break;
-    }
-    case PartitionMethod::Tokens: {
-      const std::vector<std::uint32_t> order = sorted_order(w, ids);
-      std::vector<MicroBatch> mbs;
-      std::size_t i = 0;
-      while (i < order.size()) {
-        std::uint32_t max_in = 0, max_tg = 0;
-        std::size_t j = i;
-        while (j < order.size()) {
-          const std::uint32_t a = std::max(max_in, in[order[j]]);
-          const std::uint32_t b = encdec ? std::max(max_tg, tg[order[j]]) : 0;
-          const auto padded = static_cast<std::uint64_t>(j - i + 1) *
-                              static_cast<std::uint64_t>(w.le_of(a) + (encdec ? w.ld_of(b) : 0));
-          if (j > i && padded > options.token_budget) break;
-          max_in = a;
-          max_tg = b;
-          ++j;
-        }
-        MicroBatch mb;
-        mb.samples.assign(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j));
-        mbs.push_back(std::move(mb));
-        i = j;
-      }
-      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
-      result.order = order;
-      break;
-    }
-    case PartitionMethod::Packing: {
-      std::vector<MicroBatch> mbs =
-          ids.empty() ? std::vector<MicroBatch>{} : detail::packing_baseline(w, ids, options.microbatch_size);
-      result = finalize(w, coster, shape, std::move(mbs), options.recompute, -1, true);
-      result.order = ids;
-      break;
-    }
-  }
-  if (options.cache != nullptr && windows_built > 0) {
-    const auto rows = coster.rows_evaluated() + (coster2 ? coster2->rows_evaluated() : 0);
-    options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(windows_built);
-  }
-  result.truncated = std::move(truncated);
-  result.dropped = std::move(dropped);
+  check_batch(lengths, cost, encdec);
+  Run r(lengths, cost, shape, vstages, options, encdec);
+  check_model_state_fits(cost, shape, vstages, r.coster, r.limit);
+  r.two_builders = use_two_builders(options, r.coster);
+  check_input_lengths(r.len.in, options);
+  handle_oversize(r);
+  Partition result = run_method(r);
+  record_new_share(r);
+  result.truncated = std::move(r.truncated);
+  result.dropped = std::move(r.dropped);
   return result;
 }
 
@@ -1056,15 +1101,8 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   if (basis == CostBasis::Auto) basis = CostBasis::Stages;
   const double limit = resolve_limit(cost, shape);
   Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
-  if (basis == CostBasis::DynaPipe) {
-    const double avail = coster.dynapipe_available_mb();
-    coster.set_dynapipe_limits(avail / static_cast<double>(shape.stages), avail);
-  }
-  Work w;
-  w.input = lengths.input.data();
-  w.target = encdec ? lengths.target.data() : nullptr;
-  w.round = options.round_multiple;
-  w.dec_extra = options.decoder_extra_tokens;
+  set_basis_limits(coster, shape);
+  const Work w = make_work(lengths.input.data(), encdec ? lengths.target.data() : nullptr, options);
   for (std::size_t m = 0; m < microbatches.size(); ++m) {
     for (auto s : microbatches[m].samples) {
       PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {} but the batch has {}", m, s,

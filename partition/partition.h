@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
+#include "common/recompute.h"
 #include "partition/pipeline.h"
 
 namespace packpipe::partition {
@@ -20,22 +22,43 @@ enum class PartitionMethod {
   Tokens,    ///< samples sorted by length, cut when padded tokens would exceed `token_budget`
   Packing,   ///< best-fit packing into rows of the longest length, then `microbatch_size` rows
 };
-/// "dp", "dynapipe", "fixed", "tokens", "packing".
-const char* partition_method_name(PartitionMethod m);
+/// The one name table: "dp", "dynapipe", "fixed", "tokens", "packing".
+inline constexpr EnumName<PartitionMethod> kPartitionMethodNames[] = {
+    {PartitionMethod::DP, "dp"},         {PartitionMethod::DynaPipe, "dynapipe"}, {PartitionMethod::Fixed, "fixed"},
+    {PartitionMethod::Tokens, "tokens"}, {PartitionMethod::Packing, "packing"}};
+/// The method's name in kPartitionMethodNames.
+constexpr const char* partition_method_name(PartitionMethod m) { return enum_name(kPartitionMethodNames, m); }
 /// Method from its name; throws InvalidArgument listing the names.
-PartitionMethod partition_method_from_name(const std::string& name);
+inline PartitionMethod partition_method_from_name(const std::string& name) {
+  return enum_from_name(kPartitionMethodNames, name, "partition method");
+}
 
 /// Which activation recompute a micro-batch may use.
 enum class RecomputePolicy { Auto, None, Selective, Full };
-/// "auto", "none", "selective", "full".
-const char* recompute_policy_name(RecomputePolicy p);
-RecomputePolicy recompute_policy_from_name(const std::string& name);
+/// The one name table: "auto", then the recompute modes' names (common/recompute.h).
+inline constexpr EnumName<RecomputePolicy> kRecomputePolicyNames[] = {
+    {RecomputePolicy::Auto, "auto"},
+    {RecomputePolicy::None, recompute_name(Recompute::None)},
+    {RecomputePolicy::Selective, recompute_name(Recompute::Selective)},
+    {RecomputePolicy::Full, recompute_name(Recompute::Full)}};
+/// The policy's name in kRecomputePolicyNames.
+constexpr const char* recompute_policy_name(RecomputePolicy p) { return enum_name(kRecomputePolicyNames, p); }
+/// Policy from its name; throws InvalidArgument listing the names.
+inline RecomputePolicy recompute_policy_from_name(const std::string& name) {
+  return enum_from_name(kRecomputePolicyNames, name, "recompute policy");
+}
 
 /// What to do with a sample that does not fit in memory even alone.
 enum class OversizePolicy { Error, Truncate, Drop };
-/// "error", "truncate", "drop".
-const char* oversize_policy_name(OversizePolicy p);
-OversizePolicy oversize_policy_from_name(const std::string& name);
+/// The one name table: "error", "truncate", "drop".
+inline constexpr EnumName<OversizePolicy> kOversizePolicyNames[] = {
+    {OversizePolicy::Error, "error"}, {OversizePolicy::Truncate, "truncate"}, {OversizePolicy::Drop, "drop"}};
+/// The policy's name in kOversizePolicyNames.
+constexpr const char* oversize_policy_name(OversizePolicy p) { return enum_name(kOversizePolicyNames, p); }
+/// Policy from its name; throws InvalidArgument listing the names.
+inline OversizePolicy oversize_policy_from_name(const std::string& name) {
+  return enum_from_name(kOversizePolicyNames, name, "oversize policy");
+}
 
 /// How a micro-batch's time and memory are computed.
 enum class CostBasis {
@@ -44,9 +67,15 @@ enum class CostBasis {
              ///< memory per rank = static + sum over its stages v of (V - v) stored + max peak
   DynaPipe,  ///< DynaPipe's formula: l x per-layer costs, GPU-0 model state, budget available / S
 };
-/// "auto", "stages", "dynapipe".
-const char* cost_basis_name(CostBasis b);
-CostBasis cost_basis_from_name(const std::string& name);
+/// The one name table: "auto", "stages", "dynapipe".
+inline constexpr EnumName<CostBasis> kCostBasisNames[] = {
+    {CostBasis::Auto, "auto"}, {CostBasis::Stages, "stages"}, {CostBasis::DynaPipe, "dynapipe"}};
+/// The basis' name in kCostBasisNames.
+constexpr const char* cost_basis_name(CostBasis b) { return enum_name(kCostBasisNames, b); }
+/// Basis from its name; throws InvalidArgument listing the names.
+inline CostBasis cost_basis_from_name(const std::string& name) {
+  return enum_from_name(kCostBasisNames, name, "cost basis");
+}
 
 /// Sample order for encoder-decoder batches (decoder-only batches are always sorted by length).
 enum class EncDecOrder {
@@ -54,9 +83,15 @@ enum class EncDecOrder {
   Sorted,  ///< (input, target) descending (DynaPipe with disable_tsp)
   Path,    ///< Sorted then 2-opt and Or-opt on the L1 path length over (input, target)
 };
-/// "auto", "sorted", "path".
-const char* enc_dec_order_name(EncDecOrder o);
-EncDecOrder enc_dec_order_from_name(const std::string& name);
+/// The one name table: "auto", "sorted", "path".
+inline constexpr EnumName<EncDecOrder> kEncDecOrderNames[] = {
+    {EncDecOrder::Auto, "auto"}, {EncDecOrder::Sorted, "sorted"}, {EncDecOrder::Path, "path"}};
+/// The order's name in kEncDecOrderNames.
+constexpr const char* enc_dec_order_name(EncDecOrder o) { return enum_name(kEncDecOrderNames, o); }
+/// Order from its name; throws InvalidArgument listing the names.
+inline EncDecOrder enc_dec_order_from_name(const std::string& name) {
+  return enum_from_name(kEncDecOrderNames, name, "encoder-decoder order");
+}
 
 namespace detail {
 struct ShapeMemo;

@@ -8,50 +8,32 @@ namespace packpipe::plan {
 
 namespace {
 
-struct OpInfo {
-  const char* name;
-  std::uint8_t fields;
-};
-
 constexpr std::uint8_t M = kFieldMb, S = kFieldStage, P = kFieldPeer, I = kFieldIn, I2 = kFieldIn2, O = kFieldOut,
                        SH = kFieldShape;
 
-// Indexed by opcode value.
-constexpr OpInfo kOps[kOpcodeCount] = {
-    {"ITER_BEGIN", 0},
-    {"ITER_END", 0},
-    {"LOAD_MB", M | S | O | SH},
-    {"FWD", M | S | I | I2 | O},
-    {"BWD", M | S | I | O},
-    {"BWD_I", M | S | I | O},
-    {"BWD_W", M | S},
-    {"SEND_ACT_START", M | S | P | I | SH},
-    {"SEND_ACT_WAIT", M | S | P | I},
-    {"RECV_ACT_START", M | S | P | O | SH},
-    {"RECV_ACT_WAIT", M | S | P | I},
-    {"SEND_GRAD_START", M | S | P | I | SH},
-    {"SEND_GRAD_WAIT", M | S | P | I},
-    {"RECV_GRAD_START", M | S | P | O | SH},
-    {"RECV_GRAD_WAIT", M | S | P | I},
-    {"FREE_BUF", I},
-    {"REDUCE_GRAD", S},
-    {"OPT_STEP", 0},
+// The fields of each opcode, indexed by opcode value (names: kOpcodeNames).
+constexpr std::uint8_t kOpFields[kOpcodeCount] = {
+    0,                   // IterBegin
+    0,                   // IterEnd
+    M | S | O | SH,      // LoadMb
+    M | S | I | I2 | O,  // Forward
+    M | S | I | O,       // Backward
+    M | S | I | O,       // BackwardInput
+    M | S,               // BackwardWeight
+    M | S | P | I | SH,  // SendActStart
+    M | S | P | I,       // SendActWait
+    M | S | P | O | SH,  // RecvActStart
+    M | S | P | I,       // RecvActWait
+    M | S | P | I | SH,  // SendGradStart
+    M | S | P | I,       // SendGradWait
+    M | S | P | O | SH,  // RecvGradStart
+    M | S | P | I,       // RecvGradWait
+    I,                   // FreeBuf
+    S,                   // ReduceGrad
+    0,                   // OptStep
 };
 
 }  // namespace
-
-const char* opcode_name(Opcode op) {
-  const auto i = static_cast<unsigned>(op);
-  return i < static_cast<unsigned>(kOpcodeCount) ? kOps[i].name : "?";
-}
-
-Opcode opcode_from_name(const std::string& name) {
-  for (int i = 0; i < kOpcodeCount; ++i) {
-    if (name == kOps[i].name) return static_cast<Opcode>(i);
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown instruction '{}' (expected FWD, BWD, BWD_I, BWD_W, LOAD_MB, SEND_ACT_START, ...)",
-                 name);
-}
 
 bool is_compute(Opcode op) {
   return op == Opcode::Forward || op == Opcode::Backward || op == Opcode::BackwardInput || op == Opcode::BackwardWeight;
@@ -59,7 +41,7 @@ bool is_compute(Opcode op) {
 
 std::uint8_t opcode_fields(Opcode op) {
   const auto i = static_cast<unsigned>(op);
-  return i < static_cast<unsigned>(kOpcodeCount) ? kOps[i].fields : 0;
+  return i < static_cast<unsigned>(kOpcodeCount) ? kOpFields[i] : 0;
 }
 
 std::string to_string(const Instruction& ins) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/enum_names.h"
+
 namespace packpipe::plan {
 
 /// Operations of a rank's stream. Values are part of the binary format: append only.
@@ -33,13 +35,48 @@ enum class Opcode : std::uint8_t {
   ReduceGrad = 16,    ///< data-parallel SUM all-reduce of stage's gradients (loss weights already normalise)
   OptStep = 17,       ///< optimizer step and zeroing of the gradients of every stage of this rank
 };
+/// The one name table, indexed by opcode value: "ITER_BEGIN", "ITER_END", "LOAD_MB", "FWD", ...
+/// (the names used by the JSON form and `plan inspect`).
+inline constexpr EnumName<Opcode> kOpcodeNames[] = {
+    {Opcode::IterBegin, "ITER_BEGIN"},
+    {Opcode::IterEnd, "ITER_END"},
+    {Opcode::LoadMb, "LOAD_MB"},
+    {Opcode::Forward, "FWD"},
+    {Opcode::Backward, "BWD"},
+    {Opcode::BackwardInput, "BWD_I"},
+    {Opcode::BackwardWeight, "BWD_W"},
+    {Opcode::SendActStart, "SEND_ACT_START"},
+    {Opcode::SendActWait, "SEND_ACT_WAIT"},
+    {Opcode::RecvActStart, "RECV_ACT_START"},
+    {Opcode::RecvActWait, "RECV_ACT_WAIT"},
+    {Opcode::SendGradStart, "SEND_GRAD_START"},
+    {Opcode::SendGradWait, "SEND_GRAD_WAIT"},
+    {Opcode::RecvGradStart, "RECV_GRAD_START"},
+    {Opcode::RecvGradWait, "RECV_GRAD_WAIT"},
+    {Opcode::FreeBuf, "FREE_BUF"},
+    {Opcode::ReduceGrad, "REDUCE_GRAD"},
+    {Opcode::OptStep, "OPT_STEP"},
+};
 /// Number of opcodes (one past the largest value).
-constexpr int kOpcodeCount = 18;
+constexpr int kOpcodeCount = static_cast<int>(sizeof(kOpcodeNames) / sizeof(kOpcodeNames[0]));
 
-/// "FWD", "RECV_ACT_START", ... (the names used by the JSON form and `plan inspect`).
-const char* opcode_name(Opcode op);
-/// Opcode from its name; throws InvalidArgument naming the unknown name.
-Opcode opcode_from_name(const std::string& name);
+namespace detail {
+/// Whether kOpcodeNames[i] names opcode i for every i (opcode_name indexes it).
+constexpr bool opcode_names_indexed() {
+  for (int i = 0; i < kOpcodeCount; ++i) {
+    if (static_cast<int>(kOpcodeNames[i].value) != i) return false;
+  }
+  return true;
+}
+static_assert(opcode_names_indexed(), "kOpcodeNames must list the opcodes in value order");
+}  // namespace detail
+
+/// The opcode's name in kOpcodeNames, or "?" for a value outside it (O(1): instruction dumps call it).
+constexpr const char* opcode_name(Opcode op) {
+  return static_cast<int>(op) < kOpcodeCount ? kOpcodeNames[static_cast<int>(op)].name : "?";
+}
+/// Opcode from its name; throws InvalidArgument listing the names.
+inline Opcode opcode_from_name(const std::string& name) { return enum_from_name(kOpcodeNames, name, "instruction"); }
 /// True for Forward, Backward, BackwardInput and BackwardWeight.
 bool is_compute(Opcode op);
 

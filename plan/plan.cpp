@@ -19,24 +19,6 @@ std::uint32_t dtype_size(Dtype d) {
   return 0;
 }
 
-const char* dtype_name(Dtype d) {
-  switch (d) {
-    case Dtype::F16: return "fp16";
-    case Dtype::BF16: return "bf16";
-    case Dtype::F32: return "fp32";
-    case Dtype::I32: return "int32";
-    case Dtype::I64: return "int64";
-  }
-  return "?";
-}
-
-Dtype dtype_from_name(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(Dtype::I64); ++i) {
-    if (name == dtype_name(static_cast<Dtype>(i))) return static_cast<Dtype>(i);
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown dtype '{}' (expected fp16, bf16, fp32, int32 or int64)", name);
-}
-
 std::uint64_t TensorShape::bytes() const {
   return static_cast<std::uint64_t>(rows) * (static_cast<std::uint64_t>(seq) + enc_seq) * hidden * dtype_size(dtype);
 }

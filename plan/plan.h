@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/sample_ref.h"
 #include "plan/instructions.h"
 #include "plan/timeline.h"
@@ -17,10 +18,13 @@ namespace packpipe::plan {
 enum class Dtype : std::uint8_t { F16 = 0, BF16 = 1, F32 = 2, I32 = 3, I64 = 4 };
 /// Bytes per element.
 std::uint32_t dtype_size(Dtype d);
-/// "fp16", "bf16", "fp32", "int32", "int64".
-const char* dtype_name(Dtype d);
-/// Dtype from its name; throws InvalidArgument.
-Dtype dtype_from_name(const std::string& name);
+/// The one name table: "fp16", "bf16", "fp32", "int32", "int64".
+inline constexpr EnumName<Dtype> kDtypeNames[] = {
+    {Dtype::F16, "fp16"}, {Dtype::BF16, "bf16"}, {Dtype::F32, "fp32"}, {Dtype::I32, "int32"}, {Dtype::I64, "int64"}};
+/// The dtype's name in kDtypeNames.
+constexpr const char* dtype_name(Dtype d) { return enum_name(kDtypeNames, d); }
+/// Dtype from its name; throws InvalidArgument listing the names.
+inline Dtype dtype_from_name(const std::string& name) { return enum_from_name(kDtypeNames, name, "dtype"); }
 
 /// What crosses a stage boundary (or is loaded): a tensor rows x seq x hidden, plus, when enc_seq
 /// > 0, the encoder output rows x enc_seq x hidden (decoder stages of encoder-decoder models).

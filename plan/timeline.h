@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "common/enum_names.h"
 
 namespace packpipe::plan {
 
@@ -16,8 +19,13 @@ enum class OpKind : std::uint8_t {
   BackwardInput,   ///< input gradients only (zero-bubble schedules)
   BackwardWeight,  ///< weight gradients only, after BackwardInput of the same (mb, stage)
 };
-/// "F", "B", "I", "W" (PyTorch's action tokens).
-const char* op_kind_token(OpKind k);
+/// The one token table: "F", "B", "I", "W" (PyTorch's action tokens).
+inline constexpr EnumName<OpKind> kOpKindTokens[] = {
+    {OpKind::Forward, "F"}, {OpKind::Backward, "B"}, {OpKind::BackwardInput, "I"}, {OpKind::BackwardWeight, "W"}};
+/// The kind's token in kOpKindTokens.
+constexpr const char* op_kind_token(OpKind k) { return enum_name(kOpKindTokens, k); }
+/// The kind of a token; throws InvalidArgument listing the tokens.
+inline OpKind op_kind_from_token(std::string_view token) { return enum_from_name(kOpKindTokens, token, "op kind"); }
 
 /// One compute operation of a rank, with its simulated start and end.
 struct ScheduledOp {

@@ -505,32 +505,12 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
 
 }  // namespace detail
 
-const char* schedule_kind_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
-    case ScheduleKind::Cyclic: return "cyclic";
-    case ScheduleKind::WaitFreeCyclic: return "wait-free-cyclic";
-    case ScheduleKind::ZeroBubble: return "zero-bubble";
-  }
-  return "?";
-}
-
-ScheduleKind schedule_kind_from_name(const std::string& name) {
-  for (ScheduleKind k : all_schedule_kinds()) {
-    if (name == schedule_kind_name(k)) return k;
-  }
-  PACKPIPE_THROW(::packpipe::InvalidArgument,
-                 "unknown schedule '{}': expected gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic or "
-                 "zero-bubble",
-                 name);
-}
-
 const std::vector<ScheduleKind>& all_schedule_kinds() {
-  static const std::vector<ScheduleKind> kinds = {ScheduleKind::GPipe,          ScheduleKind::OneFOneB,
-                                                  ScheduleKind::Interleaved1F1B, ScheduleKind::Cyclic,
-                                                  ScheduleKind::WaitFreeCyclic, ScheduleKind::ZeroBubble};
+  static const std::vector<ScheduleKind> kinds = [] {
+    std::vector<ScheduleKind> v;
+    for (const auto& x : kScheduleKindNames) v.push_back(x.value);
+    return v;
+  }();
   return kinds;
 }
 

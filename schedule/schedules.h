@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "schedule/stage_costs.h"
 #include "schedule/simulator.h"
 
@@ -17,11 +18,22 @@ namespace pl = ::packpipe::plan;
 
 enum class ScheduleKind : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, Cyclic, WaitFreeCyclic, ZeroBubble };
 
-/// "gpipe", "1f1b", "interleaved-1f1b", "cyclic", "wait-free-cyclic", "zero-bubble".
-const char* schedule_kind_name(ScheduleKind k);
+/// The one name table, in the order of all_schedule_kinds(): "gpipe", "1f1b", "interleaved-1f1b",
+/// "cyclic", "wait-free-cyclic", "zero-bubble".
+inline constexpr EnumName<ScheduleKind> kScheduleKindNames[] = {
+    {ScheduleKind::GPipe, "gpipe"},
+    {ScheduleKind::OneFOneB, "1f1b"},
+    {ScheduleKind::Interleaved1F1B, "interleaved-1f1b"},
+    {ScheduleKind::Cyclic, "cyclic"},
+    {ScheduleKind::WaitFreeCyclic, "wait-free-cyclic"},
+    {ScheduleKind::ZeroBubble, "zero-bubble"}};
+/// The kind's name in kScheduleKindNames.
+constexpr const char* schedule_kind_name(ScheduleKind k) { return enum_name(kScheduleKindNames, k); }
 /// The kind from its name; throws InvalidArgument listing the names.
-ScheduleKind schedule_kind_from_name(const std::string& name);
-/// Every kind, in the order above.
+inline ScheduleKind schedule_kind_from_name(const std::string& name) {
+  return enum_from_name(kScheduleKindNames, name, "schedule");
+}
+/// Every kind, in the order of kScheduleKindNames.
 const std::vector<ScheduleKind>& all_schedule_kinds();
 /// Whether `k` can order `microbatches` micro-batches on `ranks` ranks with `chunks` virtual
 /// stages per rank; when not, `why` (if given) says why. 1F1B needs chunks == 1; interleaved 1F1B

@@ -94,7 +94,7 @@ expect_error "bad.txt:2: rows must be a non-negative integer" schedule "$tmp/bad
 printf '4 512 none extra\n' > "$tmp/bad2.txt"
 expect_error "bad2.txt:1: unexpected field 'extra'" schedule "$tmp/bad2.txt"
 printf '4 512 fast\n' > "$tmp/bad3.txt"
-expect_error "recompute must be none, selective or full" schedule "$tmp/bad3.txt"
+expect_error "recompute must be one of none, selective, full" schedule "$tmp/bad3.txt"
 printf '# nothing\n' > "$tmp/empty.txt"
 expect_error "no micro-batches" schedule "$tmp/empty.txt"
 expect_error "cannot open" schedule "$tmp/missing.txt"
