@@ -49,7 +49,7 @@ E enum_from_name(const EnumName<E> (&table)[N], std::string_view name, const cha
   for (const auto& x : table) {
     if (name == x.name) return x.value;
   }
-  PACKPIPE_THROW(InvalidArgument, "unknown {} '{}' (expected {})", what, name, enum_name_list(table));
+  throw InvalidArgument(fmt::format("unknown {} '{}' (expected {})", what, name, enum_name_list(table)));
 }
 
 }  // namespace packpipe

@@ -85,11 +85,11 @@ def test_options_repr_round_trips_and_equality():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("method", "greedy", "unknown partition method 'greedy'; expected dp, dynapipe, fixed, tokens or packing"),
-    ("recompute", "some", "unknown recompute policy 'some'; expected auto, none, selective or full"),
-    ("oversize", "squash", "unknown oversize policy 'squash'; expected error, truncate or drop"),
-    ("cost_basis", "flops", "unknown cost basis 'flops'; expected auto, stages or dynapipe"),
-    ("order", "tsp", "unknown encoder-decoder order 'tsp'; expected auto, sorted or path"),
+    ("method", "greedy", r"unknown partition method 'greedy' \(expected dp, dynapipe, fixed, tokens, packing\)"),
+    ("recompute", "some", r"unknown recompute policy 'some' \(expected auto, none, selective, full\)"),
+    ("oversize", "squash", r"unknown oversize policy 'squash' \(expected error, truncate, drop\)"),
+    ("cost_basis", "flops", r"unknown cost basis 'flops' \(expected auto, stages, dynapipe\)"),
+    ("order", "tsp", r"unknown encoder-decoder order 'tsp' \(expected auto, sorted, path\)"),
     ("mbs", -1, "mbs must not be negative, found -1"),
     ("tokens", -1, "tokens must not be negative"),
     ("tokens", 2**64, "tokens must be at most"),
