@@ -37,7 +37,7 @@ cm::Query make_query(const std::string& kind, std::int64_t mbs, std::int64_t seq
 py::dict model_dict(const cm::ModelSpec& m) {
   py::dict d;
   d["name"] = m.name;
-  d["arch"] = m.arch == cm::Architecture::DecoderOnly ? "decoder_only" : "encoder_decoder";
+  d["arch"] = cm::architecture_name(m.arch);
   d["num_layers"] = m.num_layers;
   d["encoder_layers"] = m.encoder_layers;
   d["decoder_layers"] = m.decoder_layers;

@@ -43,6 +43,15 @@ std::vector<std::string> enum_names(const EnumName<E> (&table)[N]) {
   return v;
 }
 
+/// The entry named `name`, or null (for parsers that word their own message, e.g. naming a file).
+template <class E, std::size_t N>
+constexpr const EnumName<E>* enum_find(const EnumName<E> (&table)[N], std::string_view name) {
+  for (const auto& x : table) {
+    if (name == x.name) return &x;
+  }
+  return nullptr;
+}
+
 /// The value named `name`; throws InvalidArgument "unknown <what> '<name>' (expected a, b, c)".
 template <class E, std::size_t N>
 E enum_from_name(const EnumName<E> (&table)[N], std::string_view name, const char* what) {

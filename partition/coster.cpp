@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "common/rng.h"
 #include "common/target_clones.h"
 #include "partition/detail/coster.h"
 
@@ -244,7 +245,7 @@ std::int64_t Coster::shared_rows(std::size_t k, cm::Query query, std::int64_t ro
   const std::uint64_t key = (static_cast<std::uint64_t>(k) << 61) |
                             (static_cast<std::uint64_t>(rc_index(query.recompute)) << 58) |
                             (static_cast<std::uint64_t>(query.seq) << 29) | static_cast<std::uint64_t>(query.dec_seq);
-  RecentKind& recent = recent_kinds_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+  RecentKind& recent = recent_kinds_[(key * kSplitMixGamma) >> (64 - kRecentBits)];
   if (recent.rows == nullptr || recent.key != key) {
     recent.rows = &memo_->kind_rows[key];
     recent.key = key;
@@ -405,7 +406,7 @@ const RcCost& Coster::get(std::int64_t rows, std::int64_t le, std::int64_t ld, c
   if (key != last_key_ || last_row_ == nullptr) {  // windows of one start mostly share (le, ld)
     // Shapes recur from start to start: a small direct-mapped cache of row vectors (stable
     // addresses: the memo's nodes are not erased during a call) before the hash map.
-    RecentShape& slot = recent_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+    RecentShape& slot = recent_[(key * kSplitMixGamma) >> (64 - kRecentBits)];
     if (slot.row == nullptr || slot.key != key) {
       slot.row = &memo_->shapes[key];
       slot.key = key;

@@ -38,15 +38,8 @@ std::string pytorch_compute_csv(const Plan& plan) {
   for (std::size_t r = 0; r < plan.streams.size(); ++r) {
     bool first = true;
     for (const Instruction& ins : plan.streams[r]) {
-      const char* token = nullptr;
-      switch (ins.op) {
-        case Opcode::Forward: token = "F"; break;
-        case Opcode::Backward: token = "B"; break;
-        case Opcode::BackwardInput: token = "I"; break;
-        case Opcode::BackwardWeight: token = "W"; break;
-        default: break;
-      }
-      if (token == nullptr) continue;
+      if (!is_compute(ins.op)) continue;
+      const char* token = op_kind_token(compute_kind(ins.op));
       if (!first) out += ',';
       first = false;
       out += fmt::format("{}{}{}", ins.stage, token, ins.mb);

@@ -637,11 +637,9 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     t.hidden = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "hidden"), ptr + "/hidden", 0xFFFFFFFFull));
     t.enc_seq = static_cast<std::uint32_t>(in.u64(in.at(s, ptr, "enc_seq"), ptr + "/enc_seq", 0xFFFFFFFFull));
     const std::string d = in.str(in.at(s, ptr, "dtype"), ptr + "/dtype");
-    try {
-      t.dtype = dtype_from_name(d);
-    } catch (const InvalidArgument&) {
-      in.fail(ptr + "/dtype", fmt::format("expected fp16, bf16, fp32, int32 or int64, found \"{}\"", d));
-    }
+    const auto* dt = enum_find(kDtypeNames, d);
+    if (dt == nullptr) in.fail(ptr + "/dtype", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kDtypeNames), d));
+    t.dtype = dt->value;
     p.shapes.push_back(t);
   }
   const Json& mbs = in.arr(in.at(j, "", "microbatches"), "/microbatches");
@@ -675,9 +673,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     const auto pk = in.u_list<std::uint64_t>(in.at(o, ptr, "peak_bytes"), ptr + "/peak_bytes", V);
     for (std::size_t v = 0; v < V; ++v) {
       const std::string name = in.str(rc[v], ptr + "/recompute/" + std::to_string(v));
-      const auto* mode = std::find_if(std::begin(kRecomputeNames), std::end(kRecomputeNames),
-                                      [&](const auto& x) { return name == x.name; });
-      if (mode == std::end(kRecomputeNames)) {
+      const auto* mode = enum_find(kRecomputeNames, name);
+      if (mode == nullptr) {
         in.fail(ptr + "/recompute/" + std::to_string(v),
                 fmt::format("expected one of {}, found \"{}\"", enum_name_list(kRecomputeNames), name));
       }
@@ -736,11 +733,9 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
         const Json& a = in.arr(ops[i], ptr, 5);
         ScheduledOp op;
         const std::string k = in.str(a[0], ptr + "/0");
-        if (k == "F") op.kind = OpKind::Forward;
-        else if (k == "B") op.kind = OpKind::Backward;
-        else if (k == "I") op.kind = OpKind::BackwardInput;
-        else if (k == "W") op.kind = OpKind::BackwardWeight;
-        else in.fail(ptr + "/0", fmt::format("expected F, B, I or W, found \"{}\"", k));
+        const auto* kind = enum_find(kOpKindTokens, k);
+        if (kind == nullptr) in.fail(ptr + "/0", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kOpKindTokens), k));
+        op.kind = kind->value;
         op.mb = static_cast<std::uint32_t>(in.u64(a[1], ptr + "/1", 0xFFFFFFFFull));
         op.vstage = static_cast<std::uint32_t>(in.u64(a[2], ptr + "/2", 0xFFFFFFFFull));
         op.start_ms = in.num(a[3], ptr + "/3");

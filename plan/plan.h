@@ -61,6 +61,14 @@ struct PlanMicroBatch {
   bool operator==(const PlanMicroBatch& o) const;
 };
 
+/// The op kind of a compute opcode (FWD, BWD, BWD_I, BWD_W); is_compute(op) must hold.
+constexpr OpKind compute_kind(Opcode op) {
+  return op == Opcode::Forward          ? OpKind::Forward
+         : op == Opcode::Backward       ? OpKind::Backward
+         : op == Opcode::BackwardInput  ? OpKind::BackwardInput
+                                        : OpKind::BackwardWeight;
+}
+
 /// One iteration's plan.
 struct Plan {
   std::uint64_t iteration = 0;

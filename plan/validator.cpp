@@ -316,10 +316,7 @@ class Checker {
       for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
         const Instruction& ins = p.streams[r][i];
         if (!is_compute(ins.op)) continue;
-        const OpKind kind = ins.op == Opcode::Forward    ? OpKind::Forward
-                            : ins.op == Opcode::Backward ? OpKind::Backward
-                            : ins.op == Opcode::BackwardInput ? OpKind::BackwardInput
-                                                               : OpKind::BackwardWeight;
+        const OpKind kind = compute_kind(ins.op);
         if (k >= ops.size()) {
           add("timeline", R, static_cast<std::int64_t>(k),
               fmt::format("the stream's compute op #{} ({}) has no timeline op (the timeline holds {})", k,

@@ -17,16 +17,19 @@ struct Pipeline {
   std::vector<RankRecord> records;
   std::vector<std::string> errors;
   std::vector<std::thread> threads;
+  TransportFactory transports;  // kept here: the threads use it after start() returns
 
   explicit Pipeline(const plan::Plan& p) : plan(p), group(std::max<std::uint32_t>(p.ranks, 1)) {
     records.resize(group.ranks());
     errors.resize(group.ranks());
   }
 
-  void start(const HandlerFactory& handlers, const ExecutorOptions& options, const TransportFactory& transports,
+  // `handlers` and `options` must outlive join().
+  void start(const HandlerFactory& handlers, const ExecutorOptions& options, TransportFactory make_transport,
              Clock::time_point epoch) {
+    transports = std::move(make_transport);
     for (std::uint32_t r = 0; r < group.ranks(); ++r) {
-      threads.emplace_back([this, r, &handlers, &options, &transports, epoch] {
+      threads.emplace_back([this, r, &handlers, &options, epoch] {
         try {
           std::unique_ptr<Transport> t = transports ? transports(group, r) : group.transport(r);
           std::unique_ptr<StageHandler> h = handlers(r);

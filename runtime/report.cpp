@@ -23,15 +23,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-pl::OpKind kind_of(pl::Opcode op) {
-  switch (op) {
-    case pl::Opcode::Forward: return pl::OpKind::Forward;
-    case pl::Opcode::Backward: return pl::OpKind::Backward;
-    case pl::Opcode::BackwardInput: return pl::OpKind::BackwardInput;
-    default: return pl::OpKind::BackwardWeight;
-  }
-}
-
 std::int64_t first_start(const ExecutedPlan& e) {
   std::int64_t t = std::numeric_limits<std::int64_t>::max();
   for (const auto& r : e.records) t = std::min(t, r.start_ns);
@@ -75,7 +66,7 @@ RunSummary summarize(const std::vector<ExecutedPlan>& runs, double time_scale) {
       for (std::size_t i = 0; i < rec.times.size(); ++i) {
         const pl::Instruction& ins = p.streams[r][i];
         if (!pl::is_compute(ins.op)) continue;
-        const pl::OpKind k = kind_of(ins.op);
+        const pl::OpKind k = pl::compute_kind(ins.op);
         auto it = planned.find({static_cast<int>(k), ins.mb, ins.stage});
         if (it == planned.end() || it->second <= 0) continue;
         const double measured = static_cast<double>(rec.times[i].end_ns - rec.times[i].start_ns) / 1e6;
@@ -110,7 +101,7 @@ std::string trace_json(const std::vector<ExecutedPlan>& runs, double time_scale)
         const pl::Instruction& ins = p.streams[r][i];
         const double a = ms(rec.times[i].start_ns), b = ms(rec.times[i].end_ns);
         if (pl::is_compute(ins.op)) {
-          measured.ops[r].push_back(pl::ScheduledOp{kind_of(ins.op), ins.mb, ins.stage, a, b});
+          measured.ops[r].push_back(pl::ScheduledOp{pl::compute_kind(ins.op), ins.mb, ins.stage, a, b});
         } else if ((ins.op == pl::Opcode::RecvActWait || ins.op == pl::Opcode::RecvGradWait ||
                     ins.op == pl::Opcode::SendActWait || ins.op == pl::Opcode::SendGradWait) && b - a > 0.001) {
           measured.events.push_back(pl::TraceEvent{static_cast<std::uint32_t>(r),

@@ -374,7 +374,7 @@ std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& p, st
   std::iota(perm.begin(), perm.end(), std::size_t{0});
   std::uint64_t index = 0;
   do {
-    SplitMix64 rng(seed ^ (0x9E3779B97F4A7C15ull * (index + 1)));
+    SplitMix64 rng(seed ^ (kSplitMixGamma * (index + 1)));
     ++index;
     std::vector<std::uint32_t> ord;
     ord.reserve(M);
