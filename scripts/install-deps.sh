@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake make g++ clang libclang-rt-14-dev pkg-config
       libtbb-dev libzstd-dev zstd libxxhash-dev pybind11-dev catch2 libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libfmt-dev python3-dev python3-numpy python3-pytest)
+      nlohmann-json3-dev libcli11-dev libfmt-dev python3-dev python3-numpy python3-pytest python3-torch python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
