@@ -112,7 +112,7 @@ void BM_BuildPlan(benchmark::State& state) {
                          : synthetic::random_case(zb ? "zero-bubble" : "1f1b", 8, zb ? 2 : 1, 40, 3);
   std::size_t n = 0;
   for (auto _ : state) {
-    const Plan p = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
+    const Plan p = make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options);
     n = p.instruction_count();
     benchmark::DoNotOptimize(n);
   }

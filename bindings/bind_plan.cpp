@@ -89,6 +89,23 @@ py::dict mb_dict(const pl::Plan& p, std::size_t m) {
                   : "?");
   }
   d["recompute"] = rc;
+  d["loss_tokens"] = mb.loss_tokens;
+  d["lengths"] = mb.lengths;
+  d["target_lengths"] = mb.target_lengths;
+  return d;
+}
+
+py::dict stage_dict(const pl::StageSpec& s) {
+  py::dict d;
+  d["encoder_layers"] = py::make_tuple(s.encoder_begin, s.encoder_begin + s.encoder_layers);
+  d["decoder_layers"] = py::make_tuple(s.decoder_begin, s.decoder_begin + s.decoder_layers);
+  d["embedding"] = s.embedding;
+  d["head"] = s.head;
+  py::list loads;
+  for (const auto& t : pl::kLoadTensorNames) {
+    if (s.loads & t.value) loads.append(t.name);
+  }
+  d["loads"] = loads;
   return d;
 }
 
@@ -152,6 +169,24 @@ void define_plan(py::module_& m) {
       .def_property_readonly("dp", [](const pl::Plan& p) { return p.dp; })
       .def_property_readonly("replica", [](const pl::Plan& p) { return p.replica; })
       .def_property_readonly("global_tokens", [](const pl::Plan& p) { return p.global_tokens; })
+      .def_property_readonly(
+          "stages",
+          [](const pl::Plan& p) {
+            py::list out;
+            for (const auto& s : p.stages) out.append(stage_dict(s));
+            return out;
+          },
+          "Per virtual stage: encoder_layers and decoder_layers as [begin, end) ranges, embedding, head, and the tensors "
+          "its LOAD_MB brings (empty list for a format-1 plan)")
+      .def_property_readonly("dtype", [](const pl::Plan& p) { return pl::dtype_name(p.dtype); },
+                             "Activations' and gradients' dtype between stages")
+      .def_property_readonly("loss_mode", [](const pl::Plan& p) { return pl::loss_mode_name(p.loss_mode); },
+                             "'all' (every next-token prediction) or 'targets' (target tokens only)")
+      .def_property_readonly("global_loss_tokens", [](const pl::Plan& p) { return p.global_loss_tokens; },
+                             "Loss tokens of the global batch over every replica (the loss weights' denominator)")
+      .def_property_readonly("tied_embedding", [](const pl::Plan& p) { return p.tied_embedding; })
+      .def("world_rank", &pl::Plan::world_rank, py::arg("replica"), py::arg("rank"),
+           "World rank of pipeline rank `rank` of replica `replica`: replica * ranks + rank")
       .def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })
       .def_property_readonly("memory_limit_bytes", [](const pl::Plan& p) { return p.memory_limit_bytes; })
       .def_property_readonly("static_bytes", [](const pl::Plan& p) { return p.static_bytes; })

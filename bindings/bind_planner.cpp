@@ -76,11 +76,27 @@ using EpochClass = py::class_<PyEpochPlanner, std::shared_ptr<PyEpochPlanner>>;
 
 const std::vector<std::int64_t> kBaselineMbs = planner::PlannerOptions{}.baseline_mbs;
 
+/// What the plans tell a trainer and which schedules it accepts (keywords of plan_batch and plan_epoch).
+struct TrainerArgs {
+  std::string loss = "all", dtype = "bf16", family = "any";
+  bool tied_embedding = false, split_backward = true, fallback = false;
+  void apply(planner::PlannerOptions& o) const {
+    o.loss_mode = pl::loss_mode_from_name(loss);
+    o.dtype = pl::dtype_from_name(dtype);
+    o.family = planner::schedule_family_from_name(family);
+    o.tied_embedding = tied_embedding;
+    o.allow_split_backward = split_backward;
+    o.fallback = fallback;
+  }
+};
+
 /// The options of plan_batch() and plan_epoch() as the library takes them.
 planner::PlannerOptions planner_options(const part::PipelineShape& shape, const part::PartitionOptions& options,
                                         const std::string& schedule, const py::object& seed, bool validate,
-                                        bool baselines, const std::vector<std::int64_t>& baseline_mbs) {
+                                        bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+                                        const TrainerArgs& trainer) {
   planner::PlannerOptions o;
+  trainer.apply(o);
   o.shape = shape;
   o.partition = options;
   o.schedule = schedule;
@@ -174,7 +190,9 @@ void define_results(py::module_& m) {
       .def_property_readonly("build_ms", result_of(&planner::IterationResult::build_ms),
                              "wall time of building (and validating) the plans")
       .def_property_readonly("planning_ms", result_of(&planner::IterationResult::planning_ms),
-                             "the three together");
+                             "the three together")
+      .def_property_readonly("schedule_note", result_of(&planner::IterationResult::schedule_note),
+                             "why a named schedule was not used (schedule_fallback=True), else ''");
   def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "plans", "planning_ms"});
 
   auto it = py::reinterpret_borrow<PlannedClass>(m.attr("PlannedIteration"));
@@ -187,6 +205,10 @@ void define_results(py::module_& m) {
           "target_lengths",
           [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.target, self); },
           "uint32 target lengths (encoder-decoder; empty for decoder-only models)")
+      .def_property_readonly(
+          "loss_tokens",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.loss, self); },
+          "uint32 tokens of each sample that carry loss (the plan_epoch loss mode), in batch order")
       .def_property_readonly(
           "refs",
           [](const py::object& self) {
@@ -254,11 +276,17 @@ void define_planner(py::module_& m) {
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
-         const std::vector<std::int64_t>& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache) {
+         const std::vector<std::int64_t>& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
+         const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
+         bool split_backward, const std::string& schedule_family, bool schedule_fallback) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
-        const part::BatchLengths b = batch_arg(input_lengths, target_lengths);
+        part::BatchLengths b = batch_arg(input_lengths, target_lengths);
+        b.loss = lengths_arg(loss_tokens, "loss_tokens");
+        PACKPIPE_CHECK_ARG(b.loss.empty() || b.loss.size() == b.input.size(),
+                           "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
+        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
         const planner::PlannerOptions o =
-            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs);
+            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs, trainer);
         const auto iter = count_arg<std::uint64_t>(iteration, "iteration");
         planner::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
@@ -273,11 +301,18 @@ void define_planner(py::module_& m) {
       py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
       py::arg("shape") = four, py::arg("options") = part::PartitionOptions{}, py::arg("schedule") = "search",
       py::arg("seed") = 1234, py::arg("iteration") = 0, py::arg("validate") = false, py::arg("baselines") = false,
-      py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr,
+      py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr, py::arg("loss_tokens") = py::none(),
+      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
+      py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
+      "loss_tokens: per sample, the tokens that carry loss (default: decoder-only n - 1, encoder-decoder the "
+      "target); loss: 'all' or 'targets' (recorded in the plans); tied_embedding: the embedding and the LM head "
+      "share a weight (REDUCE_TIED); dtype: activations between stages; split_backward=False excludes zero-bubble; "
+      "schedule_family: 'any', '1f1b', 'gpipe', 'cyclic' or 'zero-bubble'; schedule_fallback: a named schedule "
+      "that cannot run the micro-batch count falls back to the search (IterationResult.schedule_note says why). "
       "Out-of-range sizes and unknown names raise ValueError naming the argument.");
   m.def(
       "plan_epoch",
@@ -286,7 +321,9 @@ void define_planner(py::module_& m) {
          const py::object& global_batch_samples, const py::object& seed, const std::string& split,
          const py::object& epoch, const py::object& first_iteration, const py::object& iterations,
          const std::string& schedule, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
-         const py::object& threads, const py::object& depth, bool encode, bool compress) {
+         const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
+         bool tied_embedding, const std::string& dtype, bool split_backward, const std::string& schedule_family,
+         bool schedule_fallback) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         planner::EpochSpec spec;
         spec.sampler = dl::sampler_config(data.manifest());
@@ -304,7 +341,9 @@ void define_planner(py::module_& m) {
         eo.encoding.compress = compress;
         auto out = std::make_shared<PyEpochPlanner>();
         out->cost = cost;
-        planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs);
+        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
+        planner::PlannerOptions o =
+            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs, trainer);
         py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
         out->planner = std::make_unique<planner::EpochPlanner>(data, *cost, std::move(o), std::move(spec), eo);
         return out;
@@ -315,6 +354,8 @@ void define_planner(py::module_& m) {
       py::arg("first_iteration") = 0, py::arg("iterations") = 0, py::arg("schedule") = "search",
       py::arg("validate") = false, py::arg("baselines") = false, py::arg("baseline_mbs") = kBaselineMbs,
       py::arg("threads") = 0, py::arg("depth") = 0, py::arg("encode") = false, py::arg("compress") = false,
+      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
+      py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::keep_alive<0, 2>(),
       "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
       "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "

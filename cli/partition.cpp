@@ -126,7 +126,7 @@ Json run_partition(const PartitionCliOptions& o) {
     }
     b.target.clear();
   }
-  const part::PipelineShape sh = o.shape_args.shape();
+  const part::PipelineShape sh = o.shape_args.shape(cost.get());
   const auto vs = part::virtual_stages(cost->model(), sh);
   part::PartitionOptions po;
   po.method = part::partition_method_from_name(o.method);

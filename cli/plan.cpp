@@ -54,6 +54,8 @@ struct PlanCliOptions {
   bool no_baselines = false, validate = false, compress = false, json = false;
   std::string out, report, trace;
   int threads = 0;
+  std::string dtype = "bf16", loss = "all", family = "any";
+  bool tied_embedding = false, no_split_backward = false, fallback = false;
 };
 
 /// One iteration's outcome kept for the report (plans are already written).
@@ -64,6 +66,7 @@ struct Row {
   planner::BaselineGrid fixed, packing;
   double partition_ms = 0, schedule_ms = 0, build_ms = 0, planning_ms = 0;
   std::uint64_t truncated = 0, dropped = 0;
+  std::string schedule_note;
 };
 
 /// Range checks of the options that are not the pipeline shape (ShapeArgs checks that), before
@@ -158,9 +161,9 @@ void check_plan_outputs(const PlanCliOptions& o, const dl::MultiTaskDataset& dat
 }
 
 /// The planner's options from the command line.
-planner::PlannerOptions planner_options(const PlanCliOptions& o) {
+planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostModel& cost) {
   planner::PlannerOptions po;
-  po.shape = o.shape_args.shape();
+  po.shape = o.shape_args.shape(&cost);
   po.partition.method = part::partition_method_from_name(o.method);
   po.partition.recompute = part::recompute_policy_from_name(o.recompute);
   po.partition.round_multiple = o.round_multiple;
@@ -172,6 +175,12 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o) {
   po.baselines = !o.no_baselines;
   po.baseline_mbs = o.baseline_mbs;
   po.keep_timeline = true;
+  po.dtype = pl::dtype_from_name(o.dtype);
+  po.loss_mode = pl::loss_mode_from_name(o.loss);
+  po.family = planner::schedule_family_from_name(o.family);
+  po.tied_embedding = o.tied_embedding;
+  po.allow_split_backward = !o.no_split_backward;
+  po.fallback = o.fallback;
   return po;
 }
 
@@ -213,6 +222,7 @@ Row report_row(planner::IterationResult& r) {
   row.schedule_ms = r.schedule_ms;
   row.build_ms = r.build_ms;
   row.planning_ms = r.planning_ms;
+  row.schedule_note = r.schedule_note;
   row.truncated = r.truncated;
   row.dropped = r.dropped;
   return row;
@@ -311,6 +321,7 @@ Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions
       it["dropped"] = r.dropped;
     }
     it["planning_ms"] = r.planning_ms;
+    if (!r.schedule_note.empty()) it["schedule_note"] = r.schedule_note;
     it["partition_ms"] = r.partition_ms;
     it["schedule_ms"] = r.schedule_ms;
     it["build_ms"] = r.build_ms;
@@ -427,7 +438,7 @@ Json run_plan(const PlanCliOptions& o) {
                                                        : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
   check_plan_outputs(o, data);
   const auto cost = o.costs.make();
-  const planner::PlannerOptions po = planner_options(o);
+  const planner::PlannerOptions po = planner_options(o, *cost);
   const Planned planned = plan_epoch(o, data, *cost, po);
   Json j = report_json(o, *cost, po, planned);
   if (!o.report.empty()) write_file_atomic(o.report, j.dump(2) + "\n");
@@ -526,6 +537,22 @@ void register_plan_commands(CLI::App& app) {
                   "Recompute policy: " + enum_name_list(part::kRecomputePolicyNames) + " (auto: per micro-batch)")
       ->check(one_of(part::kRecomputePolicyNames));
   cmd->add_option("--round-multiple", o->round_multiple, "Pad lengths to a multiple of this")->capture_default_str();
+  cmd->add_option("--schedule-family", o->family,
+                  "The search (and a fallback) choose within: " + enum_name_list(planner::kScheduleFamilyNames))
+      ->check(one_of(planner::kScheduleFamilyNames))
+      ->capture_default_str();
+  cmd->add_flag("--no-split-backward", o->no_split_backward,
+                "Never split a backward into input and weight gradients (no zero-bubble)");
+  cmd->add_flag("--schedule-fallback", o->fallback,
+                "A named schedule that cannot run an iteration's micro-batch count falls back to the search");
+  cmd->add_option("--dtype", o->dtype, "Activations between stages: fp16, bf16 or fp32")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}))
+      ->capture_default_str();
+  cmd->add_option("--loss", o->loss, "Tokens that carry loss: " + enum_name_list(pl::kLossModeNames))
+      ->check(one_of(pl::kLossModeNames))
+      ->capture_default_str();
+  cmd->add_flag("--tied-embedding", o->tied_embedding,
+                "The embedding and the LM head share a weight: plans sum its gradient (REDUCE_TIED)");
   cmd->add_option("--oversize", o->oversize,
                   "A sample that cannot fit in memory even alone: " + enum_name_list(part::kOversizePolicyNames) +
                       " (error: stop, naming it)")

@@ -117,7 +117,7 @@ void run_schedule(const ScheduleOptionsCli& o) {
   }
   const auto mbs = read_microbatches(o.input);
   const auto cost = o.costs.make();
-  const part::PipelineShape shape = o.shape_args.shape();
+  const part::PipelineShape shape = o.shape_args.shape(cost.get());
   const auto vs = part::virtual_stages(cost->model(), shape);
   const sched::SimProblem problem = sched::make_sim_problem(sched::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);
   const double limit = problem.memory_limit_bytes;

@@ -16,6 +16,7 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "costmodel/factory.h"
+#include "planner/planner.h"
 
 namespace packpipe::cli {
 
@@ -247,9 +248,13 @@ void ShapeArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--tp", tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--zero", zero, "ZeRO stage of the optimizer state (0-3)")->capture_default_str();
   cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)");
+  cmd->add_option("--layer-split", layer_split,
+                  "Layers per virtual stage: even, balanced (stage times balanced on the cost model, embedding and "
+                  "head included), or a comma-separated list")
+      ->capture_default_str();
 }
 
-part::PipelineShape ShapeArgs::shape() const {
+part::PipelineShape ShapeArgs::shape(const costmodel::CostModel* cost) const {
   constexpr std::int64_t kMax = part::kMaxPipelineSize;
   check_option_range("--stages", stages, 1, kMax);
   check_option_range("--chunks", chunks, 1, kMax);
@@ -269,6 +274,20 @@ part::PipelineShape ShapeArgs::shape() const {
   s.tp = tp;
   s.zero_stage = zero;
   s.memory_limit_mb = memory_mb;
+  if (layer_split == "balanced") {
+    PACKPIPE_CHECK_ARG(cost != nullptr, "--layer-split balanced needs a cost model");
+    // A reference micro-batch of one 2048-token row: embedding, layers and head scale alike with tokens.
+    s.stage_layers = planner::balanced_stage_layers(*cost, s, 1, 2048, 512);
+  } else if (layer_split != "even") {
+    std::size_t pos = 0;
+    while (pos <= layer_split.size()) {
+      const std::size_t end = std::min(layer_split.find(',', pos), layer_split.size());
+      const std::string item = layer_split.substr(pos, end - pos);
+      s.stage_layers.push_back(static_cast<std::int64_t>(
+          parse_unsigned_field(item, 1u << 20, fmt::format("--layer-split '{}'", layer_split), "layers of a stage")));
+      pos = end + 1;
+    }
+  }
   return s;
 }
 

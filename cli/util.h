@@ -86,12 +86,13 @@ struct ShapeArgs {
   std::int64_t tp = 1;
   int zero = 1;
   double memory_mb = 0;
+  std::string layer_split = "even";
   /// Registers the options on `cmd` with `stages` as the default stage count.
   void add_to(CLI::App* cmd);
   /// The pipeline shape; throws InvalidArgument naming the option and its limit for a size out of
   /// range (partition::kMaxPipelineSize; the layers are checked against the model by
-  /// partition::virtual_stages).
-  part::PipelineShape shape() const;
+  /// partition::virtual_stages). --layer-split balanced is resolved against `cost` (when given).
+  part::PipelineShape shape(const costmodel::CostModel* cost = nullptr) const;
 };
 
 /// Human-readable byte count ("1.5 MiB").

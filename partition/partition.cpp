@@ -1088,6 +1088,8 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   record_new_share(r);
   result.truncated = std::move(r.truncated);
   result.dropped = std::move(r.dropped);
+  result.lengths.input = std::move(r.len.in);
+  if (encdec) result.lengths.target = std::move(r.len.tg);
   return result;
 }
 

@@ -168,6 +168,7 @@ struct Partition {
   cm::Recompute dynapipe_recompute = cm::Recompute::None;  ///< dynapipe: the iteration-wide mode chosen
   double memory_limit_mb = 0;        ///< the limit checked
   std::vector<std::uint32_t> truncated;  ///< sample ids truncated (OversizePolicy::Truncate)
+  BatchLengths lengths;                  ///< the batch as partitioned: input and target lengths after truncation
   std::vector<std::uint32_t> dropped;    ///< sample ids dropped (OversizePolicy::Drop)
   std::int64_t tau_evaluations = 0;  ///< min-sum DP runs (one per cap tried)
 };

@@ -25,6 +25,43 @@ void check_shape(const PipelineShape& shape) {
                      shape.memory_limit_mb);
 }
 
+namespace {
+
+// An explicit uneven split: every stage at least one layer, no side more layers than the model has.
+void apply_stage_layers(const cm::ModelSpec& model, const PipelineShape& shape, std::vector<VirtualStage>& out) {
+  const auto V = static_cast<std::int64_t>(out.size());
+  PACKPIPE_CHECK_ARG(static_cast<std::int64_t>(shape.stage_layers.size()) == V,
+                     "stage_layers lists {} stages, the pipeline has {} virtual stages (stages {} x chunks {})",
+                     shape.stage_layers.size(), V, shape.stages, shape.chunks);
+  for (std::size_t v = 0; v < shape.stage_layers.size(); ++v) {
+    PACKPIPE_CHECK_ARG(shape.stage_layers[v] >= 1, "stage_layers[{}] must be at least 1, found {}", v,
+                       shape.stage_layers[v]);
+  }
+  const bool encdec = model.arch != cm::Architecture::DecoderOnly;
+  PACKPIPE_CHECK_ARG(!encdec || V % 2 == 0, "encoder-decoder model '{}' needs an even number of virtual stages for "
+                     "stage_layers, found {}", model.name, V);
+  const std::int64_t half = encdec ? V / 2 : V;
+  std::int64_t enc = 0, dec = 0;
+  for (std::int64_t v = 0; v < V; ++v) {
+    if (v < half) {
+      out[v].layout.encoder_layers = shape.stage_layers[v];
+      enc += shape.stage_layers[v];
+    } else {
+      out[v].layout.decoder_layers = shape.stage_layers[v];
+      dec += shape.stage_layers[v];
+    }
+  }
+  const std::int64_t enc_max = encdec ? model.encoder_layers : model.num_layers;
+  PACKPIPE_CHECK_ARG(enc <= enc_max && dec <= model.decoder_layers,
+                     "stage_layers place {} {} layers{}, more than the {} of '{}'", enc,
+                     encdec ? "encoder" : "", encdec ? fmt::format(" and {} decoder layers", dec) : std::string(),
+                     encdec ? fmt::format("{} encoder and {} decoder layers", model.encoder_layers, model.decoder_layers)
+                            : fmt::format("{} layers", model.num_layers),
+                     model.name);
+}
+
+}  // namespace
+
 std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const PipelineShape& shape) {
   check_shape(shape);
   PACKPIPE_CHECK_ARG(model.heads <= 0 || (model.heads % shape.tp == 0 && model.kv_heads % shape.tp == 0),
@@ -63,7 +100,9 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
     out[v].index = v;
     out[v].rank = v % shape.stages;
   }
-  if (model.arch == cm::Architecture::DecoderOnly) {
+  if (!shape.stage_layers.empty()) {
+    apply_stage_layers(model, shape, out);
+  } else if (model.arch == cm::Architecture::DecoderOnly) {
     const std::int64_t per = shape.layers_per_stage > 0 ? shape.layers_per_stage : model.num_layers / V;
     PACKPIPE_CHECK_ARG(per >= 1 && (shape.layers_per_stage > 0 || model.num_layers % V == 0),
                        "{} layers of '{}' do not divide into {} virtual stages (stages {} x chunks {}); "

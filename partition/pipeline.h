@@ -1,5 +1,6 @@
-// Types shared by the partitioner, the schedules, the simulator and the instruction streams: the
-// pipeline shape, its virtual stages, micro-batches, per-stage costs and scheduled operations.
+// The partitioner's types that the layers above share: the pipeline shape, its virtual stages,
+// a global batch's lengths and micro-batches. (Per-stage costs: schedule/stage_costs.h; scheduled
+// operations: plan/timeline.h.)
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,10 @@ struct PipelineShape {
   std::int64_t tp = 1;                ///< tensor-parallel ranks
   int zero_stage = 1;                 ///< ZeRO stage of the optimizer (0-3)
   double memory_limit_mb = 0;         ///< per device, MB = 1e6 bytes; 0: the device's memory
+  /// Layers of each virtual stage in pipeline order (an uneven split, e.g. planner::balanced_stage_layers);
+  /// empty: layers_per_stage, or the model's layers split evenly. Encoder-decoder models: the first
+  /// half are encoder stages, the second decoder stages.
+  std::vector<std::int64_t> stage_layers;
   /// S c
   std::int64_t vstages() const { return stages * chunks; }
 };
@@ -59,6 +64,9 @@ void check_shape(const PipelineShape& shape);
 struct BatchLengths {
   std::vector<std::uint32_t> input;
   std::vector<std::uint32_t> target;
+  /// Per sample: the tokens that carry loss (optional; the partitioner ignores it, the planner
+  /// derives a default when empty: decoder-only n - 1, encoder-decoder the target).
+  std::vector<std::uint32_t> loss;
   bool encoder_decoder() const { return !target.empty(); }
   std::size_t size() const { return input.size(); }
 };

@@ -122,13 +122,29 @@ class Builder {
     plan.memory_limit_bytes = opt_.memory_limit_bytes;
     plan.makespan_ms = sched_.makespan_ms;
     plan.stage_rank.resize(static_cast<std::size_t>(V_));
+    plan.stages.resize(static_cast<std::size_t>(V_));
     for (std::int64_t v = 0; v < V_; ++v) {
-      PACKPIPE_CHECK_ARG(stages_[v].rank < S_, "build_plan: virtual stage {} on rank {} of {}", v, stages_[v].rank, S_);
-      plan.stage_rank[v] = stages_[v].rank;
+      const StageInfo& st = stages_[v];
+      PACKPIPE_CHECK_ARG(st.rank < S_, "build_plan: virtual stage {} on rank {} of {}", v, st.rank, S_);
+      plan.stage_rank[v] = st.rank;
+      StageSpec& spec = plan.stages[v];
+      spec.encoder_begin = st.encoder_begin;
+      spec.encoder_layers = st.encoder_layers;
+      spec.decoder_begin = st.decoder_begin;
+      spec.decoder_layers = st.decoder_layers;
+      spec.embedding = st.embedding;
+      spec.head = st.head;
     }
-    std::uint64_t tokens = 0;
-    for (const auto& mb : mbs) tokens += mb.tokens;
+    std::uint64_t tokens = 0, loss_tokens = 0;
+    for (const auto& mb : mbs) {
+      tokens += mb.tokens;
+      loss_tokens += mb.loss_tokens;
+    }
     plan.global_tokens = opt_.global_tokens > 0 ? opt_.global_tokens : tokens;
+    plan.dtype = opt_.dtype;
+    plan.loss_mode = opt_.loss_mode;
+    plan.global_loss_tokens = opt_.global_loss_tokens > 0 ? opt_.global_loss_tokens : loss_tokens;
+    plan.tied_embedding = opt_.tied_embedding;
     plan.microbatches = std::move(mbs);
     plan.recompute.resize(static_cast<std::size_t>(N_ * V_));
     plan.stored_bytes.assign(static_cast<std::size_t>(N_ * V_), 0);
@@ -138,7 +154,9 @@ class Builder {
     for (std::int64_t m = 0; m < N_; ++m) {
       PlanMicroBatch& out = plan.microbatches[m];
       out.loss_weight =
-          plan.global_tokens > 0 ? static_cast<double>(out.tokens) / static_cast<double>(plan.global_tokens) : 0.0;
+          plan.global_loss_tokens > 0 ? static_cast<double>(out.loss_tokens) / static_cast<double>(plan.global_loss_tokens)
+          : plan.global_tokens > 0    ? static_cast<double>(out.tokens) / static_cast<double>(plan.global_tokens)
+                                      : 0.0;
       out.refs.clear();
       if (opt_.sample_refs != nullptr) {
         for (std::uint32_t s : out.samples) {
@@ -161,19 +179,26 @@ class Builder {
     }
   }
 
-  // Which stages are decoders, and which load data.
+  // Which stages are decoders, and which load data (and what).
   void find_model_sides() {
     bool has_enc = false, has_dec = false;
     for (const auto& st : stages_) {
-      has_enc = has_enc || st.encoder;
-      has_dec = has_dec || st.decoder;
+      has_enc = has_enc || st.encoder_layers > 0;
+      has_dec = has_dec || st.decoder_layers > 0;
     }
     encdec_ = has_enc && has_dec;
     for (std::int64_t v = 0; v < V_ && encdec_; ++v) {
-      if (stages_[v].decoder) {
+      if (stages_[v].decoder_layers > 0) {
         first_dec_ = v;
         break;
       }
+    }
+    for (std::int64_t v = 0; v < V_; ++v) {
+      std::uint8_t loads = 0;
+      if (v == 0) loads |= kLoadInputIds | kLoadPositionIds;
+      if (encdec_ && v == first_dec_) loads |= kLoadDecoderInputIds;
+      if (v == V_ - 1) loads |= encdec_ ? kLoadDecoderLabels : kLoadLabels;
+      plan_.stages[v].loads = loads;
     }
   }
   bool needs_load(std::int64_t v) const { return v == 0 || v == V_ - 1 || (encdec_ && v == first_dec_); }
@@ -194,7 +219,7 @@ class Builder {
     s.rows = mb.rows;
     s.hidden = U32(opt_.hidden);
     s.dtype = opt_.dtype;
-    if (encdec_ && stages_[v].decoder) {
+    if (encdec_ && stages_[v].decoder_layers > 0) {
       s.seq = mb.padded_dec_len;
       s.enc_seq = mb.padded_len;
     } else {
@@ -207,8 +232,8 @@ class Builder {
     TensorShape s;
     s.rows = mb.rows;
     s.hidden = 1;
-    s.dtype = Dtype::I32;
-    s.seq = encdec_ && stages_[v].decoder && v > 0 ? mb.padded_dec_len : mb.padded_len;
+    s.dtype = Dtype::I64;
+    s.seq = encdec_ && stages_[v].decoder_layers > 0 && v > 0 ? mb.padded_dec_len : mb.padded_len;
     return intern(s);
   }
 
@@ -312,6 +337,7 @@ class Builder {
     ins.op = Opcode::Forward;
     ins.mb = U32(m);
     ins.stage = U32(v);
+    ins.mode = plan_.recompute[plan_.at(static_cast<std::size_t>(m), static_cast<std::size_t>(v))];
     if (needs_load(v)) {
       Instruction ld;
       ld.op = Opcode::LoadMb;
@@ -445,6 +471,14 @@ class Builder {
           g.op = Opcode::ReduceGrad;
           g.stage = U32(v);
           emit(r, end, kReduce, V_ - v, 0, 0, g);
+        }
+        // The tied embedding / head weight: after both stages' data-parallel reductions.
+        const std::uint32_t first = plan_.stage_rank.front(), last = plan_.stage_rank.back();
+        if (opt_.tied_embedding && first != last && (r == first || r == last)) {
+          Instruction t;
+          t.op = Opcode::ReduceTied;
+          t.stage = U32(r == first ? 0 : V_ - 1);
+          emit(r, end, kReduce, V_ + 1, 0, 0, t);
         }
         Instruction o;
         o.op = Opcode::OptStep;

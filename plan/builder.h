@@ -26,14 +26,19 @@ struct PlanOptions {
   bool iteration_markers = true;  ///< emit IterBegin / IterEnd
   bool reduce_and_step = true;    ///< emit ReduceGrad per stage and OptStep at the end
   bool keep_timeline = true;      ///< copy the simulated compute ops into Plan::timeline
+  LossMode loss_mode = LossMode::AllTokens;  ///< recorded in the plan (the loss tokens come with the micro-batches)
+  std::uint64_t global_loss_tokens = 0;      ///< over all dp replicas; 0: the loss tokens of these micro-batches
+  bool tied_embedding = false;    ///< emit REDUCE_TIED between the first and the last stage's ranks
 };
 
-/// A virtual stage as the builder needs it: the rank that runs it and the sides of the model its
-/// layers are on (decoder-only models: encoder, as the cost model counts their layers).
+/// A virtual stage as the builder needs it: the rank that runs it, its layers on each side of the
+/// model (decoder-only models: encoder, as the cost model counts their layers), and whether it holds
+/// the embedding and the head. The builder adds what the stage loads (Plan::stages).
 struct StageInfo {
   std::uint32_t rank = 0;
-  bool encoder = false;  ///< holds encoder (or decoder-only) layers
-  bool decoder = false;  ///< holds decoder layers of an encoder-decoder model
+  std::uint32_t encoder_begin = 0, encoder_layers = 0;  ///< encoder (or decoder-only) layers
+  std::uint32_t decoder_begin = 0, decoder_layers = 0;  ///< decoder layers of an encoder-decoder model
+  bool embedding = false, head = false;
 };
 
 /// Memory figures of the plan's tables, in bytes as estimated (rounded to integers by the builder).
@@ -45,9 +50,11 @@ struct MemoryFigures {
 
 /// Builds the plan of one iteration: per rank, the schedule's compute ops in order with loads,
 /// sends, receives, waits and frees around them. `microbatches` are the plan's micro-batches
-/// (samples, row offsets, rows, padded lengths, tokens; the builder sets loss weights and, from
-/// options.sample_refs, refs), `recompute` their modes, `stages` the virtual stages in pipeline
-/// order. Send and receive starts on every channel (sender, receiver, activation or gradient)
+/// (samples, row offsets, rows, padded lengths, tokens, per-sample lengths and loss tokens; the
+/// builder sets loss weights and, from options.sample_refs, refs), `recompute` their modes, `stages`
+/// the virtual stages in pipeline order. Loads bring int64 token tensors; each FWD carries its
+/// recompute mode; with options.tied_embedding, REDUCE_TIED closes the first and the last stage's
+/// gradients when they are on different ranks. Send and receive starts on every channel (sender, receiver, activation or gradient)
 /// appear in the same order on both sides by construction: the receiver posts receives in the
 /// sender's order, each at the simulated instant the sender sends (never after its consumer);
 /// receive waits sit just before the consumer; send waits sit before the sender's first op that

@@ -50,6 +50,7 @@ DryRun::DryRun(const Plan& plan, Reporter report, const std::vector<std::vector<
   reduced_.assign(V_, 0);
   stepped_.assign(S_, 0);
   blocked_channel_.assign(S_, -1);
+  tied_reached_.assign(S_, 0);
   blocked_k_.assign(S_, -1);
   // The channels and their messages in stream order.
   for (std::size_t r = 0; r < S_; ++r) {
@@ -329,6 +330,24 @@ bool DryRun::on_opt_step(std::size_t r, std::size_t i, const Instruction&) {
   return true;
 }
 
+// A collective of the first and the last stage's ranks: it completes when both have reached it.
+bool DryRun::on_reduce_tied(std::size_t r, std::size_t i, const Instruction& ins) {
+  if (!tied_reached_[r]) {
+    tied_reached_[r] = 1;
+    if (ins.stage < V_ && done_bwd_stage_[ins.stage] < N_) {
+      problem("order", r, i, fmt::format("REDUCE_TIED of stage {}: expected after its {} backward passes, found after {}",
+                                         ins.stage, N_, done_bwd_stage_[ins.stage]));
+    }
+  }
+  const std::size_t first = p_.stage_rank.front(), last = p_.stage_rank.back();
+  const std::size_t partner = r == first ? last : first;
+  if (partner < S_ && partner != r && !tied_reached_[partner]) {
+    blocked_channel_[r] = -2;  // waits for the partner's REDUCE_TIED
+    return false;
+  }
+  return true;
+}
+
 bool DryRun::execute(std::size_t r, std::size_t i, const Instruction& ins) {
   switch (ins.op) {
     case Opcode::IterBegin:
@@ -349,6 +368,7 @@ bool DryRun::execute(std::size_t r, std::size_t i, const Instruction& ins) {
     case Opcode::FreeBuf: return on_free(r, i, ins);
     case Opcode::ReduceGrad: return on_reduce(r, i, ins);
     case Opcode::OptStep: return on_opt_step(r, i, ins);
+    case Opcode::ReduceTied: return on_reduce_tied(r, i, ins);
   }
   return true;
 }
@@ -385,7 +405,10 @@ void DryRun::report_unfinished() {
     if (pc_[r] < p_.streams[r].size()) {
       const std::int64_t ch = blocked_channel_[r];
       std::string why = "blocked";
-      if (ch >= 0) {
+      if (ch == -2) {
+        const std::size_t partner = r == p_.stage_rank.front() ? p_.stage_rank.back() : p_.stage_rank.front();
+        why = fmt::format("blocked in REDUCE_TIED waiting for rank {}, which never reaches its REDUCE_TIED", partner);
+      } else if (ch >= 0) {
         const ChannelState& c = channels_[ch];
         const bool recv = c.dst == R;
         const std::int64_t other = recv ? c.src : c.dst;

@@ -113,6 +113,7 @@ class DryRun {
   bool on_free(std::size_t r, std::size_t i, const Instruction& ins);
   bool on_reduce(std::size_t r, std::size_t i, const Instruction& ins);
   bool on_opt_step(std::size_t r, std::size_t i, const Instruction& ins);
+  bool on_reduce_tied(std::size_t r, std::size_t i, const Instruction& ins);
   bool execute(std::size_t r, std::size_t i, const Instruction& ins);
 
   void problem(const char* kind, std::size_t r, std::size_t i, std::string message);
@@ -145,6 +146,7 @@ class DryRun {
   std::vector<std::uint32_t> done_bwd_stage_;  // backward completions (B or W) per stage
   std::vector<std::uint8_t> reduced_, stepped_, has_reduce_;
   std::vector<std::int64_t> blocked_channel_, blocked_k_;
+  std::vector<std::uint8_t> tied_reached_;  // per rank: reached its REDUCE_TIED (a two-rank collective)
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> matched_;  // [rank][index]
 };
 

@@ -167,6 +167,38 @@ std::string show_magic(const std::uint8_t* p, std::size_t n) {
   return "'" + s + "'";
 }
 
+// Format 2: what a trainer needs (stage specs, dtype, loss, tied embedding, per-sample lengths).
+void encode_trainer(const Plan& p, Out& o) {
+  o.u8(p.stages.empty() ? 0 : 1);
+  if (p.stages.empty()) return;
+  PACKPIPE_CHECK_ARG(p.stages.size() == p.vstages, "encode_plan: stages has {} entries, expected {}", p.stages.size(),
+                     p.vstages);
+  for (const auto& s : p.stages) {
+    o.var(s.encoder_begin);
+    o.var(s.encoder_layers);
+    o.var(s.decoder_begin);
+    o.var(s.decoder_layers);
+    o.u8(static_cast<std::uint8_t>((s.embedding ? 1 : 0) | (s.head ? 2 : 0)));
+    o.u8(s.loads);
+  }
+  o.u8(static_cast<std::uint8_t>(p.dtype));
+  o.u8(static_cast<std::uint8_t>(p.loss_mode));
+  o.var(p.global_loss_tokens);
+  o.u8(p.tied_embedding ? 1 : 0);
+  o.u8(p.rank_layout);
+  for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+    const auto& mb = p.microbatches[m];
+    PACKPIPE_CHECK_ARG(mb.lengths.size() == mb.samples.size() &&
+                           (mb.target_lengths.empty() || mb.target_lengths.size() == mb.samples.size()),
+                       "encode_plan: micro-batch {} has {} lengths and {} target lengths for {} samples", m,
+                       mb.lengths.size(), mb.target_lengths.size(), mb.samples.size());
+    o.var(mb.loss_tokens);
+    for (auto x : mb.lengths) o.var(x);
+    o.u8(mb.target_lengths.empty() ? 0 : 1);
+    for (auto x : mb.target_lengths) o.var(x);
+  }
+}
+
 void encode_body(const Plan& p, Out& o) {
   auto check_size = [](const char* name, std::size_t found, std::size_t expected) {
     PACKPIPE_CHECK_ARG(found == expected, "encode_plan: {} has {} entries, expected {}", name, found, expected);
@@ -240,6 +272,7 @@ void encode_body(const Plan& p, Out& o) {
       if (f & kFieldIn2) o.opt(ins.in2);
       if (f & kFieldOut) o.opt(ins.out);
       if (f & kFieldShape) o.opt(ins.shape);
+      if (f & kFieldMode) o.opt(ins.mode);
     }
   }
   o.u8(p.timeline.empty() ? 0 : 1);
@@ -253,9 +286,66 @@ void encode_body(const Plan& p, Out& o) {
       o.f64(op.end_ms);
     }
   }
+  encode_trainer(p, o);
 }
 
-Plan decode_body(In& in) {
+void decode_trainer(In& in, Plan& p) {
+  const std::uint8_t has = in.u8("has_trainer");
+  if (has > 1) in.fail("has_trainer", fmt::format("expected 0 or 1, found {}", has));
+  if (has == 0) return;
+  in.need(6ull * p.vstages, "stages");
+  p.stages.resize(p.vstages);
+  for (auto& s : p.stages) {
+    s.encoder_begin = in.u32("stage.encoder_begin");
+    s.encoder_layers = in.u32("stage.encoder_layers");
+    s.decoder_begin = in.u32("stage.decoder_begin");
+    s.decoder_layers = in.u32("stage.decoder_layers");
+    const std::uint8_t f = in.u8("stage.flags");
+    if (f > 3) in.fail("stage.flags", fmt::format("expected 0..3, found {}", f));
+    s.embedding = (f & 1) != 0;
+    s.head = (f & 2) != 0;
+    s.loads = in.u8("stage.loads");
+    if (s.loads > 31) in.fail("stage.loads", fmt::format("expected 0..31, found {}", s.loads));
+  }
+  const std::uint8_t d = in.u8("dtype");
+  if (d > static_cast<std::uint8_t>(Dtype::I64)) in.fail("dtype", fmt::format("expected 0..4, found {}", d));
+  p.dtype = static_cast<Dtype>(d);
+  const std::uint8_t lm = in.u8("loss_mode");
+  if (lm > 1) in.fail("loss_mode", fmt::format("expected 0 (all) or 1 (targets), found {}", lm));
+  p.loss_mode = static_cast<LossMode>(lm);
+  p.global_loss_tokens = in.var("global_loss_tokens");
+  const std::uint8_t tied = in.u8("tied_embedding");
+  if (tied > 1) in.fail("tied_embedding", fmt::format("expected 0 or 1, found {}", tied));
+  p.tied_embedding = tied != 0;
+  p.rank_layout = in.u8("rank_layout");
+  if (p.rank_layout != 0) in.fail("rank_layout", fmt::format("expected 0 (world rank = replica x ranks + rank), found {}", p.rank_layout));
+  for (auto& mb : p.microbatches) {
+    mb.loss_tokens = in.var("microbatch.loss_tokens");
+    in.need(mb.samples.size(), "microbatch.lengths");
+    mb.lengths.resize(mb.samples.size());
+    for (auto& x : mb.lengths) x = in.u32("microbatch.lengths");
+    const std::uint8_t ht = in.u8("microbatch.has_target_lengths");
+    if (ht > 1) in.fail("microbatch.has_target_lengths", fmt::format("expected 0 or 1, found {}", ht));
+    if (ht) {
+      in.need(mb.samples.size(), "microbatch.target_lengths");
+      mb.target_lengths.resize(mb.samples.size());
+      for (auto& x : mb.target_lengths) x = in.u32("microbatch.target_lengths");
+    }
+  }
+}
+
+// A format-1 plan's FWD carries no recompute mode: it is the (micro-batch, stage)'s in the table.
+void fill_forward_modes(Plan& p) {
+  for (auto& st : p.streams) {
+    for (auto& ins : st) {
+      if (ins.op != Opcode::Forward || ins.mb == kNone || ins.stage == kNone) continue;
+      const std::uint64_t k = std::uint64_t{ins.mb} * p.vstages + ins.stage;
+      if (ins.mb < p.microbatches.size() && ins.stage < p.vstages && k < p.recompute.size()) ins.mode = p.recompute[k];
+    }
+  }
+}
+
+Plan decode_body(In& in, std::uint16_t version) {
   Plan p;
   p.iteration = in.var("iteration");
   p.ranks = static_cast<std::uint32_t>(in.var_max("ranks", 1u << 24));
@@ -323,9 +413,10 @@ Plan decode_body(In& in) {
     st.resize(in.count("stream.length", 1));
     for (auto& ins : st) {
       const std::uint8_t op = in.u8("instruction.opcode");
-      if (op >= kOpcodeCount) in.fail("instruction.opcode", fmt::format("expected below {}, found {}", kOpcodeCount, op));
+      const int count = version >= 2 ? kOpcodeCount : static_cast<int>(Opcode::ReduceTied);
+      if (op >= count) in.fail("instruction.opcode", fmt::format("expected below {}, found {}", count, op));
       ins.op = static_cast<Opcode>(op);
-      const std::uint8_t f = opcode_fields(ins.op);
+      const std::uint8_t f = opcode_fields(ins.op) & (version >= 2 ? 0xFF : ~kFieldMode);
       if (f & kFieldMb) ins.mb = in.opt("instruction.mb");
       if (f & kFieldStage) ins.stage = in.opt("instruction.stage");
       if (f & kFieldPeer) ins.peer = in.opt("instruction.peer");
@@ -333,6 +424,7 @@ Plan decode_body(In& in) {
       if (f & kFieldIn2) ins.in2 = in.opt("instruction.in2");
       if (f & kFieldOut) ins.out = in.opt("instruction.out");
       if (f & kFieldShape) ins.shape = in.opt("instruction.shape");
+      if (f & kFieldMode) ins.mode = in.opt("instruction.mode");
     }
   }
   const std::uint8_t has_tl = in.u8("has_timeline");
@@ -352,6 +444,11 @@ Plan decode_body(In& in) {
         op.end_ms = in.f64("timeline.end_ms");
       }
     }
+  }
+  if (version >= 2) {
+    decode_trainer(in, p);
+  } else {
+    fill_forward_modes(p);
   }
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;
@@ -374,6 +471,9 @@ Json ins_json(const Instruction& ins) {
   put(kFieldIn2, "in2", ins.in2);
   put(kFieldOut, "out", ins.out);
   put(kFieldShape, "shape", ins.shape);
+  if ((f & kFieldMode) && ins.mode != kNone) {
+    j["recompute"] = ins.mode < 3 ? recompute_name(static_cast<Recompute>(ins.mode)) : "?";
+  }
   return j;
 }
 
@@ -519,7 +619,7 @@ Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& 
   // Offsets in errors are file offsets when uncompressed, offsets into the body otherwise.
   In in(body, static_cast<std::size_t>(body_size), (flags & kFlagZstd) ? what + " (decompressed body)" : what,
         (flags & kFlagZstd) ? 0 : kHeaderSize);
-  return decode_body(in);
+  return decode_body(in, version);
 }
 
 std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
@@ -570,9 +670,34 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
     o["recompute"] = std::move(rc);
     o["stored_bytes"] = std::move(st);
     o["peak_bytes"] = std::move(pk);
+    if (!p.stages.empty()) {
+      o["loss_tokens"] = mb.loss_tokens;
+      o["lengths"] = mb.lengths;
+      if (!mb.target_lengths.empty()) o["target_lengths"] = mb.target_lengths;
+    }
     mbs.push_back(std::move(o));
   }
   j["microbatches"] = std::move(mbs);
+  if (!p.stages.empty()) {
+    Json stages = Json::array();
+    for (const auto& s : p.stages) {
+      Json loads = Json::array();
+      for (const auto& t : kLoadTensorNames) {
+        if (s.loads & t.value) loads.push_back(t.name);
+      }
+      stages.push_back(Json{{"encoder_layers", Json::array({s.encoder_begin, s.encoder_layers})},
+                            {"decoder_layers", Json::array({s.decoder_begin, s.decoder_layers})},
+                            {"embedding", s.embedding},
+                            {"head", s.head},
+                            {"loads", std::move(loads)}});
+    }
+    j["stages"] = std::move(stages);
+    j["dtype"] = dtype_name(p.dtype);
+    j["loss_mode"] = loss_mode_name(p.loss_mode);
+    j["global_loss_tokens"] = p.global_loss_tokens;
+    j["tied_embedding"] = p.tied_embedding;
+    j["rank_layout"] = "replica-major";
+  }
   Json streams = Json::array();
   for (std::size_t r = 0; r < p.streams.size(); ++r) {
     if (rank >= 0 && static_cast<std::size_t>(rank) != r) continue;
@@ -601,6 +726,65 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
   return j.dump(indent);
 }
 
+namespace {
+
+void read_json_trainer(const Json& j, const JIn& in, Plan& p) {
+  const Json& stages = in.arr(j["stages"], "/stages", p.vstages);
+  for (std::size_t v = 0; v < stages.size(); ++v) {
+    const std::string ptr = "/stages/" + std::to_string(v);
+    const Json& s = stages[v];
+    in.only(s, ptr, {"encoder_layers", "decoder_layers", "embedding", "head", "loads"});
+    StageSpec st;
+    const auto enc = in.u_list<std::uint32_t>(in.at(s, ptr, "encoder_layers"), ptr + "/encoder_layers", 2);
+    const auto dec = in.u_list<std::uint32_t>(in.at(s, ptr, "decoder_layers"), ptr + "/decoder_layers", 2);
+    st.encoder_begin = enc[0];
+    st.encoder_layers = enc[1];
+    st.decoder_begin = dec[0];
+    st.decoder_layers = dec[1];
+    const Json& e = in.at(s, ptr, "embedding");
+    const Json& h = in.at(s, ptr, "head");
+    if (!e.is_boolean()) in.fail(ptr + "/embedding", "expected true or false");
+    if (!h.is_boolean()) in.fail(ptr + "/head", "expected true or false");
+    st.embedding = e.get<bool>();
+    st.head = h.get<bool>();
+    const Json& loads = in.arr(in.at(s, ptr, "loads"), ptr + "/loads");
+    for (std::size_t i = 0; i < loads.size(); ++i) {
+      const std::string name = in.str(loads[i], ptr + "/loads/" + std::to_string(i));
+      const auto* t = enum_find(kLoadTensorNames, name);
+      if (t == nullptr) {
+        in.fail(ptr + "/loads/" + std::to_string(i),
+                fmt::format("expected one of {}, found \"{}\"", enum_name_list(kLoadTensorNames), name));
+      }
+      st.loads |= t->value;
+    }
+    p.stages.push_back(st);
+  }
+  const std::string d = in.str(in.at(j, "", "dtype"), "/dtype");
+  const auto* dt = enum_find(kDtypeNames, d);
+  if (dt == nullptr) in.fail("/dtype", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kDtypeNames), d));
+  p.dtype = dt->value;
+  const std::string lm = in.str(in.at(j, "", "loss_mode"), "/loss_mode");
+  const auto* mode = enum_find(kLossModeNames, lm);
+  if (mode == nullptr) in.fail("/loss_mode", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kLossModeNames), lm));
+  p.loss_mode = mode->value;
+  p.global_loss_tokens = in.u64(in.at(j, "", "global_loss_tokens"), "/global_loss_tokens");
+  const Json& tied = in.at(j, "", "tied_embedding");
+  if (!tied.is_boolean()) in.fail("/tied_embedding", "expected true or false");
+  p.tied_embedding = tied.get<bool>();
+  const std::string layout = in.str(in.at(j, "", "rank_layout"), "/rank_layout");
+  if (layout != "replica-major") in.fail("/rank_layout", fmt::format("expected \"replica-major\", found \"{}\"", layout));
+  for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+    const auto& mb = p.microbatches[m];
+    if (mb.lengths.size() != mb.samples.size()) {
+      in.fail("/microbatches/" + std::to_string(m) + "/lengths",
+              fmt::format("expected {} entries (a format-2 plan lists every sample's length), found {}", mb.samples.size(),
+                          mb.lengths.size()));
+    }
+  }
+}
+
+}  // namespace
+
 Plan plan_from_json(const std::string& text, const std::string& what) {
   Json j;
   j = parse_ordered_json(text, what);  // duplicate keys refused, depth bounded; Error names byte and line
@@ -613,7 +797,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   if (j.contains("stream")) in.fail("/stream", "this JSON holds one rank's stream only (written by inspect --rank); it is not a whole plan");
   in.only(j, "", {"format", "version", "iteration", "schedule", "ranks", "vstages", "stage_rank", "dp", "replica",
                   "global_tokens", "makespan_ms", "memory_limit_bytes", "static_bytes", "buffer_slots", "shapes",
-                  "microbatches", "streams", "timeline"});
+                  "microbatches", "streams", "timeline", "stages", "dtype", "loss_mode", "global_loss_tokens",
+                  "tied_embedding", "rank_layout"});
   p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
   p.schedule = in.str(in.at(j, "", "schedule"), "/schedule");
   p.ranks = static_cast<std::uint32_t>(in.u64(in.at(j, "", "ranks"), "/ranks", 1u << 24));
@@ -651,7 +836,7 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     const std::string ptr = "/microbatches/" + std::to_string(m);
     const Json& o = mbs[m];
     in.only(o, ptr, {"rows", "padded_len", "padded_dec_len", "tokens", "loss_weight", "samples", "refs", "row_offsets",
-                     "recompute", "stored_bytes", "peak_bytes"});
+                     "recompute", "stored_bytes", "peak_bytes", "loss_tokens", "lengths", "target_lengths"});
     PlanMicroBatch mb;
     mb.rows = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
     mb.padded_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_len"), ptr + "/padded_len", 0xFFFFFFFFull));
@@ -668,6 +853,11 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
       }
     }
     if (o.contains("row_offsets")) mb.row_offsets = in.u_list<std::uint32_t>(o["row_offsets"], ptr + "/row_offsets");
+    if (o.contains("loss_tokens")) mb.loss_tokens = in.u64(o["loss_tokens"], ptr + "/loss_tokens");
+    if (o.contains("lengths")) mb.lengths = in.u_list<std::uint32_t>(o["lengths"], ptr + "/lengths", mb.samples.size());
+    if (o.contains("target_lengths")) {
+      mb.target_lengths = in.u_list<std::uint32_t>(o["target_lengths"], ptr + "/target_lengths", mb.samples.size());
+    }
     const Json& rc = in.arr(in.at(o, ptr, "recompute"), ptr + "/recompute", V);
     const auto st = in.u_list<std::uint64_t>(in.at(o, ptr, "stored_bytes"), ptr + "/stored_bytes", V);
     const auto pk = in.u_list<std::uint64_t>(in.at(o, ptr, "peak_bytes"), ptr + "/peak_bytes", V);
@@ -711,6 +901,15 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
                                  {"peer", kFieldPeer, &Instruction::peer}, {"in", kFieldIn, &Instruction::in},
                                  {"in2", kFieldIn2, &Instruction::in2},    {"out", kFieldOut, &Instruction::out},
                                  {"shape", kFieldShape, &Instruction::shape}};
+        if (key == "recompute" && (f & kFieldMode) && version >= 2) {
+          const std::string rn = in.str(it.value(), ptr + "/recompute");
+          const auto* mode = enum_find(kRecomputeNames, rn);
+          if (mode == nullptr) {
+            in.fail(ptr + "/recompute", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kRecomputeNames), rn));
+          }
+          ins.mode = static_cast<std::uint32_t>(mode->value);
+          continue;
+        }
         bool known = false;
         for (const auto& k : keys) {
           if (key != k.name) continue;
@@ -723,6 +922,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
       p.streams[r].push_back(ins);
     }
   }
+  if (version < 2) fill_forward_modes(p);
+  if (j.contains("stages")) read_json_trainer(j, in, p);
   if (j.contains("timeline")) {
     const Json& tl = in.arr(j["timeline"], "/timeline", p.ranks);
     p.timeline.resize(p.ranks);

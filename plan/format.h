@@ -5,8 +5,10 @@
 //   magic "PPLN" | u16 version | u16 flags (bit 0: body zstd-compressed) | u64 body size
 //   (uncompressed) | u64 stored size | u64 XXH64 of the stored body bytes
 // followed by the body (varints and f64, see docs/design/007-instructions.md).
-// Plan file: "PPLF" u16 version u16 flags(0) | blobs... | index (per plan: u64 iteration, u64
-// offset, u64 size) | footer: u64 plan count, u64 index offset, "PPLI" u32 version.
+// Plan file (format 2): "PPLF" u16 version u16 flags(0) | blobs back to back | index (per plan: u64
+// iteration, u64 offset, u64 size) | 64-byte footer: plan count, index offset, first iteration,
+// iterations held, iterations declared, flags (bit 0: complete), XXH64 of the index and the
+// footer's first 48 bytes, reserved, "PPLI", footer version.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +26,10 @@ class AtomicFile;
 
 namespace packpipe::plan {
 
-constexpr std::uint16_t kPlanFormatVersion = 1;
+/// Plan (blob and JSON) format: 2 adds what a trainer needs (stage specs, activation dtype, loss
+/// tokens, tied embedding, per-sample lengths, recompute on FWD, REDUCE_TIED); format-1 plans are
+/// still read (without those: Plan::stages empty).
+constexpr std::uint16_t kPlanFormatVersion = 2;
 
 struct EncodeOptions {
   bool compress = false;  ///< zstd-compress the body

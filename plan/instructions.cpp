@@ -3,20 +3,21 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "common/recompute.h"
 
 namespace packpipe::plan {
 
 namespace {
 
 constexpr std::uint8_t M = kFieldMb, S = kFieldStage, P = kFieldPeer, I = kFieldIn, I2 = kFieldIn2, O = kFieldOut,
-                       SH = kFieldShape;
+                       SH = kFieldShape, MD = kFieldMode;
 
 // The fields of each opcode, indexed by opcode value (names: kOpcodeNames).
 constexpr std::uint8_t kOpFields[kOpcodeCount] = {
     0,                   // IterBegin
     0,                   // IterEnd
     M | S | O | SH,      // LoadMb
-    M | S | I | I2 | O,  // Forward
+    M | S | I | I2 | O | MD,  // Forward
     M | S | I | O,       // Backward
     M | S | I | O,       // BackwardInput
     M | S,               // BackwardWeight
@@ -31,6 +32,7 @@ constexpr std::uint8_t kOpFields[kOpcodeCount] = {
     I,                   // FreeBuf
     S,                   // ReduceGrad
     0,                   // OptStep
+    S,                   // ReduceTied
 };
 
 }  // namespace
@@ -62,6 +64,7 @@ std::string to_string(const Instruction& ins) {
   field(kFieldIn2, "in2", "b", ins.in2);
   field(kFieldOut, "out", "b", ins.out);
   field(kFieldShape, "shape", "#", ins.shape);
+  if ((f & kFieldMode) && ins.mode != kNone) s += fmt::format(" recompute={}", ins.mode < 3 ? recompute_name(static_cast<Recompute>(ins.mode)) : "?");
   return s;
 }
 

@@ -1,7 +1,7 @@
 // The instruction set of packpipe's per-rank pipeline streams: a superset of DeepSpeed's,
 // PyTorch's and DynaPipe's instructions (see docs/design/007-instructions.md).
 //
-// Every instruction is one fixed-size record in memory; its binary form (plan_format.h) is an
+// Every instruction is one fixed-size record in memory; its binary form (plan/format.h) is an
 // opcode byte followed by the opcode's fields as varints, a few bytes in all. Tensor shapes live in
 // the plan's shape table and are referenced by index; buffers are per-rank slot ids.
 #pragma once
@@ -34,6 +34,8 @@ enum class Opcode : std::uint8_t {
   FreeBuf = 15,       ///< release buffer `in`
   ReduceGrad = 16,    ///< data-parallel SUM all-reduce of stage's gradients (loss weights already normalise)
   OptStep = 17,       ///< optimizer step and zeroing of the gradients of every stage of this rank
+  ReduceTied = 18,    ///< SUM of the tied embedding / LM head weight's gradient between the ranks of the
+                      ///< first and the last stage (`stage`: this rank's of the two); format 2
 };
 /// The one name table, indexed by opcode value: "ITER_BEGIN", "ITER_END", "LOAD_MB", "FWD", ...
 /// (the names used by the JSON form and `plan inspect`).
@@ -56,6 +58,7 @@ inline constexpr EnumName<Opcode> kOpcodeNames[] = {
     {Opcode::FreeBuf, "FREE_BUF"},
     {Opcode::ReduceGrad, "REDUCE_GRAD"},
     {Opcode::OptStep, "OPT_STEP"},
+    {Opcode::ReduceTied, "REDUCE_TIED"},
 };
 /// Number of opcodes (one past the largest value).
 constexpr int kOpcodeCount = static_cast<int>(sizeof(kOpcodeNames) / sizeof(kOpcodeNames[0]));
@@ -93,15 +96,16 @@ struct Instruction {
   std::uint32_t in2 = kNone;    ///< second buffer read (Forward: loaded inputs)
   std::uint32_t out = kNone;    ///< buffer written (allocated here)
   std::uint32_t shape = kNone;  ///< index into Plan::shapes (loads, receive and send starts)
+  std::uint32_t mode = kNone;   ///< FWD: the recompute mode of (mb, stage) (format 2)
   bool operator==(const Instruction& o) const {
     return op == o.op && mb == o.mb && stage == o.stage && peer == o.peer && in == o.in && in2 == o.in2 &&
-           out == o.out && shape == o.shape;
+           out == o.out && shape == o.shape && mode == o.mode;
   }
   bool operator!=(const Instruction& o) const { return !(*this == o); }
 };
 
-/// Which fields an opcode carries (bit i set: field i of {mb, stage, peer, in, in2, out, shape}).
-/// The binary format writes exactly these fields, in this order.
+/// Which fields an opcode carries (bit i set: field i of {mb, stage, peer, in, in2, out, shape,
+/// mode}). The binary format writes exactly these fields, in this order (format 1: no mode).
 std::uint8_t opcode_fields(Opcode op);
 enum InstructionField : std::uint8_t {
   kFieldMb = 1,
@@ -111,6 +115,7 @@ enum InstructionField : std::uint8_t {
   kFieldIn2 = 16,
   kFieldOut = 32,
   kFieldShape = 64,
+  kFieldMode = 128,
 };
 
 /// "FWD mb=3 stage=1 in=b2 in2=- out=b4": one line for `plan inspect` and error messages.

@@ -37,7 +37,8 @@ std::string to_string(const TensorShape& s) {
 bool PlanMicroBatch::operator==(const PlanMicroBatch& o) const {
   return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && rows == o.rows &&
          padded_len == o.padded_len && padded_dec_len == o.padded_dec_len && tokens == o.tokens &&
-         loss_weight == o.loss_weight;
+         loss_weight == o.loss_weight && lengths == o.lengths && target_lengths == o.target_lengths &&
+         loss_tokens == o.loss_tokens;
 }
 
 std::size_t Plan::instruction_count() const {
@@ -67,7 +68,9 @@ bool Plan::operator==(const Plan& o) const {
          recompute == o.recompute && stored_bytes == o.stored_bytes && peak_bytes == o.peak_bytes &&
          static_bytes == o.static_bytes && memory_limit_bytes == o.memory_limit_bytes && shapes == o.shapes &&
          buffer_slots == o.buffer_slots && streams == o.streams && makespan_ms == o.makespan_ms &&
-         same_ops(timeline, o.timeline);
+         same_ops(timeline, o.timeline) && stages == o.stages && dtype == o.dtype && loss_mode == o.loss_mode &&
+         global_loss_tokens == o.global_loss_tokens && tied_embedding == o.tied_embedding &&
+         rank_layout == o.rank_layout;
 }
 
 }  // namespace packpipe::plan

@@ -57,8 +57,67 @@ struct PlanMicroBatch {
   std::uint32_t padded_len = 0;      ///< encoder (or whole-sample) tokens per row
   std::uint32_t padded_dec_len = 0;  ///< decoder tokens per row (encoder-decoder), else 0
   std::uint64_t tokens = 0;          ///< real tokens, input plus target
-  double loss_weight = 0;            ///< tokens / Plan::global_tokens (not 1 / micro-batches)
+  /// Plan::loss_tokens / Plan::global_loss_tokens when the plan counts loss tokens (format 2),
+  /// else tokens / Plan::global_tokens (not 1 / micro-batches).
+  double loss_weight = 0;
+  /// Per sample, in row order (format 2; empty in older plans): the tokens the sample occupies in
+  /// its row (decoder-only: input + target; encoder-decoder: the encoder side) and, for
+  /// encoder-decoder models, its decoder tokens (an empty target counts one token, as planned).
+  std::vector<std::uint32_t> lengths, target_lengths;
+  /// Tokens of this micro-batch that carry loss (Plan::loss_mode; format 2, else 0).
+  std::uint64_t loss_tokens = 0;
   bool operator==(const PlanMicroBatch& o) const;
+};
+
+/// Which tokens carry loss. Values are part of the binary format.
+enum class LossMode : std::uint8_t {
+  /// Every next-token prediction inside a sample: labels are the inputs shifted left, the last
+  /// position of each sample and padding are ignore_index (decoder-only: n - 1 per sample;
+  /// encoder-decoder: every real decoder target token).
+  AllTokens = 0,
+  /// Target tokens only: decoder-only samples predict only their target part (the positions whose
+  /// next token is a target token); encoder-decoder: every real target token.
+  Targets = 1,
+};
+/// The one name table: "all", "targets".
+inline constexpr EnumName<LossMode> kLossModeNames[] = {{LossMode::AllTokens, "all"}, {LossMode::Targets, "targets"}};
+constexpr const char* loss_mode_name(LossMode m) { return enum_name(kLossModeNames, m); }
+inline LossMode loss_mode_from_name(const std::string& name) { return enum_from_name(kLossModeNames, name, "loss mode"); }
+
+/// The tensors a stage's LOAD_MB brings, as bits of StageSpec::loads. Every one is int64 of shape
+/// [rows, padded length] (decoder tensors: [rows, padded decoder length]); packed rows carry several
+/// samples, whose boundaries (cu_seqlens, segment ids) follow from PlanMicroBatch::lengths.
+enum LoadTensor : std::uint8_t {
+  kLoadInputIds = 1,         ///< token ids of the encoder (or whole-sample) side
+  kLoadPositionIds = 2,      ///< position within the sample, restarting at each packed sample
+  kLoadLabels = 4,           ///< next-token labels (decoder-only), ignore_index where no loss
+  kLoadDecoderInputIds = 8,  ///< decoder inputs: the targets shifted right behind a start token
+  kLoadDecoderLabels = 16,   ///< decoder labels: the target tokens, ignore_index at padding
+};
+/// "input_ids", "position_ids", "labels", "decoder_input_ids", "decoder_labels".
+inline constexpr EnumName<LoadTensor> kLoadTensorNames[] = {{kLoadInputIds, "input_ids"},
+                                                            {kLoadPositionIds, "position_ids"},
+                                                            {kLoadLabels, "labels"},
+                                                            {kLoadDecoderInputIds, "decoder_input_ids"},
+                                                            {kLoadDecoderLabels, "decoder_labels"}};
+
+/// What a virtual stage holds (format 2): its layers, whether it holds the token embedding and the
+/// LM head with the loss, and what its LOAD_MB brings. Layers are numbered per side: a decoder-only
+/// model's layers 0 .. L-1; an encoder-decoder model's encoder layers 0 .. E-1 and decoder layers
+/// 0 .. D-1. On decoder stages of an encoder-decoder model the boundary tensor (activation and
+/// gradient) is rows x (seq + enc_seq) x hidden: the decoder's hidden states [rows, seq, hidden]
+/// followed along the sequence by the encoder's output [rows, enc_seq, hidden].
+struct StageSpec {
+  std::uint32_t encoder_begin = 0, encoder_layers = 0;  ///< encoder (or decoder-only) layers [begin, begin + count)
+  std::uint32_t decoder_begin = 0, decoder_layers = 0;  ///< decoder layers of an encoder-decoder model
+  bool embedding = false;  ///< holds the token embedding (the first stage of each side that embeds)
+  bool head = false;       ///< holds the LM head and the loss (the last stage)
+  std::uint8_t loads = 0;  ///< LoadTensor bits its LOAD_MB brings (0: it loads nothing)
+  bool operator==(const StageSpec& o) const {
+    return encoder_begin == o.encoder_begin && encoder_layers == o.encoder_layers && decoder_begin == o.decoder_begin &&
+           decoder_layers == o.decoder_layers && embedding == o.embedding && head == o.head && loads == o.loads;
+  }
+  bool operator!=(const StageSpec& o) const { return !(*this == o); }
 };
 
 /// The op kind of a compute opcode (FWD, BWD, BWD_I, BWD_W); is_compute(op) must hold.
@@ -91,11 +150,29 @@ struct Plan {
   double makespan_ms = 0;                          ///< simulated (0 when unknown)
   std::vector<std::vector<ScheduledOp>> timeline;  ///< [ranks] simulated compute ops (optional; for traces)
 
+  // ---- what a trainer needs (format 2; older plans have none: stages empty) ----
+  /// [V]: each virtual stage's layers, embedding and head, and loads (empty: a format-1 plan).
+  std::vector<StageSpec> stages;
+  Dtype dtype = Dtype::BF16;               ///< activations and gradients between stages
+  LossMode loss_mode = LossMode::AllTokens;
+  std::uint64_t global_loss_tokens = 0;    ///< loss tokens of the global batch over all replicas
+  /// The token embedding and the LM head share one weight: REDUCE_TIED sums its gradient between
+  /// the ranks of the first and the last stage.
+  bool tied_embedding = false;
+  /// Where the pipeline's ranks sit among all ranks: world rank = replica x ranks + rank (the only
+  /// layout, 0); REDUCE_GRAD of a stage sums over the world ranks {k x ranks + r : k < dp} of its
+  /// rank r, REDUCE_TIED over {replica x ranks + r_first, replica x ranks + r_last}.
+  std::uint8_t rank_layout = 0;
+
   std::size_t microbatch_count() const { return microbatches.size(); }
   /// Index of (mb, v) in the per-(micro-batch, stage) tables.
   std::size_t at(std::size_t mb, std::size_t v) const { return mb * vstages + v; }
   /// Total instructions over all ranks.
   std::size_t instruction_count() const;
+  /// The world rank of pipeline rank `rank` of replica `replica` (rank_layout 0).
+  std::uint32_t world_rank(std::uint32_t replica, std::uint32_t rank) const { return replica * ranks + rank; }
+  /// True for a plan with the trainer's tables (format 2).
+  bool has_stage_specs() const { return !stages.empty(); }
   bool operator==(const Plan& o) const;
   bool operator!=(const Plan& o) const { return !(*this == o); }
 };

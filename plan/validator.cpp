@@ -123,7 +123,15 @@ class Checker {
         if (!mono) add("header", -1, -1, fmt::format("micro-batch {}: row offsets are not 0 .. {} non-decreasing", m, mb.samples.size()));
       }
       if (mb.padded_len == 0) add("header", -1, -1, fmt::format("micro-batch {}: padded length 0", m));
-      if (p.global_tokens > 0) {
+      if (p.has_stage_specs() && p.global_loss_tokens > 0) {
+        // Format 2: the tokens that carry loss over the global batch's (one correctly rounded division).
+        const double expected = static_cast<double>(mb.loss_tokens) / static_cast<double>(p.global_loss_tokens);
+        if (!(mb.loss_weight == expected)) {
+          add("header", -1, -1, fmt::format("micro-batch {}: loss weight expected loss tokens / global loss tokens = {} / "
+                                            "{} = {}, found {}", m, mb.loss_tokens, p.global_loss_tokens, expected,
+                                            mb.loss_weight));
+        }
+      } else if (p.global_tokens > 0) {
         const double expected = static_cast<double>(mb.tokens) / static_cast<double>(p.global_tokens);
         // Exactly tokens / global tokens (one correctly rounded division): any other value is edited.
         if (!(mb.loss_weight == expected)) {
@@ -137,7 +145,114 @@ class Checker {
                                         p.global_tokens));
     }
     check_contents();
+    if (p.has_stage_specs()) check_trainer_tables();
     return true;
+  }
+
+  // Format 2: the stage specs, the per-sample lengths and loss tokens, and what they imply.
+  void check_trainer_tables() {
+    const Plan& p = p_;
+    if (p.stages.size() != V_) {
+      add("header", -1, -1, fmt::format("stages: expected {} entries, found {}", V_, p.stages.size()));
+      return;
+    }
+    if (static_cast<unsigned>(p.dtype) > static_cast<unsigned>(Dtype::F32)) {
+      add("header", -1, -1, fmt::format("dtype: activations expected fp16, bf16 or fp32, found {}", dtype_name(p.dtype)));
+    }
+    // Layers are contiguous per side, in pipeline order; the first stage embeds, the last has the head.
+    std::uint32_t enc = 0, dec = 0;
+    bool encdec = false;
+    for (const auto& s : p.stages) encdec = encdec || s.decoder_layers > 0;
+    for (std::size_t v = 0; v < V_; ++v) {
+      const StageSpec& s = p.stages[v];
+      if (s.encoder_begin != enc || s.decoder_begin != dec) {
+        add("header", -1, -1, fmt::format("stages[{}]: expected layers from encoder {} / decoder {} (contiguous after the "
+                                          "previous stage), found {} / {}", v, enc, dec, s.encoder_begin, s.decoder_begin));
+      }
+      if (s.encoder_layers + s.decoder_layers == 0) add("header", -1, -1, fmt::format("stages[{}]: holds no layer", v));
+      enc += s.encoder_layers;
+      dec += s.decoder_layers;
+      if (s.head != (v + 1 == V_)) {
+        add("header", -1, -1, fmt::format("stages[{}]: the LM head expected on the last stage only, found {}", v,
+                                          s.head ? "here" : "missing"));
+      }
+      if (v == 0 && !s.embedding) add("header", -1, -1, "stages[0]: expected the token embedding on the first stage");
+    }
+    // Every micro-batch lists its samples' lengths; they fill its rows and give its tokens.
+    std::uint64_t loss = 0;
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      if (mb.lengths.size() != mb.samples.size() || (encdec && mb.target_lengths.size() != mb.samples.size()) ||
+          (!encdec && !mb.target_lengths.empty())) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} lengths and {} target lengths for {} samples ({})", m,
+                                          mb.lengths.size(), mb.target_lengths.size(), mb.samples.size(),
+                                          encdec ? "encoder-decoder: both" : "decoder-only: lengths only"));
+        continue;
+      }
+      std::uint64_t sum = 0;
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        const std::uint32_t in = mb.lengths[i], tg = encdec ? mb.target_lengths[i] : 0;
+        sum += in + tg;
+        const bool packed = !mb.row_offsets.empty();
+        if ((!packed && in > mb.padded_len) || tg > mb.padded_dec_len || (in == 0 && tg == 0)) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} of length {}{} does not fit a padded row of {}{}", m,
+                                            mb.samples[i], in, encdec ? fmt::format(" + {}", tg) : std::string(),
+                                            mb.padded_len, encdec ? fmt::format(" + {}", mb.padded_dec_len) : std::string()));
+        }
+      }
+      if (!mb.row_offsets.empty()) {
+        for (std::size_t row = 0; row + 1 < mb.row_offsets.size(); ++row) {
+          std::uint64_t used = 0;
+          for (std::uint32_t i = mb.row_offsets[row]; i < mb.row_offsets[row + 1] && i < mb.lengths.size(); ++i) used += mb.lengths[i];
+          if (used > mb.padded_len) {
+            add("header", -1, -1, fmt::format("micro-batch {}: packed row {} holds {} tokens, more than its padded "
+                                              "length {}", m, row, used, mb.padded_len));
+          }
+        }
+      }
+      if (sum != mb.tokens) {
+        add("header", -1, -1, fmt::format("micro-batch {}: its samples' lengths sum to {} tokens, the micro-batch says {}",
+                                          m, sum, mb.tokens));
+      }
+      if (mb.loss_tokens > mb.tokens) {
+        add("header", -1, -1, fmt::format("micro-batch {}: {} loss tokens, more than its {} tokens", m, mb.loss_tokens,
+                                          mb.tokens));
+      }
+      loss += mb.loss_tokens;
+    }
+    if (loss > p.global_loss_tokens) {
+      add("header", -1, -1, fmt::format("global_loss_tokens: expected at least the micro-batches' {} loss tokens, found "
+                                        "{}", loss, p.global_loss_tokens));
+    }
+    // FWD carries its (micro-batch, stage)'s recompute mode; REDUCE_TIED only with a tied embedding
+    // on distinct ranks, once on each of them, for its own stage.
+    const std::uint32_t first = p.stage_rank.front(), last = p.stage_rank.back();
+    const bool tied_comm = p.tied_embedding && first != last;
+    for (std::size_t r = 0; r < S_; ++r) {
+      std::size_t tied = 0;
+      for (std::size_t i = 0; i < p.streams[r].size(); ++i) {
+        const Instruction& ins = p.streams[r][i];
+        const auto R = static_cast<std::int64_t>(r);
+        const auto I = static_cast<std::int64_t>(i);
+        if (ins.op == Opcode::Forward && ins.mb < N_ && ins.stage < V_ && ins.mode != p.recompute[p.at(ins.mb, ins.stage)]) {
+          add("field", R, I, fmt::format("recompute: expected micro-batch {}'s mode {}, found {}", ins.mb,
+                                         p.recompute[p.at(ins.mb, ins.stage)], ins.mode == kNone ? -1 : static_cast<std::int64_t>(ins.mode)));
+        }
+        if (ins.op != Opcode::ReduceTied) continue;
+        ++tied;
+        const std::uint32_t expected = r == first ? 0 : static_cast<std::uint32_t>(V_ - 1);
+        if (!tied_comm || (r != first && r != last) || ins.stage != expected) {
+          add("count", R, I, tied_comm ? fmt::format("REDUCE_TIED: expected on ranks {} (stage 0) and {} (stage {}) only, "
+                                                     "found on rank {} for stage {}", first, last, V_ - 1, r, ins.stage)
+                                       : std::string("REDUCE_TIED: the plan has no tied embedding across ranks"));
+        }
+      }
+      if (tied_comm && (r == first || r == last) && tied != 1) {
+        add("count", static_cast<std::int64_t>(r), -1,
+            fmt::format("REDUCE_TIED: expected once on rank {} (the tied embedding's {}), found {}", r,
+                        r == first ? "first stage" : "last stage", tied));
+      }
+    }
   }
 
   // What a runtime or a trainer reads besides the streams: samples, lengths, tokens, weights,

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/parallel_pipeline.h>
 #include <oneapi/tbb/task_arena.h>
@@ -18,13 +19,21 @@
 namespace packpipe::planner {
 
 part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::GlobalBatch& batch, bool encoder_decoder,
-                                 std::uint64_t iteration, std::vector<SampleRef>* refs) {
+                                 std::uint64_t iteration, std::vector<SampleRef>* refs, pl::LossMode loss) {
   part::BatchLengths b;
   b.input.reserve(batch.samples.size());
   if (encoder_decoder) b.target.reserve(batch.samples.size());
   if (refs != nullptr) refs->reserve(refs->size() + batch.samples.size());
+  b.loss.reserve(batch.samples.size());
   for (const auto& ref : batch.samples) {
     const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
+    if (encoder_decoder) {
+      b.loss.push_back(tg);
+    } else if (loss == pl::LossMode::Targets) {
+      b.loss.push_back(in > 0 ? tg : (tg > 0 ? tg - 1 : 0));
+    } else {
+      b.loss.push_back(in + tg > 0 ? in + tg - 1 : 0);
+    }
     if (encoder_decoder) {
       // Decoder-only tasks in an encoder-decoder run get a one-token target (as DynaPipe's
       // --is-supervised pads an empty side).
@@ -44,6 +53,27 @@ part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::Glo
 
 namespace {
 
+// Rethrows `e` with "iteration N: " in front of its message unless it names the iteration already,
+// keeping its type (InvalidArgument, OutOfRange, Error).
+[[noreturn]] void rethrow_naming(const std::exception_ptr& e, std::uint64_t iteration) {
+  const std::string prefix = fmt::format("iteration {}", iteration);
+  auto named = [&](const std::exception& x) {
+    const std::string m = x.what();
+    return m.rfind(prefix, 0) == 0 ? m : prefix + ": " + m;
+  };
+  try {
+    std::rethrow_exception(e);
+  } catch (const InvalidArgument& x) {
+    throw InvalidArgument(named(x));
+  } catch (const OutOfRange& x) {
+    throw OutOfRange(named(x));
+  } catch (const Unsupported& x) {
+    throw Unsupported(named(x));
+  } catch (const Error& x) {
+    throw Error(named(x));
+  }
+}
+
 // A sampler positioned at the start of batch `first` of `spec.epoch`.
 dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t first) {
   dl::Sampler s(data, spec.sampler);
@@ -59,7 +89,7 @@ dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec
 }  // namespace
 
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
-                          bool encoder_decoder) {
+                          bool encoder_decoder, pl::LossMode loss) {
   dl::Sampler s(data, spec.sampler);
   s.set_epoch(spec.epoch);
   dl::GlobalBatch g;
@@ -68,7 +98,7 @@ SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spe
   }
   SampledBatch out;
   out.iteration = index;
-  out.lengths = batch_lengths(data, g, encoder_decoder, index, &out.refs);
+  out.lengths = batch_lengths(data, g, encoder_decoder, index, &out.refs, loss);
   return out;
 }
 
@@ -162,7 +192,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
               auto w = std::make_shared<Work>();
               w->it.iteration = next_iteration++;
               try {
-                w->it.lengths = batch_lengths(data_, b, encdec_, w->it.iteration, &w->it.refs);
+                w->it.lengths = batch_lengths(data_, b, encdec_, w->it.iteration, &w->it.refs, options_.loss_mode);
               } catch (...) {
                 w->error = std::current_exception();
               }
@@ -186,7 +216,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
                 }) &
             oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
                 oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                  if (w->error) std::rethrow_exception(w->error);
+                  if (w->error) rethrow_naming(w->error, w->it.iteration);
                   if (!stopped()) sink(w->it);
                 }));
   });

@@ -26,8 +26,12 @@ namespace dl = ::packpipe::dataloader;
 /// one-token target, as DynaPipe's supervised mode pads it). `refs` (optional) receives each
 /// sample's (task, index). Throws InvalidArgument naming the iteration, the task and the dataset
 /// sample when a decoder-only sample has 2^32 tokens or more.
+/// Each sample's loss tokens go to BatchLengths::loss under `loss`: decoder-only, all tokens n - 1,
+/// targets only the target's t (t - 1 when the input is empty); encoder-decoder, the real target
+/// tokens (0 for an empty side).
 part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::GlobalBatch& batch, bool encoder_decoder,
-                                 std::uint64_t iteration, std::vector<SampleRef>* refs = nullptr);
+                                 std::uint64_t iteration, std::vector<SampleRef>* refs = nullptr,
+                                 pl::LossMode loss = pl::LossMode::AllTokens);
 
 /// What to plan: how the global batches are sampled and which iterations of which epoch.
 struct EpochSpec {
@@ -40,7 +44,9 @@ struct EpochSpec {
 /// How to plan them. Results never depend on these settings.
 struct EpochOptions {
   int threads = 0;           ///< planning threads (0: every core)
-  std::size_t depth = 0;     ///< iterations planned ahead of the consumer (0: twice the threads)
+  /// next(): planned iterations held ready for the consumer (0: twice the threads), besides the
+  /// up to twice-the-threads iterations the pipeline has in flight; run() ignores it.
+  std::size_t depth = 0;
   bool encode = false;       ///< also encode every plan (PlannedIteration::blobs), in the planning threads
   pl::EncodeOptions encoding;
 };
@@ -109,6 +115,6 @@ class EpochPlanner {
 /// The global batch `index` of `spec.epoch` sampled with `spec.sampler`, through batch_lengths().
 /// Throws InvalidArgument when the epoch has no batch `index`.
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
-                              bool encoder_decoder);
+                          bool encoder_decoder, pl::LossMode loss = pl::LossMode::AllTokens);
 
 }  // namespace packpipe::planner

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
+#include <tuple>
 
 #include "common/errors.h"
 #include "plan/builder.h"
@@ -94,7 +97,17 @@ void check_planner_options(const PlannerOptions& o) {
                        "baseline micro-batch size {} (entry {} of baseline_mbs) must be in [1, {}]", o.baseline_mbs[i],
                        i, kMaxBaselineMbs);
   }
-  if (o.schedule != "search") (void)sched::schedule_kind_from_name(o.schedule);
+  if (o.schedule != "search") {
+    const sched::ScheduleKind k = sched::schedule_kind_from_name(o.schedule);
+    PACKPIPE_CHECK_ARG(o.allow_split_backward || k != sched::ScheduleKind::ZeroBubble,
+                       "schedule 'zero-bubble' splits the backward, which the options forbid (allow split backward, or "
+                       "name another schedule)");
+    PACKPIPE_CHECK_ARG(in_family(k, o.family), "schedule '{}' is not in the required family '{}'", o.schedule,
+                       enum_name(kScheduleFamilyNames, o.family));
+  }
+  PACKPIPE_CHECK_ARG(!allowed_schedules(o).empty(), "no schedule is allowed: the family '{}'{} and the search's "
+                     "candidates leave none", enum_name(kScheduleFamilyNames, o.family),
+                     o.allow_split_backward ? "" : " without split backward");
 }
 
 double batch_model_flops(const cm::ModelSpec& model, const std::vector<part::VirtualStage>& vstages,
@@ -137,17 +150,41 @@ void simulate_method(const part::BatchLengths& lengths, const part::Partition& p
   }
 }
 
-pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBatch>& mbs,
-                   const std::vector<part::VirtualStage>& vstages, const sched::StageCostTable* costs,
-                   const pl::PlanOptions& options) {
+std::uint32_t sample_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s) {
+  if (!lengths.loss.empty()) return lengths.loss[s];
+  if (lengths.encoder_decoder()) return lengths.target[s];
+  return lengths.input[s] > 0 ? lengths.input[s] - 1 : 0;
+}
+
+std::vector<pl::StageInfo> stage_infos(const std::vector<part::VirtualStage>& vstages, std::int64_t ranks) {
   std::vector<pl::StageInfo> stages(vstages.size());
+  std::uint32_t enc = 0, dec = 0;
   for (std::size_t v = 0; v < vstages.size(); ++v) {
     const part::VirtualStage& vs = vstages[v];
     PACKPIPE_CHECK_ARG(vs.index == static_cast<std::int64_t>(v), "build_plan: virtual stage {} has index {}", v, vs.index);
-    PACKPIPE_CHECK_ARG(vs.rank >= 0 && vs.rank < schedule.ranks, "build_plan: virtual stage {} on rank {} of {}", v,
-                       vs.rank, schedule.ranks);
-    stages[v] = {static_cast<std::uint32_t>(vs.rank), vs.layout.encoder_layers > 0, vs.layout.decoder_layers > 0};
+    PACKPIPE_CHECK_ARG(vs.rank >= 0 && vs.rank < ranks, "build_plan: virtual stage {} on rank {} of {}", v, vs.rank,
+                       ranks);
+    pl::StageInfo& st = stages[v];
+    st.rank = static_cast<std::uint32_t>(vs.rank);
+    st.encoder_begin = enc;
+    st.encoder_layers = static_cast<std::uint32_t>(vs.layout.encoder_layers);
+    st.decoder_begin = dec;
+    st.decoder_layers = static_cast<std::uint32_t>(vs.layout.decoder_layers);
+    // The decoder of an encoder-decoder model embeds its own inputs on its first stage.
+    st.embedding = vs.layout.has_embedding || (vs.layout.decoder_layers > 0 && dec == 0 && enc > 0);
+    st.head = vs.layout.has_postprocess;
+    enc += st.encoder_layers;
+    dec += st.decoder_layers;
   }
+  return stages;
+}
+
+pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBatch>& mbs,
+                   const std::vector<part::VirtualStage>& vstages, const part::BatchLengths& lengths,
+                   const sched::StageCostTable* costs, const pl::PlanOptions& options) {
+  const std::vector<pl::StageInfo> stages = stage_infos(vstages, schedule.ranks);
+  PACKPIPE_CHECK_ARG(lengths.loss.empty() || lengths.loss.size() == lengths.size(),
+                     "build_plan: {} loss token counts for {} samples", lengths.loss.size(), lengths.size());
   std::vector<pl::PlanMicroBatch> out(mbs.size());
   std::vector<Recompute> recompute(mbs.size());
   for (std::size_t m = 0; m < mbs.size(); ++m) {
@@ -162,6 +199,13 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
     mb.padded_len = static_cast<std::uint32_t>(in.padded_len);
     mb.padded_dec_len = static_cast<std::uint32_t>(in.padded_dec_len);
     mb.tokens = in.tokens;
+    for (const std::uint32_t s : in.samples) {
+      PACKPIPE_CHECK_ARG(s < lengths.size(), "build_plan: micro-batch {} names sample {} of a batch of {}", m, s,
+                         lengths.size());
+      mb.lengths.push_back(lengths.input[s]);
+      if (lengths.encoder_decoder()) mb.target_lengths.push_back(lengths.target[s]);
+      mb.loss_tokens += sample_loss_tokens(lengths, s);
+    }
     recompute[m] = in.recompute;
   }
   if (costs == nullptr) return pl::build_plan(schedule, std::move(out), recompute, stages, nullptr, options);
@@ -173,11 +217,68 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
   return pl::build_plan(schedule, std::move(out), recompute, stages, &memory, options);
 }
 
+namespace {
+
+// The batch as trained: lengths after truncation, and each sample's loss tokens (capped by what
+// truncation left of it).
+part::BatchLengths trained_lengths(const part::BatchLengths& lengths, const part::Partition& split) {
+  part::BatchLengths t = split.lengths;
+  if (t.input.size() != lengths.size()) t = lengths;  // a partition that keeps no lengths (evaluate_partition)
+  t.loss.resize(lengths.size());
+  for (std::uint32_t s = 0; s < lengths.size(); ++s) {
+    std::uint32_t l = sample_loss_tokens(lengths, s);
+    if (lengths.encoder_decoder()) {
+      l = std::min(l, t.target[s]);
+    } else if (t.input[s] < lengths.input[s]) {
+      l = std::min(l, t.input[s] > 0 ? t.input[s] - 1 : 0u);
+    }
+    t.loss[s] = l;
+  }
+  return t;
+}
+
+// Loss tokens of every sample some micro-batch trains (dropped samples carry none).
+std::uint64_t global_loss_tokens(const part::BatchLengths& trained, const part::Partition& split) {
+  std::uint64_t n = 0;
+  for (const auto& mb : split.microbatches) {
+    for (auto s : mb.samples) n += trained.loss[s];
+  }
+  return n;
+}
+
+}  // namespace
+
+std::vector<sched::ScheduleKind> allowed_schedules(const PlannerOptions& o) {
+  std::vector<sched::ScheduleKind> out;
+  const auto& given = o.search.schedules;
+  for (sched::ScheduleKind k : sched::all_schedule_kinds()) {
+    if (!given.empty() && std::find(given.begin(), given.end(), k) == given.end()) continue;
+    if (!o.allow_split_backward && k == sched::ScheduleKind::ZeroBubble) continue;
+    if (!in_family(k, o.family)) continue;
+    out.push_back(k);
+  }
+  return out;
+}
+
+bool in_family(sched::ScheduleKind k, ScheduleFamily f) {
+  switch (f) {
+    case ScheduleFamily::Any: return true;
+    case ScheduleFamily::OneFOneB: return k == sched::ScheduleKind::OneFOneB || k == sched::ScheduleKind::Interleaved1F1B;
+    case ScheduleFamily::GPipe: return k == sched::ScheduleKind::GPipe;
+    case ScheduleFamily::Cyclic: return k == sched::ScheduleKind::Cyclic || k == sched::ScheduleKind::WaitFreeCyclic;
+    case ScheduleFamily::ZeroBubble: return k == sched::ScheduleKind::ZeroBubble;
+  }
+  return false;
+}
+
 IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
                                part::PartitionCache* cache) {
   check_planner_options(o);
+  PACKPIPE_CHECK_ARG(!o.tied_embedding || cost.model().arch == cm::Architecture::DecoderOnly || vstages.size() == 1,
+                     "a tied embedding is supported for decoder-only models (an encoder-decoder model ties three "
+                     "weights across its pipeline); plan without it");
   PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
   PACKPIPE_CHECK_ARG(lengths.target.empty() || lengths.target.size() == lengths.input.size(),
                      "iteration {}: {} target lengths for {} input lengths (encoder-decoder batches give one of each "
@@ -215,24 +316,26 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     r.truncated = split.truncated.size();
     r.dropped = split.dropped.size();
     r.tokens = split.input_tokens + split.target_tokens;
-    part::BatchLengths trained;
+    part::BatchLengths kept;
     for (const auto& mb : split.microbatches) {
       for (auto s : mb.samples) {
-        trained.input.push_back(std::min<std::uint32_t>(lengths.input[s], static_cast<std::uint32_t>(mb.padded_len)));
+        kept.input.push_back(std::min<std::uint32_t>(lengths.input[s], static_cast<std::uint32_t>(mb.padded_len)));
         if (lengths.encoder_decoder()) {
-          trained.target.push_back(
-              std::min<std::uint32_t>(lengths.target[s], static_cast<std::uint32_t>(mb.padded_dec_len)));
+          kept.target.push_back(std::min<std::uint32_t>(lengths.target[s], static_cast<std::uint32_t>(mb.padded_dec_len)));
         }
       }
     }
-    r.model_flops = batch_model_flops(cost.model(), vstages, trained);
+    r.model_flops = batch_model_flops(cost.model(), vstages, kept);
   }
   partition_figures(split, r.packpipe);
+  const part::BatchLengths trained = trained_lengths(lengths, split);
 
   // 2. Schedule per data-parallel replica.
   t0 = std::chrono::steady_clock::now();
-  const bool search = o.schedule == "search";
-  const sched::ScheduleKind fixed_kind = search ? sched::ScheduleKind::OneFOneB : sched::schedule_kind_from_name(o.schedule);
+  const bool named = o.schedule != "search";
+  const sched::ScheduleKind fixed_kind = named ? sched::schedule_kind_from_name(o.schedule) : sched::ScheduleKind::OneFOneB;
+  sched::SearchOptions search_opts = o.search;
+  search_opts.schedules = allowed_schedules(o);
   std::vector<pl::Schedule> schedules;
   std::vector<sched::StageCostTable> tables;
   std::vector<std::vector<part::MicroBatch>> replica_mbs;
@@ -247,15 +350,22 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
     const sched::SimProblem prob = sched::make_sim_problem(tables.back(), cost, o.shape);
     pl::Schedule s;
-    if (search) {
-      s = sched::search_schedule(prob, o.search).best;
-    } else {
-      std::string why;
-      PACKPIPE_CHECK_ARG(sched::schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
-                                           static_cast<std::int64_t>(mbs.size()), &why),
-                         "iteration {}: schedule '{}' cannot run {} micro-batches: {}", iteration, o.schedule,
-                         mbs.size(), why);
+    std::string why;
+    const bool fits = named && sched::schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
+                                                        static_cast<std::int64_t>(mbs.size()), &why);
+    if (named && !fits && !o.fallback) {
+      PACKPIPE_THROW(InvalidArgument, "iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a fallback to "
+                     "the search, e.g. --schedule-fallback, to plan such iterations with another schedule)",
+                     iteration, o.schedule, mbs.size(), why);
+    }
+    if (fits) {
       s = sched::make_schedule(fixed_kind, prob, {}, o.search.schedule_options);
+    } else {
+      if (named && r.schedule_note.empty()) {
+        r.schedule_note = fmt::format("schedule '{}' cannot run {} micro-batches ({}): searched the allowed schedules "
+                                      "instead", o.schedule, mbs.size(), why);
+      }
+      s = sched::search_schedule(prob, search_opts).best;
     }
     account(s, o.shape, prob.memory_limit_bytes, r.packpipe);
     if (k == 0) r.packpipe.schedule = s.name;
@@ -276,7 +386,10 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     po.memory_limit_bytes = static_cast<std::uint64_t>(sched::make_sim_problem(tables[k], cost, o.shape).memory_limit_bytes);
     po.sample_refs = refs;
     po.keep_timeline = o.keep_timeline;
-    pl::Plan plan = make_plan(schedules[k], replica_mbs[k], vstages, &tables[k], po);
+    po.loss_mode = o.loss_mode;
+    po.global_loss_tokens = global_loss_tokens(trained, split);
+    po.tied_embedding = o.tied_embedding;
+    pl::Plan plan = make_plan(schedules[k], replica_mbs[k], vstages, trained, &tables[k], po);
     plan.replica = static_cast<std::uint32_t>(k);
     if (o.validate) pl::validate_or_throw(plan);
     r.plans.push_back(std::move(plan));
@@ -292,6 +405,93 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   }
   r.partition = std::move(split);
   return r;
+}
+
+namespace {
+
+// Splits `layers` over `stages` stages whose time with n layers is time(v, n) (non-decreasing in n):
+// the least maximum time, found by bisection over the candidate times with a greedy check.
+std::vector<std::int64_t> min_max_split(std::int64_t layers, std::int64_t stages,
+                                        const std::function<double(std::int64_t, std::int64_t)>& time) {
+  PACKPIPE_CHECK_ARG(layers >= stages, "{} layers cannot fill {} stages with one layer each", layers, stages);
+  std::vector<double> candidates;
+  for (std::int64_t v = 0; v < stages; ++v) {
+    for (std::int64_t n = 1; n <= layers - stages + 1; ++n) candidates.push_back(time(v, n));
+  }
+  std::sort(candidates.begin(), candidates.end());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  auto split_under = [&](double cap, std::vector<std::int64_t>* out) {
+    std::int64_t left = layers;
+    std::vector<std::int64_t> counts;
+    for (std::int64_t v = 0; v < stages; ++v) {
+      const std::int64_t room = left - (stages - v - 1);  // leave one layer for each later stage
+      std::int64_t n = v + 1 == stages ? left : 0;
+      if (v + 1 < stages) {
+        while (n < room && time(v, n + 1) <= cap) ++n;
+      }
+      if (n < 1 || time(v, n) > cap) return false;
+      counts.push_back(n);
+      left -= n;
+    }
+    if (out != nullptr) *out = std::move(counts);
+    return true;
+  };
+  std::size_t lo = 0, hi = candidates.size() - 1;  // candidates[hi] (the largest) always fits
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (split_under(candidates[mid], nullptr)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<std::int64_t> out;
+  split_under(candidates[lo], &out);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> balanced_stage_layers(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                                std::int64_t rows, std::int64_t seq, std::int64_t dec_seq) {
+  part::check_shape(shape);
+  const cm::ModelSpec& model = cost.model();
+  const std::int64_t V = shape.vstages();
+  const bool encdec = model.arch == cm::Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(rows >= 1 && seq >= 1, "balanced_stage_layers: rows and seq must be at least 1, found {} and {}",
+                     rows, seq);
+  if (encdec && V == 1) return {};  // one stage holds both sides: nothing to balance
+  PACKPIPE_CHECK_ARG(!encdec || V % 2 == 0, "encoder-decoder model '{}' needs an even number of virtual stages, found {}",
+                     model.name, V);
+  std::map<std::tuple<int, std::int64_t, bool, bool>, double> memo;
+  auto stage_time = [&](bool decoder, std::int64_t n, bool embedding, bool head) {
+    const auto key = std::make_tuple(decoder ? 1 : 0, n, embedding, head);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    cm::StageLayout l;
+    (decoder ? l.decoder_layers : l.encoder_layers) = n;
+    l.has_embedding = embedding;
+    l.has_postprocess = head;
+    const double t = cm::stage_cost(cost, l, shape.tp, rows, seq, encdec ? std::max<std::int64_t>(dec_seq, 1) : 0,
+                                    Recompute::None)
+                         .total_ms();
+    memo.emplace(key, t);
+    return t;
+  };
+  if (!encdec) {
+    return min_max_split(model.num_layers, V, [&](std::int64_t v, std::int64_t n) {
+      return stage_time(false, n, v == 0, v == V - 1);
+    });
+  }
+  const std::int64_t half = V / 2;
+  std::vector<std::int64_t> out = min_max_split(model.encoder_layers, half, [&](std::int64_t v, std::int64_t n) {
+    return stage_time(false, n, v == 0, false);
+  });
+  const std::vector<std::int64_t> dec = min_max_split(model.decoder_layers, half, [&](std::int64_t v, std::int64_t n) {
+    return stage_time(true, n, false, v == half - 1);
+  });
+  out.insert(out.end(), dec.begin(), dec.end());
+  return out;
 }
 
 }  // namespace packpipe::planner

@@ -23,6 +23,19 @@ namespace part = ::packpipe::partition;
 namespace pl = ::packpipe::plan;
 namespace sched = ::packpipe::schedule;
 
+/// Families of schedules a trainer may require (search and fallback choose within one).
+enum class ScheduleFamily : std::uint8_t { Any, OneFOneB, GPipe, Cyclic, ZeroBubble };
+/// The one name table: "any", "1f1b" (1F1B and interleaved 1F1B), "gpipe", "cyclic" (cyclic and
+/// wait-free cyclic), "zero-bubble".
+inline constexpr EnumName<ScheduleFamily> kScheduleFamilyNames[] = {{ScheduleFamily::Any, "any"},
+                                                                    {ScheduleFamily::OneFOneB, "1f1b"},
+                                                                    {ScheduleFamily::GPipe, "gpipe"},
+                                                                    {ScheduleFamily::Cyclic, "cyclic"},
+                                                                    {ScheduleFamily::ZeroBubble, "zero-bubble"}};
+inline ScheduleFamily schedule_family_from_name(const std::string& name) {
+  return enum_from_name(kScheduleFamilyNames, name, "schedule family");
+}
+
 struct PlannerOptions {
   part::PipelineShape shape;
   part::PartitionOptions partition;       ///< method dp by default
@@ -36,6 +49,16 @@ struct PlannerOptions {
   /// Task names by SampleRef::task, naming a dataset sample in messages (e.g. one that does not
   /// fit); empty: tasks by number.
   std::vector<std::string> task_names;
+  // ---- what the plans tell a trainer ----
+  pl::LossMode loss_mode = pl::LossMode::AllTokens;  ///< recorded in the plans (loss tokens: BatchLengths::loss)
+  bool tied_embedding = false;      ///< the embedding and the LM head share a weight (REDUCE_TIED)
+  // ---- which schedules a trainer accepts ----
+  bool allow_split_backward = true;  ///< false: never zero-bubble's separate input and weight gradients
+  ScheduleFamily family = ScheduleFamily::Any;  ///< the search (and a fallback) choose within it
+  /// A named schedule that cannot run an iteration's micro-batch count (interleaved 1F1B needs a
+  /// multiple of the stages) falls back to the search over the allowed schedules, with the reason in
+  /// IterationResult::schedule_note, instead of an error.
+  bool fallback = false;
 };
 
 /// Largest micro-batch size of the baselines' grid accepted.
@@ -80,7 +103,14 @@ struct IterationResult {
   double schedule_ms = 0;           ///< wall time of the schedule search (all replicas)
   double build_ms = 0;              ///< wall time of building (and validating) the plans
   double planning_ms = 0;           ///< the three together
+  std::string schedule_note;        ///< why a named schedule was not used (PlannerOptions::fallback), else empty
 };
+
+/// The schedule kinds the search may choose under `options` (its search candidates, the family and
+/// the split-backward setting), in all_schedule_kinds() order.
+std::vector<sched::ScheduleKind> allowed_schedules(const PlannerOptions& options);
+/// Whether kind `k` belongs to family `f`.
+bool in_family(sched::ScheduleKind k, ScheduleFamily f);
 
 /// Plans one global batch. `refs` (optional) names each sample as (task, index) in the plans;
 /// `cache` (optional, one per thread) keeps micro-batch shape costs across the iterations a thread
@@ -96,18 +126,32 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
                                part::PartitionCache* cache = nullptr);
 
 /// The plan of one iteration from the partitioner's micro-batches, the virtual stages and the
-/// simulated schedule: plan::build_plan on their plan-level forms. `costs` (optional) fills the
+/// simulated schedule: plan::build_plan on their plan-level forms. `lengths` is the batch as
+/// partitioned (the samples' lengths and loss tokens go into the plan); `costs` (optional) fills the
 /// memory fields. Throws InvalidArgument as build_plan does, and naming a micro-batch whose padded
 /// lengths do not fit 32 bits or a virtual stage out of order.
 pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBatch>& mbs,
-                   const std::vector<part::VirtualStage>& vstages, const sched::StageCostTable* costs,
-                   const pl::PlanOptions& options);
+                   const std::vector<part::VirtualStage>& vstages, const part::BatchLengths& lengths,
+                   const sched::StageCostTable* costs, const pl::PlanOptions& options);
+/// Tokens of sample `s` that carry loss: lengths.loss[s] when given, else decoder-only n - 1 and
+/// encoder-decoder the target length.
+std::uint32_t sample_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s);
 
 /// Simulated iteration time of given micro-batches under one schedule kind ("1f1b" for the
 /// baselines), replicas as assigned; fills `figures` (feasible, iteration_ms, peak_mb).
 void simulate_method(const part::BatchLengths& lengths, const part::Partition& partition, const cm::CostModel& cost,
                      const std::vector<part::VirtualStage>& vstages, const part::PipelineShape& shape, sched::ScheduleKind kind,
                      MethodFigures& figures);
+
+/// An uneven layer split (PipelineShape::stage_layers) that balances the virtual stages' forward +
+/// backward time of a micro-batch of `rows` rows of `seq` tokens (`dec_seq` decoder tokens) on
+/// `cost`, the embedding counted on the first stage and the LM head and loss on the last, as
+/// Megatron's pipeline layouts do by hand: the least maximum stage time over contiguous splits with
+/// at least one layer a stage (each side of an encoder-decoder model over its half of the stages).
+/// Uses every layer of the model; empty for one virtual stage of an encoder-decoder model (nothing to
+/// balance). Deterministic. Throws InvalidArgument when the model has fewer layers than stages.
+std::vector<std::int64_t> balanced_stage_layers(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                                std::int64_t rows, std::int64_t seq, std::int64_t dec_seq = 0);
 
 /// Forward + backward FLOPs of the real samples (each at its own length, as model FLOPs count)
 /// through the layers the pipeline's virtual stages hold (3 x forward, no recompute).

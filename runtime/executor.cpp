@@ -17,6 +17,11 @@ namespace packpipe::runtime {
 
 namespace pl = ::packpipe::plan;
 
+void StageHandler::reduce_tied(const OpContext& ctx) {
+  throw Unsupported(fmt::format("REDUCE_TIED (plan with a tied embedding): this stage handler does not implement "
+                                "reduce_tied for stage {}", ctx.ins != nullptr ? ctx.ins->stage : 0));
+}
+
 const char* channel_name(Channel c) {
   switch (c) {
     case Channel::Activation: return "activation";
@@ -344,6 +349,11 @@ struct Executor::State {
     const OpContext c = context(ins);
     timed_handler([&] { ex.handler_.optimizer_step(c); });
   }
+  void on_reduce_tied(const pl::Instruction& ins) {
+    require(ins.stage < p.vstages, "stage out of range");
+    const OpContext c = context(ins);
+    timed_handler([&] { ex.handler_.reduce_tied(c); });
+  }
 
   void execute(const pl::Instruction& ins) {
     switch (ins.op) {
@@ -365,6 +375,7 @@ struct Executor::State {
       case pl::Opcode::FreeBuf: on_free(ins); break;
       case pl::Opcode::ReduceGrad: on_reduce(ins); break;
       case pl::Opcode::OptStep: on_opt_step(ins); break;
+      case pl::Opcode::ReduceTied: on_reduce_tied(ins); break;
       default: require(false, "unknown opcode");
     }
   }

@@ -51,6 +51,10 @@ class StageHandler {
   virtual void reduce_grad(const OpContext& ctx) = 0;
   /// OPT_STEP: optimizer step and zeroing of the gradients of this rank's stages.
   virtual void optimizer_step(const OpContext& ctx) = 0;
+  /// REDUCE_TIED: SUM of the tied embedding / LM head weight's gradient between the ranks of the
+  /// first and the last stage (plans with Plan::tied_embedding). The default refuses: a handler of
+  /// a tied model must implement it.
+  virtual void reduce_tied(const OpContext& ctx);
   /// A receive buffer of ctx.shape, in the transport's memory.
   virtual Buffer allocate(const OpContext& ctx) = 0;
   /// After a receive wait completed into `buffer` (the replay verifies its payload here).

@@ -57,6 +57,7 @@ class ReplayHandler : public StageHandler {
   void backward_weight(const OpContext& ctx) override;
   void reduce_grad(const OpContext& ctx) override {}
   void optimizer_step(const OpContext& ctx) override {}
+  void reduce_tied(const OpContext& ctx) override {}
   Buffer allocate(const OpContext& ctx) override;
   void received(const OpContext& ctx, const Buffer& buffer) override;
   /// Payload bytes checked so far.

@@ -100,9 +100,10 @@ OrderBuilder::OrderBuilder(const SimProblem& problem)
       const std::size_t i = t.at(mb, v), k = static_cast<std::size_t>(mb) * Su + static_cast<std::size_t>(v % S_);
       mb_stored_[k] += t.stored_bytes[i];
       mb_peak_[k] = std::max(mb_peak_[k], t.peak_bytes[i]);
-      const double in = t.backward_ms[i] - t.backward_weight_ms[i];
-      rank_work_[static_cast<std::size_t>(v % S_)] += t.forward_ms[i] + in + t.backward_weight_ms[i];
-      if (!(t.forward_ms[i] > 0) || !(in > 0) || !(t.backward_weight_ms[i] > 0)) exact_ = false;
+      const double f = t.op_ms(pl::OpKind::Forward, i), in = t.op_ms(pl::OpKind::BackwardInput, i),
+                   w = t.op_ms(pl::OpKind::BackwardWeight, i);
+      rank_work_[static_cast<std::size_t>(v % S_)] += f + in + w;
+      if (!(f > 0) || !(in > 0) || !(w > 0)) exact_ = false;
     }
   }
   // Zero-bubble admission caps: 1F1B's in-flight count S - r; interleaved: Megatron's warm-up + 1

@@ -34,7 +34,10 @@ std::vector<double> total_time(const SimProblem& p) {
   const StageCostTable& t = p.costs;
   std::vector<double> tot(static_cast<std::size_t>(p.microbatches()), 0.0);
   for (std::int64_t mb = 0; mb < p.microbatches(); ++mb) {
-    for (std::int64_t v = 0; v < p.vstages(); ++v) tot[static_cast<std::size_t>(mb)] += t.forward_ms[t.at(mb, v)] + t.backward_ms[t.at(mb, v)];
+    for (std::int64_t v = 0; v < p.vstages(); ++v) {
+      const std::size_t i = t.at(mb, v);
+      tot[static_cast<std::size_t>(mb)] += t.op_ms(pl::OpKind::Forward, i) + t.op_ms(pl::OpKind::Backward, i);
+    }
   }
   return tot;
 }

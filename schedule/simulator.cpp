@@ -376,13 +376,13 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     double path = 0, tail = 0, best_tail = 0;
     for (std::int64_t v = 0; v < V; ++v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      work[static_cast<std::size_t>(p.rank_of(v))] += c.forward_ms[i] + c.backward_ms[i];
-      path += c.forward_ms[i] + 2 * p.transfer_ms[i];
+      work[static_cast<std::size_t>(p.rank_of(v))] += c.op_ms(pl::OpKind::Forward, i) + c.op_ms(pl::OpKind::Backward, i);
+      path += c.op_ms(pl::OpKind::Forward, i) + 2 * p.transfer_ms[i];
     }
     for (std::int64_t v = V - 1; v >= 0; --v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      tail += c.backward_ms[i] - c.backward_weight_ms[i];
-      best_tail = std::max(best_tail, tail + c.backward_weight_ms[i]);
+      tail += c.op_ms(pl::OpKind::BackwardInput, i);
+      best_tail = std::max(best_tail, tail + c.op_ms(pl::OpKind::BackwardWeight, i));
     }
     path += best_tail;
     b.critical_path_ms = std::max(b.critical_path_ms, path);

@@ -28,7 +28,8 @@ struct StageCostTable {
   std::size_t at(std::int64_t mb, std::int64_t v) const { return static_cast<std::size_t>(mb * vstages + v); }
   /// Duration of one compute op of entry i = at(mb, v): forward, full backward, its input-gradient
   /// half (backward minus the weight share) or its weight-gradient half. The one arithmetic of op
-  /// times: the simulator, the schedule builders and the runtime's replay all time ops with it.
+  /// times: the simulator, the schedule builders, the search and the lower bounds time ops with it
+  /// (the plan's timeline, which the replay follows, is the simulator's).
   double op_ms(pl::OpKind kind, std::size_t i) const {
     switch (kind) {
       case pl::OpKind::Forward: return forward_ms[i];

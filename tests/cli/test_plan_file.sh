@@ -96,7 +96,7 @@ import packpipe, packpipe._testing
 d = sys.argv[1]
 def replicas(dup):
     js = [json.loads(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=20 + k).to_json()) for k in range(2)]
-    nxt, tokens = 0, 0
+    nxt, tokens, loss = 0, 0, 0
     for k, j in enumerate(js):
         j["iteration"], j["dp"], j["replica"] = 0, 2, k
         for mb in j["microbatches"]:
@@ -104,12 +104,13 @@ def replicas(dup):
             mb.pop("refs", None)
             nxt += len(mb["samples"])
             tokens += mb["tokens"]
+            loss += mb["loss_tokens"]
     if dup:
         js[1]["microbatches"][0]["samples"][0] = js[0]["microbatches"][0]["samples"][0]
     for j in js:
-        j["global_tokens"] = tokens
+        j["global_tokens"], j["global_loss_tokens"] = tokens, loss
         for mb in j["microbatches"]:
-            mb["loss_weight"] = mb["tokens"] / tokens
+            mb["loss_weight"] = mb["loss_tokens"] / loss
     return [packpipe.Plan.from_json(json.dumps(j)) for j in js]
 for name, dup in (("dp.plans", False), ("dup.plans", True)):
     with packpipe.PlanFileWriter(f"{d}/{name}") as w:

@@ -93,7 +93,7 @@ TEST_CASE("instructions: the validator passes on every plan of random batches fo
 TEST_CASE("instructions: every op kind appears and streams hold the schedule's compute order", "[interface]") {
   for (const char* kind : {"gpipe", "1f1b", "zero-bubble"}) {
     const syn::Case c = syn::random_case(kind, 4, 2, 8, 7);
-    const Plan p = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
+    const Plan p = make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options);
     std::set<Opcode> ops;
     for (std::size_t r = 0; r < p.streams.size(); ++r) {
       std::vector<ScheduledOp> compute;
@@ -217,13 +217,20 @@ TEST_CASE("instructions: same-rank adjacent stages hand over without communicati
 
 TEST_CASE("instructions: header carries token-weighted losses, shapes and recompute modes", "[interface]") {
   const syn::Case c = syn::random_case("1f1b", 4, 1, 9, 3, false, true);
-  const Plan p = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
+  const Plan p = make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options);
   double sum = 0;
-  std::uint64_t tokens = 0;
-  for (const auto& mb : c.mbs) tokens += mb.tokens;
+  std::uint64_t tokens = 0, loss = 0;
+  for (const auto& mb : c.mbs) {
+    tokens += mb.tokens;
+    for (auto s : mb.samples) loss += c.lengths.target[s];  // encoder-decoder: every target token carries loss
+  }
   REQUIRE(p.global_tokens == tokens);
+  REQUIRE(p.global_loss_tokens == loss);
   for (std::size_t m = 0; m < c.mbs.size(); ++m) {
-    CHECK(p.microbatches[m].loss_weight == Approx(static_cast<double>(c.mbs[m].tokens) / static_cast<double>(tokens)));
+    std::uint64_t mine = 0;
+    for (auto s : c.mbs[m].samples) mine += c.lengths.target[s];
+    CHECK(p.microbatches[m].loss_tokens == mine);
+    CHECK(p.microbatches[m].loss_weight == static_cast<double>(mine) / static_cast<double>(loss));
     CHECK(p.microbatches[m].samples == c.mbs[m].samples);
     CHECK(p.microbatches[m].rows == c.mbs[m].rows());
     for (std::size_t v = 0; v < p.vstages; ++v) CHECK(p.recompute[p.at(m, v)] == static_cast<std::uint8_t>(c.mbs[m].recompute));
@@ -254,8 +261,9 @@ TEST_CASE("instructions: header carries token-weighted losses, shapes and recomp
   // A dp total of tokens changes the weights' denominator.
   PlanOptions o = c.options;
   o.global_tokens = tokens * 4;
+  o.global_loss_tokens = p.global_loss_tokens * 4;
   o.dp = 4;
-  const Plan q = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, o);
+  const Plan q = make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, o);
   CHECK(q.microbatches[0].loss_weight == Approx(p.microbatches[0].loss_weight / 4));
   CHECK(validate(q).ok());
 }
@@ -268,7 +276,7 @@ TEST_CASE("instructions: sample refs and options are carried into the plan", "[i
   c.options.iteration_markers = false;
   c.options.reduce_and_step = false;
   c.options.keep_timeline = false;
-  const Plan p = make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options);
+  const Plan p = make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options);
   for (const auto& mb : p.microbatches) {
     REQUIRE(mb.refs.size() == mb.samples.size());
     for (std::size_t i = 0; i < mb.samples.size(); ++i) CHECK(mb.refs[i] == refs[mb.samples[i]]);
@@ -296,24 +304,24 @@ TEST_CASE("instructions: inconsistent schedules are refused with the op named", 
   syn::Case c = syn::random_case("1f1b", 4, 1, 4, 1);
   SECTION("op on the wrong rank") {
     std::swap(c.schedule.ops[0], c.schedule.ops[1]);
-    REQUIRE_THROWS_AS(make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options), packpipe::InvalidArgument);
-    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options), Catch::Matchers::Contains("runs stage"));
+    REQUIRE_THROWS_AS(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options), packpipe::InvalidArgument);
+    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options), Catch::Matchers::Contains("runs stage"));
   }
   SECTION("missing backward") {
     c.schedule.ops[2].pop_back();
-    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options), Catch::Matchers::Contains("lacks"));
+    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options), Catch::Matchers::Contains("lacks"));
   }
   SECTION("duplicate forward") {
     c.schedule.ops[1].push_back(c.schedule.ops[1].front());
-    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options), Catch::Matchers::Contains("twice"));
+    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options), Catch::Matchers::Contains("twice"));
   }
   SECTION("hidden size") {
     c.options.hidden = 0;
-    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options), Catch::Matchers::Contains("hidden"));
+    REQUIRE_THROWS_WITH(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options), Catch::Matchers::Contains("hidden"));
   }
   SECTION("micro-batch count") {
     c.mbs.pop_back();
-    REQUIRE_THROWS_AS(make_plan(c.schedule, c.mbs, c.vstages, nullptr, c.options), packpipe::InvalidArgument);
+    REQUIRE_THROWS_AS(make_plan(c.schedule, c.mbs, c.vstages, c.lengths, nullptr, c.options), packpipe::InvalidArgument);
   }
 }
 

@@ -323,7 +323,7 @@ TEST_CASE("validator: broken headers are reported without crashing", "[negative]
     p.microbatches[2].loss_weight = 1.0 / 6;
     const ValidationReport r = validate(p);
     REQUIRE(has_kind(r, "header"));
-    CHECK(all_text(p, r).find("tokens / global tokens") != std::string::npos);
+    CHECK(all_text(p, r).find("loss tokens / global loss tokens") != std::string::npos);
   }
   SECTION("a rank without a stage") {
     Plan p = base_plan();
@@ -404,8 +404,39 @@ TEST_CASE("validator: every field a runtime or trainer reads is checked (mutatio
       refused("a sample twice in one micro-batch", [](Plan& p) {
         auto& mb = p.microbatches[2];
         mb.samples.push_back(mb.samples[0]);
+        mb.lengths.push_back(mb.lengths[0]);
+        if (!mb.target_lengths.empty()) mb.target_lengths.push_back(mb.target_lengths[0]);
         if (!mb.row_offsets.empty()) mb.row_offsets.back() += 1; else mb.rows += 1;
       });
+      // Format 2: what a trainer reads besides the streams.
+      refused("the LM head on another stage", [](Plan& p) {
+        p.stages.back().head = false;
+        p.stages.front().head = true;
+      });
+      refused("layers that skip one", [](Plan& p) { p.stages[1].encoder_begin += 1; });
+      refused("a stage with no layer", [](Plan& p) {
+        p.stages[1].encoder_layers = 0;
+        p.stages[1].decoder_layers = 0;
+      });
+      refused("no embedding on the first stage", [](Plan& p) { p.stages[0].embedding = false; });
+      refused("a sample's length changed", [](Plan& p) { p.microbatches[0].lengths[0] += 1; });
+      refused("more loss tokens than tokens", [](Plan& p) { p.microbatches[0].loss_tokens = p.microbatches[0].tokens + 1; });
+      refused("global loss tokens below the micro-batches'", [](Plan& p) { p.global_loss_tokens -= 1; });
+      refused("a forward with another recompute mode", [](Plan& p) {
+        for (auto& ins : p.streams[0]) {
+          if (ins.op == Opcode::Forward) {
+            ins.mode = (ins.mode + 1) % 3;
+            break;
+          }
+        }
+      });
+      refused("a REDUCE_TIED without a tied embedding", [](Plan& p) {
+        Instruction t;
+        t.op = Opcode::ReduceTied;
+        t.stage = 0;
+        p.streams[p.stage_rank[0]].insert(p.streams[p.stage_rank[0]].end() - 1, t);
+      });
+      refused("a tied embedding without REDUCE_TIED", [](Plan& p) { p.tied_embedding = true; });
       refused("a padded length below the tokens", [](Plan& p) { p.microbatches[0].padded_len = 1; });
       refused("tokens above rows x padded length", [](Plan& p) {
         auto& mb = p.microbatches[0];
@@ -508,9 +539,14 @@ TEST_CASE("validator: the replicas of one iteration agree and share no sample", 
     }
     good.push_back(p);
   }
+  std::uint64_t loss = 0;
+  for (const auto& p : good) {
+    for (const auto& mb : p.microbatches) loss += mb.loss_tokens;
+  }
   for (auto& p : good) {
     p.global_tokens = tokens;
-    for (auto& mb : p.microbatches) mb.loss_weight = static_cast<double>(mb.tokens) / static_cast<double>(tokens);
+    p.global_loss_tokens = loss;
+    for (auto& mb : p.microbatches) mb.loss_weight = static_cast<double>(mb.loss_tokens) / static_cast<double>(loss);
     REQUIRE(validate(p).ok());
   }
   for (const auto& x : validate_replicas(good)) FAIL(to_string(x));

@@ -93,7 +93,8 @@ def test_encoder_decoder_manifest(tmp_path, megatron):
         for (task, index), i, t in zip(it.refs.tolist(), it.input_lengths, it.target_lengths):
             inp, tgt = mt.lengths(task)
             assert (i, t) == (max(inp[index], 1), max(tgt[index], 1))  # an empty side counts one token
-        b = packpipe.plan_batch(t5, it.input_lengths, it.target_lengths, shape=shape, iteration=it.iteration)
+        b = packpipe.plan_batch(t5, it.input_lengths, it.target_lengths, shape=shape, iteration=it.iteration,
+                                loss_tokens=it.loss_tokens)
         assert [without_refs(p) for p in b.plans] == [without_refs(p) for p in it.result.plans]
 
 

@@ -27,7 +27,7 @@ def test_header_fields():
     assert sum(m["tokens"] for m in mbs) == p.global_tokens
     assert sum(m["loss_weight"] for m in mbs) == pytest.approx(1.0)
     for m in mbs:
-        assert m["loss_weight"] == pytest.approx(m["tokens"] / p.global_tokens)
+        assert m["loss_weight"] == pytest.approx(m["loss_tokens"] / p.global_loss_tokens)
         assert len(m["recompute"]) == p.vstages
         assert m["padded_dec_len"] > 0
     assert all(s["bytes"] > 0 for s in p.shapes)
@@ -119,7 +119,7 @@ def test_pytorch_export():
 
 def _replicas(duplicate):
     js = [json.loads(synthetic_plan("1f1b", ranks=2, microbatches=3, seed=30 + k).to_json()) for k in range(2)]
-    nxt, tokens = 0, 0
+    nxt, tokens, loss = 0, 0, 0
     for k, j in enumerate(js):
         j["iteration"], j["dp"], j["replica"] = 0, 2, k
         for mb in j["microbatches"]:
@@ -127,12 +127,13 @@ def _replicas(duplicate):
             mb.pop("refs", None)
             nxt += len(mb["samples"])
             tokens += mb["tokens"]
+            loss += mb["loss_tokens"]
     if duplicate:
         js[1]["microbatches"][0]["samples"][0] = js[0]["microbatches"][0]["samples"][0]
     for j in js:
-        j["global_tokens"] = tokens
+        j["global_tokens"], j["global_loss_tokens"] = tokens, loss
         for mb in j["microbatches"]:
-            mb["loss_weight"] = mb["tokens"] / tokens
+            mb["loss_weight"] = mb["loss_tokens"] / loss
     return [packpipe.Plan.from_json(json.dumps(j)) for j in js]
 
 

@@ -54,15 +54,19 @@ std::uint64_t expected_messages(const pl::Plan& p) {
 // Replica k of dp = 2: the same streams, its own samples and loss weights.
 std::vector<pl::Plan> two_replicas(const pl::Plan& p) {
   std::vector<pl::Plan> out(2, p);
-  std::uint64_t tokens = 0;
-  for (const auto& mb : p.microbatches) tokens += mb.tokens;
+  std::uint64_t tokens = 0, loss = 0;
+  for (const auto& mb : p.microbatches) {
+    tokens += mb.tokens;
+    loss += mb.loss_tokens;
+  }
   for (std::uint32_t k = 0; k < 2; ++k) {
     pl::Plan& q = out[k];
     q.dp = 2;
     q.replica = k;
     q.global_tokens = 2 * tokens;
+    q.global_loss_tokens = 2 * loss;
     for (auto& mb : q.microbatches) {
-      mb.loss_weight = static_cast<double>(mb.tokens) / static_cast<double>(q.global_tokens);
+      mb.loss_weight = static_cast<double>(mb.loss_tokens) / static_cast<double>(q.global_loss_tokens);
       for (auto& s : mb.samples) s += k * 1000000;
       mb.refs.clear();
     }
@@ -126,7 +130,11 @@ TEST_CASE("runtime: full-size payloads cross ranks byte for byte", "[interface]"
     syn::Case c = syn::random_case(kind, 3, 1, 6, 11);
     for (auto& mb : c.mbs) {
       mb.padded_len = 16;
-      mb.tokens = static_cast<std::uint64_t>(mb.rows()) * 16;
+      mb.tokens = 0;
+      for (auto s : mb.samples) {
+        c.lengths.input[s] = std::min<std::uint32_t>(c.lengths.input[s], 16);
+        mb.tokens += c.lengths.input[s];
+      }
     }
     c.options.hidden = 8;
     const pl::Plan p = syn::build(c);

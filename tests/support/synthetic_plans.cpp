@@ -186,9 +186,18 @@ Case random_case(const std::string& kind, std::int64_t ranks, std::int64_t chunk
     const std::int64_t rows = same_shape ? rows0 : rng.uniform(1, 8);
     mb.padded_len = same_shape ? len0 : 64 * rng.uniform(1, 32);
     mb.padded_dec_len = encoder_decoder ? (same_shape ? dec0 : 32 * rng.uniform(1, 8)) : 0;
-    for (std::int64_t i = 0; i < rows; ++i) mb.samples.push_back(sample++);
-    const std::int64_t cap = rows * (mb.padded_len + mb.padded_dec_len);
-    mb.tokens = static_cast<std::uint64_t>(rng.uniform(rows, cap));
+    // Samples of random lengths within the padded row; the micro-batch's tokens are theirs.
+    for (std::int64_t i = 0; i < rows; ++i) {
+      mb.samples.push_back(sample++);
+      const auto in = static_cast<std::uint32_t>(rng.uniform(1, mb.padded_len));
+      c.lengths.input.push_back(in);
+      mb.tokens += in;
+      if (encoder_decoder) {
+        const auto tg = static_cast<std::uint32_t>(rng.uniform(1, mb.padded_dec_len));
+        c.lengths.target.push_back(tg);
+        mb.tokens += tg;
+      }
+    }
     mb.recompute = static_cast<cm::Recompute>(rng.uniform(0, 2));
     c.mbs.push_back(mb);
   }
@@ -227,7 +236,9 @@ Case random_case(const std::string& kind, std::int64_t ranks, std::int64_t chunk
   return c;
 }
 
-pl::Plan build(const Case& c) { return planner::make_plan(c.schedule, c.mbs, c.vstages, &c.costs, c.options); }
+pl::Plan build(const Case& c) {
+  return planner::make_plan(c.schedule, c.mbs, c.vstages, c.lengths, &c.costs, c.options);
+}
 
 std::vector<KindPlan> real_schedule_plans(std::uint64_t seed, std::string* shape) {
   std::mt19937_64 rng(seed);
@@ -252,7 +263,7 @@ std::vector<KindPlan> real_schedule_plans(std::uint64_t seed, std::string* shape
   for (sched::ScheduleKind k : sched::all_schedule_kinds()) {
     if (!sched::schedule_supports(k, S, C, N)) continue;
     const Schedule s = sched::make_schedule(k, prob, order);
-    out.push_back(KindPlan{sched::schedule_kind_name(k), planner::make_plan(s, c.mbs, c.vstages, &c.costs, c.options)});
+    out.push_back(KindPlan{sched::schedule_kind_name(k), planner::make_plan(s, c.mbs, c.vstages, c.lengths, &c.costs, c.options)});
   }
   return out;
 }

@@ -29,6 +29,7 @@ void assign_times(plan::Schedule& schedule, const schedule::StageCostTable& cost
 struct Case {
   std::vector<partition::VirtualStage> vstages;
   std::vector<partition::MicroBatch> mbs;
+  partition::BatchLengths lengths;  ///< every sample's lengths (its micro-batch's tokens are theirs)
   schedule::StageCostTable costs;
   plan::Schedule schedule;
   plan::PlanOptions options;

@@ -637,6 +637,23 @@ class Plan:
     def global_tokens(self) -> int:
         """Real tokens of the global batch (all replicas)."""
     @property
+    def stages(self) -> List[Dict[str, Any]]:
+        """Per virtual stage: encoder_layers / decoder_layers ranges, embedding, head, loads."""
+    @property
+    def dtype(self) -> str:
+        """Activations' and gradients' dtype between stages."""
+    @property
+    def loss_mode(self) -> str:
+        """'all' or 'targets': which tokens carry loss."""
+    @property
+    def global_loss_tokens(self) -> int:
+        """Loss tokens of the global batch over every replica."""
+    @property
+    def tied_embedding(self) -> bool:
+        """Whether the embedding and the LM head share a weight (REDUCE_TIED)."""
+    def world_rank(self, replica: int, rank: int) -> int:
+        """World rank of pipeline rank `rank` of replica `replica`."""
+    @property
     def makespan_ms(self) -> float:
         """Simulated iteration time."""
     @property
@@ -824,11 +841,17 @@ class IterationResult:
     @property
     def planning_ms(self) -> float:
         """The three together."""
+    @property
+    def schedule_note(self) -> str:
+        """Why a named schedule was not used (schedule_fallback=True), else ''."""
     def __getitem__(self, key: str) -> Any:
         """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
 
 class PlannedIteration:
     """One iteration of plan_epoch(): the sampled batch and its IterationResult."""
+    @property
+    def loss_tokens(self) -> npt.NDArray[np.uint32]:
+        """Tokens of each sample that carry loss, in batch order."""
     @property
     def iteration(self) -> int:
         """The batch's index in its epoch."""
@@ -869,7 +892,10 @@ class EpochPlanner:
 def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
                shape: PipelineShape = ..., options: PartitionOptions = ..., schedule: str = "search",
                seed: int = 1234, iteration: int = 0, validate: bool = False, baselines: bool = False,
-               baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None) -> IterationResult:
+               baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None,
+               loss_tokens: Optional[_Lengths] = None, loss: str = "all", tied_embedding: bool = False,
+               dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
+               schedule_fallback: bool = False) -> IterationResult:
     """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica."""
 
 def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: PipelineShape = ...,
@@ -877,5 +903,7 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                seed: int = 1234, split: str = "train", epoch: int = 0, first_iteration: int = 0,
                iterations: int = 0, schedule: str = "search", validate: bool = False, baselines: bool = False,
                baseline_mbs: List[int] = ..., threads: int = 0, depth: int = 0, encode: bool = False,
-               compress: bool = False) -> EpochPlanner:
+               compress: bool = False, loss: str = "all", tied_embedding: bool = False, dtype: str = "bf16",
+               split_backward: bool = True, schedule_family: str = "any",
+               schedule_fallback: bool = False) -> EpochPlanner:
     """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order."""
