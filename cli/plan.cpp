@@ -545,8 +545,8 @@ void register_plan_commands(CLI::App& app) {
                 "Never split a backward into input and weight gradients (no zero-bubble)");
   cmd->add_flag("--schedule-fallback", o->fallback,
                 "A named schedule that cannot run an iteration's micro-batch count falls back to the search");
-  cmd->add_option("--dtype", o->dtype, "Activations between stages: fp16, bf16 or fp32")
-      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}))
+  cmd->add_option("--dtype", o->dtype, "Activations between stages: fp16, bf16, fp32 or fp64")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32", "fp64"}))
       ->capture_default_str();
   cmd->add_option("--loss", o->loss, "Tokens that carry loss: " + enum_name_list(pl::kLossModeNames))
       ->check(one_of(pl::kLossModeNames))

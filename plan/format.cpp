@@ -308,7 +308,7 @@ void decode_trainer(In& in, Plan& p) {
     if (s.loads > 31) in.fail("stage.loads", fmt::format("expected 0..31, found {}", s.loads));
   }
   const std::uint8_t d = in.u8("dtype");
-  if (d > static_cast<std::uint8_t>(Dtype::I64)) in.fail("dtype", fmt::format("expected 0..4, found {}", d));
+  if (d > static_cast<std::uint8_t>(Dtype::F64)) in.fail("dtype", fmt::format("expected 0..5, found {}", d));
   p.dtype = static_cast<Dtype>(d);
   const std::uint8_t lm = in.u8("loss_mode");
   if (lm > 1) in.fail("loss_mode", fmt::format("expected 0 (all) or 1 (targets), found {}", lm));
@@ -371,7 +371,7 @@ Plan decode_body(In& in, std::uint16_t version) {
     s.hidden = in.u32("shape.hidden");
     s.enc_seq = in.u32("shape.enc_seq");
     const std::uint8_t d = in.u8("shape.dtype");
-    if (d > static_cast<std::uint8_t>(Dtype::I64)) in.fail("shape.dtype", fmt::format("expected 0..4, found {}", d));
+    if (d > static_cast<std::uint8_t>(Dtype::F64)) in.fail("shape.dtype", fmt::format("expected 0..5, found {}", d));
     s.dtype = static_cast<Dtype>(d);
   }
   p.microbatches.resize(in.count("microbatches", 15));

@@ -15,6 +15,7 @@ std::uint32_t dtype_size(Dtype d) {
     case Dtype::F32: return 4;
     case Dtype::I32: return 4;
     case Dtype::I64: return 8;
+    case Dtype::F64: return 8;
   }
   return 0;
 }

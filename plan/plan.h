@@ -15,12 +15,14 @@
 namespace packpipe::plan {
 
 /// Element type of a tensor. Values are part of the binary format.
-enum class Dtype : std::uint8_t { F16 = 0, BF16 = 1, F32 = 2, I32 = 3, I64 = 4 };
+enum class Dtype : std::uint8_t { F16 = 0, BF16 = 1, F32 = 2, I32 = 3, I64 = 4, F64 = 5 };
+/// Whether activations and gradients may have the dtype (the floating ones).
+constexpr bool is_float(Dtype d) { return d != Dtype::I32 && d != Dtype::I64; }
 /// Bytes per element.
 std::uint32_t dtype_size(Dtype d);
-/// The one name table: "fp16", "bf16", "fp32", "int32", "int64".
+/// The one name table: "fp16", "bf16", "fp32", "int32", "int64", "fp64".
 inline constexpr EnumName<Dtype> kDtypeNames[] = {
-    {Dtype::F16, "fp16"}, {Dtype::BF16, "bf16"}, {Dtype::F32, "fp32"}, {Dtype::I32, "int32"}, {Dtype::I64, "int64"}};
+    {Dtype::F16, "fp16"}, {Dtype::BF16, "bf16"}, {Dtype::F32, "fp32"}, {Dtype::I32, "int32"}, {Dtype::I64, "int64"}, {Dtype::F64, "fp64"}};
 /// The dtype's name in kDtypeNames.
 constexpr const char* dtype_name(Dtype d) { return enum_name(kDtypeNames, d); }
 /// Dtype from its name; throws InvalidArgument listing the names.

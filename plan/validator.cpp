@@ -156,8 +156,10 @@ class Checker {
       add("header", -1, -1, fmt::format("stages: expected {} entries, found {}", V_, p.stages.size()));
       return;
     }
-    if (static_cast<unsigned>(p.dtype) > static_cast<unsigned>(Dtype::F32)) {
-      add("header", -1, -1, fmt::format("dtype: activations expected fp16, bf16 or fp32, found {}", dtype_name(p.dtype)));
+    if (!is_float(p.dtype) || static_cast<unsigned>(p.dtype) > static_cast<unsigned>(Dtype::F64)) {
+      add("header", -1, -1, fmt::format("dtype: activations expected fp16, bf16, fp32 or fp64, found {}",
+                                        static_cast<unsigned>(p.dtype) <= static_cast<unsigned>(Dtype::F64)
+                                            ? dtype_name(p.dtype) : "an unknown value"));
     }
     // Layers are contiguous per side, in pipeline order; the first stage embeds, the last has the head.
     std::uint32_t enc = 0, dec = 0;
@@ -307,7 +309,7 @@ class Checker {
       if (s.rows == 0 || s.seq == 0 || s.hidden == 0) {
         add("header", -1, -1, fmt::format("shape #{} ({}): expected rows, seq and hidden of at least 1", k, to_string(s)));
       }
-      if (static_cast<unsigned>(s.dtype) > static_cast<unsigned>(Dtype::I64)) {
+      if (static_cast<unsigned>(s.dtype) > static_cast<unsigned>(Dtype::F64)) {
         add("header", -1, -1, fmt::format("shape #{}: dtype {} is not a known dtype", k, static_cast<unsigned>(s.dtype)));
       }
     }
@@ -394,7 +396,7 @@ class Checker {
         add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected int32 or int64, found {}",
                                           k, to_string(s), dtype_name(s.dtype)));
       } else if (use[k] == kBoundary && integer) {
-        add("header", -1, -1, fmt::format("shape #{} ({}): activations and gradients expected fp16, bf16 or fp32, found {}",
+        add("header", -1, -1, fmt::format("shape #{} ({}): activations and gradients expected fp16, bf16, fp32 or fp64, found {}",
                                           k, to_string(s), dtype_name(s.dtype)));
       } else if (use[k] == kLoad && s.hidden != 1) {
         add("header", -1, -1, fmt::format("shape #{} ({}): loaded inputs are token ids, expected hidden size 1, found {}", k,

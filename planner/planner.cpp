@@ -92,6 +92,8 @@ BaselineGrid baseline_grid(const part::BatchLengths& lengths, const cm::CostMode
 
 void check_planner_options(const PlannerOptions& o) {
   part::check_shape(o.shape);
+  PACKPIPE_CHECK_ARG(pl::is_float(o.dtype), "dtype: activations are fp16, bf16, fp32 or fp64, found {}",
+                     pl::dtype_name(o.dtype));
   for (std::size_t i = 0; i < o.baseline_mbs.size(); ++i) {
     PACKPIPE_CHECK_ARG(o.baseline_mbs[i] >= 1 && o.baseline_mbs[i] <= kMaxBaselineMbs,
                        "baseline micro-batch size {} (entry {} of baseline_mbs) must be in [1, {}]", o.baseline_mbs[i],
