@@ -159,4 +159,8 @@ void define_plan(pybind11::module_& m);
 void declare_planner(pybind11::module_& m);
 void define_planner(pybind11::module_& m);
 
+/// packpipe._core._runtime (packpipe.runtime): the executor with Python handlers and transports.
+void declare_runtime(pybind11::module_& m);
+void define_runtime(pybind11::module_& m);
+
 }  // namespace packpipe::bindings

@@ -22,6 +22,24 @@ class HostMover final : public detail::Mover {
   MemoryKind memory() const override { return MemoryKind::Host; }
 };
 
+// Opaque memory: the caller's copy function moves the bytes; host buffers (control messages) are
+// copied as by HostMover.
+class CopyMover final : public detail::Mover {
+ public:
+  explicit CopyMover(CopyFn copy) : copy_(std::move(copy)) {}
+  std::shared_ptr<void> start(detail::Message& send, detail::Message& recv) override {
+    if (send.buffer.kind == MemoryKind::Host && recv.buffer.kind == MemoryKind::Host) return host_.start(send, recv);
+    copy_(recv.buffer, send.buffer);
+    return nullptr;
+  }
+  bool done(const std::shared_ptr<void>&) override { return true; }
+  MemoryKind memory() const override { return MemoryKind::Opaque; }
+
+ private:
+  CopyFn copy_;
+  HostMover host_;
+};
+
 }  // namespace
 
 struct InProcessGroup::Impl {
@@ -30,6 +48,11 @@ struct InProcessGroup::Impl {
 
 InProcessGroup::InProcessGroup(std::uint32_t ranks) : impl_(std::make_shared<Impl>()) {
   impl_->m = std::make_shared<detail::Matcher>(ranks, std::make_unique<HostMover>());
+}
+
+InProcessGroup::InProcessGroup(std::uint32_t ranks, CopyFn copy) : impl_(std::make_shared<Impl>()) {
+  PACKPIPE_CHECK_ARG(copy != nullptr, "an in-process group of opaque buffers needs a copy function");
+  impl_->m = std::make_shared<detail::Matcher>(ranks, std::make_unique<CopyMover>(std::move(copy)));
 }
 
 InProcessGroup::~InProcessGroup() = default;

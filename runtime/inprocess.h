@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,11 +13,17 @@
 
 namespace packpipe::runtime {
 
+/// Copies a sent buffer into the receive buffer matched with it (same logical size).
+using CopyFn = std::function<void(const Buffer& dst, const Buffer& src)>;
+
 /// The shared state of one pipeline's ranks. Thread-safe; must outlive its transports.
 class InProcessGroup {
  public:
-  /// A group of `ranks` pipeline ranks (1 to 65536).
+  /// A group of `ranks` pipeline ranks (1 to 65536) exchanging host buffers (memcpy).
   explicit InProcessGroup(std::uint32_t ranks);
+  /// A group exchanging Opaque buffers (a framework's tensors, e.g. on one GPU) through `copy`,
+  /// which runs on the thread of the second side to post; control messages stay host memcpy.
+  InProcessGroup(std::uint32_t ranks, CopyFn copy);
   ~InProcessGroup();
   InProcessGroup(const InProcessGroup&) = delete;
   InProcessGroup& operator=(const InProcessGroup&) = delete;

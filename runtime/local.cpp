@@ -19,7 +19,10 @@ struct Pipeline {
   std::vector<std::thread> threads;
   TransportFactory transports;  // kept here: the threads use it after start() returns
 
-  explicit Pipeline(const plan::Plan& p) : plan(p), group(std::max<std::uint32_t>(p.ranks, 1)) {
+  explicit Pipeline(const plan::Plan& p, const CopyFn& copy = {})
+      : plan(p),
+        group(copy ? InProcessGroup(std::max<std::uint32_t>(p.ranks, 1), copy)
+                   : InProcessGroup(std::max<std::uint32_t>(p.ranks, 1))) {
     records.resize(group.ranks());
     errors.resize(group.ranks());
   }
@@ -73,8 +76,8 @@ struct Pipeline {
 }  // namespace
 
 LocalRun run_local(const plan::Plan& plan, const HandlerFactory& handlers, const ExecutorOptions& options,
-                   const TransportFactory& transports) {
-  Pipeline p(plan);
+                   const TransportFactory& transports, const CopyFn& copy) {
+  Pipeline p(plan, copy);
   p.start(handlers, options, transports, Clock::now());
   p.join();
   const std::string f = p.failure();

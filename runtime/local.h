@@ -28,9 +28,10 @@ struct LocalRun {
 
 /// Runs every rank of `plan` on its own thread and joins them. All ranks share one clock epoch.
 /// Throws packpipe::Error when any rank failed, listing every rank's error (the first failure
-/// first); never hangs when the executor options have a timeout.
+/// first); never hangs when the executor options have a timeout. With `copy`, the ranks exchange
+/// Opaque buffers through it (InProcessGroup(ranks, copy)); otherwise host buffers.
 LocalRun run_local(const plan::Plan& plan, const HandlerFactory& handlers, const ExecutorOptions& options = {},
-                   const TransportFactory& transports = {});
+                   const TransportFactory& transports = {}, const CopyFn& copy = {});
 
 /// Runs the plans of one iteration's data-parallel replicas at once (`plans[k]` is replica k),
 /// each replica a pipeline of threads; returns each replica's run. Throws as run_local.

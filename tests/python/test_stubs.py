@@ -39,29 +39,46 @@ def test_stubs_and_marker_are_installed_next_to_the_module():
     assert "from packpipe._core import *" in (PACKAGE / "__init__.pyi").read_text()
 
 
-def test_stub_lists_every_public_name_of_the_core():
-    top, members = stub_names(PACKAGE / "_core.pyi")
-    missing = (public(_core) | {"__version__"}) - top
-    assert not missing, f"not in _core.pyi: {sorted(missing)}"
-    extra = {n for n in top - public(_core) if not n.startswith("_")}
-    assert not extra, f"in _core.pyi but not in packpipe._core: {sorted(extra)}"
-    for name in sorted(public(_core)):
-        cls = getattr(_core, name)
-        if not inspect.isclass(cls):
+def check_stub(module, stub):
+    top, members = stub_names(stub)
+    missing = (public(module) | ({"__version__"} if module is _core else set())) - top
+    assert not missing, f"not in {stub.name}: {sorted(missing)}"
+    extra = {n for n in top - public(module) if not n.startswith("_")}
+    assert not extra, f"in {stub.name} but not in {module.__name__}: {sorted(extra)}"
+    for name in sorted(public(module)):
+        cls = getattr(module, name)
+        if not inspect.isclass(cls) or issubclass(cls, BaseException):
             continue
         own = {n for n in vars(cls) if not n.startswith("_") or n in DUNDERS}
         if "Initialize self" in (cls.__init__.__doc__ or ""):
             own.discard("__init__")  # no constructor bound (a result class): none in the stub either
         missing = own - members[name]
-        assert not missing, f"{name}: not in _core.pyi: {sorted(missing)}"
+        assert not missing, f"{name}: not in {stub.name}: {sorted(missing)}"
         stale = {n for n in members[name] if not n.startswith("_")} - public(cls)
-        assert not stale, f"{name}: in _core.pyi but not bound: {sorted(stale)}"
+        assert not stale, f"{name}: in {stub.name} but not bound: {sorted(stale)}"
+
+
+def test_stub_lists_every_public_name_of_the_core():
+    check_stub(_core, PACKAGE / "_core.pyi")
+
+
+def test_runtime_stub_lists_every_name_of_the_executor_module():
+    import packpipe.runtime
+    check_stub(_core._runtime, PACKAGE / "runtime.pyi")
+    assert set(packpipe.runtime.__all__) == public(_core._runtime)
 
 
 def test_every_stub_entry_has_a_one_line_doc():
-    tree = ast.parse((PACKAGE / "_core.pyi").read_text())
+    undocumented = []
+    for stub in ("_core.pyi", "runtime.pyi"):
+        undocumented += undocumented_entries(PACKAGE / stub)
+    assert not undocumented, undocumented
+
+
+def undocumented_entries(path):
+    tree = ast.parse(path.read_text())
     undocumented = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not ast.get_docstring(node):
-            undocumented.append(node.name)
-    assert not undocumented, undocumented
+            undocumented.append(f"{path.name}: {node.name}")
+    return undocumented

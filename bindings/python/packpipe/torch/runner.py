@@ -1,0 +1,497 @@
+"""Running packpipe plans on torch modules: stage handlers for the runtime's executor.
+
+:class:`PipelineRunner` runs one rank of a multi-process job (torchrun or
+``python3 -m packpipe.torch.run``): the executor with :class:`TorchStageHandler` over the stage
+modules of this rank, and :class:`~packpipe.torch.transport.TorchTransport` (gloo on CPU, NCCL on
+GPU). :class:`LocalPipeline` runs every stage of a pipeline in one process (threads on the
+runtime's in-process transport), for debugging and for a machine with one GPU.
+
+What the handler does for each instruction:
+
+* ``FWD``: the stage module on the received activation (detached, so each stage's autograd graph
+  ends at its boundary) and the loaded tensors; on the last stage the loss function's summed token
+  loss divided by the plan's global loss tokens. Recompute 'full' runs the forward without grad and
+  again before the backward; 'selective' asks the module (``set_selective_recompute``) and falls
+  back to 'full' for modules without it.
+* ``BWD``: backward from the received output gradient; ``BWD_I`` / ``BWD_W``: the input gradient,
+  then the weight gradients (the handler keeps the output gradient itself: the plan frees the slot
+  between them).
+* ``REDUCE_GRAD``: SUM all-reduce of the stage's gradients over the data-parallel group (the loss
+  is already divided by the global loss tokens). ``REDUCE_TIED``: SUM of the tied weight's gradient
+  between the first and the last stage. ``OPT_STEP``: the optimizer step, then zeroed gradients.
+
+Receive buffers are allocated from the plan's shapes; nothing about shapes is exchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from packpipe import runtime as rt
+from packpipe.torch.data import Iteration, MicroBatch
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+LossFn = Callable[[torch.Tensor, MicroBatch], torch.Tensor]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a plan dtype name."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"plan dtype '{name}' is not an activation dtype ({', '.join(_DTYPES)})") from None
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What one iteration gave on this rank (or, for LocalPipeline, on the whole pipeline)."""
+    iteration: int
+    loss: Optional[float]          # sum of token losses / global loss tokens of the ranks holding the head, else None
+    tokens: int                    # real tokens of this replica's micro-batches
+    loss_tokens: int               # loss tokens of this replica
+    measured_ms: float             # first instruction start to last end (this rank; LocalPipeline: every rank)
+    predicted_ms: float            # the plan's simulated makespan (cost-model time)
+    records: List[rt.RankRecord]   # the executor's records (one, or one per rank)
+    op_times: List[tuple]          # (rank, op, mb, stage, ms) of every compute instruction, measured
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.measured_ms / 1e3) if self.measured_ms > 0 else 0.0
+
+
+class TorchStageHandler(rt.StageHandler):
+    """The executor's stage handler over torch modules (one per pipeline rank)."""
+
+    def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, device, dtype: torch.dtype,
+                 optimizer=None, reduce_grad: Optional[Callable[[int, List[torch.Tensor]], None]] = None,
+                 reduce_tied: Optional[Callable[[int, torch.Tensor], None]] = None,
+                 synchronize: bool = False):
+        super().__init__()
+        self.stages = stages
+        self.loss_fn = loss_fn
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self._reduce_grad = reduce_grad
+        self._reduce_tied = reduce_tied
+        self.synchronize = synchronize and self.device.type == "cuda"
+        self.host_buffers = self.device.type == "cpu"
+        self.iteration: Optional[Iteration] = None
+        self.state: Dict[tuple, dict] = {}
+        self.loss_sum: Optional[torch.Tensor] = None
+        self.heads = 0
+
+    # ---- helpers ----
+    def _buffer(self, t: torch.Tensor) -> rt.Buffer:
+        nbytes = t.numel() * t.element_size()
+        if self.host_buffers:
+            t = t.contiguous()
+            return rt.Buffer(nbytes, t, t.data_ptr(), "host")
+        return rt.Buffer(nbytes, t, t.data_ptr(), "opaque", self.device.index if self.device.index is not None else -1)
+
+    def _module(self, ctx) -> torch.nn.Module:
+        try:
+            return self.stages[ctx.stage]
+        except KeyError:
+            raise KeyError(f"rank {ctx.rank} has no module for virtual stage {ctx.stage} (it holds "
+                           f"{sorted(self.stages)})") from None
+
+    def _batch(self, ctx, loaded) -> MicroBatch:
+        return self.iteration.microbatch(ctx.mb, device=self.device, loaded=loaded)
+
+    def _check_out(self, ctx, out: torch.Tensor, what: str):
+        shape = ctx.out_shape
+        if shape is None:
+            return
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"stage {ctx.stage}'s module returned {type(out).__name__}, expected a tensor")
+        if tuple(out.shape) != tuple(shape.dims) or out.dtype != self.dtype:
+            raise ValueError(f"stage {ctx.stage} {what} of micro-batch {ctx.mb} is {tuple(out.shape)} {out.dtype}; the "
+                             f"plan's boundary tensor is {tuple(shape.dims)} {shape.dtype}")
+
+    def _sync(self):
+        if self.synchronize:
+            torch.cuda.synchronize(self.device)
+
+    # ---- the executor's calls ----
+    def begin_iteration(self, plan, rank):
+        if torch_dtype(plan.dtype) != self.dtype:
+            raise ValueError(f"the plan's activations are {plan.dtype}, the runner's dtype is {self.dtype}: plan with "
+                             f"dtype='{_name_of(self.dtype)}' or run with dtype={torch_dtype(plan.dtype)}")
+        if plan.global_loss_tokens <= 0:
+            raise ValueError(f"iteration {plan.iteration}: the plan counts no loss tokens (a format-1 plan, or a batch "
+                             "with none); packpipe.torch needs plan format 2")
+        self.state.clear()
+        self.head_stages = {v for v, spec in enumerate(plan.stages) if spec["head"]}
+        self.loss_sum = None
+        self.heads = 0
+        self.global_loss_tokens = plan.global_loss_tokens
+
+    def load(self, ctx):
+        tensors = self.iteration.loaded(ctx.mb, ctx.stage)
+        moved = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+        return rt.Buffer(ctx.shape.nbytes, moved)
+
+    def _run_forward(self, ctx, module, inp, loaded):
+        batch = self._batch(ctx, loaded)
+        out = module(inp, batch)
+        if ctx.stage in self.head_stages:
+            loss = self.loss_fn(out, batch)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise TypeError("the loss function must return a scalar tensor (the summed token loss)")
+            return out, loss
+        return out, None
+
+    def forward(self, ctx, x, loaded):
+        module = self._module(ctx)
+        inp = None
+        if x is not None:
+            inp = x.obj.detach().requires_grad_(torch.is_floating_point(x.obj))
+        loaded_t = loaded.obj if loaded is not None else None
+        key = (ctx.mb, ctx.stage)
+        mode = ctx.recompute
+        st = {"inp": inp, "loaded": loaded_t, "mode": mode}
+        selective = mode == "selective" and hasattr(module, "set_selective_recompute")
+        if mode == "none" or selective:
+            if selective:
+                module.set_selective_recompute(True)
+            try:
+                out, loss = self._run_forward(ctx, module, inp, loaded_t)
+            finally:
+                if selective:
+                    module.set_selective_recompute(False)
+            st["mode"] = "none"
+        else:  # full recompute: nothing kept but the input
+            with torch.no_grad():
+                out, loss = self._run_forward(ctx, module, inp, loaded_t)
+        if loss is not None:
+            scaled = loss / self.global_loss_tokens
+            st["out"] = scaled
+            self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
+            self.heads += 1
+            self.state[key] = st
+            self._sync()
+            return None
+        st["out"] = out
+        self.state[key] = st
+        self._check_out(ctx, out, "output")
+        self._sync()
+        if ctx.instruction.out is None:
+            return None
+        return self._buffer(out.detach())
+
+    def _outputs(self, ctx):
+        st = self.state.get((ctx.mb, ctx.stage))
+        if st is None:
+            raise RuntimeError(f"backward of micro-batch {ctx.mb} stage {ctx.stage} without its forward")
+        if st["mode"] != "none":  # recompute the forward with grad
+            module = self._module(ctx)
+            inp = st["inp"]
+            out, loss = self._run_forward(ctx, module, inp, st["loaded"])
+            st["out"] = loss / self.global_loss_tokens if loss is not None else out
+            st["mode"] = "none"
+        return st
+
+    def backward(self, ctx, grad):
+        st = self._outputs(ctx)
+        out, inp = st["out"], st["inp"]
+        g = grad.obj if grad is not None else None
+        if g is None and out.dim() != 0:
+            raise RuntimeError(f"backward of micro-batch {ctx.mb} stage {ctx.stage}: no output gradient for a stage "
+                               "without the loss")
+        split = ctx.op == "BWD_I"
+        if split:
+            st["grad"] = g  # kept for BWD_W: the plan frees the gradient's slot in between
+            if inp is not None and inp.requires_grad:
+                (gi,) = torch.autograd.grad(out, [inp], g, retain_graph=True)
+            else:
+                gi = None
+        else:
+            torch.autograd.backward(out, g)
+            gi = inp.grad if inp is not None else None
+            self.state.pop((ctx.mb, ctx.stage), None)
+        self._sync()
+        if ctx.instruction.out is None:
+            return None
+        if gi is None:
+            raise RuntimeError(f"stage {ctx.stage} produced no input gradient for micro-batch {ctx.mb}")
+        self._check_out(ctx, gi, "input gradient")
+        return self._buffer(gi)
+
+    def backward_weight(self, ctx):
+        st = self.state.pop((ctx.mb, ctx.stage), None)
+        if st is None:
+            raise RuntimeError(f"BWD_W of micro-batch {ctx.mb} stage {ctx.stage} without its BWD_I")
+        params = [p for p in self._module(ctx).parameters() if p.requires_grad]
+        if params:
+            torch.autograd.backward(st["out"], st.get("grad"), inputs=params)
+        self._sync()
+
+    def reduce_grad(self, ctx):
+        if self._reduce_grad is not None:
+            grads = [p.grad for p in self._module(ctx).parameters() if p.grad is not None]
+            self._reduce_grad(ctx.stage, grads)
+
+    def reduce_tied(self, ctx):
+        weight = getattr(self._module(ctx), "tied_weight", None)
+        if weight is None:
+            raise RuntimeError(f"the plan ties the embedding and the LM head, but stage {ctx.stage}'s module has no "
+                               "tied_weight attribute (the parameter whose gradient REDUCE_TIED sums)")
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        if self._reduce_tied is None:
+            raise RuntimeError("REDUCE_TIED: no group to reduce the tied weight over")
+        self._reduce_tied(ctx.stage, weight.grad)
+
+    def optimizer_step(self, ctx):
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+
+    def allocate(self, ctx):
+        t = torch.empty(ctx.shape.dims, dtype=self.dtype, device=self.device)
+        return self._buffer(t)
+
+
+def _name_of(dtype: torch.dtype) -> str:
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    return str(dtype)
+
+
+def _op_times(plan, records: Sequence[rt.RankRecord]) -> List[tuple]:
+    out = []
+    for rec in records:
+        times = rec.times
+        stream = plan.streams[rec.rank]
+        for i, ins in enumerate(stream):
+            if ins.is_compute:
+                out.append((rec.rank, ins.op, ins.mb, ins.stage, (times[i, 1] - times[i, 0]) / 1e6))
+    return out
+
+
+def _replica_tokens(plan):
+    return (sum(int(m["tokens"]) for m in plan.microbatches), sum(int(m.get("loss_tokens", 0)) for m in plan.microbatches))
+
+
+class PipelineRunner:
+    """Runs this process's pipeline rank of each iteration's plan on the runtime's executor.
+
+    ``stages`` maps each virtual stage this rank runs to its module (the plan's ``stage_rank`` says
+    which: ``runner.my_stages(plan)``); ``loss_fn(output, batch)`` returns the summed token loss of
+    a micro-batch; ``optimizer`` steps this rank's parameters. ``groups`` are the job's process
+    groups (:meth:`ProcessGroups.create`, collective), made from ``pp`` and ``dp`` when not given.
+    """
+
+    def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer, *, groups=None,
+                 pp: Optional[int] = None, dp: Optional[int] = None, device="cpu", dtype=torch.float32,
+                 timeout_s: float = 300.0, check_agreement: bool = True, synchronize: bool = False):
+        from packpipe.torch.transport import Monitor, ProcessGroups, TorchTransport, default_store
+        if groups is None:
+            if pp is None or dp is None:
+                raise ValueError("PipelineRunner: give groups, or pp and dp to create them")
+            groups = ProcessGroups.create(pp, dp)
+        self.groups = groups
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.timeout_s = timeout_s
+        self.monitor = Monitor(default_store(), groups.world_rank, groups.pp * groups.dp)
+        self.handler = TorchStageHandler(stages, loss_fn, self.device, dtype, optimizer,
+                                         reduce_grad=self._reduce_grad if groups.dp > 1 else None,
+                                         reduce_tied=self._reduce_tied, synchronize=synchronize)
+        self.transport = TorchTransport(groups, self.monitor, self.device)
+        self.executor = rt.Executor(self.handler, self.transport,
+                                    rt.ExecutorOptions(timeout_s=timeout_s, check_agreement=check_agreement))
+        self._checked_iteration = None
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+
+    @staticmethod
+    def my_stages(plan, pipeline_rank: int) -> List[int]:
+        """The virtual stages pipeline rank `pipeline_rank` runs in `plan`."""
+        return [v for v, r in enumerate(plan.stage_rank) if r == pipeline_rank]
+
+    def _wait(self, work, what: str):
+        import datetime
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout_s) if self.timeout_s > 0 else datetime.timedelta(0))
+        except RuntimeError as e:
+            known = self.monitor.diagnose()
+            raise RuntimeError(f"{what} failed: {e}" + (f" [{known}]" if known else "")) from e
+
+    def _check_replicas(self):
+        """Once per iteration: every replica of this pipeline rank runs the same iteration."""
+        it = self.handler.iteration
+        if self._checked_iteration == it.iteration:
+            return
+        mine = torch.tensor([it.iteration, self.groups.replica], dtype=torch.int64)
+        everyone = [torch.zeros_like(mine) for _ in range(self.groups.dp)]
+        self._wait(dist.all_gather(everyone, mine, group=self.groups.data, async_op=True),
+                   "the data-parallel check of the iteration")
+        its = [int(t[0]) for t in everyone]
+        if len(set(its)) != 1:
+            raise RuntimeError(f"data-parallel replicas run different iterations: {its} (replica by replica)")
+        self._checked_iteration = it.iteration
+
+    def _reduce_grad(self, stage: int, grads: List[torch.Tensor]):
+        self._check_replicas()
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._wait(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.groups.data, async_op=True),
+                   f"REDUCE_GRAD of stage {stage} over the data-parallel group")
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+    def _reduce_tied(self, stage: int, grad: torch.Tensor):
+        if self.groups.tied is None:
+            return
+        self._wait(dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.groups.tied, async_op=True),
+                   f"REDUCE_TIED of stage {stage} between the first and the last pipeline rank")
+
+    def run(self, iteration: Iteration) -> StepResult:
+        """Runs this rank's stream of the iteration's plan; raises PipelineError naming the rank,
+        iteration, instruction and cause when any rank fails."""
+        plan = iteration.plan
+        if plan.ranks != self.groups.pp or plan.dp != self.groups.dp or plan.replica != self.groups.replica:
+            raise ValueError(f"the plan is for replica {plan.replica} of {plan.dp} with {plan.ranks} pipeline ranks; this "
+                             f"rank is pipeline rank {self.groups.pipeline_rank} of replica {self.groups.replica} "
+                             f"({self.groups.pp} x {self.groups.dp})")
+        self.handler.iteration = iteration
+        try:
+            rec = self.executor.run(plan)
+        finally:
+            self.handler.iteration = None
+        loss = None
+        if self.handler.loss_sum is not None:
+            loss = float(self.handler.loss_sum) / plan.global_loss_tokens
+        tokens, loss_tokens = _replica_tokens(plan)
+        return StepResult(iteration.iteration, loss, tokens, loss_tokens, (rec.end_ns - rec.start_ns) / 1e6,
+                          plan.makespan_ms, [rec], _op_times(plan, [rec]))
+
+    def global_loss(self, result: StepResult) -> Optional[float]:
+        """The whole global batch's loss (the sum over replicas) on the ranks holding the head
+        (collective over the data-parallel group of those ranks); None elsewhere."""
+        if result.loss is None:
+            return None
+        if self.groups.data is None:
+            return result.loss
+        t = torch.tensor([result.loss], dtype=torch.float64)
+        self._wait(dist.all_reduce(t, group=self.groups.data, async_op=True), "the loss all-reduce")
+        return float(t)
+
+    def close(self):
+        self.monitor.close()
+
+
+class _TiedExchange:
+    """REDUCE_TIED between two rank threads of one process: the first to arrive waits for the other,
+    then both gradients become their sum."""
+
+    def __init__(self, timeout_s: float):
+        self.cv = threading.Condition()
+        self.timeout_s = timeout_s
+        self.pending: Dict[int, torch.Tensor] = {}
+        self.round = 0
+
+    def __call__(self, stage: int, grad: torch.Tensor):
+        with self.cv:
+            r = self.round
+            self.pending[stage] = grad
+            if len(self.pending) == 2:
+                a, b = self.pending.values()
+                total = a + b
+                a.copy_(total)
+                b.copy_(total)
+                self.pending.clear()
+                self.round += 1
+                self.cv.notify_all()
+                return
+            if not self.cv.wait_for(lambda: self.round != r, timeout=self.timeout_s or None):
+                self.pending.clear()
+                raise TimeoutError(f"REDUCE_TIED of stage {stage}: the other stage did not arrive in {self.timeout_s} s")
+
+
+class LocalPipeline:
+    """Every stage of one pipeline in this process: one executor thread per pipeline rank on the
+    runtime's in-process transport (host copies on CPU; tensor copies on a GPU).
+
+    ``stages`` maps every virtual stage to its module; ``optimizer`` is either one optimizer over
+    every stage's parameters (stepped once the iteration's streams have all run) or a callable
+    ``optimizer(params) -> Optimizer`` making one per pipeline rank (stepped by OPT_STEP)."""
+
+    def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer=None, *, device="cpu",
+                 dtype=torch.float32, timeout_s: float = 300.0, synchronize: bool = False):
+        self.stages = stages
+        self.loss_fn = loss_fn
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.timeout_s = timeout_s
+        self.synchronize = synchronize
+        self.optimizer = optimizer
+        self._per_rank: Dict[int, Any] = {}
+        self._handlers: Dict[tuple, TorchStageHandler] = {}
+        self._tied = _TiedExchange(timeout_s)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizer.zero_grad(set_to_none=True)
+
+    def _handlers_for(self, plan) -> List[TorchStageHandler]:
+        key = tuple(plan.stage_rank)
+        hs = self._handlers.get(key)
+        if hs is None:
+            hs = []
+            for r in range(plan.ranks):
+                mine = {v: self.stages[v] for v, rr in enumerate(plan.stage_rank) if rr == r}
+                missing = [v for v, rr in enumerate(plan.stage_rank) if v not in self.stages]
+                if missing:
+                    raise KeyError(f"LocalPipeline has no module for virtual stages {missing}")
+                opt = None
+                if callable(self.optimizer) and not isinstance(self.optimizer, torch.optim.Optimizer):
+                    if r not in self._per_rank:
+                        params = [p for m in mine.values() for p in m.parameters()]
+                        self._per_rank[r] = self.optimizer(params)
+                    opt = self._per_rank[r]
+                hs.append(TorchStageHandler(mine, self.loss_fn, self.device, self.dtype, opt,
+                                            reduce_tied=self._tied, synchronize=self.synchronize))
+            self._handlers[key] = hs
+        return hs
+
+    def run(self, iteration: Iteration) -> StepResult:
+        """Runs every rank of the iteration's plan (dp must be 1)."""
+        plan = iteration.plan
+        if plan.dp != 1:
+            raise ValueError(f"LocalPipeline runs one pipeline; the plan has {plan.dp} data-parallel replicas (plan "
+                             "with dp=1, or run one process per rank)")
+        hs = self._handlers_for(plan)
+        for h in hs:
+            h.iteration = iteration
+        copy = None if self.device.type == "cpu" else _copy_tensor
+        try:
+            records = rt.run_local(plan, hs, rt.ExecutorOptions(timeout_s=self.timeout_s), copy)
+        finally:
+            for h in hs:
+                h.iteration = None
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = sum(float(h.loss_sum) for h in hs if h.loss_sum is not None)
+        start = min(r.start_ns for r in records)
+        end = max(r.end_ns for r in records)
+        tokens, loss_tokens = _replica_tokens(plan)
+        return StepResult(iteration.iteration, loss_sum / plan.global_loss_tokens, tokens, loss_tokens,
+                          (end - start) / 1e6, plan.makespan_ms, list(records), _op_times(plan, records))
+
+
+def _copy_tensor(dst: rt.Buffer, src: rt.Buffer) -> None:
+    dst.obj.copy_(src.obj)
