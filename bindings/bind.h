@@ -159,4 +159,9 @@ void define_plan(pybind11::module_& m);
 void declare_planner(pybind11::module_& m);
 void define_planner(pybind11::module_& m);
 
+/// The data path from plans to token tensors (bind_loader.cpp): LoadedTensors, RankIteration,
+/// RankLoader, microbatch_layout() and assemble_microbatch().
+void declare_loader(pybind11::module_& m);
+void define_loader(pybind11::module_& m);
+
 }  // namespace packpipe::bindings

@@ -21,6 +21,7 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::declare_schedule(m);
   packpipe::bindings::declare_plan(m);
   packpipe::bindings::declare_planner(m);
+  packpipe::bindings::declare_loader(m);
   packpipe::bindings::define_dataloader(m);
   packpipe::bindings::define_costmodel(m);
   packpipe::bindings::define_packing(m);
@@ -28,4 +29,5 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::define_schedule(m);
   packpipe::bindings::define_plan(m);
   packpipe::bindings::define_planner(m);
+  packpipe::bindings::define_loader(m);
 }
