@@ -159,6 +159,11 @@ void define_plan(pybind11::module_& m);
 void declare_planner(pybind11::module_& m);
 void define_planner(pybind11::module_& m);
 
+/// The data path from plans to token tensors (bind_loader.cpp): LoadedTensors, RankIteration,
+/// RankLoader, microbatch_layout() and assemble_microbatch().
+void declare_loader(pybind11::module_& m);
+void define_loader(pybind11::module_& m);
+
 /// packpipe._core._runtime (packpipe.runtime): the executor with Python handlers and transports.
 void declare_runtime(pybind11::module_& m);
 void define_runtime(pybind11::module_& m);

@@ -14,6 +14,7 @@
 
 #include "bindings/arrays.h"
 #include "bindings/bind.h"
+#include "bindings/bind_planner.h"
 #include "common/errors.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
@@ -30,43 +31,6 @@ namespace cm = packpipe::costmodel;
 namespace dl = packpipe::dataloader;
 namespace part = packpipe::partition;
 namespace pl = packpipe::plan;
-
-/// An IterationResult whose plans are shared with Python (packpipe.Plan objects, never copied).
-struct PyIterationResult {
-  planner::IterationResult result;  ///< plans moved out into `plans`
-  std::vector<std::shared_ptr<pl::Plan>> plans;
-  explicit PyIterationResult(planner::IterationResult&& r) : result(std::move(r)) {
-    for (auto& p : result.plans) plans.push_back(std::make_shared<pl::Plan>(std::move(p)));
-    result.plans.clear();
-  }
-};
-
-/// One iteration of plan_epoch().
-struct PyPlannedIteration {
-  std::uint64_t iteration = 0;
-  part::BatchLengths lengths;
-  std::vector<SampleRef> refs;
-  std::shared_ptr<PyIterationResult> result;
-  std::vector<std::vector<std::uint8_t>> blobs;
-  explicit PyPlannedIteration(planner::PlannedIteration&& it)
-      : iteration(it.iteration),
-        lengths(std::move(it.lengths)),
-        refs(std::move(it.refs)),
-        result(std::make_shared<PyIterationResult>(std::move(it.result))),
-        blobs(std::move(it.blobs)) {}
-};
-
-/// The object plan_epoch() returns; the dataset is kept alive by keep_alive, the cost model here.
-struct PyEpochPlanner {
-  std::shared_ptr<cm::CostModel> cost;
-  std::unique_ptr<planner::EpochPlanner> planner;
-  ~PyEpochPlanner() {
-    // Stops the background planning and joins it (an iteration in flight finishes first) without
-    // holding the GIL.
-    py::gil_scoped_release release;
-    planner.reset();
-  }
-};
 
 using FiguresClass = py::class_<planner::MethodFigures>;
 using GridClass = py::class_<planner::BaselineGrid>;

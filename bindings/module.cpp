@@ -21,6 +21,7 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::declare_schedule(m);
   packpipe::bindings::declare_plan(m);
   packpipe::bindings::declare_planner(m);
+  packpipe::bindings::declare_loader(m);
   packpipe::bindings::declare_runtime(m);
   packpipe::bindings::define_dataloader(m);
   packpipe::bindings::define_costmodel(m);
@@ -29,5 +30,6 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::define_schedule(m);
   packpipe::bindings::define_plan(m);
   packpipe::bindings::define_planner(m);
+  packpipe::bindings::define_loader(m);
   packpipe::bindings::define_runtime(m);
 }

@@ -62,11 +62,15 @@ struct PlanMicroBatch {
   /// Plan::loss_tokens / Plan::global_loss_tokens when the plan counts loss tokens (format 2),
   /// else tokens / Plan::global_tokens (not 1 / micro-batches).
   double loss_weight = 0;
-  /// Per sample, in row order (format 2; empty in older plans): the tokens the sample occupies in
-  /// its row (decoder-only: input + target; encoder-decoder: the encoder side) and, for
-  /// encoder-decoder models, its decoder tokens (an empty target counts one token, as planned).
+  /// Per sample, in `samples` order (format 2; empty in older plans): the tokens the sample
+  /// occupies in its row (decoder-only: the first lengths[i] tokens of input followed by target, so
+  /// a truncated sample keeps its first tokens; encoder-decoder: the first lengths[i] input tokens,
+  /// an empty input planned as one pad token) and, for encoder-decoder models, its decoder tokens
+  /// (the first target_lengths[i] targets; an empty target counts one token, as planned). Row r
+  /// holds samples row_offsets[r] .. row_offsets[r + 1] - 1 back to back from position 0.
   std::vector<std::uint32_t> lengths, target_lengths;
-  /// Tokens of this micro-batch that carry loss (Plan::loss_mode; format 2, else 0).
+  /// Tokens of this micro-batch that carry loss (Plan::loss_mode; format 2, else 0): its labels
+  /// (decoder-only) or decoder labels (encoder-decoder) other than ignore_index.
   std::uint64_t loss_tokens = 0;
   bool operator==(const PlanMicroBatch& o) const;
 };
@@ -88,13 +92,20 @@ inline LossMode loss_mode_from_name(const std::string& name) { return enum_from_
 
 /// The tensors a stage's LOAD_MB brings, as bits of StageSpec::loads. Every one is int64 of shape
 /// [rows, padded length] (decoder tensors: [rows, padded decoder length]); packed rows carry several
-/// samples, whose boundaries (cu_seqlens, segment ids) follow from PlanMicroBatch::lengths.
+/// samples, whose boundaries (cu_seqlens, segment ids) follow from PlanMicroBatch::lengths. The
+/// token rule (planner/loader.h assembles it): a decoder-only sample is its input then its target
+/// tokens, the first lengths[i] kept; padding is pad_id in inputs and ignore_index in labels.
 enum LoadTensor : std::uint8_t {
-  kLoadInputIds = 1,         ///< token ids of the encoder (or whole-sample) side
-  kLoadPositionIds = 2,      ///< position within the sample, restarting at each packed sample
-  kLoadLabels = 4,           ///< next-token labels (decoder-only), ignore_index where no loss
-  kLoadDecoderInputIds = 8,  ///< decoder inputs: the targets shifted right behind a start token
-  kLoadDecoderLabels = 16,   ///< decoder labels: the target tokens, ignore_index at padding
+  kLoadInputIds = 1,         ///< token ids of the encoder (or whole-sample) side; an empty encoder input is one pad_id
+  kLoadPositionIds = 2,      ///< position within the sample, restarting at each packed sample, 0 on padding
+                             ///< (encoder side in encoder-decoder plans)
+  /// next-token labels (decoder-only): label[p] = the sample's token p + 1, ignore_index at each
+  /// sample's last position and padding; LossMode::Targets also where the next token is an input token
+  kLoadLabels = 4,
+  /// decoder inputs: [decoder_start_id, target[0], ..., target[t - 2]] for t = target_lengths[i]
+  kLoadDecoderInputIds = 8,
+  /// decoder labels: target[0 .. t - 1], ignore_index at padding and for an empty target's one token
+  kLoadDecoderLabels = 16,
 };
 /// "input_ids", "position_ids", "labels", "decoder_input_ids", "decoder_labels".
 inline constexpr EnumName<LoadTensor> kLoadTensorNames[] = {{kLoadInputIds, "input_ids"},

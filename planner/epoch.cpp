@@ -15,6 +15,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "common/errors.h"
+#include "planner/detail/rethrow.h"
 
 namespace packpipe::planner {
 
@@ -52,27 +53,6 @@ part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::Glo
 }
 
 namespace {
-
-// Rethrows `e` with "iteration N: " in front of its message unless it names the iteration already,
-// keeping its type (InvalidArgument, OutOfRange, Error).
-[[noreturn]] void rethrow_naming(const std::exception_ptr& e, std::uint64_t iteration) {
-  const std::string prefix = fmt::format("iteration {}", iteration);
-  auto named = [&](const std::exception& x) {
-    const std::string m = x.what();
-    return m.rfind(prefix, 0) == 0 ? m : prefix + ": " + m;
-  };
-  try {
-    std::rethrow_exception(e);
-  } catch (const InvalidArgument& x) {
-    throw InvalidArgument(named(x));
-  } catch (const OutOfRange& x) {
-    throw OutOfRange(named(x));
-  } catch (const Unsupported& x) {
-    throw Unsupported(named(x));
-  } catch (const Error& x) {
-    throw Error(named(x));
-  }
-}
 
 // A sampler positioned at the start of batch `first` of `spec.epoch`.
 dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t first) {
@@ -216,7 +196,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
                 }) &
             oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
                 oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                  if (w->error) rethrow_naming(w->error, w->it.iteration);
+                  if (w->error) detail::rethrow_naming(w->error, w->it.iteration);
                   if (!stopped()) sink(w->it);
                 }));
   });
@@ -272,6 +252,7 @@ bool EpochPlanner::next(PlannedIteration& out) {
   if (!im->ready.empty()) {
     out = std::move(im->ready.front());
     im->ready.pop_front();
+    ++delivered_;
     im->cv.notify_all();
     return true;
   }

@@ -88,6 +88,11 @@ class EpochPlanner {
   const std::vector<part::VirtualStage>& vstages() const { return vstages_; }
   const PlannerOptions& options() const { return options_; }
   const EpochSpec& spec() const { return spec_; }
+  /// The dataset it plans.
+  const dl::MultiTaskDataset& data() const { return data_; }
+  /// The iteration next() delivers next: first_iteration plus the iterations next() delivered (for
+  /// the consumer's thread).
+  std::uint64_t position() const { return spec_.first_iteration + delivered_; }
 
   /// The next iteration in order, planned ahead in a background thread; false after the last (and
   /// on every later call). Rethrows the first planning error (naming the iteration) on this and
@@ -109,6 +114,7 @@ class EpochPlanner {
   std::vector<part::VirtualStage> vstages_;
   bool encdec_ = false;
   std::uint64_t count_ = 0, epoch_count_ = 0;
+  std::uint64_t delivered_ = 0;  ///< iterations next() delivered
   std::unique_ptr<Impl> impl_;
 };
 

@@ -219,10 +219,6 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
   return pl::build_plan(schedule, std::move(out), recompute, stages, &memory, options);
 }
 
-namespace {
-
-// The batch as trained: lengths after truncation, and each sample's loss tokens (capped by what
-// truncation left of it).
 part::BatchLengths trained_lengths(const part::BatchLengths& lengths, const part::Partition& split) {
   part::BatchLengths t = split.lengths;
   if (t.input.size() != lengths.size()) t = lengths;  // a partition that keeps no lengths (evaluate_partition)
@@ -232,12 +228,17 @@ part::BatchLengths trained_lengths(const part::BatchLengths& lengths, const part
     if (lengths.encoder_decoder()) {
       l = std::min(l, t.target[s]);
     } else if (t.input[s] < lengths.input[s]) {
-      l = std::min(l, t.input[s] > 0 ? t.input[s] - 1 : 0u);
+      // Truncation cuts k tokens off the end; each took one loss position with it (its label, or
+      // the previous position's), in either loss mode.
+      const std::uint32_t k = lengths.input[s] - t.input[s];
+      l = l > k ? l - k : 0;
     }
     t.loss[s] = l;
   }
   return t;
 }
+
+namespace {
 
 // Loss tokens of every sample some micro-batch trains (dropped samples carry none).
 std::uint64_t global_loss_tokens(const part::BatchLengths& trained, const part::Partition& split) {

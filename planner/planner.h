@@ -136,6 +136,11 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
 /// Tokens of sample `s` that carry loss: lengths.loss[s] when given, else decoder-only n - 1 and
 /// encoder-decoder the target length.
 std::uint32_t sample_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s);
+/// The batch as trained under `split` (the partition of `lengths`): the lengths after truncation
+/// (split.lengths; `lengths` when the partition keeps none) and each sample's loss tokens. A
+/// decoder-only sample truncated by k tokens keeps its first tokens and loses k loss tokens (never
+/// below 0) in either loss mode; an encoder-decoder sample keeps at most its truncated target's.
+part::BatchLengths trained_lengths(const part::BatchLengths& lengths, const part::Partition& split);
 
 /// Simulated iteration time of given micro-batches under one schedule kind ("1f1b" for the
 /// baselines), replicas as assigned; fills `figures` (feasible, iteration_ms, peak_mb).

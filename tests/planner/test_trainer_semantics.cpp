@@ -105,6 +105,25 @@ TEST_CASE("trainer plans: loss tokens by rule, targets only, and the weights the
   CHECK(tg.plans.front().streams == all.plans.front().streams);
 }
 
+TEST_CASE("trainer plans: a truncated decoder-only sample loses one loss token per token cut", "[regression]") {
+  // Input 10 + target 5 = 15 tokens, truncated to 12: 3 tokens cut off the end of the target.
+  part::BatchLengths b;
+  b.input = {15, 15, 15, 8};
+  b.loss = {5, 14, 2, 7};  // targets only, all tokens, a short target, all tokens
+  part::Partition split;
+  split.lengths = b;
+  split.lengths.input = {12, 12, 12, 8};
+  const part::BatchLengths t = trained_lengths(b, split);
+  CHECK(t.input == split.lengths.input);
+  CHECK(t.loss == std::vector<std::uint32_t>{2, 11, 0, 7});
+  // Encoder-decoder: at most the truncated target's tokens.
+  b.target = {6, 1, 9, 3};
+  b.loss = {6, 0, 9, 3};
+  split.lengths = b;
+  split.lengths.target = {4, 1, 9, 2};
+  CHECK(trained_lengths(b, split).loss == std::vector<std::uint32_t>{4, 0, 9, 2});
+}
+
 TEST_CASE("trainer plans: a tied embedding closes with REDUCE_TIED on the first and last ranks", "[interface]") {
   const cm::AnalyticCostModel gpt(cm::load_model("gpt-1.3b"), cm::load_device("A100-80GB"));
   for (const std::int64_t S : {1, 2, 4}) {

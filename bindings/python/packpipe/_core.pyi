@@ -1,4 +1,5 @@
 """Type stubs of packpipe._core, the native core of packpipe (re-exported by the package)."""
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -907,3 +908,86 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False) -> EpochPlanner:
     """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order."""
+
+# ---- loader ------------------------------------------------------------------------------------
+
+class LoadedTensors:
+    """The tensors one LOAD_MB brings: int64 token ids, positions and labels of a micro-batch's rows."""
+    @property
+    def mb(self) -> int:
+        """The micro-batch."""
+    @property
+    def stage(self) -> int:
+        """The virtual stage whose LOAD_MB this is."""
+    @property
+    def rows(self) -> int:
+        """Rows of every tensor."""
+    @property
+    def seq(self) -> int:
+        """Columns of the encoder (or whole-sample) tensors: the padded length."""
+    @property
+    def dec_seq(self) -> int:
+        """Columns of the decoder tensors: the padded decoder length (0 for decoder-only plans)."""
+    @property
+    def loss_tokens(self) -> int:
+        """Labels (or decoder labels) other than ignore_index over the micro-batch, whatever the stage loads."""
+    @property
+    def loads(self) -> List[str]:
+        """Names of the tensors the stage loads ('input_ids', 'position_ids', 'labels', ...)."""
+    @property
+    def tensors(self) -> Dict[str, npt.NDArray[np.int64]]:
+        """Name -> read-only int64 array [rows, seq] ([rows, dec_seq] for decoder tensors), zero-copy."""
+    @property
+    def input_ids(self) -> Optional[npt.NDArray[np.int64]]:
+        """Token ids of the encoder (or whole-sample) side, pad_id on padding; None when not loaded."""
+    @property
+    def position_ids(self) -> Optional[npt.NDArray[np.int64]]:
+        """Position within each sample (encoder side), 0 on padding; None when not loaded."""
+    @property
+    def labels(self) -> Optional[npt.NDArray[np.int64]]:
+        """Next-token labels (decoder-only), ignore_index where no loss; None when not loaded."""
+    @property
+    def decoder_input_ids(self) -> Optional[npt.NDArray[np.int64]]:
+        """[decoder_start_id, target[0], ..., target[t - 2]] per sample, pad_id on padding; None when not loaded."""
+    @property
+    def decoder_labels(self) -> Optional[npt.NDArray[np.int64]]:
+        """target[0 .. t - 1] per sample, ignore_index on padding; None when not loaded."""
+
+class RankIteration:
+    """One iteration of a RankLoader: the replica's plan and the rank's loads."""
+    @property
+    def iteration(self) -> int:
+        """The iteration."""
+    @property
+    def plan(self) -> Plan:
+        """The replica's plan."""
+    @property
+    def loads(self) -> List[LoadedTensors]:
+        """One per LOAD_MB of the rank's stream, in stream order (rank=None: rank 0's, then rank 1's, ...)."""
+
+class RankLoader:
+    """The plans and LOAD_MB tensors of one pipeline rank, assembled ahead on a background thread."""
+    def __init__(self, dataset: MultiTaskDataset, planner: Optional[EpochPlanner] = None, *,
+                 plan_file: Optional[Union[str, os.PathLike]] = None, first_iteration: int = 0,
+                 iterations: int = 0, replica: int = 0, rank: Optional[int] = 0, depth: int = 2,
+                 ignore_index: int = -100, pad_id: int = 0, decoder_start_id: int = 0) -> None:
+        """Exactly one of planner (taken over) and plan_file; rank=None: every rank."""
+    @property
+    def iterations(self) -> int:
+        """Iterations this loader yields."""
+    @property
+    def position(self) -> int:
+        """The iteration number the next __next__ delivers."""
+    def __len__(self) -> int:
+        """Iterations this loader yields."""
+    def __iter__(self) -> Iterator[RankIteration]:
+        """The loader itself."""
+    def __next__(self) -> RankIteration:
+        """The next iteration; an error is raised here, naming the iteration, after every earlier one."""
+
+def microbatch_layout(plan: Plan, mb: int, decoder: bool = False) -> Dict[str, Any]:
+    """cu_seqlens (int32), position_ids and segment_ids (int32 [rows, seq]) and max_seqlen of a micro-batch."""
+
+def assemble_microbatch(dataset: MultiTaskDataset, plan: Plan, mb: int, stage: int, *, ignore_index: int = -100,
+                        pad_id: int = 0, decoder_start_id: int = 0) -> LoadedTensors:
+    """The tensors virtual stage `stage` loads for micro-batch `mb` of a plan made from this dataset."""

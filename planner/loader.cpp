@@ -1,0 +1,441 @@
+#include "planner/loader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/errors.h"
+#include "dataloader/dtype.h"
+#include "packing/rows.h"
+#include "plan/format.h"
+#include "planner/detail/rethrow.h"
+
+namespace packpipe::planner {
+
+namespace {
+
+// An encoder-decoder plan: some virtual stage holds decoder layers.
+bool has_decoder(const pl::Plan& plan) {
+  return std::any_of(plan.stages.begin(), plan.stages.end(), [](const pl::StageSpec& s) { return s.decoder_layers > 0; });
+}
+
+// Checks micro-batch `m` of `plan` for assembly (a format-2 plan, one length per sample, row offsets
+// over its samples) and returns its rows as CSR offsets (one row per sample when the plan's are empty).
+std::vector<std::uint64_t> checked_rows(const pl::Plan& plan, std::size_t m, bool encdec) {
+  PACKPIPE_CHECK_RANGE(m < plan.microbatches.size(), "iteration {}: micro-batch {} is out of range (the plan has {})",
+                       plan.iteration, m, plan.microbatches.size());
+  PACKPIPE_CHECK_ARG(plan.has_stage_specs(),
+                     "iteration {}: the plan has no stage specs (a format-1 plan), so it does not say what a LOAD_MB "
+                     "brings or how long each sample is; plan it again with this version",
+                     plan.iteration);
+  const pl::PlanMicroBatch& mb = plan.microbatches[m];
+  const std::size_t n = mb.samples.size();
+  PACKPIPE_CHECK_ARG(mb.lengths.size() == n, "iteration {}, micro-batch {}: {} sample lengths for {} samples",
+                     plan.iteration, m, mb.lengths.size(), n);
+  if (encdec) {
+    PACKPIPE_CHECK_ARG(mb.target_lengths.size() == n,
+                       "iteration {}, micro-batch {}: {} target lengths for {} samples (an encoder-decoder plan gives "
+                       "one per sample)",
+                       plan.iteration, m, mb.target_lengths.size(), n);
+  } else {
+    PACKPIPE_CHECK_ARG(mb.target_lengths.empty(),
+                       "iteration {}, micro-batch {}: {} target lengths in a decoder-only plan (expected none)",
+                       plan.iteration, m, mb.target_lengths.size());
+  }
+  std::vector<std::uint64_t> offsets;
+  if (mb.row_offsets.empty()) {
+    for (std::uint64_t i = 0; i <= n; ++i) offsets.push_back(i);
+  } else {
+    offsets.assign(mb.row_offsets.begin(), mb.row_offsets.end());
+    PACKPIPE_CHECK_ARG(offsets.size() >= 2 && offsets.front() == 0 && offsets.back() == n &&
+                           std::is_sorted(offsets.begin(), offsets.end()),
+                       "iteration {}, micro-batch {}: its row offsets do not cover its {} samples in order",
+                       plan.iteration, m, n);
+  }
+  PACKPIPE_CHECK_ARG(offsets.size() - 1 == mb.rows, "iteration {}, micro-batch {}: {} rows, but its row offsets give {}",
+                     plan.iteration, m, mb.rows, offsets.size() - 1);
+  return offsets;
+}
+
+// Checks that every row of one side of micro-batch `m` fits the side's padded length.
+void check_rows_fit(const pl::Plan& plan, std::size_t m, const std::vector<std::uint64_t>& offsets,
+                    const std::vector<std::uint32_t>& lengths, std::uint32_t width, const char* side) {
+  PACKPIPE_CHECK_ARG(width > 0, "iteration {}, micro-batch {}: the {} padded length is 0", plan.iteration, m, side);
+  for (std::size_t r = 0; r + 1 < offsets.size(); ++r) {
+    std::uint64_t used = 0;
+    for (auto k = offsets[r]; k < offsets[r + 1]; ++k) used += lengths[k];
+    PACKPIPE_CHECK_ARG(used <= width, "iteration {}, micro-batch {}: row {} holds {} {} tokens, more than its padded "
+                       "length {}", plan.iteration, m, r, used, side, width);
+  }
+}
+
+// Loss tokens of a decoder-only sample of `kept` tokens whose input part has `input` tokens: every
+// next-token prediction inside it, or (Targets) those whose next token is a target token.
+std::uint64_t decoder_only_loss(std::uint32_t kept, std::uint32_t input, pl::LossMode mode) {
+  if (kept == 0) return 0;
+  const std::uint32_t first = mode == pl::LossMode::Targets && input > 0 ? input - 1 : 0;  // first labelled position
+  return kept - 1 > first ? kept - 1 - first : 0;
+}
+
+// Decodes the first `n` tokens of a sample's input followed by its target (`n` at most their sum)
+// into `out`, from a view of an uncompressed dataset or a copy of a compressed one.
+void read_tokens(const dl::MultiTaskDataset& data, SampleRef ref, std::uint32_t n_input, std::uint32_t n_target,
+                 std::vector<std::int64_t>& input, std::vector<std::int64_t>& target) {
+  input.resize(n_input);
+  target.resize(n_target);
+  if (n_input == 0 && n_target == 0) return;
+  const dl::DType dt = data.dtype(ref.task);
+  if (!data.task_compressed(ref.task)) {
+    const dl::SampleView v = data.view(ref);
+    PACKPIPE_ASSERT(v.input.length >= n_input && v.target.length >= n_target);
+    dl::decode_tokens(v.input.data, n_input, v.input.dtype, input.data());
+    dl::decode_tokens(v.target.data, n_target, v.target.dtype, target.data());
+    return;
+  }
+  std::vector<std::uint8_t> in, tg;
+  data.read_sample(ref, in, tg);
+  const std::size_t item = dl::dtype_size(dt);
+  PACKPIPE_ASSERT(in.size() >= n_input * item && tg.size() >= n_target * item);
+  dl::decode_tokens(in.data(), n_input, dt, input.data());
+  dl::decode_tokens(tg.data(), n_target, dt, target.data());
+}
+
+// "sample k (task 'name', dataset sample i)" for messages.
+std::string sample_name(const dl::MultiTaskDataset& data, std::size_t k, SampleRef ref) {
+  const auto& tasks = data.manifest().tasks;
+  const std::string task = ref.task < tasks.size() ? fmt::format("task '{}'", tasks[ref.task].name)
+                                                   : fmt::format("task {}", ref.task);
+  return fmt::format("sample {} ({}, dataset sample {})", k, task, ref.index);
+}
+
+}  // namespace
+
+RowLayout microbatch_layout(const pl::Plan& plan, std::size_t m, bool decoder) {
+  const bool encdec = has_decoder(plan);
+  const std::vector<std::uint64_t> offsets = checked_rows(plan, m, encdec);
+  PACKPIPE_CHECK_ARG(!decoder || encdec, "iteration {}, micro-batch {}: a decoder-only plan has no decoder side",
+                     plan.iteration, m);
+  const pl::PlanMicroBatch& mb = plan.microbatches[m];
+  const std::vector<std::uint32_t>& lengths = decoder ? mb.target_lengths : mb.lengths;
+  const std::uint32_t width = decoder ? mb.padded_dec_len : mb.padded_len;
+  check_rows_fit(plan, m, offsets, lengths, width, decoder ? "decoder" : "encoder");
+  packing::Packing rows;
+  rows.samples.resize(lengths.size());
+  for (std::uint32_t i = 0; i < rows.samples.size(); ++i) rows.samples[i] = i;
+  rows.row_offsets = offsets;
+  rows.capacity = width;
+  packing::RowTensors t = packing::row_tensors(rows, lengths.data(), width);
+  RowLayout out;
+  out.rows = mb.rows;
+  out.seq = width;
+  out.cu_seqlens = std::move(t.cu_seqlens);
+  out.position_ids = std::move(t.position_ids);
+  out.segment_ids = std::move(t.segment_ids);
+  out.max_seqlen = t.max_seqlen;
+  return out;
+}
+
+LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Plan& plan, std::size_t m,
+                                  std::uint32_t stage, const TokenOptions& tokens) {
+  const bool encdec = has_decoder(plan);
+  const std::vector<std::uint64_t> offsets = checked_rows(plan, m, encdec);
+  PACKPIPE_CHECK_RANGE(stage < plan.stages.size(), "iteration {}: virtual stage {} is out of range (the plan has {})",
+                       plan.iteration, stage, plan.stages.size());
+  const pl::PlanMicroBatch& mb = plan.microbatches[m];
+  const std::size_t n = mb.samples.size();
+  PACKPIPE_CHECK_ARG(!mb.refs.empty() || n == 0,
+                     "iteration {}, micro-batch {}: the plan has no sample refs; plan it with plan_epoch or "
+                     "plan_batch(refs=...)",
+                     plan.iteration, m);
+  PACKPIPE_CHECK_ARG(mb.refs.size() == n, "iteration {}, micro-batch {}: {} sample refs for {} samples", plan.iteration,
+                     m, mb.refs.size(), n);
+  const std::uint8_t loads = plan.stages[stage].loads;
+  constexpr std::uint8_t kDecoderLoads = pl::kLoadDecoderInputIds | pl::kLoadDecoderLabels;
+  PACKPIPE_CHECK_ARG(encdec || (loads & kDecoderLoads) == 0,
+                     "iteration {}: stage {} loads decoder tensors, which a decoder-only plan does not have",
+                     plan.iteration, stage);
+  PACKPIPE_CHECK_ARG(!encdec || (loads & pl::kLoadLabels) == 0,
+                     "iteration {}: stage {} loads labels, which an encoder-decoder plan has as decoder_labels",
+                     plan.iteration, stage);
+  check_rows_fit(plan, m, offsets, mb.lengths, mb.padded_len, "encoder");
+  if (encdec) check_rows_fit(plan, m, offsets, mb.target_lengths, mb.padded_dec_len, "decoder");
+
+  LoadedTensors out;
+  out.mb = static_cast<std::uint32_t>(m);
+  out.stage = stage;
+  out.rows = mb.rows;
+  out.seq = mb.padded_len;
+  out.dec_seq = encdec ? mb.padded_dec_len : 0;
+  out.loads = loads;
+  const std::size_t W = out.seq, D = out.dec_seq, R = out.rows;
+  if (loads & pl::kLoadInputIds) out.input_ids.assign(R * W, tokens.pad_id);
+  if (loads & pl::kLoadLabels) out.labels.assign(R * W, tokens.ignore_index);
+  if (loads & pl::kLoadDecoderInputIds) out.decoder_input_ids.assign(R * D, tokens.pad_id);
+  if (loads & pl::kLoadDecoderLabels) out.decoder_labels.assign(R * D, tokens.ignore_index);
+  if (loads & pl::kLoadPositionIds) {
+    const RowLayout layout = microbatch_layout(plan, m, false);
+    out.position_ids.assign(layout.position_ids.begin(), layout.position_ids.end());
+  }
+  const bool need_encoder = (loads & (pl::kLoadInputIds | pl::kLoadLabels)) != 0;
+  const bool need_decoder = (loads & kDecoderLoads) != 0;
+
+  std::vector<std::int64_t> input, target;
+  for (std::size_t r = 0; r < R; ++r) {
+    std::size_t at = r * W, dec_at = r * D;  // where the row's next sample starts
+    for (auto k = offsets[r]; k < offsets[r + 1]; ++k) {
+      const SampleRef ref = mb.refs[k];
+      PACKPIPE_CHECK_ARG(ref.task < data.num_tasks() && ref.index < data.task_size(ref.task),
+                         "iteration {}, micro-batch {}, {}: the dataset does not hold it ({} tasks{}); is this the "
+                         "plan's dataset?",
+                         plan.iteration, m, sample_name(data, k, ref), data.num_tasks(),
+                         ref.task < data.num_tasks() ? fmt::format(", task {} has {} samples", ref.task,
+                                                                   data.task_size(ref.task))
+                                                     : std::string());
+      const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
+      const std::uint32_t len = mb.lengths[k];
+      if (!encdec) {
+        PACKPIPE_CHECK_ARG(std::uint64_t{len} <= std::uint64_t{in} + tg,
+                           "iteration {}, micro-batch {}, {}: planned length {} is longer than the sample's {} tokens "
+                           "(input {} + target {})",
+                           plan.iteration, m, sample_name(data, k, ref), len, std::uint64_t{in} + tg, in, tg);
+        out.loss_tokens += decoder_only_loss(len, in, plan.loss_mode);
+        if (!need_encoder) continue;
+        const std::uint32_t n_in = std::min(len, in);
+        read_tokens(data, ref, n_in, len - n_in, input, target);
+        input.insert(input.end(), target.begin(), target.end());  // the sample as one sequence
+        if (!out.input_ids.empty()) std::copy(input.begin(), input.end(), out.input_ids.begin() + at);
+        if (!out.labels.empty()) {
+          for (std::uint32_t p = 0; p + 1 < len; ++p) {
+            if (plan.loss_mode == pl::LossMode::AllTokens || p + 1 >= in) out.labels[at + p] = input[p + 1];
+          }
+        }
+        at += len;
+        continue;
+      }
+      const std::uint32_t t = mb.target_lengths[k];
+      PACKPIPE_CHECK_ARG(len <= std::max<std::uint32_t>(in, 1),
+                         "iteration {}, micro-batch {}, {}: planned encoder length {} is longer than the sample's {} "
+                         "input tokens (an empty input is planned as 1)",
+                         plan.iteration, m, sample_name(data, k, ref), len, in);
+      PACKPIPE_CHECK_ARG(t <= std::max<std::uint32_t>(tg, 1),
+                         "iteration {}, micro-batch {}, {}: planned decoder length {} is longer than the sample's {} "
+                         "target tokens (an empty target is planned as 1)",
+                         plan.iteration, m, sample_name(data, k, ref), t, tg);
+      out.loss_tokens += std::min(t, tg);
+      if (need_encoder || need_decoder) {
+        read_tokens(data, ref, need_encoder ? std::min(len, in) : 0, need_decoder ? std::min(t, tg) : 0, input, target);
+      }
+      if (!out.input_ids.empty() && in > 0) std::copy(input.begin(), input.end(), out.input_ids.begin() + at);
+      // an empty input is one pad_id token, which the padding fill already wrote
+      if (!out.decoder_input_ids.empty() && t > 0) {
+        out.decoder_input_ids[dec_at] = tokens.decoder_start_id;
+        for (std::uint32_t j = 1; j < t; ++j) out.decoder_input_ids[dec_at + j] = target[j - 1];
+      }
+      if (!out.decoder_labels.empty()) {
+        // an empty target's one planned token keeps ignore_index
+        for (std::uint32_t j = 0; j < std::min(t, tg); ++j) out.decoder_labels[dec_at + j] = target[j];
+      }
+      at += len;
+      dec_at += t;
+    }
+  }
+  PACKPIPE_CHECK(out.loss_tokens == mb.loss_tokens,
+                 "iteration {}, micro-batch {}: the plan counts {} loss tokens, the assembled labels {} (loss mode "
+                 "'{}'); was the plan made from this dataset?",
+                 plan.iteration, m, mb.loss_tokens, out.loss_tokens, pl::loss_mode_name(plan.loss_mode));
+  return out;
+}
+
+// ---- RankLoader ------------------------------------------------------------------------------
+
+struct RankLoader::Impl {
+  Impl(const dl::MultiTaskDataset& d, const RankLoaderOptions& o) : data(d), options(o) {}
+  const dl::MultiTaskDataset& data;
+  RankLoaderOptions options;
+  std::unique_ptr<EpochPlanner> planner;       // planner mode
+  std::unique_ptr<pl::PlanFileReader> reader;  // plan-file mode
+  std::vector<std::uint64_t> file_iterations;  // plan-file mode: the iterations to read, in order
+  std::uint64_t first = 0;                     // the first iteration delivered
+  std::uint64_t count = 0;                     // iterations delivered in all
+  std::atomic<std::uint64_t> delivered{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RankIteration> ready;
+  bool done = false;       // the worker ended (all assembled, or an error)
+  bool stop = false;       // the consumer is gone
+  bool consuming = false;  // a thread is inside next()
+  std::exception_ptr error;
+  std::thread worker;
+
+  // The iteration number of the k-th iteration delivered (k <= count; count: one past the last).
+  std::uint64_t iteration_at(std::uint64_t k) const {
+    if (planner != nullptr || file_iterations.empty()) return first + k;
+    return k < file_iterations.size() ? file_iterations[k] : file_iterations.back() + 1;
+  }
+};
+
+namespace {
+
+// Checks the loader's options against plans of `dp` replicas and `ranks` pipeline ranks.
+void check_loader_options(const RankLoaderOptions& o, std::uint64_t dp, std::uint64_t ranks) {
+  PACKPIPE_CHECK_ARG(o.depth >= 1, "RankLoader: depth must be at least 1, found {}", o.depth);
+  PACKPIPE_CHECK_ARG(o.replica < dp, "RankLoader: replica {} is out of range: the plans have {} data-parallel replicas",
+                     o.replica, dp);
+  PACKPIPE_CHECK_ARG(o.rank >= -1 && (o.rank < 0 || static_cast<std::uint64_t>(o.rank) < ranks),
+                     "RankLoader: rank {} is out of range: the plans have {} pipeline ranks (-1: every rank)", o.rank,
+                     ranks);
+}
+
+// The loads of the loader's rank (every rank for -1) of `plan`, in stream order.
+std::vector<LoadedTensors> rank_loads(const dl::MultiTaskDataset& data, const pl::Plan& plan,
+                                      const RankLoaderOptions& o) {
+  PACKPIPE_CHECK_ARG(o.replica < plan.dp && plan.replica == o.replica,
+                     "the plan is replica {} of {}, the loader follows replica {}", plan.replica, plan.dp, o.replica);
+  PACKPIPE_CHECK_ARG(o.rank < 0 || static_cast<std::uint64_t>(o.rank) < plan.streams.size(),
+                     "rank {} is out of range: the plan has {} pipeline ranks", o.rank, plan.streams.size());
+  std::vector<LoadedTensors> out;
+  const std::size_t begin = o.rank < 0 ? 0 : static_cast<std::size_t>(o.rank);
+  const std::size_t end = o.rank < 0 ? plan.streams.size() : begin + 1;
+  for (std::size_t r = begin; r < end; ++r) {
+    for (const pl::Instruction& ins : plan.streams[r]) {
+      if (ins.op == pl::Opcode::LoadMb) out.push_back(assemble_microbatch(data, plan, ins.mb, ins.stage, o.tokens));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+RankLoader::RankLoader(const dl::MultiTaskDataset& data, std::unique_ptr<EpochPlanner> planner,
+                       RankLoaderOptions options)
+    : impl_(std::make_unique<Impl>(data, options)) {
+  PACKPIPE_CHECK_ARG(planner != nullptr, "RankLoader: no planner given");
+  PACKPIPE_CHECK_ARG(&planner->data() == &data,
+                     "RankLoader: the planner plans another dataset than the loader's; give both the same dataset");
+  const auto& shape = planner->options().shape;
+  check_loader_options(options, static_cast<std::uint64_t>(shape.dp), static_cast<std::uint64_t>(shape.stages));
+  impl_->first = planner->position();
+  impl_->count = planner->iterations() - (planner->position() - planner->spec().first_iteration);
+  impl_->planner = std::move(planner);
+  start();
+}
+
+RankLoader::RankLoader(const dl::MultiTaskDataset& data, const std::string& plan_file, std::uint64_t first_iteration,
+                       std::uint64_t count, RankLoaderOptions options)
+    : impl_(std::make_unique<Impl>(data, options)) {
+  PACKPIPE_CHECK_ARG(options.depth >= 1, "RankLoader: depth must be at least 1, found {}", options.depth);
+  impl_->reader = std::make_unique<pl::PlanFileReader>(plan_file);
+  const pl::PlanFileReader& file = *impl_->reader;
+  std::vector<std::uint64_t> held;  // distinct iterations, in file (= iteration) order
+  for (std::size_t i = 0; i < file.size(); ++i) {
+    if (held.empty() || held.back() != file.iteration(i)) held.push_back(file.iteration(i));
+  }
+  const auto from = std::lower_bound(held.begin(), held.end(), first_iteration);
+  const bool at_end = from == held.end() && (held.empty() ? first_iteration == 0 : first_iteration == held.back() + 1);
+  PACKPIPE_CHECK_ARG((from != held.end() && *from == first_iteration) || at_end,
+                     "RankLoader: first iteration {} is not in plan file '{}' (it holds {})", first_iteration, plan_file,
+                     held.empty() ? std::string("no plan")
+                                  : fmt::format("iterations {} to {}", held.front(), held.back()));
+  const std::size_t left = static_cast<std::size_t>(held.end() - from);
+  const std::size_t take = count == 0 ? left : static_cast<std::size_t>(std::min<std::uint64_t>(count, left));
+  impl_->file_iterations.assign(from, from + static_cast<std::ptrdiff_t>(take));
+  impl_->first = first_iteration;
+  impl_->count = take;
+  if (take > 0) {
+    const pl::Plan head = file.read_iteration(impl_->file_iterations.front(), 0);
+    check_loader_options(options, head.dp, head.ranks);
+  }
+  start();
+}
+
+void RankLoader::start() {
+  Impl* im = impl_.get();
+  im->worker = std::thread([im] {
+    for (std::uint64_t k = 0; k < im->count; ++k) {
+      {
+        std::lock_guard<std::mutex> lock(im->mu);
+        if (im->stop) break;
+      }
+      const std::uint64_t expected = im->iteration_at(k);
+      RankIteration it;
+      std::exception_ptr error;
+      try {
+        pl::Plan plan;
+        if (im->planner != nullptr) {
+          PlannedIteration planned;
+          PACKPIPE_CHECK(im->planner->next(planned), "the planner ended after {} of {} iterations", k, im->count);
+          PACKPIPE_CHECK_ARG(im->options.replica < planned.result.plans.size(),
+                             "replica {} is out of range: the iteration has {} plans", im->options.replica,
+                             planned.result.plans.size());
+          it.iteration = planned.iteration;
+          plan = std::move(planned.result.plans[im->options.replica]);
+        } else {
+          it.iteration = expected;
+          plan = im->reader->read_iteration(expected, im->options.replica);
+        }
+        it.loads = rank_loads(im->data, plan, im->options);
+        it.plan = std::move(plan);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::unique_lock<std::mutex> lock(im->mu);
+      if (error) {
+        try {
+          detail::rethrow_naming(error, expected);
+        } catch (...) {
+          im->error = std::current_exception();
+        }
+        break;
+      }
+      im->cv.wait(lock, [im] { return im->stop || im->ready.size() < im->options.depth; });
+      if (im->stop) break;
+      im->ready.push_back(std::move(it));
+      im->cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(im->mu);
+    im->done = true;
+    im->cv.notify_all();
+  });
+}
+
+RankLoader::~RankLoader() {
+  if (impl_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+bool RankLoader::next(RankIteration& out) {
+  Impl* im = impl_.get();
+  std::unique_lock<std::mutex> lock(im->mu);
+  PACKPIPE_CHECK_ARG(!im->consuming, "RankLoader: next() called while another thread is inside next(); use one "
+                                     "consumer");
+  im->consuming = true;
+  im->cv.wait(lock, [im] { return !im->ready.empty() || im->done; });
+  im->consuming = false;
+  if (!im->ready.empty()) {
+    out = std::move(im->ready.front());
+    im->ready.pop_front();
+    im->delivered.fetch_add(1);
+    im->cv.notify_all();
+    return true;
+  }
+  if (im->error) std::rethrow_exception(im->error);
+  return false;
+}
+
+std::uint64_t RankLoader::iterations() const { return impl_->count; }
+
+std::uint64_t RankLoader::position() const { return impl_->iteration_at(impl_->delivered.load()); }
+
+}  // namespace packpipe::planner
