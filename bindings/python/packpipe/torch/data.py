@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -198,9 +199,13 @@ class Iteration:
         self.plan: packpipe.Plan = native.plan
         self._encdec = encdec
         self._loads: Dict[Tuple[int, int], Dict[str, torch.Tensor]] = {}
-        for lt in native.loads:
-            self._loads[(int(lt.mb), int(lt.stage))] = {name: torch.from_numpy(a)
-                                                       for name, a in lt.tensors.items()}
+        with warnings.catch_warnings():
+            # The arrays are read-only views of the loader's own memory, which nothing else uses:
+            # sharing it is safe (torch warns about any read-only array).
+            warnings.simplefilter("ignore", UserWarning)
+            for lt in native.loads:
+                self._loads[(int(lt.mb), int(lt.stage))] = {name: torch.from_numpy(a)
+                                                           for name, a in lt.tensors.items()}
         self._layouts: Dict[int, _Layout] = {}
         mbs = self.plan.microbatches
         self.tokens: int = sum(int(m["tokens"]) for m in mbs)

@@ -103,12 +103,27 @@ class Monitor:
     def _beat(self):
         self.store.set(f"hb/{self.rank}", repr(time.time()))
 
+    def _aborted(self) -> str:
+        """The abort reason another rank published ('' if none); the flag is a counter, which
+        torch 1.13's stores can read without blocking (add 0)."""
+        if self.store.add("abort_flag", 0) > 0:
+            return self._get("abort") or "aborted (no reason recorded)"
+        return ""
+
+    def _get(self, key: str, timeout_s: float = 0.2) -> Optional[str]:
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=timeout_s))
+            return self.store.get(key).decode(errors="replace")
+        except Exception:
+            return None
+
     def _watch(self):
         while not self._stop.wait(self.interval):
             try:
                 self._beat()
-                if self.store.check(["abort"]):
-                    self._set(self.store.get("abort").decode(errors="replace"))
+                why = self._aborted()
+                if why:
+                    self._set(why)
             except Exception as e:  # the store is gone: its host (the launcher or rank 0) died
                 self._set(f"the rendezvous store is unreachable ({type(e).__name__}: {e}); its host died")
                 return
@@ -122,8 +137,9 @@ class Monitor:
         """Tells every rank the pipeline is aborted (the first reason wins)."""
         self._set(why)
         try:
-            if not self.store.check(["abort"]):
+            if self.store.add("abort_claim", 1) == 1:  # the first reason wins
                 self.store.set("abort", why)
+            self.store.add("abort_flag", 1)
         except Exception:
             pass
 
@@ -139,19 +155,20 @@ class Monitor:
         abort reason another rank published; '' when nothing is known."""
         notes: List[str] = []
         try:
-            if self.store.check(["abort"]):
-                notes.append("aborted by " + self.store.get("abort").decode(errors="replace"))
+            why = self._aborted()
         except Exception as e:
             return f"the rendezvous store is unreachable ({type(e).__name__}); its host died"
+        if why:
+            notes.append("aborted by " + why)
         now = time.time()
         for r in range(self.world):
             if r == self.rank:
                 continue
-            try:
-                host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1)
-                beat = float(self.store.get(f"hb/{r}").decode())
-            except Exception:
+            who, beat = self._get(f"pid/{r}"), self._get(f"hb/{r}")
+            if who is None or beat is None:
                 continue
+            host, pid = who.rsplit(":", 1)
+            beat = float(beat)
             if host == self.host and not _alive(int(pid)):
                 notes.append(f"world rank {r} (pid {pid}) is gone")
             elif now - beat > 4 * self.interval + 1:

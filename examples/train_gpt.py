@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Train a small GPT on a multi-task dataset with packpipe plans.
+
+    python3 -m packpipe.torch.run --nproc-per-node 4 examples/train_gpt.py \\
+        --manifest data/demo/manifest.json --pp 2 --dp 2 --iterations 10
+
+(or ``python3 -m torch.distributed.run --standalone --nproc_per_node 4 [--redirects 1 --tee 1]
+examples/train_gpt.py ...``; Debian's torch 1.13 needs the two bracketed flags). Started without a
+launcher, it trains every stage in this one process (packpipe.torch.LocalPipeline).
+
+Every rank plans each iteration with packpipe's epoch planner (deterministically, so all ranks plan
+the same), loads the tensors its stages need, and runs its rank of the plan on packpipe's executor
+over gloo (CPU) or NCCL (GPU). The trainer below writes only the model and the loss; everything else
+is packpipe. It prints per iteration the loss, tokens/s, and the predicted (cost model) against the
+measured iteration time.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import packpipe
+import packpipe.torch as pt
+from packpipe.torch import models
+
+CPU_DEVICE = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
+              "intra_node_latency_us": 30, "inter_node_gbps": 1, "inter_node_latency_us": 100, "gpus_per_node": 8}
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--manifest", default="data/demo/manifest.json", help="multi-task manifest (.json)")
+    ap.add_argument("--pp", type=int, default=2, help="pipeline stages (ranks per pipeline)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
+    ap.add_argument("--chunks", type=int, default=1, help="virtual stages per rank (interleaved schedules)")
+    ap.add_argument("--iterations", type=int, default=10, help="iterations to train (0: the whole epoch)")
+    ap.add_argument("--global-batch-tokens", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=1024, help="truncate samples longer than this")
+    ap.add_argument("--schedule", default="search", help="a schedule name, or 'search'")
+    ap.add_argument("--method", default="dp", help="partition method: dp (packpipe), fixed or packing (baselines)")
+    ap.add_argument("--mbs", type=int, default=0, help="fixed / packing: rows per micro-batch")
+    ap.add_argument("--no-split-backward", action="store_true", help="exclude zero-bubble schedules")
+    ap.add_argument("--loss", default="all", choices=["all", "targets"], help="which tokens carry loss")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096, help="model vocabulary (token ids fold modulo it)")
+    ap.add_argument("--tied", action="store_true", help="tie the embedding and the LM head")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp64", "bf16"])
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds any wait may take")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per rank)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per iteration instead of text")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    a = parse(argv)
+    distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if distributed and a.pp * a.dp != world:
+        sys.exit(f"train_gpt: --pp {a.pp} x --dp {a.dp} must equal the {world} ranks started")
+    if not distributed and a.dp != 1:
+        sys.exit("train_gpt: without a launcher, one process trains one pipeline (--dp 1)")
+    threads = a.threads or max(1, (os.cpu_count() or 1) // max(world, 1))
+    torch.set_num_threads(threads)
+    device = torch.device(a.device)
+    if distributed:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend)
+        groups = pt.ProcessGroups.create(a.pp, a.dp)
+        replica, rank = groups.replica, groups.pipeline_rank
+    else:
+        groups, replica, rank = None, 0, None
+
+    dtype = pt.torch_dtype(a.dtype)
+    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads,
+                           tied_embedding=a.tied, seed=a.seed, dtype=dtype, max_positions=max(a.max_tokens, 64))
+    tmp = tempfile.mkdtemp(prefix="packpipe-train-")
+    with open(os.path.join(tmp, "model.json"), "w") as f:
+        f.write(cfg.cost_model_json())
+    with open(os.path.join(tmp, "device.json"), "w") as f:
+        json.dump(CPU_DEVICE, f)
+    cost = packpipe.CostModel(os.path.join(tmp, "model.json"), os.path.join(tmp, "device.json"))
+
+    shape = packpipe.PipelineShape(stages=a.pp, chunks=a.chunks, dp=a.dp)
+    options = packpipe.PartitionOptions(method=a.method, mbs=a.mbs, oversize="truncate")
+    loader = pt.PlanLoader(a.manifest, cost_model=cost, replica=replica, rank=rank, iterations=a.iterations,
+                           shape=shape, options=options, global_batch_tokens=a.global_batch_tokens, seed=a.seed,
+                           schedule=a.schedule, schedule_fallback=True, split_backward=not a.no_split_backward,
+                           loss=a.loss, dtype=a.dtype, tied_embedding=a.tied)
+
+    model = models.GPT(cfg)
+    first = None
+    runner = None
+    last_rank = distributed and rank == a.pp - 1 and replica == 0
+    printer = (not distributed) or last_rank
+    t_start = time.monotonic()
+    total_tokens = 0
+    for it in loader:
+        plan = it.plan
+        if runner is None:
+            first = plan
+            if distributed:
+                mine = pt.PipelineRunner.my_stages(plan, rank)
+                stages = {v: model.stage(plan.stages[v]).to(device) for v in mine}
+                params = [p for m in stages.values() for p in m.parameters()]
+                opt = torch.optim.AdamW(params, lr=a.lr)
+                runner = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, device=device, dtype=dtype,
+                                           timeout_s=a.timeout)
+            else:
+                stages = {v: model.stage(plan.stages[v]).to(device) for v in range(plan.vstages)}
+                runner = pt.LocalPipeline(stages, models.gpt_loss, lambda ps: torch.optim.AdamW(ps, lr=a.lr),
+                                          device=device, dtype=dtype, timeout_s=a.timeout)
+            if printer and not a.json:
+                layers = [s["encoder_layers"] for s in plan.stages]
+                print(f"packpipe: {a.pp} stages x {a.dp} replicas, layers per virtual stage {layers}, "
+                      f"{cfg.hidden} hidden, dtype {a.dtype}, {threads} threads per rank", flush=True)
+        if plan.stages != first.stages:
+            raise RuntimeError("the plan's stage layout changed between iterations")
+        r = runner.run(it)
+        loss = runner.global_loss(r) if distributed else r.loss
+        total_tokens += it.tokens if not distributed else r.tokens * a.dp
+        if printer:
+            tok_s = r.tokens * (a.dp if distributed else 1) / (r.measured_ms / 1e3)
+            row = {"iteration": it.iteration, "loss": loss, "schedule": plan.schedule,
+                   "microbatches": len(plan.microbatches), "tokens": r.tokens * (a.dp if distributed else 1),
+                   "tokens_per_s": tok_s, "measured_ms": r.measured_ms, "predicted_ms": r.predicted_ms}
+            if a.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"iteration {it.iteration:4d}  loss {loss:7.4f}  {plan.schedule:17s} {len(plan.microbatches):3d} "
+                      f"micro-batches  {row['tokens']:6d} tokens  {tok_s:9.0f} tokens/s  measured "
+                      f"{r.measured_ms:8.1f} ms  predicted {r.predicted_ms:8.1f} ms", flush=True)
+    if printer and not a.json:
+        wall = time.monotonic() - t_start
+        print(f"packpipe: trained {total_tokens} tokens in {wall:.1f} s", flush=True)
+    if runner is not None and distributed:
+        runner.close()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

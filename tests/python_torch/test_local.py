@@ -1,0 +1,120 @@
+"""Single-process pipelines (LocalPipeline: every stage on threads of this process, the runtime's
+in-process transport): gradients and parameters equal the whole model run on each sample alone,
+for GPT and T5, every schedule kind, packed and padded rows, both loss modes, recompute, a tied
+embedding. fp64, so the only difference is rounding."""
+import copy
+
+import pytest
+import torch
+
+import packpipe
+import packpipe.torch as pt
+from packpipe.torch import models
+
+import support
+
+torch.set_num_threads(1)
+
+
+def make_loader(tmp_path, cfg, *, pp, chunks=1, schedule="1f1b", method="dp", mbs=0, loss="all", tokens=600,
+                iterations=1, tied=False, dtype="fp64", recompute="none", seed=7, rank=None):
+    cm = support.cost_model(cfg, tmp_path)
+    manifest = support.short_manifest(tmp_path)
+    shape = packpipe.PipelineShape(stages=pp, chunks=chunks)
+    options = packpipe.PartitionOptions(method=method, mbs=mbs, recompute=recompute)
+    return pt.PlanLoader(manifest, cost_model=cm, rank=rank, iterations=iterations, shape=shape, options=options,
+                         global_batch_tokens=tokens, seed=seed, schedule=schedule, loss=loss, dtype=dtype,
+                         tied_embedding=tied, schedule_fallback=True), packpipe.MultiTaskDataset(manifest)
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the gradients it was stepped with (by parameter id) in `sink`."""
+
+    def __init__(self, params, lr, sink):
+        super().__init__(params, lr=lr)
+        self.sink = sink
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.sink[id(p)] = None if p.grad is None else p.grad.detach().clone()
+        return super().step(closure)
+
+
+def grad_error(pairs, sink):
+    num = den = 0.0
+    for a, b in pairs:
+        x = sink.get(id(a))
+        x = torch.zeros_like(b) if x is None else x
+        y = torch.zeros_like(b) if b.grad is None else b.grad
+        num += float(((x - y) ** 2).sum())
+        den += float((y ** 2).sum())
+    return (num ** 0.5) / max(den ** 0.5, 1e-300)
+
+
+def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
+    """Runs the loader's iterations on a LocalPipeline of `full`'s stages (one SGD per pipeline rank,
+    stepped by OPT_STEP) and the same SGD steps on `full` over each sample alone. Returns the
+    relative error of the first iteration's gradients, of the parameters at the end, and the
+    schedules the plans used."""
+    ref = full
+    pipe_model = copy.deepcopy(full)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    sink, stages, pipe, first_grad, seen = {}, None, None, None, []
+    for it in loader:
+        plan = it.plan
+        seen.append(plan.schedule)
+        if pipe is None:
+            stages = {v: pipe_model.stage(plan.stages[v]) for v in range(plan.vstages)}
+            pipe = pt.LocalPipeline(stages, loss_fn, lambda ps: RecordingSGD(ps, lr, sink), dtype=torch.float64,
+                                    timeout_s=60)
+        ref_opt.zero_grad()
+        l_ref = support.reference_loss(ref, dataset, support.batch_samples([plan]), encdec, loss,
+                                       plan.global_loss_tokens)
+        l_ref.backward()
+        result = pipe.run(it)
+        assert abs(result.loss - float(l_ref)) <= 1e-9 * max(1.0, abs(float(l_ref))), (result.loss, float(l_ref))
+        pairs = [pr for m in stages.values() for pr in support.param_pairs(m, ref)]
+        assert len(sink) == len({id(a) for a, _ in pairs})
+        if first_grad is None:
+            first_grad = grad_error(pairs, sink)
+        ref_opt.step()
+    pairs = [pr for m in stages.values() for pr in support.param_pairs(m, ref)]
+    return first_grad, support.relative_error(pairs, "data"), seen
+
+
+GPT = models.GPTConfig(vocab_size=96, hidden=16, layers=4, heads=2, dtype=torch.float64, seed=3)
+T5C = models.T5Config(vocab_size=96, hidden=16, encoder_layers=2, decoder_layers=2, heads=2, dtype=torch.float64,
+                      seed=5)
+
+
+@pytest.mark.parametrize("pp,chunks,schedule,method,loss", [
+    (2, 1, "1f1b", "dp", "all"),
+    (4, 1, "gpipe", "dp", "targets"),
+    (2, 2, "interleaved-1f1b", "fixed", "all"),
+    (4, 1, "zero-bubble", "packing", "all"),
+    (4, 1, "cyclic", "dp", "targets"),
+    (1, 1, "1f1b", "packing", "all"),
+])
+def test_gpt_pipeline_equals_the_whole_model(tmp_path, pp, chunks, schedule, method, loss):
+    loader, data = make_loader(tmp_path, GPT, pp=pp, chunks=chunks, schedule=schedule, method=method,
+                               mbs=4 if method != "dp" else 0, loss=loss, iterations=3)
+    g, p, seen = train_and_compare(loader, data, models.GPT(GPT), models.gpt_loss, False, loss)
+    assert seen[0] == schedule
+    assert g <= 1e-10 and p <= 1e-10, (g, p)
+
+
+def test_tied_embedding_and_recompute(tmp_path):
+    cfg = models.GPTConfig(vocab_size=96, hidden=16, layers=4, heads=2, dtype=torch.float64, seed=3,
+                           tied_embedding=True)
+    loader, data = make_loader(tmp_path, cfg, pp=4, schedule="1f1b", tied=True, recompute="full", iterations=2)
+    g, p, _ = train_and_compare(loader, data, models.GPT(cfg), models.gpt_loss, False, "all")
+    assert g <= 1e-10 and p <= 1e-10, (g, p)
+
+
+@pytest.mark.parametrize("pp,schedule,method", [(2, "1f1b", "dp"), (4, "1f1b", "packing"), (4, "zero-bubble", "dp")])
+def test_t5_pipeline_equals_the_whole_model(tmp_path, pp, schedule, method):
+    loader, data = make_loader(tmp_path, T5C, pp=pp, schedule=schedule, method=method,
+                               mbs=4 if method != "dp" else 0, loss="targets", iterations=2)
+    g, p, _ = train_and_compare(loader, data, models.T5(T5C), models.t5_loss, True, "targets")
+    assert g <= 1e-10 and p <= 1e-10, (g, p)
