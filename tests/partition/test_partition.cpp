@@ -780,5 +780,5 @@ TEST_CASE("partition options and shape are bounded before anything is sized from
   PipelineShape s = gpt_shape();
   const auto vs = virtual_stages(gpt().model(), s);
   s.memory_limit_mb = 1e300;  // given virtual stages do not skip the shape's checks
-  REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit must be in"));
+  REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit (memory_mb / --memory-mb) must be in"));
 }

@@ -46,7 +46,7 @@ def test_one_argument_order_across_the_entry_points():
 
 def test_one_spelling_of_each_parameter():
     """zero (not zero_stage), memory_mb, mbs, tokens, cost_basis: the CLI's names, on the option classes."""
-    shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"}
+    shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb", "stage_layers"}
     option_fields = {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
                      "pack_windows", "threads"}
     assert set(parameters(_core.PipelineShape.__init__)) - {"self"} == shape_fields

@@ -82,6 +82,15 @@ def test_equals_plan_batch_for_the_same_iteration(gpt, text):
     assert it.iteration == 2
 
 
+def test_follows_shape_stage_layers(gpt, text):
+    split = packpipe.balanced_stage_layers(gpt, SHAPE, 1, 512)  # gpt-1.3b: 24 layers
+    shape = PipelineShape(stages=4, memory_mb=36000, stage_layers=split)
+    ends = np.cumsum(split).tolist()
+    for it in packpipe.plan_epoch(gpt, text, shape=shape, global_batch_samples=16, iterations=2):
+        for plan in it.result.plans:
+            assert [st["encoder_layers"] for st in plan.stages] == [(e - n, e) for e, n in zip(ends, split)]
+
+
 def test_encoder_decoder_manifest(tmp_path, megatron):
     mt = packpipe.MultiTaskDataset(manifest(tmp_path, megatron))
     t5 = packpipe.CostModel("t5-770m", "A100-40GB")

@@ -141,3 +141,36 @@ def test_plan_batch_oversize_policy():
     assert list(t.partition.truncated) == [2]
     assert sum(mb["loss_weight"] for p in t.plans for mb in p.microbatches) == pytest.approx(1.0)
 
+
+
+def layer_ranges(split):
+    """(begin, end) of each virtual stage's layers for the split `split`."""
+    ends = np.cumsum(split).tolist()
+    return [(e - n, e) for e, n in zip(ends, split)]
+
+
+def test_balanced_stage_layers_and_plans_that_follow_shape_stage_layers():
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")  # 24 layers
+    split = packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), 1, 2048)
+    assert isinstance(split, list) and len(split) == 4 and sum(split) == 24 and min(split) >= 1
+    assert split[-1] < split[1]  # the LM head's stage holds fewer layers
+    assert packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), rows=1, seq=2048, dec_seq=0) == split
+    lengths = _lengths(60, 5)
+    for layers in (split, [5, 8, 7, 4]):
+        shape = PipelineShape(stages=4, stage_layers=layers)
+        r = packpipe.plan_batch(cm, lengths, shape=shape, validate=True)
+        for plan in r.plans:
+            assert [st["encoder_layers"] for st in plan.stages] == layer_ranges(layers)
+            assert plan.stages[0]["embedding"] and plan.stages[-1]["head"]
+    even = packpipe.plan_batch(cm, lengths, shape=PipelineShape(stages=4))
+    assert [st["encoder_layers"] for st in even.plans[0].stages] == layer_ranges([6, 6, 6, 6])
+    with pytest.raises(ValueError, match=r"stage_layers \(--layer-split\) place 28 layers, more than the 24 layers"):
+        packpipe.plan_batch(cm, lengths, shape=PipelineShape(stages=4, stage_layers=[7, 7, 7, 7]))
+    with pytest.raises(ValueError, match="rows must not be negative"):
+        packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), -1, 2048)
+    with pytest.raises(ValueError, match="24 layers cannot fill 32 stages"):
+        packpipe.balanced_stage_layers(cm, PipelineShape(stages=32), 1, 2048)
+    t5 = packpipe.CostModel("t5-770m", "A100-80GB")  # 24 encoder and 24 decoder layers
+    enc_dec = packpipe.balanced_stage_layers(t5, PipelineShape(stages=4), 2, 512, 128)
+    assert len(enc_dec) == 4 and sum(enc_dec[:2]) == 24 and sum(enc_dec[2:]) == 24
+    assert packpipe.balanced_stage_layers(t5, PipelineShape(), 2, 512, 128) == []

@@ -317,8 +317,10 @@ class PipelineShape:
     """ZeRO stage of the optimizer state, 0-3 (--zero)."""
     memory_mb: float
     """Memory limit per device, MB = 1e6 bytes; 0: the device's memory (--memory-mb)."""
+    stage_layers: List[int]
+    """Layers of each virtual stage, an uneven split (--layer-split); []: layers_per_stage or an even split."""
     def __init__(self, *, stages: int = 1, chunks: int = 1, layers_per_stage: int = 0, dp: int = 1, tp: int = 1,
-                 zero: int = 1, memory_mb: float = 0.0) -> None:
+                 zero: int = 1, memory_mb: float = 0.0, stage_layers: Sequence[int] = ()) -> None:
         """A shape; a size out of range (or negative) raises ValueError naming the field."""
     def __eq__(self, other: object) -> bool:
         """Same fields."""
@@ -478,6 +480,10 @@ def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Op
               shape: PipelineShape = ..., options: PartitionOptions = ...,
               cache: Optional[PartitionCache] = None) -> Partition:
     """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
+
+def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
+                          dec_seq: int = 0) -> List[int]:
+    """Layers per virtual stage balancing the stages' time on a rows x seq micro-batch (for stage_layers)."""
 
 # ---- schedules ---------------------------------------------------------------------------------
 
