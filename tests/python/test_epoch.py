@@ -79,6 +79,10 @@ def test_equals_plan_batch_for_the_same_iteration(gpt, text):
         assert [without_refs(p) for p in b.plans] == [without_refs(p) for p in it.result.plans]
         assert b.packpipe.iteration_ms == it.result.packpipe.iteration_ms
         assert b.partition.objective_ms == it.result.partition.objective_ms
+        # With the iteration's refs, plan_batch gives the same plans, refs included.
+        named = packpipe.plan_batch(gpt, it.input_lengths, it.target_lengths, shape=SHAPE, options=opts, seed=3,
+                                    iteration=it.iteration, refs=it.refs)
+        assert [json.loads(p.to_json()) for p in named.plans] == [json.loads(p.to_json()) for p in it.result.plans]
     assert it.iteration == 2
 
 

@@ -901,8 +901,13 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None,
                loss_tokens: Optional[_Lengths] = None, loss: str = "all", tied_embedding: bool = False,
                dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
-               schedule_fallback: bool = False) -> IterationResult:
-    """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica."""
+               schedule_fallback: bool = False,
+               refs: Optional[Union[np.ndarray, Sequence[Tuple[int, int]]]] = None) -> IterationResult:
+    """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
+
+    A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
+    its dataset (a structured array with fields task u4 and index u8, as PlannedIteration.refs, or
+    (task, index) pairs), recorded in Plan.microbatches[m]["refs"]; None: no refs."""
 
 def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: PipelineShape = ...,
                options: PartitionOptions = ..., global_batch_tokens: int = 0, global_batch_samples: int = 0,
