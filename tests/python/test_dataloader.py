@@ -83,6 +83,50 @@ def test_builder_rejects_wrong_dtype_without_casting(tmp_path):
         b.add_item(np.zeros((2, 2), dtype=np.uint16))
 
 
+@pytest.mark.parametrize("lengths, modes, message", [
+    (np.array([2.0, 3.0]), None, r"lengths must have an integer dtype \(tokens per sequence\), found float64"),
+    ([2.5, 2.5], None, r"lengths must have an integer dtype \(tokens per sequence\), found float64"),
+    (np.array([2, 3], dtype=">i8"), None, "lengths must have an integer dtype in native byte order, found >i8"),
+    ([2, -3], None, r"lengths\[1\] = -3 is out of range \[0, 2147483647\]"),
+    (np.array([[2, 3]]), None, "lengths must be one-dimensional, found 2 dimensions"),
+    ([2, 3], np.array([0.0, 1.0]), r"modes must have an integer dtype \(int8 modes\), found float64"),
+    ([2, 3], [True, False], r"modes must have an integer dtype \(int8 modes\), found bool"),
+    ([2, 3], [0, 300], r"modes\[1\] = 300 is out of range \[-128, 127\]"),
+    ([2, 3], [0], r"modes has 1 entries but lengths has 2"),
+])
+def test_builder_add_document_checks_lengths_and_modes_without_casting(tmp_path, lengths, modes, message):
+    b = packpipe.IndexedDatasetBuilder(str(tmp_path / "x"), np.uint16, multimodal=True)
+    with pytest.raises(ValueError, match=message):
+        b.add_document(np.arange(5, dtype=np.uint16), lengths, modes=modes)
+    # Any integer dtype (or a list) whose values fit is read exactly.
+    b.add_document(np.arange(5, dtype=np.uint16), np.array([2, 3], dtype=np.uint8), modes=np.array([0, 1]))
+    b.add_document(np.arange(5, dtype=np.uint16), [2, 3], modes=[1, 0])
+    b.finalize()
+    ds = packpipe.IndexedDataset(str(tmp_path / "x"))
+    assert [x.tolist() for x in ds[0:4]] == [[0, 1], [2, 3, 4], [0, 1], [2, 3, 4]]
+    assert ds.modes.tolist() == [0, 1, 1, 0]
+
+
+def test_shard_batch_checks_the_batch_dict_without_casting(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    b = packpipe.Sampler(mt, seed=1, global_batch_samples=8).next_batch()
+    same = packpipe.shard_batch(dict(b, tasks=b["tasks"].tolist(), indices=b["indices"].astype(np.int64)), mt, 0, 1)
+    assert same["tasks"].tolist() == b["tasks"].tolist() and same["indices"].tolist() == b["indices"].tolist()
+    for bad, message in [
+        (dict(b, tasks=b["tasks"].astype(np.float64)),
+         r"batch\['tasks'\] must have an integer dtype \(task numbers, uint32\), found float64"),
+        (dict(b, indices=b["indices"].astype(np.float32)),
+         r"batch\['indices'\] must have an integer dtype \(sample indices, uint64\), found float32"),
+        (dict(b, indices=[-1] * 8), r"batch\['indices'\]\[0\] = -1 is out of range \[0, 18446744073709551615\]"),
+        (dict(b, tasks=[2**32] * 8), r"batch\['tasks'\]\[0\] = 4294967296 is out of range \[0, 4294967295\]"),
+        (dict(b, tasks=b["tasks"][:3]), r"batch 'tasks' \(3\) and 'indices' \(8\) differ in length"),
+        (dict(b, tokens=-1), r"batch\['tokens'\] must not be negative, found -1"),
+        ({"tasks": b["tasks"]}, "batch has no 'indices'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            packpipe.shard_batch(bad, mt, 0, 1)
+
+
 def test_errors_map_to_python_exceptions(tmp_path, megatron):
     with pytest.raises(RuntimeError, match="missing"):
         packpipe.IndexedDataset(str(tmp_path / "missing"))

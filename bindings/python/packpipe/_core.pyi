@@ -72,8 +72,8 @@ class IndexedDatasetBuilder:
         """Append one sequence (a 1-D C-contiguous array of the builder's dtype)."""
     def end_document(self) -> None:
         """Close the current document."""
-    def add_document(self, tokens: np.ndarray, lengths: Any, modes: Any = None) -> None:
-        """Append a document of sequences of `lengths` tokens taken from `tokens`."""
+    def add_document(self, tokens: np.ndarray, lengths: _Lengths, modes: Optional[_Lengths] = None) -> None:
+        """Append a document of sequences of `lengths` tokens taken from `tokens` (integer arrays or lists)."""
     def add_index(self, prefix: str) -> None:
         """Append every sequence of another dataset."""
     def finalize(self) -> None:
