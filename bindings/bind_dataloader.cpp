@@ -304,15 +304,21 @@ void define_multitask_dataset(py::module_& m) {
       .def("sample",
            // Returns py::object, not the list's item accessor: an accessor would refer to the
            // temporary list after it is freed.
-           [](py::object self, std::uint32_t task, std::uint64_t index) -> py::object {
+           [](py::object self, const py::object& task, const py::object& index) -> py::object {
+             const auto& d = self.cast<const dl::MultiTaskDataset&>();
+             const auto t = count_arg<std::uint64_t>(task, "task");
+             const auto i = count_arg<std::uint64_t>(index, "index");
+             d.check_sample(t, i);  // IndexError naming both before the task narrows to 32 bits
              dl::GlobalBatch b;
-             b.samples.push_back(dl::SampleRef{task, index});
-             auto ab = std::make_shared<dl::AssembledBatch>(
-                 dl::assemble_batch(self.cast<const dl::MultiTaskDataset&>(), std::move(b)));
+             b.samples.push_back(dl::SampleRef{static_cast<std::uint32_t>(t), i});
+             auto ab = std::make_shared<dl::AssembledBatch>(dl::assemble_batch(d, std::move(b)));
              py::list one = sample_tuples(ab, self);
              return one[0];
            },
-           py::arg("task"), py::arg("index"), "(input_tokens, target_tokens) of a sample; views when uncompressed.");
+           py::arg("task"), py::arg("index"),
+           "(input_tokens, target_tokens) of sample `index` of task `task`, numpy arrays of the task's dtype; views "
+           "when uncompressed; target_tokens is empty for a text-only task. IndexError (naming the task, the index "
+           "and the size) when out of range; ValueError for a negative or non-integer argument.");
 }
 
 /// Sampler: global batches as dicts, checkpointable.

@@ -1,5 +1,6 @@
 """The packpipe dataloader from Python, against real Megatron-written files."""
 import json
+import pathlib
 import subprocess
 
 import numpy as np
@@ -294,3 +295,49 @@ def test_tampered_sampler_state_is_refused(tmp_path, megatron):
     dup = a.state()[:-1] + ', "position": 0}'
     with pytest.raises(ValueError, match="duplicate key"):
         packpipe.Sampler(mt, seed=3, global_batch_tokens=400).restore(dup)
+
+
+DEMO = pathlib.Path(__file__).resolve().parents[2] / "data" / "demo"
+
+
+def test_sample_returns_input_and_target_arrays_of_every_task_of_the_demo_manifest():
+    mt = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    assert mt.task_names[-1] == "man_text" and not mt.encoder_decoder(5)  # the text-only task
+    for task in range(mt.num_tasks):
+        inputs, targets = mt.lengths(task)
+        n = mt.task_size(task)
+        for index in (0, n // 2, n - 1, np.int64(n - 1)):
+            inp, tgt = mt.sample(task, index)
+            assert isinstance(inp, np.ndarray) and isinstance(tgt, np.ndarray)
+            assert inp.dtype == tgt.dtype == np.uint16 and inp.ndim == tgt.ndim == 1
+            assert len(inp) == inputs[index] and len(tgt) == targets[index]
+    text = packpipe.IndexedDataset(str(DEMO / "demo_man_text"))
+    inp, tgt = mt.sample(5, 7)
+    assert inp.tolist() == text[7].tolist() and len(inp) > 0
+    assert len(tgt) == 0 and tgt.dtype == np.uint16  # no target part: an empty array, not None
+    define_in = packpipe.IndexedDataset(str(DEMO / "demo_define_inputs_document"))
+    define_tg = packpipe.IndexedDataset(str(DEMO / "demo_define_targets_document"))
+    inp, tgt = mt.sample(0, 3)
+    assert inp.tolist() == define_in[3].tolist() and tgt.tolist() == define_tg[3].tolist()
+
+
+def test_sample_out_of_range_or_bad_arguments_raise_python_errors():
+    mt = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    n = mt.task_size(0)
+    with pytest.raises(IndexError, match=r"sample \(task 6, index 0\): task out of range \(the dataset has 6 tasks\)"):
+        mt.sample(6, 0)
+    with pytest.raises(IndexError, match=rf"sample \(task {2**32}, index 0\): task out of range"):
+        mt.sample(2**32, 0)  # never wrapped to task 0
+    with pytest.raises(IndexError, match=rf"sample \(task 0, index {n}\): index out of range \(task 'define' has {n} "
+                                         r"samples\)"):
+        mt.sample(0, n)
+    with pytest.raises(IndexError, match=r"index out of range \(task 'man_text' has 1424 samples\)"):
+        mt.sample(5, 2**64 - 1)
+    for args, message in [((-1, 0), "task must not be negative, found -1"),
+                          ((0, -1), "index must not be negative, found -1"),
+                          ((0.0, 0), "task must be an integer, found 0.0 of type float"),
+                          ((0, 1.5), "index must be an integer, found 1.5 of type float"),
+                          ((0, "1"), "index must be an integer, found '1' of type str"),
+                          ((0, 2**64), "index must be at most 18446744073709551615")]:
+        with pytest.raises(ValueError, match=message):
+            mt.sample(*args)

@@ -110,7 +110,7 @@ class MultiTaskDataset:
     def lengths(self, task: int) -> Tuple[np.ndarray, np.ndarray]:
         """(input_lengths, target_lengths) of every sample of a task, as uint32 arrays."""
     def sample(self, task: int, index: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(input_tokens, target_tokens) of a sample; views when uncompressed."""
+        """(input_tokens, target_tokens) of a sample (target empty for a text-only task); IndexError out of range."""
 
 class Sampler:
     """Deterministic, resumable multi-task sampler of global batches."""
