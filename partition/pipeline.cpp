@@ -112,7 +112,7 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
     const std::int64_t per = shape.layers_per_stage > 0 ? shape.layers_per_stage : model.num_layers / V;
     PACKPIPE_CHECK_ARG(per >= 1 && (shape.layers_per_stage > 0 || model.num_layers % V == 0),
                        "{} layers of '{}' do not divide into {} virtual stages (stages {} x chunks {}); "
-                       "pass layers_per_stage",
+                       "set layers_per_stage (--layers-per-stage) or an uneven split (stage_layers / --layer-split)",
                        model.num_layers, model.name, V, shape.stages, shape.chunks);
     for (auto& vs : out) vs.layout.encoder_layers = per;
   } else if (V == 1) {
@@ -127,8 +127,8 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
     PACKPIPE_CHECK_ARG(enc >= 1 && dec >= 1 &&
                            (shape.layers_per_stage > 0 ||
                             (model.encoder_layers % half == 0 && model.decoder_layers % half == 0)),
-                       "{} encoder and {} decoder layers of '{}' do not divide into {} stages each; pass "
-                       "layers_per_stage",
+                       "{} encoder and {} decoder layers of '{}' do not divide into {} stages each; set "
+                       "layers_per_stage (--layers-per-stage) or an uneven split (stage_layers / --layer-split)",
                        model.encoder_layers, model.decoder_layers, model.name, half);
     for (std::int64_t v = 0; v < V; ++v) {
       if (v < half) {

@@ -179,7 +179,8 @@ def test_an_error_names_the_iteration_after_every_earlier_one(tmp_path):
 
 def test_arguments_are_checked(gpt, text):
     for kw, msg in [
-        (dict(), "give exactly one of a global batch token budget and a global batch sample count"),
+        (dict(), r"give exactly one of a global batch token budget \(global_batch_tokens / --global-batch-tokens\) "
+                r"and a global batch sample count \(global_batch_samples / --global-batch-samples\)"),
         (dict(global_batch_samples=8, global_batch_tokens=100), "give exactly one of"),
         (dict(global_batch_samples=-8), "global_batch_samples must not be negative"),
         (dict(global_batch_samples=8, threads=-1), "threads must not be negative"),

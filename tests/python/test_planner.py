@@ -112,7 +112,8 @@ def test_plan_batch_refuses_out_of_range_arguments():
         (dict(iteration=2**64), "iteration must be at most"),
         (dict(seed=0.5), "seed must be an integer"),
         (dict(shape=PipelineShape(stages=4, layers_per_stage=1000)), "more than the 32 layers"),
-        (dict(baselines=True, baseline_mbs=[1, -1]), r"baseline micro-batch size -1 \(entry 1 of baseline_mbs\)"),
+        (dict(baselines=True, baseline_mbs=[1, -1]),
+         r"baseline micro-batch size -1 \(entry 1 of baseline_mbs / --baseline-mbs\)"),
         (dict(baselines=True, baseline_mbs=[0]), "baseline micro-batch size 0"),
         (dict(target_lengths=[1, 2]), "target_lengths has 2 entries but input_lengths has 40"),
     ]:
