@@ -35,6 +35,15 @@ pybind11::array owned_array(std::vector<T>&& v, std::vector<pybind11::ssize_t> s
 /// naming `arg`, what was expected and what was found.
 std::vector<std::uint32_t> lengths_arg(const pybind11::object& obj, const char* arg);
 
+/// Integer values in [lo, hi] from a 1-D array of any integer dtype or a sequence, checked as
+/// lengths_arg checks lengths (`what` says what the values are in the dtype message, e.g. "token
+/// counts"): never cast, an error names `arg`, the index, what was expected and what was found.
+std::vector<std::int64_t> integers_arg(const pybind11::object& obj, const char* arg, std::int64_t lo,
+                                       std::int64_t hi, const char* what);
+/// integers_arg for unsigned values in [0, hi] (up to 2^64 - 1: dataset indices).
+std::vector<std::uint64_t> indices_arg(const pybind11::object& obj, const char* arg, std::uint64_t hi,
+                                       const char* what);
+
 /// Values of an array of `ndim` dimensions with a floating or an integer dtype (integers only where
 /// exact in a double: magnitude at most 2^53), or of a sequence numpy converts to one, as doubles in
 /// row-major order with its shape. Throws InvalidArgument naming `arg` for another dtype (bool,

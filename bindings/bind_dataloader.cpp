@@ -1,5 +1,6 @@
 // Python bindings of the dataloader: thin lambdas over the C++ API. Arrays out are zero-copy views
 // whose numpy `base` keeps the owning C++ object alive; arrays in are checked, never cast.
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,14 +103,22 @@ py::dict batch_dict(const dl::GlobalBatch& b) {
   return d;
 }
 
+/// A global batch from a dict of batch_dict's form: 'tasks' and 'indices' (1-D integer arrays or
+/// lists, values checked, never cast) and optionally 'tokens'. Throws InvalidArgument naming the key.
 dl::GlobalBatch batch_from_dict(const py::dict& d) {
-  dl::GlobalBatch b;
-  auto tasks = d["tasks"].cast<py::array_t<std::uint32_t, py::array::c_style>>();
-  auto idx = d["indices"].cast<py::array_t<std::uint64_t, py::array::c_style>>();
+  for (const char* key : {"tasks", "indices"}) {
+    PACKPIPE_CHECK_ARG(d.contains(key), "batch has no '{}' (a dict from Sampler.next_batch has 'tasks' and "
+                       "'indices')", key);
+  }
+  const auto tasks =
+      indices_arg(d["tasks"], "batch['tasks']", std::numeric_limits<std::uint32_t>::max(), "task numbers, uint32");
+  const auto idx =
+      indices_arg(d["indices"], "batch['indices']", std::numeric_limits<std::uint64_t>::max(), "sample indices, uint64");
   PACKPIPE_CHECK_ARG(tasks.size() == idx.size(), "batch 'tasks' ({}) and 'indices' ({}) differ in length",
                      tasks.size(), idx.size());
-  for (py::ssize_t k = 0; k < tasks.size(); ++k) b.samples.push_back({tasks.at(k), idx.at(k)});
-  if (d.contains("tokens")) b.tokens = d["tokens"].cast<std::uint64_t>();
+  dl::GlobalBatch b;
+  for (std::size_t k = 0; k < tasks.size(); ++k) b.samples.push_back({static_cast<std::uint32_t>(tasks[k]), idx[k]});
+  if (d.contains("tokens")) b.tokens = count_arg<std::uint64_t>(d["tokens"], "batch['tokens']");
   return b;
 }
 
@@ -210,26 +219,30 @@ void define_dataset_builder(py::module_& m) {
       .def("end_document", &dl::IndexedDatasetBuilder::end_document)
       .def("add_document",
            [](dl::IndexedDatasetBuilder& self, py::array tokens, py::object lengths, py::object modes) {
-             // Lengths and modes are small index arrays: lists or any integer array are accepted.
-             py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> lens(lengths);
-             PACKPIPE_CHECK_ARG(lens.ndim() == 1, "lengths must be 1-D, found {} dimensions", lens.ndim());
+             // Lengths and modes are small index arrays: lists or any integer array are accepted, their
+             // values checked (sequence lengths are int32 in the index), never cast.
+             const std::vector<std::int64_t> lens = integers_arg(
+                 lengths, "lengths", 0, std::numeric_limits<std::int32_t>::max(), "tokens per sequence");
              std::vector<std::int8_t> mv;
              if (!modes.is_none()) {
-               py::array_t<std::int8_t, py::array::c_style | py::array::forcecast> ma(modes);
-               PACKPIPE_CHECK_ARG(ma.ndim() == 1 && ma.size() == lens.size(),
-                                  "modes must be a 1-D int8 array with one entry per length");
-               mv.assign(ma.data(), ma.data() + ma.size());
+               for (const std::int64_t v : integers_arg(modes, "modes", std::numeric_limits<std::int8_t>::min(),
+                                                        std::numeric_limits<std::int8_t>::max(), "int8 modes")) {
+                 mv.push_back(static_cast<std::int8_t>(v));
+               }
+               PACKPIPE_CHECK_ARG(mv.size() == lens.size(), "modes has {} entries but lengths has {} (one per "
+                                  "sequence)", mv.size(), lens.size());
              }
              check_array(tokens, "tokens", numpy_dtype(self.dtype()));
              std::int64_t total = 0;
-             for (py::ssize_t k = 0; k < lens.size(); ++k) total += lens.at(k);
+             for (const std::int64_t n : lens) total += n;
              PACKPIPE_CHECK_ARG(total == tokens.size(), "lengths sum to {} but tokens has {} entries", total,
                                 tokens.size());
              py::gil_scoped_release release;
-             self.add_document(tokens.data(), lens.data(), static_cast<std::size_t>(lens.size()),
-                               mv.empty() ? nullptr : mv.data());
+             self.add_document(tokens.data(), lens.data(), lens.size(), mv.empty() ? nullptr : mv.data());
            },
-           py::arg("tokens"), py::arg("lengths"), py::arg("modes") = py::none())
+           py::arg("tokens"), py::arg("lengths"), py::arg("modes") = py::none(),
+           "Append a document: sequences of `lengths` tokens (an integer array or list) taken from `tokens` (a 1-D "
+           "array of the builder's dtype), with one mode each (int8 values) or none.")
       .def("add_index", &dl::IndexedDatasetBuilder::add_index, py::arg("prefix"),
            py::call_guard<py::gil_scoped_release>())
       .def("finalize", &dl::IndexedDatasetBuilder::finalize, py::call_guard<py::gil_scoped_release>())
@@ -291,15 +304,21 @@ void define_multitask_dataset(py::module_& m) {
       .def("sample",
            // Returns py::object, not the list's item accessor: an accessor would refer to the
            // temporary list after it is freed.
-           [](py::object self, std::uint32_t task, std::uint64_t index) -> py::object {
+           [](py::object self, const py::object& task, const py::object& index) -> py::object {
+             const auto& d = self.cast<const dl::MultiTaskDataset&>();
+             const auto t = count_arg<std::uint64_t>(task, "task");
+             const auto i = count_arg<std::uint64_t>(index, "index");
+             d.check_sample(t, i);  // IndexError naming both before the task narrows to 32 bits
              dl::GlobalBatch b;
-             b.samples.push_back(dl::SampleRef{task, index});
-             auto ab = std::make_shared<dl::AssembledBatch>(
-                 dl::assemble_batch(self.cast<const dl::MultiTaskDataset&>(), std::move(b)));
+             b.samples.push_back(dl::SampleRef{static_cast<std::uint32_t>(t), i});
+             auto ab = std::make_shared<dl::AssembledBatch>(dl::assemble_batch(d, std::move(b)));
              py::list one = sample_tuples(ab, self);
              return one[0];
            },
-           py::arg("task"), py::arg("index"), "(input_tokens, target_tokens) of a sample; views when uncompressed.");
+           py::arg("task"), py::arg("index"),
+           "(input_tokens, target_tokens) of sample `index` of task `task`, numpy arrays of the task's dtype; views "
+           "when uncompressed; target_tokens is empty for a text-only task. IndexError (naming the task, the index "
+           "and the size) when out of range; ValueError for a negative or non-integer argument.");
 }
 
 /// Sampler: global batches as dicts, checkpointable.

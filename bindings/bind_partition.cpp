@@ -1,7 +1,8 @@
 // Python bindings of the micro-batch partition: the option classes packpipe.PipelineShape and
 // packpipe.PartitionOptions (one spelling per parameter, the CLI's), the results packpipe.Partition
 // and packpipe.MicroBatch (arrays are zero-copy views), packpipe.PartitionCache and
-// packpipe.partition(cost_model, input_lengths, target_lengths, *, shape, options, cache).
+// packpipe.partition(cost_model, input_lengths, target_lengths, *, shape, options, cache) and
+// packpipe.balanced_stage_layers(cost_model, shape, rows, seq, dec_seq).
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
 #include "partition/partition.h"
+#include "planner/planner.h"
 
 namespace py = pybind11;
 
@@ -37,10 +39,30 @@ auto view_of(std::vector<T> Obj::*member) {
   return [member](const py::object& self) { return view_vector(self.cast<const Obj&>().*member, self); };
 }
 
+/// Layers per virtual stage from a sequence of integers (a list, a tuple or a 1-D integer array): each
+/// through count_arg, named "stage_layers[i]"; anything else raises ValueError naming stage_layers.
+std::vector<std::int64_t> stage_layers_arg(const py::object& value) {
+  const bool sequence = py::isinstance<py::sequence>(value) && !py::isinstance<py::str>(value) &&
+                        !py::isinstance<py::bytes>(value);
+  PACKPIPE_CHECK_ARG(sequence, "stage_layers must be a sequence of integers (layers per virtual stage), found {} of "
+                     "type {}", std::string(py::repr(value)),
+                     std::string(py::str(py::type::of(value).attr("__name__"))));
+  const auto seq = py::reinterpret_borrow<py::sequence>(value);
+  std::vector<std::int64_t> out;
+  out.reserve(seq.size());
+  for (std::size_t v = 0; v < seq.size(); ++v) {
+    out.push_back(count_arg<std::int64_t>(seq[v], ("stage_layers[" + std::to_string(v) + "]").c_str()));
+  }
+  return out;
+}
+
+const std::vector<const char*> kShapeFields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"};
+
 void define_shape(py::module_& m) {
   auto cls = py::reinterpret_borrow<ShapeClass>(m.attr("PipelineShape"));
   cls.def(py::init([](const py::object& stages, const py::object& chunks, const py::object& layers_per_stage,
-                      const py::object& dp, const py::object& tp, const py::object& zero, double memory_mb) {
+                      const py::object& dp, const py::object& tp, const py::object& zero, double memory_mb,
+                      const py::object& stage_layers) {
             part::PipelineShape s;
             s.stages = count_arg<std::int64_t>(stages, "stages");
             s.chunks = count_arg<std::int64_t>(chunks, "chunks");
@@ -49,13 +71,15 @@ void define_shape(py::module_& m) {
             s.tp = count_arg<std::int64_t>(tp, "tp");
             s.zero_stage = count_arg<int>(zero, "zero");
             s.memory_limit_mb = memory_mb;
+            s.stage_layers = stage_layers_arg(stage_layers);
             part::check_shape(s);
             return s;
           }),
           py::kw_only(), py::arg("stages") = 1, py::arg("chunks") = 1, py::arg("layers_per_stage") = 0,
           py::arg("dp") = 1, py::arg("tp") = 1, py::arg("zero") = 1, py::arg("memory_mb") = 0.0,
+          py::arg("stage_layers") = py::tuple(),
           "The pipeline of one training job (the CLI's --stages, --chunks, --layers-per-stage, --dp, --tp, --zero, "
-          "--memory-mb). Sizes out of range raise ValueError naming the field.");
+          "--memory-mb, --layer-split). Sizes out of range raise ValueError naming the field.");
   def_field(cls, "stages", &part::PipelineShape::stages, "pipeline ranks", &part::check_shape);
   def_field(cls, "chunks", &part::PipelineShape::chunks, "virtual stages per rank (interleaved schedules)",
             &part::check_shape);
@@ -67,7 +91,30 @@ void define_shape(py::module_& m) {
             &part::check_shape);
   def_field(cls, "memory_mb", &part::PipelineShape::memory_limit_mb,
             "memory limit per device, MB = 1e6 bytes; 0: the device's memory", &part::check_shape);
-  def_value(cls, {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"});
+  cls.def_property(
+      "stage_layers", [](const part::PipelineShape& s) { return s.stage_layers; },
+      [](part::PipelineShape& s, const py::object& value) {
+        part::PipelineShape c = s;
+        c.stage_layers = stage_layers_arg(value);
+        part::check_shape(c);  // on a copy: a refused value leaves the shape as it was
+        s = std::move(c);
+      },
+      "layers of each virtual stage in pipeline order, an uneven split (e.g. balanced_stage_layers()); one entry "
+      "per virtual stage, each at least 1; []: layers_per_stage, or the model's layers split evenly. "
+      "Encoder-decoder models: the first half are encoder stages, the second decoder stages");
+  std::vector<const char*> fields = kShapeFields;
+  fields.push_back("stage_layers");
+  def_value(cls, fields);
+  // The repr round-trips through eval: stage_layers as a list (not "[n items]"), and only when set.
+  cls.attr("__repr__") = py::cpp_function(
+      [](const py::handle& self) {
+        std::string out = record_repr(self, kShapeFields);
+        const auto& layers = self.cast<const part::PipelineShape&>().stage_layers;
+        if (layers.empty()) return out;
+        out.pop_back();
+        return out + ", stage_layers=" + std::string(py::repr(py::cast(layers))) + ")";
+      },
+      py::name("__repr__"), py::is_method(cls));
 }
 
 void define_options(py::module_& m) {
@@ -263,6 +310,23 @@ void define_partition(py::module_& m) {
       "Micro-batches of one global batch: a Partition. input_lengths (and target_lengths for encoder-decoder "
       "models): 1-D integer arrays or lists of tokens per sample. cache: a PartitionCache kept across calls (a "
       "training loop's planner), or None; results never depend on it.");
+  m.def(
+      "balanced_stage_layers",
+      [](const std::shared_ptr<cm::CostModel>& cost, const part::PipelineShape& shape, const py::object& rows,
+         const py::object& seq, const py::object& dec_seq) {
+        PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        const auto r = count_arg<std::int64_t>(rows, "rows");
+        const auto s = count_arg<std::int64_t>(seq, "seq");
+        const auto d = count_arg<std::int64_t>(dec_seq, "dec_seq");
+        py::gil_scoped_release release;
+        return planner::balanced_stage_layers(*cost, shape, r, s, d);
+      },
+      py::arg("cost_model"), py::arg("shape"), py::arg("rows"), py::arg("seq"), py::arg("dec_seq") = 0,
+      "An uneven layer split for PipelineShape.stage_layers (the CLI's --layer-split balanced): the layers of "
+      "each virtual stage of `shape` that balance the stages' forward + backward time of a micro-batch of `rows` "
+      "rows of `seq` tokens (`dec_seq` decoder tokens for encoder-decoder models) on the cost model, the "
+      "embedding counted on the first stage and the LM head on the last. Uses every layer of the model; [] for "
+      "one virtual stage of an encoder-decoder model. ValueError when the model has fewer layers than stages.");
 }
 
 }  // namespace packpipe::bindings

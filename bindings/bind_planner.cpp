@@ -3,8 +3,10 @@
 // PlannedIteration, planned ahead in parallel); results are bound classes (IterationResult,
 // MethodFigures, BaselineGrid) whose plans are packpipe.Plan objects.
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +71,74 @@ planner::PlannerOptions planner_options(const part::PipelineShape& shape, const 
   o.baselines = baselines;
   o.baseline_mbs = baseline_mbs;
   return o;
+}
+
+/// Why `obj` is no refs argument: what plan_batch(refs=) takes and what was found.
+[[noreturn]] void refuse_refs(const std::string& found) {
+  PACKPIPE_THROW(InvalidArgument,
+                 "refs must be a structured array with fields task (uint32) and index (uint64), as "
+                 "PlannedIteration.refs, or a sequence of (task, index) pairs; found {}",
+                 found);
+}
+
+/// Refs from a 1-D structured array with the fields task (uint32) and index (uint64) at any offsets
+/// (PlannedIteration.refs' dtype, or a packed one), read byte-wise: no cast, no alignment assumed.
+std::vector<SampleRef> structured_refs(const py::array& a) {
+  const py::dict fields = a.dtype().attr("fields");
+  const bool ok = fields.size() == 2 && fields.contains("task") && fields.contains("index") &&
+                  fields["task"].cast<py::tuple>()[0].cast<py::dtype>().equal(py::dtype::of<std::uint32_t>()) &&
+                  fields["index"].cast<py::tuple>()[0].cast<py::dtype>().equal(py::dtype::of<std::uint64_t>());
+  if (!ok) refuse_refs(fmt::format("dtype {}", std::string(py::str(a.dtype()))));
+  PACKPIPE_CHECK_ARG(a.ndim() == 1, "refs must be one-dimensional, found {} dimensions", a.ndim());
+  const auto task_at = fields["task"].cast<py::tuple>()[1].cast<std::size_t>();
+  const auto index_at = fields["index"].cast<py::tuple>()[1].cast<std::size_t>();
+  std::vector<SampleRef> out(static_cast<std::size_t>(a.shape(0)));
+  const auto* base = static_cast<const char*>(a.data());
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    const char* row = base + static_cast<py::ssize_t>(k) * a.strides(0);
+    std::memcpy(&out[k].task, row + task_at, sizeof(out[k].task));
+    std::memcpy(&out[k].index, row + index_at, sizeof(out[k].index));
+  }
+  return out;
+}
+
+/// The refs argument of plan_batch: nothing for None; else one SampleRef per sample, from a
+/// structured array (structured_refs) or a sequence of (task, index) pairs of integers (an (n, 2)
+/// integer array too), each value checked (never negative, task below 2^32). Throws InvalidArgument
+/// naming refs, the entry, what was expected and what was found, and when the count is not `samples`.
+std::optional<std::vector<SampleRef>> refs_arg(const py::object& obj, std::size_t samples) {
+  if (obj.is_none()) return std::nullopt;
+  std::vector<SampleRef> out;
+  const bool array = py::isinstance<py::array>(obj);
+  if (array && py::reinterpret_borrow<py::array>(obj).dtype().has_fields()) {
+    out = structured_refs(py::reinterpret_borrow<py::array>(obj));
+  } else {
+    if (array) {
+      const auto a = py::reinterpret_borrow<py::array>(obj);
+      if (a.ndim() != 2 || a.shape(1) != 2) {
+        refuse_refs(fmt::format("an array of dtype {} and shape {}", std::string(py::str(a.dtype())),
+                                std::string(py::str(obj.attr("shape")))));
+      }
+    } else if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj)) {
+      refuse_refs(fmt::format("{} of type {}", std::string(py::repr(obj)),
+                              std::string(py::str(py::type::of(obj).attr("__name__")))));
+    }
+    const auto seq = py::reinterpret_borrow<py::sequence>(obj);
+    out.resize(seq.size());
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      const py::object pair = seq[k];
+      const bool is_pair = py::isinstance<py::sequence>(pair) && !py::isinstance<py::str>(pair) &&
+                           !py::isinstance<py::bytes>(pair) && py::len(pair) == 2;
+      PACKPIPE_CHECK_ARG(is_pair, "refs[{}] must be a (task, index) pair of integers, found {}", k,
+                         std::string(py::repr(pair)));
+      const std::string at = "refs[" + std::to_string(k) + "]";
+      out[k].task = count_arg<std::uint32_t>(pair[py::int_(0)], (at + " task").c_str());
+      out[k].index = count_arg<std::uint64_t>(pair[py::int_(1)], (at + " index").c_str());
+    }
+  }
+  PACKPIPE_CHECK_ARG(out.size() == samples, "refs has {} entries but input_lengths has {} (one (task, index) per "
+                     "sample)", out.size(), samples);
+  return out;
 }
 
 /// A read-only property returning the member `m` of IterationResult by value.
@@ -242,12 +312,13 @@ void define_planner(py::module_& m) {
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
          const std::vector<std::int64_t>& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
-         bool split_backward, const std::string& schedule_family, bool schedule_fallback) {
+         bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         b.loss = lengths_arg(loss_tokens, "loss_tokens");
         PACKPIPE_CHECK_ARG(b.loss.empty() || b.loss.size() == b.input.size(),
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
+        const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
         const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
         const planner::PlannerOptions o =
             planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs, trainer);
@@ -258,7 +329,7 @@ void define_planner(py::module_& m) {
         {
           py::gil_scoped_release release;
           const auto vstages = part::virtual_stages(cost->model(), o.shape);
-          r = planner::plan_iteration(b, nullptr, iter, *cost, vstages, o, use.get());
+          r = planner::plan_iteration(b, sample_refs ? &*sample_refs : nullptr, iter, *cost, vstages, o, use.get());
         }
         return std::make_shared<PyIterationResult>(std::move(r));
       },
@@ -268,9 +339,14 @@ void define_planner(py::module_& m) {
       py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr, py::arg("loss_tokens") = py::none(),
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
+      py::arg("refs") = py::none(),
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
+      "A micro-batch's samples are positions in the input_lengths passed (0 .. len - 1). refs: each sample's "
+      "(task, index) in its dataset, one per input_lengths entry, recorded in Plan.microbatches[m]['refs'] and "
+      "naming samples in errors: a structured array with fields task (u4) and index (u8), as "
+      "PlannedIteration.refs, or a sequence of (task, index) pairs; None: no refs. "
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
       "loss_tokens: per sample, the tokens that carry loss (default: decoder-only n - 1, encoder-decoder the "
       "target); loss: 'all' or 'targets' (recorded in the plans); tied_embedding: the embedding and the LM head "

@@ -284,7 +284,8 @@ part::PipelineShape ShapeArgs::shape(const costmodel::CostModel* cost) const {
       const std::size_t end = std::min(layer_split.find(',', pos), layer_split.size());
       const std::string item = layer_split.substr(pos, end - pos);
       s.stage_layers.push_back(static_cast<std::int64_t>(
-          parse_unsigned_field(item, 1u << 20, fmt::format("--layer-split '{}'", layer_split), "layers of a stage")));
+          parse_unsigned_field(item, part::kMaxStageLayers, fmt::format("--layer-split '{}'", layer_split),
+                               "layers of a stage")));
       pos = end + 1;
     }
   }

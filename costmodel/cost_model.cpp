@@ -12,7 +12,8 @@ StaticMemory static_memory(double params, std::int64_t dp, int zero_stage) {
   PACKPIPE_CHECK_ARG(params >= 0 && std::isfinite(params), "params must be a finite non-negative number, found {}",
                      params);
   PACKPIPE_CHECK_ARG(dp >= 1, "dp (data-parallel size) must be at least 1, found {}", dp);
-  PACKPIPE_CHECK_ARG(zero_stage >= 0 && zero_stage <= 3, "zero stage must be 0, 1, 2 or 3, found {}", zero_stage);
+  PACKPIPE_CHECK_ARG(zero_stage >= 0 && zero_stage <= 3, "ZeRO stage (zero / --zero) must be 0, 1, 2 or 3, found {}",
+                     zero_stage);
   const double n = static_cast<double>(dp);
   StaticMemory s;
   s.params_bytes = 2 * params / (zero_stage >= 3 ? n : 1.0);

@@ -667,7 +667,7 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
                                                       : fmt::format("{}", fmt::join(profile.sources, ", "));
   PACKPIPE_CHECK_ARG(profile.model.empty() || norm(profile.model) == norm(I.model.name),
                      "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
-                     "for, or pass --model {}",
+                     "for, or plan for model '{}' (model / --model)",
                      sources, profile.model, I.model.name, profile.model);
   for (const auto& p : profile.points) {
     PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || I.model.arch == Architecture::EncoderDecoder,

@@ -22,7 +22,10 @@ AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch
   // Copies live in `storage`; moving the outer vector keeps every inner buffer in place, and the
   // reserve avoids even that, so SampleView pointers stay valid as long as the AssembledBatch.
   std::size_t copies = 0;
-  for (const auto& r : refs) copies += dataset.task_compressed(r.task) ? 2 : 0;
+  for (const auto& r : refs) {
+    dataset.check_sample(r.task, r.index);  // an error names the sample, not only its task
+    copies += dataset.task_compressed(r.task) ? 2 : 0;
+  }
   out.storage.reserve(copies);
   for (const auto& r : refs) {
     if (!dataset.task_compressed(r.task)) {

@@ -165,13 +165,17 @@ bool MultiTaskDataset::task_compressed(std::size_t task) const {
   return tasks_[task]->compressed;
 }
 
+void MultiTaskDataset::check_sample(std::size_t task, std::uint64_t index) const {
+  PACKPIPE_CHECK_RANGE(task < tasks_.size(), "sample (task {}, index {}): task out of range (the dataset has {} "
+                       "tasks)", task, index, tasks_.size());
+  const Task& t = *tasks_[task];
+  PACKPIPE_CHECK_RANGE(index < t.size(), "sample (task {}, index {}): index out of range (task '{}' has {} samples)",
+                       task, index, t.name, t.size());
+}
+
 const MultiTaskDataset::Task& MultiTaskDataset::checked(SampleRef ref) const {
-  PACKPIPE_CHECK_RANGE(ref.task < tasks_.size(), "sample ({}, {}): task out of range (expected < {})", ref.task,
-                       ref.index, tasks_.size());
-  const Task& t = *tasks_[ref.task];
-  PACKPIPE_CHECK_RANGE(ref.index < t.size(), "sample ({}, {}): index out of range (task '{}' has {} samples)",
-                       ref.task, ref.index, t.name, t.size());
-  return t;
+  check_sample(ref.task, ref.index);
+  return *tasks_[ref.task];
 }
 
 std::uint32_t MultiTaskDataset::input_length(SampleRef ref) const {

@@ -43,6 +43,9 @@ class MultiTaskDataset : public SampleSource {
   std::uint64_t sample_tokens(std::size_t task, std::uint64_t index) const override;
   /// True if task samples have a target part (paired layouts).
   bool encoder_decoder(std::size_t task) const;
+  /// Throws OutOfRange naming the task, the index and the dataset's task count or the task's sample
+  /// count unless (task, index) is a sample of this dataset.
+  void check_sample(std::size_t task, std::uint64_t index) const;
   /// Input and target token counts of a sample; throws OutOfRange.
   std::uint32_t input_length(SampleRef ref) const;
   std::uint32_t target_length(SampleRef ref) const;

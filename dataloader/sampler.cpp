@@ -251,8 +251,11 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
   for (std::size_t t = 0; t < T; ++t) {
     const std::uint64_t n = source.task_size(t);
     const std::uint64_t k = std::min<std::uint64_t>(n, 256);
+    // floor(j n / k) without a 128-bit product: with n = q k + r, it is j q + floor(j r / k), and
+    // j r < k^2 <= 2^16.
+    const std::uint64_t q = k == 0 ? 0 : n / k, r = k == 0 ? 0 : n % k;
     for (std::uint64_t j = 0; j < k; ++j) {
-      const std::uint64_t i = k == n ? j : static_cast<std::uint64_t>((static_cast<unsigned __int128>(j) * n) / k);
+      const std::uint64_t i = j * q + j * r / k;
       h = combine(h, source.sample_tokens(t, i));
     }
   }

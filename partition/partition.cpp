@@ -58,7 +58,8 @@ namespace {
 
 double resolve_limit(const cm::CostModel& cost, const PipelineShape& shape) {
   const double limit = shape.memory_limit_mb > 0 ? shape.memory_limit_mb : cost.device().memory_gb * 1000.0;
-  PACKPIPE_CHECK_ARG(limit > 0 && std::isfinite(limit), "memory limit must be positive, found {} MB", limit);
+  PACKPIPE_CHECK_ARG(limit > 0 && std::isfinite(limit),
+                     "memory limit (memory_mb / --memory-mb, or the device's) must be positive, found {} MB", limit);
   return limit;
 }
 
@@ -75,7 +76,8 @@ CostBasis resolve_basis(const PartitionOptions& o) {
 
 void check_options(const PartitionOptions& o) {
   PACKPIPE_CHECK_ARG(o.round_multiple >= 1 && o.round_multiple <= kMaxRoundMultiple,
-                     "round_multiple must be in [1, {}], found {}", kMaxRoundMultiple, o.round_multiple);
+                     "the padding multiple (round_multiple / --round-multiple) must be in [1, {}], found {}",
+                     kMaxRoundMultiple, o.round_multiple);
   PACKPIPE_CHECK_ARG(o.decoder_extra_tokens >= 0, "decoder_extra_tokens must be non-negative, found {}",
                      o.decoder_extra_tokens);
   PACKPIPE_CHECK_ARG(o.tau_tolerance >= 0 && o.tau_tolerance < 1, "tau_tolerance must be in [0, 1), found {}",
@@ -83,11 +85,12 @@ void check_options(const PartitionOptions& o) {
   PACKPIPE_CHECK_ARG(o.dynapipe_thin_ms >= 0, "dynapipe_thin_ms must be non-negative, found {}", o.dynapipe_thin_ms);
   PACKPIPE_CHECK_ARG(o.threads >= 0, "threads must be non-negative (0: automatic), found {}", o.threads);
   if (o.method == PartitionMethod::Fixed || o.method == PartitionMethod::Packing) {
-    PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method {} needs microbatch_size >= 1, found {}",
-                       partition_method_name(o.method), o.microbatch_size);
+    PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method '{}' needs a micro-batch size (mbs / --mbs) of at least 1, "
+                       "found {}", partition_method_name(o.method), o.microbatch_size);
   }
   if (o.method == PartitionMethod::Tokens) {
-    PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method tokens needs token_budget >= 1, found {}", o.token_budget);
+    PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method 'tokens' needs a token budget per micro-batch (tokens / --tokens) "
+                       "of at least 1, found {}", o.token_budget);
   }
 }
 
@@ -668,8 +671,8 @@ void check_input_lengths(const std::vector<std::uint32_t>& in, const PartitionOp
 void check_model_state_fits(const cm::CostModel& cost, const PipelineShape& shape,
                             const std::vector<VirtualStage>& vstages, const Coster& coster, double limit_mb) {
   const char* what_helps =
-      "use more pipeline stages, a larger tp, ZeRO stage 1-3 with dp > 1, or a larger memory limit (the oversize "
-      "policy cannot help: no sample fits whatever its length)";
+      "use more pipeline stages, a larger tp, ZeRO stage 1-3 with dp > 1, or a larger memory limit (memory_mb / "
+      "--memory-mb; the oversize policy cannot help: no sample fits whatever its length)";
   if (coster.basis() == CostBasis::DynaPipe) {
     PACKPIPE_CHECK_ARG(coster.dynapipe_available_mb() > 0,
                        "the model state of a pipeline stage needs {:.0f} MB, all of the {} MB memory limit; {}",

@@ -17,26 +17,32 @@ void check_shape(const PipelineShape& shape) {
   size("tp", shape.tp);
   PACKPIPE_CHECK_ARG(shape.layers_per_stage >= 0, "layers_per_stage must not be negative (0: the model's layers / "
                      "(stages x chunks)), found {}", shape.layers_per_stage);
-  PACKPIPE_CHECK_ARG(shape.zero_stage >= 0 && shape.zero_stage <= 3, "zero_stage must be 0-3, found {}",
+  PACKPIPE_CHECK_ARG(shape.zero_stage >= 0 && shape.zero_stage <= 3, "ZeRO stage (zero / --zero) must be 0-3, found {}",
                      shape.zero_stage);
   PACKPIPE_CHECK_ARG(std::isfinite(shape.memory_limit_mb) && shape.memory_limit_mb >= 0 &&
                          shape.memory_limit_mb <= kMaxMemoryLimitMb,
-                     "memory limit must be in [0, {:g}] MB (0: the device's memory), found {} MB", kMaxMemoryLimitMb,
-                     shape.memory_limit_mb);
+                     "memory limit (memory_mb / --memory-mb) must be in [0, {:g}] MB (0: the device's memory), found "
+                     "{} MB",
+                     kMaxMemoryLimitMb, shape.memory_limit_mb);
+  if (shape.stage_layers.empty()) return;
+  PACKPIPE_CHECK_ARG(static_cast<std::int64_t>(shape.stage_layers.size()) == shape.vstages(),
+                     "stage_layers (--layer-split) lists {} stages, the pipeline has {} virtual stages (stages {} x "
+                     "chunks {})",
+                     shape.stage_layers.size(), shape.vstages(), shape.stages, shape.chunks);
+  for (std::size_t v = 0; v < shape.stage_layers.size(); ++v) {
+    PACKPIPE_CHECK_ARG(shape.stage_layers[v] >= 1 && shape.stage_layers[v] <= kMaxStageLayers,
+                       "stage_layers[{}] (--layer-split) must be in [1, {}], found {}", v, kMaxStageLayers,
+                       shape.stage_layers[v]);
+  }
 }
 
 namespace {
 
-// An explicit uneven split: every stage at least one layer, no side more layers than the model has.
+// An explicit uneven split (its count and range checked by check_shape): no side more layers than
+// the model has.
 void apply_stage_layers(const cm::ModelSpec& model, const PipelineShape& shape, std::vector<VirtualStage>& out) {
   const auto V = static_cast<std::int64_t>(out.size());
-  PACKPIPE_CHECK_ARG(static_cast<std::int64_t>(shape.stage_layers.size()) == V,
-                     "stage_layers lists {} stages, the pipeline has {} virtual stages (stages {} x chunks {})",
-                     shape.stage_layers.size(), V, shape.stages, shape.chunks);
-  for (std::size_t v = 0; v < shape.stage_layers.size(); ++v) {
-    PACKPIPE_CHECK_ARG(shape.stage_layers[v] >= 1, "stage_layers[{}] must be at least 1, found {}", v,
-                       shape.stage_layers[v]);
-  }
+  PACKPIPE_ASSERT(static_cast<std::int64_t>(shape.stage_layers.size()) == V);
   const bool encdec = model.arch != cm::Architecture::DecoderOnly;
   PACKPIPE_CHECK_ARG(!encdec || V % 2 == 0, "encoder-decoder model '{}' needs an even number of virtual stages for "
                      "stage_layers, found {}", model.name, V);
@@ -53,8 +59,8 @@ void apply_stage_layers(const cm::ModelSpec& model, const PipelineShape& shape, 
   }
   const std::int64_t enc_max = encdec ? model.encoder_layers : model.num_layers;
   PACKPIPE_CHECK_ARG(enc <= enc_max && dec <= model.decoder_layers,
-                     "stage_layers place {} {} layers{}, more than the {} of '{}'", enc,
-                     encdec ? "encoder" : "", encdec ? fmt::format(" and {} decoder layers", dec) : std::string(),
+                     "stage_layers (--layer-split) place {} {}layers{}, more than the {} of '{}'", enc,
+                     encdec ? "encoder " : "", encdec ? fmt::format(" and {} decoder layers", dec) : std::string(),
                      encdec ? fmt::format("{} encoder and {} decoder layers", model.encoder_layers, model.decoder_layers)
                             : fmt::format("{} layers", model.num_layers),
                      model.name);
@@ -106,7 +112,7 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
     const std::int64_t per = shape.layers_per_stage > 0 ? shape.layers_per_stage : model.num_layers / V;
     PACKPIPE_CHECK_ARG(per >= 1 && (shape.layers_per_stage > 0 || model.num_layers % V == 0),
                        "{} layers of '{}' do not divide into {} virtual stages (stages {} x chunks {}); "
-                       "pass layers_per_stage",
+                       "set layers_per_stage (--layers-per-stage) or an uneven split (stage_layers / --layer-split)",
                        model.num_layers, model.name, V, shape.stages, shape.chunks);
     for (auto& vs : out) vs.layout.encoder_layers = per;
   } else if (V == 1) {
@@ -121,8 +127,8 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
     PACKPIPE_CHECK_ARG(enc >= 1 && dec >= 1 &&
                            (shape.layers_per_stage > 0 ||
                             (model.encoder_layers % half == 0 && model.decoder_layers % half == 0)),
-                       "{} encoder and {} decoder layers of '{}' do not divide into {} stages each; pass "
-                       "layers_per_stage",
+                       "{} encoder and {} decoder layers of '{}' do not divide into {} stages each; set "
+                       "layers_per_stage (--layers-per-stage) or an uneven split (stage_layers / --layer-split)",
                        model.encoder_layers, model.decoder_layers, model.name, half);
     for (std::int64_t v = 0; v < V; ++v) {
       if (v < half) {

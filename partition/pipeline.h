@@ -18,6 +18,9 @@ namespace cm = ::packpipe::costmodel;
 constexpr std::int64_t kMaxPipelineSize = std::int64_t{1} << 16;
 /// Largest memory limit accepted, MB (1 PB per device): keeps every byte count an exact integer.
 constexpr double kMaxMemoryLimitMb = 1e9;
+/// Largest entry of PipelineShape::stage_layers accepted: far above any model, small enough that
+/// their sum never overflows.
+constexpr std::int64_t kMaxStageLayers = std::int64_t{1} << 20;
 
 /// Shape of one training job's pipeline.
 struct PipelineShape {
@@ -56,7 +59,9 @@ std::vector<VirtualStage> virtual_stages(const cm::ModelSpec& model, const Pipel
 
 /// Checks the sizes of `shape` before anything is allocated from them: stages, chunks, dp and tp in
 /// [1, kMaxPipelineSize], layers_per_stage >= 0, zero_stage 0-3, memory_limit_mb finite in [0,
-/// kMaxMemoryLimitMb]. Throws InvalidArgument naming the field, the value and the limit.
+/// kMaxMemoryLimitMb], stage_layers empty or one entry in [1, kMaxStageLayers] per virtual stage
+/// (whether the model has that many layers is virtual_stages' check). Throws InvalidArgument naming
+/// the field (as Python and the CLI spell it), the value and the limit.
 void check_shape(const PipelineShape& shape);
 
 /// Sample lengths of one global batch (tokens): input (encoder, or the whole sample for

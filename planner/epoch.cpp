@@ -112,7 +112,8 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
   PACKPIPE_CHECK_ARG(eo_.threads >= 0 && eo_.threads <= 4096, "threads must be in [0, 4096] (0: every core), found {}",
                      eo_.threads);
   PACKPIPE_CHECK_ARG((spec_.sampler.global_batch_tokens > 0) != (spec_.sampler.global_batch_samples > 0),
-                     "give exactly one of a global batch token budget and a global batch sample count");
+                     "give exactly one of a global batch token budget (global_batch_tokens / --global-batch-tokens) "
+                     "and a global batch sample count (global_batch_samples / --global-batch-samples)");
   encdec_ = cost_.model().arch == cm::Architecture::EncoderDecoder;
   vstages_ = part::virtual_stages(cost_.model(), options_.shape);
   if (options_.task_names.empty()) {

@@ -92,24 +92,27 @@ BaselineGrid baseline_grid(const part::BatchLengths& lengths, const cm::CostMode
 
 void check_planner_options(const PlannerOptions& o) {
   part::check_shape(o.shape);
-  PACKPIPE_CHECK_ARG(pl::is_float(o.dtype), "dtype: activations are fp16, bf16, fp32 or fp64, found {}",
+  PACKPIPE_CHECK_ARG(pl::is_float(o.dtype), "dtype (--dtype): activations are fp16, bf16, fp32 or fp64, found {}",
                      pl::dtype_name(o.dtype));
   for (std::size_t i = 0; i < o.baseline_mbs.size(); ++i) {
     PACKPIPE_CHECK_ARG(o.baseline_mbs[i] >= 1 && o.baseline_mbs[i] <= kMaxBaselineMbs,
-                       "baseline micro-batch size {} (entry {} of baseline_mbs) must be in [1, {}]", o.baseline_mbs[i],
-                       i, kMaxBaselineMbs);
+                       "baseline micro-batch size {} (entry {} of baseline_mbs / --baseline-mbs) must be in [1, {}]",
+                       o.baseline_mbs[i], i, kMaxBaselineMbs);
   }
   if (o.schedule != "search") {
     const sched::ScheduleKind k = sched::schedule_kind_from_name(o.schedule);
     PACKPIPE_CHECK_ARG(o.allow_split_backward || k != sched::ScheduleKind::ZeroBubble,
-                       "schedule 'zero-bubble' splits the backward, which the options forbid (allow split backward, or "
-                       "name another schedule)");
-    PACKPIPE_CHECK_ARG(in_family(k, o.family), "schedule '{}' is not in the required family '{}'", o.schedule,
-                       enum_name(kScheduleFamilyNames, o.family));
+                       "schedule 'zero-bubble' splits the backward, which split_backward=False (--no-split-backward) "
+                       "forbids; allow a split backward or name another schedule");
+    PACKPIPE_CHECK_ARG(in_family(k, o.family),
+                       "schedule '{}' is not in the required family '{}' (schedule_family / --schedule-family)",
+                       o.schedule, enum_name(kScheduleFamilyNames, o.family));
   }
-  PACKPIPE_CHECK_ARG(!allowed_schedules(o).empty(), "no schedule is allowed: the family '{}'{} and the search's "
-                     "candidates leave none", enum_name(kScheduleFamilyNames, o.family),
-                     o.allow_split_backward ? "" : " without split backward");
+  PACKPIPE_CHECK_ARG(!allowed_schedules(o).empty(), "no schedule is allowed: the family '{}' (schedule_family / "
+                     "--schedule-family){} and the search's candidates leave none",
+                     enum_name(kScheduleFamilyNames, o.family),
+                     o.allow_split_backward ? "" : " without a split backward (split_backward=False / "
+                                                   "--no-split-backward)");
 }
 
 double batch_model_flops(const cm::ModelSpec& model, const std::vector<part::VirtualStage>& vstages,
@@ -281,7 +284,7 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   check_planner_options(o);
   PACKPIPE_CHECK_ARG(!o.tied_embedding || cost.model().arch == cm::Architecture::DecoderOnly || vstages.size() == 1,
                      "a tied embedding is supported for decoder-only models (an encoder-decoder model ties three "
-                     "weights across its pipeline); plan without it");
+                     "weights across its pipeline); plan without tied_embedding (--tied-embedding)");
   PACKPIPE_CHECK_ARG(lengths.size() > 0, "iteration {}: the global batch is empty", iteration);
   PACKPIPE_CHECK_ARG(lengths.target.empty() || lengths.target.size() == lengths.input.size(),
                      "iteration {}: {} target lengths for {} input lengths (encoder-decoder batches give one of each "
@@ -348,7 +351,8 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     replica_mbs.push_back(replica_microbatches(split, k));
     const auto& mbs = replica_mbs.back();
     PACKPIPE_CHECK_ARG(!mbs.empty(), "iteration {}: data-parallel replica {} of {} received no micro-batch "
-                                     "({} micro-batches in all); use a larger global batch or a smaller --dp",
+                                     "({} micro-batches in all); use a larger global batch or fewer "
+                                     "data-parallel replicas (dp / --dp)",
                        iteration, k, replicas(split), split.microbatches.size());
     tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
     const sched::SimProblem prob = sched::make_sim_problem(tables.back(), cost, o.shape);
@@ -358,7 +362,8 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
                                                         static_cast<std::int64_t>(mbs.size()), &why);
     if (named && !fits && !o.fallback) {
       PACKPIPE_THROW(InvalidArgument, "iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a fallback to "
-                     "the search, e.g. --schedule-fallback, to plan such iterations with another schedule)",
+                     "the search, schedule_fallback=True / --schedule-fallback, to plan such iterations with another "
+                     "schedule)",
                      iteration, o.schedule, mbs.size(), why);
     }
     if (fits) {

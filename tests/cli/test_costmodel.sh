@@ -64,5 +64,5 @@ expect_error "decoder-only" costmodel query --kind decoder --seq 128 --dec-seq 1
 expect_error "tp (3) must divide" costmodel query --tp 3 --seq 128
 expect_error "--seq" costmodel query --mbs 1
 expect_error "unknown recompute mode" costmodel query --seq 128 --recompute most
-expect_error "zero stage" costmodel query --seq 128 --zero 7
+expect_error "ZeRO stage (zero / --zero)" costmodel query --seq 128 --zero 7
 echo "ok"

@@ -103,7 +103,7 @@ echo "12 x" > "$T/bad.txt"
 if "$BIN" partition "$T/bad.txt" $SHAPE 2> "$T/err.txt"; then fail "bad file accepted"; fi
 grep -q "bad.txt:1" "$T/err.txt" || fail "bad file message"
 if "$BIN" partition "$T/gpt.txt" $SHAPE --method fixed 2> "$T/err.txt"; then fail "fixed without --mbs"; fi
-grep -q "microbatch_size" "$T/err.txt" || fail "fixed message"
+grep -q -- "needs a micro-batch size (mbs / --mbs)" "$T/err.txt" || fail "fixed message"
 # Lengths files (item 7): the shared reader refuses what it cannot read, at its line; nothing is
 # dropped silently (3 lines with one overflowing used to give 2 samples and rc 0).
 err() {  # err PATTERN ARGS...: the command fails and its message has PATTERN

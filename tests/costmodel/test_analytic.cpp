@@ -220,7 +220,8 @@ TEST_CASE("static memory: 16 bytes per parameter divided by dp per ZeRO stage", 
   CHECK(static_memory(p, 1, 3).total() == Approx(z0.total()));
   REQUIRE_THROWS_AS(static_memory(p, 0, 0), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(static_memory(p, 0, 0), Catch::Matchers::Contains("dp"));
-  REQUIRE_THROWS_WITH(static_memory(p, 2, 4), Catch::Matchers::Contains("zero stage"));
+  REQUIRE_THROWS_WITH(static_memory(p, 2, 4),
+                      Catch::Matchers::Contains("ZeRO stage (zero / --zero) must be 0, 1, 2 or 3"));
 }
 
 TEST_CASE("stage composition sums layers and includes embedding and head where they live", "[interface]") {

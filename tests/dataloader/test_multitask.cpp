@@ -103,6 +103,17 @@ TEST_CASE("from_prefix: one sequence task over the GPT fixture, lengths from the
   REQUIRE_THROWS_AS(ds.view(SampleRef{0, 64}), packpipe::OutOfRange);
   REQUIRE_THROWS_AS(ds.view(SampleRef{1, 0}), packpipe::OutOfRange);
   REQUIRE_THROWS_AS(ds.task_size(1), packpipe::OutOfRange);
+  // The errors name the sample (task and index) and the size it is out of.
+  ds.check_sample(0, 63);
+  REQUIRE_THROWS_WITH(ds.check_sample(0, 64),
+                      Catch::Matchers::Contains("sample (task 0, index 64): index out of range (task "
+                                                "'wordnet_gpt2_text_document' has 64 samples)"));
+  REQUIRE_THROWS_WITH(ds.check_sample(std::size_t{1} << 32, 3),
+                      Catch::Matchers::Contains("sample (task 4294967296, index 3): task out of range (the dataset "
+                                                "has 1 tasks)"));
+  GlobalBatch b;
+  b.samples = {SampleRef{0, 1}, SampleRef{2, 5}};
+  REQUIRE_THROWS_WITH(assemble_batch(ds, b), Catch::Matchers::Contains("sample (task 2, index 5): task out of range"));
 }
 
 TEST_CASE("paired prefixes pair document i of inputs with document i of targets (DynaPipe fixture)",

@@ -376,10 +376,12 @@ TEST_CASE("invalid options and mismatched batches are refused", "[negative]") {
   b.input = {10, 20};
   PartitionOptions o = opts(PartitionMethod::Fixed);
   o.microbatch_size = 0;
-  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o), Catch::Matchers::Contains("microbatch_size"));
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o),
+                      Catch::Matchers::Contains("method 'fixed' needs a micro-batch size (mbs / --mbs) of at least 1"));
   o = opts(PartitionMethod::Tokens);
   o.token_budget = 0;
-  REQUIRE_THROWS_AS(partition(b, gpt(), gpt_shape(), o), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o),
+                      Catch::Matchers::Contains("needs a token budget per micro-batch (tokens / --tokens)"));
   o = opts(PartitionMethod::DP);
   REQUIRE_THROWS_WITH(partition(b, t5(), t5_shape(), o), Catch::Matchers::Contains("target lengths"));
   b.input = {10, 0};
@@ -775,10 +777,11 @@ TEST_CASE("partition options and shape are bounded before anything is sized from
   b.input = {100, 300};
   PartitionOptions o = opts(PartitionMethod::DP);
   o.round_multiple = std::int64_t{1} << 62;  // padded lengths would overflow
-  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o), Contains("round_multiple must be in [1, 65536]"));
+  REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o),
+                      Contains("(round_multiple / --round-multiple) must be in [1, 65536]"));
   o.round_multiple = 8;
   PipelineShape s = gpt_shape();
   const auto vs = virtual_stages(gpt().model(), s);
   s.memory_limit_mb = 1e300;  // given virtual stages do not skip the shape's checks
-  REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit must be in"));
+  REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit (memory_mb / --memory-mb) must be in"));
 }

@@ -78,12 +78,26 @@ TEST_CASE("virtual stages: sizes are bounded and never plan more layers than the
   s.tp = 1;
   for (double bad : {-1.0, 1e300, std::nan(""), HUGE_VAL}) {
     s.memory_limit_mb = bad;
-    REQUIRE_THROWS_WITH(virtual_stages(m, s), Contains("memory limit must be in"));
+    REQUIRE_THROWS_WITH(virtual_stages(m, s), Contains("memory limit (memory_mb / --memory-mb) must be in"));
   }
   s.memory_limit_mb = 0;
   s.zero_stage = 4;
-  REQUIRE_THROWS_WITH(virtual_stages(m, s), Contains("zero_stage must be 0-3"));
+  REQUIRE_THROWS_WITH(virtual_stages(m, s), Contains("ZeRO stage (zero / --zero) must be 0-3, found 4"));
   s.zero_stage = 1;
+  // stage_layers: one entry per virtual stage, each in [1, kMaxStageLayers], before the model is looked at.
+  s.stage_layers = {8, 8, 8};
+  REQUIRE_THROWS_WITH(check_shape(s), Contains("stage_layers (--layer-split) lists 3 stages, the pipeline has 4"));
+  s.stage_layers = {8, 8, 0, 16};
+  REQUIRE_THROWS_WITH(check_shape(s), Contains("stage_layers[2] (--layer-split) must be in [1, 1048576], found 0"));
+  s.stage_layers = {1, 1, 1, kMaxStageLayers + 1};
+  REQUIRE_THROWS_WITH(check_shape(s), Contains("stage_layers[3] (--layer-split) must be in"));
+  s.stage_layers = {kMaxStageLayers, kMaxStageLayers, kMaxStageLayers, kMaxStageLayers};
+  check_shape(s);  // in range; the model's layers are virtual_stages' check
+  REQUIRE_THROWS_WITH(virtual_stages(m, s), Contains("more than the 32 layers"));
+  s.stage_layers = {5, 11, 10, 6};
+  const auto uneven = virtual_stages(m, s);
+  for (std::size_t v = 0; v < 4; ++v) CHECK(uneven[v].layout.encoder_layers == s.stage_layers[v]);
+  s.stage_layers.clear();
   // Encoder-decoder: each half against its side's layers.
   PipelineShape e;
   e.stages = 4;

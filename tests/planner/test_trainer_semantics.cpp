@@ -190,7 +190,8 @@ TEST_CASE("trainer plans: balanced layer splits weigh the embedding and the head
   const IterationResult r = plan_iteration(batch(20, 5, false), nullptr, 0, gpt, vs, o);
   for (std::size_t v = 0; v < 4; ++v) CHECK(r.plans.front().stages[v].encoder_layers == split[v]);
   shape.stage_layers = {5, 5, 5};
-  REQUIRE_THROWS_WITH(part::virtual_stages(gpt.model(), shape), Catch::Matchers::Contains("stage_layers lists 3 stages"));
+  REQUIRE_THROWS_WITH(part::virtual_stages(gpt.model(), shape),
+                      Catch::Matchers::Contains("stage_layers (--layer-split) lists 3 stages"));
   shape.stage_layers = {20, 20, 1, 1};
   REQUIRE_THROWS_WITH(part::virtual_stages(gpt.model(), shape), Catch::Matchers::Contains("more than the 24 layers"));
 }

@@ -46,7 +46,7 @@ def test_one_argument_order_across_the_entry_points():
 
 def test_one_spelling_of_each_parameter():
     """zero (not zero_stage), memory_mb, mbs, tokens, cost_basis: the CLI's names, on the option classes."""
-    shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb"}
+    shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb", "stage_layers"}
     option_fields = {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
                      "pack_windows", "threads"}
     assert set(parameters(_core.PipelineShape.__init__)) - {"self"} == shape_fields
@@ -118,3 +118,47 @@ def test_the_wrapped_functions_keep_their_names_and_docs():
         fn = getattr(packpipe, name)
         assert fn.__name__ == name and fn.__doc__ == getattr(_core, name).__doc__
         assert inspect.unwrap(fn) is getattr(_core, name)
+
+
+CPP_SPELLINGS = re.compile(r"zero_stage|microbatch_size|token_budget|memory_limit_mb|allow_split_backward|"
+                           r"options forbid")
+
+
+def _t5():
+    return packpipe.CostModel("t5-770m", "A100-40GB")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], options=packpipe.PartitionOptions(method="packing")),
+     r"method 'packing' needs a micro-batch size \(mbs / --mbs\) of at least 1, found 0"),
+    (lambda: packpipe.partition(gpt(), [100, 200], options=packpipe.PartitionOptions(method="tokens")),
+     r"method 'tokens' needs a token budget per micro-batch \(tokens / --tokens\) of at least 1, found 0"),
+    (lambda: packpipe.partition(gpt(), [100], options=packpipe.PartitionOptions(round_multiple=0)),
+     r"\(round_multiple / --round-multiple\) must be in \[1, 65536\], found 0"),
+    (lambda: packpipe.PipelineShape(zero=4), r"ZeRO stage \(zero / --zero\) must be 0-3, found 4"),
+    (lambda: packpipe.PipelineShape(memory_mb=-1.0), r"memory limit \(memory_mb / --memory-mb\) must be in"),
+    (lambda: packpipe.static_memory(1e9, zero=4), r"ZeRO stage \(zero / --zero\) must be 0, 1, 2 or 3, found 4"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], shape=packpipe.PipelineShape(stages=5)),
+     r"do not divide into 5 virtual stages .*set layers_per_stage \(--layers-per-stage\) or an uneven split "
+     r"\(stage_layers / --layer-split\)"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], shape=packpipe.PipelineShape(stages=4, dp=4)),
+     r"received no micro-batch .*fewer data-parallel replicas \(dp / --dp\)"),
+    (lambda: packpipe.plan_batch(gpt(), [100] * 5, shape=packpipe.PipelineShape(stages=4, chunks=2),
+                                 schedule="interleaved-1f1b"),
+     r"allow a fallback to the search, schedule_fallback=True / --schedule-fallback"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], schedule="zero-bubble", split_backward=False),
+     r"which split_backward=False \(--no-split-backward\) forbids"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], schedule="gpipe", schedule_family="1f1b"),
+     r"not in the required family '1f1b' \(schedule_family / --schedule-family\)"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], baselines=True, baseline_mbs=[0]),
+     r"\(entry 0 of baseline_mbs / --baseline-mbs\)"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], dtype="int32"), r"dtype \(--dtype\): activations are"),
+    (lambda: packpipe.plan_batch(_t5(), [100, 200], [10, 20], tied_embedding=True),
+     r"plan without tied_embedding \(--tied-embedding\)"),
+    (lambda: packpipe.plan_batch(gpt(), [100, 200], shape=packpipe.PipelineShape(stages=4, memory_mb=1000)),
+     r"or a larger memory limit \(memory_mb / --memory-mb;"),
+])
+def test_messages_name_what_to_set_as_python_and_the_cli_spell_it(call, message):
+    with pytest.raises(ValueError, match=message) as e:
+        call()
+    assert not CPP_SPELLINGS.search(str(e.value)), str(e.value)

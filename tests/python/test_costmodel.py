@@ -62,5 +62,5 @@ def test_bad_input_names_the_argument():
         cm.query(seq=128, recompute="most")
     with pytest.raises(ValueError, match="unknown model 'gpt-99b'"):
         packpipe.CostModel("gpt-99b")
-    with pytest.raises(ValueError, match="zero stage"):
+    with pytest.raises(ValueError, match=r"ZeRO stage \(zero / --zero\)"):
         packpipe.static_memory(1e9, 2, 5)

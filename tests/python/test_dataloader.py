@@ -1,5 +1,6 @@
 """The packpipe dataloader from Python, against real Megatron-written files."""
 import json
+import pathlib
 import subprocess
 
 import numpy as np
@@ -81,6 +82,50 @@ def test_builder_rejects_wrong_dtype_without_casting(tmp_path):
         b.add_item(np.array([1, 2, 3], dtype=np.int64))
     with pytest.raises(ValueError, match="1-D"):
         b.add_item(np.zeros((2, 2), dtype=np.uint16))
+
+
+@pytest.mark.parametrize("lengths, modes, message", [
+    (np.array([2.0, 3.0]), None, r"lengths must have an integer dtype \(tokens per sequence\), found float64"),
+    ([2.5, 2.5], None, r"lengths must have an integer dtype \(tokens per sequence\), found float64"),
+    (np.array([2, 3], dtype=">i8"), None, "lengths must have an integer dtype in native byte order, found >i8"),
+    ([2, -3], None, r"lengths\[1\] = -3 is out of range \[0, 2147483647\]"),
+    (np.array([[2, 3]]), None, "lengths must be one-dimensional, found 2 dimensions"),
+    ([2, 3], np.array([0.0, 1.0]), r"modes must have an integer dtype \(int8 modes\), found float64"),
+    ([2, 3], [True, False], r"modes must have an integer dtype \(int8 modes\), found bool"),
+    ([2, 3], [0, 300], r"modes\[1\] = 300 is out of range \[-128, 127\]"),
+    ([2, 3], [0], r"modes has 1 entries but lengths has 2"),
+])
+def test_builder_add_document_checks_lengths_and_modes_without_casting(tmp_path, lengths, modes, message):
+    b = packpipe.IndexedDatasetBuilder(str(tmp_path / "x"), np.uint16, multimodal=True)
+    with pytest.raises(ValueError, match=message):
+        b.add_document(np.arange(5, dtype=np.uint16), lengths, modes=modes)
+    # Any integer dtype (or a list) whose values fit is read exactly.
+    b.add_document(np.arange(5, dtype=np.uint16), np.array([2, 3], dtype=np.uint8), modes=np.array([0, 1]))
+    b.add_document(np.arange(5, dtype=np.uint16), [2, 3], modes=[1, 0])
+    b.finalize()
+    ds = packpipe.IndexedDataset(str(tmp_path / "x"))
+    assert [x.tolist() for x in ds[0:4]] == [[0, 1], [2, 3, 4], [0, 1], [2, 3, 4]]
+    assert ds.modes.tolist() == [0, 1, 1, 0]
+
+
+def test_shard_batch_checks_the_batch_dict_without_casting(tmp_path, megatron):
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    b = packpipe.Sampler(mt, seed=1, global_batch_samples=8).next_batch()
+    same = packpipe.shard_batch(dict(b, tasks=b["tasks"].tolist(), indices=b["indices"].astype(np.int64)), mt, 0, 1)
+    assert same["tasks"].tolist() == b["tasks"].tolist() and same["indices"].tolist() == b["indices"].tolist()
+    for bad, message in [
+        (dict(b, tasks=b["tasks"].astype(np.float64)),
+         r"batch\['tasks'\] must have an integer dtype \(task numbers, uint32\), found float64"),
+        (dict(b, indices=b["indices"].astype(np.float32)),
+         r"batch\['indices'\] must have an integer dtype \(sample indices, uint64\), found float32"),
+        (dict(b, indices=[-1] * 8), r"batch\['indices'\]\[0\] = -1 is out of range \[0, 18446744073709551615\]"),
+        (dict(b, tasks=[2**32] * 8), r"batch\['tasks'\]\[0\] = 4294967296 is out of range \[0, 4294967295\]"),
+        (dict(b, tasks=b["tasks"][:3]), r"batch 'tasks' \(3\) and 'indices' \(8\) differ in length"),
+        (dict(b, tokens=-1), r"batch\['tokens'\] must not be negative, found -1"),
+        ({"tasks": b["tasks"]}, "batch has no 'indices'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            packpipe.shard_batch(bad, mt, 0, 1)
 
 
 def test_errors_map_to_python_exceptions(tmp_path, megatron):
@@ -250,3 +295,49 @@ def test_tampered_sampler_state_is_refused(tmp_path, megatron):
     dup = a.state()[:-1] + ', "position": 0}'
     with pytest.raises(ValueError, match="duplicate key"):
         packpipe.Sampler(mt, seed=3, global_batch_tokens=400).restore(dup)
+
+
+DEMO = pathlib.Path(__file__).resolve().parents[2] / "data" / "demo"
+
+
+def test_sample_returns_input_and_target_arrays_of_every_task_of_the_demo_manifest():
+    mt = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    assert mt.task_names[-1] == "man_text" and not mt.encoder_decoder(5)  # the text-only task
+    for task in range(mt.num_tasks):
+        inputs, targets = mt.lengths(task)
+        n = mt.task_size(task)
+        for index in (0, n // 2, n - 1, np.int64(n - 1)):
+            inp, tgt = mt.sample(task, index)
+            assert isinstance(inp, np.ndarray) and isinstance(tgt, np.ndarray)
+            assert inp.dtype == tgt.dtype == np.uint16 and inp.ndim == tgt.ndim == 1
+            assert len(inp) == inputs[index] and len(tgt) == targets[index]
+    text = packpipe.IndexedDataset(str(DEMO / "demo_man_text"))
+    inp, tgt = mt.sample(5, 7)
+    assert inp.tolist() == text[7].tolist() and len(inp) > 0
+    assert len(tgt) == 0 and tgt.dtype == np.uint16  # no target part: an empty array, not None
+    define_in = packpipe.IndexedDataset(str(DEMO / "demo_define_inputs_document"))
+    define_tg = packpipe.IndexedDataset(str(DEMO / "demo_define_targets_document"))
+    inp, tgt = mt.sample(0, 3)
+    assert inp.tolist() == define_in[3].tolist() and tgt.tolist() == define_tg[3].tolist()
+
+
+def test_sample_out_of_range_or_bad_arguments_raise_python_errors():
+    mt = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    n = mt.task_size(0)
+    with pytest.raises(IndexError, match=r"sample \(task 6, index 0\): task out of range \(the dataset has 6 tasks\)"):
+        mt.sample(6, 0)
+    with pytest.raises(IndexError, match=rf"sample \(task {2**32}, index 0\): task out of range"):
+        mt.sample(2**32, 0)  # never wrapped to task 0
+    with pytest.raises(IndexError, match=rf"sample \(task 0, index {n}\): index out of range \(task 'define' has {n} "
+                                         r"samples\)"):
+        mt.sample(0, n)
+    with pytest.raises(IndexError, match=r"index out of range \(task 'man_text' has 1424 samples\)"):
+        mt.sample(5, 2**64 - 1)
+    for args, message in [((-1, 0), "task must not be negative, found -1"),
+                          ((0, -1), "index must not be negative, found -1"),
+                          ((0.0, 0), "task must be an integer, found 0.0 of type float"),
+                          ((0, 1.5), "index must be an integer, found 1.5 of type float"),
+                          ((0, "1"), "index must be an integer, found '1' of type str"),
+                          ((0, 2**64), "index must be at most 18446744073709551615")]:
+        with pytest.raises(ValueError, match=message):
+            mt.sample(*args)

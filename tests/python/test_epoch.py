@@ -79,7 +79,20 @@ def test_equals_plan_batch_for_the_same_iteration(gpt, text):
         assert [without_refs(p) for p in b.plans] == [without_refs(p) for p in it.result.plans]
         assert b.packpipe.iteration_ms == it.result.packpipe.iteration_ms
         assert b.partition.objective_ms == it.result.partition.objective_ms
+        # With the iteration's refs, plan_batch gives the same plans, refs included.
+        named = packpipe.plan_batch(gpt, it.input_lengths, it.target_lengths, shape=SHAPE, options=opts, seed=3,
+                                    iteration=it.iteration, refs=it.refs)
+        assert [json.loads(p.to_json()) for p in named.plans] == [json.loads(p.to_json()) for p in it.result.plans]
     assert it.iteration == 2
+
+
+def test_follows_shape_stage_layers(gpt, text):
+    split = packpipe.balanced_stage_layers(gpt, SHAPE, 1, 512)  # gpt-1.3b: 24 layers
+    shape = PipelineShape(stages=4, memory_mb=36000, stage_layers=split)
+    ends = np.cumsum(split).tolist()
+    for it in packpipe.plan_epoch(gpt, text, shape=shape, global_batch_samples=16, iterations=2):
+        for plan in it.result.plans:
+            assert [st["encoder_layers"] for st in plan.stages] == [(e - n, e) for e, n in zip(ends, split)]
 
 
 def test_encoder_decoder_manifest(tmp_path, megatron):
@@ -166,7 +179,8 @@ def test_an_error_names_the_iteration_after_every_earlier_one(tmp_path):
 
 def test_arguments_are_checked(gpt, text):
     for kw, msg in [
-        (dict(), "give exactly one of a global batch token budget and a global batch sample count"),
+        (dict(), r"give exactly one of a global batch token budget \(global_batch_tokens / --global-batch-tokens\) "
+                r"and a global batch sample count \(global_batch_samples / --global-batch-samples\)"),
         (dict(global_batch_samples=8, global_batch_tokens=100), "give exactly one of"),
         (dict(global_batch_samples=-8), "global_batch_samples must not be negative"),
         (dict(global_batch_samples=8, threads=-1), "threads must not be negative"),

@@ -40,10 +40,10 @@ def test_shape_repr_round_trips_and_equality():
     ("chunks", 2**40, r"chunks must be in \[1, 65536\]"),
     ("dp", 0, r"dp must be in \[1, 65536\]"),
     ("tp", 2**17, r"tp must be in \[1, 65536\]"),
-    ("zero", 4, "zero_stage must be 0-3, found 4"),
-    ("memory_mb", 1e300, "memory limit must be in"),
-    ("memory_mb", float("nan"), "memory limit must be in"),
-    ("memory_mb", -1.0, "memory limit must be in"),
+    ("zero", 4, r"ZeRO stage \(zero / --zero\) must be 0-3, found 4"),
+    ("memory_mb", 1e300, r"memory limit \(memory_mb / --memory-mb\) must be in"),
+    ("memory_mb", float("nan"), r"memory limit \(memory_mb / --memory-mb\) must be in"),
+    ("memory_mb", -1.0, r"memory limit \(memory_mb / --memory-mb\) must be in"),
     ("stages", -1, "stages must not be negative, found -1"),
     ("layers_per_stage", -2, "layers_per_stage must not be negative, found -2"),
     ("zero", -1, "zero must not be negative"),
@@ -57,6 +57,43 @@ def test_shape_bad_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         setattr(s, field, value)
     assert s == PipelineShape(stages=2)  # a refused value leaves the object as it was
+
+
+def test_shape_stage_layers_keyword_property_and_value_semantics():
+    s = PipelineShape(stages=2, chunks=2)
+    assert s.stage_layers == []
+    u = PipelineShape(stages=2, chunks=2, stage_layers=[9, 7, 7, 9])
+    assert u.stage_layers == [9, 7, 7, 9] and u != s
+    assert repr(u) == ("PipelineShape(stages=2, chunks=2, layers_per_stage=0, dp=1, tp=1, zero=1, memory_mb=0.0, "
+                       "stage_layers=[9, 7, 7, 9])")
+    assert eval(repr(u), {"PipelineShape": PipelineShape}) == u
+    c = copy.copy(u)
+    c.stage_layers = np.array([8, 8, 8, 8], dtype=np.int64)  # any integer sequence; stored as a list
+    assert c.stage_layers == [8, 8, 8, 8] and u.stage_layers == [9, 7, 7, 9] and copy.deepcopy(u) == u
+    c.stage_layers = ()
+    assert c == s
+    with pytest.raises(ValueError, match=r"stage_layers \(--layer-split\) lists 4 stages, the pipeline has 2 virtual "
+                                         r"stages \(stages 2 x chunks 1\)"):
+        u.chunks = 1  # the split no longer matches: clear it (or set a new one) first
+    assert u.chunks == 2
+
+
+@pytest.mark.parametrize("value, message", [
+    ([8, 8, 8], r"stage_layers \(--layer-split\) lists 3 stages, the pipeline has 4 virtual stages"),
+    ([8, 0, 8, 8], r"stage_layers\[1\] \(--layer-split\) must be in \[1, 1048576\], found 0"),
+    ([8, 8, 8, 2**21], r"stage_layers\[3\] \(--layer-split\) must be in \[1, 1048576\], found 2097152"),
+    ([8, -1, 8, 8], r"stage_layers\[1\] must not be negative, found -1"),
+    ([8, 8, 1.5, 8], r"stage_layers\[2\] must be an integer, found 1.5 of type float"),
+    ("8888", "stage_layers must be a sequence of integers .*found '8888' of type str"),
+    (8, "stage_layers must be a sequence of integers .*found 8 of type int"),
+])
+def test_shape_bad_stage_layers_name_the_entry(value, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineShape(stages=4, stage_layers=value)
+    s = PipelineShape(stages=4, stage_layers=[5, 11, 10, 6])
+    with pytest.raises(ValueError, match=message):
+        s.stage_layers = value
+    assert s == PipelineShape(stages=4, stage_layers=[5, 11, 10, 6])  # a refused value leaves the shape as it was
 
 
 def test_options_defaults_keywords_and_properties():

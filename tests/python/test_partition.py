@@ -162,12 +162,12 @@ def test_arguments_out_of_range_raise_value_error():
     x = lengths(20, 3, cap=512)
     cm = gpt()
     for shape, options, msg in [
-        (dict(), dict(method="tokens"), "method tokens needs token_budget >= 1"),
-        (dict(), dict(method="fixed"), "method fixed needs microbatch_size >= 1"),
+        (dict(), dict(method="tokens"), r"method 'tokens' needs a token budget per micro-batch \(tokens / --tokens\)"),
+        (dict(), dict(method="fixed"), r"method 'fixed' needs a micro-batch size \(mbs / --mbs\) of at least 1"),
         (dict(stages=4, layers_per_stage=1000), dict(), "= 4000 layers, more than the 32 layers of 'gpt-6.7b'"),
         (dict(stages=64), dict(), "64 virtual stages exceed the 32 layers"),
         (dict(tp=3), dict(), "tp 3 must divide the attention heads"),
-        (dict(), dict(round_multiple=2**62), r"round_multiple must be in \[1, 65536\]"),
+        (dict(), dict(round_multiple=2**62), r"\(round_multiple / --round-multiple\) must be in \[1, 65536\]"),
     ]:
         with pytest.raises(ValueError, match=msg):
             packpipe.partition(cm, x, shape=PipelineShape(**shape), options=PartitionOptions(**options))

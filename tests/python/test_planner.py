@@ -112,7 +112,8 @@ def test_plan_batch_refuses_out_of_range_arguments():
         (dict(iteration=2**64), "iteration must be at most"),
         (dict(seed=0.5), "seed must be an integer"),
         (dict(shape=PipelineShape(stages=4, layers_per_stage=1000)), "more than the 32 layers"),
-        (dict(baselines=True, baseline_mbs=[1, -1]), r"baseline micro-batch size -1 \(entry 1 of baseline_mbs\)"),
+        (dict(baselines=True, baseline_mbs=[1, -1]),
+         r"baseline micro-batch size -1 \(entry 1 of baseline_mbs / --baseline-mbs\)"),
         (dict(baselines=True, baseline_mbs=[0]), "baseline micro-batch size 0"),
         (dict(target_lengths=[1, 2]), "target_lengths has 2 entries but input_lengths has 40"),
     ]:
@@ -141,3 +142,94 @@ def test_plan_batch_oversize_policy():
     assert list(t.partition.truncated) == [2]
     assert sum(mb["loss_weight"] for p in t.plans for mb in p.microbatches) == pytest.approx(1.0)
 
+
+
+def layer_ranges(split):
+    """(begin, end) of each virtual stage's layers for the split `split`."""
+    ends = np.cumsum(split).tolist()
+    return [(e - n, e) for e, n in zip(ends, split)]
+
+
+def test_balanced_stage_layers_and_plans_that_follow_shape_stage_layers():
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")  # 24 layers
+    split = packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), 1, 2048)
+    assert isinstance(split, list) and len(split) == 4 and sum(split) == 24 and min(split) >= 1
+    assert split[-1] < split[1]  # the LM head's stage holds fewer layers
+    assert packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), rows=1, seq=2048, dec_seq=0) == split
+    lengths = _lengths(60, 5)
+    for layers in (split, [5, 8, 7, 4]):
+        shape = PipelineShape(stages=4, stage_layers=layers)
+        r = packpipe.plan_batch(cm, lengths, shape=shape, validate=True)
+        for plan in r.plans:
+            assert [st["encoder_layers"] for st in plan.stages] == layer_ranges(layers)
+            assert plan.stages[0]["embedding"] and plan.stages[-1]["head"]
+    even = packpipe.plan_batch(cm, lengths, shape=PipelineShape(stages=4))
+    assert [st["encoder_layers"] for st in even.plans[0].stages] == layer_ranges([6, 6, 6, 6])
+    with pytest.raises(ValueError, match=r"stage_layers \(--layer-split\) place 28 layers, more than the 24 layers"):
+        packpipe.plan_batch(cm, lengths, shape=PipelineShape(stages=4, stage_layers=[7, 7, 7, 7]))
+    with pytest.raises(ValueError, match="rows must not be negative"):
+        packpipe.balanced_stage_layers(cm, PipelineShape(stages=4), -1, 2048)
+    with pytest.raises(ValueError, match="24 layers cannot fill 32 stages"):
+        packpipe.balanced_stage_layers(cm, PipelineShape(stages=32), 1, 2048)
+    t5 = packpipe.CostModel("t5-770m", "A100-80GB")  # 24 encoder and 24 decoder layers
+    enc_dec = packpipe.balanced_stage_layers(t5, PipelineShape(stages=4), 2, 512, 128)
+    assert len(enc_dec) == 4 and sum(enc_dec[:2]) == 24 and sum(enc_dec[2:]) == 24
+    assert packpipe.balanced_stage_layers(t5, PipelineShape(), 2, 512, 128) == []
+
+
+REF_DTYPE = np.dtype({"names": ["task", "index"], "formats": ["<u4", "<u8"], "offsets": [0, 8], "itemsize": 16})
+
+
+def test_plan_batch_records_refs_given_as_an_array_or_pairs():
+    """refs name each sample (a position in input_lengths) as (task, index) in the plans' micro-batches."""
+    lengths = _lengths(40, 7)
+    shape = PipelineShape(stages=4, layers_per_stage=4, dp=2)
+    pairs = [(k % 3, 1000 + 7 * k) for k in range(40)]
+    pairs[5] = (2**32 - 1, 2**64 - 1)  # the largest task and index
+    refs = np.array(pairs, dtype=REF_DTYPE)  # PlannedIteration.refs' dtype
+    r = packpipe.plan_batch(gpt(), lengths, shape=shape, refs=refs, validate=True)
+    seen = []
+    for plan in r.plans:
+        for mb in plan.microbatches:
+            assert mb["refs"] == [pairs[s] for s in mb["samples"]]
+            seen += mb["refs"]
+    assert sorted(seen) == sorted(pairs)
+    same = [[mb["refs"] for mb in p.microbatches] for p in r.plans]
+    packed = np.array(pairs, dtype=[("task", "<u4"), ("index", "<u8")])  # no padding: read in place too
+    for other in (pairs, [list(p) for p in pairs], packed, refs[::-1][::-1]):
+        o = packpipe.plan_batch(gpt(), lengths, shape=shape, refs=other)
+        assert [[mb["refs"] for mb in p.microbatches] for p in o.plans] == same
+    without = packpipe.plan_batch(gpt(), lengths, shape=shape)
+    assert all(mb["refs"] == [] for p in without.plans for mb in p.microbatches)
+    assert [[mb["samples"] for mb in p.microbatches] for p in without.plans] == \
+        [[mb["samples"] for mb in p.microbatches] for p in r.plans]  # refs change no decision
+
+
+def test_plan_batch_refs_name_a_sample_that_does_not_fit():
+    lengths = np.array([300, 200, 900000, 150], dtype=np.uint32)
+    shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
+    with pytest.raises(ValueError, match=r"iteration 0, task 3, dataset sample 77 \(length 900000\) does not fit"):
+        packpipe.plan_batch(gpt(), lengths, shape=shape, refs=[(3, 75), (3, 76), (3, 77), (3, 78)])
+
+
+@pytest.mark.parametrize("refs, message", [
+    ([(0, 1)] * 3, r"refs has 3 entries but input_lengths has 4"),
+    (np.zeros(5, dtype=REF_DTYPE), r"refs has 5 entries but input_lengths has 4"),
+    ([(0, 1), (0, -1), (0, 2), (0, 3)], r"refs\[1\] index must not be negative, found -1"),
+    ([(0, 1), (0, 2), (-2, 2), (0, 3)], r"refs\[2\] task must not be negative, found -2"),
+    ([(2**32, 1)] * 4, r"refs\[0\] task must be at most 4294967295, found 4294967296"),
+    ([(0, 1.0)] * 4, r"refs\[0\] index must be an integer, found 1.0 of type float"),
+    ([(0, 1, 2)] * 4, r"refs\[0\] must be a \(task, index\) pair of integers, found \(0, 1, 2\)"),
+    (np.zeros(4, dtype=[("task", "<u8"), ("index", "<u8")]),
+     r"refs must be a structured array with fields task \(uint32\) and index \(uint64\).*found dtype "
+     r"\[\('task', '<u8'\), \('index', '<u8'\)\]"),
+    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<i8")]), r"fields task \(uint32\) and index \(uint64\)"),
+    (np.arange(4, dtype=np.uint64), r"or a sequence of \(task, index\) pairs; found an array of dtype uint64 and "
+                                    r"shape \(4,\)"),
+    (np.zeros((4, 1), dtype=REF_DTYPE), "refs must be one-dimensional, found 2 dimensions"),
+    ("0123", "found '0123' of type str"),
+    (4, "found 4 of type int"),
+])
+def test_plan_batch_refuses_bad_refs(refs, message):
+    with pytest.raises(ValueError, match=message):
+        packpipe.plan_batch(gpt(), [100, 200, 300, 400], refs=refs)

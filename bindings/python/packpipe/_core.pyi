@@ -73,8 +73,8 @@ class IndexedDatasetBuilder:
         """Append one sequence (a 1-D C-contiguous array of the builder's dtype)."""
     def end_document(self) -> None:
         """Close the current document."""
-    def add_document(self, tokens: np.ndarray, lengths: Any, modes: Any = None) -> None:
-        """Append a document of sequences of `lengths` tokens taken from `tokens`."""
+    def add_document(self, tokens: np.ndarray, lengths: _Lengths, modes: Optional[_Lengths] = None) -> None:
+        """Append a document of sequences of `lengths` tokens taken from `tokens` (integer arrays or lists)."""
     def add_index(self, prefix: str) -> None:
         """Append every sequence of another dataset."""
     def finalize(self) -> None:
@@ -111,7 +111,7 @@ class MultiTaskDataset:
     def lengths(self, task: int) -> Tuple[np.ndarray, np.ndarray]:
         """(input_lengths, target_lengths) of every sample of a task, as uint32 arrays."""
     def sample(self, task: int, index: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(input_tokens, target_tokens) of a sample; views when uncompressed."""
+        """(input_tokens, target_tokens) of a sample (target empty for a text-only task); IndexError out of range."""
 
 class Sampler:
     """Deterministic, resumable multi-task sampler of global batches."""
@@ -318,8 +318,10 @@ class PipelineShape:
     """ZeRO stage of the optimizer state, 0-3 (--zero)."""
     memory_mb: float
     """Memory limit per device, MB = 1e6 bytes; 0: the device's memory (--memory-mb)."""
+    stage_layers: List[int]
+    """Layers of each virtual stage, an uneven split (--layer-split); []: layers_per_stage or an even split."""
     def __init__(self, *, stages: int = 1, chunks: int = 1, layers_per_stage: int = 0, dp: int = 1, tp: int = 1,
-                 zero: int = 1, memory_mb: float = 0.0) -> None:
+                 zero: int = 1, memory_mb: float = 0.0, stage_layers: Sequence[int] = ()) -> None:
         """A shape; a size out of range (or negative) raises ValueError naming the field."""
     def __eq__(self, other: object) -> bool:
         """Same fields."""
@@ -479,6 +481,10 @@ def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Op
               shape: PipelineShape = ..., options: PartitionOptions = ...,
               cache: Optional[PartitionCache] = None) -> Partition:
     """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
+
+def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
+                          dec_seq: int = 0) -> List[int]:
+    """Layers per virtual stage balancing the stages' time on a rows x seq micro-batch (for stage_layers)."""
 
 # ---- schedules ---------------------------------------------------------------------------------
 
@@ -896,8 +902,13 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None,
                loss_tokens: Optional[_Lengths] = None, loss: str = "all", tied_embedding: bool = False,
                dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
-               schedule_fallback: bool = False) -> IterationResult:
-    """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica."""
+               schedule_fallback: bool = False,
+               refs: Optional[Union[np.ndarray, Sequence[Tuple[int, int]]]] = None) -> IterationResult:
+    """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
+
+    A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
+    its dataset (a structured array with fields task u4 and index u8, as PlannedIteration.refs, or
+    (task, index) pairs), recorded in Plan.microbatches[m]["refs"]; None: no refs."""
 
 def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: PipelineShape = ...,
                options: PartitionOptions = ..., global_batch_tokens: int = 0, global_batch_samples: int = 0,
