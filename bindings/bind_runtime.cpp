@@ -139,10 +139,12 @@ PyOpContext py_context(const rt::OpContext& c) {
 
 py::object opt_index(std::uint32_t v) { return v == pl::kNone ? py::none() : py::object(py::int_(v)); }
 
-// "TypeError: message" and the last frames of the traceback of a Python exception.
-std::string describe_python_error(py::error_already_set& e) {
+// "TypeError: message" and, with `frames`, the last frames of the traceback of a Python exception
+// (a handler's failure is the user's code: where it failed matters; a transport's message says it).
+std::string describe_python_error(py::error_already_set& e, bool frames = true) {
   std::string msg = fmt::format("{}: {}", py::str(e.type().attr("__name__")).cast<std::string>(),
                                 py::str(e.value()).cast<std::string>());
+  if (!frames) return msg;
   try {
     py::object tb = py::module_::import("traceback");
     py::list lines = tb.attr("format_tb")(e.trace());
@@ -373,7 +375,7 @@ class PyTransport : public rt::Transport {
   // What the executor saw of a Python failure (kept for chaining).
   [[noreturn]] void python_failed(const std::string& where, py::error_already_set& e) {
     last_error.set(e.value());
-    throw Error(fmt::format("{}: {}", where, describe_python_error(e)));
+    throw Error(fmt::format("{}: {}", where, describe_python_error(e, false)));
   }
 
  private:

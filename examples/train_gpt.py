@@ -40,16 +40,17 @@ def parse(argv=None):
     ap.add_argument("--chunks", type=int, default=1, help="virtual stages per rank (interleaved schedules)")
     ap.add_argument("--iterations", type=int, default=10, help="iterations to train (0: the whole epoch)")
     ap.add_argument("--global-batch-tokens", type=int, default=4096)
-    ap.add_argument("--max-tokens", type=int, default=1024, help="truncate samples longer than this")
     ap.add_argument("--schedule", default="search", help="a schedule name, or 'search'")
     ap.add_argument("--method", default="dp", help="partition method: dp (packpipe), fixed or packing (baselines)")
     ap.add_argument("--mbs", type=int, default=0, help="fixed / packing: rows per micro-batch")
-    ap.add_argument("--no-split-backward", action="store_true", help="exclude zero-bubble schedules")
+    ap.add_argument("--split-backward", action="store_true",
+                    help="allow zero-bubble schedules (BWD_I + BWD_W): PyTorch autograd pays for the split, so the "
+                         "default excludes them")
     ap.add_argument("--loss", default="all", choices=["all", "targets"], help="which tokens carry loss")
-    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096, help="model vocabulary (token ids fold modulo it)")
+    ap.add_argument("--vocab", type=int, default=2048, help="model vocabulary (token ids fold modulo it)")
     ap.add_argument("--tied", action="store_true", help="tie the embedding and the LM head")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp64", "bf16"])
@@ -59,6 +60,13 @@ def parse(argv=None):
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per rank)")
     ap.add_argument("--json", action="store_true", help="one JSON object per iteration instead of text")
     return ap.parse_args(argv)
+
+
+def _sample_lengths(data, task):
+    """(input, target) lengths of a task's samples as int64 (a text-only task has no targets)."""
+    inp, tgt = data.lengths(task)
+    inp = inp.astype("int64")
+    return inp, (tgt.astype("int64") if len(tgt) == len(inp) else 0 * inp)
 
 
 def main(argv=None):
@@ -84,8 +92,11 @@ def main(argv=None):
         groups, replica, rank = None, 0, None
 
     dtype = pt.torch_dtype(a.dtype)
+    data = packpipe.MultiTaskDataset(a.manifest)
+    longest = max(int((i + t).max()) if len(i) else 0
+                  for i, t in (_sample_lengths(data, k) for k in range(data.num_tasks)))
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads,
-                           tied_embedding=a.tied, seed=a.seed, dtype=dtype, max_positions=max(a.max_tokens, 64))
+                           tied_embedding=a.tied, seed=a.seed, dtype=dtype, max_positions=max(longest, 64))
     tmp = tempfile.mkdtemp(prefix="packpipe-train-")
     with open(os.path.join(tmp, "model.json"), "w") as f:
         f.write(cfg.cost_model_json())
@@ -95,9 +106,9 @@ def main(argv=None):
 
     shape = packpipe.PipelineShape(stages=a.pp, chunks=a.chunks, dp=a.dp)
     options = packpipe.PartitionOptions(method=a.method, mbs=a.mbs, oversize="truncate")
-    loader = pt.PlanLoader(a.manifest, cost_model=cost, replica=replica, rank=rank, iterations=a.iterations,
+    loader = pt.PlanLoader(data, cost_model=cost, replica=replica, rank=rank, iterations=a.iterations,
                            shape=shape, options=options, global_batch_tokens=a.global_batch_tokens, seed=a.seed,
-                           schedule=a.schedule, schedule_fallback=True, split_backward=not a.no_split_backward,
+                           schedule=a.schedule, schedule_fallback=True, split_backward=a.split_backward,
                            loss=a.loss, dtype=a.dtype, tied_embedding=a.tied)
 
     model = models.GPT(cfg)

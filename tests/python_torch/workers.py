@@ -42,7 +42,7 @@ def _model(case):
 def _loader(case, cfg, tmp, groups, rank=None, replica=None):
     cm = support.cost_model(cfg, tmp)
     manifest = support.short_manifest(tmp)
-    shape = packpipe.PipelineShape(stages=case["pp"], chunks=case.get("chunks", 1), dp=case["dp"])
+    shape = _shape(case)
     options = packpipe.PartitionOptions(method=case.get("method", "dp"), mbs=case.get("mbs", 0))
     return pt.PlanLoader(manifest, cost_model=cm, replica=groups.replica if replica is None else replica,
                          rank=groups.pipeline_rank if rank is None else rank, iterations=case.get("iterations", 1),
@@ -109,12 +109,17 @@ def equivalence_case(case):
 def _epoch_args(case, cfg, tmp):
     cm = support.cost_model(cfg, tmp)
     data = packpipe.MultiTaskDataset(support.short_manifest(tmp))
-    shape = packpipe.PipelineShape(stages=case["pp"], chunks=case.get("chunks", 1), dp=case["dp"])
+    shape = _shape(case)
     options = packpipe.PartitionOptions(method=case.get("method", "dp"), mbs=case.get("mbs", 0))
     return (cm, data), dict(shape=shape, options=options, **_batch_size(case), seed=11,
                             schedule=case["schedule"], schedule_fallback=True, loss=case.get("loss", "all"),
                             dtype=case.get("dtype", "fp64"), tied_embedding=case.get("tied", False),
                             iterations=case.get("iterations", 1))
+
+
+def _shape(case):
+    return packpipe.PipelineShape(stages=case["pp"], chunks=case.get("chunks", 1), dp=case["dp"],
+                                  stage_layers=case.get("stage_layers", []))
 
 
 def _batch_size(case):
@@ -160,7 +165,8 @@ def killed_rank(rank, world, config):
 def failing_handler(rank, world, config):
     """A stage module that raises on one rank: every rank ends with an error naming the failure."""
     tmp = tempfile.mkdtemp(prefix="pp-fail-")
-    case = {"model": "gpt", "pp": world, "dp": 1, "schedule": "1f1b", "tokens": 900, "method": "fixed", "mbs": 2}
+    case = {"model": "gpt", "pp": world, "dp": 1, "schedule": "1f1b", "tokens": 900, "method": "fixed", "mbs": 2,
+            "layers": 6}
     groups = pt.ProcessGroups.create(world, 1)
     cfg, full, loss_fn, _ = _model(case)
     it = next(iter(_loader(case, cfg, tmp, groups)))

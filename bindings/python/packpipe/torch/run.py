@@ -78,7 +78,7 @@ def launch(script: List[str], nproc: int, *, port: Optional[int] = None, grace_s
     failed_at = 0.0
     code = 0
     try:
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None) > 0:  # poll every rank (any() would stop at the first)
             time.sleep(0.05)
             if failed is None:
                 for r, p in enumerate(procs):

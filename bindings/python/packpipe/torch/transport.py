@@ -97,6 +97,12 @@ class Monitor:
         self.host = socket.gethostname()
         self.store.set(f"pid/{world_rank}", f"{self.host}:{os.getpid()}")
         self._beat()
+        # Every rank's host and pid, read once (the store may die with its host later).
+        self.peers: Dict[int, tuple] = {}
+        self.store.wait([f"pid/{r}" for r in range(world_size)])
+        for r in range(world_size):
+            host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1)
+            self.peers[r] = (host, int(pid))
         self._thread = threading.Thread(target=self._watch, name="packpipe-monitor", daemon=True)
         self._thread.start()
 
@@ -154,25 +160,25 @@ class Monitor:
         """Which ranks are gone (dead process on this host, or a stale heartbeat elsewhere), and the
         abort reason another rank published; '' when nothing is known."""
         notes: List[str] = []
+        store_ok = True
         try:
             why = self._aborted()
+            if why:
+                notes.append("aborted by " + why)
         except Exception as e:
-            return f"the rendezvous store is unreachable ({type(e).__name__}); its host died"
-        if why:
-            notes.append("aborted by " + why)
+            store_ok = False
+            notes.append(f"the rendezvous store is unreachable ({type(e).__name__}: its host ended)")
         now = time.time()
-        for r in range(self.world):
+        for r, (host, pid) in sorted(self.peers.items()):
             if r == self.rank:
                 continue
-            who, beat = self._get(f"pid/{r}"), self._get(f"hb/{r}")
-            if who is None or beat is None:
+            if host == self.host:
+                if not _alive(pid):
+                    notes.append(f"world rank {r} (pid {pid}) is gone")
                 continue
-            host, pid = who.rsplit(":", 1)
-            beat = float(beat)
-            if host == self.host and not _alive(int(pid)):
-                notes.append(f"world rank {r} (pid {pid}) is gone")
-            elif now - beat > 4 * self.interval + 1:
-                notes.append(f"world rank {r} (pid {pid} on {host}) sent no heartbeat for {now - beat:.1f} s")
+            beat = self._get(f"hb/{r}") if store_ok else None
+            if beat is not None and now - float(beat) > 4 * self.interval + 1:
+                notes.append(f"world rank {r} (pid {pid} on {host}) sent no heartbeat for {now - float(beat):.1f} s")
         return "; ".join(notes)
 
 
