@@ -25,3 +25,15 @@ echo "  inspect a plan: $pp plan inspect $out/demo.plan --iteration 0 --rank 0"
 echo
 echo "== packpipe run --replay: execute the plans with no model (ops at 1/100 of their planned duration) =="
 "$pp" run "$out/demo.plan" --replay --time-scale 0.01 --trace "$out/replay-trace.json"
+echo
+echo "== packpipe.torch: train a small GPT for real on CPU, 2 pipeline ranks over gloo, packpipe's plans =="
+# Each rank plans every iteration with packpipe (the same plans on both), loads its tensors and runs
+# its rank of the plan on the executor; the last rank prints loss, tokens/s, measured and predicted time.
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 -m packpipe.torch.run --nproc-per-node 2 \
+    --timeout 300 "$root/examples/train_gpt.py" --manifest "$manifest" --pp 2 --dp 1 --iterations 16 \
+    --global-batch-tokens 2048
+else
+  echo "demo: torch is missing (scripts/install-deps.sh installs python3-torch)" >&2
+  exit 1
+fi
