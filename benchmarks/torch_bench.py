@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Measured, not simulated: packpipe.torch on CPU against hand-written and baseline training.
+
+    python3 -m packpipe.torch.run --nproc-per-node 2 benchmarks/torch_bench.py overhead --out o.json
+    python3 -m packpipe.torch.run --nproc-per-node 2 benchmarks/torch_bench.py throughput --out t.json
+
+overhead:   the same 1F1B plans (same micro-batches, shapes, model) run by packpipe's runner (the C++
+            executor calling torch handlers and the torch transport) and by a hand-written 1F1B loop
+            with isend/irecv, alternating round by round; the runner's overhead per instruction is
+            (median packpipe - median hand-written) / instructions per rank.
+throughput: the small GPT trained for real on the same global batches with packpipe's plans (dynamic
+            micro-batches, schedule search) and with the Megatron baselines, fixed micro-batches
+            padded to their longest sample and packed rows, each at every micro-batch size of the
+            grid, 1F1B; tokens/s measured beside the simulated (cost-model) tokens/s of the same plans.
+
+Every mode runs each configuration in each round, alternating, and reports medians over rounds.
+Iteration times are the slowest rank's (barrier, run, all-reduce MAX).
+"""
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import packpipe
+import packpipe.torch as pt
+from packpipe.torch import models
+
+CPU_DEVICE = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
+              "intra_node_latency_us": 30, "inter_node_gbps": 1, "inter_node_latency_us": 100, "gpus_per_node": 8}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def manifest(workload, directory):
+    demo = os.path.join(ROOT, "data", "demo")
+    if workload == "demo":
+        return os.path.join(demo, "manifest.json")
+    tasks = ["define", "synonyms", "translate"]
+    m = {"version": 1, "tasks": [{"name": t, "inputs": os.path.join(demo, f"demo_{t}_inputs_document"),
+                                  "targets": os.path.join(demo, f"demo_{t}_targets_document")} for t in tasks]}
+    path = os.path.join(directory, "short.json")
+    with open(path, "w") as f:
+        json.dump(m, f)
+    return path
+
+
+def cost_model(cfg, directory):
+    with open(os.path.join(directory, "model.json"), "w") as f:
+        f.write(cfg.cost_model_json())
+    with open(os.path.join(directory, "device.json"), "w") as f:
+        json.dump(CPU_DEVICE, f)
+    return packpipe.CostModel(os.path.join(directory, "model.json"), os.path.join(directory, "device.json"))
+
+
+def timed(fn):
+    """The slowest rank's wall time of fn() in ms."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    t = torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def load_all(data, cm, groups, a, **kw):
+    shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
+    loader = pt.PlanLoader(data, cost_model=cm, replica=groups.replica, rank=groups.pipeline_rank,
+                           iterations=a.iterations, shape=shape, global_batch_tokens=a.tokens, seed=a.seed,
+                           dtype="fp32", split_backward=False, **kw)
+    return list(loader)
+
+
+# ---- hand-written 1F1B (one stage per rank, dp 1) -------------------------------------------------
+
+def hand_1f1b(it, module, loss_fn, opt, groups):
+    """Megatron's non-interleaved 1F1B over the plan's micro-batches, isend/irecv, no packpipe."""
+    plan = it.plan
+    S, r = groups.pp, groups.pipeline_rank
+    M = len(plan.microbatches)
+    (v,) = pt.PipelineRunner.my_stages(plan, r)
+    G = plan.global_loss_tokens
+    prev_rank, next_rank = r - 1, r + 1
+    saved, sends = {}, []
+    act_g, grad_g = groups.pipeline["activation"], groups.pipeline["gradient"]
+
+    def shape_of(mb):
+        info = plan.microbatches[mb]
+        return (info["rows"], info["padded_len"], HIDDEN[0])
+
+    def forward(mb):
+        inp = None
+        if r > 0:
+            inp = torch.empty(shape_of(mb))
+            dist.irecv(inp, src=groups.world_of(prev_rank), group=act_g, tag=0).wait()
+            inp.requires_grad_(True)
+        try:
+            loaded = it.loaded(mb, v)
+        except KeyError:
+            loaded = None
+        batch = it.microbatch(mb, loaded=loaded)
+        out = module(inp, batch)
+        if r == S - 1:
+            out = loss_fn(out, batch) / G
+        else:
+            sends.append(dist.isend(out.detach().contiguous(), dst=groups.world_of(next_rank), group=act_g, tag=0))
+        saved[mb] = (inp, out)
+
+    def backward(mb):
+        inp, out = saved.pop(mb)
+        g = None
+        if r < S - 1:
+            g = torch.empty(out.shape)
+            dist.irecv(g, src=groups.world_of(next_rank), group=grad_g, tag=1).wait()
+        torch.autograd.backward(out, g)
+        if r > 0:
+            sends.append(dist.isend(inp.grad, dst=groups.world_of(prev_rank), group=grad_g, tag=1))
+
+    warm = min(S - r - 1, M)
+    for mb in range(warm):
+        forward(mb)
+    for k in range(M - warm):
+        forward(warm + k)
+        backward(k)
+    for k in range(M - warm, M):
+        backward(k)
+    for w in sends:
+        w.wait()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+HIDDEN = [0]
+
+
+def overhead(a, groups, tmp):
+    if groups.dp != 1:
+        sys.exit("overhead: dp must be 1 (the hand-written loop is one pipeline)")
+    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
+                           max_positions=4096)
+    HIDDEN[0] = a.hidden
+    cm = cost_model(cfg, tmp)
+    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+    its = load_all(data, cm, groups, a, schedule="1f1b")
+    full = models.GPT(cfg)
+    (v,) = pt.PipelineRunner.my_stages(its[0].plan, groups.pipeline_rank)
+    mod_pp = full.stage(its[0].plan.stages[v])
+    mod_hand = copy.deepcopy(mod_pp)
+    opt_pp = torch.optim.SGD(mod_pp.parameters(), lr=1e-3)
+    opt_hand = torch.optim.SGD(mod_hand.parameters(), lr=1e-3)
+    runner = pt.PipelineRunner({v: mod_pp}, models.gpt_loss, opt_pp, groups=groups, timeout_s=120)
+    instructions = sum(len(it.plan.streams[groups.pipeline_rank]) for it in its)
+    res = {"packpipe": [], "hand": []}
+    own_ns = []  # the executor's own time per instruction, from its records (packpipe runs)
+    for rnd in range(a.rounds + 1):  # round 0 warms up
+        for mode in ("packpipe", "hand") if rnd % 2 == 0 else ("hand", "packpipe"):
+            if mode == "packpipe":
+                results = []
+                ms = timed(lambda: results.extend(runner.run(it) for it in its))
+                own_ns.append(sum(r.records[0].overhead_ns for r in results) / instructions)
+            else:
+                ms = timed(lambda: [hand_1f1b(it, mod_hand, models.gpt_loss, opt_hand, groups) for it in its])
+            if rnd > 0:
+                res[mode].append(ms)
+    runner.close()
+    pp_ms, hand_ms = statistics.median(res["packpipe"]), statistics.median(res["hand"])
+    n = torch.tensor([instructions], dtype=torch.float64)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    out = {"mode": "overhead", "workload": a.workload, "iterations": a.iterations, "rounds": a.rounds,
+           "ranks": groups.pp, "packpipe_ms": res["packpipe"], "hand_ms": res["hand"],
+           "median_packpipe_ms": pp_ms, "median_hand_ms": hand_ms, "ratio": pp_ms / hand_ms,
+           "instructions_per_rank": float(n), "overhead_us_per_instruction": (pp_ms - hand_ms) * 1e3 / float(n),
+           "overhead_fraction": (pp_ms - hand_ms) / hand_ms,
+           "executor_own_us_per_instruction_rank": statistics.median(own_ns) / 1e3,
+           "microbatches": [len(it.plan.microbatches) for it in its]}
+    return out
+
+
+def throughput(a, groups, tmp):
+    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
+                           max_positions=4096)
+    cm = cost_model(cfg, tmp)
+    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+    configs = [("packpipe", {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")})]
+    for k in a.grid:
+        configs.append((f"fixed mbs={k}", {"schedule": "1f1b", "schedule_fallback": True,
+                                           "options": packpipe.PartitionOptions(method="fixed", mbs=k)}))
+        configs.append((f"packing mbs={k}", {"schedule": "1f1b", "schedule_fallback": True,
+                                             "options": packpipe.PartitionOptions(method="packing", mbs=k)}))
+    runs = {}
+    for name, kw in configs:
+        its = load_all(data, cm, groups, a, **kw)
+        full = models.GPT(cfg)
+        plan0 = its[0].plan
+        mine = pt.PipelineRunner.my_stages(plan0, groups.pipeline_rank)
+        stages = {v: full.stage(plan0.stages[v]) for v in mine}
+        opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
+        runner = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, timeout_s=300)
+        tokens = sum(it.tokens for it in its) * groups.dp
+        simulated = sum(it.plan.makespan_ms for it in its)
+        runs[name] = {"its": its, "runner": runner, "tokens": tokens, "simulated_ms": simulated, "ms": [],
+                      "microbatches": [len(it.plan.microbatches) for it in its],
+                      "schedules": sorted({it.plan.schedule for it in its})}
+    names = [n for n, _ in configs]
+    for rnd in range(a.rounds + 1):
+        order = names if rnd % 2 == 0 else list(reversed(names))
+        for name in order:
+            r = runs[name]
+            ms = timed(lambda: [r["runner"].run(it) for it in r["its"]])
+            if rnd > 0:
+                r["ms"].append(ms)
+    out = {"mode": "throughput", "workload": a.workload, "iterations": a.iterations, "rounds": a.rounds,
+           "ranks": groups.pp, "dp": groups.dp, "global_batch_tokens": a.tokens, "configs": {}}
+    for name in names:
+        r = runs[name]
+        r["runner"].close()
+        med = statistics.median(r["ms"])
+        # Simulated time is the cost model's per replica (replicas run in parallel): the max over replicas.
+        sim = torch.tensor([r["simulated_ms"]], dtype=torch.float64)
+        dist.all_reduce(sim, op=dist.ReduceOp.MAX)
+        out["configs"][name] = {"tokens": r["tokens"], "median_ms": med, "ms": r["ms"],
+                                "tokens_per_s": r["tokens"] / (med / 1e3),
+                                "simulated_tokens_per_s": r["tokens"] / (float(sim) / 1e3),
+                                "microbatches": r["microbatches"], "schedules": r["schedules"]}
+    c = out["configs"]
+    best = lambda prefix, key: max((v[key], k) for k, v in c.items() if k.startswith(prefix))  # noqa: E731
+    for base in ("fixed", "packing"):
+        (m, mk) = best(base, "tokens_per_s")
+        (s, sk) = best(base, "simulated_tokens_per_s")
+        out[f"speedup_vs_best_{base}_measured"] = c["packpipe"]["tokens_per_s"] / m
+        out[f"best_{base}_measured"] = mk
+        out[f"speedup_vs_best_{base}_simulated"] = c["packpipe"]["simulated_tokens_per_s"] / s
+        out[f"best_{base}_simulated"] = sk
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["overhead", "throughput"])
+    ap.add_argument("--workload", choices=["short", "demo"], default="short",
+                    help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens)")
+    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=4096, help="global batch tokens")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--grid", type=int, nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--pp", type=int, default=0, help="pipeline ranks (default: every rank)")
+    ap.add_argument("--out", help="write the JSON result here (rank 0)")
+    a = ap.parse_args()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    pp = a.pp or world
+    groups = pt.ProcessGroups.create(pp, world // pp)
+    tmp = tempfile.mkdtemp(prefix="packpipe-bench-")
+    out = overhead(a, groups, tmp) if a.mode == "overhead" else throughput(a, groups, tmp)
+    out["torch"] = torch.__version__
+    out["threads_per_rank"] = torch.get_num_threads()
+    if dist.get_rank() == 0:
+        text = json.dumps(out, indent=1)
+        print(text)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
