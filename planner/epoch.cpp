@@ -158,6 +158,11 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
   std::uint64_t next_iteration = spec_.first_iteration;
   const std::uint64_t end = spec_.first_iteration + count_;
   oneapi::tbb::enumerable_thread_specific<part::PartitionCache> caches;  // shape costs, per planning thread
+  // The first failing iteration's error, raised once the pipeline has drained: throwing from a
+  // filter cancels the pipeline and oneTBB then leaks the items in flight.
+  std::exception_ptr failure;
+  std::uint64_t failed_iteration = 0;
+  std::atomic<bool> failed{false};
   oneapi::tbb::task_arena arena(threads);
   arena.execute([&] {
     oneapi::tbb::parallel_pipeline(
@@ -166,7 +171,8 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
             oneapi::tbb::filter_mode::serial_in_order,
             [&](oneapi::tbb::flow_control& fc) -> std::shared_ptr<Work> {
               dl::GlobalBatch b;
-              if (next_iteration >= end || stopped() || !sampler.next_batch(b)) {
+              if (next_iteration >= end || failed.load(std::memory_order_relaxed) || stopped() ||
+                  !sampler.next_batch(b)) {
                 fc.stop();
                 return nullptr;
               }
@@ -182,7 +188,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
             oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
                 oneapi::tbb::filter_mode::parallel,
                 [&](std::shared_ptr<Work> w) {
-                  if (w->error || stopped()) return w;
+                  if (w->error || failed.load(std::memory_order_relaxed) || stopped()) return w;
                   try {
                     PlannedIteration& it = w->it;
                     it.result = plan_iteration(it.lengths, &it.refs, it.iteration, cost_, vstages_, options_,
@@ -197,10 +203,17 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
                 }) &
             oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
                 oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                  if (w->error) detail::rethrow_naming(w->error, w->it.iteration);
+                  if (failed.load(std::memory_order_relaxed)) return;  // after a failure: drained, not delivered
+                  if (w->error) {
+                    failure = w->error;
+                    failed_iteration = w->it.iteration;
+                    failed.store(true, std::memory_order_relaxed);
+                    return;
+                  }
                   if (!stopped()) sink(w->it);
                 }));
   });
+  if (failure) detail::rethrow_naming(failure, failed_iteration);
 }
 
 void EpochPlanner::run(const std::function<void(PlannedIteration&)>& sink) {
