@@ -324,7 +324,7 @@ class PipelineRunner:
         try:
             work.wait(datetime.timedelta(seconds=self.timeout_s) if self.timeout_s > 0 else datetime.timedelta(0))
         except RuntimeError as e:
-            known = self.monitor.diagnose()
+            known = self.monitor.diagnose(settle_s=2.0)
             raise RuntimeError(f"{what} failed: {e}" + (f" [{known}]" if known else "")) from e
 
     def _check_replicas(self):
