@@ -1,0 +1,58 @@
+"""packpipe.plots: the validation picture from plot data, and its errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from packpipe import plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def plot_data(scale=1.3):
+    pred = [0.5, 1.0, 2.0, 4.0]
+    return {"format": "packpipe-validation-plot", "version": 1, "cost_model": "analytic (test)",
+            "ops": [{"op": "F", "tokens": [64, 128, 256, 512], "predicted_ms": pred,
+                     "measured_ms": [scale * p for p in pred]},
+                    {"op": "B", "tokens": [64, 128], "predicted_ms": [1.0, 2.0], "measured_ms": [2.6, 5.2]}],
+            "iterations": [{"iteration": i, "replica": 0, "predicted_ms": 10.0 + i, "measured_ms": 13.0 + i}
+                           for i in range(5)]}
+
+
+def write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return str(p)
+
+
+def test_the_cli_draws_one_or_two_models_into_a_png(tmp_path):
+    a = write(tmp_path, "a.json", plot_data(1.3))
+    b = write(tmp_path, "b.json", plot_data(1.0))
+    out = tmp_path / "v.png"
+    r = subprocess.run([sys.executable, "-m", "packpipe.plots", "validation", a, b, "--label", "analytic",
+                        "--label", "calibrated", "-o", str(out)], capture_output=True, text=True, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    data = out.read_bytes()
+    assert data.startswith(PNG) and len(data) > 10000
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".plot-")]
+
+
+def test_bad_plot_data_is_refused_naming_the_file_and_the_output_is_not_touched(tmp_path):
+    out = tmp_path / "v.png"
+    out.write_bytes(b"keep")
+    bad = dict(plot_data(), format="packpipe-measurements")
+    p = write(tmp_path, "bad.json", bad)
+    with pytest.raises(ValueError, match=r"bad\.json: expected format \"packpipe-validation-plot\""):
+        plots.read_validation_plot(p)
+    uneven = plot_data()
+    uneven["ops"][0]["measured_ms"].pop()
+    p2 = write(tmp_path, "uneven.json", uneven)
+    with pytest.raises(ValueError, match=r"uneven\.json: ops\[0\] \(F\).*differ in length"):
+        plots.read_validation_plot(p2)
+    (tmp_path / "notjson.json").write_text("{")
+    r = subprocess.run([sys.executable, "-m", "packpipe.plots", "validation", str(tmp_path / "notjson.json"),
+                        "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 2 and "notjson.json: not JSON" in r.stderr
+    assert out.read_bytes() == b"keep"
