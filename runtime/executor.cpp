@@ -442,6 +442,11 @@ RankRecord Executor::run(const pl::Plan& plan) {
   } else if (plan.streams.size() != plan.ranks || plan.buffer_slots.size() != plan.ranks || rank >= plan.ranks ||
              plan.recompute.size() != plan.microbatches.size() * plan.vstages) {
     fail(fmt::format("rank {}, iteration {}: the plan's tables do not have their declared sizes", rank, plan.iteration));
+  } else if (plan.buffer_slots[rank] > plan.streams[rank].size()) {
+    // Unvalidated plans still size the slot table from the plan: a slot is allocated by an
+    // instruction, so more slots than instructions is a corrupt plan (the validator's rule).
+    fail(fmt::format("rank {}, iteration {}: buffer_slots[{}]: expected at most the stream's {} instructions, found {}",
+                     rank, plan.iteration, rank, plan.streams[rank].size(), plan.buffer_slots[rank]));
   }
   State st(*this, plan, rank);
   st.run();

@@ -231,6 +231,20 @@ TEST_CASE("faults: a receive whose size disagrees with the send fails on both si
   }
 }
 
+TEST_CASE("faults: an unvalidated plan with more buffer slots than instructions is refused before allocating",
+          "[negative]") {
+  pl::Plan p = syn::random_plan("1f1b", 2, 1, 3, 4);
+  p.buffer_slots[1] = std::uint32_t{1} << 31;  // a corrupt header: billions of slots
+  ExecutorOptions eo;
+  eo.timeout_s = 2;
+  eo.validate = false;
+  const auto errors = run_ranks({&p, &p}, eo, {true, true},
+                                [](std::uint32_t) { return std::make_unique<ReplayHandler>(fast()); });
+  CHECK_THAT(errors[1], Catch::Matchers::Contains("buffer_slots[1]: expected at most the stream's") &&
+                            Catch::Matchers::Contains("found 2147483648"));
+  CHECK_FALSE(errors[0].empty());  // its peer ends too, by the abort
+}
+
 TEST_CASE("faults: a wait that times out names the rank, iteration, instruction, peer and micro-batch", "[negative]") {
   const pl::Plan p = syn::random_plan("1f1b", 2, 1, 3, 6);
   ExecutorOptions eo;
