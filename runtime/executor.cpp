@@ -74,6 +74,9 @@ struct Executor::State {
   const std::uint32_t rank;
   const std::vector<pl::Instruction>& stream;
   std::vector<Buffer> slots;
+  // Where the stream is: handlers are called between ITER_BEGIN and ITER_END only, so a handler
+  // always sees begin_iteration first (the validator requires this order; unvalidated runs check it).
+  enum class Phase { Before, Running, Ended } phase = Phase::Before;
   std::vector<std::unique_ptr<Request>> sends, recvs;  // per slot: in flight
   std::vector<const pl::TensorShape*> out_shape;       // per instruction: compute ops' sent shape
   RankRecord rec;
@@ -356,6 +359,16 @@ struct Executor::State {
   }
 
   void execute(const pl::Instruction& ins) {
+    if (ins.op == pl::Opcode::IterBegin) {
+      require(phase == Phase::Before, "a second ITER_BEGIN (expected one, first in the stream)");
+      phase = Phase::Running;
+    } else if (ins.op == pl::Opcode::IterEnd) {
+      require(phase == Phase::Running, "ITER_END without its ITER_BEGIN");
+      phase = Phase::Ended;
+    } else {
+      require(phase == Phase::Running, phase == Phase::Before ? "an instruction before ITER_BEGIN"
+                                                              : "an instruction after ITER_END");
+    }
     switch (ins.op) {
       case pl::Opcode::IterBegin: on_iter_begin(); break;
       case pl::Opcode::IterEnd: on_iter_end(); break;
@@ -409,6 +422,8 @@ struct Executor::State {
       }
       if (record) rec.times[i] = {ns_since(ex.epoch_, t0), ns_since(ex.epoch_, Clock::now())};
     }
+    if (phase != Phase::Ended) fail_local(fmt::format("rank {}, iteration {}: malformed plan: the stream ends without "
+                                                      "ITER_END", rank, p.iteration));
     rec.end_ns = ns_since(ex.epoch_, Clock::now());
   }
   // Compute instructions check for an abort first, so that a failed pipeline stops computing.

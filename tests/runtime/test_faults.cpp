@@ -245,6 +245,32 @@ TEST_CASE("faults: an unvalidated plan with more buffer slots than instructions 
   CHECK_FALSE(errors[0].empty());  // its peer ends too, by the abort
 }
 
+TEST_CASE("faults: an unvalidated stream out of ITER_BEGIN ... ITER_END order is refused, handlers never see it",
+          "[negative]") {
+  const pl::Plan good = syn::random_plan("1f1b", 1, 1, 2, 4);
+  ExecutorOptions eo;
+  eo.timeout_s = 2;
+  eo.validate = false;
+  auto run_one = [&](const pl::Plan& p) {
+    return run_ranks({&p}, eo, {true}, [](std::uint32_t) { return std::make_unique<ReplayHandler>(fast()); })[0];
+  };
+  REQUIRE(run_one(good).empty());
+  REQUIRE(good.streams[0].front().op == pl::Opcode::IterBegin);
+  REQUIRE(good.streams[0].back().op == pl::Opcode::IterEnd);
+  pl::Plan no_begin = good;
+  no_begin.streams[0].erase(no_begin.streams[0].begin());
+  CHECK_THAT(run_one(no_begin), Catch::Matchers::Contains("malformed plan: an instruction before ITER_BEGIN"));
+  pl::Plan twice = good;
+  twice.streams[0].insert(twice.streams[0].begin() + 1, good.streams[0].front());
+  CHECK_THAT(run_one(twice), Catch::Matchers::Contains("malformed plan: a second ITER_BEGIN"));
+  pl::Plan no_end = good;
+  no_end.streams[0].pop_back();
+  CHECK_THAT(run_one(no_end), Catch::Matchers::Contains("malformed plan: the stream ends without ITER_END"));
+  pl::Plan after_end = good;
+  after_end.streams[0].push_back(good.streams[0][1]);
+  CHECK_THAT(run_one(after_end), Catch::Matchers::Contains("malformed plan: an instruction after ITER_END"));
+}
+
 TEST_CASE("faults: a wait that times out names the rank, iteration, instruction, peer and micro-batch", "[negative]") {
   const pl::Plan p = syn::random_plan("1f1b", 2, 1, 3, 6);
   ExecutorOptions eo;
