@@ -1,6 +1,7 @@
 // Python bindings of the cost model: packpipe.CostModel (analytic, or from profiles), its query
 // result, stage composition, static memory, communication and the throughput report. Thin
 // lambdas; every check lives in C++.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,7 +12,10 @@
 #include "costmodel/cost_model.h"
 #include "costmodel/factory.h"
 #include "costmodel/flops.h"
+#include "common/file_io.h"
 #include "costmodel/model.h"
+#include "costmodel/profile_readers.h"
+#include "costmodel/profiled.h"
 #include "costmodel/report.h"
 
 namespace py = pybind11;
@@ -50,6 +54,40 @@ py::dict model_dict(const cm::ModelSpec& m) {
   d["vocab"] = m.vocab;
   d["bytes_per_param"] = m.bytes_per_param;
   d["total_params"] = m.total_params();
+  return d;
+}
+
+// A profile point from a Python tuple in the file's point_columns order; None is "not measured".
+cm::ProfilePoint point_from(const py::handle& h, std::size_t k) {
+  const py::tuple t = py::reinterpret_borrow<py::object>(h).cast<py::tuple>();
+  PACKPIPE_CHECK_ARG(t.size() == 11, "points[{}]: expected 11 values (kind, tp, rc, variant, mbs, seq, dec_seq, "
+                     "fwd_ms, bwd_ms, stored_bytes, peak_bytes), found {}", k, t.size());
+  auto num = [&](std::size_t i) { return t[i].is_none() ? cm::kNotMeasured : t[i].cast<double>(); };
+  cm::ProfilePoint p;
+  p.kind = cm::layer_kind_from_name(t[0].cast<std::string>());
+  p.tp = t[1].cast<std::int64_t>();
+  p.rc = cm::recompute_from_name(t[2].cast<std::string>());
+  p.variant = t[3].cast<std::int64_t>();
+  p.mbs = t[4].cast<std::int64_t>();
+  p.seq = t[5].cast<std::int64_t>();
+  p.dec_seq = t[6].cast<std::int64_t>();
+  p.fwd_ms = num(7);
+  p.bwd_ms = num(8);
+  p.stored_bytes = num(9);
+  p.peak_bytes = num(10);
+  return p;
+}
+
+py::dict loo_dict(const cm::LooErrors& e) {
+  py::dict d;
+  d["points"] = e.points;
+  d["time_predictions"] = e.time_predictions;
+  d["memory_predictions"] = e.memory_predictions;
+  d["time_mape"] = e.time_mape;
+  d["memory_mape"] = e.memory_mape;
+  d["linear_time_mape"] = e.linear_time_mape;
+  d["linear_memory_mape"] = e.linear_memory_mape;
+  d["peak_memory_mape"] = e.peak_memory_mape;
   return d;
 }
 
@@ -181,6 +219,63 @@ void define_costmodel(py::module_& m) {
 
   m.def("static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero") = 0,
         "Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO");
+  m.def(
+      "write_profile",
+      [](const std::string& path, const py::list& points, const std::string& model, const std::string& device,
+         const std::vector<std::string>& notes, const std::vector<std::string>& sources) {
+        cm::Profile p;
+        p.model = model;
+        p.device = device;
+        p.notes = notes;
+        p.sources = sources;
+        for (std::size_t k = 0; k < points.size(); ++k) p.points.push_back(point_from(points[k], k));
+        const std::string text = cm::write_packpipe_profile(p);
+        cm::parse_profile(text, path);  // what the readers accept, checked before anything is written
+        write_file_atomic(path, text);
+      },
+      py::arg("path"), py::arg("points"), py::arg("model") = "", py::arg("device") = "",
+      py::arg("notes") = std::vector<std::string>{}, py::arg("sources") = std::vector<std::string>{},
+      "Writes packpipe's profile file (atomically): points are tuples (kind, tp, rc, variant, mbs, seq, dec_seq, "
+      "fwd_ms, bwd_ms, stored_bytes, peak_bytes), times per layer in ms, memory in bytes, None = not measured");
+  m.def(
+      "read_profile",
+      [](const std::vector<std::string>& paths) {
+        const cm::Profile p = cm::load_profiles(paths);
+        py::list points;
+        auto opt = [](double v) { return std::isnan(v) ? py::object(py::none()) : py::object(py::float_(v)); };
+        for (const auto& x : p.points) {
+          points.append(py::make_tuple(cm::layer_kind_name(x.kind), x.tp, cm::recompute_name(x.rc), x.variant, x.mbs,
+                                       x.seq, x.dec_seq, opt(x.fwd_ms), opt(x.bwd_ms), opt(x.stored_bytes),
+                                       opt(x.peak_bytes)));
+        }
+        py::dict d;
+        d["model"] = p.model;
+        d["device"] = p.device;
+        d["points"] = points;
+        d["notes"] = p.notes;
+        d["sources"] = p.sources;
+        return d;
+      },
+      py::arg("paths"),
+      "Profiles in any format packpipe reads (files or folders), merged: model, device, points (tuples as in "
+      "write_profile), notes, sources");
+  m.def(
+      "profile_leave_one_out",
+      [](const std::vector<std::string>& paths, const std::string& model) {
+        const cm::LooReport r = cm::leave_one_out(cm::load_profiles(paths), cm::load_model(model));
+        py::dict d = loo_dict(r.all);
+        py::list parts;
+        for (const auto& b : r.by_stage_rc) {
+          py::dict x = loo_dict(b.errors);
+          x["kind"] = cm::layer_kind_name(b.kind);
+          x["recompute"] = cm::recompute_name(b.rc);
+          parts.append(x);
+        }
+        d["by_kind"] = parts;
+        return d;
+      },
+      py::arg("paths"), py::arg("model"),
+      "Leave-one-out errors (MAPE, percent) of the profiled model on the profiles' own grid points");
   m.def("model_presets", &cm::model_preset_names);
   m.def("device_presets", &cm::device_preset_names);
   m.def(

@@ -24,6 +24,8 @@ void register_plan_commands(CLI::App& app);
 void add_plan_file_commands(CLI::App& plan);
 /// `packpipe run PLANFILE --replay`: execute a plan file's streams with no model.
 void register_run_commands(CLI::App& app);
+/// `packpipe profile`: subcommands implemented in Python (they run the packpipe Python package).
+void register_python_commands(CLI::App& app);
 /// Exit status set by the subcommand that ran (0 unless it found a problem).
 int exit_status();
 /// Sets the exit status returned by main.

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   packpipe::cli::register_schedule_commands(app);
   packpipe::cli::register_plan_commands(app);
   packpipe::cli::register_run_commands(app);
+  packpipe::cli::register_python_commands(app);
   check_numeric_options(app);
   try {
     app.parse(argc, argv);

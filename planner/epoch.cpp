@@ -2,11 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <exception>
 #include <limits>
-#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -14,6 +11,7 @@
 #include <oneapi/tbb/parallel_pipeline.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include "common/background_queue.h"
 #include "common/errors.h"
 #include "planner/detail/rethrow.h"
 
@@ -84,16 +82,8 @@ SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spe
 
 // The background planning of next(): a thread running the pipeline into a bounded queue.
 struct EpochPlanner::Impl {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<PlannedIteration> ready;
-  std::size_t capacity = 1;
-  bool done = false;      // the pipeline ended (all delivered, or an error)
-  bool stop = false;      // the consumer is gone
-  bool consuming = false;
-  bool ran = false;        // run() used this planner
-  std::exception_ptr error;
-  std::thread worker;
+  bool ran = false;  // run() used this planner
+  std::unique_ptr<BackgroundQueue<PlannedIteration>> queue;  // next(): the pipeline on its own thread
 };
 
 namespace {
@@ -139,15 +129,7 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
   if (spec_.iterations > 0) count_ = std::min(count_, spec_.iterations);
 }
 
-EpochPlanner::~EpochPlanner() {
-  if (impl_ == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  if (impl_->worker.joinable()) impl_->worker.join();
-}
+EpochPlanner::~EpochPlanner() = default;  // the queue stops the pipeline and joins its thread
 
 void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, const std::function<bool()>& stopped) {
   if (count_ == 0) return;
@@ -158,6 +140,11 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
   std::uint64_t next_iteration = spec_.first_iteration;
   const std::uint64_t end = spec_.first_iteration + count_;
   oneapi::tbb::enumerable_thread_specific<part::PartitionCache> caches;  // shape costs, per planning thread
+  // The first failing iteration's error, raised once the pipeline has drained: throwing from a
+  // filter cancels the pipeline and oneTBB then leaks the items in flight.
+  std::exception_ptr failure;
+  std::uint64_t failed_iteration = 0;
+  std::atomic<bool> failed{false};
   oneapi::tbb::task_arena arena(threads);
   arena.execute([&] {
     oneapi::tbb::parallel_pipeline(
@@ -166,7 +153,8 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
             oneapi::tbb::filter_mode::serial_in_order,
             [&](oneapi::tbb::flow_control& fc) -> std::shared_ptr<Work> {
               dl::GlobalBatch b;
-              if (next_iteration >= end || stopped() || !sampler.next_batch(b)) {
+              if (next_iteration >= end || failed.load(std::memory_order_relaxed) || stopped() ||
+                  !sampler.next_batch(b)) {
                 fc.stop();
                 return nullptr;
               }
@@ -182,7 +170,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
             oneapi::tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
                 oneapi::tbb::filter_mode::parallel,
                 [&](std::shared_ptr<Work> w) {
-                  if (w->error || stopped()) return w;
+                  if (w->error || failed.load(std::memory_order_relaxed) || stopped()) return w;
                   try {
                     PlannedIteration& it = w->it;
                     it.result = plan_iteration(it.lengths, &it.refs, it.iteration, cost_, vstages_, options_,
@@ -197,16 +185,22 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
                 }) &
             oneapi::tbb::make_filter<std::shared_ptr<Work>, void>(
                 oneapi::tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                  if (w->error) detail::rethrow_naming(w->error, w->it.iteration);
+                  if (failed.load(std::memory_order_relaxed)) return;  // after a failure: drained, not delivered
+                  if (w->error) {
+                    failure = w->error;
+                    failed_iteration = w->it.iteration;
+                    failed.store(true, std::memory_order_relaxed);
+                    return;
+                  }
                   if (!stopped()) sink(w->it);
                 }));
   });
+  if (failure) detail::rethrow_naming(failure, failed_iteration);
 }
 
 void EpochPlanner::run(const std::function<void(PlannedIteration&)>& sink) {
   PACKPIPE_CHECK_ARG(impl_ == nullptr, "EpochPlanner: run() after next(); use one of them, once");
   impl_ = std::make_unique<Impl>();
-  impl_->done = true;
   impl_->ran = true;
   pipeline([&](PlannedIteration& it) { sink(it); return true; }, [] { return false; });
 }
@@ -214,51 +208,21 @@ void EpochPlanner::run(const std::function<void(PlannedIteration&)>& sink) {
 bool EpochPlanner::next(PlannedIteration& out) {
   if (impl_ == nullptr) {
     impl_ = std::make_unique<Impl>();
-    Impl* im = impl_.get();
-    im->capacity = eo_.depth > 0 ? eo_.depth
-                                 : 2 * static_cast<std::size_t>(eo_.threads > 0 ? eo_.threads
-                                                                                 : std::max(1u, std::thread::hardware_concurrency()));
-    im->worker = std::thread([this, im] {
-      try {
-        pipeline(
-            [im](PlannedIteration& it) {
-              std::unique_lock<std::mutex> lock(im->mu);
-              im->cv.wait(lock, [im] { return im->stop || im->ready.size() < im->capacity; });
-              if (im->stop) return false;
-              im->ready.push_back(std::move(it));
-              im->cv.notify_all();
-              return true;
-            },
-            [im] {
-              std::lock_guard<std::mutex> lock(im->mu);
-              return im->stop;
-            });
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(im->mu);
-        im->error = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(im->mu);
-      im->done = true;
-      im->cv.notify_all();
-    });
+    const std::size_t capacity =
+        eo_.depth > 0 ? eo_.depth
+                      : 2 * static_cast<std::size_t>(eo_.threads > 0 ? eo_.threads
+                                                                     : std::max(1u, std::thread::hardware_concurrency()));
+    impl_->queue = std::make_unique<BackgroundQueue<PlannedIteration>>(
+        capacity,
+        [this](BackgroundQueue<PlannedIteration>& q) {
+          pipeline([&q](PlannedIteration& it) { return q.push(std::move(it)); }, [&q] { return q.stopped(); });
+        },
+        "EpochPlanner");
   }
-  Impl* im = impl_.get();
-  PACKPIPE_CHECK_ARG(!im->ran, "EpochPlanner: next() after run(); use one of them, once");
-  std::unique_lock<std::mutex> lock(im->mu);
-  PACKPIPE_CHECK_ARG(!im->consuming, "EpochPlanner: next() called while another thread is inside next(); use one "
-                                     "consumer");
-  im->consuming = true;
-  im->cv.wait(lock, [im] { return !im->ready.empty() || im->done; });
-  im->consuming = false;
-  if (!im->ready.empty()) {
-    out = std::move(im->ready.front());
-    im->ready.pop_front();
-    ++delivered_;
-    im->cv.notify_all();
-    return true;
-  }
-  if (im->error) std::rethrow_exception(im->error);
-  return false;
+  PACKPIPE_CHECK_ARG(!impl_->ran, "EpochPlanner: next() after run(); use one of them, once");
+  if (!impl_->queue->next(out)) return false;
+  ++delivered_;
+  return true;
 }
 
 }  // namespace packpipe::planner

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <exception>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 
+#include "common/background_queue.h"
 #include "common/errors.h"
 #include "dataloader/dtype.h"
 #include "packing/rows.h"
@@ -264,15 +261,7 @@ struct RankLoader::Impl {
   std::uint64_t first = 0;                     // the first iteration delivered
   std::uint64_t count = 0;                     // iterations delivered in all
   std::atomic<std::uint64_t> delivered{0};
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RankIteration> ready;
-  bool done = false;       // the worker ended (all assembled, or an error)
-  bool stop = false;       // the consumer is gone
-  bool consuming = false;  // a thread is inside next()
-  std::exception_ptr error;
-  std::thread worker;
+  std::unique_ptr<BackgroundQueue<RankIteration>> queue;  // the assembly, ahead of the consumer
 
   // The iteration number of the k-th iteration delivered (k <= count; count: one past the last).
   std::uint64_t iteration_at(std::uint64_t k) const {
@@ -357,81 +346,43 @@ RankLoader::RankLoader(const dl::MultiTaskDataset& data, const std::string& plan
 
 void RankLoader::start() {
   Impl* im = impl_.get();
-  im->worker = std::thread([im] {
-    for (std::uint64_t k = 0; k < im->count; ++k) {
-      {
-        std::lock_guard<std::mutex> lock(im->mu);
-        if (im->stop) break;
-      }
-      const std::uint64_t expected = im->iteration_at(k);
-      RankIteration it;
-      std::exception_ptr error;
-      try {
-        pl::Plan plan;
-        if (im->planner != nullptr) {
-          PlannedIteration planned;
-          PACKPIPE_CHECK(im->planner->next(planned), "the planner ended after {} of {} iterations", k, im->count);
-          PACKPIPE_CHECK_ARG(im->options.replica < planned.result.plans.size(),
-                             "replica {} is out of range: the iteration has {} plans", im->options.replica,
-                             planned.result.plans.size());
-          it.iteration = planned.iteration;
-          plan = std::move(planned.result.plans[im->options.replica]);
-        } else {
-          it.iteration = expected;
-          plan = im->reader->read_iteration(expected, im->options.replica);
+  im->queue = std::make_unique<BackgroundQueue<RankIteration>>(
+      im->options.depth,
+      [im](BackgroundQueue<RankIteration>& q) {
+        for (std::uint64_t k = 0; k < im->count && !q.stopped(); ++k) {
+          const std::uint64_t expected = im->iteration_at(k);
+          RankIteration it;
+          try {
+            pl::Plan plan;
+            if (im->planner != nullptr) {
+              PlannedIteration planned;
+              PACKPIPE_CHECK(im->planner->next(planned), "the planner ended after {} of {} iterations", k, im->count);
+              PACKPIPE_CHECK_ARG(im->options.replica < planned.result.plans.size(),
+                                 "replica {} is out of range: the iteration has {} plans", im->options.replica,
+                                 planned.result.plans.size());
+              it.iteration = planned.iteration;
+              plan = std::move(planned.result.plans[im->options.replica]);
+            } else {
+              it.iteration = expected;
+              plan = im->reader->read_iteration(expected, im->options.replica);
+            }
+            it.loads = rank_loads(im->data, plan, im->options);
+            it.plan = std::move(plan);
+          } catch (...) {
+            detail::rethrow_naming(std::current_exception(), expected);
+          }
+          if (!q.push(std::move(it))) return;
         }
-        it.loads = rank_loads(im->data, plan, im->options);
-        it.plan = std::move(plan);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      std::unique_lock<std::mutex> lock(im->mu);
-      if (error) {
-        try {
-          detail::rethrow_naming(error, expected);
-        } catch (...) {
-          im->error = std::current_exception();
-        }
-        break;
-      }
-      im->cv.wait(lock, [im] { return im->stop || im->ready.size() < im->options.depth; });
-      if (im->stop) break;
-      im->ready.push_back(std::move(it));
-      im->cv.notify_all();
-    }
-    std::lock_guard<std::mutex> lock(im->mu);
-    im->done = true;
-    im->cv.notify_all();
-  });
+      },
+      "RankLoader");
 }
 
-RankLoader::~RankLoader() {
-  if (impl_ == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  if (impl_->worker.joinable()) impl_->worker.join();
-}
+RankLoader::~RankLoader() = default;  // the queue stops the assembly and joins its thread
 
 bool RankLoader::next(RankIteration& out) {
-  Impl* im = impl_.get();
-  std::unique_lock<std::mutex> lock(im->mu);
-  PACKPIPE_CHECK_ARG(!im->consuming, "RankLoader: next() called while another thread is inside next(); use one "
-                                     "consumer");
-  im->consuming = true;
-  im->cv.wait(lock, [im] { return !im->ready.empty() || im->done; });
-  im->consuming = false;
-  if (!im->ready.empty()) {
-    out = std::move(im->ready.front());
-    im->ready.pop_front();
-    im->delivered.fetch_add(1);
-    im->cv.notify_all();
-    return true;
-  }
-  if (im->error) std::rethrow_exception(im->error);
-  return false;
+  if (!impl_->queue->next(out)) return false;
+  impl_->delivered.fetch_add(1);
+  return true;
 }
 
 std::uint64_t RankLoader::iterations() const { return impl_->count; }

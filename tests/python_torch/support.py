@@ -128,6 +128,33 @@ def param_pairs(stage, full):
     return out
 
 
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the gradients it was stepped with (by parameter id) in `sink`."""
+
+    def __init__(self, params, lr, sink):
+        super().__init__(params, lr=lr)
+        self.sink = sink
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.sink[id(p)] = None if p.grad is None else p.grad.detach().clone()
+        return super().step(closure)
+
+
+def grad_error(pairs, sink):
+    """Relative error of the gradients recorded in `sink` (by stage parameter) against the whole
+    model's .grad, over the (stage parameter, whole-model parameter) pairs."""
+    num = den = 0.0
+    for a, b in pairs:
+        x = sink.get(id(a))
+        x = torch.zeros_like(b) if x is None else x
+        y = torch.zeros_like(b) if b.grad is None else b.grad
+        num += float(((x.double() - y.double()) ** 2).sum())
+        den += float((y.double() ** 2).sum())
+    return math.sqrt(num) / max(math.sqrt(den), 1e-300)
+
+
 def relative_error(pairs, attr):
     """sqrt(sum |a - b|^2) / sqrt(sum |b|^2) over the pairs' `attr` ('grad' or 'data')."""
     num = den = 0.0

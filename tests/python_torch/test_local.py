@@ -27,31 +27,6 @@ def make_loader(tmp_path, cfg, *, pp, chunks=1, schedule="1f1b", method="dp", mb
                          tied_embedding=tied, schedule_fallback=True), packpipe.MultiTaskDataset(manifest)
 
 
-class RecordingSGD(torch.optim.SGD):
-    """SGD that keeps the gradients it was stepped with (by parameter id) in `sink`."""
-
-    def __init__(self, params, lr, sink):
-        super().__init__(params, lr=lr)
-        self.sink = sink
-
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.sink[id(p)] = None if p.grad is None else p.grad.detach().clone()
-        return super().step(closure)
-
-
-def grad_error(pairs, sink):
-    num = den = 0.0
-    for a, b in pairs:
-        x = sink.get(id(a))
-        x = torch.zeros_like(b) if x is None else x
-        y = torch.zeros_like(b) if b.grad is None else b.grad
-        num += float(((x - y) ** 2).sum())
-        den += float((y ** 2).sum())
-    return (num ** 0.5) / max(den ** 0.5, 1e-300)
-
-
 def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
     """Runs the loader's iterations on a LocalPipeline of `full`'s stages (one SGD per pipeline rank,
     stepped by OPT_STEP) and the same SGD steps on `full` over each sample alone. Returns the
@@ -66,7 +41,7 @@ def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
         seen.append(plan.schedule)
         if pipe is None:
             stages = {v: pipe_model.stage(plan.stages[v]) for v in range(plan.vstages)}
-            pipe = pt.LocalPipeline(stages, loss_fn, lambda ps: RecordingSGD(ps, lr, sink), dtype=torch.float64,
+            pipe = pt.LocalPipeline(stages, loss_fn, lambda ps: support.RecordingSGD(ps, lr, sink), dtype=torch.float64,
                                     timeout_s=60)
         ref_opt.zero_grad()
         l_ref = support.reference_loss(ref, dataset, support.batch_samples([plan]), encdec, loss,
@@ -77,7 +52,7 @@ def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
         pairs = [pr for m in stages.values() for pr in support.param_pairs(m, ref)]
         assert len(sink) == len({id(a) for a, _ in pairs})
         if first_grad is None:
-            first_grad = grad_error(pairs, sink)
+            first_grad = support.grad_error(pairs, sink)
         ref_opt.step()
     pairs = [pr for m in stages.values() for pr in support.param_pairs(m, ref)]
     return first_grad, support.relative_error(pairs, "data"), seen

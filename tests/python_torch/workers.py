@@ -15,20 +15,6 @@ from packpipe.torch import models
 import support
 
 
-class RecordingSGD(torch.optim.SGD):
-    """SGD that keeps the gradients it was stepped with, by parameter id."""
-
-    def __init__(self, params, lr, sink):
-        super().__init__(params, lr=lr)
-        self.sink = sink
-
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.sink[id(p)] = None if p.grad is None else p.grad.detach().clone()
-        return super().step(closure)
-
-
 def _model(case):
     dtype = torch.float64 if case.get("dtype", "fp64") == "fp64" else torch.float32
     if case["model"] == "gpt":
@@ -77,7 +63,7 @@ def equivalence_case(case):
             mine = pt.PipelineRunner.my_stages(plan, groups.pipeline_rank)
             stages = {v: pipe_model.stage(plan.stages[v]) for v in mine}
             params = [p for m in stages.values() for p in m.parameters()]
-            runner = pt.PipelineRunner(stages, loss_fn, RecordingSGD(params, lr, sink), groups=groups,
+            runner = pt.PipelineRunner(stages, loss_fn, support.RecordingSGD(params, lr, sink), groups=groups,
                                        dtype=cfg.dtype, timeout_s=60)
         ref_opt.zero_grad()
         l_ref = support.reference_loss(full, loader.dataset, support.batch_samples(planned.result.plans), encdec,
@@ -89,14 +75,7 @@ def equivalence_case(case):
             losses.append((loss, float(l_ref)))
         pairs = [pr for m in stages.values() for pr in support.param_pairs(m, full)]
         if first_grad is None:
-            num = den = 0.0
-            for a, b in pairs:
-                x = sink.get(id(a))
-                x = torch.zeros_like(b) if x is None else x
-                y = torch.zeros_like(b) if b.grad is None else b.grad
-                num += float(((x.double() - y.double()) ** 2).sum())
-                den += float((y.double() ** 2).sum())
-            first_grad = (num ** 0.5) / max(den ** 0.5, 1e-300)
+            first_grad = support.grad_error(pairs, sink)
         ref_opt.step()
     pairs = [pr for m in stages.values() for pr in support.param_pairs(m, full)]
     param_err = support.relative_error(pairs, "data")

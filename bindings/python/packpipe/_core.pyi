@@ -238,6 +238,16 @@ class CostModel:
 def static_memory(params: float, dp: int = 1, zero: int = 0) -> StaticMemory:
     """Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO stage `zero`."""
 
+def write_profile(path: str, points: List[Tuple[Any, ...]], model: str = "", device: str = "",
+                  notes: List[str] = ..., sources: List[str] = ...) -> None:
+    """Write packpipe's profile file atomically (points: kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, stored_bytes, peak_bytes)."""
+
+def read_profile(paths: List[str]) -> Dict[str, Any]:
+    """Profiles in any format packpipe reads, merged: model, device, points, notes, sources."""
+
+def profile_leave_one_out(paths: List[str], model: str) -> Dict[str, Any]:
+    """Leave-one-out errors (MAPE, percent) of the profiled model on the profiles' own points."""
+
 def model_presets() -> List[str]:
     """Names of the model presets."""
 

@@ -55,7 +55,8 @@ class StepResult:
     loss: Optional[float]          # sum of token losses / global loss tokens of the ranks holding the head, else None
     tokens: int                    # real tokens of this replica's micro-batches
     loss_tokens: int               # loss tokens of this replica
-    measured_ms: float             # first instruction start to last end (this rank; LocalPipeline: every rank)
+    measured_ms: float             # first instruction start to last end over the pipeline's ranks
+    rank_ms: float                 # the same on this rank alone (LocalPipeline: equal to measured_ms)
     predicted_ms: float            # the plan's simulated makespan (cost-model time)
     records: List[rt.RankRecord]   # the executor's records (one, or one per rank)
     op_times: List[tuple]          # (rank, op, mb, stage, ms) of every compute instruction, measured
@@ -289,11 +290,15 @@ class PipelineRunner:
     which: ``runner.my_stages(plan)``); ``loss_fn(output, batch)`` returns the summed token loss of
     a micro-batch; ``optimizer`` steps this rank's parameters. ``groups`` are the job's process
     groups (:meth:`ProcessGroups.create`, collective), made from ``pp`` and ``dp`` when not given.
+    With ``measure_pipeline`` (default), each iteration ends with a tiny all-reduce over the
+    pipeline so that ``StepResult.measured_ms`` is the pipeline's makespan, comparable with the
+    plan's simulated one.
     """
 
     def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer, *, groups=None,
                  pp: Optional[int] = None, dp: Optional[int] = None, device="cpu", dtype=torch.float32,
-                 timeout_s: float = 300.0, check_agreement: bool = True, synchronize: bool = False):
+                 timeout_s: float = 300.0, check_agreement: bool = True, synchronize: bool = False,
+                 measure_pipeline: bool = True):
         from packpipe.torch.transport import Monitor, ProcessGroups, TorchTransport, default_store
         if groups is None:
             if pp is None or dp is None:
@@ -311,6 +316,8 @@ class PipelineRunner:
         self.executor = rt.Executor(self.handler, self.transport,
                                     rt.ExecutorOptions(timeout_s=timeout_s, check_agreement=check_agreement))
         self._checked_iteration = None
+        self.measure_pipeline = measure_pipeline
+        self.single_host = len({h for h, _ in self.monitor.peers.values()}) == 1
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
 
@@ -324,7 +331,7 @@ class PipelineRunner:
         try:
             work.wait(datetime.timedelta(seconds=self.timeout_s) if self.timeout_s > 0 else datetime.timedelta(0))
         except RuntimeError as e:
-            known = self.monitor.diagnose()
+            known = self.monitor.diagnose(settle_s=2.0)
             raise RuntimeError(f"{what} failed: {e}" + (f" [{known}]" if known else "")) from e
 
     def _check_replicas(self):
@@ -377,8 +384,18 @@ class PipelineRunner:
         if self.handler.loss_sum is not None:
             loss = float(self.handler.loss_sum) / plan.global_loss_tokens
         tokens, loss_tokens = _replica_tokens(plan)
-        return StepResult(iteration.iteration, loss, tokens, loss_tokens, (rec.end_ns - rec.start_ns) / 1e6,
-                          plan.makespan_ms, [rec], _op_times(plan, [rec]))
+        rank_ms = (rec.end_ns - rec.start_ns) / 1e6
+        measured_ms = rank_ms
+        if self.measure_pipeline and self.groups.pp > 1:
+            # One steady clock for every process of a machine (CLOCK_MONOTONIC): the pipeline's first
+            # start and last end; across machines, each rank's own span bounds it from below.
+            base = self.executor.epoch_ns
+            span = torch.tensor([-(base + rec.start_ns), base + rec.end_ns, rank_ms], dtype=torch.float64)
+            self._wait(dist.all_reduce(span, op=dist.ReduceOp.MAX, group=self.groups.pipeline["control"],
+                                       async_op=True), "the pipeline's iteration time")
+            measured_ms = (float(span[1]) + float(span[0])) / 1e6 if self.single_host else float(span[2])
+        return StepResult(iteration.iteration, loss, tokens, loss_tokens, measured_ms, rank_ms, plan.makespan_ms,
+                          [rec], _op_times(plan, [rec]))
 
     def global_loss(self, result: StepResult) -> Optional[float]:
         """The whole global batch's loss (the sum over replicas) on the ranks holding the head
@@ -490,7 +507,8 @@ class LocalPipeline:
         end = max(r.end_ns for r in records)
         tokens, loss_tokens = _replica_tokens(plan)
         return StepResult(iteration.iteration, loss_sum / plan.global_loss_tokens, tokens, loss_tokens,
-                          (end - start) / 1e6, plan.makespan_ms, list(records), _op_times(plan, records))
+                          (end - start) / 1e6, (end - start) / 1e6, plan.makespan_ms, list(records),
+                          _op_times(plan, records))
 
 
 def _copy_tensor(dst: rt.Buffer, src: rt.Buffer) -> None:

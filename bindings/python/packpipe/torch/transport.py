@@ -156,9 +156,19 @@ class Monitor:
     def close(self):
         self._stop.set()
 
-    def diagnose(self) -> str:
+    def diagnose(self, settle_s: float = 0.0) -> str:
         """Which ranks are gone (dead process on this host, or a stale heartbeat elsewhere), and the
-        abort reason another rank published; '' when nothing is known."""
+        abort reason another rank published; '' when nothing is known. A dead peer's sockets close a
+        moment before its process is seen gone: with `settle_s`, look again for that long while
+        nothing is found."""
+        end = time.monotonic() + settle_s
+        while True:
+            known = self._diagnose_once()
+            if known or time.monotonic() >= end:
+                return known
+            time.sleep(0.05)
+
+    def _diagnose_once(self) -> str:
         notes: List[str] = []
         store_ok = True
         try:
@@ -265,9 +275,9 @@ class TorchTransport(rt.Transport):
     def abort_reason(self) -> str:
         return self.monitor.reason() if self.monitor is not None else ""
 
-    def explain(self, peer: int, what: str, e: Exception) -> str:
+    def explain(self, peer: int, what: str, e: Exception, settle_s: float = 2.0) -> str:
         """A backend error, with what the monitor knows of the other ranks."""
-        known = self.monitor.diagnose() if self.monitor is not None else ""
+        known = self.monitor.diagnose(settle_s) if self.monitor is not None else ""
         return (f"{what} (world rank {self.groups.world_of(peer)}) failed: {e}" +
                 (f" [{known}]" if known else ""))
 
