@@ -15,6 +15,7 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/json.h"
+#include "common/stats.h"
 
 namespace packpipe::costmodel {
 
@@ -25,8 +26,8 @@ using OJson = nlohmann::ordered_json;
 
 constexpr const char* kFormat = "packpipe-calibration";
 constexpr int kVersion = 1;
-/// A calibrated time is never below this share of the base prediction (keeps a negative
-/// intercept from making a small op's time negative).
+/// A calibrated time is never below this share of the fitted slope times the base prediction
+/// (keeps a negative intercept from making a small op's time negative).
 constexpr double kFloorShare = 0.1;
 
 std::size_t op_index(MeasuredOp op) { return static_cast<std::size_t>(op); }
@@ -39,22 +40,7 @@ struct Point {
   double m = 0;   // measured, ms
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double quantile_sorted(const std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  const double h = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(h));
-  if (lo + 1 >= v.size()) return v.back();
-  return v[lo] + (h - static_cast<double>(lo)) * (v[lo + 1] - v[lo]);
-}
-
-double calibrated(const RegionFit& f, double p) { return std::max(f.apply(p), kFloorShare * p); }
+double calibrated(const RegionFit& f, double p) { return std::max(f.apply(p), kFloorShare * f.a * p); }
 
 // Least squares of the relative residual (m - a p - b) / p over the kept points: with y = m / p and
 // x = 1 / p it is the ordinary regression y = a + b x. Falls back to a ratio through the origin
@@ -318,11 +304,6 @@ auto sort_key(const Measurement& m) {
                          m.index, m.start_ms, m.peer);
 }
 
-std::string provenance(const Measurement& m, std::size_t i) {
-  return fmt::format("measurement {} ({}, iteration {}, replica {}, rank {}, instruction {})", i,
-                     measured_op_name(m.op), m.iteration, m.replica, m.rank, m.index);
-}
-
 double op_time(const StageOpTimes& t, MeasuredOp op) {
   switch (op) {
     case MeasuredOp::Forward: return t.forward_ms;
@@ -440,35 +421,34 @@ double Calibration::apply(MeasuredOp op, double tokens, double predicted_ms) con
   const OpFit& f = compute[op_index(op)];
   if (!f.fitted) return predicted_ms;
   const double p = predicted_ms;
-  if (f.regions.empty()) return std::max(f.global.apply(p), kFloorShare * p);
+  if (f.regions.empty()) return calibrated(f.global, p);
   const double lt = std::log2(std::max(tokens, 1.0));
   const auto& r = f.regions;
-  double v = 0;
-  if (lt <= r.front().center_log2_tokens) {
-    v = r.front().apply(p);
-  } else if (lt >= r.back().center_log2_tokens) {
-    v = r.back().apply(p);
-  } else {
-    std::size_t i = 0;
-    while (i + 2 < r.size() && lt >= r[i + 1].center_log2_tokens) ++i;
-    const double w = (lt - r[i].center_log2_tokens) / (r[i + 1].center_log2_tokens - r[i].center_log2_tokens);
-    v = (1.0 - w) * r[i].apply(p) + w * r[i + 1].apply(p);
-  }
-  return std::max(v, kFloorShare * p);
+  if (lt <= r.front().center_log2_tokens) return calibrated(r.front(), p);
+  if (lt >= r.back().center_log2_tokens) return calibrated(r.back(), p);
+  std::size_t i = 0;
+  while (i + 2 < r.size() && lt >= r[i + 1].center_log2_tokens) ++i;
+  const double w = (lt - r[i].center_log2_tokens) / (r[i + 1].center_log2_tokens - r[i].center_log2_tokens);
+  // lo + w (hi - lo): exactly lo where both lines agree (an identity calibration changes no bit).
+  const double lo = r[i].apply(p);
+  const double v = lo + w * (r[i + 1].apply(p) - lo);
+  const double a = r[i].a + w * (r[i + 1].a - r[i].a);
+  return std::max(v, kFloorShare * a * p);
 }
 
 StageOpTimes Calibration::apply(const StageOpTimes& t, double tokens) const {
   StageOpTimes c;
   c.forward_ms = apply(MeasuredOp::Forward, tokens, t.forward_ms);
   c.backward_ms = apply(MeasuredOp::Backward, tokens, t.backward_ms);
-  const double share_w = t.backward_ms > 0 ? t.backward_weight_ms / t.backward_ms : 0.0;
-  const double share_i = t.backward_ms > 0 ? t.backward_input_ms / t.backward_ms : 1.0;
+  // Halves without a fit scale with the calibrated backward (a ratio of exactly 1 when B is
+  // unchanged, so an identity calibration changes no bit).
+  const double scale = t.backward_ms > 0 ? c.backward_ms / t.backward_ms : 1.0;
   c.backward_input_ms = compute[op_index(MeasuredOp::BackwardInput)].fitted
                             ? apply(MeasuredOp::BackwardInput, tokens, t.backward_input_ms)
-                            : c.backward_ms * share_i;
+                            : t.backward_input_ms * scale;
   c.backward_weight_ms = compute[op_index(MeasuredOp::BackwardWeight)].fitted
                              ? apply(MeasuredOp::BackwardWeight, tokens, t.backward_weight_ms)
-                             : c.backward_ms * share_w;
+                             : t.backward_weight_ms * scale;
   c.backward_weight_ms = std::min(c.backward_weight_ms, c.backward_ms);
   return c;
 }
@@ -674,7 +654,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
                      base.describe());
   std::vector<std::size_t> order(measurements.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  for (std::size_t i : order) check_measurement(measurements[i], provenance(measurements[i], i));
+  for (std::size_t i : order) check_measurement(measurements[i], describe_measurement(measurements[i], i));
   // Canonical order: every sum below runs over it, so the result does not depend on the input order.
   std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
     return sort_key(measurements[x]) < sort_key(measurements[y]);
@@ -702,7 +682,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     } catch (const InvalidArgument& e) {
       PACKPIPE_THROW(InvalidArgument, "{}: the cost model ({}) refuses its shape (stage {} encoder + {} decoder layers{}{}, "
                      "tp {}, rows {}, seq {}, dec_seq {}, recompute {}): {}",
-                     provenance(m, i), base.describe(), m.layout.encoder_layers, m.layout.decoder_layers,
+                     describe_measurement(m, i), base.describe(), m.layout.encoder_layers, m.layout.decoder_layers,
                      m.layout.has_embedding ? ", embedding" : "", m.layout.has_postprocess ? ", LM head" : "", m.tp,
                      m.rows, m.seq, m.dec_seq, recompute_name(m.recompute), e.what());
     }

@@ -91,7 +91,7 @@ struct Calibration {
 
   /// Calibrated time of compute op `op` (F, B, I or W) predicted `predicted_ms` by the base model
   /// at `tokens`: the regions' lines blended linearly in log2(tokens) between their centres (the
-  /// edge region's beyond), never below a tenth of the prediction. An op kind without a fit
+  /// edge region's beyond), never below a tenth of the (blended) slope times the prediction. An op kind without a fit
   /// returns predicted_ms. InvalidArgument for a transfer op.
   double apply(MeasuredOp op, double tokens, double predicted_ms) const;
   /// Calibrated op times of a stage from its base op times: F and B by their fits; I and W by

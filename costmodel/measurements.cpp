@@ -91,6 +91,11 @@ void MeasurementSet::append(const MeasurementSet& other) {
   iterations.insert(iterations.end(), other.iterations.begin(), other.iterations.end());
 }
 
+std::string describe_measurement(const Measurement& m, std::size_t i) {
+  return fmt::format("measurement {} ({}, iteration {}, replica {}, rank {}, instruction {})", i,
+                     measured_op_name(m.op), m.iteration, m.replica, m.rank, m.index);
+}
+
 void check_measurement(const Measurement& m, std::string_view where) {
   const char* op = measured_op_name(m.op);
   PACKPIPE_CHECK_ARG(std::string_view(op) != "?", "{}: unknown op value {}", where, static_cast<int>(m.op));

@@ -97,6 +97,10 @@ inline constexpr std::int64_t kMaxMeasuredSize = std::int64_t{1} << 31;
 /// itself), a compute op with bytes, or a size above kMaxMeasuredSize.
 void check_measurement(const Measurement& m, std::string_view where);
 
+/// How errors name measurement `i` of a list: "measurement 3 (F, iteration 0, replica 0, rank 1,
+/// instruction 17)".
+std::string describe_measurement(const Measurement& m, std::size_t i);
+
 /// Parses the "packpipe-measurements" v1 JSON Lines `text` read from `what` (a file name). Blank
 /// lines are skipped; the first line must be the header. Throws Error naming `what`, the line and
 /// the field with expected versus found for malformed JSON, a missing, unknown or mistyped field,

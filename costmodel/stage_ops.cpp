@@ -45,10 +45,15 @@ StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std:
   return stage_op_times(cm, stage_cost(cm, layout, tp, mbs, seq, dec_seq, rc), layout, mbs, seq, dec_seq);
 }
 
-double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens) {
+double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens) {
   const Calibration* cal = cm.calibration();
-  if (cal == nullptr) return stage.total_ms();
-  return cal->stage_ms(tokens, stage.forward_ms, stage.backward_ms + stage.recompute_ms);
+  if (cal == nullptr) return 0;
+  const double backward = stage.backward_ms + stage.recompute_ms;
+  return cal->stage_ms(tokens, stage.forward_ms, backward) - (stage.forward_ms + backward);
+}
+
+double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens) {
+  return stage.total_ms() + stage_time_delta_ms(cm, stage, tokens);
 }
 
 }  // namespace packpipe::costmodel

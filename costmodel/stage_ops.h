@@ -40,8 +40,12 @@ StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std:
                             std::int64_t seq, std::int64_t dec_seq, Recompute rc);
 
 /// Forward plus full backward of a stage (the partitioner's and layer balancing's stage time):
-/// stage.total_ms() for an uncalibrated model (bit for bit as before calibration existed), else
-/// the calibrated forward plus the calibrated backward at `tokens` (shape_tokens).
+/// stage.total_ms() plus stage_time_delta_ms: bit for bit as before calibration existed for an
+/// uncalibrated model or an identity calibration.
 double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens);
+/// What calibration adds to a stage's forward plus full backward at `tokens` (shape_tokens): the
+/// calibrated forward + backward minus the base's; exactly 0 for an uncalibrated model and for an
+/// identity calibration (so sums of base times plus it keep their bits).
+double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens);
 
 }  // namespace packpipe::costmodel

@@ -289,10 +289,10 @@ std::int64_t Coster::shared_rows(std::size_t k, cm::Query query, std::int64_t ro
   return ok;
 }
 
-double Coster::calibrated_time(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
-                               const cm::LayerCost* once, double tokens) const {
+double Coster::calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
+                                 const cm::LayerCost* once, double tokens) const {
   // The stage's times composed as costmodel::stage_cost composes them (per part: forward,
-  // backward, recompute), then the calibrated forward + backward.
+  // backward, recompute), then what calibration adds to their forward + backward.
   cm::LayerCost s;
   for (int k : comp) {
     s.forward_ms += layers * q[k]->forward_ms;
@@ -304,7 +304,7 @@ double Coster::calibrated_time(const std::vector<int>& comp, const cm::LayerCost
     s.backward_ms += once->backward_ms;
     s.recompute_ms += once->recompute_ms;
   }
-  return cm::stage_time_ms(cost_, s, tokens);
+  return cm::stage_time_delta_ms(cost_, s, tokens);
 }
 
 RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) const {
@@ -337,7 +337,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) cons
       stored += q[k]->stored_bytes;
       peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
     }
-    if (calibrated_) time = calibrated_time(comps_[c], q, 1.0, nullptr, tokens);
+    if (calibrated_) time += calibration_delta(comps_[c], q, 1.0, nullptr, tokens);
     ct[c] = time;
     cs[c] = stored;
     cp[c] = peak_abs - stored;
@@ -402,14 +402,14 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q, double tokens) co
     const cm::LayerCost& d = *q[2];
     t_dec = l * d.total_ms() + p.total_ms();
     if (calibrated_) {
-      t_enc = calibrated_time(kDynEncoder, q, l, nullptr, tokens);
-      t_dec = calibrated_time(kDynDecoder, q, l, &p, tokens);
+      t_enc += calibration_delta(kDynEncoder, q, l, nullptr, tokens);
+      t_dec += calibration_delta(kDynDecoder, q, l, &p, tokens);
     }
     s_d = d.stored_bytes / kMB;
     a_d = (d.stored_bytes + d.peak_bytes) / kMB;
   } else {
     t_enc += p.total_ms();
-    if (calibrated_) t_enc = calibrated_time(kDynEncoder, q, l, &p, tokens);
+    if (calibrated_) t_enc += calibration_delta(kDynEncoder, q, l, &p, tokens);
   }
   const double s_e = e.stored_bytes / kMB;
   const double a_e = (e.stored_bytes + e.peak_bytes) / kMB;

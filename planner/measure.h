@@ -57,6 +57,13 @@ struct OpErrors {
   double bias = 0;                 ///< median relative error (positive: the model predicts too long)
 };
 
+/// Errors of `cost`'s op times (costmodel::predict_ms: calibrated when `cost` is) against every
+/// measurement of `ops`, per op kind measured, in MeasuredOp order; `predicted` (optional) receives
+/// each measurement's prediction. Throws InvalidArgument naming the measurement for one
+/// check_measurement refuses or whose shape the model refuses.
+std::vector<OpErrors> op_errors(const cm::CostModel& cost, const std::vector<cm::Measurement>& ops,
+                                std::vector<double>* predicted = nullptr);
+
 /// One measured iteration of one replica re-simulated.
 struct IterationCheck {
   std::uint64_t iteration = 0;
@@ -89,9 +96,10 @@ struct ValidationReport {
 ValidationReport validate_measurements(const cm::CostModel& cost, const cm::MeasurementSet& set);
 
 /// Predicted and measured pairs for a plot: JSON {"format": "packpipe-validation-plot",
-/// "version": 1, "cost_model", "ops": [{"op", "tokens": [...], "predicted_ms": [...],
-/// "measured_ms": [...]}], "iterations": [{"iteration", "replica", "predicted_ms",
-/// "measured_ms"}]} (013 documents it).
+/// "version": 1, "cost_model", "ops": [{"op", "tokens": [...], ("bytes": [...] for transfers,)
+/// "predicted_ms": [...], "measured_ms": [...]}], "iterations": [{"iteration", "replica", "ops",
+/// "predicted_ms", "measured_ms", "planned_ms"}]} (null where unknown; 013 documents it).
+/// Throws InvalidArgument when `report` has not one prediction per measurement of `set`.
 std::string validation_plot_json(const ValidationReport& report, const cm::MeasurementSet& set);
 
 }  // namespace packpipe::planner

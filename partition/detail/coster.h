@@ -139,10 +139,10 @@ class Coster {
   // (kinds_ order).
   RcCost compose_stages(const cm::LayerCost* const* q, double tokens) const;
   RcCost compose_dynapipe(const cm::LayerCost* const* q, double tokens) const;
-  // A calibrated model's stage time (costmodel::stage_time_ms) of `layers` x the answers q[k] of
-  // `comp`, plus `once` (the DynaPipe basis's post-process; may be null).
-  double calibrated_time(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
-                         const cm::LayerCost* once, double tokens) const;
+  // What a calibrated model adds (costmodel::stage_time_delta_ms) to the stage time of `layers` x
+  // the answers q[k] of `comp`, plus `once` (the DynaPipe basis's post-process; may be null).
+  double calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
+                           const cm::LayerCost* once, double tokens) const;
   static constexpr std::size_t kMaxKinds = 8;
 
   struct KindQuery {  // one distinct (kind, layers) query of the stage layouts (DynaPipe: its per-layer queries)
