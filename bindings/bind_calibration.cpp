@@ -230,6 +230,8 @@ void define_calibration_class(py::module_& m) {
         py::arg("cost_model"), py::arg("measurements"), py::arg("options") = cm::FitOptions{},
         "Fits a Calibration of an uncalibrated cost model to a MeasurementSet or a list of Measurement (any order: "
         "the same bits)");
+  m.def("predict_ms", &cm::predict_ms, py::arg("cost_model"), py::arg("measurement"),
+        "The cost model's time of a measurement's op and shape (calibrated when the model is)");
   m.def("cost_model_fingerprint", &cm::cost_model_fingerprint, py::arg("cost_model"),
         "16 hex digits identifying an uncalibrated cost model (what a calibration is checked against)");
 }

@@ -14,6 +14,7 @@
 #include "costmodel/factory.h"
 #include "costmodel/flops.h"
 #include "costmodel/model.h"
+#include "costmodel/stage_ops.h"
 
 namespace packpipe::cli {
 
@@ -116,6 +117,13 @@ Json run_query(const QueryOptions& o) {
   j["peak_bytes"] = c.peak_bytes;
   j["boundary_bytes"] = c.boundary_bytes;
   j["boundary_p2p_ms"] = c.boundary_bytes > 0 ? model->comm().p2p_ms(c.boundary_bytes) : 0.0;
+  if (model->calibration() != nullptr) {  // the calibrated op times of the queried layers as one stage
+    const cm::StageOpTimes t = cm::stage_op_times(*model, c, layout, q.mbs, q.seq, q.dec_seq);
+    j["calibrated"] = Json{{"forward_ms", t.forward_ms},
+                           {"backward_ms", t.backward_ms},
+                           {"backward_input_ms", t.backward_input_ms},
+                           {"backward_weight_ms", t.backward_weight_ms}};
+  }
   j["time_source"] = cm::provenance_name(c.time_source);
   j["memory_source"] = cm::provenance_name(c.memory_source);
   j["static"] = Json{{"dp", o.dp},
@@ -140,6 +148,12 @@ void print_query(const Json& j) {
   std::printf("  time        forward %.3f ms, backward %.3f ms, recompute %.3f ms, total %.3f ms (%s)\n",
               j["forward_ms"].get<double>(), j["backward_ms"].get<double>(), j["recompute_ms"].get<double>(),
               j["total_ms"].get<double>(), j["time_source"].get<std::string>().c_str());
+  if (j.contains("calibrated")) {
+    const Json& t = j["calibrated"];
+    std::printf("  calibrated  forward %.3f ms, backward %.3f ms (recompute included; input %.3f ms, weight %.3f ms)\n",
+                t["forward_ms"].get<double>(), t["backward_ms"].get<double>(), t["backward_input_ms"].get<double>(),
+                t["backward_weight_ms"].get<double>());
+  }
   auto mb = [](const Json& v) { return human_bytes(static_cast<std::uint64_t>(v.get<double>())); };
   std::printf("  activations stored %s, transient peak %s (%s)\n", mb(j["stored_bytes"]).c_str(),
               mb(j["peak_bytes"]).c_str(), j["memory_source"].get<std::string>().c_str());

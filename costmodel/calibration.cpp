@@ -274,7 +274,7 @@ TransferFit fit_transfers(bool inter, std::vector<TransferSample> s, const CommM
     const double det = sw * sxx - sx * sx;
     slope = det > 0 ? (sw * sxy - sx * sy) / det : 0;
     alpha = det > 0 ? (sy - slope * sx) / sw : 0;
-    if (!(slope > 0)) {
+    if (!(slope > 0) || !std::isfinite(1.0 / slope)) {
       slope = 1.0 / bw0;
       alpha = std::max(0.0, (sy - slope * sx) / sw);
     } else if (alpha < 0) {
@@ -282,6 +282,9 @@ TransferFit fit_transfers(bool inter, std::vector<TransferSample> s, const CommM
       slope = sxy / sxx;
     }
   }
+  if (!(slope > 0) || !std::isfinite(1.0 / slope)) slope = 1.0 / bw0;
+  // a latency above every measured time would be no fit of them
+  alpha = std::clamp(alpha, 0.0, *std::max_element(q.begin(), q.end()));
   f.fitted = true;
   f.latency_ms = alpha;
   f.bytes_per_ms = 1.0 / slope;
@@ -382,8 +385,14 @@ struct Reader {
   RegionFit region(const Json& j, const std::string& path) const {
     RegionFit f;
     f.a = positive(j, path, "a");
+    PACKPIPE_CHECK(f.a <= kMaxCalibrationSlope, "{}: {}/a: expected at most {:g}, found {}", what, path,
+                   kMaxCalibrationSlope, f.a);
     f.b = number(j, path, "b");
+    PACKPIPE_CHECK(std::abs(f.b) <= kMaxCalibrationInterceptMs, "{}: {}/b: expected in [-{:g}, {:g}], found {}", what,
+                   path, kMaxCalibrationInterceptMs, kMaxCalibrationInterceptMs, f.b);
     f.center_log2_tokens = number(j, path, "center_log2_tokens");
+    PACKPIPE_CHECK(f.center_log2_tokens >= 0 && f.center_log2_tokens <= 64,
+                   "{}: {}/center_log2_tokens: expected in [0, 64], found {}", what, path, f.center_log2_tokens);
     f.min_log2_tokens = number(j, path, "min_log2_tokens");
     f.max_log2_tokens = number(j, path, "max_log2_tokens");
     f.min_predicted_ms = number(j, path, "min_predicted_ms");
@@ -575,8 +584,8 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     t.latency_ms = r.number(ts[k], path, "latency_ms");
     t.bytes_per_ms = r.number(ts[k], path, "bytes_per_ms");
     if (t.fitted) {
-      PACKPIPE_CHECK(t.latency_ms >= 0, "{}: {}/latency_ms: expected a non-negative number, found {}", what, path,
-                     t.latency_ms);
+      PACKPIPE_CHECK(t.latency_ms >= 0 && t.latency_ms <= kMaxMeasuredMs,
+                     "{}: {}/latency_ms: expected in [0, {:g}], found {}", what, path, kMaxMeasuredMs, t.latency_ms);
       PACKPIPE_CHECK(t.bytes_per_ms > 0, "{}: {}/bytes_per_ms: expected a positive number, found {}", what, path,
                      t.bytes_per_ms);
     }
@@ -709,6 +718,16 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     if (!b.empty()) c.compute[op_index(MeasuredOp::Backward)].from = "I + W";
   }
   for (std::size_t k = 0; k < 2; ++k) c.transfers[k] = fit_transfers(k == 1, transfers[k], base.comm(), options);
+  for (const OpFit& f : c.compute) {
+    std::vector<const RegionFit*> lines = {&f.global};
+    for (const auto& r : f.regions) lines.push_back(&r);
+    for (const RegionFit* r : lines) {
+      PACKPIPE_CHECK_ARG(r->a <= kMaxCalibrationSlope && std::abs(r->b) <= kMaxCalibrationInterceptMs,
+                         "{}: the measured times are {} x the model's predictions {:+} ms (at most {:g} x and {:g} ms "
+                         "accepted): measurements of another model, or in other units?",
+                         measured_op_name(f.op), r->a, r->b, kMaxCalibrationSlope, kMaxCalibrationInterceptMs);
+    }
+  }
   return c;
 }
 

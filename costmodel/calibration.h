@@ -39,6 +39,11 @@ struct FitOptions {
 /// [2, 2^31], outlier_mads in [1, 100], max_iterations in [1, 1000], transfer_quantile in [0, 1]).
 void check_fit_options(const FitOptions& o);
 
+/// Largest slope and intercept a fit may have (a file with others is refused): measured times a
+/// million times the model's are measurements of another model, or in other units.
+inline constexpr double kMaxCalibrationSlope = 1e6;
+inline constexpr double kMaxCalibrationInterceptMs = 1e9;
+
 /// One line measured = a x predicted + b over a set of points, with its statistics.
 struct RegionFit {
   double a = 1, b = 0;
@@ -129,7 +134,8 @@ bool crosses_nodes(const CostModel& cm, std::int64_t tp, std::int64_t rank, std:
 /// Fits a calibration of `base` (not itself calibrated) to `measurements` (any order; sorted
 /// canonically first, so the result does not depend on it). Throws InvalidArgument naming the
 /// measurement (index and provenance) for one check_measurement refuses or whose shape the base
-/// model refuses, and for bad options.
+/// model refuses, for bad options, and naming the op kind for a fit beyond kMaxCalibrationSlope or
+/// kMaxCalibrationInterceptMs.
 Calibration fit_calibration(const CostModel& base, const std::vector<Measurement>& measurements,
                             const FitOptions& options = {});
 

@@ -105,6 +105,9 @@ void check_measurement(const Measurement& m, std::string_view where) {
   } else {
     PACKPIPE_CHECK_ARG(m.ms >= 0, "{} ({}): ms must not be negative, found {}", where, op, m.ms);
   }
+  PACKPIPE_CHECK_ARG(m.ms <= kMaxMeasuredMs && (m.ms == 0 || m.ms >= kMinMeasuredMs),
+                     "{} ({}): ms must be in [{:g}, {:g}] (the clock's resolution to 11.6 days{}), found {}", where, op,
+                     kMinMeasuredMs, kMaxMeasuredMs, is_compute(m.op) ? "" : ", or 0", m.ms);
   PACKPIPE_CHECK_ARG(m.rows >= 1 && m.rows <= kMaxMeasuredSize, "{} ({}): rows must be in [1, {}], found {}", where, op,
                      kMaxMeasuredSize, m.rows);
   PACKPIPE_CHECK_ARG(m.seq >= 1 && m.seq <= kMaxMeasuredSize, "{} ({}): seq must be in [1, {}], found {}", where, op,

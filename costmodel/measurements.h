@@ -89,10 +89,15 @@ struct MeasurementSet {
 
 /// Largest sizes a measurement may name (far above real shapes; the cost model has its own limits).
 inline constexpr std::int64_t kMaxMeasuredSize = std::int64_t{1} << 31;
+/// Durations a measurement may have: at least the clock's resolution (1 ns; transfers may be 0, a
+/// wait that had nothing left to wait for) and at most 1e9 ms (11.6 days).
+inline constexpr double kMinMeasuredMs = 1e-6;
+inline constexpr double kMaxMeasuredMs = 1e9;
 
 /// Throws InvalidArgument, prefixed by `where` (e.g. "measurements.jsonl line 7"), naming the
 /// field and expected versus found, for a measurement that cannot be fitted: a non-finite or
-/// negative duration (compute ops: not positive), rows or seq below 1, a negative dec_seq or layer
+/// negative duration, one above kMaxMeasuredMs or positive below kMinMeasuredMs (compute ops: not
+/// at least kMinMeasuredMs), rows or seq below 1, a negative dec_seq or layer
 /// count, tp below 1, a stage with no layers, a transfer of 0 bytes or without a peer (or to
 /// itself), a compute op with bytes, or a size above kMaxMeasuredSize.
 void check_measurement(const Measurement& m, std::string_view where);

@@ -233,7 +233,8 @@ PlanMeasurements measurements_from(const pl::Plan& plan, const InstructionTimes&
       if (!pl::is_compute(ins.op)) continue;
       cm::Measurement m = shape_of(plan, ins.mb, ins.stage, options.tp);
       m.op = measured_op(pl::compute_kind(ins.op));
-      m.ms = ns_to_ms(times[r][i].second - times[r][i].first);
+      // at least the clock's resolution: an op timed at 0 ns took under one
+      m.ms = ns_to_ms(std::max<std::int64_t>(1, times[r][i].second - times[r][i].first));
       m.rank = static_cast<std::uint32_t>(r);
       m.index = i;
       m.start_ms = rel_ms(times[r][i].first);

@@ -37,7 +37,7 @@ struct PlanMeasurements {
 
 /// Measurements of one executed plan (a format-2 plan: its stage layouts are the measurements'
 /// shapes). Compute instructions (FWD, BWD, BWD_I, BWD_W) become F, B, I and W with their
-/// instruction's duration. A transfer, matched between its two ranks per channel in posting order
+/// instruction's duration (at least 1 ns, the clock's resolution). A transfer, matched between its two ranks per channel in posting order
 /// as the transports match it, becomes one send and one recv measurement of the plan's shape bytes,
 /// each the time from the later of the two START instructions to that side's WAIT end: an upper
 /// bound of the transfer, exact when that side waited through it (013 says why a low quantile of

@@ -446,6 +446,9 @@ def fit_calibration(cost_model: CostModel, measurements: Union[MeasurementSet, S
                     options: FitOptions = ...) -> Calibration:
     """Fit a Calibration of an uncalibrated cost model (any order of the measurements: the same bits)."""
 
+def predict_ms(cost_model: CostModel, measurement: Measurement) -> float:
+    """The cost model's time of a measurement's op and shape (calibrated when the model is)."""
+
 def cost_model_fingerprint(cost_model: CostModel) -> str:
     """16 hex digits identifying an uncalibrated cost model (what a calibration is checked against)."""
 
