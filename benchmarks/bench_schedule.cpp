@@ -51,7 +51,7 @@ struct Bench {
   part::PipelineShape shape;
   sched::SimProblem problem;
   Bench(Model model, std::int64_t stages) {
-    cm::CostModelConfig cfg{"gpt-6.7b", "A100-40GB", {}};
+    cm::CostModelConfig cfg{"gpt-6.7b", "A100-40GB", {}, ""};
     shape.stages = stages;
     if (model == Model::Profiled) {
       const std::string dir = std::string(PACKPIPE_FIXTURES_DIR) + "/dynapipe/derived_from_cost_models_pkl/";

@@ -111,6 +111,10 @@ void declare_costmodel(pybind11::module_& m);
 /// Defines the cost-model methods and functions (phase 2).
 void define_costmodel(pybind11::module_& m);
 
+/// Calibration (bind_calibration.cpp): measurements, FitOptions, Calibration, CalibratedCostModel.
+void declare_calibration(pybind11::module_& m);
+void define_calibration(pybind11::module_& m);
+
 /// Packing (bind_packing.cpp).
 void declare_packing(pybind11::module_& m);
 void define_packing(pybind11::module_& m);
@@ -158,6 +162,11 @@ void define_plan(pybind11::module_& m);
 /// The planning job for one global batch and for an epoch (bind_planner.cpp).
 void declare_planner(pybind11::module_& m);
 void define_planner(pybind11::module_& m);
+
+/// Measurements of executed plans and their validation (bind_measure.cpp): measurements_from(),
+/// validate_measurements(), ValidationReport, validation_plot_json().
+void declare_measure(pybind11::module_& m);
+void define_measure(pybind11::module_& m);
 
 /// The data path from plans to token tensors (bind_loader.cpp): LoadedTensors, RankIteration,
 /// RankLoader, microbatch_layout() and assemble_microbatch().

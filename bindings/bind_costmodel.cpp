@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "costmodel/calibration.h"
 #include "costmodel/cost_model.h"
 #include "costmodel/factory.h"
 #include "costmodel/flops.h"
@@ -153,13 +154,23 @@ void define_costmodel(py::module_& m) {
       .def_property_readonly("total_bytes", &cm::StaticMemory::total);
 
   py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"))
-      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles) {
+      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
+                       const std::string& calibration) {
              py::gil_scoped_release release;
-             return std::shared_ptr<cm::CostModel>(cm::make_cost_model(cm::CostModelConfig{model, device, profiles}));
+             return std::shared_ptr<cm::CostModel>(
+                 cm::make_cost_model(cm::CostModelConfig{model, device, profiles, calibration}));
            }),
            py::arg("model") = "gpt-6.7b", py::arg("device") = "A100-40GB",
-           py::arg("profiles") = std::vector<std::string>{},
-           "Model and device presets or .json files; profiles (files or folders) select the profiled model")
+           py::arg("profiles") = std::vector<std::string>{}, py::arg("calibration") = "",
+           "Model and device presets or .json files; profiles (files or folders) select the profiled model; "
+           "calibration (a file of `packpipe costmodel calibrate`) is applied over it")
+      .def_property_readonly(
+          "calibration",
+          [](const cm::CostModel& self) -> py::object {
+            const cm::Calibration* c = self.calibration();
+            return c == nullptr ? py::object(py::none()) : py::cast(std::make_shared<cm::Calibration>(*c));
+          },
+          "The Calibration applied (a copy), or None")
       .def(
           "query",
           [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,

@@ -7,11 +7,13 @@ namespace packpipe::cli {
 
 /// `packpipe dataset info|verify|build|compress|decompress|merge`.
 void register_dataset_commands(CLI::App& app);
-/// `packpipe costmodel show|query|validate|import` (creates the subcommand, adds the query
+/// `packpipe costmodel show|query|validate|import|calibrate` (creates the subcommand, adds the query
 /// commands and calls add_costmodel_profile_commands).
 void register_costmodel_commands(CLI::App& app);
 /// Adds `validate` and `import` to the `costmodel` subcommand.
 void add_costmodel_profile_commands(CLI::App& costmodel);
+/// Adds `calibrate` to the `costmodel` subcommand.
+void add_costmodel_calibration_commands(CLI::App& costmodel);
 /// `packpipe partition`: micro-batches of one global batch by any method.
 void register_partition_commands(CLI::App& app);
 /// `packpipe pack`: pack sample lengths into rows.

@@ -14,6 +14,7 @@
 #include "costmodel/factory.h"
 #include "costmodel/flops.h"
 #include "costmodel/model.h"
+#include "costmodel/stage_ops.h"
 
 namespace packpipe::cli {
 
@@ -63,6 +64,7 @@ struct QueryOptions {
   std::string model = "gpt-6.7b";
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
+  std::string calibration;
   std::string kind = "encoder";
   std::string recompute = "none";
   std::int64_t tp = 1;
@@ -79,7 +81,7 @@ struct QueryOptions {
 Json run_query(const QueryOptions& o) {
   PACKPIPE_CHECK_ARG(o.seq == 0 || o.enc_seq == 0 || o.seq == o.enc_seq,
                      "--seq ({}) and --enc-seq ({}) disagree; give one of them", o.seq, o.enc_seq);
-  const auto model = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles});
+  const auto model = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles, o.calibration});
   const cm::ModelSpec& m = model->model();
   cm::Query q;
   q.kind = cm::layer_kind_from_name(o.kind);
@@ -115,6 +117,13 @@ Json run_query(const QueryOptions& o) {
   j["peak_bytes"] = c.peak_bytes;
   j["boundary_bytes"] = c.boundary_bytes;
   j["boundary_p2p_ms"] = c.boundary_bytes > 0 ? model->comm().p2p_ms(c.boundary_bytes) : 0.0;
+  if (model->calibration() != nullptr) {  // the calibrated op times of the queried layers as one stage
+    const cm::StageOpTimes t = cm::stage_op_times(*model, c, layout, q.mbs, q.seq, q.dec_seq);
+    j["calibrated"] = Json{{"forward_ms", t.forward_ms},
+                           {"backward_ms", t.backward_ms},
+                           {"backward_input_ms", t.backward_input_ms},
+                           {"backward_weight_ms", t.backward_weight_ms}};
+  }
   j["time_source"] = cm::provenance_name(c.time_source);
   j["memory_source"] = cm::provenance_name(c.memory_source);
   j["static"] = Json{{"dp", o.dp},
@@ -139,6 +148,12 @@ void print_query(const Json& j) {
   std::printf("  time        forward %.3f ms, backward %.3f ms, recompute %.3f ms, total %.3f ms (%s)\n",
               j["forward_ms"].get<double>(), j["backward_ms"].get<double>(), j["recompute_ms"].get<double>(),
               j["total_ms"].get<double>(), j["time_source"].get<std::string>().c_str());
+  if (j.contains("calibrated")) {
+    const Json& t = j["calibrated"];
+    std::printf("  calibrated  forward %.3f ms, backward %.3f ms (recompute included; input %.3f ms, weight %.3f ms)\n",
+                t["forward_ms"].get<double>(), t["backward_ms"].get<double>(), t["backward_input_ms"].get<double>(),
+                t["backward_weight_ms"].get<double>());
+  }
   auto mb = [](const Json& v) { return human_bytes(static_cast<std::uint64_t>(v.get<double>())); };
   std::printf("  activations stored %s, transient peak %s (%s)\n", mb(j["stored_bytes"]).c_str(),
               mb(j["peak_bytes"]).c_str(), j["memory_source"].get<std::string>().c_str());
@@ -150,8 +165,8 @@ void print_query(const Json& j) {
               mb(s["total_bytes"]).c_str(), static_cast<long long>(s["dp"].get<std::int64_t>()), s["zero"].get<int>());
 }
 
-Json show_json(const std::string& model_name, const std::string& device_name, const std::vector<std::string>& profiles) {
-  const auto model = cm::make_cost_model(cm::CostModelConfig{model_name, device_name, profiles});
+Json show_json(const cm::CostModelConfig& config) {
+  const auto model = cm::make_cost_model(config);
   Json j;
   j["model"] = model_json(model->model());
   j["device"] = device_json(model->device());
@@ -206,16 +221,16 @@ void register_costmodel_commands(CLI::App& app) {
   // show
   {
     auto* sub = cmd->add_subcommand("show", "The model, device and communication figures a cost model uses");
-    auto model = std::make_shared<std::string>("gpt-6.7b");
-    auto device = std::make_shared<std::string>("A100-40GB");
-    auto profiles = std::make_shared<std::vector<std::string>>();
+    auto config = std::make_shared<cm::CostModelConfig>();
     auto json = std::make_shared<bool>(false);
-    sub->add_option("--model", *model, "Model preset or .json file (default gpt-6.7b)");
-    sub->add_option("--device", *device, "Device preset or .json file (default A100-40GB)");
-    sub->add_option("--profile", *profiles, "Profile file or folder (repeatable); none: the analytic model");
+    sub->add_option("--model", config->model, "Model preset or .json file (default gpt-6.7b)");
+    sub->add_option("--device", config->device, "Device preset or .json file (default A100-40GB)");
+    sub->add_option("--profile", config->profiles, "Profile file or folder (repeatable); none: the analytic model");
+    sub->add_option("--calibration", config->calibration,
+                    "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
     sub->add_flag("--json", *json, "Print one JSON object");
     sub->callback([=] {
-      const Json j = show_json(*model, *device, *profiles);
+      const Json j = show_json(*config);
       if (*json) return print_json(j);
       print_show(j);
     });
@@ -228,6 +243,8 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
     sub->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
     sub->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
+    sub->add_option("--calibration", o->calibration,
+                    "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
     sub->add_option("--kind", o->kind, "Layer kind: " + enum_name_list(cm::kLayerKindNames) + " (default encoder)");
     sub->add_option("--layers", o->layers, "Number of consecutive layers (default 1)");
     sub->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
@@ -248,6 +265,7 @@ void register_costmodel_commands(CLI::App& app) {
   }
 
   add_costmodel_profile_commands(*cmd);
+  add_costmodel_calibration_commands(*cmd);
 }
 
 }  // namespace packpipe::cli

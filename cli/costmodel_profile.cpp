@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/calibrate.h"
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "common/errors.h"
@@ -97,7 +98,24 @@ struct ValidateArgs {
   bool json = false;
   bool groups = false;
   ReadOpts read;
+  // --measured: the cost model against executed iterations (cli/costmodel_calibrate.cpp)
+  std::vector<std::string> measured;
+  std::string device, calibration, plot_data;
 };
+
+void run_validate_measured(const ValidateArgs& a) {
+  PACKPIPE_CHECK_ARG(!a.leave_one_out && !a.groups, "--leave-one-out and --groups check profiles' own points; they do "
+                     "not combine with --measured");
+  MeasuredValidateArgs m;
+  m.measured = a.measured;
+  m.costs.model = a.model;
+  m.costs.device = a.device;
+  m.costs.profiles = a.profiles;
+  m.costs.calibration = a.calibration;
+  m.plot_data = a.plot_data;
+  m.json = a.json;
+  run_measured_validate(m);
+}
 
 void run_validate(const ValidateArgs& a) {
   const cm::Profile p = cm::load_profiles(a.profiles, a.read.get());
@@ -221,14 +239,31 @@ void run_import(const ImportArgs& a) {
 
 void add_costmodel_profile_commands(CLI::App& costmodel) {
   auto va = std::make_shared<ValidateArgs>();
-  CLI::App* v = costmodel.add_subcommand("validate", "Load profiles and measure interpolation accuracy (leave-one-out)");
-  v->add_option("--profile", va->profiles, "profile files or folders (any supported format)")->required();
-  v->add_option("--model", va->model, "model preset or JSON for the FLOPs (default: from the profile's name)");
+  CLI::App* v = costmodel.add_subcommand(
+      "validate", "Load profiles and measure interpolation accuracy (leave-one-out), or, with --measured, compare a "
+                  "cost model with executed iterations");
+  v->add_option("--profile", va->profiles, "profile files or folders (any supported format); with --measured: the "
+                                           "profiled model (none: the analytic model)");
+  v->add_option("--model", va->model, "model preset or JSON for the FLOPs (default: from the profile's name; with "
+                                      "--measured: the measurements' model)");
+  v->add_option("--measured", va->measured, "measurement files (packpipe run --measurements, a trainer): per-op "
+                                            "and per-iteration errors of the cost model")
+      ->expected(1, -1);
+  v->add_option("--device", va->device, "with --measured: device preset or JSON (default: the measurements' device)");
+  v->add_option("--calibration", va->calibration, "with --measured: calibration file applied over the cost model");
+  v->add_option("--plot-data", va->plot_data, "with --measured: write predicted and measured pairs (JSON) for a plot");
   v->add_flag("--leave-one-out", va->leave_one_out, "remove each interior grid point and predict it from the rest");
   v->add_flag("--groups", va->groups, "with --json: errors per grid (stage, tp, rc, variant, axis)");
   v->add_flag("--json", va->json, "one JSON object on stdout");
   add_read_options(v, va->read);
-  v->callback([va] { run_validate(*va); });
+  v->callback([va] {
+    if (!va->measured.empty()) return run_validate_measured(*va);
+    PACKPIPE_CHECK_ARG(!va->profiles.empty(), "costmodel validate needs --profile (profiles to check) or --measured "
+                       "(executed iterations to compare a cost model with)");
+    PACKPIPE_CHECK_ARG(va->device.empty() && va->calibration.empty() && va->plot_data.empty(),
+                       "--device, --calibration and --plot-data go with --measured");
+    run_validate(*va);
+  });
 
   auto ia = std::make_shared<ImportArgs>();
   CLI::App* im = costmodel.add_subcommand("import", "Convert profiles into one packpipe profile file (ms, bytes)");

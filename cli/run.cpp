@@ -14,7 +14,9 @@
 #include "cli/util.h"
 #include "common/errors.h"
 #include "common/file_io.h"
+#include "costmodel/measurements.h"
 #include "plan/format.h"
+#include "planner/measure.h"
 #include "runtime/cuda.h"
 #include "runtime/local.h"
 #include "runtime/nccl.h"
@@ -38,6 +40,9 @@ struct RunCliOptions {
   std::uint64_t payload_bytes = 65536;
   bool no_verify = false, json = false;
   std::string trace;
+  std::string measurements;  ///< packpipe-measurements of the executed iterations
+  std::int64_t tp = 1;       ///< the plans' tensor-parallel size (their measurements' shapes)
+  std::string model, device_name;  ///< recorded in the measurements' header
   int device = 0;
   std::int64_t rank = -1;
   std::uint32_t replica = 0;
@@ -81,6 +86,28 @@ rt::RankRecord run_nccl_rank(const RunCliOptions& o, const pl::Plan& p, rt::Tran
   return ex.run(p);
 }
 
+// The measurements of every executed plan (ranks not recorded, e.g. the other ranks of an nccl run,
+// are left out).
+costmodel::MeasurementSet measurements_of(const std::vector<rt::ExecutedPlan>& executed, const RunCliOptions& o) {
+  costmodel::MeasurementSet set;
+  set.header.model = o.model;
+  set.header.device = o.device_name;
+  set.header.source = fmt::format("packpipe run --replay --transport {} --time-scale {} {}", o.transport, o.time_scale,
+                                  o.file);
+  planner::MeasureOptions mo;
+  mo.tp = o.tp;
+  for (const auto& e : executed) {
+    planner::InstructionTimes times(e.records.size());
+    for (std::size_t r = 0; r < e.records.size(); ++r) {
+      for (const auto& t : e.records[r].times) times[r].emplace_back(t.start_ns, t.end_ns);
+    }
+    planner::PlanMeasurements m = planner::measurements_from(*e.plan, times, mo);
+    set.ops.insert(set.ops.end(), m.ops.begin(), m.ops.end());
+    if (m.has_iteration) set.iterations.push_back(m.iteration);
+  }
+  return set;
+}
+
 Json run_replay(const RunCliOptions& o) {
   PACKPIPE_CHECK_ARG(o.replay, "packpipe run executes plans with no model and needs --replay (a model runs through "
                                "packpipe.torch or a C++ stage handler)");
@@ -88,6 +115,9 @@ Json run_replay(const RunCliOptions& o) {
   PACKPIPE_CHECK_ARG(std::isfinite(o.time_scale) && o.time_scale >= 0 && o.time_scale <= 1e6,
                      "--time-scale must be in [0, 1e6], found {}", o.time_scale);
   if (!o.trace.empty()) check_output_is_not_input(o.trace, {o.file}, "--trace");
+  if (!o.measurements.empty()) check_output_is_not_input(o.measurements, {o.file}, "--measurements");
+  check_distinct_outputs({{o.trace, "--trace"}, {o.measurements, "--measurements"}});
+  check_option_range("--tp", o.tp, 1, costmodel::kMaxMeasuredSize);
   const pl::PlanFileReader reader(o.file);
   const auto iterations = read_iterations(reader, o.first, o.iterations);
   PACKPIPE_CHECK_ARG(!iterations.empty(), "{}: no plan at or after iteration {}", o.file, o.first);
@@ -133,6 +163,12 @@ Json run_replay(const RunCliOptions& o) {
   const bool one_rank = o.transport == "nccl";
   const rt::RunSummary s = one_rank ? rt::RunSummary{} : rt::summarize(executed, o.time_scale);
   if (!o.trace.empty() && !one_rank) write_file_atomic(o.trace, rt::trace_json(executed, o.time_scale));
+  std::size_t measured = 0;
+  if (!o.measurements.empty()) {
+    const costmodel::MeasurementSet set = measurements_of(executed, o);
+    write_measurements(o.measurements, set);
+    measured = set.ops.size();
+  }
   Json j{{"file", o.file},
          {"transport", o.transport},
          {"time_scale", o.time_scale},
@@ -164,6 +200,7 @@ Json run_replay(const RunCliOptions& o) {
   }
   j["plans"] = per;
   if (!o.trace.empty()) j["trace"] = o.trace;
+  if (!o.measurements.empty()) j["measurements"] = Json{{"file", o.measurements}, {"ops", measured}};
   return j;
 }
 
@@ -172,8 +209,14 @@ void print_report(const Json& j) {
               j["file"].get<std::string>().c_str(), j["iterations"].get<unsigned long long>(),
               j["ranks"].get<unsigned long long>(), j["dp"].get<unsigned long long>(),
               j["transport"].get<std::string>().c_str(), j["time_scale"].get<double>());
+  auto print_measurements = [&] {
+    if (!j.contains("measurements")) return;
+    std::printf("  measurements: %llu ops written to %s\n", j["measurements"]["ops"].get<unsigned long long>(),
+                j["measurements"]["file"].get<std::string>().c_str());
+  };
   if (j.contains("rank")) {
     std::printf("  rank %lld ran %llu instructions\n", j["rank"].get<long long>(), j["instructions"].get<unsigned long long>());
+    print_measurements();
     return;
   }
   const double m = j["measured_ms"].get<double>(), s = j["simulated_ms"].get<double>();
@@ -193,6 +236,7 @@ void print_report(const Json& j) {
     std::printf("  trace (measured beside planned): %s (open in ui.perfetto.dev or chrome://tracing)\n",
                 j["trace"].get<std::string>().c_str());
   }
+  print_measurements();
 }
 
 }  // namespace
@@ -215,6 +259,14 @@ void register_run_commands(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-verify", o->no_verify, "Do not check payloads");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace: measured timeline beside the planned one");
+  cmd->add_option("--measurements", o->measurements,
+                  "Write the executed ops' measured times (JSON Lines) for `packpipe costmodel calibrate` and "
+                  "`costmodel validate --measured`");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel size the plans were made for (the measurements' shapes)")
+      ->capture_default_str();
+  cmd->add_option("--model", o->model, "Model the plans were made for, recorded in the measurements' header");
+  cmd->add_option("--device-name", o->device_name,
+                  "Device the cost model describes, recorded in the measurements' header");
   cmd->add_option("--device", o->device, "CUDA device (cuda, nccl)")->capture_default_str();
   cmd->add_option("--rank", o->rank, "nccl: this process's pipeline rank");
   cmd->add_option("--replica", o->replica, "nccl: the data-parallel replica whose plans this pipeline runs");

@@ -219,6 +219,7 @@ std::vector<std::string> cost_model_inputs(const CostModelArgs& args) {
       if (it->is_regular_file(ec)) out.push_back(it->path().string());
     }
   }
+  if (!args.calibration.empty()) out.push_back(args.calibration);
   for (const std::string* p : {&args.model, &args.device}) {
     struct stat st {};
     if (::stat(p->c_str(), &st) == 0) out.push_back(*p);  // a preset name is no file
@@ -226,10 +227,14 @@ std::vector<std::string> cost_model_inputs(const CostModelArgs& args) {
   return out;
 }
 
-void CostModelArgs::add_to(CLI::App* cmd) {
+void CostModelArgs::add_to(CLI::App* cmd, bool with_calibration) {
   cmd->add_option("--model", model, "Model preset or .json file")->capture_default_str();
   cmd->add_option("--device", device, "Device preset or .json file")->capture_default_str();
   cmd->add_option("--profile", profiles, "Profile file or folder (repeatable); none: the analytic model");
+  if (with_calibration) {
+    cmd->add_option("--calibration", calibration,
+                    "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
+  }
 }
 
 std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
@@ -237,6 +242,7 @@ std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
   c.model = model;
   c.device = device;
   c.profiles = profiles;
+  c.calibration = calibration;
   return costmodel::make_cost_model(c);
 }
 

@@ -66,14 +66,17 @@ constexpr std::uint64_t kMaxGlobalBatchSamples = (std::uint64_t{1} << 31) - 1;
 /// Largest --threads accepted.
 constexpr std::int64_t kMaxThreads = 1024;
 
-/// `--model`, `--device`, `--profile`: the cost model a subcommand uses.
+/// `--model`, `--device`, `--profile`, `--calibration`: the cost model a subcommand uses.
 struct CostModelArgs {
   std::string model = "gpt-6.7b";
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
-  /// Registers the three options on `cmd` (this object must outlive the parse).
-  void add_to(CLI::App* cmd);
-  /// The analytic model, or the profiled one when profiles are given; throws as the loaders do.
+  std::string calibration;  ///< a calibration file (costmodel/calibration.h); empty: none
+  /// Registers the four options on `cmd` (this object must outlive the parse); without
+  /// `with_calibration`, the first three (a command that fits a calibration over the base model).
+  void add_to(CLI::App* cmd, bool with_calibration = true);
+  /// The analytic model, or the profiled one when profiles are given, calibrated by the calibration
+  /// file when given; throws as the loaders do (and when the calibration was fitted over another model).
   std::unique_ptr<costmodel::CostModel> make() const;
 };
 
@@ -151,7 +154,7 @@ CLI::IsMember one_of(const EnumName<E> (&table)[N]) {
 }
 
 /// The files a cost model reads (for check_output_is_not_input): the profiles (a folder and every
-/// file under it), and --model / --device when they name files.
+/// file under it), the calibration, and --model / --device when they name files.
 std::vector<std::string> cost_model_inputs(const CostModelArgs& args);
 
 }  // namespace packpipe::cli

@@ -15,6 +15,8 @@
 
 namespace packpipe::costmodel {
 
+struct Calibration;  // costmodel/calibration.h
+
 /// Activation recompute modes (common/recompute.h, one name table).
 using ::packpipe::Recompute;
 using ::packpipe::recompute_name;
@@ -157,6 +159,9 @@ class CostModel {
   virtual const CommModel& comm() const = 0;
   /// Human-readable description ("analytic", or the profile files loaded).
   virtual std::string describe() const = 0;
+  /// The calibration applied to this model's stage op times and communication
+  /// (costmodel/calibration.h, CalibratedCostModel), or null for an uncalibrated model.
+  virtual const Calibration* calibration() const { return nullptr; }
 };
 
 /// The argument checks of CostModel::query_rows (for implementations): throws InvalidArgument for

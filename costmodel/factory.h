@@ -13,9 +13,12 @@ struct CostModelConfig {
   std::string model = "gpt-6.7b";    ///< preset name or .json file
   std::string device = "A100-40GB";  ///< preset name or .json file
   std::vector<std::string> profiles; ///< empty: the analytic model
+  std::string calibration;           ///< a calibration file (costmodel/calibration.h) applied over it; empty: none
 };
 
-/// The analytic model, or the profiled one when profiles are given. Throws as the loaders do.
+/// The analytic model, or the profiled one when profiles are given, calibrated when a calibration
+/// file is given (CalibratedCostModel; refused when fitted over another model). Throws as the
+/// loaders do.
 std::unique_ptr<CostModel> make_cost_model(const CostModelConfig& config);
 
 }  // namespace packpipe::costmodel

@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/rng.h"
 #include "common/target_clones.h"
+#include "costmodel/stage_ops.h"
 #include "partition/detail/coster.h"
 
 namespace packpipe::partition::detail {
@@ -18,6 +19,9 @@ constexpr double kMB = 1e6;
 int rc_index(cm::Recompute rc) { return static_cast<int>(rc); }
 // Recompute modes by index, least work first.
 constexpr cm::Recompute kModes[3] = {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full};
+
+// The DynaPipe basis's queries (kinds_): 0 encoder-kind layer, 1 post-process, 2 decoder layer.
+const std::vector<int> kDynEncoder{0}, kDynDecoder{2};
 
 // min that keeps a NaN (a memory the cost model could not give does not fit).
 inline double nan_min(double a, double b) { return (a < b || std::isnan(a)) ? a : b; }
@@ -60,7 +64,7 @@ std::size_t ShapeMemo::size() const {
 
 Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
                CostBasis basis, double limit_mb, ShapeMemo* shared)
-    : cost_(cost), shape_(shape), basis_(basis), limit_mb_(limit_mb) {
+    : cost_(cost), calibrated_(cost.calibration() != nullptr), shape_(shape), basis_(basis), limit_mb_(limit_mb) {
   if (shared != nullptr) {
     // Everything a shape's cost depends on besides the shape itself.
     std::vector<std::uint64_t> key = {reinterpret_cast<std::uintptr_t>(&cost),
@@ -233,7 +237,9 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
   const cm::LayerCost* q[kMaxKinds];
   for (std::size_t r = 0; r < static_cast<std::size_t>(ok); ++r) {
     for (std::size_t k = 0; k < nk; ++k) q[k] = base[k] ? base[k] + r : kind_ptrs_[k * cnt + r];
-    out[r] = basis_ == CostBasis::Stages ? compose_stages(q) : compose_dynapipe(q);
+    const double tokens = static_cast<double>(rows + static_cast<std::int64_t>(r)) *
+                          static_cast<double>(le + (encdec_ ? ld : 0));
+    out[r] = basis_ == CostBasis::Stages ? compose_stages(q, tokens) : compose_dynapipe(q, tokens);
   }
 }
 
@@ -283,7 +289,25 @@ std::int64_t Coster::shared_rows(std::size_t k, cm::Query query, std::int64_t ro
   return ok;
 }
 
-RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
+double Coster::calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
+                                 const cm::LayerCost* once, double tokens) const {
+  // The stage's times composed as costmodel::stage_cost composes them (per part: forward,
+  // backward, recompute), then what calibration adds to their forward + backward.
+  cm::LayerCost s;
+  for (int k : comp) {
+    s.forward_ms += layers * q[k]->forward_ms;
+    s.backward_ms += layers * q[k]->backward_ms;
+    s.recompute_ms += layers * q[k]->recompute_ms;
+  }
+  if (once != nullptr) {
+    s.forward_ms += once->forward_ms;
+    s.backward_ms += once->backward_ms;
+    s.recompute_ms += once->recompute_ms;
+  }
+  return cm::stage_time_delta_ms(cost_, s, tokens);
+}
+
+RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) const {
   // Every distinct stage composition as costmodel::stage_cost composes it (times add, stored adds,
   // peak = max of stored-so-far + layer peak), then ranks add their stages. Memory stays in bytes
   // until the end: one division per figure instead of two per composition.
@@ -313,6 +337,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
       stored += q[k]->stored_bytes;
       peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
     }
+    if (calibrated_) time += calibration_delta(comps_[c], q, 1.0, nullptr, tokens);
     ct[c] = time;
     cs[c] = stored;
     cp[c] = peak_abs - stored;
@@ -366,7 +391,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q) const {
   return out;
 }
 
-RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
+RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q, double tokens) const {
   // Section 3, step 3 of DynaPipe: per-layer costs times l, postprocess once.
   const double l = static_cast<double>(dyn_layers_);
   const cm::LayerCost& e = *q[0];
@@ -376,10 +401,15 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q) const {
   if (encdec_) {
     const cm::LayerCost& d = *q[2];
     t_dec = l * d.total_ms() + p.total_ms();
+    if (calibrated_) {
+      t_enc += calibration_delta(kDynEncoder, q, l, nullptr, tokens);
+      t_dec += calibration_delta(kDynDecoder, q, l, &p, tokens);
+    }
     s_d = d.stored_bytes / kMB;
     a_d = (d.stored_bytes + d.peak_bytes) / kMB;
   } else {
     t_enc += p.total_ms();
+    if (calibrated_) t_enc += calibration_delta(kDynEncoder, q, l, &p, tokens);
   }
   const double s_e = e.stored_bytes / kMB;
   const double a_e = (e.stored_bytes + e.peak_bytes) / kMB;

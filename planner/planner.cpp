@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "common/errors.h"
+#include "costmodel/stage_ops.h"
 #include "plan/builder.h"
 #include "schedule/schedules.h"
 #include "schedule/simulator.h"
@@ -480,9 +481,9 @@ std::vector<std::int64_t> balanced_stage_layers(const cm::CostModel& cost, const
     (decoder ? l.decoder_layers : l.encoder_layers) = n;
     l.has_embedding = embedding;
     l.has_postprocess = head;
-    const double t = cm::stage_cost(cost, l, shape.tp, rows, seq, encdec ? std::max<std::int64_t>(dec_seq, 1) : 0,
-                                    Recompute::None)
-                         .total_ms();
+    const std::int64_t dec = encdec ? std::max<std::int64_t>(dec_seq, 1) : 0;
+    const double t = cm::stage_time_ms(cost, cm::stage_cost(cost, l, shape.tp, rows, seq, dec, Recompute::None),
+                                       cm::shape_tokens(model, rows, seq, dec));
     memo.emplace(key, t);
     return t;
   };

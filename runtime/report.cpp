@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "common/stats.h"
 #include "plan/trace.h"
 
 namespace packpipe::runtime {
@@ -15,13 +16,6 @@ namespace packpipe::runtime {
 namespace pl = ::packpipe::plan;
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::int64_t first_start(const ExecutedPlan& e) {
   std::int64_t t = std::numeric_limits<std::int64_t>::max();

@@ -39,6 +39,9 @@ SimProblem make_sim_problem(StageCostTable costs, std::int64_t ranks, const cm::
                          costs.backward_weight_ms.size() == n && costs.stored_bytes.size() == n &&
                          costs.peak_bytes.size() == n && costs.send_bytes.size() == n,
                      "cost table arrays must hold {} x {} = {} entries", costs.microbatches, costs.vstages, n);
+  PACKPIPE_CHECK_ARG(costs.backward_input_ms.empty() || costs.backward_input_ms.size() == n,
+                     "cost table backward_input_ms must be empty or hold {} entries, found {}", n,
+                     costs.backward_input_ms.size());
   PACKPIPE_CHECK_ARG(costs.static_bytes.size() == static_cast<std::size_t>(ranks),
                      "cost table static_bytes must hold {} ranks, found {}", ranks, costs.static_bytes.size());
   for (std::size_t i = 0; i < n; ++i) {
@@ -47,6 +50,9 @@ SimProblem make_sim_problem(StageCostTable costs, std::int64_t ranks, const cm::
                        "cost table entry {} (micro-batch {}, stage {}): times must be non-negative with "
                        "backward_weight_ms <= backward_ms",
                        i, i / static_cast<std::size_t>(costs.vstages), i % static_cast<std::size_t>(costs.vstages));
+    PACKPIPE_CHECK_ARG(costs.backward_input_ms.empty() || costs.backward_input_ms[i] >= 0,
+                       "cost table entry {}: backward_input_ms must be non-negative, found {}", i,
+                       costs.backward_input_ms.empty() ? 0.0 : costs.backward_input_ms[i]);
   }
   const std::int64_t per_node = std::max<std::int64_t>(1, ranks_per_node);
   SimProblem p;

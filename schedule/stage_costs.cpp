@@ -1,25 +1,47 @@
 #include "schedule/stage_costs.h"
 
 #include "common/errors.h"
+#include "costmodel/stage_ops.h"
 
 namespace packpipe::schedule {
 
 namespace part = ::packpipe::partition;
 
-StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
-                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
-  const cm::ModelSpec& model = cost.model();
+StageCostTable empty_stage_cost_table(const cm::CostModel& cost, std::int64_t microbatches, std::int64_t vstages,
+                                      std::int64_t ranks) {
   StageCostTable t;
-  t.microbatches = static_cast<std::int64_t>(mbs.size());
-  t.vstages = static_cast<std::int64_t>(vstages.size());
-  const std::size_t n = mbs.size() * vstages.size();
+  t.microbatches = microbatches;
+  t.vstages = vstages;
+  const auto n = static_cast<std::size_t>(microbatches * vstages);
   t.forward_ms.resize(n);
   t.backward_ms.resize(n);
   t.backward_weight_ms.resize(n);
+  if (cost.calibration() != nullptr) t.backward_input_ms.resize(n);
   t.stored_bytes.resize(n);
   t.peak_bytes.resize(n);
   t.send_bytes.resize(n);
-  t.static_bytes.assign(static_cast<std::size_t>(shape.stages), 0.0);
+  t.static_bytes.assign(static_cast<std::size_t>(ranks), 0.0);
+  return t;
+}
+
+void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost, const cm::StageLayout& layout,
+                    std::int64_t tp, std::int64_t rows, std::int64_t seq, std::int64_t dec_seq, cm::Recompute rc) {
+  const cm::LayerCost c = cm::stage_cost(cost, layout, tp, rows, seq, dec_seq, rc);
+  const cm::StageOpTimes ops = cm::stage_op_times(cost, c, layout, rows, seq, dec_seq);
+  t.forward_ms[i] = ops.forward_ms;
+  t.backward_ms[i] = ops.backward_ms;
+  t.backward_weight_ms[i] = ops.backward_weight_ms;
+  if (!t.backward_input_ms.empty()) t.backward_input_ms[i] = ops.backward_input_ms;
+  t.stored_bytes[i] = c.stored_bytes;
+  t.peak_bytes[i] = c.peak_bytes;
+  t.send_bytes[i] = c.boundary_bytes;
+}
+
+StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
+  const cm::ModelSpec& model = cost.model();
+  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
+                                            static_cast<std::int64_t>(vstages.size()), shape.stages);
   for (const auto& vs : vstages) {
     t.static_bytes[static_cast<std::size_t>(vs.rank)] +=
         cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total();
@@ -29,29 +51,8 @@ StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineS
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
                        mb.rows(), mb.padded_len);
     for (const auto& vs : vstages) {
-      const cm::LayerCost c = cm::stage_cost(cost, vs.layout, shape.tp, mb.rows(), mb.padded_len,
-                                             mb.padded_dec_len, mb.recompute);
-      // Weight gradients redo the dense GEMMs once (dW = x^T dy); input gradients the GEMMs once
-      // more plus twice the attention products, so the weight share of backward is
-      // matmul / (2 (matmul + attention)) of the stage's forward FLOPs.
-      double matmul = 0, attention = 0;
-      auto add = [&](cm::LayerKind kind, std::int64_t layers) {
-        if (layers <= 0) return;
-        const auto f = cm::forward_flops(model, kind, mb.rows(), mb.padded_len, mb.padded_dec_len);
-        matmul += static_cast<double>(layers) * f.matmul;
-        attention += static_cast<double>(layers) * f.attention;
-      };
-      add(cm::LayerKind::Encoder, vs.layout.encoder_layers);
-      add(cm::LayerKind::Decoder, vs.layout.decoder_layers);
-      if (vs.layout.has_postprocess) add(cm::LayerKind::PostProcess, 1);
-      const double w_share = matmul + attention > 0 ? matmul / (2.0 * (matmul + attention)) : 0.0;
-      const std::size_t i = t.at(static_cast<std::int64_t>(m), vs.index);
-      t.forward_ms[i] = c.forward_ms;
-      t.backward_ms[i] = c.backward_ms + c.recompute_ms;
-      t.backward_weight_ms[i] = c.backward_ms * w_share;
-      t.stored_bytes[i] = c.stored_bytes;
-      t.peak_bytes[i] = c.peak_bytes;
-      t.send_bytes[i] = c.boundary_bytes;
+      set_stage_cost(t, t.at(static_cast<std::int64_t>(m), vs.index), cost, vs.layout, shape.tp, mb.rows(),
+                     mb.padded_len, mb.padded_dec_len, mb.recompute);
     }
   }
   return t;

@@ -21,6 +21,9 @@ struct StageCostTable {
   std::vector<double> forward_ms;
   std::vector<double> backward_ms;         ///< input and weight gradients plus recompute
   std::vector<double> backward_weight_ms;  ///< the weight-gradient share of backward_ms (deferrable)
+  /// The input-gradient half of each entry when it is not backward minus weight (a calibrated cost
+  /// model fits the halves on their own: costmodel/calibration.h); empty: backward - weight.
+  std::vector<double> backward_input_ms;
   std::vector<double> stored_bytes;        ///< activations kept from forward to backward
   std::vector<double> peak_bytes;          ///< transient peak while the stage runs
   std::vector<double> send_bytes;          ///< activation bytes sent to the next virtual stage
@@ -34,7 +37,8 @@ struct StageCostTable {
     switch (kind) {
       case pl::OpKind::Forward: return forward_ms[i];
       case pl::OpKind::Backward: return backward_ms[i];
-      case pl::OpKind::BackwardInput: return backward_ms[i] - backward_weight_ms[i];
+      case pl::OpKind::BackwardInput:
+        return backward_input_ms.empty() ? backward_ms[i] - backward_weight_ms[i] : backward_input_ms[i];
       case pl::OpKind::BackwardWeight: return backward_weight_ms[i];
     }
     return 0;
@@ -42,10 +46,21 @@ struct StageCostTable {
 };
 
 /// Queries the cost model for every (micro-batch, virtual stage): rows x padded lengths under
-/// each micro-batch's recompute mode. The weight-gradient share is the dense-GEMM part of the
-/// backward FLOPs (weights' gradients), the rest (input gradients, attention, recompute) must run
-/// before the previous stage can continue.
+/// each micro-batch's recompute mode. The op times are costmodel::stage_op_times': the
+/// weight-gradient share is the dense-GEMM part of the backward FLOPs (weights' gradients), the
+/// rest (input gradients, attention, recompute) must run before the previous stage can continue;
+/// a calibrated cost model's times are calibrated (and backward_input_ms is filled).
 StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
                                 const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs);
+
+/// An empty table of `microbatches` x `vstages` entries and `ranks` static figures (all zero),
+/// with backward_input_ms sized when `cost` is calibrated; set_stage_cost fills the entries.
+StageCostTable empty_stage_cost_table(const cm::CostModel& cost, std::int64_t microbatches, std::int64_t vstages,
+                                      std::int64_t ranks);
+/// Entry `i` of `t` for one micro-batch shape on a stage of `layout`: the arithmetic of
+/// stage_cost_table (which calls it), for tables built from other sources (measurements).
+/// Throws as costmodel::stage_cost.
+void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost, const cm::StageLayout& layout,
+                    std::int64_t tp, std::int64_t rows, std::int64_t seq, std::int64_t dec_seq, cm::Recompute rc);
 
 }  // namespace packpipe::schedule

@@ -135,9 +135,14 @@ class Coster {
   // Kind k's answers for rows .. rows + ok - 1 from the memo's shared rows (querying the missing
   // ones), pointed to from kind_ptrs_[k * cnt ..]; returns how many of them the model answers.
   std::int64_t shared_rows(std::size_t k, cm::Query query, std::int64_t rows, std::int64_t ok, std::size_t cnt);
-  // One shape from its per-kind query answers q[k] (kinds_ order).
-  RcCost compose_stages(const cm::LayerCost* const* q) const;
-  RcCost compose_dynapipe(const cm::LayerCost* const* q) const;
+  // One shape of `tokens` tokens (calibration's coordinate) from its per-kind query answers q[k]
+  // (kinds_ order).
+  RcCost compose_stages(const cm::LayerCost* const* q, double tokens) const;
+  RcCost compose_dynapipe(const cm::LayerCost* const* q, double tokens) const;
+  // What a calibrated model adds (costmodel::stage_time_delta_ms) to the stage time of `layers` x
+  // the answers q[k] of `comp`, plus `once` (the DynaPipe basis's post-process; may be null).
+  double calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
+                           const cm::LayerCost* once, double tokens) const;
   static constexpr std::size_t kMaxKinds = 8;
 
   struct KindQuery {  // one distinct (kind, layers) query of the stage layouts (DynaPipe: its per-layer queries)
@@ -152,6 +157,7 @@ class Coster {
   };
 
   const cm::CostModel& cost_;
+  bool calibrated_ = false;  // cost_.calibration() is set: stage times through costmodel::stage_time_ms
   PipelineShape shape_;
   CostBasis basis_;
   bool encdec_;

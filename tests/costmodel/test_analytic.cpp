@@ -202,7 +202,7 @@ TEST_CASE("query rejects bad input naming the argument", "[negative]") {
   REQUIRE_THROWS_AS(AnalyticCostModel(load_model("gpt-1.3b"), load_device("A100-40GB"), bad), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(AnalyticCostModel(load_model("gpt-1.3b"), load_device("A100-40GB"), bad),
                       Catch::Matchers::Contains("max_efficiency"));
-  REQUIRE_THROWS_WITH(make_cost_model({"gpt-99b", "A100-40GB", {}}), Catch::Matchers::Contains("unknown model 'gpt-99b'"));
+  REQUIRE_THROWS_WITH(make_cost_model({"gpt-99b", "A100-40GB", {}, ""}), Catch::Matchers::Contains("unknown model 'gpt-99b'"));
 }
 
 TEST_CASE("static memory: 16 bytes per parameter divided by dp per ZeRO stage", "[interface]") {
@@ -289,7 +289,7 @@ TEST_CASE("alpha-beta communication formulas", "[interface]") {
 }
 
 TEST_CASE("queries are deterministic and thread-safe", "[stress]") {
-  const auto cm = make_cost_model({"gpt-13b", "H100-80GB", {}});
+  const auto cm = make_cost_model({"gpt-13b", "H100-80GB", {}, ""});
   std::vector<double> expect;
   for (std::int64_t b = 1; b <= 16; ++b) expect.push_back(cm->query(enc(b, 100 * b, Recompute::Selective, 4 + 0 * b)).total_ms());
   std::atomic<int> mismatches{0};

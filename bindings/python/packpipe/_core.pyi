@@ -206,8 +206,12 @@ class StaticMemory:
 
 class CostModel:
     """Cost model: analytic, or from profiles when given."""
-    def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...) -> None:
-        """Model and device presets or .json files; profiles (files or folders) select the profiled model."""
+    def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...,
+                 calibration: str = "") -> None:
+        """Presets or .json files; profiles select the profiled model; calibration (a file) is applied over it."""
+    @property
+    def calibration(self) -> Optional["Calibration"]:
+        """The Calibration applied (a copy), or None."""
     def query(self, kind: str = "encoder", mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
               recompute: str = "none", layers: int = 1) -> LayerCost:
         """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples."""
@@ -267,6 +271,186 @@ def training_flops(model: str, mbs: int, seq: int, dec_seq: int = 0) -> float:
 def throughput_report(model_flops: float, samples: float, tokens: float, iteration_s: float, gpus: int,
                       device: str) -> Dict[str, float]:
     """Tokens per second, TFLOPs per GPU and MFU of an iteration."""
+
+# ---- calibration -------------------------------------------------------------------------------
+
+class Measurement:
+    """One measured op: shape, duration and provenance (one line of a packpipe-measurements file)."""
+    op: str
+    """F, B, I, W (compute ops) or send, recv (one end of a transfer)."""
+    encoder_layers: int
+    """Encoder (decoder-only: all) layers of the stage."""
+    decoder_layers: int
+    """Decoder layers of the stage (encoder-decoder)."""
+    embedding: bool
+    """The stage holds the token embedding."""
+    postprocess: bool
+    """The stage holds the LM head and the loss."""
+    tp: int
+    """Tensor-parallel size."""
+    rows: int
+    """Micro-batch rows."""
+    seq: int
+    """Padded tokens per row (encoder side of encoder-decoder models)."""
+    dec_seq: int
+    """Padded decoder tokens per row, else 0."""
+    recompute: str
+    """none, selective or full."""
+    bytes: int
+    """Transfers: bytes moved; compute ops: 0."""
+    ms: float
+    """Measured duration."""
+    iteration: int
+    """Iteration."""
+    replica: int
+    """Data-parallel replica."""
+    rank: int
+    """Pipeline rank."""
+    stage: int
+    """Virtual stage of the instruction."""
+    mb: int
+    """Micro-batch."""
+    index: int
+    """Instruction index in its rank's stream."""
+    start_ms: float
+    """Start, ms after the iteration's first instruction started."""
+    peer: int
+    """Transfers: the other rank; compute ops: -1."""
+    def __init__(self, op: str = "F", **fields: Any) -> None:
+        """A measurement; any field above as a keyword (each checked as its setter checks it)."""
+    @property
+    def tokens(self) -> float:
+        """rows x (seq + dec_seq)."""
+    def __eq__(self, other: object) -> bool:
+        """Same fields."""
+    def __copy__(self) -> "Measurement":
+        """A copy."""
+    def __deepcopy__(self, memo: Any) -> "Measurement":
+        """A copy."""
+
+class IterationMeasurement:
+    """One measured iteration of one replica: measured makespan beside the plan's."""
+    iteration: int
+    """Iteration."""
+    replica: int
+    """Data-parallel replica."""
+    measured_ms: float
+    """First start to last end over its ranks."""
+    predicted_ms: float
+    """The plan's makespan (0: unknown)."""
+    def __init__(self, *, iteration: int = 0, replica: int = 0, measured_ms: float = 0.0,
+                 predicted_ms: float = 0.0) -> None:
+        """An iteration line."""
+    def __eq__(self, other: object) -> bool:
+        """Same fields."""
+    def __copy__(self) -> "IterationMeasurement":
+        """A copy."""
+    def __deepcopy__(self, memo: Any) -> "IterationMeasurement":
+        """A copy."""
+
+class MeasurementSet:
+    """Measurements of executed iterations: header, ops and iteration lines (picklable)."""
+    ops: List[Measurement]
+    """The op measurements (a copy: assign to change)."""
+    iterations: List[IterationMeasurement]
+    """The iteration lines (a copy: assign to change)."""
+    model: str
+    """The model the plans were made for."""
+    device: str
+    """Where they ran."""
+    source: str
+    """How they were measured."""
+    def __init__(self, ops: List[Measurement] = ..., iterations: List[IterationMeasurement] = ..., *,
+                 model: str = "", device: str = "", source: str = "") -> None:
+        """A set from measurements."""
+    def append(self, other: "MeasurementSet") -> None:
+        """Appends other's ops and iterations (the header stays this one's)."""
+    def to_jsonl(self) -> str:
+        """The file form (packpipe-measurements v1 JSON Lines)."""
+    def __len__(self) -> int:
+        """Op measurements."""
+
+def parse_measurements(text: str, what: str = "<measurements>") -> MeasurementSet:
+    """Parse packpipe-measurements v1 JSON Lines read from `what`; errors name it, the line and the field."""
+
+def read_measurements(path: str) -> MeasurementSet:
+    """Read a measurement file."""
+
+def write_measurements(path: str, measurements: MeasurementSet) -> None:
+    """Write a measurement file atomically."""
+
+class FitOptions:
+    """How fit_calibration fits (the CLI's calibrate flags)."""
+    min_region_points: int
+    """A log2(tokens) region with fewer points takes its op kind's global fit."""
+    outlier_mads: float
+    """Points beyond this many robust deviations (1.4826 MAD) of the median residual are rejected."""
+    max_iterations: int
+    """Fit / reject rounds at most."""
+    regions: bool
+    """Fit per log2(tokens) region (False: one fit per op kind)."""
+    transfer_quantile: float
+    """Quantile of one transfer size's measured times taken as its time."""
+    def __init__(self, *, min_region_points: int = 8, outlier_mads: float = 3.0, max_iterations: int = 20,
+                 regions: bool = True, transfer_quantile: float = 0.1) -> None:
+        """Options; a value out of range raises ValueError naming it."""
+    def __eq__(self, other: object) -> bool:
+        """Same fields."""
+    def __copy__(self) -> "FitOptions":
+        """A copy."""
+    def __deepcopy__(self, memo: Any) -> "FitOptions":
+        """A copy."""
+
+class Calibration:
+    """A fitted calibration of a cost model (data; a packpipe-calibration JSON file)."""
+    @staticmethod
+    def from_json(text: str, what: str = "<calibration>") -> "Calibration":
+        """Parse the file form read from `what` (e.g. bytes rank 0 broadcast); errors name it and the field."""
+    @staticmethod
+    def load(path: str) -> "Calibration":
+        """Read a calibration file."""
+    def save(self, path: str) -> None:
+        """Write the file form atomically."""
+    def to_json(self) -> str:
+        """The file form (deterministic: the same fit gives the same bytes)."""
+    def apply(self, op: str, tokens: float, predicted_ms: float) -> float:
+        """Calibrated time of compute op F, B, I or W predicted `predicted_ms` by the base model at `tokens`."""
+    @property
+    def base(self) -> Dict[str, str]:
+        """What it was fitted over: model, device, description, fingerprint."""
+    @property
+    def options(self) -> FitOptions:
+        """The FitOptions used."""
+    @property
+    def measurements(self) -> int:
+        """Measurements it was fitted on."""
+    @property
+    def source(self) -> str:
+        """The file it was loaded from ('' otherwise)."""
+    @property
+    def compute(self) -> List[Dict[str, Any]]:
+        """Per op kind F, B, I, W: fitted, from, global fit and regions (a, b, points, rejected, errors, ...)."""
+    @property
+    def transfers(self) -> List[Dict[str, Any]]:
+        """Per link (intra, inter): fitted, latency_ms, bytes_per_ms, points, sizes, errors."""
+
+class CalibratedCostModel(CostModel):
+    """A cost model with a calibration applied to its op times and transfers."""
+    def __init__(self, base: CostModel, calibration: Calibration) -> None:
+        """`base` calibrated; ValueError when the calibration was fitted over another model (naming both)."""
+    @property
+    def base(self) -> CostModel:
+        """The uncalibrated model."""
+
+def fit_calibration(cost_model: CostModel, measurements: Union[MeasurementSet, Sequence[Measurement]],
+                    options: FitOptions = ...) -> Calibration:
+    """Fit a Calibration of an uncalibrated cost model (any order of the measurements: the same bits)."""
+
+def predict_ms(cost_model: CostModel, measurement: Measurement) -> float:
+    """The cost model's time of a measurement's op and shape (calibrated when the model is)."""
+
+def cost_model_fingerprint(cost_model: CostModel) -> str:
+    """16 hex digits identifying an uncalibrated cost model (what a calibration is checked against)."""
 
 # ---- packing -----------------------------------------------------------------------------------
 
@@ -929,6 +1113,84 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False) -> EpochPlanner:
     """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order."""
+
+# ---- measurements of executed plans --------------------------------------------------------------
+
+class OpErrors:
+    """Errors of one op kind: relative error = (predicted - measured) / measured."""
+    @property
+    def op(self) -> str:
+        """F, B, I, W, send or recv."""
+    @property
+    def count(self) -> int:
+        """Measurements compared (transfers measured at 0 ms left out)."""
+    @property
+    def median_abs(self) -> float:
+        """Median |relative error|."""
+    @property
+    def p90_abs(self) -> float:
+        """90th percentile of |relative error|."""
+    @property
+    def bias(self) -> float:
+        """Median relative error (positive: predicted too long)."""
+
+class IterationCheck:
+    """One measured iteration of one replica re-simulated with the cost model."""
+    @property
+    def iteration(self) -> int:
+        """Iteration."""
+    @property
+    def replica(self) -> int:
+        """Replica."""
+    @property
+    def ops(self) -> int:
+        """Compute ops re-simulated."""
+    @property
+    def predicted_ms(self) -> float:
+        """Makespan of the measured per-rank order with the model's op times."""
+    @property
+    def measured_ms(self) -> float:
+        """Measured makespan (nan: unknown)."""
+    @property
+    def planned_ms(self) -> float:
+        """The plan's makespan (nan: unknown)."""
+
+class ValidationReport:
+    """A cost model against measurements: per-op and per-iteration errors."""
+    @property
+    def cost_model(self) -> str:
+        """The model's description."""
+    @property
+    def ops(self) -> List[OpErrors]:
+        """Per op kind measured."""
+    @property
+    def iterations(self) -> List[IterationCheck]:
+        """Per (iteration, replica)."""
+    @property
+    def iterations_compared(self) -> int:
+        """Iterations with a measured makespan."""
+    @property
+    def iteration_median_abs(self) -> float:
+        """Median |relative error| of their makespans."""
+    @property
+    def iteration_p90_abs(self) -> float:
+        """90th percentile of it."""
+    @property
+    def iteration_bias(self) -> float:
+        """Median relative error of the makespans."""
+    @property
+    def predicted_ms(self) -> List[float]:
+        """The prediction of every measurement, in the set's order."""
+
+def measurements_from(plan: Plan, times: Sequence[Optional[Union[np.ndarray, Sequence[Tuple[int, int]]]]],
+                      tp: int = 1) -> MeasurementSet:
+    """Measurements of an executed plan from per-rank (start_ns, end_ns) per instruction (None or []: not recorded)."""
+
+def validate_measurements(cost_model: CostModel, measurements: MeasurementSet) -> ValidationReport:
+    """The cost model's op times against every measurement, and each measured iteration re-simulated."""
+
+def validation_plot_json(report: ValidationReport, measurements: MeasurementSet) -> str:
+    """Predicted and measured pairs as JSON for a plot (packpipe-validation-plot v1)."""
 
 # ---- loader ------------------------------------------------------------------------------------
 

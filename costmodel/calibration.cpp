@@ -1,0 +1,766 @@
+#include "costmodel/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "common/errors.h"
+#include "common/file_io.h"
+#include "common/json.h"
+#include "common/stats.h"
+
+namespace packpipe::costmodel {
+
+namespace {
+
+using Json = nlohmann::json;
+using OJson = nlohmann::ordered_json;
+
+constexpr const char* kFormat = "packpipe-calibration";
+constexpr int kVersion = 1;
+/// A calibrated time is never below this share of the fitted slope times the base prediction
+/// (keeps a negative intercept from making a small op's time negative).
+constexpr double kFloorShare = 0.1;
+
+std::size_t op_index(MeasuredOp op) { return static_cast<std::size_t>(op); }
+
+// ---- robust line fits ---------------------------------------------------------------------------
+
+struct Point {
+  double lt = 0;  // log2(tokens)
+  double p = 0;   // base prediction, ms
+  double m = 0;   // measured, ms
+};
+
+double calibrated(const RegionFit& f, double p) { return std::max(f.apply(p), kFloorShare * f.a * p); }
+
+// Least squares of the relative residual (m - a p - b) / p over the kept points: with y = m / p and
+// x = 1 / p it is the ordinary regression y = a + b x. Falls back to a ratio through the origin
+// (b = 0, a = mean m / p) when the predictions are too narrow for a slope or the line is not
+// increasing and positive over the points.
+void fit_line(const std::vector<Point>& pts, const std::vector<char>& kept, RegionFit& f) {
+  double n = 0, sx = 0, sy = 0;
+  double xmin = std::numeric_limits<double>::infinity(), xmax = 0, pmin = xmin;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (!kept[i]) continue;
+    const double x = 1.0 / pts[i].p, y = pts[i].m / pts[i].p;
+    n += 1;
+    sx += x;
+    sy += y;
+    xmin = std::min(xmin, x);
+    xmax = std::max(xmax, x);
+    pmin = std::min(pmin, pts[i].p);
+  }
+  const double mx = sx / n, my = sy / n;
+  double sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (!kept[i]) continue;
+    const double dx = 1.0 / pts[i].p - mx, dy = pts[i].m / pts[i].p - my;
+    sxx += dx * dx;
+    sxy += dx * dy;
+  }
+  f.through_origin = true;
+  f.a = my;
+  f.b = 0;
+  // A slope needs predictions that differ by at least 5% (x = 1/p spread relative to its mean).
+  if (n >= 2 && xmax - xmin > 0.05 * mx && sxx > 0) {
+    const double b = sxy / sxx, a = my - b * mx;
+    if (a > 0 && a * pmin + b > 0) {
+      f.a = a;
+      f.b = b;
+      f.through_origin = false;
+    }
+  }
+}
+
+// Fit, reject points beyond outlier_mads robust deviations of the relative residual, refit, until
+// the kept set is stable (at most max_iterations rounds; never below half the points or 2).
+RegionFit robust_fit(const std::vector<Point>& pts, const FitOptions& o) {
+  RegionFit f;
+  const std::size_t n = pts.size();
+  f.points = static_cast<std::int64_t>(n);
+  std::vector<char> kept(n, 1);
+  fit_line(pts, kept, f);
+  const std::size_t min_kept = std::max<std::size_t>(2, (n + 1) / 2);
+  std::vector<double> r(n), rk, dev;
+  for (int it = 0; it < o.max_iterations && n >= 3; ++it) {
+    rk.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      r[i] = (pts[i].m - f.apply(pts[i].p)) / pts[i].p;
+      if (kept[i]) rk.push_back(r[i]);
+    }
+    const double med = median(rk);
+    dev.clear();
+    for (double x : rk) dev.push_back(std::abs(x - med));
+    const double scale = std::max(1.4826 * median(dev), 1e-3 * f.a);
+    std::vector<char> next(n, 0);
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      next[i] = std::abs(r[i] - med) <= o.outlier_mads * scale ? 1 : 0;
+      count += next[i];
+    }
+    if (next == kept || count < min_kept) break;
+    kept = std::move(next);
+    fit_line(pts, kept, f);
+  }
+  std::int64_t k = 0;
+  for (char c : kept) k += c;
+  f.rejected = f.points - k;
+  return f;
+}
+
+// Statistics and ranges of a fit over its points (rejected ones included).
+void describe_points(const std::vector<Point>& pts, RegionFit& f) {
+  std::vector<double> before, after;
+  double slt = 0;
+  f.min_log2_tokens = f.min_predicted_ms = std::numeric_limits<double>::infinity();
+  f.max_log2_tokens = f.max_predicted_ms = -std::numeric_limits<double>::infinity();
+  for (const Point& q : pts) {
+    before.push_back(std::abs(q.p - q.m) / q.m);
+    after.push_back(std::abs(calibrated(f, q.p) - q.m) / q.m);
+    slt += q.lt;
+    f.min_log2_tokens = std::min(f.min_log2_tokens, q.lt);
+    f.max_log2_tokens = std::max(f.max_log2_tokens, q.lt);
+    f.min_predicted_ms = std::min(f.min_predicted_ms, q.p);
+    f.max_predicted_ms = std::max(f.max_predicted_ms, q.p);
+  }
+  f.center_log2_tokens = slt / static_cast<double>(pts.size());
+  f.error_before = median(before);
+  f.error_after = median(after);
+}
+
+RegionFit region_of(const std::vector<Point>& pts, const RegionFit& global, const FitOptions& o) {
+  RegionFit f;
+  if (static_cast<std::int64_t>(pts.size()) >= o.min_region_points) {
+    f = robust_fit(pts, o);
+  } else {
+    f.a = global.a;
+    f.b = global.b;
+    f.through_origin = global.through_origin;
+    f.points = static_cast<std::int64_t>(pts.size());
+    f.global_fallback = true;
+  }
+  describe_points(pts, f);
+  return f;
+}
+
+// Whether the blend of two neighbouring regions (centres ci < cj) stays non-decreasing in tokens
+// for the predictions measured around them. Along tokens the blend changes at rate
+// a_blend x dp/dlt + (L_j(p) - L_i(p)) / (cj - ci); the base prediction grows as p ~ tokens^e
+// (dp/dlt = e ln2 p), e estimated from the two groups' mean log predictions (clamped to [0, 1]:
+// a base model that does not grow gives no credit). Linear in p: checked at both ends of the
+// predictions of the points between the centres (or of both groups when none lies between).
+bool ordered(const RegionFit& li, const RegionFit& lj, const std::vector<Point>& gi, const std::vector<Point>& gj) {
+  const double ci = li.center_log2_tokens, cj = lj.center_log2_tokens;
+  if (!(cj > ci)) return false;
+  double lpi = 0, lpj = 0;
+  for (const Point& q : gi) lpi += std::log(q.p);
+  for (const Point& q : gj) lpj += std::log(q.p);
+  lpi /= static_cast<double>(gi.size());
+  lpj /= static_cast<double>(gj.size());
+  const double e = std::clamp((lpj - lpi) / (std::log(2.0) * (cj - ci)), 0.0, 1.0);
+  double plo = std::numeric_limits<double>::infinity(), phi = 0;
+  for (const auto* g : {&gi, &gj}) {
+    for (const Point& q : *g) {
+      if (q.lt < ci || q.lt > cj) continue;
+      plo = std::min(plo, q.p);
+      phi = std::max(phi, q.p);
+    }
+  }
+  if (!(phi > 0)) {
+    plo = std::min(li.min_predicted_ms, lj.min_predicted_ms);
+    phi = std::max(li.max_predicted_ms, lj.max_predicted_ms);
+  }
+  const double a = std::min(li.a, lj.a);
+  for (double p : {plo, phi}) {
+    const double rate = a * e * std::log(2.0) * p + (lj.apply(p) - li.apply(p)) / (cj - ci);
+    if (rate < -1e-9 * std::max(1.0, std::abs(li.apply(p)))) return false;
+  }
+  return true;
+}
+
+OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) {
+  OpFit f;
+  f.op = op;
+  f.fitted = !pts.empty();
+  f.from = "measured";
+  if (pts.empty()) return f;
+  f.global = robust_fit(pts, o);
+  describe_points(pts, f.global);
+  if (!o.regions) return f;
+  // Buckets of one octave of tokens, ascending; points keep their canonical order inside.
+  std::map<std::int64_t, std::vector<Point>> buckets;
+  for (const Point& q : pts) buckets[static_cast<std::int64_t>(std::floor(q.lt))].push_back(q);
+  std::vector<std::vector<Point>> groups;
+  for (auto& [k, g] : buckets) groups.push_back(std::move(g));
+  std::vector<RegionFit> regions;
+  for (const auto& g : groups) regions.push_back(region_of(g, f.global, o));
+  // Pool adjacent regions whose blend would fall with tokens, until every boundary is ordered.
+  for (bool changed = true; changed && regions.size() > 1;) {
+    changed = false;
+    for (std::size_t i = 0; i + 1 < regions.size(); ++i) {
+      if (ordered(regions[i], regions[i + 1], groups[i], groups[i + 1])) continue;
+      std::vector<Point> merged = groups[i];
+      merged.insert(merged.end(), groups[i + 1].begin(), groups[i + 1].end());
+      groups[i] = std::move(merged);
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      regions[i] = region_of(groups[i], f.global, o);
+      regions.erase(regions.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      changed = true;
+      break;
+    }
+  }
+  f.regions = std::move(regions);
+  return f;
+}
+
+// ---- transfers ----------------------------------------------------------------------------------
+
+struct TransferSample {
+  double bytes = 0, ms = 0;
+};
+
+// time = latency + bytes / bandwidth through the per-size quantiles, least squares of the relative
+// residual; a non-positive slope keeps the base bandwidth, a negative latency is fixed at 0.
+TransferFit fit_transfers(bool inter, std::vector<TransferSample> s, const CommModel& base, const FitOptions& o) {
+  TransferFit f;
+  f.inter_node = inter;
+  f.points = static_cast<std::int64_t>(s.size());
+  if (s.empty()) return f;
+  std::sort(s.begin(), s.end(), [](const TransferSample& x, const TransferSample& y) {
+    return std::tie(x.bytes, x.ms) < std::tie(y.bytes, y.ms);
+  });
+  std::vector<double> bytes, q;
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t j = i;
+    std::vector<double> v;
+    while (j < s.size() && s[j].bytes == s[i].bytes) v.push_back(s[j++].ms);
+    const double t = quantile_sorted(v, o.transfer_quantile);
+    if (t > 0) {  // a size whose waits were all hidden says nothing about its transfer time
+      bytes.push_back(s[i].bytes);
+      q.push_back(t);
+    }
+    i = j;
+  }
+  f.sizes = static_cast<std::int64_t>(bytes.size());
+  if (bytes.empty()) return f;
+  const double lat0 = inter ? base.inter_latency_ms : base.intra_latency_ms;
+  const double bw0 = inter ? base.inter_bytes_per_ms : base.intra_bytes_per_ms;
+  double alpha = lat0, slope = 1.0 / bw0;
+  if (bytes.size() == 1) {
+    if (q[0] > lat0) {
+      slope = (q[0] - lat0) / bytes[0];
+    } else {
+      alpha = std::max(0.0, q[0] - bytes[0] / bw0);
+    }
+  } else {
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      const double w = 1.0 / (q[i] * q[i]);
+      sw += w;
+      sx += w * bytes[i];
+      sy += w * q[i];
+      sxx += w * bytes[i] * bytes[i];
+      sxy += w * bytes[i] * q[i];
+    }
+    const double det = sw * sxx - sx * sx;
+    slope = det > 0 ? (sw * sxy - sx * sy) / det : 0;
+    alpha = det > 0 ? (sy - slope * sx) / sw : 0;
+    if (!(slope > 0) || !std::isfinite(1.0 / slope)) {
+      slope = 1.0 / bw0;
+      alpha = std::max(0.0, (sy - slope * sx) / sw);
+    } else if (alpha < 0) {
+      alpha = 0;
+      slope = sxy / sxx;
+    }
+  }
+  if (!(slope > 0) || !std::isfinite(1.0 / slope)) slope = 1.0 / bw0;
+  // a latency above every measured time would be no fit of them
+  alpha = std::clamp(alpha, 0.0, *std::max_element(q.begin(), q.end()));
+  f.fitted = true;
+  f.latency_ms = alpha;
+  f.bytes_per_ms = 1.0 / slope;
+  std::vector<double> before, after;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    before.push_back(std::abs(base.p2p_ms(bytes[i], inter) - q[i]) / q[i]);
+    after.push_back(std::abs(alpha + bytes[i] * slope - q[i]) / q[i]);
+  }
+  f.error_before = median(before);
+  f.error_after = median(after);
+  return f;
+}
+
+// ---- canonical order ------------------------------------------------------------------------------
+
+auto sort_key(const Measurement& m) {
+  return std::make_tuple(static_cast<int>(m.op), m.layout.encoder_layers, m.layout.decoder_layers,
+                         m.layout.has_embedding, m.layout.has_postprocess, m.tp, m.rows, m.seq, m.dec_seq,
+                         static_cast<int>(m.recompute), m.bytes, m.ms, m.iteration, m.replica, m.rank, m.stage, m.mb,
+                         m.index, m.start_ms, m.peer);
+}
+
+double op_time(const StageOpTimes& t, MeasuredOp op) {
+  switch (op) {
+    case MeasuredOp::Forward: return t.forward_ms;
+    case MeasuredOp::Backward: return t.backward_ms;
+    case MeasuredOp::BackwardInput: return t.backward_input_ms;
+    case MeasuredOp::BackwardWeight: return t.backward_weight_ms;
+    default: break;
+  }
+  PACKPIPE_THROW(InvalidArgument, "{} is a transfer, not a compute op", measured_op_name(op));
+}
+
+// ---- JSON ----------------------------------------------------------------------------------------
+
+OJson region_json(const RegionFit& f) {
+  OJson j;
+  j["a"] = f.a;
+  j["b"] = f.b;
+  j["center_log2_tokens"] = f.center_log2_tokens;
+  j["min_log2_tokens"] = f.min_log2_tokens;
+  j["max_log2_tokens"] = f.max_log2_tokens;
+  j["min_predicted_ms"] = f.min_predicted_ms;
+  j["max_predicted_ms"] = f.max_predicted_ms;
+  j["points"] = f.points;
+  j["rejected"] = f.rejected;
+  j["error_before"] = f.error_before;
+  j["error_after"] = f.error_after;
+  j["global_fallback"] = f.global_fallback;
+  j["through_origin"] = f.through_origin;
+  return j;
+}
+
+// Field access of the reader: every error names the file and the JSON pointer.
+struct Reader {
+  const std::string& what;
+
+  const Json& at(const Json& obj, const std::string& path, const char* key) const {
+    PACKPIPE_CHECK(obj.is_object(), "{}: {}: expected an object, found {}", what, path.empty() ? "/" : path,
+                   obj.type_name());
+    const auto it = obj.find(key);
+    PACKPIPE_CHECK(it != obj.end(), "{}: {}/{}: missing", what, path, key);
+    return *it;
+  }
+  double number(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = at(obj, path, key);
+    PACKPIPE_CHECK(v.is_number() && std::isfinite(v.get<double>()), "{}: {}/{}: expected a finite number, found {}",
+                   what, path, key, v.dump());
+    return v.get<double>();
+  }
+  double positive(const Json& obj, const std::string& path, const char* key) const {
+    const double x = number(obj, path, key);
+    PACKPIPE_CHECK(x > 0, "{}: {}/{}: expected a positive number, found {}", what, path, key, x);
+    return x;
+  }
+  std::int64_t count(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = at(obj, path, key);
+    PACKPIPE_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0,
+                   "{}: {}/{}: expected a non-negative integer, found {}", what, path, key, v.dump());
+    return v.get<std::int64_t>();
+  }
+  bool flag(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = at(obj, path, key);
+    PACKPIPE_CHECK(v.is_boolean(), "{}: {}/{}: expected true or false, found {}", what, path, key, v.dump());
+    return v.get<bool>();
+  }
+  std::string text(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = at(obj, path, key);
+    PACKPIPE_CHECK(v.is_string(), "{}: {}/{}: expected a string, found {}", what, path, key, v.dump());
+    return v.get<std::string>();
+  }
+  const Json& array(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = at(obj, path, key);
+    PACKPIPE_CHECK(v.is_array(), "{}: {}/{}: expected an array, found {}", what, path, key, v.type_name());
+    return v;
+  }
+
+  RegionFit region(const Json& j, const std::string& path) const {
+    RegionFit f;
+    f.a = positive(j, path, "a");
+    PACKPIPE_CHECK(f.a <= kMaxCalibrationSlope, "{}: {}/a: expected at most {:g}, found {}", what, path,
+                   kMaxCalibrationSlope, f.a);
+    f.b = number(j, path, "b");
+    PACKPIPE_CHECK(std::abs(f.b) <= kMaxCalibrationInterceptMs, "{}: {}/b: expected in [-{:g}, {:g}], found {}", what,
+                   path, kMaxCalibrationInterceptMs, kMaxCalibrationInterceptMs, f.b);
+    f.center_log2_tokens = number(j, path, "center_log2_tokens");
+    PACKPIPE_CHECK(f.center_log2_tokens >= 0 && f.center_log2_tokens <= 64,
+                   "{}: {}/center_log2_tokens: expected in [0, 64], found {}", what, path, f.center_log2_tokens);
+    f.min_log2_tokens = number(j, path, "min_log2_tokens");
+    f.max_log2_tokens = number(j, path, "max_log2_tokens");
+    f.min_predicted_ms = number(j, path, "min_predicted_ms");
+    f.max_predicted_ms = number(j, path, "max_predicted_ms");
+    f.points = count(j, path, "points");
+    f.rejected = count(j, path, "rejected");
+    f.error_before = number(j, path, "error_before");
+    f.error_after = number(j, path, "error_after");
+    f.global_fallback = flag(j, path, "global_fallback");
+    f.through_origin = flag(j, path, "through_origin");
+    PACKPIPE_CHECK(f.rejected <= f.points, "{}: {}/rejected: expected at most points ({}), found {}", what, path,
+                   f.points, f.rejected);
+    return f;
+  }
+};
+
+}  // namespace
+
+void check_fit_options(const FitOptions& o) {
+  PACKPIPE_CHECK_ARG(o.min_region_points >= 2 && o.min_region_points <= (std::int64_t{1} << 31),
+                     "min_region_points must be in [2, 2^31], found {}", o.min_region_points);
+  PACKPIPE_CHECK_ARG(o.outlier_mads >= 1 && o.outlier_mads <= 100, "outlier_mads must be in [1, 100], found {}",
+                     o.outlier_mads);
+  PACKPIPE_CHECK_ARG(o.max_iterations >= 1 && o.max_iterations <= 1000, "max_iterations must be in [1, 1000], found {}",
+                     o.max_iterations);
+  PACKPIPE_CHECK_ARG(o.transfer_quantile >= 0 && o.transfer_quantile <= 1,
+                     "transfer_quantile must be in [0, 1], found {}", o.transfer_quantile);
+}
+
+// ---- applying a calibration ----------------------------------------------------------------------
+
+double Calibration::apply(MeasuredOp op, double tokens, double predicted_ms) const {
+  PACKPIPE_CHECK_ARG(is_compute(op), "Calibration::apply: {} is a transfer (the communication model calibrates "
+                                     "transfers)", measured_op_name(op));
+  const OpFit& f = compute[op_index(op)];
+  if (!f.fitted) return predicted_ms;
+  const double p = predicted_ms;
+  if (f.regions.empty()) return calibrated(f.global, p);
+  const double lt = std::log2(std::max(tokens, 1.0));
+  const auto& r = f.regions;
+  if (lt <= r.front().center_log2_tokens) return calibrated(r.front(), p);
+  if (lt >= r.back().center_log2_tokens) return calibrated(r.back(), p);
+  std::size_t i = 0;
+  while (i + 2 < r.size() && lt >= r[i + 1].center_log2_tokens) ++i;
+  const double w = (lt - r[i].center_log2_tokens) / (r[i + 1].center_log2_tokens - r[i].center_log2_tokens);
+  // lo + w (hi - lo): exactly lo where both lines agree (an identity calibration changes no bit).
+  const double lo = r[i].apply(p);
+  const double v = lo + w * (r[i + 1].apply(p) - lo);
+  const double a = r[i].a + w * (r[i + 1].a - r[i].a);
+  return std::max(v, kFloorShare * a * p);
+}
+
+StageOpTimes Calibration::apply(const StageOpTimes& t, double tokens) const {
+  StageOpTimes c;
+  c.forward_ms = apply(MeasuredOp::Forward, tokens, t.forward_ms);
+  c.backward_ms = apply(MeasuredOp::Backward, tokens, t.backward_ms);
+  // Halves without a fit scale with the calibrated backward (a ratio of exactly 1 when B is
+  // unchanged, so an identity calibration changes no bit).
+  const double scale = t.backward_ms > 0 ? c.backward_ms / t.backward_ms : 1.0;
+  c.backward_input_ms = compute[op_index(MeasuredOp::BackwardInput)].fitted
+                            ? apply(MeasuredOp::BackwardInput, tokens, t.backward_input_ms)
+                            : t.backward_input_ms * scale;
+  c.backward_weight_ms = compute[op_index(MeasuredOp::BackwardWeight)].fitted
+                             ? apply(MeasuredOp::BackwardWeight, tokens, t.backward_weight_ms)
+                             : t.backward_weight_ms * scale;
+  c.backward_weight_ms = std::min(c.backward_weight_ms, c.backward_ms);
+  return c;
+}
+
+double Calibration::stage_ms(double tokens, double forward_ms, double backward_ms) const {
+  return apply(MeasuredOp::Forward, tokens, forward_ms) + apply(MeasuredOp::Backward, tokens, backward_ms);
+}
+
+CommModel Calibration::apply(const CommModel& base_comm) const {
+  CommModel c = base_comm;
+  for (const TransferFit& t : transfers) {
+    if (!t.fitted) continue;
+    (t.inter_node ? c.inter_latency_ms : c.intra_latency_ms) = t.latency_ms;
+    (t.inter_node ? c.inter_bytes_per_ms : c.intra_bytes_per_ms) = t.bytes_per_ms;
+  }
+  return c;
+}
+
+// ---- persistence ---------------------------------------------------------------------------------
+
+std::string Calibration::to_json() const {
+  OJson j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["base"] = OJson{{"model", base.model},
+                    {"device", base.device},
+                    {"description", base.description},
+                    {"fingerprint", base.fingerprint}};
+  j["options"] = OJson{{"min_region_points", options.min_region_points},
+                       {"outlier_mads", options.outlier_mads},
+                       {"max_iterations", options.max_iterations},
+                       {"regions", options.regions},
+                       {"transfer_quantile", options.transfer_quantile}};
+  j["measurements"] = measurements;
+  OJson ops = OJson::array();
+  for (const OpFit& f : compute) {
+    OJson o;
+    o["op"] = measured_op_name(f.op);
+    o["fitted"] = f.fitted;
+    o["from"] = f.from;
+    o["global"] = region_json(f.global);
+    OJson rs = OJson::array();
+    for (const auto& r : f.regions) rs.push_back(region_json(r));
+    o["regions"] = rs;
+    ops.push_back(o);
+  }
+  j["compute"] = ops;
+  OJson ts = OJson::array();
+  for (const TransferFit& t : transfers) {
+    ts.push_back(OJson{{"link", t.inter_node ? "inter" : "intra"},
+                       {"fitted", t.fitted},
+                       {"latency_ms", t.latency_ms},
+                       {"bytes_per_ms", t.bytes_per_ms},
+                       {"points", t.points},
+                       {"sizes", t.sizes},
+                       {"error_before", t.error_before},
+                       {"error_after", t.error_after}});
+  }
+  j["transfers"] = ts;
+  return j.dump(1) + "\n";
+}
+
+Calibration Calibration::from_json(const std::string& text, const std::string& what) {
+  const Json j = parse_json(text, what);
+  const Reader r{what};
+  Calibration c;
+  const std::string format = r.text(j, "", "format");
+  PACKPIPE_CHECK(format == kFormat, "{}: /format: expected \"{}\", found \"{}\"", what, kFormat, format);
+  const std::int64_t version = r.count(j, "", "version");
+  PACKPIPE_CHECK(version == kVersion, "{}: /version: expected {}, found {} (written by a newer packpipe?)", what,
+                 kVersion, version);
+  const Json& b = r.at(j, "", "base");
+  c.base.model = r.text(b, "/base", "model");
+  c.base.device = r.text(b, "/base", "device");
+  c.base.description = r.text(b, "/base", "description");
+  c.base.fingerprint = r.text(b, "/base", "fingerprint");
+  PACKPIPE_CHECK(c.base.fingerprint.size() == 16 &&
+                     c.base.fingerprint.find_first_not_of("0123456789abcdef") == std::string::npos,
+                 "{}: /base/fingerprint: expected 16 lower-case hex digits, found \"{}\"", what, c.base.fingerprint);
+  const Json& o = r.at(j, "", "options");
+  c.options.min_region_points = r.count(o, "/options", "min_region_points");
+  c.options.outlier_mads = r.number(o, "/options", "outlier_mads");
+  c.options.max_iterations = static_cast<int>(std::min<std::int64_t>(r.count(o, "/options", "max_iterations"), 1 << 30));
+  c.options.regions = r.flag(o, "/options", "regions");
+  c.options.transfer_quantile = r.number(o, "/options", "transfer_quantile");
+  try {
+    check_fit_options(c.options);
+  } catch (const InvalidArgument& e) {
+    PACKPIPE_THROW(Error, "{}: /options: {}", what, e.what());
+  }
+  c.measurements = r.count(j, "", "measurements");
+  const Json& ops = r.array(j, "", "compute");
+  PACKPIPE_CHECK(ops.size() == c.compute.size(), "{}: /compute: expected {} fits (F, B, I, W), found {}", what,
+                 c.compute.size(), ops.size());
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const std::string path = fmt::format("/compute/{}", k);
+    OpFit& f = c.compute[k];
+    f.op = static_cast<MeasuredOp>(k);
+    const std::string op = r.text(ops[k], path, "op");
+    PACKPIPE_CHECK(op == measured_op_name(f.op), "{}: {}/op: expected \"{}\", found \"{}\"", what, path,
+                   measured_op_name(f.op), op);
+    f.fitted = r.flag(ops[k], path, "fitted");
+    f.from = r.text(ops[k], path, "from");
+    f.global = r.region(r.at(ops[k], path, "global"), path + "/global");
+    const Json& rs = r.array(ops[k], path, "regions");
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+      const std::string rp = fmt::format("{}/regions/{}", path, i);
+      f.regions.push_back(r.region(rs[i], rp));
+      PACKPIPE_CHECK(i == 0 || f.regions[i].center_log2_tokens > f.regions[i - 1].center_log2_tokens,
+                     "{}: {}/center_log2_tokens: expected above the previous region's {}, found {}", what, rp,
+                     f.regions[i - 1].center_log2_tokens, f.regions[i].center_log2_tokens);
+    }
+  }
+  const Json& ts = r.array(j, "", "transfers");
+  PACKPIPE_CHECK(ts.size() == 2, "{}: /transfers: expected 2 links (intra, inter), found {}", what, ts.size());
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::string path = fmt::format("/transfers/{}", k);
+    TransferFit& t = c.transfers[k];
+    t.inter_node = k == 1;
+    const std::string link = r.text(ts[k], path, "link");
+    PACKPIPE_CHECK(link == (k == 1 ? "inter" : "intra"), "{}: {}/link: expected \"{}\", found \"{}\"", what, path,
+                   k == 1 ? "inter" : "intra", link);
+    t.fitted = r.flag(ts[k], path, "fitted");
+    t.latency_ms = r.number(ts[k], path, "latency_ms");
+    t.bytes_per_ms = r.number(ts[k], path, "bytes_per_ms");
+    if (t.fitted) {
+      PACKPIPE_CHECK(t.latency_ms >= 0 && t.latency_ms <= kMaxMeasuredMs,
+                     "{}: {}/latency_ms: expected in [0, {:g}], found {}", what, path, kMaxMeasuredMs, t.latency_ms);
+      PACKPIPE_CHECK(t.bytes_per_ms > 0, "{}: {}/bytes_per_ms: expected a positive number, found {}", what, path,
+                     t.bytes_per_ms);
+    }
+    t.points = r.count(ts[k], path, "points");
+    t.sizes = r.count(ts[k], path, "sizes");
+    t.error_before = r.number(ts[k], path, "error_before");
+    t.error_after = r.number(ts[k], path, "error_after");
+  }
+  return c;
+}
+
+Calibration Calibration::load(const std::string& path) {
+  Calibration c = from_json(read_regular_file(path, "calibration file"), path);
+  c.source = path;
+  return c;
+}
+
+void Calibration::save(const std::string& path) const { write_file_atomic(path, to_json()); }
+
+// ---- fingerprint and predictions -------------------------------------------------------------------
+
+std::string cost_model_fingerprint(const CostModel& cm) {
+  PACKPIPE_CHECK_ARG(cm.calibration() == nullptr,
+                     "cost_model_fingerprint: the model is calibrated; fingerprint its base model");
+  const ModelSpec& m = cm.model();
+  const DeviceSpec& d = cm.device();
+  const CommModel& c = cm.comm();
+  std::string s = fmt::format(
+      "model {} {} {} {} {} {} {} {} {} {} {} {} {}\n", m.name, architecture_name(m.arch), m.num_layers,
+      m.encoder_layers, m.decoder_layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.gated_mlp,
+      m.vocab, m.bytes_per_param);
+  s += fmt::format("device {} {} {} {} {} {} {} {} {}\n", d.name, d.peak_tflops, d.memory_gb, d.hbm_gbps,
+                   d.intra_node_gbps, d.intra_node_latency_us, d.inter_node_gbps, d.inter_node_latency_us,
+                   d.gpus_per_node);
+  s += fmt::format("comm {} {} {} {}\n", c.intra_latency_ms, c.intra_bytes_per_ms, c.inter_latency_ms,
+                   c.inter_bytes_per_ms);
+  const bool encdec = m.arch == Architecture::EncoderDecoder;
+  std::vector<StageLayout> layouts = {{1, 0, false, false}, {1, 0, true, false}, {1, 0, false, true}};
+  if (encdec) layouts = {{1, 0, false, false}, {1, 0, true, false}, {0, 1, false, false}, {0, 1, true, true}};
+  for (const auto& l : layouts) {
+    for (Recompute rc : {Recompute::None, Recompute::Selective}) {
+      for (std::int64_t mbs : {1, 8}) {
+        for (std::int64_t seq : {128, 1024}) {
+          const std::int64_t dec = encdec ? 128 : 0;
+          try {
+            const LayerCost t = stage_cost(cm, l, 1, mbs, seq, dec, rc);
+            s += fmt::format("{} {} {}\n", t.forward_ms, t.backward_ms, t.recompute_ms);
+          } catch (const InvalidArgument&) {
+            s += "refused\n";
+          }
+        }
+      }
+    }
+  }
+  return fmt::format("{:016x}", XXH64(s.data(), s.size(), 0));
+}
+
+bool crosses_nodes(const CostModel& cm, std::int64_t tp, std::int64_t rank, std::int64_t peer) {
+  const std::int64_t per_node = std::max<std::int64_t>(1, cm.device().gpus_per_node / std::max<std::int64_t>(1, tp));
+  return rank / per_node != peer / per_node;
+}
+
+double predict_ms(const CostModel& cm, const Measurement& m) {
+  if (!is_compute(m.op)) return cm.comm().p2p_ms(static_cast<double>(m.bytes), crosses_nodes(cm, m.tp, m.rank, m.peer));
+  return op_time(stage_op_times(cm, m.layout, m.tp, m.rows, m.seq, m.dec_seq, m.recompute), m.op);
+}
+
+// ---- fitting ---------------------------------------------------------------------------------------
+
+Calibration fit_calibration(const CostModel& base, const std::vector<Measurement>& measurements,
+                            const FitOptions& options) {
+  check_fit_options(options);
+  PACKPIPE_CHECK_ARG(base.calibration() == nullptr,
+                     "fit_calibration: the cost model is already calibrated ({}); fit over its base model",
+                     base.describe());
+  std::vector<std::size_t> order(measurements.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (std::size_t i : order) check_measurement(measurements[i], describe_measurement(measurements[i], i));
+  // Canonical order: every sum below runs over it, so the result does not depend on the input order.
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return sort_key(measurements[x]) < sort_key(measurements[y]);
+  });
+  Calibration c;
+  c.options = options;
+  c.measurements = static_cast<std::int64_t>(measurements.size());
+  c.base = {base.model().name, base.device().name, base.describe(), cost_model_fingerprint(base)};
+  std::array<std::vector<Point>, 4> pts;
+  std::array<std::vector<TransferSample>, 2> transfers;
+  // (iteration, replica, rank, stage, mb) -> index into the I and W points and their predictions
+  struct Halves {
+    double tokens = 0, b_pred = 0, i_ms = -1, w_ms = -1;
+  };
+  std::map<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>, Halves> halves;
+  for (std::size_t i : order) {
+    const Measurement& m = measurements[i];
+    if (!is_compute(m.op)) {
+      transfers[crosses_nodes(base, m.tp, m.rank, m.peer) ? 1 : 0].push_back({static_cast<double>(m.bytes), m.ms});
+      continue;
+    }
+    StageOpTimes t;
+    try {
+      t = stage_op_times(base, m.layout, m.tp, m.rows, m.seq, m.dec_seq, m.recompute);
+    } catch (const InvalidArgument& e) {
+      PACKPIPE_THROW(InvalidArgument, "{}: the cost model ({}) refuses its shape (stage {} encoder + {} decoder layers{}{}, "
+                     "tp {}, rows {}, seq {}, dec_seq {}, recompute {}): {}",
+                     describe_measurement(m, i), base.describe(), m.layout.encoder_layers, m.layout.decoder_layers,
+                     m.layout.has_embedding ? ", embedding" : "", m.layout.has_postprocess ? ", LM head" : "", m.tp,
+                     m.rows, m.seq, m.dec_seq, recompute_name(m.recompute), e.what());
+    }
+    const double p = op_time(t, m.op);
+    const double tokens = shape_tokens(base.model(), m.rows, m.seq, m.dec_seq);
+    if (m.op == MeasuredOp::BackwardInput || m.op == MeasuredOp::BackwardWeight) {
+      Halves& h = halves[std::make_tuple(m.iteration, m.replica, m.rank, m.stage, m.mb)];
+      h.tokens = tokens;
+      h.b_pred = t.backward_ms;
+      (m.op == MeasuredOp::BackwardInput ? h.i_ms : h.w_ms) = m.ms;
+    }
+    // A zero prediction (no weight GEMMs on the stage) cannot be scaled: it keeps its intercept.
+    if (p > 0) pts[op_index(m.op)].push_back({std::log2(std::max(tokens, 1.0)), p, m.ms});
+  }
+  for (std::size_t k = 0; k < 4; ++k) c.compute[k] = fit_op(static_cast<MeasuredOp>(k), pts[k], options);
+  if (!c.compute[op_index(MeasuredOp::Backward)].fitted) {
+    // No full backward measured: its time is that of the two halves run back to back.
+    std::vector<Point> b;
+    for (const auto& [key, h] : halves) {
+      if (h.i_ms >= 0 && h.w_ms >= 0 && h.b_pred > 0) b.push_back({std::log2(std::max(h.tokens, 1.0)), h.b_pred, h.i_ms + h.w_ms});
+    }
+    std::sort(b.begin(), b.end(), [](const Point& x, const Point& y) { return std::tie(x.lt, x.p, x.m) < std::tie(y.lt, y.p, y.m); });
+    c.compute[op_index(MeasuredOp::Backward)] = fit_op(MeasuredOp::Backward, b, options);
+    if (!b.empty()) c.compute[op_index(MeasuredOp::Backward)].from = "I + W";
+  }
+  for (std::size_t k = 0; k < 2; ++k) c.transfers[k] = fit_transfers(k == 1, transfers[k], base.comm(), options);
+  for (const OpFit& f : c.compute) {
+    std::vector<const RegionFit*> lines = {&f.global};
+    for (const auto& r : f.regions) lines.push_back(&r);
+    for (const RegionFit* r : lines) {
+      PACKPIPE_CHECK_ARG(r->a <= kMaxCalibrationSlope && std::abs(r->b) <= kMaxCalibrationInterceptMs,
+                         "{}: the measured times are {} x the model's predictions {:+} ms (at most {:g} x and {:g} ms "
+                         "accepted): measurements of another model, or in other units?",
+                         measured_op_name(f.op), r->a, r->b, kMaxCalibrationSlope, kMaxCalibrationInterceptMs);
+    }
+  }
+  return c;
+}
+
+// ---- the calibrated model ----------------------------------------------------------------------------
+
+CalibratedCostModel::CalibratedCostModel(std::shared_ptr<const CostModel> base, Calibration calibration)
+    : base_(std::move(base)), cal_(std::move(calibration)) {
+  PACKPIPE_CHECK_ARG(base_ != nullptr, "CalibratedCostModel: no base model");
+  PACKPIPE_CHECK_ARG(base_->calibration() == nullptr,
+                     "CalibratedCostModel: the base model is already calibrated ({}); calibrate its base model",
+                     base_->describe());
+  const std::string fp = cost_model_fingerprint(*base_);
+  const std::string name = cal_.source.empty() ? std::string("the calibration") : "calibration '" + cal_.source + "'";
+  PACKPIPE_CHECK_ARG(fp == cal_.base.fingerprint,
+                     "{} was fitted over {} on {} ({}, fingerprint {}); this cost model is {} on {} ({}, fingerprint "
+                     "{}): fit a calibration over this model (packpipe costmodel calibrate) or load the model it was "
+                     "fitted over",
+                     name, cal_.base.model, cal_.base.device, cal_.base.description, cal_.base.fingerprint,
+                     base_->model().name, base_->device().name, base_->describe(), fp);
+  comm_ = cal_.apply(base_->comm());
+}
+
+std::string CalibratedCostModel::describe() const {
+  std::string fitted;
+  for (const OpFit& f : cal_.compute) {
+    if (f.fitted) fitted += (fitted.empty() ? "" : ", ") + std::string(measured_op_name(f.op));
+  }
+  for (const TransferFit& t : cal_.transfers) {
+    if (t.fitted) fitted += (fitted.empty() ? "" : ", ") + std::string(t.inter_node ? "inter-node" : "intra-node");
+  }
+  return fmt::format("{}, calibrated by {} ({} fitted on {} measurements)", base_->describe(),
+                     cal_.source.empty() ? std::string("a calibration") : cal_.source, fitted.empty() ? "nothing" : fitted,
+                     cal_.measurements);
+}
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,59 @@
+#include "costmodel/stage_ops.h"
+
+#include "costmodel/calibration.h"
+#include "costmodel/flops.h"
+
+namespace packpipe::costmodel {
+
+double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, std::int64_t mbs, std::int64_t seq,
+                             std::int64_t dec_seq) {
+  // Weight gradients redo the dense GEMMs once (dW = x^T dy); input gradients the GEMMs once
+  // more plus twice the attention products, so the weight share of backward is
+  // matmul / (2 (matmul + attention)) of the stage's forward FLOPs.
+  double matmul = 0, attention = 0;
+  auto add = [&](LayerKind kind, std::int64_t layers) {
+    if (layers <= 0) return;
+    const auto f = forward_flops(m, kind, mbs, seq, dec_seq);
+    matmul += static_cast<double>(layers) * f.matmul;
+    attention += static_cast<double>(layers) * f.attention;
+  };
+  add(LayerKind::Encoder, layout.encoder_layers);
+  add(LayerKind::Decoder, layout.decoder_layers);
+  if (layout.has_postprocess) add(LayerKind::PostProcess, 1);
+  return matmul + attention > 0 ? matmul / (2.0 * (matmul + attention)) : 0.0;
+}
+
+double shape_tokens(const ModelSpec& m, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq) {
+  const std::int64_t dec = m.arch == Architecture::EncoderDecoder ? dec_seq : 0;
+  return static_cast<double>(mbs) * static_cast<double>(seq + dec);
+}
+
+StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout, std::int64_t mbs,
+                            std::int64_t seq, std::int64_t dec_seq) {
+  const double w_share = weight_gradient_share(cm.model(), layout, mbs, seq, dec_seq);
+  StageOpTimes t;
+  t.forward_ms = stage.forward_ms;
+  t.backward_ms = stage.backward_ms + stage.recompute_ms;
+  t.backward_weight_ms = stage.backward_ms * w_share;
+  t.backward_input_ms = t.backward_ms - t.backward_weight_ms;
+  if (const Calibration* cal = cm.calibration()) return cal->apply(t, shape_tokens(cm.model(), mbs, seq, dec_seq));
+  return t;
+}
+
+StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
+                            std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+  return stage_op_times(cm, stage_cost(cm, layout, tp, mbs, seq, dec_seq, rc), layout, mbs, seq, dec_seq);
+}
+
+double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens) {
+  const Calibration* cal = cm.calibration();
+  if (cal == nullptr) return 0;
+  const double backward = stage.backward_ms + stage.recompute_ms;
+  return cal->stage_ms(tokens, stage.forward_ms, backward) - (stage.forward_ms + backward);
+}
+
+double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens) {
+  return stage.total_ms() + stage_time_delta_ms(cm, stage, tokens);
+}
+
+}  // namespace packpipe::costmodel

@@ -1,0 +1,323 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "costmodel/analytic.h"
+#include "costmodel/calibration.h"
+#include "costmodel/measurements.h"
+#include "costmodel/stage_ops.h"
+#include "tests/support/temp_dir.h"
+
+namespace cm = packpipe::costmodel;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::shared_ptr<const cm::CostModel> analytic(const std::string& model = "gpt-1.3b") {
+  return std::make_shared<cm::AnalyticCostModel>(cm::load_model(model), cm::load_device("A100-40GB"));
+}
+
+// Synthetic measurements of F and B over many stage shapes: measured = a x model + b, with a
+// relative noise of `noise` (normal) and, when `outliers`, every 10th shape's F and B three times
+// slower.
+// Also send / recv of one size pair per shape at the model's p2p time x 2.
+std::vector<cm::Measurement> synthetic(const cm::CostModel& base, double a, double b, double noise, bool outliers,
+                                       std::uint64_t seed = 20261122) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> eps(0.0, noise);
+  std::vector<cm::Measurement> out;
+  std::uint32_t index = 0;
+  for (std::int64_t layers : {1, 2, 4}) {
+    for (std::int64_t rows : {1, 2, 4, 8}) {
+      for (std::int64_t seq : {128, 256, 512, 1024, 2048}) {
+        for (int rep = 0; rep < 3; ++rep) {
+          for (cm::MeasuredOp op : {cm::MeasuredOp::Forward, cm::MeasuredOp::Backward}) {
+            cm::Measurement m;
+            m.op = op;
+            m.layout.encoder_layers = layers;
+            m.layout.has_embedding = rep == 1;
+            m.rows = rows;
+            m.seq = seq;
+            m.index = index++;
+            m.rank = static_cast<std::uint32_t>(rep);
+            const double p = cm::predict_ms(base, m);
+            m.ms = (a * p + b) * (1.0 + eps(rng));
+            if (outliers && (m.index / 2) % 10 == 3) m.ms *= 3.0;
+            out.push_back(m);
+          }
+        }
+      }
+    }
+  }
+  for (std::uint64_t bytes : {std::uint64_t{1} << 20, std::uint64_t{1} << 24, std::uint64_t{1} << 27}) {
+    for (int k = 0; k < 10; ++k) {
+      cm::Measurement m;
+      m.op = k % 2 == 0 ? cm::MeasuredOp::Send : cm::MeasuredOp::Recv;
+      m.layout.encoder_layers = 1;
+      m.bytes = bytes;
+      m.rank = 0;
+      m.peer = 1;
+      m.index = index++;
+      m.ms = 2.0 * base.comm().p2p_ms(static_cast<double>(bytes)) * (1.0 + 0.5 * k);  // waits: upper bounds
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+// The global fits recover a and b within `tol`; each log2(tokens) region its slope (its intercept is
+// a small share of its larger ops' times), and the calibrated times of every measured shape are
+// the true line's within 1%.
+void check_recovered(const cm::CostModel& base, const std::vector<cm::Measurement>& ms, const cm::Calibration& c,
+                     double a, double b, double tol) {
+  for (cm::MeasuredOp op : {cm::MeasuredOp::Forward, cm::MeasuredOp::Backward}) {
+    const cm::OpFit& f = c.compute[static_cast<std::size_t>(op)];
+    INFO(cm::measured_op_name(op));
+    REQUIRE(f.fitted);
+    CHECK(f.global.a == Approx(a).epsilon(tol));
+    CHECK(f.global.b == Approx(b).epsilon(tol));
+    REQUIRE(f.regions.size() >= 3);
+    for (const auto& r : f.regions) {
+      INFO("region at log2 tokens " << r.center_log2_tokens);
+      CHECK(r.a == Approx(a).epsilon(tol));
+      CHECK(r.error_after < r.error_before);
+    }
+  }
+  for (const auto& m : ms) {
+    if (!cm::is_compute(m.op)) continue;
+    const double p = cm::predict_ms(base, m);
+    CHECK(c.apply(m.op, m.tokens(), p) == Approx(a * p + b).epsilon(0.01));
+  }
+}
+
+std::string header() { return R"({"format":"packpipe-measurements","version":1,"model":"gpt-1.3b","device":"A100-40GB","source":"test"})"; }
+
+std::string f_line(const std::string& replace_key = "", const std::string& value = "") {
+  std::string line = R"({"op":"F","encoder_layers":2,"decoder_layers":0,"embedding":false,"postprocess":false,"tp":1,"rows":2,"seq":512,"dec_seq":0,"recompute":"none","bytes":0,"ms":1.5,"iteration":0,"replica":0,"rank":0,"stage":0,"mb":0,"index":3,"start_ms":0.0,"peer":-1})";
+  if (replace_key.empty()) return line;
+  const std::string key = "\"" + replace_key + "\":";
+  const auto at = line.find(key);
+  const auto end = line.find_first_of(",}", at + key.size());
+  return line.substr(0, at + key.size()) + value + line.substr(end);
+}
+
+void check_parse_error(const std::string& text, const std::vector<std::string>& parts) {
+  try {
+    cm::parse_measurements(text, "m.jsonl");
+    FAIL("accepted: " << text);
+  } catch (const packpipe::Error& e) {
+    for (const auto& p : parts) CHECK_THAT(e.what(), Contains(p));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("calibration recovers a known multiplicative and additive bias within 2%", "[calibration]") {
+  const auto base = analytic();
+  // measured = 1.3 x model + 0.2 ms, 0.2% noise from a fixed-seed RNG
+  const auto ms = synthetic(*base, 1.3, 0.2, 0.002, false);
+  const cm::Calibration c = cm::fit_calibration(*base, ms);
+  check_recovered(*base, ms, c, 1.3, 0.2, 0.02);
+  // the calibrated model's op times are the line's at every shape
+  const cm::CalibratedCostModel model(base, c);
+  cm::Measurement m;
+  m.layout.encoder_layers = 3;
+  m.rows = 3;
+  m.seq = 700;
+  const double p = cm::predict_ms(*base, m);
+  CHECK(cm::predict_ms(model, m) == Approx(1.3 * p + 0.2).epsilon(0.01));
+  // B fitted, its halves not: they scale with the calibrated backward
+  const cm::StageOpTimes t0 = cm::stage_op_times(*base, m.layout, 1, 3, 700, 0, cm::Recompute::None);
+  const cm::StageOpTimes t1 = cm::stage_op_times(model, m.layout, 1, 3, 700, 0, cm::Recompute::None);
+  CHECK(t1.backward_weight_ms / t1.backward_ms == Approx(t0.backward_weight_ms / t0.backward_ms));
+  CHECK(t1.backward_input_ms + t1.backward_weight_ms == Approx(t1.backward_ms));
+  // transfers: the low quantile of each size's waits, a fitted line through them
+  CHECK(c.transfers[0].fitted);
+  CHECK_FALSE(c.transfers[1].fitted);
+  CHECK(c.transfers[0].sizes == 3);
+  CHECK(model.comm().p2p_ms(1 << 24) == Approx(2.0 * base->comm().p2p_ms(1 << 24) * 1.45).epsilon(0.1));
+  CHECK(model.comm().inter_bytes_per_ms == base->comm().inter_bytes_per_ms);
+}
+
+TEST_CASE("calibration rejects injected outliers and still recovers the bias within 2%", "[calibration]") {
+  const auto base = analytic();
+  const auto ms = synthetic(*base, 1.3, 0.2, 0.002, true);
+  const cm::Calibration c = cm::fit_calibration(*base, ms);
+  std::vector<cm::Measurement> clean;
+  for (const auto& m : ms) {
+    if ((m.index / 2) % 10 != 3) clean.push_back(m);
+  }
+  check_recovered(*base, clean, c, 1.3, 0.2, 0.02);
+  for (cm::MeasuredOp op : {cm::MeasuredOp::Forward, cm::MeasuredOp::Backward}) {
+    const cm::OpFit& f = c.compute[static_cast<std::size_t>(op)];
+    // 18 of each kind's 180 points are three times slower: all rejected, few others
+    CHECK(f.global.points == 180);
+    CHECK(f.global.rejected >= 18);
+    CHECK(f.global.rejected <= 30);
+  }
+}
+
+TEST_CASE("calibration is deterministic: any order gives the same bytes, JSON round-trips exactly", "[calibration]") {
+  const auto base = analytic();
+  auto ms = synthetic(*base, 1.1, 0.05, 0.02, true, 7);
+  const std::string a = cm::fit_calibration(*base, ms).to_json();
+  std::mt19937_64 rng(3);
+  for (int k = 0; k < 3; ++k) {
+    std::shuffle(ms.begin(), ms.end(), rng);
+    CHECK(cm::fit_calibration(*base, ms).to_json() == a);
+  }
+  const cm::Calibration c = cm::Calibration::from_json(a, "c.json");
+  CHECK(c.to_json() == a);
+  packpipe::test::TempDir dir;
+  c.save(dir.file("c.json"));
+  const cm::Calibration d = cm::Calibration::load(dir.file("c.json"));
+  CHECK(d.source == dir.file("c.json"));
+  CHECK(d.to_json() == a);
+  // the model built from the file answers bit for bit as the one built from the fit
+  const cm::CalibratedCostModel m1(base, cm::fit_calibration(*base, ms)), m2(analytic(), d);
+  for (const auto& m : ms) CHECK(cm::predict_ms(m1, m) == cm::predict_ms(m2, m));
+  CHECK_THAT(m2.describe(), Contains(dir.file("c.json")));
+}
+
+TEST_CASE("a calibration fitted over another model is refused, naming both", "[calibration][negative]") {
+  const auto gpt13 = analytic("gpt-1.3b");
+  const auto gpt67 = analytic("gpt-6.7b");
+  CHECK(cm::cost_model_fingerprint(*gpt13) != cm::cost_model_fingerprint(*gpt67));
+  CHECK(cm::cost_model_fingerprint(*gpt13) == cm::cost_model_fingerprint(*analytic("gpt-1.3b")));
+  const cm::Calibration c = cm::fit_calibration(*gpt13, synthetic(*gpt13, 1.2, 0.1, 0.01, false));
+  try {
+    cm::CalibratedCostModel m(gpt67, c);
+    FAIL("accepted");
+  } catch (const packpipe::InvalidArgument& e) {
+    CHECK_THAT(e.what(), Contains("gpt-1.3b") && Contains("gpt-6.7b") && Contains(c.base.fingerprint) &&
+                             Contains(cm::cost_model_fingerprint(*gpt67)));
+  }
+  // calibrating a calibrated model, or fitting over one, is refused too
+  const auto calibrated = std::make_shared<cm::CalibratedCostModel>(gpt13, c);
+  REQUIRE_THROWS_WITH(cm::CalibratedCostModel(calibrated, c), Contains("already calibrated"));
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*calibrated, synthetic(*gpt13, 1, 0, 0, false)),
+                      Contains("already calibrated"));
+  REQUIRE_THROWS_WITH(cm::cost_model_fingerprint(*calibrated), Contains("calibrated"));
+}
+
+TEST_CASE("bad measurement files are refused naming the file, the line and the field", "[calibration][negative]") {
+  const std::string h = header() + "\n";
+  // a good file first
+  const cm::MeasurementSet ok = cm::parse_measurements(h + f_line() + "\n\n" +
+                                                           R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8})" + "\n",
+                                                       "m.jsonl");
+  REQUIRE(ok.ops.size() == 1);
+  REQUIRE(ok.iterations.size() == 1);
+  CHECK(ok.header.model == "gpt-1.3b");
+  CHECK(cm::parse_measurements(cm::measurements_to_jsonl(ok), "again").ops.front().ms == 1.5);
+
+  check_parse_error(h + f_line("ms", "-1"), {"m.jsonl line 2", "ms", "found -1"});
+  check_parse_error(h + f_line("ms", "0"), {"m.jsonl line 2", "ms must be positive", "found 0"});
+  check_parse_error(h + f_line("ms", "NaN"), {"m.jsonl line 2"});
+  check_parse_error(h + f_line("ms", "\"fast\""), {"m.jsonl line 2", "'ms'", "expected a finite number", "string"});
+  check_parse_error(h + f_line("rows", "0"), {"line 2", "rows must be in [1,", "found 0"});
+  check_parse_error(h + f_line("op", "\"X\""), {"line 2", "'op'", "unknown op 'X'", "F, B, I, W, send, recv"});
+  check_parse_error(h + f_line("recompute", "\"most\""), {"line 2", "'recompute'", "unknown mode 'most'"});
+  check_parse_error(h + f_line("op", "\"send\""), {"line 2", "bytes must be in [1, 2^50] for a transfer, found 0"});
+  check_parse_error(h + f_line("op", "\"send\"").replace(f_line("op", "\"send\"").find("\"bytes\":0"), 9, "\"bytes\":8"),
+                    {"line 2", "peer must be another rank, found -1"});
+  check_parse_error(h + f_line("bytes", "64"), {"line 2", "bytes is for transfers"});
+  check_parse_error(h + f_line("seq", "1.5"), {"line 2", "'seq'", "expected an integer", "found number 1.5"});
+  check_parse_error(h + f_line() + "x", {"m.jsonl line 2"});
+  check_parse_error(h + "\n" + f_line().substr(0, 40), {"m.jsonl line 3"});
+  check_parse_error(h + R"({"op":"F"})", {"line 2", "missing field"});
+  check_parse_error(h + f_line().substr(0, f_line().size() - 1) + R"(,"colour":"red"})", {"line 2", "unknown field 'colour'"});
+  check_parse_error(R"({"format":"packpipe-profile","version":1,"model":"","device":"","source":""})",
+                    {"line 1", "'format'", "expected \"packpipe-measurements\"", "found \"packpipe-profile\""});
+  check_parse_error(R"({"format":"packpipe-measurements","version":2,"model":"","device":"","source":""})",
+                    {"line 1", "'version'", "expected 1, found 2"});
+  check_parse_error("\n\n", {"m.jsonl", "empty"});
+  REQUIRE_THROWS_WITH(cm::read_measurements("/nonexistent/m.jsonl"), Contains("/nonexistent/m.jsonl"));
+
+  // in memory: the fit names the measurement, the field and what was found
+  const auto base = analytic();
+  std::vector<cm::Measurement> ms = ok.ops;
+  ms.push_back(ms.front());
+  ms.back().ms = std::numeric_limits<double>::quiet_NaN();
+  ms.back().index = 9;
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ms),
+                      Contains("measurement 1 (F, iteration 0, replica 0, rank 0, instruction 9)") &&
+                          Contains("ms must be a finite duration, found nan"));
+  // a shape the model refuses (a decoder layer of a decoder-only model: never planned)
+  ms.back() = ms.front();
+  ms.back().layout.decoder_layers = 2;
+  ms.back().dec_seq = 64;
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ms), Contains("measurement 1") && Contains("refuses its shape"));
+  ms.back() = ms.front();
+  ms.back().tp = 3;  // 32 heads do not split 3 ways
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ms), Contains("measurement 1") && Contains("tp 3"));
+  cm::FitOptions bad;
+  bad.transfer_quantile = 2;
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ok.ops, bad), Contains("transfer_quantile must be in [0, 1], found 2"));
+}
+
+TEST_CASE("bad calibration files are refused naming the file and the field", "[calibration][negative]") {
+  const auto base = analytic();
+  const std::string good = cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false)).to_json();
+  auto check = [](const std::string& text, const std::vector<std::string>& parts) {
+    try {
+      cm::Calibration::from_json(text, "cal.json");
+      FAIL("accepted");
+    } catch (const packpipe::Error& e) {
+      for (const auto& p : parts) CHECK_THAT(e.what(), Contains(p));
+    }
+  };
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const auto at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  check(replace("\"packpipe-calibration\"", "\"packpipe-profile\""), {"cal.json", "/format", "packpipe-calibration"});
+  check(replace("\"version\": 1", "\"version\": 7"), {"cal.json", "/version", "expected 1, found 7"});
+  check(replace("\"a\": ", "\"a\": -"), {"cal.json", "/compute/0/global/a", "expected a positive number"});
+  check(replace("\"fingerprint\": \"", "\"fingerprint\": \"zz"), {"/base/fingerprint", "16 lower-case hex digits"});
+  check(replace("\"outlier_mads\": 3.0", "\"outlier_mads\": 0.5"), {"/options", "outlier_mads"});
+  check(replace("\"transfers\"", "\"links\""), {"cal.json", "/transfers", "missing"});
+  check(good.substr(0, good.size() / 2), {"cal.json"});
+  REQUIRE_THROWS_WITH(cm::Calibration::load("/nonexistent/cal.json"), Contains("/nonexistent/cal.json"));
+}
+
+TEST_CASE("an identity calibration keeps every op time and stage time bit for bit", "[calibration]") {
+  const auto base = analytic();
+  cm::Calibration c;
+  c.base = {base->model().name, base->device().name, base->describe(), cm::cost_model_fingerprint(*base)};
+  for (std::size_t k = 0; k < 4; ++k) {
+    c.compute[k].op = static_cast<cm::MeasuredOp>(k);
+    c.compute[k].fitted = true;
+    for (double centre : {8.0, 10.5, 13.0}) {
+      cm::RegionFit r;
+      r.center_log2_tokens = centre;
+      c.compute[k].regions.push_back(r);
+    }
+  }
+  c.transfers[1].inter_node = true;
+  const cm::CalibratedCostModel id(base, c);
+  cm::StageLayout l{3, 0, true, false};
+  for (std::int64_t rows : {1, 3, 7}) {
+    for (std::int64_t seq : {100, 700, 3000}) {
+      for (cm::Recompute rc : {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}) {
+        const cm::LayerCost s = cm::stage_cost(*base, l, 1, rows, seq, 0, rc);
+        const double tokens = cm::shape_tokens(base->model(), rows, seq, 0);
+        CHECK(cm::stage_time_ms(id, s, tokens) == s.total_ms());
+        const auto a = cm::stage_op_times(*base, s, l, rows, seq, 0), b = cm::stage_op_times(id, s, l, rows, seq, 0);
+        CHECK(a.forward_ms == b.forward_ms);
+        CHECK(a.backward_ms == b.backward_ms);
+        CHECK(a.backward_input_ms == b.backward_input_ms);
+        CHECK(a.backward_weight_ms == b.backward_weight_ms);
+      }
+    }
+  }
+}
