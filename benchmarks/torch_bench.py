@@ -3,11 +3,16 @@
 
     python3 -m packpipe.torch.run --nproc-per-node 2 benchmarks/torch_bench.py overhead --out o.json
     python3 -m packpipe.torch.run --nproc-per-node 2 benchmarks/torch_bench.py throughput --out t.json
+    python3 -m packpipe.torch.run --nproc-per-node 2 benchmarks/torch_bench.py calibration --iterations 10
 
 overhead:   the same 1F1B plans (same micro-batches, shapes, model) run by packpipe's runner (the C++
             executor calling torch handlers and the torch transport) and by a hand-written 1F1B loop
             with isend/irecv, alternating round by round; the runner's overhead per instruction is
             (median packpipe - median hand-written) / instructions per rank.
+calibration: the small GPT trained twice side by side (iteration by iteration alternating) from the
+            analytic model with no profile: one loader keeps it, the other is calibrated by
+            packpipe.torch.Calibrator after --calibrate-after measured iterations and re-plans; after
+            the boundary, the median |predicted - measured| / measured iteration time of each.
 throughput: the small GPT trained for real on the same global batches with packpipe's plans (dynamic
             micro-batches, schedule search) and with the Megatron baselines, fixed micro-batches
             padded to their longest sample and packed rows, each at every micro-batch size of the
@@ -239,9 +244,72 @@ def throughput(a, groups, tmp):
     return out
 
 
+def calibration(a, groups, tmp):
+    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
+                           max_positions=4096)
+    cm = cost_model(cfg, tmp)
+    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+    shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
+    total = a.warmup + a.calibrate_after + a.iterations
+    sides = {}
+    for name in ("uncalibrated", "calibrated"):
+        loader = pt.PlanLoader(data, cost_model=cm, replica=groups.replica, rank=groups.pipeline_rank,
+                               iterations=total, shape=shape, global_batch_tokens=a.tokens, seed=a.seed,
+                               dtype="fp32", split_backward=False, schedule="search", schedule_fallback=True)
+        full = models.GPT(cfg)
+        cal = pt.Calibrator(loader, fit_after=a.calibrate_after, warmup=a.warmup) if name == "calibrated" else None
+        sides[name] = {"loader": loader, "iter": iter(loader), "model": full, "cal": cal, "runner": None,
+                       "rows": []}
+    for i in range(total):
+        for name in (("uncalibrated", "calibrated") if i % 2 == 0 else ("calibrated", "uncalibrated")):
+            sd = sides[name]
+            it = next(sd["iter"])
+            if sd["runner"] is None:
+                mine = pt.PipelineRunner.my_stages(it.plan, groups.pipeline_rank)
+                stages = {v: sd["model"].stage(it.plan.stages[v]) for v in mine}
+                opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
+                sd["runner"] = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, timeout_s=300)
+            calibrated = sd["cal"] is not None and sd["cal"].cost_model is not sd["cal"].base
+            r = sd["runner"].run(it)
+            sd["rows"].append({"iteration": it.iteration, "measured_ms": r.measured_ms,
+                               "predicted_ms": r.predicted_ms, "calibrated": calibrated,
+                               "microbatches": len(it.plan.microbatches), "schedule": it.plan.schedule})
+            if sd["cal"] is not None:
+                rep = sd["cal"].observe(it, r)
+                if rep is not None:
+                    sd["report"] = rep
+
+    def err(rows):
+        return statistics.median(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows)
+
+    boundary = a.warmup + a.calibrate_after
+    out = {"mode": "calibration", "workload": a.workload, "ranks": groups.pp, "dp": groups.dp,
+           "global_batch_tokens": a.tokens, "warmup": a.warmup, "calibrate_after": a.calibrate_after,
+           "iterations_after": a.iterations, "sides": {}}
+    for name, sd in sides.items():
+        sd["runner"].close()
+        before, after = sd["rows"][a.warmup:boundary], sd["rows"][boundary:]
+        out["sides"][name] = {"error_before_boundary": err(before), "error_after_boundary": err(after),
+                              "median_measured_ms_after": statistics.median(r["measured_ms"] for r in after),
+                              "median_predicted_ms_after": statistics.median(r["predicted_ms"] for r in after),
+                              "rows": sd["rows"]}
+    rep = sides["calibrated"].get("report")
+    if rep is not None:
+        out["fit"] = {"summary": rep.summary(), "ops": rep.ops, "measurements": rep.measurements,
+                      "resimulated_iteration_error_before": rep.iteration_error_before,
+                      "resimulated_iteration_error_after": rep.iteration_error_after}
+    u, c = out["sides"]["uncalibrated"], out["sides"]["calibrated"]
+    out["iteration_error_after_uncalibrated"] = u["error_after_boundary"]
+    out["iteration_error_after_calibrated"] = c["error_after_boundary"]
+    out["goal_within_5_percent"] = c["error_after_boundary"] <= 0.05
+    out["throughput_ratio_calibrated_vs_uncalibrated"] = (u["median_measured_ms_after"] /
+                                                          c["median_measured_ms_after"])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["overhead", "throughput"])
+    ap.add_argument("mode", choices=["overhead", "throughput", "calibration"])
     ap.add_argument("--workload", choices=["short", "demo"], default="short",
                     help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens)")
     ap.add_argument("--iterations", type=int, default=6)
@@ -252,6 +320,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--grid", type=int, nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--calibrate-after", type=int, default=20, help="calibration: measured iterations before the fit")
+    ap.add_argument("--warmup", type=int, default=1, help="calibration: first iterations not measured")
     ap.add_argument("--pp", type=int, default=0, help="pipeline ranks (default: every rank)")
     ap.add_argument("--out", help="write the JSON result here (rank 0)")
     a = ap.parse_args()
@@ -261,7 +331,7 @@ def main():
     pp = a.pp or world
     groups = pt.ProcessGroups.create(pp, world // pp)
     tmp = tempfile.mkdtemp(prefix="packpipe-bench-")
-    out = overhead(a, groups, tmp) if a.mode == "overhead" else throughput(a, groups, tmp)
+    out = {"overhead": overhead, "throughput": throughput, "calibration": calibration}[a.mode](a, groups, tmp)
     out["torch"] = torch.__version__
     out["threads_per_rank"] = torch.get_num_threads()
     if dist.get_rank() == 0:

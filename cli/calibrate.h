@@ -13,6 +13,7 @@ struct MeasuredValidateArgs {
   std::vector<std::string> measured;  ///< measurement files (packpipe-measurements)
   CostModelArgs costs;                ///< model and device empty: the first file's header names them
   std::string plot_data;              ///< validation_plot_json written here (atomically); empty: none
+  std::string plot;                   ///< PNG drawn from it by packpipe.plots (matplotlib); empty: none
   bool json = false;
 };
 

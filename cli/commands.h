@@ -1,6 +1,9 @@
 // Subcommand registration for the packpipe CLI; each subcommand lives in its own file.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace packpipe::cli {
@@ -28,6 +31,10 @@ void add_plan_file_commands(CLI::App& plan);
 void register_run_commands(CLI::App& app);
 /// `packpipe profile`: subcommands implemented in Python (they run the packpipe Python package).
 void register_python_commands(CLI::App& app);
+/// Runs `python -m module args...` (the build's interpreter and package, as `packpipe profile`) as a
+/// child with its stdout on this process's stderr, and waits; throws Error naming `what` when it
+/// cannot start or does not exit 0.
+void run_python_module(const std::string& module, const std::vector<std::string>& args, const std::string& what);
 /// Exit status set by the subcommand that ran (0 unless it found a problem).
 int exit_status();
 /// Sets the exit status returned by main.

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -140,6 +141,29 @@ void print_calibrate(const Json& j) {
               "docs/design/013-calibration.md)\n");
 }
 
+// Draws the PNG `png` (python3 -m packpipe.plots) from plot data sets (label, JSON), each written
+// to a temporary file beside the PNG and removed after.
+void draw_plot(const std::string& png, const std::vector<std::pair<std::string, std::string>>& sets) {
+  struct Remove {
+    std::vector<std::string> paths;
+    ~Remove() {
+      for (const auto& p : paths) std::remove(p.c_str());
+    }
+  } temporaries;
+  std::vector<std::string> args{"validation"};
+  for (std::size_t k = 0; k < sets.size(); ++k) {
+    const std::string path = fmt::format("{}.plot-data-{}.json", png, k);
+    write_file_atomic(path, sets[k].second);
+    temporaries.paths.push_back(path);
+    args.push_back(path);
+  }
+  args.insert(args.end(), {"-o", png});
+  for (const auto& [label, data] : sets) {
+    if (!label.empty()) args.insert(args.end(), {"--label", label});
+  }
+  run_python_module("packpipe.plots", args, fmt::format("drawing {}", png));
+}
+
 }  // namespace
 
 // ---- validate --measured --------------------------------------------------------------------------
@@ -148,11 +172,27 @@ void run_measured_validate(const MeasuredValidateArgs& a) {
   std::vector<std::string> inputs = a.measured;
   for (const auto& f : cost_model_inputs(a.costs)) inputs.push_back(f);
   if (!a.plot_data.empty()) check_output_is_not_input(a.plot_data, inputs, "--plot-data");
+  if (!a.plot.empty()) {
+    check_output_is_not_input(a.plot, inputs, "--plot");
+    PACKPIPE_CHECK_ARG(a.plot != a.plot_data, "--plot and --plot-data name the same file {}", a.plot);
+  }
   const cm::MeasurementSet set = read_all(a.measured);
   const auto cost = resolve(a.costs, set.header).make();
   const planner::ValidationReport r = planner::validate_measurements(*cost, set);
   const std::string plot = planner::validation_plot_json(r, set);
   if (!a.plot_data.empty()) write_file_atomic(a.plot_data, plot);
+  if (!a.plot.empty()) {
+    if (a.costs.calibration.empty()) {
+      draw_plot(a.plot, {{"", plot}});
+    } else {  // the base model beside the calibrated one
+      CostModelArgs base = resolve(a.costs, set.header);
+      base.calibration.clear();
+      const auto base_cost = base.make();
+      const std::string base_plot =
+          planner::validation_plot_json(planner::validate_measurements(*base_cost, set), set);
+      draw_plot(a.plot, {{"uncalibrated", base_plot}, {"calibrated", plot}});
+    }
+  }
   if (a.json) {
     Json j;
     j["measured"] = a.measured;
@@ -167,6 +207,7 @@ void run_measured_validate(const MeasuredValidateArgs& a) {
     j["iteration_p90_abs"] = r.iteration_p90_abs;
     j["iteration_bias"] = r.iteration_bias;
     if (!a.plot_data.empty()) j["plot_data"] = a.plot_data;
+    if (!a.plot.empty()) j["plot"] = a.plot;
     print_json(j);
     return;
   }
@@ -185,6 +226,7 @@ void run_measured_validate(const MeasuredValidateArgs& a) {
   }
   std::printf("\n  (e = (predicted - measured) / measured)\n");
   if (!a.plot_data.empty()) std::printf("  plot data: %s\n", a.plot_data.c_str());
+  if (!a.plot.empty()) std::printf("  plot: %s\n", a.plot.c_str());
 }
 
 void add_costmodel_calibration_commands(CLI::App& costmodel) {

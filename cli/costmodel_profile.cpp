@@ -100,7 +100,7 @@ struct ValidateArgs {
   ReadOpts read;
   // --measured: the cost model against executed iterations (cli/costmodel_calibrate.cpp)
   std::vector<std::string> measured;
-  std::string device, calibration, plot_data;
+  std::string device, calibration, plot_data, plot;
 };
 
 void run_validate_measured(const ValidateArgs& a) {
@@ -113,6 +113,7 @@ void run_validate_measured(const ValidateArgs& a) {
   m.costs.profiles = a.profiles;
   m.costs.calibration = a.calibration;
   m.plot_data = a.plot_data;
+  m.plot = a.plot;
   m.json = a.json;
   run_measured_validate(m);
 }
@@ -252,6 +253,8 @@ void add_costmodel_profile_commands(CLI::App& costmodel) {
   v->add_option("--device", va->device, "with --measured: device preset or JSON (default: the measurements' device)");
   v->add_option("--calibration", va->calibration, "with --measured: calibration file applied over the cost model");
   v->add_option("--plot-data", va->plot_data, "with --measured: write predicted and measured pairs (JSON) for a plot");
+  v->add_option("--plot", va->plot, "with --measured: draw predicted against measured op and iteration times into "
+                                    "this PNG (python3 -m packpipe.plots; needs matplotlib)");
   v->add_flag("--leave-one-out", va->leave_one_out, "remove each interior grid point and predict it from the rest");
   v->add_flag("--groups", va->groups, "with --json: errors per grid (stage, tp, rc, variant, axis)");
   v->add_flag("--json", va->json, "one JSON object on stdout");
@@ -260,8 +263,8 @@ void add_costmodel_profile_commands(CLI::App& costmodel) {
     if (!va->measured.empty()) return run_validate_measured(*va);
     PACKPIPE_CHECK_ARG(!va->profiles.empty(), "costmodel validate needs --profile (profiles to check) or --measured "
                        "(executed iterations to compare a cost model with)");
-    PACKPIPE_CHECK_ARG(va->device.empty() && va->calibration.empty() && va->plot_data.empty(),
-                       "--device, --calibration and --plot-data go with --measured");
+    PACKPIPE_CHECK_ARG(va->device.empty() && va->calibration.empty() && va->plot_data.empty() && va->plot.empty(),
+                       "--device, --calibration, --plot-data and --plot go with --measured");
     run_validate(*va);
   });
 

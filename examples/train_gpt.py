@@ -58,6 +58,10 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds any wait may take")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per rank)")
+    ap.add_argument("--calibrate-after", type=int, default=0,
+                    help="fit the cost model to the first N measured iterations, then plan with it (0: never)")
+    ap.add_argument("--recalibrate-every", type=int, default=0, help="refit every N iterations after the first fit")
+    ap.add_argument("--save-calibration", default="", help="write each calibration to this file (rank 0)")
     ap.add_argument("--json", action="store_true", help="one JSON object per iteration instead of text")
     return ap.parse_args(argv)
 
@@ -111,6 +115,10 @@ def main(argv=None):
                            schedule=a.schedule, schedule_fallback=True, split_backward=a.split_backward,
                            loss=a.loss, dtype=a.dtype, tied_embedding=a.tied)
 
+    calibrator = None
+    if a.calibrate_after:
+        calibrator = pt.Calibrator(loader, fit_after=a.calibrate_after, refit_every=a.recalibrate_every,
+                                   save=a.save_calibration or None, timeout_s=a.timeout)
     model = models.GPT(cfg)
     first = None
     runner = None
@@ -140,19 +148,30 @@ def main(argv=None):
         if plan.stages != first.stages:
             raise RuntimeError("the plan's stage layout changed between iterations")
         r = runner.run(it)
+        calibrated = calibrator is not None and calibrator.cost_model is not calibrator.base
+        report = calibrator.observe(it, r) if calibrator is not None else None
         loss = runner.global_loss(r) if distributed else r.loss
         total_tokens += it.tokens if not distributed else r.tokens * a.dp
         if printer:
             tok_s = r.tokens * (a.dp if distributed else 1) / (r.measured_ms / 1e3)
             row = {"iteration": it.iteration, "loss": loss, "schedule": plan.schedule,
                    "microbatches": len(plan.microbatches), "tokens": r.tokens * (a.dp if distributed else 1),
-                   "tokens_per_s": tok_s, "measured_ms": r.measured_ms, "predicted_ms": r.predicted_ms}
+                   "tokens_per_s": tok_s, "measured_ms": r.measured_ms, "predicted_ms": r.predicted_ms,
+                   "calibrated": calibrated}
             if a.json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"iteration {it.iteration:4d}  loss {loss:7.4f}  {plan.schedule:17s} {len(plan.microbatches):3d} "
                       f"micro-batches  {row['tokens']:6d} tokens  {tok_s:9.0f} tokens/s  measured "
-                      f"{r.measured_ms:8.1f} ms  predicted {r.predicted_ms:8.1f} ms", flush=True)
+                      f"{r.measured_ms:8.1f} ms  predicted {r.predicted_ms:8.1f} ms{' (calibrated)' if calibrated else ''}",
+                      flush=True)
+            if report is not None:
+                if a.json:
+                    print(json.dumps({"calibration": report.iteration, "summary": report.summary(),
+                                      "iteration_error_before": report.iteration_error_before,
+                                      "iteration_error_after": report.iteration_error_after}), flush=True)
+                else:
+                    print(f"packpipe: {report.summary()}", flush=True)
     if printer and not a.json:
         wall = time.monotonic() - t_start
         print(f"packpipe: trained {total_tokens} tokens in {wall:.1f} s", flush=True)

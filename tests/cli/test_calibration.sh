@@ -85,6 +85,17 @@ for o in p["ops"]:
 assert len(p["iterations"]) == 3 and p["iterations"][0]["measured_ms"] > 0
 PY
 "$pp" costmodel validate --measured "$tmp/m.jsonl" | grep -q "median |e|" || fail "validate --measured text"
+# --plot: the picture (python3 -m packpipe.plots); a build without the Python module says so instead.
+if "$pp" costmodel validate --measured "$tmp/m.jsonl" --calibration "$tmp/cal.json" --plot "$tmp/v.png" --json \
+    > "$tmp/vp.json" 2> "$tmp/vp.err"; then
+  head -c 8 "$tmp/v.png" | od -An -c | grep -q "P   N   G" || fail "--plot wrote no PNG"
+  $py -c "import json; j = json.load(open('$tmp/vp.json')); assert j['plot'] == '$tmp/v.png', j" || fail "--plot --json"
+  ! ls "$tmp" | grep -q "plot-data" || fail "--plot left its temporary data"
+else
+  grep -q "built without the Python module" "$tmp/vp.err" || { cat "$tmp/vp.err" >&2; fail "--plot"; }
+  [[ ! -e "$tmp/v.png" ]] || fail "a failed --plot left a file"
+fi
+err "--plot: .*is an input|same file" costmodel validate --measured "$tmp/m.jsonl" --plot "$tmp/m.jsonl"
 
 # --calibration everywhere a cost model is built
 "$pp" costmodel show --calibration "$tmp/cal.json" | grep -q "calibrated by" || fail "show --calibration"

@@ -165,3 +165,43 @@ def failing_handler(rank, world, config):
         out = {"error": str(e), "cause": repr(e.__cause__)}
     out["seconds"] = time.monotonic() - t0
     return out
+
+
+def calibration(rank, world, config):
+    """A 2-rank pipeline of the small GPT with a Calibrator: the iterations at which the model
+    changed, the calibration's text, each plan's fingerprint and whether it was calibrated."""
+    tmp = tempfile.mkdtemp(prefix="pp-cal-")
+    groups = pt.ProcessGroups.create(world, 1)
+    cfg = models.GPTConfig(vocab_size=96, hidden=16, layers=2, heads=2, seed=3)
+    cm = support.cost_model(cfg, tmp)
+    manifest = support.short_manifest(tmp)
+    loader = pt.PlanLoader(manifest, cost_model=cm, replica=0, rank=groups.pipeline_rank,
+                           iterations=config["iterations"], shape=packpipe.PipelineShape(stages=world),
+                           global_batch_tokens=600, seed=11, schedule="1f1b", schedule_fallback=True, dtype="fp32")
+    if config.get("failing_fit") and rank == 0:
+        def failing_fit(*args, **kwargs):
+            raise ValueError("no fit today")
+        packpipe.fit_calibration = failing_fit  # only rank 0 fits: the others must learn of it
+    cal = pt.Calibrator(loader, fit_after=config["fit_after"], timeout_s=60)
+    model = models.GPT(cfg)
+    runner, out = None, {"boundaries": [], "fingerprints": [], "calibrated": [], "calibration": "", "error": None}
+    try:
+        for it in loader:
+            if runner is None:
+                mine = pt.PipelineRunner.my_stages(it.plan, groups.pipeline_rank)
+                stages = {v: model.stage(it.plan.stages[v]) for v in mine}
+                opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
+                runner = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, timeout_s=60)
+            out["calibrated"].append(cal.cost_model is not cal.base)
+            out["fingerprints"].append(rt.plan_fingerprint(it.plan))
+            r = runner.run(it)
+            rep = cal.observe(it, r)
+            if rep is not None:
+                out["boundaries"].append(rep.iteration)
+                out["calibration"] = rep.calibration_json
+    except RuntimeError as e:
+        out["error"] = str(e)
+    finally:
+        if runner is not None:
+            runner.close()
+    return out

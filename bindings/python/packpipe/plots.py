@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from typing import Dict, List, Sequence
 
 _FORMAT = "packpipe-validation-plot"
@@ -64,9 +65,11 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
     fig, (ax_ops, ax_it) = plt.subplots(1, 2, figsize=(13, 5.5))
     lo, hi = math.inf, 0.0
     markers = {"F": "o", "B": "s", "I": "^", "W": "v", "send": "x", "recv": "+"}
+    several = len(datasets) > 1
     for k, data in enumerate(datasets):
         color = colors[k % len(colors)]
-        label = data.get("label") or data.get("cost_model", f"model {k}")
+        label = data.get("label") or (f"model {k + 1}" if several else "")
+        prefix = f"{label}: " if label else ""
         for op in data.get("ops", []):
             pts = [(p, m) for p, m in zip(op["predicted_ms"], op["measured_ms"]) if p > 0 and m > 0]
             if not pts:
@@ -74,7 +77,7 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
             err = _median(_rel_errors([p for p, _ in pts], [m for _, m in pts]))
             ax_ops.scatter([m for _, m in pts], [p for p, _ in pts], s=10, alpha=0.5, color=color,
                            marker=markers.get(op["op"], "o"),
-                           label=f"{label}: {op['op']} (median error {100 * err:.1f}%)")
+                           label=f"{prefix}{op['op']} (median error {100 * err:.1f}%)")
             lo = min(lo, min(min(p, m) for p, m in pts))
             hi = max(hi, max(max(p, m) for p, m in pts))
         its = [it for it in data.get("iterations", []) if it.get("measured_ms") is not None
@@ -85,7 +88,7 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
             if k == 0:
                 ax_it.plot(xs, [it["measured_ms"] for it in its], color="black", linewidth=2, label="measured")
             ax_it.plot(xs, [it["predicted_ms"] for it in its], color=color, linestyle="--",
-                       label=f"{label}: predicted (median error {100 * err:.1f}%)")
+                       label=f"{prefix}predicted (median error {100 * err:.1f}%)")
     if hi > 0:
         ax_ops.plot([lo, hi], [lo, hi], color="gray", linewidth=1, label="predicted = measured")
         ax_ops.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="gray", alpha=0.15,
@@ -98,7 +101,7 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
     ax_ops.set_xlabel("measured op time (ms)")
     ax_ops.set_ylabel("predicted op time (ms)")
     ax_ops.set_title("per op")
-    ax_ops.legend(fontsize=7, loc="upper left")
+    ax_ops.legend(fontsize=7, loc="upper left", framealpha=0.8)
     ax_it.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax_it.set_xlabel("measured iteration (in trace order)")
     ax_it.set_ylabel("iteration time (ms)")
@@ -107,8 +110,11 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
         ax_it.legend(fontsize=7)
     else:
         ax_it.text(0.5, 0.5, "no iteration times in the trace", ha="center", va="center", transform=ax_it.transAxes)
-    if title:
-        fig.suptitle(title)
+    models = [f"{d.get('label') or f'model {k + 1}'}: {d.get('cost_model', '')}" if several else d.get("cost_model", "")
+              for k, d in enumerate(datasets)]
+    heading = "\n".join(textwrap.fill(t, 150) for t in ([title] if title else []) + [m for m in models if m])
+    if heading:
+        fig.suptitle(heading, fontsize=9)
     fig.tight_layout()
     directory = os.path.dirname(os.path.abspath(out))
     fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=directory)

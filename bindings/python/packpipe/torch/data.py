@@ -272,6 +272,8 @@ class PlanLoader:
             plan_epoch_kwargs.pop(bad, None)
         self.dataset = dataset
         self.cost_model = cost_model
+        self._base_cost_model = cost_model  # what the settings' fingerprint names (a calibration is saved beside)
+        self._calibration: Optional[str] = None  # the calibration file's text the loader plans with, if any
         self.plan_file = plan_file
         self.replica = replica
         self.rank = rank
@@ -290,13 +292,15 @@ class PlanLoader:
         d = {"plan_file": self.plan_file, "replica": self.replica, "rank": self.rank, "epoch": self.epoch,
              "stop": self._stop,
              "tokens": self._tokens, "kwargs": {k: repr(v) for k, v in sorted(self._kwargs.items())},
-             "cost_model": self.cost_model.describe() if self.cost_model is not None else None,
+             "cost_model": self._base_cost_model.describe() if self._base_cost_model is not None else None,
              "dataset": len(self.dataset)}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the loader is: the next iteration it delivers, and its settings' fingerprint."""
-        return {"epoch": self.epoch, "next_iteration": self._next, "config": self._config()}
+        """Where the loader is: the next iteration it delivers, its settings' fingerprint, and the
+        calibration it plans with (None: the cost model it was given)."""
+        return {"epoch": self.epoch, "next_iteration": self._next, "config": self._config(),
+                "calibration": self._calibration}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from state_dict(): the next iteration delivered is state['next_iteration']."""
@@ -308,6 +312,34 @@ class PlanLoader:
                              f"{self.epoch}")
         self._native = None
         self._next = int(state["next_iteration"])
+        calibration = state.get("calibration")
+        if calibration:
+            cal = packpipe.Calibration.from_json(calibration, "the loader state's calibration")
+            self._set_model(packpipe.CalibratedCostModel(self._base_cost_model, cal), calibration)
+        else:
+            self._set_model(self._base_cost_model, None)
+
+    def _set_model(self, cost_model, calibration: Optional[str]) -> None:
+        self.cost_model = cost_model
+        self._calibration = calibration
+        self._native = None  # iterations planned ahead with the old model are dropped
+
+    @property
+    def base_cost_model(self):
+        """The cost model the loader was given (before any calibration)."""
+        return self._base_cost_model
+
+    def set_calibration(self, calibration_json: Optional[str]) -> None:
+        """Plans from the next iteration not yet delivered on with the loader's cost model
+        calibrated by `calibration_json` (a "packpipe-calibration" file's text; None: uncalibrated
+        again). Every rank must switch at the same iteration for their plans to agree."""
+        if self.plan_file is not None:
+            raise ValueError("PlanLoader.set_calibration: this loader reads a plan file; it does not plan")
+        if calibration_json is None:
+            self._set_model(self._base_cost_model, None)
+            return
+        cal = packpipe.Calibration.from_json(calibration_json, "the calibration")
+        self._set_model(packpipe.CalibratedCostModel(self._base_cost_model, cal), calibration_json)
 
     def _open(self):
         count = self._stop - self._next if self._stop is not None else 0

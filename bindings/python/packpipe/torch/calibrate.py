@@ -1,0 +1,193 @@
+"""Calibrating the planner's cost model from this job's own iterations.
+
+:class:`Calibrator` turns what the executor measured (each compute instruction's time, per
+micro-batch shape) into packpipe measurements, and at fixed iteration boundaries fits a calibration
+over the loader's cost model (``packpipe.fit_calibration``: per op kind and token region, a robust
+``measured = a x predicted + b``). The loader then re-plans from the next iteration with the
+calibrated model::
+
+    calibrator = Calibrator(loader, fit_after=20)
+    for it in loader:
+        result = runner.run(it)
+        calibrator.observe(it, result)   # collective at the boundary iterations
+
+Plans stay identical on every rank: every rank observes the same iterations, the boundary is an
+iteration number fixed in advance, the ranks' measurements are gathered (all-gather over the default
+process group, with a deadline), rank 0 fits and broadcasts the calibration file's bytes, and every
+rank builds its calibrated model from those bytes. A fit that fails on rank 0 is broadcast as the
+error, so every rank raises it rather than some waiting forever.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import packpipe
+from packpipe.torch.data import Iteration, PlanLoader
+from packpipe.torch.runner import StepResult
+
+
+@dataclass
+class CalibrationReport:
+    """What one calibration boundary did (the same on every rank)."""
+    iteration: int                   # the last iteration measured; plans change from the next one
+    measurements: int                # op measurements fitted (every rank's)
+    iterations: int                  # iterations measured
+    ops: Dict[str, Dict[str, float]] = field(default_factory=dict)  # op -> {"before", "after"} median |rel. error|
+    iteration_error_before: float = float("nan")  # median |predicted - measured| / measured, uncalibrated
+    iteration_error_after: float = float("nan")   # the same with the calibration (re-simulated)
+    calibration_json: str = ""       # the calibration file's contents
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{k} {100 * v['before']:.1f}% -> {100 * v['after']:.1f}%" for k, v in self.ops.items())
+        return (f"calibrated on iterations up to {self.iteration} ({self.measurements} op measurements over "
+                f"{self.iterations} iterations): op error {ops}; iteration error "
+                f"{100 * self.iteration_error_before:.1f}% -> {100 * self.iteration_error_after:.1f}%")
+
+
+def _records_times(plan, records) -> List[np.ndarray]:
+    """Per pipeline rank of `plan` the [instructions, 2] times of `records` (empty: not recorded here)."""
+    times: List[np.ndarray] = [np.zeros((0, 2), dtype=np.int64) for _ in range(plan.ranks)]
+    for rec in records:
+        times[rec.rank] = np.asarray(rec.times, dtype=np.int64)
+    return times
+
+
+class Calibrator:
+    """Fits the cost model of `loader` to the iterations this job runs and has the loader re-plan.
+
+    ``fit_after``: iterations measured before the first fit (after ``warmup`` iterations that are
+    not measured: the first steps of a process pay for allocation and lazy initialisation).
+    ``refit_every``: later fits every so many iterations over everything measured so far (0: fit
+    once). ``options``: :class:`packpipe.FitOptions`. ``save``: a path where rank 0 writes each
+    calibration (atomically). ``tp``: the tensor-parallel size plans ran with. ``timeout_s``: the
+    deadline of each exchange. Every rank of the job must call :meth:`observe` after each step.
+    """
+
+    def __init__(self, loader: PlanLoader, *, fit_after: int = 20, refit_every: int = 0, warmup: int = 1,
+                 options=None, save: Optional[str] = None, tp: int = 1, timeout_s: float = 300.0):
+        if loader.cost_model is None:
+            raise ValueError("Calibrator: the loader reads a plan file; calibration re-plans, so the loader must plan "
+                             "(give it a cost_model)")
+        if fit_after < 1 or refit_every < 0 or warmup < 0:
+            raise ValueError(f"Calibrator: fit_after must be at least 1 (found {fit_after}), refit_every and warmup "
+                             f"at least 0 (found {refit_every}, {warmup})")
+        self.loader = loader
+        self.base = loader.base_cost_model
+        self.fit_after, self.refit_every, self.warmup = fit_after, refit_every, warmup
+        self.options = options if options is not None else packpipe.FitOptions()
+        self.save, self.tp, self.timeout_s = save, tp, timeout_s
+        self.measurements = packpipe.MeasurementSet(model=self.base.model["name"], device=self.base.device["name"],
+                                                    source="packpipe.torch.Calibrator")  # this rank's
+        self.observed = 0                   # iterations observed (warm-up included)
+        self.measured = 0                   # iterations measured
+        self.reports: List[CalibrationReport] = []
+        self.cost_model = self.base         # the model the loader plans with now
+        self._next_fit: Optional[int] = warmup + fit_after  # the observation count of the next fit
+
+    # ---- measuring ------------------------------------------------------------------------------
+    def _measure(self, it: Iteration, result: StepResult) -> None:
+        plan = it.plan
+        got = packpipe.measurements_from(plan, _records_times(plan, result.records), tp=self.tp)
+        if any(rec.rank == 0 for rec in result.records):
+            # One iteration line per replica: the pipeline's measured makespan beside the plan's.
+            got.iterations = [packpipe.IterationMeasurement(iteration=it.iteration, replica=plan.replica,
+                                                            measured_ms=result.measured_ms,
+                                                            predicted_ms=plan.makespan_ms)]
+        self.measurements.append(got)
+
+    def observe(self, it: Iteration, result: StepResult) -> Optional[CalibrationReport]:
+        """Records the step's measurements; at a boundary, fits (collective) and switches the loader
+        to the calibrated model from the next iteration on. Returns the report at a boundary."""
+        if result.iteration != it.iteration:
+            raise ValueError(f"Calibrator.observe: the result is of iteration {result.iteration}, the iteration "
+                             f"{it.iteration}")
+        self.observed += 1
+        if self.observed > self.warmup:
+            self._measure(it, result)
+            self.measured += 1
+        if self._next_fit is None or self.observed < self._next_fit:
+            return None
+        self._next_fit = self.observed + self.refit_every if self.refit_every else None
+        report = self._fit(it.iteration)
+        self.reports.append(report)
+        return report
+
+    # ---- fitting --------------------------------------------------------------------------------
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _wait(self, work, what: str):
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            raise RuntimeError(f"calibration: {what} failed on rank {dist.get_rank()}: {e}") from e
+
+    def _all_gather_bytes(self, data: bytes) -> List[bytes]:
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+        self._wait(dist.all_gather(sizes, n, async_op=True), "the exchange of measurement sizes")
+        longest = max(int(s) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+        out = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
+        self._wait(dist.all_gather(out, mine, async_op=True), "the exchange of measurements")
+        return [bytes(t[:int(s)].numpy().tobytes()) for t, s in zip(out, sizes)]
+
+    def _broadcast_bytes(self, data: Optional[bytes]) -> bytes:
+        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        self._wait(dist.broadcast(n, 0, async_op=True), "the broadcast of the calibration's size")
+        buf = torch.zeros(int(n), dtype=torch.uint8)
+        if data is not None and data:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self._wait(dist.broadcast(buf, 0, async_op=True), "the broadcast of the calibration")
+        return bytes(buf.numpy().tobytes())
+
+    def _decide(self, texts: Sequence[str], iteration: int) -> bytes:
+        """On rank 0: from every rank's measurement file text, the fitted calibration and its report
+        as JSON bytes ({"error": ...} when anything fails)."""
+        try:
+            mset = packpipe.MeasurementSet(model=self.base.model["name"], device=self.base.device["name"],
+                                           source=f"packpipe.torch.Calibrator up to iteration {iteration}")
+            for rank, text in enumerate(texts):
+                mset.append(packpipe.parse_measurements(text, f"rank {rank}'s measurements up to iteration "
+                                                              f"{iteration}"))
+            cal = packpipe.fit_calibration(self.base, mset, self.options)
+            calibrated = packpipe.CalibratedCostModel(self.base, cal)
+            before = packpipe.validate_measurements(self.base, mset)
+            after = packpipe.validate_measurements(calibrated, mset)
+            ops = {b.op: {"before": b.median_abs, "after": a.median_abs} for b, a in zip(before.ops, after.ops)}
+            body = {"calibration": cal.to_json(), "measurements": len(mset),
+                    "iterations": len({(i.iteration, i.replica) for i in mset.iterations}), "ops": ops,
+                    "iteration_error_before": _iteration_error(before),
+                    "iteration_error_after": _iteration_error(after)}
+            if self.save:
+                cal.save(self.save)
+            return json.dumps(body).encode()
+        except Exception as e:  # noqa: BLE001 - every rank raises it
+            return json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+
+    def _fit(self, iteration: int) -> CalibrationReport:
+        mine = self.measurements.to_jsonl()
+        if self._distributed():
+            everyone = self._all_gather_bytes(mine.encode())
+            decided = self._decide([b.decode() for b in everyone], iteration) if dist.get_rank() == 0 else None
+            body = json.loads(self._broadcast_bytes(decided).decode())
+        else:
+            body = json.loads(self._decide([mine], iteration).decode())
+        if "error" in body:
+            raise RuntimeError(f"calibration after iteration {iteration} failed on rank 0: {body['error']}")
+        self.loader.set_calibration(body["calibration"])
+        self.cost_model = self.loader.cost_model
+        return CalibrationReport(iteration, body["measurements"], body["iterations"], body["ops"],
+                                 body["iteration_error_before"], body["iteration_error_after"], body["calibration"])
+
+
+def _iteration_error(report) -> float:
+    return float(report.iteration_median_abs) if report.iterations_compared else float("nan")

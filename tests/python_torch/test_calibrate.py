@@ -1,0 +1,130 @@
+"""packpipe.torch.Calibrator on real CPU runs of the small GPT: the calibrated plans predict the
+measured iteration time better than the analytic model did, every rank switches to the same
+calibrated model at the same iteration (identical plans after it), a failed fit ends every rank,
+and the loader's state carries the calibration so a resume plans as an uninterrupted run."""
+import json
+
+import pytest
+import torch
+
+import packpipe
+import packpipe.torch as pt
+from packpipe import runtime as rt
+from packpipe.torch import models
+
+import support
+import workers
+
+torch.set_num_threads(1)
+
+
+def _median(xs):
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def _error(rows):
+    return _median([abs(p - m) / m for p, m in rows])
+
+
+def test_calibration_on_real_cpu_runs_reduces_the_iteration_time_error(tmp_path):
+    cfg = models.GPTConfig(vocab_size=256, hidden=64, layers=4, heads=4, seed=1)
+    cm = support.cost_model(cfg, tmp_path)
+    manifest = support.short_manifest(tmp_path)
+    warmup, fit_after, after = 1, 8, 6
+    loader = pt.PlanLoader(manifest, cost_model=cm, rank=None, iterations=warmup + fit_after + after,
+                           shape=packpipe.PipelineShape(stages=2), global_batch_tokens=1500, seed=3,
+                           schedule="1f1b", schedule_fallback=True, dtype="fp32")
+    saved = tmp_path / "calibration.json"
+    cal = pt.Calibrator(loader, fit_after=fit_after, warmup=warmup, save=str(saved))
+    model = models.GPT(cfg)
+    pipe, rows, reports = None, [], []
+    for it in loader:
+        if pipe is None:
+            stages = {v: model.stage(it.plan.stages[v]) for v in range(it.plan.vstages)}
+            pipe = pt.LocalPipeline(stages, models.gpt_loss, lambda ps: torch.optim.SGD(ps, lr=1e-3), timeout_s=120)
+        calibrated = cal.cost_model is not cal.base
+        r = pipe.run(it)
+        rows.append((it.iteration, calibrated, r.predicted_ms, r.measured_ms))
+        rep = cal.observe(it, r)
+        if rep is not None:
+            reports.append(rep)
+    assert len(reports) == 1 and reports[0].iteration == warmup + fit_after - 1
+    assert [c for _, c, _, _ in rows] == [False] * (warmup + fit_after) + [True] * after
+    before = _error([(p, m) for _, c, p, m in rows[warmup:] if not c])
+    after_err = _error([(p, m) for _, c, p, m in rows if c])
+    print(f"iteration time error: analytic {100 * before:.1f}%, calibrated {100 * after_err:.1f}%; "
+          f"{reports[0].summary()}")
+    assert after_err < before, f"calibrated {after_err:.3f} is no better than uncalibrated {before:.3f}"
+    assert after_err < 0.5 * before or after_err < 0.10
+    # The saved file is the calibration the loader plans with, and it round-trips.
+    text = saved.read_text()
+    assert json.loads(text)["format"] == "packpipe-calibration"
+    assert loader.state_dict()["calibration"] == reports[0].calibration_json
+    again = packpipe.Calibration.from_json(text, str(saved))
+    assert again.to_json() == packpipe.Calibration.from_json(reports[0].calibration_json, "report").to_json()
+
+
+def test_a_resumed_loader_plans_with_the_saved_calibration(tmp_path):
+    cfg = models.GPTConfig(vocab_size=256, hidden=32, layers=2, heads=2, seed=1)
+    cm = support.cost_model(cfg, tmp_path)
+    manifest = support.short_manifest(tmp_path)
+
+    def loader():
+        return pt.PlanLoader(manifest, cost_model=cm, rank=None, iterations=6,
+                             shape=packpipe.PipelineShape(stages=2), global_batch_tokens=900, seed=5,
+                             schedule="1f1b", schedule_fallback=True, dtype="fp32")
+
+    # A calibration that changes the cost model a lot (forward and backward three times slower).
+    base = loader()
+    first = next(base)
+    synthetic = []
+    for r in range(first.plan.ranks):
+        times, t = [], 0
+        for ins in first.plan.streams[r]:
+            d = 3_000_000 if ins.is_compute else 10_000
+            times.append((t, t + d))
+            t += d
+        synthetic.append(times)
+    ops = packpipe.measurements_from(first.plan, synthetic).ops
+    calibration = packpipe.fit_calibration(cm, ops, packpipe.FitOptions(regions=False))
+    text = calibration.to_json()
+
+    a = loader()
+    fps = [rt.plan_fingerprint(next(a).plan) for _ in range(2)]
+    a.set_calibration(text)
+    state = a.state_dict()
+    fps += [rt.plan_fingerprint(it.plan) for it in a]
+    b = loader()
+    b.load_state_dict(state)
+    assert [rt.plan_fingerprint(it.plan) for it in b] == fps[2:]
+    assert state["calibration"] == text and b.cost_model is not cm
+    # The calibrated plans differ from the uncalibrated ones (their predicted times at least).
+    c = loader()
+    for _ in range(2):
+        next(c)
+    plain = [it.plan for it in c]
+    b2 = loader()
+    b2.load_state_dict(state)
+    assert any(p.makespan_ms != q.plan.makespan_ms for p, q in zip(plain, b2))
+
+
+def test_every_rank_switches_to_the_same_calibration_at_the_same_iteration():
+    results = support.spawn(workers.calibration, 2, {"fit_after": 3, "iterations": 6}, timeout_s=300)
+    assert sorted(results) == [0, 1], results
+    outs = {r: out for r, (status, out) in results.items()}
+    for r, (status, out) in results.items():
+        assert status == "ok", out
+    assert outs[0]["boundaries"] == outs[1]["boundaries"] == [3]  # warm-up 1 + 3 measured: after iteration 3
+    assert outs[0]["calibration"] == outs[1]["calibration"] and outs[0]["calibration"]
+    assert outs[0]["fingerprints"] == outs[1]["fingerprints"]
+    assert outs[0]["calibrated"] == [False] * 4 + [True] * 2
+
+
+def test_a_fit_that_fails_on_rank_0_ends_every_rank_with_its_error():
+    results = support.spawn(workers.calibration, 2, {"fit_after": 2, "iterations": 4, "failing_fit": True},
+                            timeout_s=300)
+    assert sorted(results) == [0, 1], results
+    for r, (status, out) in results.items():
+        assert status == "ok", out
+        assert "calibration after iteration 2 failed on rank 0: ValueError: no fit today" in out["error"], out["error"]
