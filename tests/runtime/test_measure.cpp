@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -151,14 +152,18 @@ TEST_CASE("a replay slowed by a known factor, measured and calibrated, predicts 
   // A machine busy with other work can still stretch one run's hand-offs between ranks (the fit
   // takes transfers at a low quantile of their waits): measure again, at most five times, until
   // every iteration is predicted within 5% (a wrong calibration fails every time).
+  // Under ThreadSanitizer (PACKPIPE_TEST_SCALE=tsan) the executor's own work between ops runs 5-15x
+  // slower, which no cost model holds: the iteration bound widens there (the run is for races).
+  const char* test_scale = std::getenv("PACKPIPE_TEST_SCALE");
+  const double iteration_bound = test_scale != nullptr && std::string(test_scale) == "tsan" ? 0.15 : 0.05;
   struct Attempt {
     planner::ValidationReport before, after;
     double a = 0;
     std::string plot;
     // every iteration predicted within 5%, every compute op kind's median within 5%
-    bool close() const {
+    bool close(double bound) const {
       return std::all_of(after.iterations.begin(), after.iterations.end(),
-                         [](const auto& c) { return std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.05; }) &&
+                         [&](const auto& c) { return std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < bound; }) &&
              std::all_of(after.ops.begin(), after.ops.end(),
                          [](const auto& e) { return !cm::is_compute(e.op) || e.median_abs < 0.05; });
     }
@@ -179,7 +184,7 @@ TEST_CASE("a replay slowed by a known factor, measured and calibrated, predicts 
     const cm::CalibratedCostModel calibrated(cost, cm::Calibration::from_json(cal.to_json(), "broadcast"));
     x.after = planner::validate_measurements(calibrated, set);
     x.plot = planner::validation_plot_json(x.after, set);
-    if (x.close()) break;
+    if (x.close(iteration_bound)) break;
   }
   // the base model's iterations are off by the slowdown (1 / scale - 1, less what load added)
   REQUIRE(x.before.iterations_compared == 3);
@@ -191,7 +196,7 @@ TEST_CASE("a replay slowed by a known factor, measured and calibrated, predicts 
   }
   for (const auto& c : x.after.iterations) {
     INFO("iteration " << c.iteration << ": predicted " << c.predicted_ms << " ms, measured " << c.measured_ms << " ms");
-    CHECK(std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.05);
+    CHECK(std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < iteration_bound);
   }
   // the plot data lists every measurement beside its prediction
   CHECK_THAT(x.plot, Contains("\"packpipe-validation-plot\"") && Contains("\"iterations\""));
