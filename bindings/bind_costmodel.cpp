@@ -102,6 +102,10 @@ py::dict device_dict(const cm::DeviceSpec& v) {
   d["inter_node_gbps"] = v.inter_node_gbps;
   d["inter_node_latency_us"] = v.inter_node_latency_us;
   d["gpus_per_node"] = v.gpus_per_node;
+  py::dict analytic;
+  for (const auto& f : cm::kAnalyticFields) analytic[f.name] = v.analytic.*f.member;
+  analytic[cm::kAnalyticTpCommunication] = v.analytic.tp_communication;
+  d["analytic"] = analytic;
   return d;
 }
 

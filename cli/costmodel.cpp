@@ -48,6 +48,9 @@ Json model_json(const cm::ModelSpec& m) {
 }
 
 Json device_json(const cm::DeviceSpec& d) {
+  Json analytic;
+  for (const auto& f : cm::kAnalyticFields) analytic[f.name] = d.analytic.*f.member;
+  analytic[cm::kAnalyticTpCommunication] = d.analytic.tp_communication;
   return Json{{"name", d.name},
               {"peak_tflops", d.peak_tflops},
               {"memory_gb", d.memory_gb},
@@ -56,7 +59,8 @@ Json device_json(const cm::DeviceSpec& d) {
               {"intra_node_latency_us", d.intra_node_latency_us},
               {"inter_node_gbps", d.inter_node_gbps},
               {"inter_node_latency_us", d.inter_node_latency_us},
-              {"gpus_per_node", d.gpus_per_node}};
+              {"gpus_per_node", d.gpus_per_node},
+              {"analytic", std::move(analytic)}};
 }
 
 struct QueryOptions {

@@ -81,23 +81,6 @@ double transient_bytes(const Acts& x, Recompute rc) {
   return workspace;
 }
 
-void check_options(const AnalyticOptions& o) {
-  PACKPIPE_CHECK_ARG(o.max_efficiency > 0 && o.max_efficiency <= 1, "max_efficiency must be in (0, 1], found {}",
-                     o.max_efficiency);
-  PACKPIPE_CHECK_ARG(o.attention_efficiency > 0 && o.attention_efficiency <= 1,
-                     "attention_efficiency must be in (0, 1], found {}", o.attention_efficiency);
-  const std::pair<const char*, double> nonneg[] = {{"half_efficiency_tokens", o.half_efficiency_tokens},
-                                                   {"half_efficiency_width", o.half_efficiency_width},
-                                                   {"memory_traffic", o.memory_traffic},
-                                                   {"layer_overhead_ms", o.layer_overhead_ms},
-                                                   {"recompute_overhead_ms", o.recompute_overhead_ms}};
-  for (const auto& [name, v] : nonneg) {
-    PACKPIPE_CHECK_ARG(v >= 0 && std::isfinite(v), "{} must be a finite non-negative number, found {}", name, v);
-  }
-  PACKPIPE_CHECK_ARG(o.backward_factor > 0 && std::isfinite(o.backward_factor),
-                     "backward_factor must be positive, found {}", o.backward_factor);
-}
-
 }  // namespace
 
 double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
@@ -113,11 +96,14 @@ double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t t
                       rc);
 }
 
+AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device)
+    : AnalyticCostModel(std::move(model), device, device.analytic) {}
+
 AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options)
     : model_(std::move(model)), device_(std::move(device)), options_(options) {
   validate(model_);
   validate(device_);
-  check_options(options_);
+  check_analytic_options(options_, "analytic options");
   comm_ = CommModel::from_device(device_);
   flop_per_ms_ = device_.peak_tflops * 1e9;
   hbm_per_ms_ = device_.hbm_gbps * 1e6;

@@ -1,4 +1,5 @@
 """packpipe.CostModel: the analytic model's queries, stage helpers, comm and report from Python."""
+import os
 import pytest
 
 import packpipe
@@ -64,3 +65,32 @@ def test_bad_input_names_the_argument():
         packpipe.CostModel("gpt-99b")
     with pytest.raises(ValueError, match=r"ZeRO stage \(zero / --zero\)"):
         packpipe.static_memory(1e9, 2, 5)
+
+
+def test_device_file_carries_the_analytic_constants(tmp_path):
+    """A device packpipe has no preset for (a CPU), its analytic constants in the file: the Python
+    CostModel and the CLI's --device honor them; a bad value names the file and the field."""
+    import json
+    import subprocess
+    cpu = {"name": "cpu-test", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
+           "inter_node_gbps": 1, "gpus_per_node": 1,
+           "analytic": {"layer_overhead_ms": 0.02, "backward_factor": 2.0, "max_efficiency": 0.5}}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(cpu))
+    cm = packpipe.CostModel("gpt-350m", str(path))
+    assert cm.device["analytic"]["backward_factor"] == 2.0 and cm.device["analytic"]["layer_overhead_ms"] == 0.02
+    assert cm.device["analytic"]["half_efficiency_tokens"] == 160  # a default kept
+    q = cm.query(kind="encoder", mbs=4, seq=256)
+    assert q.backward_ms == pytest.approx(2.0 * q.forward_ms, rel=0.01)
+    preset = packpipe.CostModel("gpt-350m", "A100-40GB").device["analytic"]
+    assert preset["backward_factor"] == 1.6
+    cli = os.environ.get("PACKPIPE_CLI")
+    if cli:
+        out = subprocess.run([cli, "costmodel", "query", "--model", "gpt-350m", "--device", str(path), "--mbs", "4",
+                              "--seq", "256", "--json"], capture_output=True, text=True, check=True).stdout
+        r = json.loads(out)
+        assert r["backward_ms"] == pytest.approx(q.backward_ms) and r["forward_ms"] == pytest.approx(q.forward_ms)
+    cpu["analytic"]["max_efficiency"] = 2
+    path.write_text(json.dumps(cpu))
+    with pytest.raises(ValueError, match=r"cpu.json: 'analytic.max_efficiency' must be in \(0, 1\], found 2"):
+        packpipe.CostModel("gpt-350m", str(path))
