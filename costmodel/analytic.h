@@ -51,9 +51,11 @@ class AnalyticCostModel final : public CostModel {
 };
 
 /// Activation bytes of one layer on one GPU under a recompute mode (Korthikanti et al. 2022,
-/// tensor parallelism without sequence parallelism; see the design note). `kind` Encoder or
-/// Decoder; exposed for tests and the profile interpolation.
+/// tensor parallelism without sequence parallelism; see the design note): the closed forms, plus
+/// the calibration terms of `calibration` when given (what the model's queries store). `kind`
+/// Encoder or Decoder; exposed for tests, the activation report and the derived recompute modes.
 double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
-                              std::int64_t seq, std::int64_t dec_seq, Recompute rc);
+                              std::int64_t seq, std::int64_t dec_seq, Recompute rc,
+                              const AnalyticOptions* calibration = nullptr);
 
 }  // namespace packpipe::costmodel

@@ -19,6 +19,11 @@ struct AnalyticOptions {
   double layer_overhead_ms = 1.56;       ///< latency floor of one layer's forward or backward (host + launches)
   double recompute_overhead_ms = 0.6;    ///< latency floor of a selective (core-attention) recompute
   double backward_factor = 1.6;          ///< backward compute / forward compute
+  // Activation calibration: stored bytes per layer beyond the closed forms, as the profiles measure
+  // them (the last profiled layer's live output shared over the layers, allocator rounding).
+  double activation_token_bytes = 0.68;  ///< per token and hidden unit (b x tokens x h)
+  double activation_score_bytes = 0.034; ///< per attention score (a b s^2 / tp; decoders self + cross)
+  double activation_layer_bytes = 1.4e5; ///< per layer, whatever the shape
   bool tp_communication = true;          ///< add Megatron's tensor-parallel all-reduces (not overlapped)
 };
 
@@ -37,6 +42,9 @@ inline constexpr AnalyticField kAnalyticFields[] = {
     {"layer_overhead_ms", &AnalyticOptions::layer_overhead_ms},
     {"recompute_overhead_ms", &AnalyticOptions::recompute_overhead_ms},
     {"backward_factor", &AnalyticOptions::backward_factor},
+    {"activation_token_bytes", &AnalyticOptions::activation_token_bytes},
+    {"activation_score_bytes", &AnalyticOptions::activation_score_bytes},
+    {"activation_layer_bytes", &AnalyticOptions::activation_layer_bytes},
 };
 /// The key of the flag in device files and reports.
 inline constexpr const char* kAnalyticTpCommunication = "tp_communication";

@@ -33,6 +33,13 @@ Query enc(std::int64_t mbs, std::int64_t seq, Recompute rc = Recompute::None, st
   return q;
 }
 
+/// The analytic constants without the activation calibration: stored activations are the closed forms.
+AnalyticOptions closed_forms() {
+  AnalyticOptions o;
+  o.activation_token_bytes = o.activation_score_bytes = o.activation_layer_bytes = 0;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("recompute and provenance names round-trip", "[interface]") {
@@ -47,7 +54,9 @@ TEST_CASE("recompute and provenance names round-trip", "[interface]") {
 
 TEST_CASE("stored activations reproduce Korthikanti's closed forms", "[interface]") {
   const ModelSpec m = load_model("gpt-6.7b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"));
+  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
+  const AnalyticCostModel calibrated(m, load_device("A100-40GB"));
+  const AnalyticOptions o;
   const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   for (std::int64_t t : {1, 2, 4, 8}) {
     for (std::int64_t b : {1, 3}) {
@@ -58,6 +67,14 @@ TEST_CASE("stored activations reproduce Korthikanti's closed forms", "[interface
               Approx(sbh * (10 + 24 / td + 5 * a * static_cast<double>(s) / (h * td))));
         CHECK(cm.query(enc(b, s, Recompute::Selective, t)).stored_bytes == Approx(sbh * (10 + 24 / td)));
         CHECK(cm.query(enc(b, s, Recompute::Full, t)).stored_bytes == Approx(2 * sbh));
+        // The calibration adds the same bytes under every mode: per token and hidden unit, per
+        // attention score, per layer.
+        const double extra = o.activation_token_bytes * sbh +
+                             o.activation_score_bytes * a * static_cast<double>(s * s * b) / td + o.activation_layer_bytes;
+        for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+          CHECK(calibrated.query(enc(b, s, rc, t)).stored_bytes ==
+                Approx(cm.query(enc(b, s, rc, t)).stored_bytes + extra));
+        }
       }
     }
   }
@@ -81,7 +98,7 @@ TEST_CASE("GQA and gated MLP change the stored activations as derived", "[interf
 
 TEST_CASE("T5 decoder layer: cross-attention memory and boundary with the encoder output", "[interface]") {
   const ModelSpec m = load_model("t5-11b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"));
+  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
   Query q;
   q.kind = LayerKind::Decoder;
   q.mbs = 2;

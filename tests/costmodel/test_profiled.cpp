@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "costmodel/activation_fit.h"
+#include "costmodel/analytic.h"
 #include "costmodel/flops.h"
 #include "costmodel/profiled.h"
 #include "tests/support/temp_dir.h"
@@ -424,4 +426,56 @@ TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[i
   CHECK(cm->describe().find("fallback analytic") != std::string::npos);
   REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), load_device("A100-40GB")),
                     packpipe::Error);
+}
+
+TEST_CASE("analytic activations: within 3% of DynaPipe's profiled ones once calibrated, never below by more than the margin",
+          "[regression]") {
+  const ModelSpec gpt = load_model("gpt-6.7b"), t5 = load_model("t5-11b");
+  const Profile pg = gpt_profile(), pt = t5_profile();
+  const AnalyticOptions calibrated;  // the defaults carry the calibration
+  AnalyticOptions closed = calibrated;
+  closed.activation_token_bytes = closed.activation_score_bytes = closed.activation_layer_bytes = 0;
+  for (const auto& [prof, model] : {std::pair{&pg, &gpt}, std::pair{&pt, &t5}}) {
+    const ActivationReport after = activation_error(*prof, *model, calibrated);
+    INFO(model->name);
+    CHECK(after.all.mean_abs_pct < 3.0);
+    CHECK(after.all.beyond_margin == 0);
+    for (const auto& g : after.groups) {
+      INFO(layer_kind_name(g.kind) << " " << recompute_name(g.rc));
+      CHECK(g.mean_abs_pct < 3.0);
+      CHECK(g.beyond_margin == 0);
+      CHECK(g.worst_above_pct < 3.0);  // calibrated up to the profiles, not past them
+    }
+  }
+  // The closed forms alone are below the profiles: GPT by 13% on average (30% under full
+  // recompute) and past the margin at 18 points.
+  const ActivationReport before = activation_error(pg, gpt, closed);
+  CHECK(before.all.mean_abs_pct > 10.0);
+  CHECK(before.all.worst_above_pct == 0.0);
+  CHECK(before.all.beyond_margin > 0);
+  // The defaults are the fit over both profiles, rounded.
+  const AnalyticOptions fit = fit_activation({{&pg, &gpt}, {&pt, &t5}}, closed);
+  CHECK(fit.activation_token_bytes == Approx(calibrated.activation_token_bytes).epsilon(0.02));
+  CHECK(fit.activation_score_bytes == Approx(calibrated.activation_score_bytes).epsilon(0.02));
+  CHECK(fit.activation_layer_bytes == Approx(calibrated.activation_layer_bytes).epsilon(0.02));
+  CHECK(fit.max_efficiency == closed.max_efficiency);  // the other constants are kept
+  // The analytic model's queries store what the report measures.
+  const AnalyticCostModel a(gpt, load_device("A100-40GB"));
+  Query q = make_query(LayerKind::Encoder, 1, Recompute::Selective, 4, 1024);
+  q.num_layers = 3;
+  CHECK(a.query(q).stored_bytes ==
+        Approx(3 * layer_activation_bytes(gpt, LayerKind::Encoder, 1, 4, 1024, 0, Recompute::Selective, &calibrated)));
+  // Too few points to fit: refused, naming the count.
+  Profile few;
+  few.points.push_back(pg.points.front());
+  REQUIRE_THROWS_WITH(fit_activation({{&few, &gpt}}, closed), Catch::Matchers::Contains("at least 8"));
+  REQUIRE_THROWS_AS(activation_error(Profile{}, gpt, closed), packpipe::InvalidArgument);
+}
+
+TEST_CASE("make_profiled_cost_model fits the fallback's activation calibration to the profile", "[interface]") {
+  const auto cm = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
+                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto& notes = dynamic_cast<const ProfiledCostModel&>(*cm).profile().notes;
+  CHECK(std::any_of(notes.begin(), notes.end(),
+                    [](const std::string& n) { return n.find("activation calibration fitted on 427") != std::string::npos; }));
 }
