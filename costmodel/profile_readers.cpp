@@ -266,6 +266,10 @@ Profile parse_dynapipe_timing(const std::string& text, const std::string& file) 
                             });
 }
 
+/// DynaPipe's peak activation is one layer's absolute forward peak (its planner adds the other
+/// layers' stored activations to it); packpipe's peak is the transient on top of the stored bytes.
+double dynapipe_transient(double stored_bytes, double peak_bytes) { return std::max(0.0, peak_bytes - stored_bytes); }
+
 Profile parse_dynapipe_activation(const std::string& text, const std::string& file) {
   static const std::vector<std::string> cols = {"tp",  "rc", "lm_stage", "enc_seqlen", "dec_seqlen",
                                                 "mbs", "stored_activation_MB_per_layer", "peak_activation_MB"};
@@ -279,7 +283,7 @@ Profile parse_dynapipe_activation(const std::string& text, const std::string& fi
                               dynapipe_shape(pt, to_nonnegative(cell(3), w(3)), to_nonnegative(cell(4), w(4)), w(3));
                               pt.mbs = to_positive(cell(5), w(5));
                               pt.stored_bytes = to_nonnegative_double(cell(6), w(6)) * kMB;
-                              pt.peak_bytes = to_nonnegative_double(cell(7), w(7)) * kMB;
+                              pt.peak_bytes = dynapipe_transient(pt.stored_bytes, to_nonnegative_double(cell(7), w(7)) * kMB);
                               p.points.push_back(pt);
                             });
 }
@@ -493,7 +497,10 @@ Profile parse_dynapipe_microbench(const std::string& text, const std::string& fi
                    file, line, name);
   }
   PACKPIPE_CHECK(!pts.empty(), "{}: no timing or activation fields", file);
-  for (auto& [k, pt] : pts) p.points.push_back(pt);
+  for (auto& [k, pt] : pts) {
+    if (!std::isnan(pt.stored_bytes) && !std::isnan(pt.peak_bytes)) pt.peak_bytes = dynapipe_transient(pt.stored_bytes, pt.peak_bytes);
+    p.points.push_back(pt);
+  }
   for (const auto& [k, acc] : params) {
     // Several model_encoder* lines (e.g. per-rank figures) are averaged, as DynaPipe does.
     p.params.push_back(ProfileParams{k, n.tp, n.rc, acc.first / acc.second});
