@@ -21,12 +21,14 @@ using ::packpipe::recompute_name;
 using ::packpipe::recompute_from_name;
 using ::packpipe::kRecomputeNames;
 
-/// Where a number came from, best first.
-enum class Provenance { Profiled, Interpolated, Extrapolated, Analytic };
-/// The one name table: "profiled", "interpolated", "extrapolated", "analytic".
+/// Where a number came from, best first. Derived: a recompute mode the profile lacks, from its
+/// no-recompute measurements (ProfiledCostModel).
+enum class Provenance { Profiled, Interpolated, Extrapolated, Derived, Analytic };
+/// The one name table: "profiled", "interpolated", "extrapolated", "derived", "analytic".
 inline constexpr EnumName<Provenance> kProvenanceNames[] = {{Provenance::Profiled, "profiled"},
                                                             {Provenance::Interpolated, "interpolated"},
                                                             {Provenance::Extrapolated, "extrapolated"},
+                                                            {Provenance::Derived, "derived"},
                                                             {Provenance::Analytic, "analytic"}};
 /// The provenance's name in kProvenanceNames.
 constexpr const char* provenance_name(Provenance p) { return enum_name(kProvenanceNames, p); }

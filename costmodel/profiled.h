@@ -33,8 +33,13 @@ namespace packpipe::costmodel {
 /// b*d^2, b*d*s), i.e. the linear and quadratic terms in tokens and sequence length; stored and peak
 /// choose their forms separately.
 ///
-/// Shapes whose discrete axes are not profiled go to `fallback` (normally AnalyticCostModel) with
-/// its provenance (Analytic); without a fallback they throw InvalidArgument.
+/// Recompute modes the profile lacks for a kind and tp it measures without recompute are derived
+/// from that grid (Provenance::Derived): the profiled forward, the profiled backward plus the
+/// recomputed forward (all of it under full recompute, its attention share under selective), the
+/// profiled memory plus the fallback's difference between the modes.
+///
+/// Shapes whose other discrete axes are not profiled go to `fallback` (normally AnalyticCostModel)
+/// with its provenance (Analytic); without a fallback they throw InvalidArgument.
 /// Immutable after construction; query() does no allocation and is safe from many threads.
 class ProfiledCostModel final : public CostModel {
  public:
@@ -63,8 +68,10 @@ class ProfiledCostModel final : public CostModel {
 
   /// The profile the tables were built from.
   const Profile& profile() const;
-  /// Whether (kind, tp, rc) has a grid (variant 0).
+  /// Whether (kind, tp, rc) has a measured grid with times (variant 0).
   bool profiled(LayerKind kind, std::int64_t tp, Recompute rc) const;
+  /// Whether (kind, tp, rc) is a recompute mode the profile lacks, derived from its no-recompute grid.
+  bool derived(LayerKind kind, std::int64_t tp, Recompute rc) const;
   /// Alpha-beta fits of the profile's communication samples (empty without samples).
   const std::vector<AlphaBetaFit>& comm_fits() const;
 

@@ -479,3 +479,62 @@ TEST_CASE("make_profiled_cost_model fits the fallback's activation calibration t
   CHECK(std::any_of(notes.begin(), notes.end(),
                     [](const std::string& n) { return n.find("activation calibration fitted on 427") != std::string::npos; }));
 }
+
+TEST_CASE("T5: recompute modes the profile lacks come from its profiled forward, not the analytic model", "[interface]") {
+  const ModelSpec m = load_model("t5-11b");
+  const auto model = make_profiled_cost_model(
+      {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")}, m, load_device("A100-40GB"));
+  const auto& cm = dynamic_cast<const ProfiledCostModel&>(*model);
+  const AnalyticCostModel analytic(m, load_device("A100-40GB"));
+  for (LayerKind kind : {LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+    CHECK(cm.profiled(kind, 1, Recompute::None));
+    for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+      CHECK_FALSE(cm.profiled(kind, 1, rc));
+      CHECK(cm.derived(kind, 1, rc));
+    }
+  }
+  // Grid shapes and shapes between them (decoder lengths 128, 160).
+  for (std::int64_t dec : {128, 160}) {
+    for (LayerKind kind : {LayerKind::Encoder, LayerKind::Decoder}) {
+      const Query none = make_query(kind, 1, Recompute::None, 4, 512, dec);
+      const LayerCost n = cm.query(none);
+      INFO(layer_kind_name(kind) << " dec " << dec);
+      Query q = none;
+      q.recompute = Recompute::Full;
+      const LayerCost f = cm.query(q);
+      CHECK(f.time_source == Provenance::Derived);
+      CHECK(f.memory_source == Provenance::Derived);
+      // Full: the profiled forward again during backward; backward itself as profiled.
+      CHECK(f.forward_ms == Approx(n.forward_ms).epsilon(1e-6));
+      CHECK(f.recompute_ms == Approx(f.forward_ms));
+      CHECK(f.backward_ms == Approx(n.backward_ms).epsilon(1e-6));
+      q.recompute = Recompute::Selective;
+      const LayerCost s = cm.query(q);
+      CHECK(s.time_source == Provenance::Derived);
+      CHECK(s.forward_ms == Approx(n.forward_ms).epsilon(1e-6));
+      CHECK(s.recompute_ms > 0);
+      CHECK(s.recompute_ms < 0.5 * s.forward_ms);  // the attention share of the FLOPs
+      CHECK(s.backward_ms == Approx(n.backward_ms).epsilon(1e-6));
+      CHECK(n.total_ms() < s.total_ms());
+      CHECK(s.total_ms() < f.total_ms());
+      // Memory: the profiled bytes less what the mode does not keep (the analytic difference).
+      Query full = none;
+      full.recompute = Recompute::Full;
+      const double drop_full = analytic.query(none).stored_bytes - analytic.query(full).stored_bytes;
+      CHECK(f.stored_bytes == Approx(n.stored_bytes - drop_full).epsilon(1e-6));
+      CHECK(s.stored_bytes < n.stored_bytes);
+      CHECK(f.stored_bytes < s.stored_bytes);
+    }
+  }
+  // The post-process recomputes nothing: every mode costs what none costs.
+  const LayerCost pn = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::None, 4, 512, 128));
+  const LayerCost pf = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::Full, 4, 512, 128));
+  CHECK(pf.time_source == Provenance::Derived);
+  CHECK(pf.total_ms() == Approx(pn.total_ms()).epsilon(1e-6));
+  CHECK(pf.recompute_ms == 0);
+  // GPT measures every mode: nothing is derived.
+  const auto gpt = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv")}, load_model("gpt-6.7b"),
+                                            load_device("A100-40GB"));
+  CHECK_FALSE(dynamic_cast<const ProfiledCostModel&>(*gpt).derived(LayerKind::Encoder, 1, Recompute::Full));
+  CHECK(gpt->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 4, 512)).time_source == Provenance::Profiled);
+}
