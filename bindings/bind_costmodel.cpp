@@ -157,13 +157,17 @@ void define_costmodel(py::module_& m) {
       .def_property_readonly("total_bytes", &cm::StaticMemory::total);
 
   py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"))
-      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles) {
+      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
+                       const std::string& interpolation) {
+             cm::CostModelConfig config{model, device, profiles};
+             config.interpolation = cm::profile_interpolation_from_name(interpolation);
              py::gil_scoped_release release;
-             return std::shared_ptr<cm::CostModel>(cm::make_cost_model(cm::CostModelConfig{model, device, profiles}));
+             return std::shared_ptr<cm::CostModel>(cm::make_cost_model(config));
            }),
            py::arg("model") = "gpt-6.7b", py::arg("device") = "A100-40GB",
-           py::arg("profiles") = std::vector<std::string>{},
-           "Model and device presets or .json files; profiles (files or folders) select the profiled model")
+           py::arg("profiles") = std::vector<std::string>{}, py::kw_only(), py::arg("interpolation") = "fit",
+           "Model and device presets or .json files; profiles (files or folders) select the profiled model, "
+           "interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear')")
       .def(
           "query",
           [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,

@@ -230,6 +230,12 @@ void CostModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--model", model, "Model preset or .json file")->capture_default_str();
   cmd->add_option("--device", device, "Device preset or .json file")->capture_default_str();
   cmd->add_option("--profile", profiles, "Profile file or folder (repeatable); none: the analytic model");
+  cmd->add_option("--profile-interpolation", interpolation,
+                  "With --profile, how shapes between grid points are costed: " +
+                      enum_name_list(costmodel::kProfileInterpolationNames) +
+                      " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule, its exact cost basis)")
+      ->check(one_of(costmodel::kProfileInterpolationNames))
+      ->capture_default_str();
 }
 
 std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
@@ -237,6 +243,7 @@ std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
   c.model = model;
   c.device = device;
   c.profiles = profiles;
+  c.interpolation = costmodel::profile_interpolation_from_name(interpolation);
   return costmodel::make_cost_model(c);
 }
 

@@ -66,12 +66,13 @@ constexpr std::uint64_t kMaxGlobalBatchSamples = (std::uint64_t{1} << 31) - 1;
 /// Largest --threads accepted.
 constexpr std::int64_t kMaxThreads = 1024;
 
-/// `--model`, `--device`, `--profile`: the cost model a subcommand uses.
+/// `--model`, `--device`, `--profile`, `--profile-interpolation`: the cost model a subcommand uses.
 struct CostModelArgs {
   std::string model = "gpt-6.7b";
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
-  /// Registers the three options on `cmd` (this object must outlive the parse).
+  std::string interpolation = "fit";  ///< --profile-interpolation: fit, or linear (DynaPipe's rule)
+  /// Registers the options on `cmd` (this object must outlive the parse).
   void add_to(CLI::App* cmd);
   /// The analytic model, or the profiled one when profiles are given; throws as the loaders do.
   std::unique_ptr<costmodel::CostModel> make() const;

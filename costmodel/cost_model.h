@@ -159,6 +159,9 @@ class CostModel {
   virtual const CommModel& comm() const = 0;
   /// Human-readable description ("analytic", or the profile files loaded).
   virtual std::string describe() const = 0;
+  /// Parameter bytes of one layer of `kind` on one GPU of a tp group as a profile measured them
+  /// (DynaPipe's model state), or NaN when the model has no measurement (the default).
+  virtual double layer_param_bytes(LayerKind kind, std::int64_t tp) const;
 };
 
 /// The argument checks of CostModel::query_rows (for implementations): throws InvalidArgument for

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "costmodel/cost_model.h"
+#include "costmodel/profile_readers.h"
 
 namespace packpipe::costmodel {
 
@@ -13,6 +14,8 @@ struct CostModelConfig {
   std::string model = "gpt-6.7b";    ///< preset name or .json file
   std::string device = "A100-40GB";  ///< preset name or .json file
   std::vector<std::string> profiles; ///< empty: the analytic model
+  /// With profiles: Fit (ProfiledCostModel) or Linear (DynaPipe's rule, LinearProfiledCostModel).
+  ProfileInterpolation interpolation = ProfileInterpolation::Fit;
 };
 
 /// The analytic model, or the profiled one when profiles are given. Throws as the loaders do.

@@ -7,11 +7,12 @@
 #include "costmodel/activation_fit.h"
 #include "costmodel/analytic.h"
 #include "costmodel/profiled.h"
+#include "costmodel/profiled_linear.h"
 
 namespace packpipe::costmodel {
 
 std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::string>& paths, const ModelSpec& model,
-                                                    const DeviceSpec& device) {
+                                                    const DeviceSpec& device, ProfileInterpolation interpolation) {
   Profile profile = load_profiles(paths);
   // The analytic fallback answers what the grids lack (the memory of kinds the profile does not
   // measure); its activation calibration is fitted to the profile's measured activations when
@@ -28,8 +29,11 @@ std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::strin
         fitted.activation_layer_bytes / 1e6, before.all.mean_abs_pct, after.all.mean_abs_pct));
     options = fitted;
   }
-  return std::make_unique<ProfiledCostModel>(std::move(profile), model, device,
-                                             std::make_unique<AnalyticCostModel>(model, device, options));
+  auto fallback = std::make_unique<AnalyticCostModel>(model, device, options);
+  if (interpolation == ProfileInterpolation::Linear) {
+    return std::make_unique<LinearProfiledCostModel>(std::move(profile), model, device, std::move(fallback));
+  }
+  return std::make_unique<ProfiledCostModel>(std::move(profile), model, device, std::move(fallback));
 }
 
 }  // namespace packpipe::costmodel

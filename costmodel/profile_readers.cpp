@@ -2,6 +2,7 @@
 #include "costmodel/profile_readers.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -1153,6 +1154,43 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
     }
   }
   return out;
+}
+
+std::string profile_sources(const Profile& p) {
+  return p.sources.empty() ? std::string("(in memory)") : fmt::format("{}", fmt::join(p.sources, ", "));
+}
+
+void check_profile_for(const Profile& p, const ModelSpec& model) {
+  PACKPIPE_CHECK_ARG(!p.points.empty(), "profile {} has no grid points", profile_sources(p));
+  // A profile names the model it measured: another model's times would pass as this one's.
+  auto norm = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) {
+      if (std::isalnum(static_cast<unsigned char>(ch))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    return o;
+  };
+  PACKPIPE_CHECK_ARG(p.model.empty() || norm(p.model) == norm(model.name),
+                     "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
+                     "for, or plan for model '{}' (model / --model)",
+                     profile_sources(p), p.model, model.name, p.model);
+  for (const auto& x : p.points) {
+    PACKPIPE_CHECK_ARG(x.kind != LayerKind::Decoder || model.arch == Architecture::EncoderDecoder,
+                       "profile has decoder layers but model '{}' is decoder-only", model.name);
+  }
+}
+
+double profile_param_bytes(const Profile& p, LayerKind kind, std::int64_t tp) {
+  double sum[2] = {0, 0};
+  int n[2] = {0, 0};
+  for (const auto& x : p.params) {
+    if (x.kind != kind || x.tp != tp) continue;
+    const int k = x.rc == Recompute::None ? 0 : 1;
+    sum[k] += x.bytes;
+    ++n[k];
+  }
+  if (n[0] > 0) return sum[0] / n[0];
+  return n[1] > 0 ? sum[1] / n[1] : std::numeric_limits<double>::quiet_NaN();
 }
 
 std::string write_packpipe_profile(const Profile& p) {

@@ -654,29 +654,8 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
   I.model = std::move(model);
   I.device = std::move(device);
   I.fallback = std::move(fallback);
-  PACKPIPE_CHECK_ARG(!profile.points.empty(), "profile {} has no grid points",
-                     profile.sources.empty() ? std::string("(in memory)")
-                                             : fmt::format("{}", fmt::join(profile.sources, ", ")));
-  // A profile names the model it measured: another model's times would pass as this one's.
-  // Spellings differ by source ("gpt-6.7b", "gpt_6.7b", Aceso's "gpt_1_3B"): compared on letters
-  // and digits alone, lower-case.
-  auto norm = [](const std::string& s) {
-    std::string o;
-    for (char ch : s) {
-      if (std::isalnum(static_cast<unsigned char>(ch))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    }
-    return o;
-  };
-  const std::string sources = profile.sources.empty() ? std::string("(in memory)")
-                                                      : fmt::format("{}", fmt::join(profile.sources, ", "));
-  PACKPIPE_CHECK_ARG(profile.model.empty() || norm(profile.model) == norm(I.model.name),
-                     "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
-                     "for, or plan for model '{}' (model / --model)",
-                     sources, profile.model, I.model.name, profile.model);
-  for (const auto& p : profile.points) {
-    PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || I.model.arch == Architecture::EncoderDecoder,
-                       "profile has decoder layers but model '{}' is decoder-only", I.model.name);
-  }
+  const std::string sources = profile_sources(profile);
+  check_profile_for(profile, I.model);
   const auto merged = merge_points(profile.points);
   for (const auto& [key, cells] : merged) I.grids.push_back(build_grid(key, cells, I.model));
   // A grid with times must have both: a missing backward would be costed as 0 ms, a missing
@@ -733,6 +712,10 @@ const std::vector<AlphaBetaFit>& ProfiledCostModel::comm_fits() const { return i
 bool ProfiledCostModel::profiled(LayerKind kind, std::int64_t tp, Recompute rc) const {
   const Grid* g = impl_->find(kind, tp, rc);
   return g != nullptr && g->has_time() && !g->derived;
+}
+
+double ProfiledCostModel::layer_param_bytes(LayerKind kind, std::int64_t tp) const {
+  return profile_param_bytes(impl_->profile, kind, tp);
 }
 
 bool ProfiledCostModel::derived(LayerKind kind, std::int64_t tp, Recompute rc) const {

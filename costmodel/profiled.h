@@ -74,6 +74,8 @@ class ProfiledCostModel final : public CostModel {
   bool derived(LayerKind kind, std::int64_t tp, Recompute rc) const;
   /// Alpha-beta fits of the profile's communication samples (empty without samples).
   const std::vector<AlphaBetaFit>& comm_fits() const;
+  /// Parameter bytes of one layer of `kind` at `tp` as the profile measured them (NaN if not).
+  double layer_param_bytes(LayerKind kind, std::int64_t tp) const override;
 
  private:
   struct Impl;
@@ -83,10 +85,13 @@ class ProfiledCostModel final : public CostModel {
 
 /// Loads the profiles at `paths` (files or folders; the format is detected from names and
 /// headers) for `model` on `device`; queries outside the profiled discrete axes fall back to the
-/// analytic model and say so in the provenance. Throws Error naming the file and row of a bad profile.
-/// (Defined in profile_factory.cpp so that ProfiledCostModel links without the analytic model.)
+/// analytic model and say so in the provenance. `interpolation` Fit builds a ProfiledCostModel,
+/// Linear a LinearProfiledCostModel (DynaPipe's rule, costmodel/profiled_linear.h). Throws Error
+/// naming the file and row of a bad profile. (Defined in profile_factory.cpp so that
+/// ProfiledCostModel links without the analytic model.)
 std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::string>& paths, const ModelSpec& model,
-                                                    const DeviceSpec& device);
+                                                    const DeviceSpec& device,
+                                                    ProfileInterpolation interpolation = ProfileInterpolation::Fit);
 
 /// Leave-one-out errors of one set of predictions, in percent (mean absolute percentage error).
 struct LooErrors {

@@ -17,6 +17,7 @@
 #include "costmodel/analytic.h"
 #include "costmodel/flops.h"
 #include "costmodel/profiled.h"
+#include "costmodel/profiled_linear.h"
 #include "tests/support/temp_dir.h"
 
 using namespace packpipe::costmodel;
@@ -537,4 +538,55 @@ TEST_CASE("T5: recompute modes the profile lacks come from its profiled forward,
                                             load_device("A100-40GB"));
   CHECK_FALSE(dynamic_cast<const ProfiledCostModel&>(*gpt).derived(LayerKind::Encoder, 1, Recompute::Full));
   CHECK(gpt->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 4, 512)).time_source == Provenance::Profiled);
+}
+
+TEST_CASE("linear interpolation: DynaPipe's rule on the raw grid, refusing what it costs at 1e100", "[interface]") {
+  const ModelSpec gpt = load_model("gpt-6.7b");
+  const auto model = make_profiled_cost_model(
+      {fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
+       fixture(kDyn + "gpt_6.7b_model_state.csv")},
+      gpt, load_device("A100-40GB"), ProfileInterpolation::Linear);
+  CHECK(model->describe().find("DynaPipe's linear interpolation") != std::string::npos);
+  // Grid nodes: "1,none,encoder,forward,512,0,2,2.52" and backward 4.43; stored 230.01 MB, peak
+  // 912.32 MB (absolute; the transient is the rest).
+  const LayerCost a = model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 2, 512));
+  CHECK(a.forward_ms == Approx(2.52));
+  CHECK(a.backward_ms == Approx(4.43));
+  CHECK(a.stored_bytes == Approx(230.01e6));
+  CHECK(a.stored_bytes + a.peak_bytes == Approx(912.32e6));
+  // Between nodes, linear in the raw size: mbs 3 halfway between 2 and 4 (forward 4.69 at 4).
+  const LayerCost mid = model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 3, 512));
+  CHECK(mid.forward_ms == Approx((2.52 + 4.69) / 2));
+  CHECK(mid.stored_bytes == Approx((230.01e6 + 459.88e6) / 2));
+  // Full recompute: DynaPipe's backward includes the forward; reported apart, the sum unchanged.
+  const LayerCost full = model->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 2, 512));
+  CHECK(full.recompute_ms == Approx(full.forward_ms));
+  CHECK(full.total_ms() > a.total_ms());
+  // Beyond the largest profiled value (mbs 1 at seq 8192) and beyond 8192: refused, as DynaPipe's
+  // 1e100 would make the window infeasible.
+  CHECK(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 8192)).forward_ms == Approx(44.23));
+  REQUIRE_THROWS_WITH(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 2, 8192)),
+                      Catch::Matchers::Contains("beyond the profiled grid"));
+  REQUIRE_THROWS_AS(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 9000)), packpipe::InvalidArgument);
+  // The embedding is not profiled: the analytic fallback answers. Model state as profiled.
+  CHECK(model->query(make_query(LayerKind::Embedding, 1, Recompute::None, 2, 512)).time_source == Provenance::Analytic);
+  CHECK(model->layer_param_bytes(LayerKind::Encoder, 1) == Approx(402.77e6));
+  CHECK(std::isnan(model->layer_param_bytes(LayerKind::Decoder, 1)));
+  // T5: repeated nodes resolve to their maximum (the encoder's backward at mbs 1, seq 512 was
+  // measured at 3.37 .. 3.54 ms), and the modes the profile lacks are derived node by node.
+  const ModelSpec t5 = load_model("t5-11b");
+  const auto lin5 = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
+                                             t5, load_device("A100-40GB"), ProfileInterpolation::Linear);
+  const LayerCost e = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 512, 128));
+  CHECK(e.backward_ms == Approx(3.54));
+  const LayerCost ef = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 512, 128));
+  CHECK(ef.time_source == Provenance::Derived);
+  CHECK(ef.forward_ms == Approx(e.forward_ms));
+  CHECK(ef.backward_ms == Approx(e.backward_ms));
+  CHECK(ef.recompute_ms == Approx(e.forward_ms));
+  CHECK(ef.stored_bytes < e.stored_bytes);
+  CHECK(dynamic_cast<const LinearProfiledCostModel&>(*lin5).derived(LayerKind::Decoder, 1, Recompute::Selective));
+  // The interpolation is named in the one name table.
+  CHECK(profile_interpolation_from_name("linear") == ProfileInterpolation::Linear);
+  REQUIRE_THROWS_WITH(profile_interpolation_from_name("cubic"), Catch::Matchers::Contains("fit, linear"));
 }

@@ -206,8 +206,10 @@ class StaticMemory:
 
 class CostModel:
     """Cost model: analytic, or from profiles when given."""
-    def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...) -> None:
-        """Model and device presets or .json files; profiles (files or folders) select the profiled model."""
+    def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ..., *,
+                 interpolation: str = "fit") -> None:
+        """Model and device presets or .json files; profiles (files or folders) select the profiled model,
+        interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear')."""
     def query(self, kind: str = "encoder", mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
               recompute: str = "none", layers: int = 1) -> LayerCost:
         """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples."""
