@@ -494,6 +494,11 @@ def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Op
               cache: Optional[PartitionCache] = None) -> Partition:
     """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
 
+def evaluate_partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
+                       microbatches: List[_Lengths], shape: PipelineShape = ..., options: PartitionOptions = ...,
+                       basis: str = "stages") -> Partition:
+    """Given micro-batches (arrays of sample indices) costed on a basis ('stages' or 'dynapipe'): a Partition."""
+
 def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
                           dec_seq: int = 0) -> List[int]:
     """Layers per virtual stage balancing the stages' time on a rows x seq micro-batch (for stage_layers)."""
