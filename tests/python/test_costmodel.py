@@ -99,3 +99,49 @@ def test_device_file_carries_the_analytic_constants(tmp_path):
     path.write_text(json.dumps(cpu))
     with pytest.raises(ValueError, match=r"cpu.json: 'analytic.max_efficiency' must be in \(0, 1\], found 2"):
         packpipe.CostModel("gpt-350m", str(path))
+
+
+def test_profiled_memory_from_packpipe_profile_reaches_the_plans(tmp_path):
+    """What `packpipe profile` records on CUDA (stored bytes a forward keeps, the transient peak above
+    them) goes through the C++ writer and is what the profiled model, and so the partitioner, uses."""
+    import json
+    import numpy as np
+    model = {"name": "tiny", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}
+    (tmp_path / "tiny.json").write_text(json.dumps(model))
+    points = []
+    for kind in ("embedding", "encoder", "postprocess"):
+        for rc in (("none", "selective", "full") if kind == "encoder" else ("none",)):
+            for mbs in (1, 2, 4, 8):
+                for seq in (64, 128, 256):
+                    tokens = mbs * seq
+                    stored = {"none": 3000.0, "selective": 2000.0, "full": 600.0}[rc] * tokens if kind == "encoder" else None
+                    peak = 500.0 * tokens if kind == "encoder" else None
+                    points.append((kind, 1, rc, 0, mbs, seq, 0, 0.01 * tokens ** 0.5 + 0.1, 0.02 * tokens ** 0.5 + 0.2,
+                                   stored, peak))
+    path = tmp_path / "tiny.profile.json"
+    packpipe.write_profile(str(path), points, model="tiny", device="cuda-test")
+    back = packpipe.read_profile([str(path)])
+    assert back["points"] == points  # memory columns carried, None where not measured
+    cm = packpipe.CostModel(str(tmp_path / "tiny.json"), "A100-40GB", [str(path)])
+    for rc, per_token in (("none", 3000.0), ("selective", 2000.0), ("full", 600.0)):
+        q = cm.query(kind="encoder", mbs=4, seq=128, recompute=rc, layers=2)
+        assert q.memory_source == "profiled"
+        assert q.stored_bytes == pytest.approx(2 * per_token * 512)  # per layer, times the layers
+        assert q.peak_bytes == pytest.approx(500.0 * 512)            # one layer's transient
+    # The partitioner plans on them: twice the stored bytes in the profile, smaller micro-batches.
+    lens = np.full(64, 200, dtype=np.uint32)
+    shape = packpipe.PipelineShape(stages=2, memory_mb=60)
+    opts = packpipe.PartitionOptions(recompute="none")
+    p = packpipe.partition(cm, lens, shape=shape, options=opts)
+    for mb in p.microbatches:
+        q = cm.query(kind="encoder", mbs=mb.rows, seq=mb.padded_len, layers=2)
+        assert q.memory_source != "analytic" and mb.stored_mb >= q.stored_bytes / 1e6
+    heavy = [pt[:9] + ((2 * pt[9],) if pt[9] else (None,)) + pt[10:] for pt in points]
+    packpipe.write_profile(str(path), heavy, model="tiny", device="cuda-test")
+    cm2 = packpipe.CostModel(str(tmp_path / "tiny.json"), "A100-40GB", [str(path)])
+    p2 = packpipe.partition(cm2, lens, shape=shape, options=opts)
+    assert max(m.rows for m in p2.microbatches) < max(m.rows for m in p.microbatches)
+    per_row = [m.stored_mb / m.rows for m in p.microbatches]
+    per_row2 = [m.stored_mb / m.rows for m in p2.microbatches]
+    # per row, 2 layers x 3000 more bytes per token x 200 tokens (the embedding's bytes are the same)
+    assert min(per_row2) - max(per_row) == pytest.approx(2 * 3000 * 200 / 1e6)
