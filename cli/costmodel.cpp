@@ -67,6 +67,7 @@ struct QueryOptions {
   std::string model = "gpt-6.7b";
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
+  std::string interpolation = "fit";
   std::string kind = "encoder";
   std::string recompute = "none";
   std::int64_t tp = 1;
@@ -83,7 +84,9 @@ struct QueryOptions {
 Json run_query(const QueryOptions& o) {
   PACKPIPE_CHECK_ARG(o.seq == 0 || o.enc_seq == 0 || o.seq == o.enc_seq,
                      "--seq ({}) and --enc-seq ({}) disagree; give one of them", o.seq, o.enc_seq);
-  const auto model = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles});
+  cm::CostModelConfig config{o.model, o.device, o.profiles};
+  config.interpolation = cm::profile_interpolation_from_name(o.interpolation);
+  const auto model = cm::make_cost_model(config);
   const cm::ModelSpec& m = model->model();
   cm::Query q;
   q.kind = cm::layer_kind_from_name(o.kind);
@@ -232,6 +235,10 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
     sub->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
     sub->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
+    sub->add_option("--profile-interpolation", o->interpolation,
+                    "With --profile: " + enum_name_list(cm::kProfileInterpolationNames) +
+                        " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule)")
+        ->check(one_of(cm::kProfileInterpolationNames));
     sub->add_option("--kind", o->kind, "Layer kind: " + enum_name_list(cm::kLayerKindNames) + " (default encoder)");
     sub->add_option("--layers", o->layers, "Number of consecutive layers (default 1)");
     sub->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
