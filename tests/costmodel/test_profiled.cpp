@@ -590,3 +590,38 @@ TEST_CASE("linear interpolation: DynaPipe's rule on the raw grid, refusing what 
   CHECK(profile_interpolation_from_name("linear") == ProfileInterpolation::Linear);
   REQUIRE_THROWS_WITH(profile_interpolation_from_name("cubic"), Catch::Matchers::Contains("fit, linear"));
 }
+
+TEST_CASE("derived recompute modes against the ones GPT-6.7B measures", "[regression]") {
+  // The GPT profile without its selective and full grids: the derived modes at tp 1 against the
+  // measured ones. Stored bytes: the closed forms' differences are the profile's; full recompute's
+  // time is the forward again; peaks are the conservative side.
+  Profile none_only = gpt_profile();
+  const Profile full = gpt_profile();
+  none_only.points.erase(std::remove_if(none_only.points.begin(), none_only.points.end(),
+                                        [](const ProfilePoint& p) { return p.rc != Recompute::None; }),
+                         none_only.points.end());
+  const ModelSpec m = load_model("gpt-6.7b");
+  const DeviceSpec d = load_device("A100-40GB");
+  const ProfiledCostModel derived(none_only, m, d, std::make_unique<AnalyticCostModel>(m, d));
+  const ProfiledCostModel measured(full, m, d);
+  const Query sel = make_query(LayerKind::Encoder, 1, Recompute::Selective, 1, 2048);
+  const Query fq = make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 2048);
+  CHECK(derived.query(sel).time_source == Provenance::Derived);
+  CHECK(derived.query(sel).stored_bytes == Approx(measured.query(sel).stored_bytes).epsilon(0.002));  // 295.5 MB
+  CHECK(derived.query(fq).stored_bytes == Approx(measured.query(fq).stored_bytes).epsilon(0.01));     // 27.0 MB
+  CHECK(derived.query(fq).total_ms() == Approx(measured.query(fq).total_ms()).epsilon(0.01));         // 21.2 ms
+  double err = 0;
+  int n = 0;
+  for (std::int64_t seq : {256, 512, 1024, 2048}) {
+    for (std::int64_t mbs : {1, 2, 4}) {
+      Query q = fq;
+      q.seq = seq;
+      q.mbs = mbs;
+      const LayerCost a = derived.query(q), b = measured.query(q);
+      err += std::abs(a.total_ms() / b.total_ms() - 1);
+      ++n;
+      CHECK(a.stored_bytes + a.peak_bytes >= b.stored_bytes + b.peak_bytes);  // conservative peak
+    }
+  }
+  CHECK(err / n < 0.03);
+}
