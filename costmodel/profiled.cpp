@@ -834,14 +834,13 @@ struct RowPlan {
 }  // namespace
 
 struct ProfiledCostModel::Rows {
-  /// The fallback's answer to `r` into `out`: true, or false when it refuses the shape and `batch`
-  /// (a batch row ends there); a single query (batch false) lets the refusal propagate.
-  static bool fallback_at(const Impl& I, const Query& r, LayerCost& out, bool batch) {
-    if (!batch) {
-      out = I.fallback->query(r);
-      return true;
-    }
-    return I.fallback->query_rows(r, 1, &out) == 1;
+  /// The fallback's memory (stored and peak bytes) for `r` into `out`: true, or false when it
+  /// refuses the shape and `batch` (a batch row ends there); a single query (batch false) lets the
+  /// refusal propagate.
+  static bool fallback_memory(const Impl& I, const Query& r, LayerCost& out, bool batch) {
+    if (I.fallback->memory_rows(r, 1, &out) == 1) return true;
+    if (!batch) out = I.fallback->query(r);  // throws the fallback's reason
+    return false;
   }
   /// Checks `q` as query() does (throws InvalidArgument) and fills `p`.
   static void plan(const Impl& I, const Query& q, RowPlan& p);
@@ -1012,9 +1011,9 @@ struct ProfiledCostModel::Rows {
         stored = peak = kNaN;  // nothing to take the difference from: not known
       } else {
         r.recompute = Recompute::None;
-        if (!fallback_at(I, r, without, hint != nullptr)) return false;
+        if (!fallback_memory(I, r, without, hint != nullptr)) return false;
         r.recompute = q.recompute;
-        if (!fallback_at(I, r, with, hint != nullptr)) return false;
+        if (!fallback_memory(I, r, with, hint != nullptr)) return false;
         stored = std::max(0.0, stored + with.stored_bytes - without.stored_bytes);
         peak = std::max(0.0, peak + with.peak_bytes - without.peak_bytes);
       }
