@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/activation_fit.h"
 #include "costmodel/analytic.h"
 #include "costmodel/profile_readers.h"
 
@@ -57,10 +58,10 @@ std::vector<Point> median_of_repeats(const std::vector<Point>& pts) {
   return out;
 }
 
-void load(const std::string& dir, const std::string& file_prefix, const std::string& model, std::vector<Point>& timing,
-          std::vector<Point>& memory) {
+Profile load(const std::string& dir, const std::string& file_prefix, const std::string& model, std::vector<Point>& timing,
+             std::vector<Point>& memory) {
   // The profile readers parse and convert the fixture (ms per layer, MB = 1e6 bytes -> bytes).
-  const Profile prof =
+  Profile prof =
       load_profiles({dir + "/" + file_prefix + "_timing.csv", dir + "/" + file_prefix + "_activation.csv"});
   std::vector<Point> t, m;
   for (const ProfilePoint& q : prof.points) {
@@ -90,6 +91,7 @@ void load(const std::string& dir, const std::string& file_prefix, const std::str
   }
   for (const auto& p : median_of_repeats(t)) timing.push_back(p);
   for (const auto& p : median_of_repeats(m)) memory.push_back(p);
+  return prof;
 }
 
 Query to_query(const Point& p) {
@@ -216,22 +218,59 @@ void report(const AnalyticOptions& o, const std::vector<Point>& timing, const st
   }
 }
 
+/// Stored activations of the analytic model against each profile: the closed forms alone ("before")
+/// and with the calibration of `o` ("after"), per layer kind and recompute mode, and the points
+/// below the profile by more than the documented safety margin.
+void activation_report(const AnalyticOptions& o, const std::vector<std::pair<Profile, ModelSpec>>& profiles) {
+  AnalyticOptions closed = o;
+  closed.activation_token_bytes = closed.activation_score_bytes = closed.activation_layer_bytes = 0;
+  std::printf("\nstored activations per layer, analytic / profiled - 1 (%%): mean |error|, worst below, worst above;"
+              " points below by more than the margin (3%% + 0.75 layer output + 2 MB)\n");
+  std::printf("calibration: activation_token_bytes %.4g, activation_score_bytes %.4g, activation_layer_bytes %.4g\n",
+              o.activation_token_bytes, o.activation_score_bytes, o.activation_layer_bytes);
+  for (const auto& [prof, model] : profiles) {
+    const ActivationReport before = activation_error(prof, model, closed), after = activation_error(prof, model, o);
+    auto line = [](const char* what, const ActivationError& b, const ActivationError& a) {
+      std::printf("  %-22s %5zu  before %5.2f%% [%6.2f, %+6.2f] beyond %3zu   after %5.2f%% [%6.2f, %+6.2f] beyond %3zu\n",
+                  what, a.points, b.mean_abs_pct, b.worst_below_pct, b.worst_above_pct, b.beyond_margin, a.mean_abs_pct,
+                  a.worst_below_pct, a.worst_above_pct, a.beyond_margin);
+    };
+    line(fmt::format("{} all", model.name).c_str(), before.all, after.all);
+    for (std::size_t i = 0; i < after.groups.size(); ++i) {
+      const ActivationError& g = after.groups[i];
+      line(fmt::format("  {} {}", layer_kind_name(g.kind), recompute_name(g.rc)).c_str(), before.groups[i], g);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DYNAPIPE_DERIVED_DIR [--fit]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DYNAPIPE_DERIVED_DIR [--fit] [--fit-memory]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
-  const bool do_fit = argc > 2 && std::strcmp(argv[2], "--fit") == 0;
+  bool do_fit = false, do_fit_memory = false;
+  for (int i = 2; i < argc; ++i) {
+    do_fit = do_fit || std::strcmp(argv[i], "--fit") == 0;
+    do_fit_memory = do_fit_memory || std::strcmp(argv[i], "--fit-memory") == 0;
+  }
   std::vector<Point> timing, memory;
-  load(dir, "gpt_6.7b", "gpt-6.7b", timing, memory);
-  load(dir, "t5_11b", "t5-11b", timing, memory);
+  std::vector<std::pair<Profile, ModelSpec>> profiles;
+  profiles.emplace_back(load(dir, "gpt_6.7b", "gpt-6.7b", timing, memory), load_model("gpt-6.7b"));
+  profiles.emplace_back(load(dir, "t5_11b", "t5-11b", timing, memory), load_model("t5-11b"));
   AnalyticOptions o;
   std::printf("%zu timing points, %zu memory points (after taking medians of repeats)\n", timing.size(), memory.size());
   std::printf("defaults: fit-set objective %.2f%%\n", 100 * fit_objective(o, timing));
   if (do_fit) o = fit(o, timing);
+  if (do_fit_memory) {
+    std::vector<ActivationSource> sources;
+    for (const auto& [prof, model] : profiles) sources.push_back({&prof, &model});
+    o = fit_activation(sources, o);
+    std::printf("activation calibration fitted on both profiles\n");
+  }
   report(o, timing, memory);
+  activation_report(o, profiles);
   return 0;
 }

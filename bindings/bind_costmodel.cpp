@@ -103,6 +103,10 @@ py::dict device_dict(const cm::DeviceSpec& v) {
   d["inter_node_gbps"] = v.inter_node_gbps;
   d["inter_node_latency_us"] = v.inter_node_latency_us;
   d["gpus_per_node"] = v.gpus_per_node;
+  py::dict analytic;
+  for (const auto& f : cm::kAnalyticFields) analytic[f.name] = v.analytic.*f.member;
+  analytic[cm::kAnalyticTpCommunication] = v.analytic.tp_communication;
+  d["analytic"] = analytic;
   return d;
 }
 
@@ -155,15 +159,18 @@ void define_costmodel(py::module_& m) {
 
   py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"))
       .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
-                       const std::string& calibration) {
+                       const std::string& calibration, const std::string& interpolation) {
+             cm::CostModelConfig config{model, device, profiles, calibration};
+             config.interpolation = cm::profile_interpolation_from_name(interpolation);
              py::gil_scoped_release release;
-             return std::shared_ptr<cm::CostModel>(
-                 cm::make_cost_model(cm::CostModelConfig{model, device, profiles, calibration}));
+             return std::shared_ptr<cm::CostModel>(cm::make_cost_model(config));
            }),
            py::arg("model") = "gpt-6.7b", py::arg("device") = "A100-40GB",
-           py::arg("profiles") = std::vector<std::string>{}, py::arg("calibration") = "",
-           "Model and device presets or .json files; profiles (files or folders) select the profiled model; "
-           "calibration (a file of `packpipe costmodel calibrate`) is applied over it")
+           py::arg("profiles") = std::vector<std::string>{}, py::arg("calibration") = "", py::kw_only(),
+           py::arg("interpolation") = "fit",
+           "Model and device presets or .json files; profiles (files or folders) select the profiled model, "
+           "interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear'); calibration (a "
+           "file of `packpipe costmodel calibrate`) is applied over it")
       .def_property_readonly(
           "calibration",
           [](const cm::CostModel& self) -> py::object {

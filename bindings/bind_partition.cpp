@@ -311,6 +311,31 @@ void define_partition(py::module_& m) {
       "models): 1-D integer arrays or lists of tokens per sample. cache: a PartitionCache kept across calls (a "
       "training loop's planner), or None; results never depend on it.");
   m.def(
+      "evaluate_partition",
+      [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
+         const py::list& microbatches, const part::PipelineShape& shape, const part::PartitionOptions& options,
+         const std::string& basis) {
+        PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
+        const part::BatchLengths b = batch_arg(input_lengths, target_lengths);
+        std::vector<part::MicroBatch> mbs(microbatches.size());
+        for (std::size_t i = 0; i < mbs.size(); ++i) {
+          const std::string arg = fmt::format("microbatches[{}]", i);
+          mbs[i].samples = lengths_arg(py::reinterpret_borrow<py::object>(microbatches[i]), arg.c_str());
+        }
+        const part::CostBasis cb = part::cost_basis_from_name(basis);
+        py::gil_scoped_release release;
+        return part::evaluate_partition(b, *cost, shape, part::virtual_stages(cost->model(), shape), std::move(mbs),
+                                        options, cb);
+      },
+      py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
+      py::arg("microbatches"), py::arg("shape") = part::PipelineShape{}, py::arg("options") = part::PartitionOptions{},
+      py::arg("basis") = "stages",
+      "Given micro-batches (a list of 1-D arrays of sample indices, one row per sample) costed on a cost basis "
+      "('stages' or 'dynapipe'): a Partition with their padded shapes, recompute modes (the fastest that fits "
+      "under options.recompute), times, memory and objective (S-1) max/c + sum/d, e.g. to put another planner's "
+      "micro-batches on packpipe's footing. ValueError naming a micro-batch that does not fit or an index out of "
+      "range.");
+  m.def(
       "balanced_stage_layers",
       [](const std::shared_ptr<cm::CostModel>& cost, const part::PipelineShape& shape, const py::object& rows,
          const py::object& seq, const py::object& dec_seq) {

@@ -49,6 +49,9 @@ Json model_json(const cm::ModelSpec& m) {
 }
 
 Json device_json(const cm::DeviceSpec& d) {
+  Json analytic;
+  for (const auto& f : cm::kAnalyticFields) analytic[f.name] = d.analytic.*f.member;
+  analytic[cm::kAnalyticTpCommunication] = d.analytic.tp_communication;
   return Json{{"name", d.name},
               {"peak_tflops", d.peak_tflops},
               {"memory_gb", d.memory_gb},
@@ -57,7 +60,8 @@ Json device_json(const cm::DeviceSpec& d) {
               {"intra_node_latency_us", d.intra_node_latency_us},
               {"inter_node_gbps", d.inter_node_gbps},
               {"inter_node_latency_us", d.inter_node_latency_us},
-              {"gpus_per_node", d.gpus_per_node}};
+              {"gpus_per_node", d.gpus_per_node},
+              {"analytic", std::move(analytic)}};
 }
 
 struct QueryOptions {
@@ -65,6 +69,7 @@ struct QueryOptions {
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
   std::string calibration;
+  std::string interpolation = "fit";
   std::string kind = "encoder";
   std::string recompute = "none";
   std::int64_t tp = 1;
@@ -81,7 +86,9 @@ struct QueryOptions {
 Json run_query(const QueryOptions& o) {
   PACKPIPE_CHECK_ARG(o.seq == 0 || o.enc_seq == 0 || o.seq == o.enc_seq,
                      "--seq ({}) and --enc-seq ({}) disagree; give one of them", o.seq, o.enc_seq);
-  const auto model = cm::make_cost_model(cm::CostModelConfig{o.model, o.device, o.profiles, o.calibration});
+  cm::CostModelConfig config{o.model, o.device, o.profiles, o.calibration};
+  config.interpolation = cm::profile_interpolation_from_name(o.interpolation);
+  const auto model = cm::make_cost_model(config);
   const cm::ModelSpec& m = model->model();
   cm::Query q;
   q.kind = cm::layer_kind_from_name(o.kind);
@@ -245,6 +252,10 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
     sub->add_option("--calibration", o->calibration,
                     "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
+    sub->add_option("--profile-interpolation", o->interpolation,
+                    "With --profile: " + enum_name_list(cm::kProfileInterpolationNames) +
+                        " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule)")
+        ->check(one_of(cm::kProfileInterpolationNames));
     sub->add_option("--kind", o->kind, "Layer kind: " + enum_name_list(cm::kLayerKindNames) + " (default encoder)");
     sub->add_option("--layers", o->layers, "Number of consecutive layers (default 1)");
     sub->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");

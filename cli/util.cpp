@@ -235,6 +235,12 @@ void CostModelArgs::add_to(CLI::App* cmd, bool with_calibration) {
     cmd->add_option("--calibration", calibration,
                     "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
   }
+  cmd->add_option("--profile-interpolation", interpolation,
+                  "With --profile, how shapes between grid points are costed: " +
+                      enum_name_list(costmodel::kProfileInterpolationNames) +
+                      " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule, its exact cost basis)")
+      ->check(one_of(costmodel::kProfileInterpolationNames))
+      ->capture_default_str();
 }
 
 std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
@@ -243,6 +249,7 @@ std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
   c.device = device;
   c.profiles = profiles;
   c.calibration = calibration;
+  c.interpolation = costmodel::profile_interpolation_from_name(interpolation);
   return costmodel::make_cost_model(c);
 }
 

@@ -66,14 +66,16 @@ constexpr std::uint64_t kMaxGlobalBatchSamples = (std::uint64_t{1} << 31) - 1;
 /// Largest --threads accepted.
 constexpr std::int64_t kMaxThreads = 1024;
 
-/// `--model`, `--device`, `--profile`, `--calibration`: the cost model a subcommand uses.
+/// `--model`, `--device`, `--profile`, `--profile-interpolation`, `--calibration`: the cost model a
+/// subcommand uses.
 struct CostModelArgs {
   std::string model = "gpt-6.7b";
   std::string device = "A100-40GB";
   std::vector<std::string> profiles;
   std::string calibration;  ///< a calibration file (costmodel/calibration.h); empty: none
-  /// Registers the four options on `cmd` (this object must outlive the parse); without
-  /// `with_calibration`, the first three (a command that fits a calibration over the base model).
+  std::string interpolation = "fit";  ///< --profile-interpolation: fit, or linear (DynaPipe's rule)
+  /// Registers the options on `cmd` (this object must outlive the parse); without
+  /// `with_calibration`, all but --calibration (a command that fits a calibration over the base model).
   void add_to(CLI::App* cmd, bool with_calibration = true);
   /// The analytic model, or the profiled one when profiles are given, calibrated by the calibration
   /// file when given; throws as the loaders do (and when the calibration was fitted over another model).

@@ -27,8 +27,16 @@ struct Acts {
   double scores = 0;      ///< softmax output, dropout mask and output: (2e + 1) a s^2 b / tp
   double input = 0;       ///< the layer input (all full recompute keeps)
   double largest = 0;     ///< largest single intermediate tensor (bytes), for the workspace
+  double token_h = 0;     ///< b x tokens x h of the layer (elements), for the calibration
+  double score_count = 0; ///< attention scores per GPU (a b s^2 / tp; self + cross for decoders)
   double none() const { return replicated + parallel + scores; }
 };
+
+/// Stored bytes the profiles measure beyond the closed forms (the calibration terms of
+/// AnalyticOptions): per token and hidden unit, per attention score, per layer.
+inline double calibration_bytes(const Acts& x, double token_bytes, double score_bytes, double layer_bytes) {
+  return token_bytes * x.token_h + score_bytes * x.score_count + layer_bytes;
+}
 
 [[gnu::always_inline]] inline Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s,
                                               double d) {
@@ -47,6 +55,8 @@ struct Acts {
     x.scores = (2 * e + 1) * a * s * s * b / t;                      // 5 a s^2 b / t
     x.input = e * s * b * h;
     x.largest = e * b * std::max({s * (m.gated_mlp ? 2 : 1) * f, a * s * s, s * (q + 2 * kv)}) / t;
+    x.token_h = s * b * h;
+    x.score_count = a * s * s * b / t;
   } else {
     // self-attention, cross-attention (queries from d decoder tokens, keys / values from s
     // encoder tokens; the encoder output itself is held once, as boundary bytes) and MLP.
@@ -56,6 +66,8 @@ struct Acts {
     x.input = e * d * b * h;
     x.largest =
         e * b * std::max({d * (m.gated_mlp ? 2 : 1) * f, a * d * std::max(d, s), d * (q + 2 * kv), s * 2 * kv}) / t;
+    x.token_h = d * b * h;
+    x.score_count = a * b * (d * d + d * s) / t;
   }
   return x;
 }
@@ -81,43 +93,32 @@ double transient_bytes(const Acts& x, Recompute rc) {
   return workspace;
 }
 
-void check_options(const AnalyticOptions& o) {
-  PACKPIPE_CHECK_ARG(o.max_efficiency > 0 && o.max_efficiency <= 1, "max_efficiency must be in (0, 1], found {}",
-                     o.max_efficiency);
-  PACKPIPE_CHECK_ARG(o.attention_efficiency > 0 && o.attention_efficiency <= 1,
-                     "attention_efficiency must be in (0, 1], found {}", o.attention_efficiency);
-  const std::pair<const char*, double> nonneg[] = {{"half_efficiency_tokens", o.half_efficiency_tokens},
-                                                   {"half_efficiency_width", o.half_efficiency_width},
-                                                   {"memory_traffic", o.memory_traffic},
-                                                   {"layer_overhead_ms", o.layer_overhead_ms},
-                                                   {"recompute_overhead_ms", o.recompute_overhead_ms}};
-  for (const auto& [name, v] : nonneg) {
-    PACKPIPE_CHECK_ARG(v >= 0 && std::isfinite(v), "{} must be a finite non-negative number, found {}", name, v);
-  }
-  PACKPIPE_CHECK_ARG(o.backward_factor > 0 && std::isfinite(o.backward_factor),
-                     "backward_factor must be positive, found {}", o.backward_factor);
-}
-
 }  // namespace
 
 double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
-                              std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+                              std::int64_t seq, std::int64_t dec_seq, Recompute rc, const AnalyticOptions* calibration) {
   PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || kind == LayerKind::Decoder,
                      "layer_activation_bytes: kind must be encoder or decoder, found {}", layer_kind_name(kind));
   PACKPIPE_CHECK_ARG(tp > 0 && mbs > 0 && seq > 0, "tp, mbs and seq must be positive, found {}, {} and {}", tp, mbs,
                      seq);
   PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || dec_seq > 0, "dec_seq must be positive for a decoder layer, found {}",
                      dec_seq);
-  return stored_bytes(layer_acts(m, kind, static_cast<double>(tp), static_cast<double>(mbs), static_cast<double>(seq),
-                                 static_cast<double>(dec_seq)),
-                      rc);
+  const Acts x = layer_acts(m, kind, static_cast<double>(tp), static_cast<double>(mbs), static_cast<double>(seq),
+                           static_cast<double>(dec_seq));
+  const double closed = stored_bytes(x, rc);
+  if (calibration == nullptr) return closed;
+  return closed + calibration_bytes(x, calibration->activation_token_bytes, calibration->activation_score_bytes,
+                                    calibration->activation_layer_bytes);
 }
+
+AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device)
+    : AnalyticCostModel(std::move(model), device, device.analytic) {}
 
 AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options)
     : model_(std::move(model)), device_(std::move(device)), options_(options) {
   validate(model_);
   validate(device_);
-  check_options(options_);
+  check_analytic_options(options_, "analytic options");
   comm_ = CommModel::from_device(device_);
   flop_per_ms_ = device_.peak_tflops * 1e9;
   hbm_per_ms_ = device_.hbm_gbps * 1e6;
@@ -146,6 +147,7 @@ struct AnalyticCostModel::RowPlan {
   double tokens = 0;         ///< tokens of one sample the layer runs on
   double width_factor = 0;   ///< width / (width + half_efficiency_width) of efficiency()
   double layers = 1;
+  double act_token = 0, act_score = 0, act_layer = 0;  ///< the activation calibration (AnalyticOptions)
   FlopsShape fl;
 };
 
@@ -187,6 +189,9 @@ struct AnalyticCostModel::RowPlan {
   p.e = static_cast<double>(m.bytes_per_param);
   p.v = static_cast<double>(m.vocab);
   p.layers = static_cast<double>(q.num_layers);
+  p.act_token = options_.activation_token_bytes;
+  p.act_score = options_.activation_score_bytes;
+  p.act_layer = options_.activation_layer_bytes;
   double width = 0;
   switch (q.kind) {
     case LayerKind::Encoder:
@@ -217,7 +222,7 @@ template <typename Plan>
     case LayerKind::Encoder:
     case LayerKind::Decoder:
       x = layer_acts(m, p.kind, p.t, b, p.s, p.d);
-      c.stored_bytes = stored_bytes(x, p.rc);
+      c.stored_bytes = stored_bytes(x, p.rc) + calibration_bytes(x, p.act_token, p.act_score, p.act_layer);
       c.peak_bytes = transient_bytes(x, p.rc);
       break;
     case LayerKind::Embedding:

@@ -3,29 +3,19 @@
 // et al. (2022) for activations under each recompute mode. Equations: docs/design/002-costmodel.md.
 #pragma once
 
+#include "costmodel/analytic_options.h"
 #include "costmodel/cost_model.h"
 
 namespace packpipe::costmodel {
 
-/// Calibration knobs of the analytic model. The defaults were fitted on a few points of the
-/// DynaPipe GPT-6.7B and T5-11B A100-40GB profiles (benchmarks/analytic_vs_profile.cpp; errors
-/// on all points in the design note).
-struct AnalyticOptions {
-  double max_efficiency = 0.73;          ///< achieved fraction of peak for large GEMMs
-  double half_efficiency_tokens = 160;   ///< tokens per micro-batch (b x s) at which GEMM efficiency halves
-  double half_efficiency_width = 290;    ///< per-GPU GEMM width (min(h, q/tp, ffn/tp)) at which it halves
-  double attention_efficiency = 1.0;     ///< efficiency of the score/context products relative to GEMMs
-  double memory_traffic = 2.4;           ///< HBM bytes moved per byte of (no-recompute) activations, forward
-  double layer_overhead_ms = 1.56;       ///< latency floor of one layer's forward or backward (host + launches)
-  double recompute_overhead_ms = 0.6;    ///< latency floor of a selective (core-attention) recompute
-  double backward_factor = 1.6;          ///< backward compute / forward compute
-  bool tp_communication = true;          ///< add Megatron's tensor-parallel all-reduces (not overlapped)
-};
-
 class AnalyticCostModel final : public CostModel {
  public:
-  /// Validates the specs and the options (throws InvalidArgument naming the field).
-  AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options = {});
+  /// The model with the device's constants (DeviceSpec::analytic). Validates the specs (throws
+  /// InvalidArgument naming the field).
+  AnalyticCostModel(ModelSpec model, DeviceSpec device);
+  /// The model with `options` in place of the device's constants (e.g. a fit). Validates the specs
+  /// and the options (throws InvalidArgument naming the field).
+  AnalyticCostModel(ModelSpec model, DeviceSpec device, AnalyticOptions options);
   /// Allocation-free and thread-safe; throws InvalidArgument only for bad input.
   LayerCost query(const Query& q) const override;
   /// As CostModel::query_rows (bit-identical to query() per row); the validation, the FLOP
@@ -61,9 +51,11 @@ class AnalyticCostModel final : public CostModel {
 };
 
 /// Activation bytes of one layer on one GPU under a recompute mode (Korthikanti et al. 2022,
-/// tensor parallelism without sequence parallelism; see the design note). `kind` Encoder or
-/// Decoder; exposed for tests and the profile interpolation.
+/// tensor parallelism without sequence parallelism; see the design note): the closed forms, plus
+/// the calibration terms of `calibration` when given (what the model's queries store). `kind`
+/// Encoder or Decoder; exposed for tests, the activation report and the derived recompute modes.
 double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t tp, std::int64_t mbs,
-                              std::int64_t seq, std::int64_t dec_seq, Recompute rc);
+                              std::int64_t seq, std::int64_t dec_seq, Recompute rc,
+                              const AnalyticOptions* calibration = nullptr);
 
 }  // namespace packpipe::costmodel

@@ -160,6 +160,7 @@ class CalibratedCostModel : public CostModel {
   const CommModel& comm() const override { return comm_; }
   std::string describe() const override;
   const Calibration* calibration() const override { return &cal_; }
+  double layer_param_bytes(LayerKind kind, std::int64_t tp) const override { return base_->layer_param_bytes(kind, tp); }
   /// The uncalibrated model.
   const CostModel& base() const { return *base_; }
   const std::shared_ptr<const CostModel>& base_ptr() const { return base_; }

@@ -45,6 +45,8 @@ void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) 
 
 LengthUse CostModel::lengths_used(LayerKind) const { return {}; }
 
+double CostModel::layer_param_bytes(LayerKind, std::int64_t) const { return std::numeric_limits<double>::quiet_NaN(); }
+
 std::int64_t CostModel::memory_rows(const Query& q, std::int64_t count, LayerCost* out) const {
   return query_rows(q, count, out);
 }

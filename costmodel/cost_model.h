@@ -23,12 +23,14 @@ using ::packpipe::recompute_name;
 using ::packpipe::recompute_from_name;
 using ::packpipe::kRecomputeNames;
 
-/// Where a number came from, best first.
-enum class Provenance { Profiled, Interpolated, Extrapolated, Analytic };
-/// The one name table: "profiled", "interpolated", "extrapolated", "analytic".
+/// Where a number came from, best first. Derived: a recompute mode the profile lacks, from its
+/// no-recompute measurements (ProfiledCostModel).
+enum class Provenance { Profiled, Interpolated, Extrapolated, Derived, Analytic };
+/// The one name table: "profiled", "interpolated", "extrapolated", "derived", "analytic".
 inline constexpr EnumName<Provenance> kProvenanceNames[] = {{Provenance::Profiled, "profiled"},
                                                             {Provenance::Interpolated, "interpolated"},
                                                             {Provenance::Extrapolated, "extrapolated"},
+                                                            {Provenance::Derived, "derived"},
                                                             {Provenance::Analytic, "analytic"}};
 /// The provenance's name in kProvenanceNames.
 constexpr const char* provenance_name(Provenance p) { return enum_name(kProvenanceNames, p); }
@@ -162,6 +164,9 @@ class CostModel {
   /// The calibration applied to this model's stage op times and communication
   /// (costmodel/calibration.h, CalibratedCostModel), or null for an uncalibrated model.
   virtual const Calibration* calibration() const { return nullptr; }
+  /// Parameter bytes of one layer of `kind` on one GPU of a tp group as a profile measured them
+  /// (DynaPipe's model state), or NaN when the model has no measurement (the default).
+  virtual double layer_param_bytes(LayerKind kind, std::int64_t tp) const;
 };
 
 /// The argument checks of CostModel::query_rows (for implementations): throws InvalidArgument for

@@ -12,7 +12,7 @@ std::unique_ptr<CostModel> make_base(const CostModelConfig& config) {
   ModelSpec model = load_model(config.model);
   DeviceSpec device = load_device(config.device);
   if (config.profiles.empty()) return std::make_unique<AnalyticCostModel>(std::move(model), std::move(device));
-  return make_profiled_cost_model(config.profiles, model, device);
+  return make_profiled_cost_model(config.profiles, model, device, config.interpolation);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "costmodel/cost_model.h"
+#include "costmodel/profile_readers.h"
 
 namespace packpipe::costmodel {
 
@@ -14,6 +15,8 @@ struct CostModelConfig {
   std::string device = "A100-40GB";  ///< preset name or .json file
   std::vector<std::string> profiles; ///< empty: the analytic model
   std::string calibration;           ///< a calibration file (costmodel/calibration.h) applied over it; empty: none
+  /// With profiles: Fit (ProfiledCostModel) or Linear (DynaPipe's rule, LinearProfiledCostModel).
+  ProfileInterpolation interpolation = ProfileInterpolation::Fit;
 };
 
 /// The analytic model, or the profiled one when profiles are given, calibrated when a calibration

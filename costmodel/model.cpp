@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
@@ -113,30 +116,48 @@ nlohmann::json parse(const std::string& text, const std::string& name) {
 }
 
 template <typename T>
-void take(const nlohmann::json& j, std::initializer_list<const char*> keys, T& out, const std::string& name) {
+void take(const nlohmann::json& j, std::initializer_list<const char*> keys, T& out, const std::string& name,
+          const std::string& prefix = "") {
   for (const char* k : keys) {
     if (!j.contains(k)) continue;
     const auto& v = j.at(k);
     if constexpr (std::is_same_v<T, bool>) {
-      PACKPIPE_CHECK_ARG(v.is_boolean(), "{}: '{}' must be true or false, found {}", name, k, v.dump());
+      PACKPIPE_CHECK_ARG(v.is_boolean(), "{}: '{}{}' must be true or false, found {}", name, prefix, k, v.dump());
     } else if constexpr (std::is_same_v<T, std::string>) {
-      PACKPIPE_CHECK_ARG(v.is_string(), "{}: '{}' must be a string, found {}", name, k, v.dump());
+      PACKPIPE_CHECK_ARG(v.is_string(), "{}: '{}{}' must be a string, found {}", name, prefix, k, v.dump());
     } else if constexpr (std::is_integral_v<T>) {
-      PACKPIPE_CHECK_ARG(v.is_number_integer(), "{}: '{}' must be an integer, found {}", name, k, v.dump());
+      PACKPIPE_CHECK_ARG(v.is_number_integer(), "{}: '{}{}' must be an integer, found {}", name, prefix, k, v.dump());
     } else {
-      PACKPIPE_CHECK_ARG(v.is_number(), "{}: '{}' must be a number, found {}", name, k, v.dump());
+      PACKPIPE_CHECK_ARG(v.is_number(), "{}: '{}{}' must be a number, found {}", name, prefix, k, v.dump());
     }
     out = v.get<T>();
     return;
   }
 }
 
-void reject_unknown(const nlohmann::json& j, std::initializer_list<const char*> known, const std::string& name) {
+void reject_unknown(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& name,
+                    const std::string& prefix = "") {
   for (auto it = j.begin(); it != j.end(); ++it) {
-    bool ok = false;
-    for (const char* k : known) ok = ok || it.key() == k;
-    PACKPIPE_CHECK_ARG(ok, "{}: unknown key '{}'", name, it.key());
+    PACKPIPE_CHECK_ARG(std::find(known.begin(), known.end(), it.key()) != known.end(), "{}: unknown key '{}{}'", name,
+                       prefix, it.key());
   }
+}
+
+/// The keys of the analytic model's constants in device files.
+std::vector<std::string> analytic_keys() {
+  std::vector<std::string> keys;
+  for (const auto& f : kAnalyticFields) keys.emplace_back(f.name);
+  keys.emplace_back(kAnalyticTpCommunication);
+  return keys;
+}
+
+/// The range check of one numeric constant: empty when `v` is valid, else what it must be.
+std::string analytic_field_problem(const std::string& field, double v) {
+  if (field == "max_efficiency" || field == "attention_efficiency") {
+    return v > 0 && v <= 1 ? std::string() : std::string("in (0, 1]");
+  }
+  if (field == "backward_factor") return v > 0 && std::isfinite(v) ? std::string() : std::string("a finite number > 0");
+  return v >= 0 && std::isfinite(v) ? std::string() : std::string("a finite number >= 0");
 }
 
 }  // namespace
@@ -176,7 +197,7 @@ std::vector<std::string> device_preset_names() {
 
 ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   const auto j = parse(text, name);
-  reject_unknown(j, {"name", "arch", "num_layers", "encoder_layers", "decoder_layers", "encoder_num_layers",
+  reject_unknown(j, std::vector<std::string>{"name", "arch", "num_layers", "encoder_layers", "decoder_layers", "encoder_num_layers",
                      "decoder_num_layers", "hidden", "hidden_size", "heads", "num_attn_heads",
                      "num_attention_heads", "kv_heads", "num_query_groups", "head_dim", "kv_channels",
                      "ffn_hidden", "ffn_hidden_size", "gated_mlp", "vocab", "vocab_size", "bytes_per_param"},
@@ -216,9 +237,12 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
 
 DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
   const auto j = parse(text, name);
-  reject_unknown(j, {"name", "peak_tflops", "memory_gb", "hbm_gbps", "intra_node_gbps", "intra_node_latency_us",
-                     "inter_node_gbps", "inter_node_latency_us", "gpus_per_node"},
-                 name);
+  std::vector<std::string> known = {"name", "peak_tflops", "memory_gb", "hbm_gbps", "intra_node_gbps",
+                                    "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us",
+                                    "gpus_per_node", "analytic"};
+  const std::vector<std::string> constants = analytic_keys();
+  known.insert(known.end(), constants.begin(), constants.end());
+  reject_unknown(j, known, name);
   DeviceSpec d;
   d.name = name;
   d.intra_node_latency_us = 10;
@@ -232,6 +256,31 @@ DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
   take(j, {"inter_node_gbps"}, d.inter_node_gbps, name);
   take(j, {"inter_node_latency_us"}, d.inter_node_latency_us, name);
   take(j, {"gpus_per_node"}, d.gpus_per_node, name);
+  // The analytic model's constants: an "analytic" object, or flat keys beside the others.
+  const nlohmann::json* nested = nullptr;
+  if (j.contains("analytic")) {
+    nested = &j.at("analytic");
+    PACKPIPE_CHECK_ARG(nested->is_object(), "{}: 'analytic' must be an object of the analytic model's constants ({}), found {}",
+                       name, fmt::join(constants, ", "), nested->dump());
+    reject_unknown(*nested, constants, name, "analytic.");
+  }
+  auto source = [&](const char* key) -> std::pair<const nlohmann::json*, std::string> {
+    const bool flat = j.contains(key), in = nested != nullptr && nested->contains(key);
+    PACKPIPE_CHECK_ARG(!(flat && in), "{}: '{}' is given twice, as a key and in 'analytic'; keep one", name, key);
+    if (in) return {nested, "analytic."};
+    return {flat ? &j : nullptr, ""};
+  };
+  for (const auto& f : kAnalyticFields) {
+    const auto [obj, prefix] = source(f.name);
+    if (obj == nullptr) continue;
+    double& v = d.analytic.*f.member;
+    take(*obj, {f.name}, v, name, prefix);
+    const std::string problem = analytic_field_problem(f.name, v);
+    PACKPIPE_CHECK_ARG(problem.empty(), "{}: '{}{}' must be {}, found {}", name, prefix, f.name, problem, v);
+  }
+  if (const auto [obj, prefix] = source(kAnalyticTpCommunication); obj != nullptr) {
+    take(*obj, {kAnalyticTpCommunication}, d.analytic.tp_communication, name, prefix);
+  }
   validate(d);
   return d;
 }
@@ -287,6 +336,15 @@ void validate(const DeviceSpec& d) {
                      "device '{}': latencies must be non-negative", d.name);
   PACKPIPE_CHECK_ARG(d.gpus_per_node > 0, "device '{}': gpus_per_node must be positive, found {}", d.name,
                      d.gpus_per_node);
+  check_analytic_options(d.analytic, fmt::format("device '{}'", d.name), "analytic.");
+}
+
+void check_analytic_options(const AnalyticOptions& o, const std::string& where, const std::string& prefix) {
+  for (const auto& f : kAnalyticFields) {
+    const double v = o.*f.member;
+    const std::string problem = analytic_field_problem(f.name, v);
+    PACKPIPE_CHECK_ARG(problem.empty(), "{}: '{}{}' must be {}, found {}", where, prefix, f.name, problem, v);
+  }
 }
 
 }  // namespace packpipe::costmodel

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "costmodel/analytic_options.h"
 
 namespace packpipe::costmodel {
 
@@ -58,6 +59,8 @@ struct DeviceSpec {
   double inter_node_gbps = 0;    ///< per-GPU bandwidth across nodes, GB/s
   double inter_node_latency_us = 0;
   std::int64_t gpus_per_node = 8;
+  /// Constants of the analytic cost model for this device (the A100-fitted defaults on presets).
+  AnalyticOptions analytic;
 };
 
 /// Names of the model presets ("gpt-1.3b", "gpt-6.7b", "gpt-13b", "llama-7b", "t5-770m", "t5-11b", ...).
@@ -72,10 +75,14 @@ DeviceSpec load_device(const std::string& name_or_path);
 /// Parses a model from JSON text (keys as in ModelSpec, plus DynaPipe/Megatron spellings
 /// num_attn_heads, kv_channels, ffn_hidden_size, hidden_size, encoder_num_layers, decoder_num_layers).
 ModelSpec parse_model_json(const std::string& text, const std::string& name);
-/// Parses a device from JSON text (keys as in DeviceSpec).
+/// Parses a device from JSON text (keys as in DeviceSpec). The analytic model's constants
+/// (AnalyticOptions, keys as its fields) come in an "analytic" object or as flat keys beside the
+/// others (not both for one field); missing ones keep the defaults. Throws InvalidArgument naming
+/// `name` and the field for an unknown key, a wrong type or a value out of range.
 DeviceSpec parse_device_json(const std::string& text, const std::string& name);
 /// Checks every size is positive and consistent; throws InvalidArgument naming the field.
 void validate(const ModelSpec& m);
+/// As above for a device, its analytic constants included (check_analytic_options).
 void validate(const DeviceSpec& d);
 
 }  // namespace packpipe::costmodel

@@ -2,6 +2,7 @@
 #include "costmodel/profile_readers.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -266,6 +267,10 @@ Profile parse_dynapipe_timing(const std::string& text, const std::string& file) 
                             });
 }
 
+/// DynaPipe's peak activation is one layer's absolute forward peak (its planner adds the other
+/// layers' stored activations to it); packpipe's peak is the transient on top of the stored bytes.
+double dynapipe_transient(double stored_bytes, double peak_bytes) { return std::max(0.0, peak_bytes - stored_bytes); }
+
 Profile parse_dynapipe_activation(const std::string& text, const std::string& file) {
   static const std::vector<std::string> cols = {"tp",  "rc", "lm_stage", "enc_seqlen", "dec_seqlen",
                                                 "mbs", "stored_activation_MB_per_layer", "peak_activation_MB"};
@@ -279,7 +284,7 @@ Profile parse_dynapipe_activation(const std::string& text, const std::string& fi
                               dynapipe_shape(pt, to_nonnegative(cell(3), w(3)), to_nonnegative(cell(4), w(4)), w(3));
                               pt.mbs = to_positive(cell(5), w(5));
                               pt.stored_bytes = to_nonnegative_double(cell(6), w(6)) * kMB;
-                              pt.peak_bytes = to_nonnegative_double(cell(7), w(7)) * kMB;
+                              pt.peak_bytes = dynapipe_transient(pt.stored_bytes, to_nonnegative_double(cell(7), w(7)) * kMB);
                               p.points.push_back(pt);
                             });
 }
@@ -493,7 +498,10 @@ Profile parse_dynapipe_microbench(const std::string& text, const std::string& fi
                    file, line, name);
   }
   PACKPIPE_CHECK(!pts.empty(), "{}: no timing or activation fields", file);
-  for (auto& [k, pt] : pts) p.points.push_back(pt);
+  for (auto& [k, pt] : pts) {
+    if (!std::isnan(pt.stored_bytes) && !std::isnan(pt.peak_bytes)) pt.peak_bytes = dynapipe_transient(pt.stored_bytes, pt.peak_bytes);
+    p.points.push_back(pt);
+  }
   for (const auto& [k, acc] : params) {
     // Several model_encoder* lines (e.g. per-rank figures) are averaged, as DynaPipe does.
     p.params.push_back(ProfileParams{k, n.tp, n.rc, acc.first / acc.second});
@@ -1146,6 +1154,43 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
     }
   }
   return out;
+}
+
+std::string profile_sources(const Profile& p) {
+  return p.sources.empty() ? std::string("(in memory)") : fmt::format("{}", fmt::join(p.sources, ", "));
+}
+
+void check_profile_for(const Profile& p, const ModelSpec& model) {
+  PACKPIPE_CHECK_ARG(!p.points.empty(), "profile {} has no grid points", profile_sources(p));
+  // A profile names the model it measured: another model's times would pass as this one's.
+  auto norm = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) {
+      if (std::isalnum(static_cast<unsigned char>(ch))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    return o;
+  };
+  PACKPIPE_CHECK_ARG(p.model.empty() || norm(p.model) == norm(model.name),
+                     "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
+                     "for, or plan for model '{}' (model / --model)",
+                     profile_sources(p), p.model, model.name, p.model);
+  for (const auto& x : p.points) {
+    PACKPIPE_CHECK_ARG(x.kind != LayerKind::Decoder || model.arch == Architecture::EncoderDecoder,
+                       "profile has decoder layers but model '{}' is decoder-only", model.name);
+  }
+}
+
+double profile_param_bytes(const Profile& p, LayerKind kind, std::int64_t tp) {
+  double sum[2] = {0, 0};
+  int n[2] = {0, 0};
+  for (const auto& x : p.params) {
+    if (x.kind != kind || x.tp != tp) continue;
+    const int k = x.rc == Recompute::None ? 0 : 1;
+    sum[k] += x.bytes;
+    ++n[k];
+  }
+  if (n[0] > 0) return sum[0] / n[0];
+  return n[1] > 0 ? sum[1] / n[1] : std::numeric_limits<double>::quiet_NaN();
 }
 
 std::string write_packpipe_profile(const Profile& p) {

@@ -96,6 +96,23 @@ inline constexpr EnumName<ProfileFormat> kProfileFormatNames[] = {
 /// The format's name in kProfileFormatNames.
 constexpr const char* profile_format_name(ProfileFormat f) { return enum_name(kProfileFormatNames, f); }
 
+/// How a cost model from profiles answers between and beyond grid points.
+enum class ProfileInterpolation {
+  Fit,     ///< ProfiledCostModel: feature fits with residuals interpolated in log space (the default)
+  Linear,  ///< LinearProfiledCostModel: DynaPipe's multilinear interpolation of the raw grid
+};
+/// The one name table: "fit", "linear".
+inline constexpr EnumName<ProfileInterpolation> kProfileInterpolationNames[] = {
+    {ProfileInterpolation::Fit, "fit"}, {ProfileInterpolation::Linear, "linear"}};
+/// The interpolation's name in kProfileInterpolationNames.
+constexpr const char* profile_interpolation_name(ProfileInterpolation i) {
+  return enum_name(kProfileInterpolationNames, i);
+}
+/// Interpolation from its name; throws InvalidArgument listing the names.
+inline ProfileInterpolation profile_interpolation_from_name(const std::string& name) {
+  return enum_from_name(kProfileInterpolationNames, name, "profile interpolation");
+}
+
 /// Detects the format from the file name (without folders) and the first line; throws Error naming
 /// the file when nothing matches.
 ProfileFormat detect_profile_format(const std::string& name, const std::string& text);
@@ -117,6 +134,17 @@ Profile parse_profile(const std::string& text, const std::string& name, const Pr
 /// Reads files, or every regular file of a folder (sorted; files that are not profiles, such as
 /// README.txt, skipped only inside folders), and merges them.
 Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOptions& options = {});
+
+/// The files a profile was read from, comma-separated ("(in memory)" when none), for messages.
+std::string profile_sources(const Profile& p);
+/// Checks that a cost model for `model` may answer from `p`: it has points, it names no other model
+/// (names compared on letters and digits, lower-case: "gpt-6.7b", "gpt_6.7b" and Aceso's "gpt_1_3B"
+/// spellings alike) and holds no decoder layers for a decoder-only model. Throws InvalidArgument.
+void check_profile_for(const Profile& p, const ModelSpec& model);
+
+/// Parameter bytes of one layer of `kind` at `tp` in `p.params` (the no-recompute entries when
+/// there are any, else every recompute mode's; their mean), NaN when it has none.
+double profile_param_bytes(const Profile& p, LayerKind kind, std::int64_t tp);
 
 /// packpipe's profile file (JSON, documented in docs/design/003-costmodel-profiles.md).
 std::string write_packpipe_profile(const Profile& p);

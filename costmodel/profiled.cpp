@@ -531,6 +531,10 @@ struct Grid {
   std::vector<Node> nodes;
   Fit fit[kFields];
   bool has[kFields] = {false, false, false, false};
+  /// A recompute mode the profile lacks, answered from the no-recompute grid grids[base] of the same
+  /// kind and tp (its own axes and cells are empty).
+  bool derived = false;
+  std::size_t base = 0;
   bool has_time() const { return has[0] || has[1]; }
 };
 
@@ -650,30 +654,10 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
   I.model = std::move(model);
   I.device = std::move(device);
   I.fallback = std::move(fallback);
-  PACKPIPE_CHECK_ARG(!profile.points.empty(), "profile {} has no grid points",
-                     profile.sources.empty() ? std::string("(in memory)")
-                                             : fmt::format("{}", fmt::join(profile.sources, ", ")));
-  // A profile names the model it measured: another model's times would pass as this one's.
-  // Spellings differ by source ("gpt-6.7b", "gpt_6.7b", Aceso's "gpt_1_3B"): compared on letters
-  // and digits alone, lower-case.
-  auto norm = [](const std::string& s) {
-    std::string o;
-    for (char ch : s) {
-      if (std::isalnum(static_cast<unsigned char>(ch))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    }
-    return o;
-  };
-  const std::string sources = profile.sources.empty() ? std::string("(in memory)")
-                                                      : fmt::format("{}", fmt::join(profile.sources, ", "));
-  PACKPIPE_CHECK_ARG(profile.model.empty() || norm(profile.model) == norm(I.model.name),
-                     "profile {} measured model '{}', but the cost model is for '{}': profile the model you plan "
-                     "for, or plan for model '{}' (model / --model)",
-                     sources, profile.model, I.model.name, profile.model);
-  for (const auto& p : profile.points) {
-    PACKPIPE_CHECK_ARG(p.kind != LayerKind::Decoder || I.model.arch == Architecture::EncoderDecoder,
-                       "profile has decoder layers but model '{}' is decoder-only", I.model.name);
-  }
-  for (const auto& [key, cells] : merge_points(profile.points)) I.grids.push_back(build_grid(key, cells, I.model));
+  const std::string sources = profile_sources(profile);
+  check_profile_for(profile, I.model);
+  const auto merged = merge_points(profile.points);
+  for (const auto& [key, cells] : merged) I.grids.push_back(build_grid(key, cells, I.model));
   // A grid with times must have both: a missing backward would be costed as 0 ms, a missing
   // forward as NaN.
   for (const auto& g : I.grids) {
@@ -683,6 +667,24 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
                    "profile must measure both, so add the missing rows or file",
                    sources, layer_kind_name(g.kind), g.tp, recompute_name(g.rc),
                    g.has[0] ? "forward" : "backward", g.has[0] ? "backward" : "forward");
+  }
+  // Recompute modes the profile lacks, of a kind and tp it measures without recompute: derived
+  // from that grid at query time (the profiled forward recomputed), not answered by the fallback.
+  const std::size_t measured = I.grids.size();
+  for (std::size_t i = 0; i < measured; ++i) {
+    if (I.grids[i].rc != Recompute::None || I.grids[i].variant != 0 || !I.grids[i].has_time()) continue;
+    for (Recompute to : {Recompute::Selective, Recompute::Full}) {
+      const Grid& none = I.grids[i];  // (again after each push_back)
+      if (merged.count({none.kind, none.tp, to, 0}) != 0) continue;  // measured (or its memory only): kept
+      Grid g;
+      g.kind = none.kind;
+      g.tp = none.tp;
+      g.rc = to;
+      std::copy(std::begin(none.has), std::end(none.has), std::begin(g.has));
+      g.derived = true;
+      g.base = i;
+      I.grids.push_back(std::move(g));
+    }
   }
   I.index_grids();
   // Communication: device figures, replaced by measured p2p where the profile has it.
@@ -709,7 +711,16 @@ const std::vector<AlphaBetaFit>& ProfiledCostModel::comm_fits() const { return i
 
 bool ProfiledCostModel::profiled(LayerKind kind, std::int64_t tp, Recompute rc) const {
   const Grid* g = impl_->find(kind, tp, rc);
-  return g != nullptr && g->has_time();
+  return g != nullptr && g->has_time() && !g->derived;
+}
+
+double ProfiledCostModel::layer_param_bytes(LayerKind kind, std::int64_t tp) const {
+  return profile_param_bytes(impl_->profile, kind, tp);
+}
+
+bool ProfiledCostModel::derived(LayerKind kind, std::int64_t tp, Recompute rc) const {
+  const Grid* g = impl_->find(kind, tp, rc);
+  return g != nullptr && g->derived;
 }
 
 LengthUse ProfiledCostModel::lengths_used(LayerKind kind) const {
@@ -718,7 +729,7 @@ LengthUse ProfiledCostModel::lengths_used(LayerKind kind) const {
   LengthUse u{false, false};
   bool gridded = false;
   for (const auto& g : I.grids) {
-    if (g.kind != kind) continue;
+    if (g.kind != kind || g.derived) continue;  // a derived mode reads its base grid's lengths
     gridded = true;
     u.seq = u.seq || g.seq.used();  // interpolation axes
     u.dec_seq = u.dec_seq || g.dec.used();
@@ -807,6 +818,7 @@ struct Log2Table {
 /// field row() reads when g is set).
 struct RowPlan {
   const Grid* g;            ///< null: the fallback answers the whole query
+  bool derived;             ///< g is the no-recompute grid a recompute mode the profile lacks is derived from
   std::int64_t mbs_limit;   ///< larger sizes are refused (also when the fallback answers)
   bool exact;               ///< the seq / dec_seq coordinates are profiled
   bool extrap;              ///< beyond the grid or in a hole along seq / dec_seq
@@ -822,6 +834,14 @@ struct RowPlan {
 }  // namespace
 
 struct ProfiledCostModel::Rows {
+  /// The fallback's memory (stored and peak bytes) for `r` into `out`: true, or false when it
+  /// refuses the shape and `batch` (a batch row ends there); a single query (batch false) lets the
+  /// refusal propagate.
+  static bool fallback_memory(const Impl& I, const Query& r, LayerCost& out, bool batch) {
+    if (I.fallback->memory_rows(r, 1, &out) == 1) return true;
+    if (!batch) out = I.fallback->query(r);  // throws the fallback's reason
+    return false;
+  }
   /// Checks `q` as query() does (throws InvalidArgument) and fills `p`.
   static void plan(const Impl& I, const Query& q, RowPlan& p);
   /// The answer at micro-batch size `mbs` (q.mbs ignored). A memory fallback that refuses throws
@@ -851,6 +871,8 @@ struct ProfiledCostModel::Rows {
   p.g = nullptr;
   p.mbs_limit = std::numeric_limits<std::int64_t>::max();
   const Grid* g = I.find(q.kind, q.tp, q.recompute);
+  p.derived = g != nullptr && g->derived;
+  if (p.derived) g = &I.grids[g->base];
   if (g == nullptr || !g->has_time()) {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "{} layers at tp {} with recompute {} are not profiled and there is no analytic fallback",
@@ -948,18 +970,23 @@ struct ProfiledCostModel::Rows {
   const Featurizer fz{&I.model, q.kind};
   double xt[kMaxFeatures] = {0, 0, 0, 0, 0};
   const int kt = fz.time_at(p.fs, b, p.ts, p.td, xt);
-  const Provenance prov = exact ? Provenance::Profiled : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
+  const Provenance prov = p.derived ? Provenance::Derived
+                          : exact  ? Provenance::Profiled
+                                   : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
   const double fwd = g.has[0] ? fit_apply(g.fit[0], xt, kt, acc[0] * inv) : kNaN;
   const double bwd_profiled = g.has[1] ? fit_apply(g.fit[1], xt, kt, acc[1] * inv) : kNaN;
+  // A derived mode recomputes the forward of encoder and decoder layers only; a measured mode's
+  // backward includes its recompute (DynaPipe's profiles), which is split off here.
+  const bool layer = q.kind == LayerKind::Encoder || q.kind == LayerKind::Decoder;
   double recompute = 0;
-  if (q.recompute == Recompute::Full) {
+  if (q.recompute == Recompute::Full && (layer || !p.derived)) {
     recompute = fwd;
-  } else if (q.recompute == Recompute::Selective && kt == 3) {
+  } else if (q.recompute == Recompute::Selective && kt == 3 && (layer || !p.derived)) {
     recompute = fwd * xt[2] / (xt[1] + xt[2]);  // the attention core is what selective recompute redoes
   }
   out.forward_ms = fwd * layers;
   out.recompute_ms = recompute * layers;
-  out.backward_ms = std::max(0.0, bwd_profiled - recompute) * layers;
+  out.backward_ms = (p.derived ? bwd_profiled : std::max(0.0, bwd_profiled - recompute)) * layers;
   out.time_source = prov;
   // Never a NaN, infinite or negative time out of a profile: the construction checks make this
   // unreachable, and a query that reaches it is refused rather than partitioned at 0 ms.
@@ -972,8 +999,27 @@ struct ProfiledCostModel::Rows {
   double xm[kMaxFeatures] = {0, 0, 0, 0, 0};
   const int km = fz.memory(mbs, p.ms, p.md, xm);
   if (g.has[2] && !std::isnan(acc[2])) {
-    out.stored_bytes = fit_apply(g.fit[2], xm, km, acc[2] * inv) * layers;
-    out.peak_bytes = g.has[3] && !std::isnan(acc[3]) ? fit_apply(g.fit[3], xm, km, acc[3] * inv) : 0.0;
+    double stored = fit_apply(g.fit[2], xm, km, acc[2] * inv);
+    double peak = g.has[3] && !std::isnan(acc[3]) ? fit_apply(g.fit[3], xm, km, acc[3] * inv) : 0.0;
+    if (p.derived && layer && q.recompute != Recompute::None) {
+      // The profiled bytes less what the mode does not keep, as the fallback's answers differ.
+      Query r = q;
+      r.mbs = mbs;
+      r.num_layers = 1;
+      LayerCost with, without;
+      if (I.fallback == nullptr) {
+        stored = peak = kNaN;  // nothing to take the difference from: not known
+      } else {
+        r.recompute = Recompute::None;
+        if (!fallback_memory(I, r, without, hint != nullptr)) return false;
+        r.recompute = q.recompute;
+        if (!fallback_memory(I, r, with, hint != nullptr)) return false;
+        stored = std::max(0.0, stored + with.stored_bytes - without.stored_bytes);
+        peak = std::max(0.0, peak + with.peak_bytes - without.peak_bytes);
+      }
+    }
+    out.stored_bytes = stored * layers;
+    out.peak_bytes = peak;
     out.memory_source = prov;
   } else if (I.fallback) {
     Query r = q;

@@ -33,8 +33,13 @@ namespace packpipe::costmodel {
 /// b*d^2, b*d*s), i.e. the linear and quadratic terms in tokens and sequence length; stored and peak
 /// choose their forms separately.
 ///
-/// Shapes whose discrete axes are not profiled go to `fallback` (normally AnalyticCostModel) with
-/// its provenance (Analytic); without a fallback they throw InvalidArgument.
+/// Recompute modes the profile lacks for a kind and tp it measures without recompute are derived
+/// from that grid (Provenance::Derived): the profiled forward, the profiled backward plus the
+/// recomputed forward (all of it under full recompute, its attention share under selective), the
+/// profiled memory plus the fallback's difference between the modes.
+///
+/// Shapes whose other discrete axes are not profiled go to `fallback` (normally AnalyticCostModel)
+/// with its provenance (Analytic); without a fallback they throw InvalidArgument.
 /// Immutable after construction; query() does no allocation and is safe from many threads.
 class ProfiledCostModel final : public CostModel {
  public:
@@ -63,10 +68,14 @@ class ProfiledCostModel final : public CostModel {
 
   /// The profile the tables were built from.
   const Profile& profile() const;
-  /// Whether (kind, tp, rc) has a grid (variant 0).
+  /// Whether (kind, tp, rc) has a measured grid with times (variant 0).
   bool profiled(LayerKind kind, std::int64_t tp, Recompute rc) const;
+  /// Whether (kind, tp, rc) is a recompute mode the profile lacks, derived from its no-recompute grid.
+  bool derived(LayerKind kind, std::int64_t tp, Recompute rc) const;
   /// Alpha-beta fits of the profile's communication samples (empty without samples).
   const std::vector<AlphaBetaFit>& comm_fits() const;
+  /// Parameter bytes of one layer of `kind` at `tp` as the profile measured them (NaN if not).
+  double layer_param_bytes(LayerKind kind, std::int64_t tp) const override;
 
  private:
   struct Impl;
@@ -76,10 +85,13 @@ class ProfiledCostModel final : public CostModel {
 
 /// Loads the profiles at `paths` (files or folders; the format is detected from names and
 /// headers) for `model` on `device`; queries outside the profiled discrete axes fall back to the
-/// analytic model and say so in the provenance. Throws Error naming the file and row of a bad profile.
-/// (Defined in profile_factory.cpp so that ProfiledCostModel links without the analytic model.)
+/// analytic model and say so in the provenance. `interpolation` Fit builds a ProfiledCostModel,
+/// Linear a LinearProfiledCostModel (DynaPipe's rule, costmodel/profiled_linear.h). Throws Error
+/// naming the file and row of a bad profile. (Defined in profile_factory.cpp so that
+/// ProfiledCostModel links without the analytic model.)
 std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::string>& paths, const ModelSpec& model,
-                                                    const DeviceSpec& device);
+                                                    const DeviceSpec& device,
+                                                    ProfileInterpolation interpolation = ProfileInterpolation::Fit);
 
 /// Leave-one-out errors of one set of predictions, in percent (mean absolute percentage error).
 struct LooErrors {

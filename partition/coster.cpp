@@ -169,7 +169,18 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
                        "the DynaPipe cost basis needs chunks = 1 for decoder-only models, found chunks {} "
                        "(DynaPipe raises ValueError)",
                        dyn_chunks_);
+    // Parameters as the profile measured them when the cost model has them (DynaPipe's model
+    // state), else from the model's shape.
+    const double p_emb = cost.layer_param_bytes(cm::LayerKind::Embedding, shape.tp);
+    const double p_enc = cost.layer_param_bytes(cm::LayerKind::Encoder, shape.tp);
+    const double p_dec = encdec_ ? cost.layer_param_bytes(cm::LayerKind::Decoder, shape.tp) : 0.0;
+    const bool measured = std::isfinite(p_emb) && std::isfinite(p_enc) && std::isfinite(p_dec);
     auto state = [&](std::int64_t enc, std::int64_t dec) {
+      if (measured) {
+        const double bytes = p_emb + static_cast<double>(enc) * p_enc + static_cast<double>(dec) * p_dec;
+        return cm::static_memory(bytes / static_cast<double>(model.bytes_per_param), shape.dp, shape.zero_stage).total() /
+               kMB;
+      }
       cm::StageLayout l;
       l.encoder_layers = enc;
       l.decoder_layers = dec;

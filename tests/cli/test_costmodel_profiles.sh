@@ -76,4 +76,18 @@ if "$pp" costmodel import "$aceso/profiled-time-miniset" --out "$tmp/mixed.json"
   fail "mixed models accepted"
 fi
 grep -q "load one model at a time" "$tmp/err2.txt" || fail "mixed models message"
+
+# --profile-interpolation linear: DynaPipe's rule, linear in mbs between the profiled 2 and 4 (forward
+# 2.52 and 4.69 ms at seq 512); the same option on the planning commands; a bad name is refused
+"$pp" costmodel query --model gpt-6.7b --profile "$dyn/gpt_6.7b_timing.csv" --profile-interpolation linear \
+  --mbs 3 --seq 512 --json > "$tmp/lin.json" || fail "query linear"
+$py -c "import json,sys; j=json.load(open(sys.argv[1])); assert abs(j['forward_ms'] - 3.605) < 1e-9, j" "$tmp/lin.json" \
+  || fail "linear interpolation between mbs 2 and 4"
+printf '300\n200\n900\n' > "$tmp/lens.txt"
+"$pp" partition "$tmp/lens.txt" --model gpt-6.7b --profile "$dyn/gpt_6.7b_timing.csv" --profile "$dyn/gpt_6.7b_activation.csv" \
+  --profile-interpolation linear --cost-basis dynapipe --stages 4 --layers-per-stage 4 --memory-mb 36000 > /dev/null || fail "partition on DynaPipe's interpolation"
+if "$pp" partition "$tmp/lens.txt" --profile "$dyn/gpt_6.7b_timing.csv" --profile-interpolation cubic 2> "$tmp/err3.txt"; then
+  fail "unknown interpolation accepted"
+fi
+grep -q "fit" "$tmp/err3.txt" || fail "unknown interpolation message: $(cat "$tmp/err3.txt")"
 echo "ok"

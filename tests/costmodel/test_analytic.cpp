@@ -15,6 +15,7 @@
 #include "costmodel/cost_model.h"
 #include "costmodel/factory.h"
 #include "costmodel/flops.h"
+#include "tests/support/temp_dir.h"
 
 using namespace packpipe::costmodel;
 
@@ -32,6 +33,13 @@ Query enc(std::int64_t mbs, std::int64_t seq, Recompute rc = Recompute::None, st
   return q;
 }
 
+/// The analytic constants without the activation calibration: stored activations are the closed forms.
+AnalyticOptions closed_forms() {
+  AnalyticOptions o;
+  o.activation_token_bytes = o.activation_score_bytes = o.activation_layer_bytes = 0;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("recompute and provenance names round-trip", "[interface]") {
@@ -46,7 +54,9 @@ TEST_CASE("recompute and provenance names round-trip", "[interface]") {
 
 TEST_CASE("stored activations reproduce Korthikanti's closed forms", "[interface]") {
   const ModelSpec m = load_model("gpt-6.7b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"));
+  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
+  const AnalyticCostModel calibrated(m, load_device("A100-40GB"));
+  const AnalyticOptions o;
   const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   for (std::int64_t t : {1, 2, 4, 8}) {
     for (std::int64_t b : {1, 3}) {
@@ -57,6 +67,14 @@ TEST_CASE("stored activations reproduce Korthikanti's closed forms", "[interface
               Approx(sbh * (10 + 24 / td + 5 * a * static_cast<double>(s) / (h * td))));
         CHECK(cm.query(enc(b, s, Recompute::Selective, t)).stored_bytes == Approx(sbh * (10 + 24 / td)));
         CHECK(cm.query(enc(b, s, Recompute::Full, t)).stored_bytes == Approx(2 * sbh));
+        // The calibration adds the same bytes under every mode: per token and hidden unit, per
+        // attention score, per layer.
+        const double extra = o.activation_token_bytes * sbh +
+                             o.activation_score_bytes * a * static_cast<double>(s * s * b) / td + o.activation_layer_bytes;
+        for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+          CHECK(calibrated.query(enc(b, s, rc, t)).stored_bytes ==
+                Approx(cm.query(enc(b, s, rc, t)).stored_bytes + extra));
+        }
       }
     }
   }
@@ -80,7 +98,7 @@ TEST_CASE("GQA and gated MLP change the stored activations as derived", "[interf
 
 TEST_CASE("T5 decoder layer: cross-attention memory and boundary with the encoder output", "[interface]") {
   const ModelSpec m = load_model("t5-11b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"));
+  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
   Query q;
   q.kind = LayerKind::Decoder;
   q.mbs = 2;
@@ -362,4 +380,69 @@ TEST_CASE("queries above the size limits are refused, never computed in overflow
   q.seq = 1024;
   const LayerCost ok = cm.query(q);
   REQUIRE((std::isfinite(ok.forward_ms) && ok.forward_ms > 0 && ok.stored_bytes > 0));
+}
+
+TEST_CASE("device files carry the analytic model's constants; bad ones name the file and field", "[interface][negative]") {
+  packpipe::test::TempDir dir;
+  // A CPU described by a file, constants in an "analytic" object: parsed, applied by every path
+  // that builds the analytic model from the device (the constructor, make_cost_model).
+  const std::string cpu = dir.file("cpu.json");
+  packpipe::test::write_file(cpu, R"({"name": "cpu-test", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20,
+    "intra_node_gbps": 5, "inter_node_gbps": 1, "gpus_per_node": 1,
+    "analytic": {"max_efficiency": 0.5, "half_efficiency_tokens": 64, "half_efficiency_width": 32,
+                 "attention_efficiency": 0.8, "memory_traffic": 1.5, "layer_overhead_ms": 0.02,
+                 "recompute_overhead_ms": 0.01, "backward_factor": 2.0, "tp_communication": false}})");
+  const DeviceSpec d = load_device(cpu);
+  CHECK(d.name == "cpu-test");
+  CHECK(d.analytic.max_efficiency == 0.5);
+  CHECK(d.analytic.half_efficiency_tokens == 64);
+  CHECK(d.analytic.half_efficiency_width == 32);
+  CHECK(d.analytic.attention_efficiency == 0.8);
+  CHECK(d.analytic.memory_traffic == 1.5);
+  CHECK(d.analytic.layer_overhead_ms == 0.02);
+  CHECK(d.analytic.recompute_overhead_ms == 0.01);
+  CHECK(d.analytic.backward_factor == 2.0);
+  CHECK(!d.analytic.tp_communication);
+  const ModelSpec m = load_model("gpt-350m");
+  const AnalyticCostModel from_device(m, d);
+  CHECK(from_device.options().max_efficiency == 0.5);
+  CHECK(from_device.efficiency(1e12, 1e12) == Approx(0.5));
+  const auto factory = make_cost_model({"gpt-350m", cpu, {}});
+  Query q = enc(4, 256);
+  q.recompute = Recompute::Full;
+  const LayerCost a = from_device.query(q), b = factory->query(q);
+  CHECK(a.forward_ms == b.forward_ms);
+  CHECK(a.backward_ms == b.backward_ms);
+  // The constants change the answers: backward = backward_factor x forward on compute-bound shapes.
+  CHECK(a.backward_ms == Approx(2.0 * a.forward_ms).epsilon(0.01));
+  // Flat keys work the same; missing constants keep the defaults.
+  const std::string flat = dir.file("flat.json");
+  packpipe::test::write_file(flat, R"({"peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
+    "inter_node_gbps": 1, "layer_overhead_ms": 0.02, "backward_factor": 2.0})");
+  const DeviceSpec f = load_device(flat);
+  CHECK(f.analytic.layer_overhead_ms == 0.02);
+  CHECK(f.analytic.backward_factor == 2.0);
+  CHECK(f.analytic.max_efficiency == AnalyticOptions{}.max_efficiency);
+  // Presets carry the defaults.
+  CHECK(load_device("H100-80GB").analytic.layer_overhead_ms == AnalyticOptions{}.layer_overhead_ms);
+
+  auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
+    const std::string path = dir.file(name);
+    packpipe::test::write_file(path, text);
+    REQUIRE_THROWS_AS(load_device(path), packpipe::InvalidArgument);
+    REQUIRE_THROWS_WITH(load_device(path), Catch::Matchers::Contains(path) && Catch::Matchers::Contains(says));
+  };
+  const std::string base = R"("peak_tflops": 1, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5, "inter_node_gbps": 1)";
+  refused("eff.json", "{" + base + R"(, "analytic": {"max_efficiency": 1.5}})",
+          "'analytic.max_efficiency' must be in (0, 1], found 1.5");
+  refused("neg.json", "{" + base + R"(, "layer_overhead_ms": -1})", "'layer_overhead_ms' must be a finite number >= 0, found -1");
+  refused("bwd.json", "{" + base + R"(, "analytic": {"backward_factor": 0}})", "'analytic.backward_factor' must be a finite number > 0");
+  refused("type.json", "{" + base + R"(, "analytic": {"memory_traffic": "fast"}})",
+          "'analytic.memory_traffic' must be a number, found \"fast\"");
+  refused("flag.json", "{" + base + R"(, "analytic": {"tp_communication": 1}})",
+          "'analytic.tp_communication' must be true or false, found 1");
+  refused("unknown.json", "{" + base + R"(, "analytic": {"max_efficency": 0.5}})", "unknown key 'analytic.max_efficency'");
+  refused("twice.json", "{" + base + R"(, "backward_factor": 2, "analytic": {"backward_factor": 2}})",
+          "'backward_factor' is given twice");
+  refused("object.json", "{" + base + R"(, "analytic": [1]})", "'analytic' must be an object");
 }

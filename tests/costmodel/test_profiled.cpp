@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "costmodel/activation_fit.h"
+#include "costmodel/analytic.h"
 #include "costmodel/flops.h"
 #include "costmodel/profiled.h"
+#include "costmodel/profiled_linear.h"
 #include "tests/support/temp_dir.h"
 
 using namespace packpipe::costmodel;
@@ -424,4 +427,201 @@ TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[i
   CHECK(cm->describe().find("fallback analytic") != std::string::npos);
   REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), load_device("A100-40GB")),
                     packpipe::Error);
+}
+
+TEST_CASE("analytic activations: within 3% of DynaPipe's profiled ones once calibrated, never below by more than the margin",
+          "[regression]") {
+  const ModelSpec gpt = load_model("gpt-6.7b"), t5 = load_model("t5-11b");
+  const Profile pg = gpt_profile(), pt = t5_profile();
+  const AnalyticOptions calibrated;  // the defaults carry the calibration
+  AnalyticOptions closed = calibrated;
+  closed.activation_token_bytes = closed.activation_score_bytes = closed.activation_layer_bytes = 0;
+  for (const auto& [prof, model] : {std::pair{&pg, &gpt}, std::pair{&pt, &t5}}) {
+    const ActivationReport after = activation_error(*prof, *model, calibrated);
+    INFO(model->name);
+    CHECK(after.all.mean_abs_pct < 3.0);
+    CHECK(after.all.beyond_margin == 0);
+    for (const auto& g : after.groups) {
+      INFO(layer_kind_name(g.kind) << " " << recompute_name(g.rc));
+      CHECK(g.mean_abs_pct < 3.0);
+      CHECK(g.beyond_margin == 0);
+      CHECK(g.worst_above_pct < 3.0);  // calibrated up to the profiles, not past them
+    }
+  }
+  // The closed forms alone are below the profiles: GPT by 13% on average (30% under full
+  // recompute) and past the margin at 18 points.
+  const ActivationReport before = activation_error(pg, gpt, closed);
+  CHECK(before.all.mean_abs_pct > 10.0);
+  CHECK(before.all.worst_above_pct == 0.0);
+  CHECK(before.all.beyond_margin > 0);
+  // The defaults are the fit over both profiles, rounded.
+  const AnalyticOptions fit = fit_activation({{&pg, &gpt}, {&pt, &t5}}, closed);
+  CHECK(fit.activation_token_bytes == Approx(calibrated.activation_token_bytes).epsilon(0.02));
+  CHECK(fit.activation_score_bytes == Approx(calibrated.activation_score_bytes).epsilon(0.02));
+  CHECK(fit.activation_layer_bytes == Approx(calibrated.activation_layer_bytes).epsilon(0.02));
+  CHECK(fit.max_efficiency == closed.max_efficiency);  // the other constants are kept
+  // The analytic model's queries store what the report measures.
+  const AnalyticCostModel a(gpt, load_device("A100-40GB"));
+  Query q = make_query(LayerKind::Encoder, 1, Recompute::Selective, 4, 1024);
+  q.num_layers = 3;
+  CHECK(a.query(q).stored_bytes ==
+        Approx(3 * layer_activation_bytes(gpt, LayerKind::Encoder, 1, 4, 1024, 0, Recompute::Selective, &calibrated)));
+  // Too few points to fit: refused, naming the count.
+  Profile few;
+  few.points.push_back(pg.points.front());
+  REQUIRE_THROWS_WITH(fit_activation({{&few, &gpt}}, closed), Catch::Matchers::Contains("at least 8"));
+  REQUIRE_THROWS_AS(activation_error(Profile{}, gpt, closed), packpipe::InvalidArgument);
+}
+
+TEST_CASE("make_profiled_cost_model fits the fallback's activation calibration to the profile", "[interface]") {
+  const auto cm = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
+                                           load_model("t5-11b"), load_device("A100-40GB"));
+  const auto& notes = dynamic_cast<const ProfiledCostModel&>(*cm).profile().notes;
+  CHECK(std::any_of(notes.begin(), notes.end(),
+                    [](const std::string& n) { return n.find("activation calibration fitted on 427") != std::string::npos; }));
+}
+
+TEST_CASE("T5: recompute modes the profile lacks come from its profiled forward, not the analytic model", "[interface]") {
+  const ModelSpec m = load_model("t5-11b");
+  const auto model = make_profiled_cost_model(
+      {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")}, m, load_device("A100-40GB"));
+  const auto& cm = dynamic_cast<const ProfiledCostModel&>(*model);
+  const AnalyticCostModel analytic(m, load_device("A100-40GB"));
+  for (LayerKind kind : {LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
+    CHECK(cm.profiled(kind, 1, Recompute::None));
+    for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+      CHECK_FALSE(cm.profiled(kind, 1, rc));
+      CHECK(cm.derived(kind, 1, rc));
+    }
+  }
+  // Grid shapes and shapes between them (decoder lengths 128, 160).
+  for (std::int64_t dec : {128, 160}) {
+    for (LayerKind kind : {LayerKind::Encoder, LayerKind::Decoder}) {
+      const Query none = make_query(kind, 1, Recompute::None, 4, 512, dec);
+      const LayerCost n = cm.query(none);
+      INFO(layer_kind_name(kind) << " dec " << dec);
+      Query q = none;
+      q.recompute = Recompute::Full;
+      const LayerCost f = cm.query(q);
+      CHECK(f.time_source == Provenance::Derived);
+      CHECK(f.memory_source == Provenance::Derived);
+      // Full: the profiled forward again during backward; backward itself as profiled.
+      CHECK(f.forward_ms == Approx(n.forward_ms).epsilon(1e-6));
+      CHECK(f.recompute_ms == Approx(f.forward_ms));
+      CHECK(f.backward_ms == Approx(n.backward_ms).epsilon(1e-6));
+      q.recompute = Recompute::Selective;
+      const LayerCost s = cm.query(q);
+      CHECK(s.time_source == Provenance::Derived);
+      CHECK(s.forward_ms == Approx(n.forward_ms).epsilon(1e-6));
+      CHECK(s.recompute_ms > 0);
+      CHECK(s.recompute_ms < 0.5 * s.forward_ms);  // the attention share of the FLOPs
+      CHECK(s.backward_ms == Approx(n.backward_ms).epsilon(1e-6));
+      CHECK(n.total_ms() < s.total_ms());
+      CHECK(s.total_ms() < f.total_ms());
+      // Memory: the profiled bytes less what the mode does not keep (the analytic difference).
+      Query full = none;
+      full.recompute = Recompute::Full;
+      const double drop_full = analytic.query(none).stored_bytes - analytic.query(full).stored_bytes;
+      CHECK(f.stored_bytes == Approx(n.stored_bytes - drop_full).epsilon(1e-6));
+      CHECK(s.stored_bytes < n.stored_bytes);
+      CHECK(f.stored_bytes < s.stored_bytes);
+    }
+  }
+  // The post-process recomputes nothing: every mode costs what none costs.
+  const LayerCost pn = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::None, 4, 512, 128));
+  const LayerCost pf = cm.query(make_query(LayerKind::PostProcess, 1, Recompute::Full, 4, 512, 128));
+  CHECK(pf.time_source == Provenance::Derived);
+  CHECK(pf.total_ms() == Approx(pn.total_ms()).epsilon(1e-6));
+  CHECK(pf.recompute_ms == 0);
+  // GPT measures every mode: nothing is derived.
+  const auto gpt = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv")}, load_model("gpt-6.7b"),
+                                            load_device("A100-40GB"));
+  CHECK_FALSE(dynamic_cast<const ProfiledCostModel&>(*gpt).derived(LayerKind::Encoder, 1, Recompute::Full));
+  CHECK(gpt->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 4, 512)).time_source == Provenance::Profiled);
+}
+
+TEST_CASE("linear interpolation: DynaPipe's rule on the raw grid, refusing what it costs at 1e100", "[interface]") {
+  const ModelSpec gpt = load_model("gpt-6.7b");
+  const auto model = make_profiled_cost_model(
+      {fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
+       fixture(kDyn + "gpt_6.7b_model_state.csv")},
+      gpt, load_device("A100-40GB"), ProfileInterpolation::Linear);
+  CHECK(model->describe().find("DynaPipe's linear interpolation") != std::string::npos);
+  // Grid nodes: "1,none,encoder,forward,512,0,2,2.52" and backward 4.43; stored 230.01 MB, peak
+  // 912.32 MB (absolute; the transient is the rest).
+  const LayerCost a = model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 2, 512));
+  CHECK(a.forward_ms == Approx(2.52));
+  CHECK(a.backward_ms == Approx(4.43));
+  CHECK(a.stored_bytes == Approx(230.01e6));
+  CHECK(a.stored_bytes + a.peak_bytes == Approx(912.32e6));
+  // Between nodes, linear in the raw size: mbs 3 halfway between 2 and 4 (forward 4.69 at 4).
+  const LayerCost mid = model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 3, 512));
+  CHECK(mid.forward_ms == Approx((2.52 + 4.69) / 2));
+  CHECK(mid.stored_bytes == Approx((230.01e6 + 459.88e6) / 2));
+  // Full recompute: DynaPipe's backward includes the forward; reported apart, the sum unchanged.
+  const LayerCost full = model->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 2, 512));
+  CHECK(full.recompute_ms == Approx(full.forward_ms));
+  CHECK(full.total_ms() > a.total_ms());
+  // Beyond the largest profiled value (mbs 1 at seq 8192) and beyond 8192: refused, as DynaPipe's
+  // 1e100 would make the window infeasible.
+  CHECK(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 8192)).forward_ms == Approx(44.23));
+  REQUIRE_THROWS_WITH(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 2, 8192)),
+                      Catch::Matchers::Contains("beyond the profiled grid"));
+  REQUIRE_THROWS_AS(model->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 9000)), packpipe::InvalidArgument);
+  // The embedding is not profiled: the analytic fallback answers. Model state as profiled.
+  CHECK(model->query(make_query(LayerKind::Embedding, 1, Recompute::None, 2, 512)).time_source == Provenance::Analytic);
+  CHECK(model->layer_param_bytes(LayerKind::Encoder, 1) == Approx(402.77e6));
+  CHECK(std::isnan(model->layer_param_bytes(LayerKind::Decoder, 1)));
+  // T5: repeated nodes resolve to their maximum (the encoder's backward at mbs 1, seq 512 was
+  // measured at 3.37 .. 3.54 ms), and the modes the profile lacks are derived node by node.
+  const ModelSpec t5 = load_model("t5-11b");
+  const auto lin5 = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
+                                             t5, load_device("A100-40GB"), ProfileInterpolation::Linear);
+  const LayerCost e = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 512, 128));
+  CHECK(e.backward_ms == Approx(3.54));
+  const LayerCost ef = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 512, 128));
+  CHECK(ef.time_source == Provenance::Derived);
+  CHECK(ef.forward_ms == Approx(e.forward_ms));
+  CHECK(ef.backward_ms == Approx(e.backward_ms));
+  CHECK(ef.recompute_ms == Approx(e.forward_ms));
+  CHECK(ef.stored_bytes < e.stored_bytes);
+  CHECK(dynamic_cast<const LinearProfiledCostModel&>(*lin5).derived(LayerKind::Decoder, 1, Recompute::Selective));
+  // The interpolation is named in the one name table.
+  CHECK(profile_interpolation_from_name("linear") == ProfileInterpolation::Linear);
+  REQUIRE_THROWS_WITH(profile_interpolation_from_name("cubic"), Catch::Matchers::Contains("fit, linear"));
+}
+
+TEST_CASE("derived recompute modes against the ones GPT-6.7B measures", "[regression]") {
+  // The GPT profile without its selective and full grids: the derived modes at tp 1 against the
+  // measured ones. Stored bytes: the closed forms' differences are the profile's; full recompute's
+  // time is the forward again; peaks are the conservative side.
+  Profile none_only = gpt_profile();
+  const Profile full = gpt_profile();
+  none_only.points.erase(std::remove_if(none_only.points.begin(), none_only.points.end(),
+                                        [](const ProfilePoint& p) { return p.rc != Recompute::None; }),
+                         none_only.points.end());
+  const ModelSpec m = load_model("gpt-6.7b");
+  const DeviceSpec d = load_device("A100-40GB");
+  const ProfiledCostModel derived(none_only, m, d, std::make_unique<AnalyticCostModel>(m, d));
+  const ProfiledCostModel measured(full, m, d);
+  const Query sel = make_query(LayerKind::Encoder, 1, Recompute::Selective, 1, 2048);
+  const Query fq = make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 2048);
+  CHECK(derived.query(sel).time_source == Provenance::Derived);
+  CHECK(derived.query(sel).stored_bytes == Approx(measured.query(sel).stored_bytes).epsilon(0.002));  // 295.5 MB
+  CHECK(derived.query(fq).stored_bytes == Approx(measured.query(fq).stored_bytes).epsilon(0.01));     // 27.0 MB
+  CHECK(derived.query(fq).total_ms() == Approx(measured.query(fq).total_ms()).epsilon(0.01));         // 21.2 ms
+  double err = 0;
+  int n = 0;
+  for (std::int64_t seq : {256, 512, 1024, 2048}) {
+    for (std::int64_t mbs : {1, 2, 4}) {
+      Query q = fq;
+      q.seq = seq;
+      q.mbs = mbs;
+      const LayerCost a = derived.query(q), b = measured.query(q);
+      err += std::abs(a.total_ms() / b.total_ms() - 1);
+      ++n;
+      CHECK(a.stored_bytes + a.peak_bytes >= b.stored_bytes + b.peak_bytes);  // conservative peak
+    }
+  }
+  CHECK(err / n < 0.03);
 }

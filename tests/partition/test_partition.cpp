@@ -785,3 +785,84 @@ TEST_CASE("partition options and shape are bounded before anything is sized from
   s.memory_limit_mb = 1e300;  // given virtual stages do not skip the shape's checks
   REQUIRE_THROWS_WITH(partition(b, gpt(), s, vs, o), Contains("memory limit (memory_mb / --memory-mb) must be in"));
 }
+
+TEST_CASE("plans on profiled memory keep every micro-batch under the limit, on both bases and interpolations",
+          "[regression]") {
+  // Each micro-batch's memory recomputed from the cost model's answers, apart from the partitioner:
+  // the stage basis per rank (static memory + in-flight copies of its stages' stored activations +
+  // the largest transient), the DynaPipe basis per micro-batch (l x stored <= available / S, one
+  // layer's peak + (l - 1) x stored <= available, the model state from the profile's parameters).
+  std::mt19937_64 rng(29);
+  int checked = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    const bool encdec = trial % 2 == 1;
+    const std::int64_t S = trial % 4 < 2 ? 4 : 8;
+    const auto interp = trial % 3 == 0 ? cm::ProfileInterpolation::Linear : cm::ProfileInterpolation::Fit;
+    cm::CostModelConfig c;
+    c.model = encdec ? "t5-11b" : "gpt-6.7b";
+    const std::string p = std::string("dynapipe/derived_from_cost_models_pkl/") + (encdec ? "t5_11b" : "gpt_6.7b");
+    c.profiles = {packpipe::test::fixture(p + "_timing.csv"), packpipe::test::fixture(p + "_activation.csv"),
+                  packpipe::test::fixture(p + "_model_state.csv")};
+    c.interpolation = interp;
+    const auto cost = cm::make_cost_model(c);
+    const PipelineShape shape = encdec ? t5_shape(S) : gpt_shape(S);
+    const std::vector<VirtualStage> vs = virtual_stages(cost->model(), shape);
+    const BatchLengths b = random_batch(rng, 120 + static_cast<std::size_t>(rng() % 200), encdec, 2048);
+    const std::int64_t l = shape.layers_per_stage;
+    const double bpp = static_cast<double>(cost->model().bytes_per_param);
+    const double state =
+        cm::static_memory((cost->layer_param_bytes(cm::LayerKind::Embedding, 1) +
+                           static_cast<double>(l) * std::max(cost->layer_param_bytes(cm::LayerKind::Encoder, 1),
+                                                             encdec ? cost->layer_param_bytes(cm::LayerKind::Decoder, 1)
+                                                                    : 0.0)) /
+                              bpp,
+                          1, shape.zero_stage)
+            .total() /
+        1e6;
+    const double available = shape.memory_limit_mb - state;
+    for (CostBasis basis : {CostBasis::Stages, CostBasis::DynaPipe}) {
+      PartitionOptions o = opts(PartitionMethod::DP);
+      o.basis = basis;
+      const Partition part = partition(b, *cost, shape, vs, o);
+      check_cover(part, b.size());
+      for (const MicroBatch& mb : part.microbatches) {
+        INFO("trial " << trial << " basis " << cost_basis_name(basis) << " rows " << mb.rows() << " len "
+                      << mb.padded_len << " dec " << mb.padded_dec_len << " rc " << cm::recompute_name(mb.recompute));
+        auto layer = [&](cm::LayerKind kind) {
+          cm::Query q;
+          q.kind = kind;
+          q.mbs = mb.rows();
+          q.seq = mb.padded_len;
+          q.dec_seq = mb.padded_dec_len;
+          q.recompute = mb.recompute;
+          return cost->query(q);
+        };
+        const cm::LayerCost enc = layer(cm::LayerKind::Encoder);
+        CHECK(enc.memory_source != cm::Provenance::Analytic);  // the profile's activations, not the fallback's
+        if (basis == CostBasis::DynaPipe) {
+          double s = enc.stored_bytes, a = enc.stored_bytes + enc.peak_bytes;
+          if (encdec) {
+            const cm::LayerCost dec = layer(cm::LayerKind::Decoder);
+            s = std::max(s, dec.stored_bytes);
+            a = std::max(a, dec.stored_bytes + dec.peak_bytes);
+          }
+          CHECK(static_cast<double>(l) * s / 1e6 <= available / static_cast<double>(S) * (1 + 1e-12));
+          CHECK((a + static_cast<double>(l - 1) * s) / 1e6 <= available * (1 + 1e-12));
+        } else {
+          std::vector<double> used(static_cast<std::size_t>(S), 0.0), transient(static_cast<std::size_t>(S), 0.0);
+          for (const VirtualStage& v : vs) {
+            const cm::LayerCost st = cm::stage_cost(*cost, v.layout, shape.tp, mb.rows(), mb.padded_len,
+                                                    mb.padded_dec_len, mb.recompute);
+            const auto r = static_cast<std::size_t>(v.rank);
+            used[r] += cm::stage_static_memory(cost->model(), v.layout, shape.tp, shape.dp, shape.zero_stage).total() +
+                       static_cast<double>(shape.vstages() - v.index) * st.stored_bytes;
+            transient[r] = std::max(transient[r], st.peak_bytes);
+          }
+          for (std::size_t r = 0; r < used.size(); ++r) CHECK((used[r] + transient[r]) / 1e6 <= shape.memory_limit_mb);
+        }
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 200);
+}

@@ -1,4 +1,5 @@
 """packpipe.CostModel: the analytic model's queries, stage helpers, comm and report from Python."""
+import os
 import pytest
 
 import packpipe
@@ -14,7 +15,12 @@ def test_query_properties():
     rc = {m: cm.query(mbs=2, seq=2048, recompute=m) for m in ("none", "selective", "full")}
     assert rc["none"].total_ms < rc["selective"].total_ms < rc["full"].total_ms
     assert rc["none"].stored_bytes > rc["selective"].stored_bytes > rc["full"].stored_bytes
-    assert rc["full"].stored_bytes == pytest.approx(2 * 2 * 2048 * 4096)
+    # full recompute keeps the layer input, 2 s b h, plus the activation calibration (per token and
+    # hidden unit, per attention score, per layer; the device's analytic constants).
+    cal = cm.device["analytic"]
+    extra = (cal["activation_token_bytes"] * 2 * 2048 * 4096 + cal["activation_score_bytes"] * 32 * 2048 ** 2 * 2
+             + cal["activation_layer_bytes"])
+    assert rc["full"].stored_bytes == pytest.approx(2 * 2 * 2048 * 4096 + extra)
     d = small.to_dict()
     for key in ("forward_ms", "backward_ms", "recompute_ms", "total_ms", "stored_bytes", "peak_bytes",
                 "boundary_bytes", "time_source", "memory_source"):
@@ -64,3 +70,78 @@ def test_bad_input_names_the_argument():
         packpipe.CostModel("gpt-99b")
     with pytest.raises(ValueError, match=r"ZeRO stage \(zero / --zero\)"):
         packpipe.static_memory(1e9, 2, 5)
+
+
+def test_device_file_carries_the_analytic_constants(tmp_path):
+    """A device packpipe has no preset for (a CPU), its analytic constants in the file: the Python
+    CostModel and the CLI's --device honor them; a bad value names the file and the field."""
+    import json
+    import subprocess
+    cpu = {"name": "cpu-test", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
+           "inter_node_gbps": 1, "gpus_per_node": 1,
+           "analytic": {"layer_overhead_ms": 0.02, "backward_factor": 2.0, "max_efficiency": 0.5}}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(cpu))
+    cm = packpipe.CostModel("gpt-350m", str(path))
+    assert cm.device["analytic"]["backward_factor"] == 2.0 and cm.device["analytic"]["layer_overhead_ms"] == 0.02
+    assert cm.device["analytic"]["half_efficiency_tokens"] == 160  # a default kept
+    q = cm.query(kind="encoder", mbs=4, seq=256)
+    assert q.backward_ms == pytest.approx(2.0 * q.forward_ms, rel=0.01)
+    preset = packpipe.CostModel("gpt-350m", "A100-40GB").device["analytic"]
+    assert preset["backward_factor"] == 1.6
+    cli = os.environ.get("PACKPIPE_CLI")
+    if cli:
+        out = subprocess.run([cli, "costmodel", "query", "--model", "gpt-350m", "--device", str(path), "--mbs", "4",
+                              "--seq", "256", "--json"], capture_output=True, text=True, check=True).stdout
+        r = json.loads(out)
+        assert r["backward_ms"] == pytest.approx(q.backward_ms) and r["forward_ms"] == pytest.approx(q.forward_ms)
+    cpu["analytic"]["max_efficiency"] = 2
+    path.write_text(json.dumps(cpu))
+    with pytest.raises(ValueError, match=r"cpu.json: 'analytic.max_efficiency' must be in \(0, 1\], found 2"):
+        packpipe.CostModel("gpt-350m", str(path))
+
+
+def test_profiled_memory_from_packpipe_profile_reaches_the_plans(tmp_path):
+    """What `packpipe profile` records on CUDA (stored bytes a forward keeps, the transient peak above
+    them) goes through the C++ writer and is what the profiled model, and so the partitioner, uses."""
+    import json
+    import numpy as np
+    model = {"name": "tiny", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}
+    (tmp_path / "tiny.json").write_text(json.dumps(model))
+    points = []
+    for kind in ("embedding", "encoder", "postprocess"):
+        for rc in (("none", "selective", "full") if kind == "encoder" else ("none",)):
+            for mbs in (1, 2, 4, 8):
+                for seq in (64, 128, 256):
+                    tokens = mbs * seq
+                    stored = {"none": 3000.0, "selective": 2000.0, "full": 600.0}[rc] * tokens if kind == "encoder" else None
+                    peak = 500.0 * tokens if kind == "encoder" else None
+                    points.append((kind, 1, rc, 0, mbs, seq, 0, 0.01 * tokens ** 0.5 + 0.1, 0.02 * tokens ** 0.5 + 0.2,
+                                   stored, peak))
+    path = tmp_path / "tiny.profile.json"
+    packpipe.write_profile(str(path), points, model="tiny", device="cuda-test")
+    back = packpipe.read_profile([str(path)])
+    assert back["points"] == points  # memory columns carried, None where not measured
+    cm = packpipe.CostModel(str(tmp_path / "tiny.json"), "A100-40GB", [str(path)])
+    for rc, per_token in (("none", 3000.0), ("selective", 2000.0), ("full", 600.0)):
+        q = cm.query(kind="encoder", mbs=4, seq=128, recompute=rc, layers=2)
+        assert q.memory_source == "profiled"
+        assert q.stored_bytes == pytest.approx(2 * per_token * 512)  # per layer, times the layers
+        assert q.peak_bytes == pytest.approx(500.0 * 512)            # one layer's transient
+    # The partitioner plans on them: twice the stored bytes in the profile, smaller micro-batches.
+    lens = np.full(64, 200, dtype=np.uint32)
+    shape = packpipe.PipelineShape(stages=2, memory_mb=60)
+    opts = packpipe.PartitionOptions(recompute="none")
+    p = packpipe.partition(cm, lens, shape=shape, options=opts)
+    for mb in p.microbatches:
+        q = cm.query(kind="encoder", mbs=mb.rows, seq=mb.padded_len, layers=2)
+        assert q.memory_source != "analytic" and mb.stored_mb >= q.stored_bytes / 1e6
+    heavy = [pt[:9] + ((2 * pt[9],) if pt[9] else (None,)) + pt[10:] for pt in points]
+    packpipe.write_profile(str(path), heavy, model="tiny", device="cuda-test")
+    cm2 = packpipe.CostModel(str(tmp_path / "tiny.json"), "A100-40GB", [str(path)])
+    p2 = packpipe.partition(cm2, lens, shape=shape, options=opts)
+    assert max(m.rows for m in p2.microbatches) < max(m.rows for m in p.microbatches)
+    per_row = [m.stored_mb / m.rows for m in p.microbatches]
+    per_row2 = [m.stored_mb / m.rows for m in p2.microbatches]
+    # per row, 2 layers x 3000 more bytes per token x 200 tokens (the embedding's bytes are the same)
+    assert min(per_row2) - max(per_row) == pytest.approx(2 * 3000 * 200 / 1e6)

@@ -182,3 +182,23 @@ def test_model_state_over_the_limit_is_named_whatever_the_policy():
         with pytest.raises(ValueError, match=r"model state of rank 0 .* more than the 100 MB memory limit.*cannot help"):
             packpipe.partition(gpt(), x, shape=PipelineShape(stages=4, memory_mb=100),
                                options=PartitionOptions(oversize=pol))
+
+
+def test_evaluate_partition_costs_given_microbatches_on_either_basis():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    lens = np.random.default_rng(3).integers(16, 1500, size=60).astype(np.uint32)
+    shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
+    for basis in ("stages", "dynapipe"):
+        p = packpipe.partition(cm, lens, shape=shape, options=PartitionOptions(cost_basis=basis))
+        mbs = [np.asarray(m.samples) for m in p.microbatches]
+        e = packpipe.evaluate_partition(cm, lens, microbatches=mbs, shape=shape, basis=basis)
+        assert [m.time_ms for m in e.microbatches] == [m.time_ms for m in p.microbatches]
+        assert [m.recompute for m in e.microbatches] == [m.recompute for m in p.microbatches]
+        assert e.objective_ms == pytest.approx(p.objective_ms)
+    with pytest.raises(ValueError, match="micro-batch 0 .* does not fit"):
+        packpipe.evaluate_partition(cm, lens, microbatches=[np.arange(60)], shape=shape,
+                                    options=PartitionOptions(recompute="none"))
+    with pytest.raises(ValueError, match="micro-batch 0 names sample 99"):
+        packpipe.evaluate_partition(cm, lens, microbatches=[[99]], shape=shape)
+    with pytest.raises(ValueError, match=r"microbatches\[1\]"):
+        packpipe.evaluate_partition(cm, lens, microbatches=[[0], [-1]], shape=shape)

@@ -207,8 +207,10 @@ class StaticMemory:
 class CostModel:
     """Cost model: analytic, or from profiles when given."""
     def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...,
-                 calibration: str = "") -> None:
-        """Presets or .json files; profiles select the profiled model; calibration (a file) is applied over it."""
+                 calibration: str = "", *, interpolation: str = "fit") -> None:
+        """Model and device presets or .json files; profiles (files or folders) select the profiled model,
+        interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear'); calibration (a
+        file) is applied over it."""
     @property
     def calibration(self) -> Optional["Calibration"]:
         """The Calibration applied (a copy), or None."""
@@ -675,6 +677,11 @@ def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Op
               shape: PipelineShape = ..., options: PartitionOptions = ...,
               cache: Optional[PartitionCache] = None) -> Partition:
     """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
+
+def evaluate_partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
+                       microbatches: List[_Lengths], shape: PipelineShape = ..., options: PartitionOptions = ...,
+                       basis: str = "stages") -> Partition:
+    """Given micro-batches (arrays of sample indices) costed on a basis ('stages' or 'dynapipe'): a Partition."""
 
 def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
                           dec_seq: int = 0) -> List[int]:
