@@ -175,6 +175,7 @@ void run_measured_validate(const MeasuredValidateArgs& a) {
   if (!a.plot.empty()) {
     check_output_is_not_input(a.plot, inputs, "--plot");
     PACKPIPE_CHECK_ARG(a.plot != a.plot_data, "--plot and --plot-data name the same file {}", a.plot);
+    AtomicFile probe(a.plot);  // refuses a directory, a missing folder or a busy output before any work
   }
   const cm::MeasurementSet set = read_all(a.measured);
   const auto cost = resolve(a.costs, set.header).make();

@@ -96,6 +96,9 @@ else
   [[ ! -e "$tmp/v.png" ]] || fail "a failed --plot left a file"
 fi
 err "--plot: .*is an input|same file" costmodel validate --measured "$tmp/m.jsonl" --plot "$tmp/m.jsonl"
+mkdir "$tmp/dir.png"
+err "is a directory" costmodel validate --measured "$tmp/m.jsonl" --plot "$tmp/dir.png"
+err "no-such-folder/v.png" costmodel validate --measured "$tmp/m.jsonl" --plot "$tmp/no-such-folder/v.png"
 
 # --calibration everywhere a cost model is built
 "$pp" costmodel show --calibration "$tmp/cal.json" | grep -q "calibrated by" || fail "show --calibration"

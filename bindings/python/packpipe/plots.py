@@ -143,12 +143,17 @@ def main(argv: Sequence[str] = None) -> int:
     v.add_argument("--remove-data", action="store_true", help=argparse.SUPPRESS)  # the CLI's temporary file
     args = p.parse_args(argv)
     try:
+        if os.path.isdir(args.output):
+            raise ValueError(f"{args.output}: is a directory (expected the PNG file to write)")
         datasets = [read_validation_plot(f) for f in args.data]
         for d, label in zip(datasets, args.label):
             d["label"] = label
         draw_validation(datasets, args.output, args.title)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {args.output}: cannot write the picture: {e.strerror or e}", file=sys.stderr)
         return 2
     except ImportError as e:
         print(f"error: drawing needs matplotlib (Debian: apt-get install python3-matplotlib): {e}", file=sys.stderr)
