@@ -128,3 +128,47 @@ def test_a_fit_that_fails_on_rank_0_ends_every_rank_with_its_error():
     for r, (status, out) in results.items():
         assert status == "ok", out
         assert "calibration after iteration 2 failed on rank 0: ValueError: no fit today" in out["error"], out["error"]
+
+
+def test_bad_calibrator_settings_and_calibrations_are_refused(tmp_path):
+    cfg = models.GPTConfig(vocab_size=96, hidden=16, layers=2, heads=2, seed=1)
+    cm = support.cost_model(cfg, tmp_path)
+    manifest = support.short_manifest(tmp_path)
+    loader = pt.PlanLoader(manifest, cost_model=cm, rank=None, iterations=2, shape=packpipe.PipelineShape(stages=2),
+                           global_batch_tokens=600, seed=1, schedule="1f1b", schedule_fallback=True, dtype="fp32")
+    with pytest.raises(ValueError, match="fit_after must be at least 1"):
+        pt.Calibrator(loader, fit_after=0)
+    with pytest.raises(ValueError, match="warmup at least 0"):
+        pt.Calibrator(loader, warmup=-1)
+    # a file that is not a calibration, and one fitted over another model
+    with pytest.raises(RuntimeError, match='the calibration: /format: expected "packpipe-calibration"'):
+        loader.set_calibration('{"format": "packpipe-measurements"}')
+    other = packpipe.CostModel("gpt-1.3b", "A100-40GB")
+    it = next(pt.PlanLoader(manifest, cost_model=other, rank=None, iterations=1,
+                            shape=packpipe.PipelineShape(stages=2), global_batch_tokens=600, seed=1,
+                            schedule="1f1b", schedule_fallback=True, dtype="fp32"))
+    times = []
+    for r in range(it.plan.ranks):
+        t, rows = 0, []
+        for ins in it.plan.streams[r]:
+            rows.append((t, t + (2_000_000 if ins.is_compute else 1000)))
+            t = rows[-1][1]
+        times.append(rows)
+    foreign = packpipe.fit_calibration(other, packpipe.measurements_from(it.plan, times),
+                                       packpipe.FitOptions(regions=False)).to_json()
+    with pytest.raises(ValueError, match="fitted over"):
+        loader.set_calibration(foreign)
+    assert loader.cost_model is cm  # nothing changed
+    state = loader.state_dict()
+    state["calibration"] = "{"
+    with pytest.raises(RuntimeError, match="the loader state's calibration"):
+        loader.load_state_dict(state)
+    # a plan-file loader does not plan, so it cannot be calibrated
+    plan_file = tmp_path / "p.plan"
+    with packpipe.PlanFileWriter(str(plan_file)) as writer:
+        writer.append(it.plan)
+    reading = pt.PlanLoader(manifest, plan_file=str(plan_file), rank=None)
+    with pytest.raises(ValueError, match="reads a plan file"):
+        pt.Calibrator(reading)
+    with pytest.raises(ValueError, match="reads a plan file"):
+        reading.set_calibration(foreign)
