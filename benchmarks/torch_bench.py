@@ -37,8 +37,6 @@ import packpipe
 import packpipe.torch as pt
 from packpipe.torch import models
 
-CPU_DEVICE = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
-              "intra_node_latency_us": 30, "inter_node_gbps": 1, "inter_node_latency_us": 100, "gpus_per_node": 8}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -56,11 +54,7 @@ def manifest(workload, directory):
 
 
 def cost_model(cfg, directory):
-    with open(os.path.join(directory, "model.json"), "w") as f:
-        f.write(cfg.cost_model_json())
-    with open(os.path.join(directory, "device.json"), "w") as f:
-        json.dump(CPU_DEVICE, f)
-    return packpipe.CostModel(os.path.join(directory, "model.json"), os.path.join(directory, "device.json"))
+    return models.cost_model(cfg, directory)
 
 
 def timed(fn):

@@ -28,10 +28,6 @@ import packpipe
 import packpipe.torch as pt
 from packpipe.torch import models
 
-CPU_DEVICE = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
-              "intra_node_latency_us": 30, "inter_node_gbps": 1, "inter_node_latency_us": 100, "gpus_per_node": 8}
-
-
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default="data/demo/manifest.json", help="multi-task manifest (.json)")
@@ -101,12 +97,7 @@ def main(argv=None):
                   for i, t in (_sample_lengths(data, k) for k in range(data.num_tasks)))
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads,
                            tied_embedding=a.tied, seed=a.seed, dtype=dtype, max_positions=max(longest, 64))
-    tmp = tempfile.mkdtemp(prefix="packpipe-train-")
-    with open(os.path.join(tmp, "model.json"), "w") as f:
-        f.write(cfg.cost_model_json())
-    with open(os.path.join(tmp, "device.json"), "w") as f:
-        json.dump(CPU_DEVICE, f)
-    cost = packpipe.CostModel(os.path.join(tmp, "model.json"), os.path.join(tmp, "device.json"))
+    cost = models.cost_model(cfg, tempfile.mkdtemp(prefix="packpipe-train-"))
 
     shape = packpipe.PipelineShape(stages=a.pp, chunks=a.chunks, dp=a.dp)
     options = packpipe.PartitionOptions(method=a.method, mbs=a.mbs, oversize="truncate")

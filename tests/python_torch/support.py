@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 import packpipe
+from packpipe.torch import models as torch_models
 
 IGNORE = -100
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEMO = ROOT / "data" / "demo"
-CPU_DEVICE = {"name": "cpu-test", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20, "intra_node_gbps": 5,
-              "intra_node_latency_us": 30, "inter_node_gbps": 1, "inter_node_latency_us": 100, "gpus_per_node": 8}
+CPU_DEVICE = dict(torch_models.CPU_DEVICE, name="cpu-test")
 
 
 def short_manifest(directory, tasks=("define", "synonyms", "translate")):
@@ -36,11 +36,7 @@ def short_manifest(directory, tasks=("define", "synonyms", "translate")):
 
 def cost_model(cfg, directory):
     """packpipe's cost model of a reference model config on a CPU-like device."""
-    import json
-    d = pathlib.Path(directory)
-    (d / "model.json").write_text(cfg.cost_model_json())
-    (d / "device.json").write_text(json.dumps(CPU_DEVICE))
-    return packpipe.CostModel(str(d / "model.json"), str(d / "device.json"))
+    return torch_models.cost_model(cfg, str(directory), CPU_DEVICE)
 
 
 def sample_tensors(dataset, task, index, length, target_length, encdec, loss, start_id=0, pad_id=0):

@@ -80,6 +80,28 @@ class T5Config:
                            "bytes_per_param": _dtype_bytes(self.dtype)})
 
 
+# A CPU as packpipe's analytic cost model sees it (rough constants for a few cores running fp32;
+# packpipe.torch.Calibrator fits the model to the machine it actually runs on).
+CPU_DEVICE: Dict[str, Any] = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 16, "hbm_gbps": 20,
+                              "intra_node_gbps": 5, "intra_node_latency_us": 30, "inter_node_gbps": 1,
+                              "inter_node_latency_us": 100, "gpus_per_node": 8}
+
+
+def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None):
+    """packpipe's cost model of reference config `cfg` (GPTConfig or T5Config) on `device` (default
+    CPU_DEVICE): its model and device files are written into `directory`, which must exist."""
+    import os
+
+    import packpipe
+    model_file = os.path.join(directory, "model.json")
+    device_file = os.path.join(directory, "device.json")
+    with open(model_file, "w") as f:
+        f.write(cfg.cost_model_json())
+    with open(device_file, "w") as f:
+        json.dump(CPU_DEVICE if device is None else device, f)
+    return packpipe.CostModel(model_file, device_file)
+
+
 def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
