@@ -413,13 +413,13 @@ struct Reader {
 
 void check_fit_options(const FitOptions& o) {
   PACKPIPE_CHECK_ARG(o.min_region_points >= 2 && o.min_region_points <= (std::int64_t{1} << 31),
-                     "min_region_points must be in [2, 2^31], found {}", o.min_region_points);
-  PACKPIPE_CHECK_ARG(o.outlier_mads >= 1 && o.outlier_mads <= 100, "outlier_mads must be in [1, 100], found {}",
+                     "min_region_points (--min-region-points) must be in [2, 2^31], found {}", o.min_region_points);
+  PACKPIPE_CHECK_ARG(o.outlier_mads >= 1 && o.outlier_mads <= 100, "outlier_mads (--outlier-mads) must be in [1, 100], found {}",
                      o.outlier_mads);
-  PACKPIPE_CHECK_ARG(o.max_iterations >= 1 && o.max_iterations <= 1000, "max_iterations must be in [1, 1000], found {}",
+  PACKPIPE_CHECK_ARG(o.max_iterations >= 1 && o.max_iterations <= 1000, "max_iterations (--max-iterations) must be in [1, 1000], found {}",
                      o.max_iterations);
   PACKPIPE_CHECK_ARG(o.transfer_quantile >= 0 && o.transfer_quantile <= 1,
-                     "transfer_quantile must be in [0, 1], found {}", o.transfer_quantile);
+                     "transfer_quantile (--transfer-quantile) must be in [0, 1], found {}", o.transfer_quantile);
 }
 
 // ---- applying a calibration ----------------------------------------------------------------------

@@ -260,7 +260,7 @@ TEST_CASE("bad measurement files are refused naming the file, the line and the f
   REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ms), Contains("measurement 1") && Contains("tp 3"));
   cm::FitOptions bad;
   bad.transfer_quantile = 2;
-  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ok.ops, bad), Contains("transfer_quantile must be in [0, 1], found 2"));
+  REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ok.ops, bad), Contains("transfer_quantile (--transfer-quantile) must be in [0, 1], found 2"));
 }
 
 TEST_CASE("bad calibration files are refused naming the file and the field", "[calibration][negative]") {

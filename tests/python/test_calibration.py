@@ -90,7 +90,7 @@ def test_refusals_name_what_is_wrong(tmp_path):
         packpipe.fit_calibration(packpipe.CalibratedCostModel(CM, cal), synthetic())
     with pytest.raises(RuntimeError, match="bytes: /version: expected 1, found 2"):
         packpipe.Calibration.from_json(cal.to_json().replace('"version": 1', '"version": 2'), "bytes")
-    with pytest.raises(ValueError, match="outlier_mads must be in"):
+    with pytest.raises(ValueError, match=r"outlier_mads \(--outlier-mads\) must be in"):
         packpipe.FitOptions(outlier_mads=0.5)
     o = packpipe.FitOptions()
     with pytest.raises(ValueError, match="transfer_quantile"):
