@@ -29,7 +29,9 @@ def _error(rows):
 
 def test_calibration_on_real_cpu_runs_reduces_the_iteration_time_error(tmp_path):
     cfg = models.GPTConfig(vocab_size=256, hidden=64, layers=4, heads=4, seed=1)
-    cm = support.cost_model(cfg, tmp_path)
+    # A device ten times faster than the CPU presets: the analytic model is clearly off on any machine
+    # (on one that happened to match the preset, "calibration helps" would be a coin toss).
+    cm = models.cost_model(cfg, str(tmp_path), dict(support.CPU_DEVICE, name="cpu-10x", peak_tflops=0.5, hbm_gbps=200))
     manifest = support.short_manifest(tmp_path)
     warmup, fit_after, after = 1, 8, 6
     loader = pt.PlanLoader(manifest, cost_model=cm, rank=None, iterations=warmup + fit_after + after,
@@ -55,8 +57,8 @@ def test_calibration_on_real_cpu_runs_reduces_the_iteration_time_error(tmp_path)
     after_err = _error([(p, m) for _, c, p, m in rows if c])
     print(f"iteration time error: analytic {100 * before:.1f}%, calibrated {100 * after_err:.1f}%; "
           f"{reports[0].summary()}")
-    assert after_err < before, f"calibrated {after_err:.3f} is no better than uncalibrated {before:.3f}"
-    assert after_err < 0.5 * before or after_err < 0.10
+    assert before > 0.5, f"the mis-set device should predict far too fast, error {before:.3f}"
+    assert after_err < 0.5 * before, f"calibrated {after_err:.3f} against uncalibrated {before:.3f}"
     # The saved file is the calibration the loader plans with, and it round-trips.
     text = saved.read_text()
     assert json.loads(text)["format"] == "packpipe-calibration"
