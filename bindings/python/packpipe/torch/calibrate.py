@@ -12,8 +12,8 @@ calibrated model::
         calibrator.observe(it, result)   # collective at the boundary iterations
 
 Plans stay identical on every rank: every rank observes the same iterations, the boundary is an
-iteration number fixed in advance, the ranks' measurements are gathered (all-gather over the default
-process group, with a deadline), rank 0 fits and broadcasts the calibration file's bytes, and every
+iteration number fixed in advance, the ranks' measurements are gathered (all-gather over a gloo group
+of every rank, with a deadline), rank 0 fits and broadcasts the calibration file's bytes, and every
 rank builds its calibrated model from those bytes. A fit that fails on rank 0 is broadcast as the
 error, so every rank raises it rather than some waiting forever.
 """
@@ -67,7 +67,8 @@ class Calibrator:
     ``refit_every``: later fits every so many iterations over everything measured so far (0: fit
     once). ``options``: :class:`packpipe.FitOptions`. ``save``: a path where rank 0 writes each
     calibration (atomically). ``tp``: the tensor-parallel size plans ran with. ``timeout_s``: the
-    deadline of each exchange. Every rank of the job must call :meth:`observe` after each step.
+    deadline of each exchange. In a distributed job every rank constructs its Calibrator (collective:
+    it creates a gloo group for the exchange) and calls :meth:`observe` after each step.
     """
 
     def __init__(self, loader: PlanLoader, *, fit_after: int = 20, refit_every: int = 0, warmup: int = 1,
@@ -90,6 +91,9 @@ class Calibrator:
         self.reports: List[CalibrationReport] = []
         self.cost_model = self.base         # the model the loader plans with now
         self._next_fit: Optional[int] = warmup + fit_after  # the observation count of the next fit
+        # The exchange carries host bytes: a gloo group over the job, whatever the default backend
+        # (NCCL takes device tensors only). Creating it is collective, as constructing a Calibrator is.
+        self._group = dist.new_group(backend="gloo") if self._distributed() else None
 
     # ---- measuring ------------------------------------------------------------------------------
     def _measure(self, it: Iteration, result: StepResult) -> None:
@@ -132,21 +136,21 @@ class Calibrator:
     def _all_gather_bytes(self, data: bytes) -> List[bytes]:
         n = torch.tensor([len(data)], dtype=torch.int64)
         sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
-        self._wait(dist.all_gather(sizes, n, async_op=True), "the exchange of measurement sizes")
+        self._wait(dist.all_gather(sizes, n, group=self._group, async_op=True), "the exchange of measurement sizes")
         longest = max(int(s) for s in sizes)
         mine = torch.zeros(longest, dtype=torch.uint8)
         mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
         out = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
-        self._wait(dist.all_gather(out, mine, async_op=True), "the exchange of measurements")
+        self._wait(dist.all_gather(out, mine, group=self._group, async_op=True), "the exchange of measurements")
         return [bytes(t[:int(s)].numpy().tobytes()) for t, s in zip(out, sizes)]
 
     def _broadcast_bytes(self, data: Optional[bytes]) -> bytes:
         n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-        self._wait(dist.broadcast(n, 0, async_op=True), "the broadcast of the calibration's size")
+        self._wait(dist.broadcast(n, 0, group=self._group, async_op=True), "the broadcast of the calibration's size")
         buf = torch.zeros(int(n), dtype=torch.uint8)
         if data is not None and data:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        self._wait(dist.broadcast(buf, 0, async_op=True), "the broadcast of the calibration")
+        self._wait(dist.broadcast(buf, 0, group=self._group, async_op=True), "the broadcast of the calibration")
         return bytes(buf.numpy().tobytes())
 
     def _decide(self, texts: Sequence[str], iteration: int) -> bytes:
@@ -175,7 +179,7 @@ class Calibrator:
 
     def _fit(self, iteration: int) -> CalibrationReport:
         mine = self.measurements.to_jsonl()
-        if self._distributed():
+        if self._group is not None:
             everyone = self._all_gather_bytes(mine.encode())
             decided = self._decide([b.decode() for b in everyone], iteration) if dist.get_rank() == 0 else None
             body = json.loads(self._broadcast_bytes(decided).decode())
