@@ -58,6 +58,9 @@ def parse(argv=None):
                     help="fit the cost model to the first N measured iterations, then plan with it (0: never)")
     ap.add_argument("--recalibrate-every", type=int, default=0, help="refit every N iterations after the first fit")
     ap.add_argument("--save-calibration", default="", help="write each calibration to this file (rank 0)")
+    ap.add_argument("--save-measurements", default="",
+                    help="with --calibrate-after: write the measured iterations here at the end (packpipe-measurements; "
+                         "one file per rank, PATH.rankN, when distributed) for packpipe costmodel validate --measured")
     ap.add_argument("--json", action="store_true", help="one JSON object per iteration instead of text")
     return ap.parse_args(argv)
 
@@ -166,6 +169,11 @@ def main(argv=None):
     if printer and not a.json:
         wall = time.monotonic() - t_start
         print(f"packpipe: trained {total_tokens} tokens in {wall:.1f} s", flush=True)
+    if calibrator is not None and a.save_measurements:
+        path = a.save_measurements + (f".rank{dist.get_rank()}" if distributed else "")
+        packpipe.write_measurements(path, calibrator.measurements)
+        if printer and not a.json:
+            print(f"packpipe: measurements written to {path}", flush=True)
     if runner is not None and distributed:
         runner.close()
     if distributed:
