@@ -121,6 +121,10 @@ def test_every_rank_switches_to_the_same_calibration_at_the_same_iteration():
     assert outs[0]["calibration"] == outs[1]["calibration"] and outs[0]["calibration"]
     assert outs[0]["fingerprints"] == outs[1]["fingerprints"]
     assert outs[0]["calibrated"] == [False] * 4 + [True] * 2
+    # The ranks share this host's clock: rank 0 joined their times, so both ends of every transfer
+    # were measured and fitted beside the compute ops.
+    assert outs[0]["ops"] == ["B", "F", "recv", "send"], outs[0]["ops"]
+    assert json.loads(outs[0]["calibration"])["transfers"][0]["fitted"]
 
 
 def test_a_fit_that_fails_on_rank_0_ends_every_rank_with_its_error():

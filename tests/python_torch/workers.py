@@ -199,6 +199,8 @@ def calibration(rank, world, config):
             if rep is not None:
                 out["boundaries"].append(rep.iteration)
                 out["calibration"] = rep.calibration_json
+                out["ops"] = sorted(rep.ops)
+                out["measurements"] = rep.measurements
     except RuntimeError as e:
         out["error"] = str(e)
     finally:

@@ -20,6 +20,7 @@ error, so every rank raises it rather than some waiting forever.
 from __future__ import annotations
 
 import datetime
+import io
 import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -94,17 +95,55 @@ class Calibrator:
         # The exchange carries host bytes: a gloo group over the job, whatever the default backend
         # (NCCL takes device tensors only). Creating it is collective, as constructing a Calibrator is.
         self._group = dist.new_group(backend="gloo") if self._distributed() else None
+        self._pending: List[tuple] = []  # (iteration, replica, rank, times on the host clock, plan or None, ms)
 
     # ---- measuring ------------------------------------------------------------------------------
     def _measure(self, it: Iteration, result: StepResult) -> None:
         plan = it.plan
+        if self._group is not None and result.clock_ns is not None and len(result.records) == 1:
+            # One rank of a pipeline whose ranks share this host's clock: its times wait for the
+            # boundary, where the pipeline's first rank joins every rank's times into the whole
+            # iteration's measurements (compute ops, both ends of each transfer, the makespan).
+            rec = result.records[0]
+            times = np.asarray(rec.times, dtype=np.int64) + np.int64(result.clock_ns)
+            self._pending.append((it.iteration, plan.replica, rec.rank, times, plan if rec.rank == 0 else None,
+                                  result.measured_ms))
+            return
         got = packpipe.measurements_from(plan, _records_times(plan, result.records), tp=self.tp)
-        if any(rec.rank == 0 for rec in result.records):
+        if not got.iterations and any(rec.rank == 0 for rec in result.records):
             # One iteration line per replica: the pipeline's measured makespan beside the plan's.
             got.iterations = [packpipe.IterationMeasurement(iteration=it.iteration, replica=plan.replica,
                                                             measured_ms=result.measured_ms,
                                                             predicted_ms=plan.makespan_ms)]
         self.measurements.append(got)
+
+    def _join_pending(self) -> None:
+        """Collective: every rank's pending times to every rank; each pipeline's first rank turns its
+        iterations into measurements (the others' compute ops are in them)."""
+        mine = io.BytesIO()
+        np.savez(mine, **{f"{i}_{r}_{k}": t for i, r, k, t, _, _ in self._pending})
+        everyone = self._all_gather_bytes(mine.getvalue())
+        times: Dict[tuple, np.ndarray] = {}
+        for blob in everyone:
+            with np.load(io.BytesIO(blob)) as z:
+                for key in z.files:
+                    i, r, k = (int(x) for x in key.split("_"))
+                    times[(i, r, k)] = z[key]
+        for iteration, replica, rank, _, plan, measured_ms in self._pending:
+            if plan is None:
+                continue
+            per_rank = [times.get((iteration, replica, k)) for k in range(plan.ranks)]
+            missing = [k for k, t in enumerate(per_rank) if t is None]
+            if missing:
+                raise RuntimeError(f"calibration: pipeline ranks {missing} of replica {replica} sent no times for "
+                                   f"iteration {iteration}")
+            got = packpipe.measurements_from(plan, per_rank, tp=self.tp)
+            if not got.iterations:
+                got.iterations = [packpipe.IterationMeasurement(iteration=iteration, replica=replica,
+                                                                measured_ms=measured_ms,
+                                                                predicted_ms=plan.makespan_ms)]
+            self.measurements.append(got)
+        self._pending = []
 
     def observe(self, it: Iteration, result: StepResult) -> Optional[CalibrationReport]:
         """Records the step's measurements; at a boundary, fits (collective) and switches the loader
@@ -160,6 +199,8 @@ class Calibrator:
             mset = packpipe.MeasurementSet(model=self.base.model["name"], device=self.base.device["name"],
                                            source=f"packpipe.torch.Calibrator up to iteration {iteration}")
             for rank, text in enumerate(texts):
+                if text.startswith(_FAILED):
+                    raise RuntimeError(f"rank {rank} could not measure: {text[len(_FAILED):]}")
                 mset.append(packpipe.parse_measurements(text, f"rank {rank}'s measurements up to iteration "
                                                               f"{iteration}"))
             cal = packpipe.fit_calibration(self.base, mset, self.options)
@@ -178,7 +219,18 @@ class Calibrator:
             return json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
 
     def _fit(self, iteration: int) -> CalibrationReport:
-        mine = self.measurements.to_jsonl()
+        failure = None
+        if self._group is not None:
+            pending = torch.tensor([len(self._pending)], dtype=torch.int64)
+            self._wait(dist.all_reduce(pending, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+                       "the count of pending iterations")
+            if int(pending):
+                try:
+                    self._join_pending()
+                except Exception as e:  # noqa: BLE001 - sent to rank 0, which ends every rank with it
+                    failure = f"{type(e).__name__}: {e}"
+                    self._pending = []
+        mine = _FAILED + failure if failure is not None else self.measurements.to_jsonl()
         if self._group is not None:
             everyone = self._all_gather_bytes(mine.encode())
             decided = self._decide([b.decode() for b in everyone], iteration) if dist.get_rank() == 0 else None
@@ -191,6 +243,9 @@ class Calibrator:
         self.cost_model = self.loader.cost_model
         return CalibrationReport(iteration, body["measurements"], body["iterations"], body["ops"],
                                  body["iteration_error_before"], body["iteration_error_after"], body["calibration"])
+
+
+_FAILED = "#failed "  # what a rank sends instead of its measurements when it could not make them
 
 
 def _iteration_error(report) -> float:

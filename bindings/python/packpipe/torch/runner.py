@@ -60,6 +60,8 @@ class StepResult:
     predicted_ms: float            # the plan's simulated makespan (cost-model time)
     records: List[rt.RankRecord]   # the executor's records (one, or one per rank)
     op_times: List[tuple]          # (rank, op, mb, stage, ms) of every compute instruction, measured
+    clock_ns: Optional[int] = None  # add to records' times for the host's steady clock, when every rank of the
+                                    # pipeline runs on this host (their times then compare); None otherwise
 
     @property
     def tokens_per_s(self) -> float:
@@ -395,7 +397,7 @@ class PipelineRunner:
                                        async_op=True), "the pipeline's iteration time")
             measured_ms = (float(span[1]) + float(span[0])) / 1e6 if self.single_host else float(span[2])
         return StepResult(iteration.iteration, loss, tokens, loss_tokens, measured_ms, rank_ms, plan.makespan_ms,
-                          [rec], _op_times(plan, [rec]))
+                          [rec], _op_times(plan, [rec]), self.executor.epoch_ns if self.single_host else None)
 
     def global_loss(self, result: StepResult) -> Optional[float]:
         """The whole global batch's loss (the sum over replicas) on the ranks holding the head
