@@ -2,6 +2,7 @@
 // per-instruction times (measurements_from), and a cost model against measurements
 // (validate_measurements, ValidationReport, validation_plot_json). Thin lambdas; checks live in C++.
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,15 @@ std::vector<std::pair<std::int64_t, std::int64_t>> rank_times(const py::handle& 
   PACKPIPE_CHECK_ARG(a && a.ndim() == 2 && a.shape(1) == 2 && (a.dtype().kind() == 'i' || a.dtype().kind() == 'u'),
                      "times[{}]: expected (start_ns, end_ns) integer pairs, an array of shape (n, 2) as "
                      "RankRecord.times; found {}", r, std::string(py::repr(obj)).substr(0, 80));
+  if (a.dtype().kind() == 'u') {  // unsigned values above INT64_MAX would wrap to negative times
+    const auto w = a.cast<py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>>().unchecked<2>();
+    for (py::ssize_t i = 0; i < w.shape(0); ++i) {
+      for (py::ssize_t k = 0; k < 2; ++k) {
+        PACKPIPE_CHECK_ARG(w(i, k) <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                           "times[{}][{}]: {} ns does not fit a signed 64-bit time", r, i, w(i, k));
+      }
+    }
+  }
   const auto v = a.cast<py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>>();
   const auto u = v.unchecked<2>();
   out.reserve(static_cast<std::size_t>(u.shape(0)));

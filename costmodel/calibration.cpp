@@ -385,8 +385,8 @@ struct Reader {
   RegionFit region(const Json& j, const std::string& path) const {
     RegionFit f;
     f.a = positive(j, path, "a");
-    PACKPIPE_CHECK(f.a <= kMaxCalibrationSlope, "{}: {}/a: expected at most {:g}, found {}", what, path,
-                   kMaxCalibrationSlope, f.a);
+    PACKPIPE_CHECK(f.a >= kMinCalibrationSlope && f.a <= kMaxCalibrationSlope, "{}: {}/a: expected in [{:g}, {:g}], "
+                   "found {}", what, path, kMinCalibrationSlope, kMaxCalibrationSlope, f.a);
     f.b = number(j, path, "b");
     PACKPIPE_CHECK(std::abs(f.b) <= kMaxCalibrationInterceptMs, "{}: {}/b: expected in [-{:g}, {:g}], found {}", what,
                    path, kMaxCalibrationInterceptMs, kMaxCalibrationInterceptMs, f.b);
@@ -586,8 +586,9 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     if (t.fitted) {
       PACKPIPE_CHECK(t.latency_ms >= 0 && t.latency_ms <= kMaxMeasuredMs,
                      "{}: {}/latency_ms: expected in [0, {:g}], found {}", what, path, kMaxMeasuredMs, t.latency_ms);
-      PACKPIPE_CHECK(t.bytes_per_ms > 0, "{}: {}/bytes_per_ms: expected a positive number, found {}", what, path,
-                     t.bytes_per_ms);
+      PACKPIPE_CHECK(t.bytes_per_ms >= kMinCalibrationBytesPerMs && t.bytes_per_ms <= kMaxCalibrationBytesPerMs,
+                     "{}: {}/bytes_per_ms: expected in [{:g}, {:g}], found {}", what, path, kMinCalibrationBytesPerMs,
+                     kMaxCalibrationBytesPerMs, t.bytes_per_ms);
     }
     t.points = r.count(ts[k], path, "points");
     t.sizes = r.count(ts[k], path, "sizes");
@@ -658,6 +659,7 @@ double predict_ms(const CostModel& cm, const Measurement& m) {
 Calibration fit_calibration(const CostModel& base, const std::vector<Measurement>& measurements,
                             const FitOptions& options) {
   check_fit_options(options);
+  PACKPIPE_CHECK_ARG(!measurements.empty(), "fit_calibration: no measurements to fit");
   PACKPIPE_CHECK_ARG(base.calibration() == nullptr,
                      "fit_calibration: the cost model is already calibrated ({}); fit over its base model",
                      base.describe());
@@ -722,11 +724,21 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     std::vector<const RegionFit*> lines = {&f.global};
     for (const auto& r : f.regions) lines.push_back(&r);
     for (const RegionFit* r : lines) {
-      PACKPIPE_CHECK_ARG(r->a <= kMaxCalibrationSlope && std::abs(r->b) <= kMaxCalibrationInterceptMs,
-                         "{}: the measured times are {} x the model's predictions {:+} ms (at most {:g} x and {:g} ms "
-                         "accepted): measurements of another model, or in other units?",
-                         measured_op_name(f.op), r->a, r->b, kMaxCalibrationSlope, kMaxCalibrationInterceptMs);
+      PACKPIPE_CHECK_ARG(r->a >= kMinCalibrationSlope && r->a <= kMaxCalibrationSlope &&
+                             std::abs(r->b) <= kMaxCalibrationInterceptMs,
+                         "{}: the measured times are {} x the model's predictions {:+} ms ({:g} to {:g} x and at most "
+                         "{:g} ms accepted): measurements of another model, or in other units?",
+                         measured_op_name(f.op), r->a, r->b, kMinCalibrationSlope, kMaxCalibrationSlope,
+                         kMaxCalibrationInterceptMs);
     }
+  }
+  for (const TransferFit& t : c.transfers) {
+    PACKPIPE_CHECK_ARG(!t.fitted || (t.bytes_per_ms >= kMinCalibrationBytesPerMs &&
+                                     t.bytes_per_ms <= kMaxCalibrationBytesPerMs),
+                       "{}-node transfers: the measured times give {:g} bytes per ms ({:g} to {:g} accepted): "
+                       "measurements in other units, or not transfers?",
+                       t.inter_node ? "inter" : "intra", t.bytes_per_ms, kMinCalibrationBytesPerMs,
+                       kMaxCalibrationBytesPerMs);
   }
   return c;
 }

@@ -39,10 +39,16 @@ struct FitOptions {
 /// [2, 2^31], outlier_mads in [1, 100], max_iterations in [1, 1000], transfer_quantile in [0, 1]).
 void check_fit_options(const FitOptions& o);
 
-/// Largest slope and intercept a fit may have (a file with others is refused): measured times a
-/// million times the model's are measurements of another model, or in other units.
+/// The range of slopes and the largest intercept a fit may have (a file with others is refused):
+/// measured times a million times the model's, or a millionth of them, are measurements of another
+/// model, or in other units.
+inline constexpr double kMinCalibrationSlope = 1e-6;
 inline constexpr double kMaxCalibrationSlope = 1e6;
 inline constexpr double kMaxCalibrationInterceptMs = 1e9;
+/// The range of a fitted link's bandwidth, bytes per ms (1 KB/s to 1 PB/s): outside it, transfer
+/// times overflow the schedules' arithmetic or are not transfers.
+inline constexpr double kMinCalibrationBytesPerMs = 1;
+inline constexpr double kMaxCalibrationBytesPerMs = 1e15;
 
 /// One line measured = a x predicted + b over a set of points, with its statistics.
 struct RegionFit {
@@ -134,7 +140,8 @@ bool crosses_nodes(const CostModel& cm, std::int64_t tp, std::int64_t rank, std:
 /// Fits a calibration of `base` (not itself calibrated) to `measurements` (any order; sorted
 /// canonically first, so the result does not depend on it). Throws InvalidArgument naming the
 /// measurement (index and provenance) for one check_measurement refuses or whose shape the base
-/// model refuses, for bad options, and naming the op kind for a fit beyond kMaxCalibrationSlope or
+/// model refuses, for bad options, and naming the op kind for a fit outside [kMinCalibrationSlope,
+/// kMaxCalibrationSlope], a link for a bandwidth outside the kCalibrationBytesPerMs range, or
 /// kMaxCalibrationInterceptMs.
 Calibration fit_calibration(const CostModel& base, const std::vector<Measurement>& measurements,
                             const FitOptions& options = {});

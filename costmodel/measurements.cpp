@@ -126,6 +126,9 @@ void check_measurement(const Measurement& m, std::string_view where) {
   const char* rc = recompute_name(m.recompute);
   PACKPIPE_CHECK_ARG(std::string_view(rc) != "?", "{} ({}): unknown recompute value {}", where, op,
                      static_cast<int>(m.recompute));
+  PACKPIPE_CHECK_ARG(m.iteration <= static_cast<std::uint64_t>(kMaxI64) && m.index <= static_cast<std::uint64_t>(kMaxI64),
+                     "{} ({}): iteration and index must be at most 2^63 - 1, found {} and {}", where, op, m.iteration,
+                     m.index);
   PACKPIPE_CHECK_ARG(std::isfinite(m.start_ms), "{} ({}): start_ms must be finite, found {}", where, op, m.start_ms);
   if (is_compute(m.op)) {
     PACKPIPE_CHECK_ARG(m.bytes == 0, "{} ({}): bytes is for transfers, found {} on a compute op", where, op, m.bytes);
@@ -135,6 +138,17 @@ void check_measurement(const Measurement& m, std::string_view where) {
                        "{} ({}): bytes must be in [1, 2^50] for a transfer, found {}", where, op, m.bytes);
     PACKPIPE_CHECK_ARG(m.peer >= 0 && m.peer <= kMaxU32 && m.peer != static_cast<std::int64_t>(m.rank),
                        "{} ({}): peer must be another rank, found {} on rank {}", where, op, m.peer, m.rank);
+  }
+}
+
+void check_iteration_measurement(const IterationMeasurement& it, std::string_view where) {
+  PACKPIPE_CHECK_ARG(it.iteration <= static_cast<std::uint64_t>(kMaxI64), "{}: iteration must be at most 2^63 - 1, "
+                     "found {}", where, it.iteration);
+  const std::pair<const char*, double> times[] = {{"measured_ms", it.measured_ms}, {"predicted_ms", it.predicted_ms}};
+  for (const auto& [name, ms] : times) {
+    PACKPIPE_CHECK_ARG(std::isfinite(ms) && (ms == 0 || (ms >= kMinMeasuredMs && ms <= kMaxMeasuredMs)),
+                       "{}: {} must be 0 (unknown) or in [{:g}, {:g}], found {}", where, name, kMinMeasuredMs,
+                       kMaxMeasuredMs, ms);
   }
 }
 
@@ -188,11 +202,7 @@ std::string measurements_to_jsonl(const MeasurementSet& set) {
     out += '\n';
   }
   for (const auto& it : set.iterations) {
-    PACKPIPE_CHECK_ARG(std::isfinite(it.measured_ms) && it.measured_ms >= 0 && std::isfinite(it.predicted_ms) &&
-                           it.predicted_ms >= 0,
-                       "iteration {} replica {}: measured_ms and predicted_ms must be finite and non-negative, found "
-                       "{} and {}",
-                       it.iteration, it.replica, it.measured_ms, it.predicted_ms);
+    check_iteration_measurement(it, fmt::format("iteration {} replica {}", it.iteration, it.replica));
     out += iteration_line(it);
     out += '\n';
   }
@@ -241,10 +251,11 @@ MeasurementSet parse_measurements(std::string_view text, const std::string& what
       it.replica = static_cast<std::uint32_t>(l.integer("replica", 0, kMaxU32));
       it.measured_ms = l.number("measured_ms");
       it.predicted_ms = l.number("predicted_ms");
-      PACKPIPE_CHECK(it.measured_ms >= 0, "{}: field 'measured_ms': expected a non-negative duration, found {}", where,
-                     it.measured_ms);
-      PACKPIPE_CHECK(it.predicted_ms >= 0, "{}: field 'predicted_ms': expected a non-negative duration, found {}",
-                     where, it.predicted_ms);
+      try {
+        check_iteration_measurement(it, where);
+      } catch (const InvalidArgument& e) {
+        throw Error(e.what());  // a bad file is an Error naming it, as every other field of a line
+      }
       out.iterations.push_back(it);
       continue;
     }

@@ -106,6 +106,11 @@ void check_measurement(const Measurement& m, std::string_view where);
 /// instruction 17)".
 std::string describe_measurement(const Measurement& m, std::size_t i);
 
+/// Throws InvalidArgument, prefixed by `where`, for an iteration line that cannot be used: an
+/// iteration above 2^63 - 1, or a measured or predicted makespan that is neither 0 (unknown) nor in
+/// [kMinMeasuredMs, kMaxMeasuredMs].
+void check_iteration_measurement(const IterationMeasurement& it, std::string_view where);
+
 /// Parses the "packpipe-measurements" v1 JSON Lines `text` read from `what` (a file name). Blank
 /// lines are skipped; the first line must be the header. Throws Error naming `what`, the line and
 /// the field with expected versus found for malformed JSON, a missing, unknown or mistyped field,

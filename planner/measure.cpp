@@ -197,6 +197,9 @@ double resimulate(const cm::CostModel& cost, const cm::MeasurementSet& set, cons
 
 }  // namespace
 
+// Times are ns on a steady clock: with every one in [0, 2^62], no difference of two overflows.
+constexpr std::int64_t kMaxTimeNs = std::int64_t{1} << 62;
+
 PlanMeasurements measurements_from(const pl::Plan& plan, const InstructionTimes& times, const MeasureOptions& options) {
   PACKPIPE_CHECK_ARG(options.tp >= 1 && options.tp <= cm::kMaxMeasuredSize, "measurements_from: tp must be in [1, {}], "
                      "found {}", cm::kMaxMeasuredSize, options.tp);
@@ -216,6 +219,9 @@ PlanMeasurements measurements_from(const pl::Plan& plan, const InstructionTimes&
                        plan.iteration, plan.replica, times[r].size());
     for (std::size_t i = 0; i < times[r].size(); ++i) {
       const auto& [s, e] = times[r][i];
+      PACKPIPE_CHECK_ARG(s >= 0 && e <= kMaxTimeNs, "measurements_from: rank {} instruction {} ({}) runs from {} to {} "
+                         "ns: expected steady-clock times in [0, 2^62] ns", r, i, pl::opcode_name(plan.streams[r][i].op),
+                         s, e);
       PACKPIPE_CHECK_ARG(e >= s, "measurements_from: rank {} instruction {} ({}) ends at {} ns, before its start at {} "
                          "ns", r, i, pl::opcode_name(plan.streams[r][i].op), e, s);
       origin = std::min(origin, s);
@@ -330,7 +336,13 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
     if (cm::is_compute(set.ops[i].op)) groups[{set.ops[i].iteration, set.ops[i].replica}].push_back(i);
   }
   std::map<std::pair<std::uint64_t, std::uint32_t>, const cm::IterationMeasurement*> lines;
-  for (const auto& it : set.iterations) lines[{it.iteration, it.replica}] = &it;
+  for (const auto& it : set.iterations) {
+    const auto [at, fresh] = lines.emplace(std::make_pair(it.iteration, it.replica), &it);
+    PACKPIPE_CHECK_ARG(fresh || (at->second->measured_ms == it.measured_ms && at->second->predicted_ms == it.predicted_ms),
+                       "iteration {} replica {}: two iteration lines that disagree (measured {} and {} ms, predicted {} "
+                       "and {} ms): measurements of two runs?", it.iteration, it.replica, at->second->measured_ms,
+                       it.measured_ms, at->second->predicted_ms, it.predicted_ms);
+  }
   std::vector<double> iter_rel;
   for (const auto& [key, idx] : groups) {
     IterationCheck c;

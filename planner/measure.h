@@ -92,7 +92,8 @@ struct ValidationReport {
 /// are re-simulated without their barriers, as the executor runs them. Throws InvalidArgument
 /// naming the measurement or the iteration for a shape the model refuses, an iteration whose ops
 /// are incomplete (a (micro-batch, stage) without its ops) or inconsistent (one (micro-batch,
-/// stage) with two shapes, a stage on a rank the simulator's placement v mod S does not give).
+/// stage) with two shapes, a stage on a rank the simulator's placement v mod S does not give), and
+/// for two iteration lines of one (iteration, replica) that disagree.
 ValidationReport validate_measurements(const cm::CostModel& cost, const cm::MeasurementSet& set);
 
 /// Predicted and measured pairs for a plot: JSON {"format": "packpipe-validation-plot",

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/errors.h"
 #include "costmodel/analytic.h"
 #include "costmodel/calibration.h"
@@ -258,6 +260,15 @@ TEST_CASE("bad measurement files are refused naming the file, the line and the f
   ms.back() = ms.front();
   ms.back().tp = 3;  // 32 heads do not split 3 ways
   REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ms), Contains("measurement 1") && Contains("tp 3"));
+  // an iteration line with a makespan that is neither unknown (0) nor a duration
+  check_parse_error(h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":1e-20,"predicted_ms":8})",
+                    {"m.jsonl line 2", "measured_ms must be 0 (unknown) or in [1e-06, 1e+09]", "found 1e-20"});
+  check_parse_error(h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":5,"predicted_ms":1e30})",
+                    {"line 2", "predicted_ms must be 0 (unknown)"});
+  // the writer refuses what the reader would refuse
+  cm::MeasurementSet far = ok;
+  far.ops.front().index = std::uint64_t{1} << 63;
+  REQUIRE_THROWS_WITH(cm::measurements_to_jsonl(far), Contains("iteration and index must be at most 2^63 - 1"));
   cm::FitOptions bad;
   bad.transfer_quantile = 2;
   REQUIRE_THROWS_WITH(cm::fit_calibration(*base, ok.ops, bad), Contains("transfer_quantile (--transfer-quantile) must be in [0, 1], found 2"));
@@ -287,6 +298,18 @@ TEST_CASE("bad calibration files are refused naming the file and the field", "[c
   check(replace("\"outlier_mads\": 3.0", "\"outlier_mads\": 0.5"), {"/options", "outlier_mads"});
   check(replace("\"transfers\"", "\"links\""), {"cal.json", "/transfers", "missing"});
   check(good.substr(0, good.size() / 2), {"cal.json"});
+  // values whose times would overflow the schedules, or are not of this model: refused at load
+  {
+    auto j = nlohmann::json::parse(good);
+    j["compute"][0]["global"]["a"] = 1e-9;
+    check(j.dump(), {"cal.json", "/compute/0/global/a", "expected in [1e-06, 1e+06]"});
+    j = nlohmann::json::parse(good);
+    j["transfers"][0]["fitted"] = true;
+    j["transfers"][0]["bytes_per_ms"] = 5e-324;
+    check(j.dump(), {"cal.json", "/transfers/0/bytes_per_ms", "expected in [1, 1e+15]"});
+    j["transfers"][0]["bytes_per_ms"] = 1e300;
+    check(j.dump(), {"/transfers/0/bytes_per_ms", "found 1e+300"});
+  }
   REQUIRE_THROWS_WITH(cm::Calibration::load("/nonexistent/cal.json"), Contains("/nonexistent/cal.json"));
 }
 

@@ -124,6 +124,13 @@ def test_measurements_of_a_plan_executed_by_the_runtime():
         assert not partial.iterations and {m.rank for m in partial.ops} == {0, 3}
         with pytest.raises(ValueError, match=r"times\[1\]: expected \(start_ns, end_ns\) integer pairs"):
             packpipe.measurements_from(plan, [records[0].times, np.zeros((3, 3)), [], []])
+        # unsigned times that do not fit a signed 64-bit time are refused, not wrapped to negative ones
+        huge = np.full((len(plan.streams[0]), 2), 2**64 - 1, dtype=np.uint64)
+        with pytest.raises(ValueError, match=r"times\[0\]\[0\]: 18446744073709551615 ns does not fit"):
+            packpipe.measurements_from(plan, [huge, None, [], []])
+        ok = np.asarray(records[0].times).astype(np.uint64)  # unsigned but in range: accepted
+        assert packpipe.measurements_from(plan, [ok, None, [], []]).ops == \
+            packpipe.measurements_from(plan, [records[0].times, None, [], []]).ops
         assert min(m.ms for m in s.ops if m.op in "FBIW") >= 1e-6  # at least the clock's resolution
         ops = s.ops  # a copy: changed, it is assigned back
         ops[0].start_ms = 0.0

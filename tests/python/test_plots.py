@@ -56,3 +56,32 @@ def test_bad_plot_data_is_refused_naming_the_file_and_the_output_is_not_touched(
                         "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 2 and "notjson.json: not JSON" in r.stderr
     assert out.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d.update(ops=5), "ops and iterations: expected arrays"),
+    (lambda d: d.update(ops=[1]), r"ops\[0\]: expected an object"),
+    (lambda d: d["ops"][0].pop("op"), r"ops\[0\]: expected an object with a string 'op'"),
+    (lambda d: d["ops"][0].update(predicted_ms=["x", None, 1, 2]), r"ops\[0\] \(F\): predicted_ms: expected an array"),
+    (lambda d: d["ops"][0].update(predicted_ms=5), r"ops\[0\] \(F\): predicted_ms"),
+    (lambda d: d.update(iterations=3), "ops and iterations: expected arrays"),
+    (lambda d: d["iterations"][0].update(predicted_ms=None), r"iterations\[0\]"),
+    (lambda d: d["iterations"][0].update(measured_ms="x"), r"iterations\[0\]"),
+    (lambda d: d.update(cost_model=5), "cost_model: expected a string"),
+])
+def test_malformed_plot_data_is_an_error_naming_the_field_never_a_traceback(tmp_path, change, field):
+    data = plot_data()
+    change(data)
+    p = write(tmp_path, "bad.json", data)
+    with pytest.raises(ValueError, match=field):
+        plots.read_validation_plot(p)
+    r = subprocess.run([sys.executable, "-m", "packpipe.plots", "validation", p, "-o", str(tmp_path / "o.png")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "bad.json" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    p = tmp_path / "utf16.json"
+    p.write_bytes(json.dumps(plot_data()).encode("utf-16"))
+    with pytest.raises(ValueError, match=r"utf16\.json: not UTF-8 text"):
+        plots.read_validation_plot(str(p))

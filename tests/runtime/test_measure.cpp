@@ -133,6 +133,11 @@ TEST_CASE("measurements_from refuses times that do not fit the plan", "[measure]
   t[2][5].first += 1;
   REQUIRE_THROWS_WITH(planner::measurements_from(p, t), Contains("rank 2 instruction 5") && Contains("before its start"));
   REQUIRE_THROWS_WITH(planner::measurements_from(p, times_of(r), {0}), Contains("tp must be in [1,"));
+  // times far apart enough to overflow a difference: refused, not wrapped into a negative makespan
+  t = times_of(r);
+  t[0][0] = {-(std::int64_t{1} << 62), -(std::int64_t{1} << 62) + 500};
+  REQUIRE_THROWS_WITH(planner::measurements_from(p, t),
+                      Contains("rank 0 instruction 0") && Contains("expected steady-clock times in [0, 2^62] ns"));
   pl::Plan old = p;
   old.stages.clear();
   REQUIRE_THROWS_WITH(planner::measurements_from(old, times_of(r)), Contains("no stage layouts"));
@@ -232,6 +237,12 @@ TEST_CASE("validate_measurements names incomplete and inconsistent iterations", 
     if (m.op == cm::MeasuredOp::Backward && m.mb == 0 && m.stage == 0) m.rows += 1;
   }
   REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, two), Contains("inconsistent") && Contains("two shapes"));
+  cm::MeasurementSet lines = set;
+  lines.iterations = {{8, 0, 10.0, 9.0}, {8, 0, 12.0, 9.0}};
+  REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, lines),
+                      Contains("iteration 8 replica 0: two iteration lines that disagree"));
+  lines.iterations = {{8, 0, 10.0, 9.0}, {8, 0, 10.0, 9.0}};  // the same line twice: one
+  CHECK(planner::validate_measurements(*cost, lines).iterations_compared == 1);
   cm::MeasurementSet refused = set;
   refused.ops.front().tp = 3;
   REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, refused), Contains("measurement 0") && Contains("refuses"));

@@ -20,13 +20,19 @@ from typing import Dict, List, Sequence
 _FORMAT = "packpipe-validation-plot"
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def read_validation_plot(path: str) -> Dict:
-    """The plot data of `path`; raises ValueError naming the file and what is wrong."""
+    """The plot data of `path`; raises ValueError naming the file, the field and what is wrong."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text: {e}") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON: {e}") from e
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
@@ -34,11 +40,28 @@ def read_validation_plot(path: str) -> Dict:
         raise ValueError(f"{path}: expected format \"{_FORMAT}\", found {found!r}")
     if data.get("version") != 1:
         raise ValueError(f"{path}: expected version 1, found {data.get('version')!r}")
-    for i, op in enumerate(data.get("ops", [])):
+    if not isinstance(data.get("cost_model", ""), str):
+        raise ValueError(f"{path}: cost_model: expected a string, found {data['cost_model']!r}")
+    ops, its = data.get("ops", []), data.get("iterations", [])
+    if not isinstance(ops, list) or not isinstance(its, list):
+        raise ValueError(f"{path}: ops and iterations: expected arrays, found {type(ops).__name__} and "
+                         f"{type(its).__name__}")
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+            raise ValueError(f"{path}: ops[{i}]: expected an object with a string 'op', found {op!r}"[:300])
+        for k in ("tokens", "predicted_ms", "measured_ms"):
+            v = op.get(k, [])
+            if not isinstance(v, list) or not all(_is_number(x) for x in v):
+                raise ValueError(f"{path}: ops[{i}] ({op['op']}): {k}: expected an array of finite numbers"[:300])
         n = {k: len(op.get(k, [])) for k in ("tokens", "predicted_ms", "measured_ms")}
         if len(set(n.values())) != 1:
-            raise ValueError(f"{path}: ops[{i}] ({op.get('op')}): tokens, predicted_ms and measured_ms differ in "
+            raise ValueError(f"{path}: ops[{i}] ({op['op']}): tokens, predicted_ms and measured_ms differ in "
                              f"length: {n}")
+    for i, it in enumerate(its):
+        if not isinstance(it, dict) or not _is_number(it.get("predicted_ms")) or not (
+                it.get("measured_ms") is None or _is_number(it.get("measured_ms"))):
+            raise ValueError(f"{path}: iterations[{i}]: expected an object with a finite predicted_ms and a finite "
+                             f"or null measured_ms, found {it!r}"[:300])
     return data
 
 
