@@ -53,8 +53,11 @@ def manifest(workload, directory):
     return path
 
 
-def cost_model(cfg, directory):
-    return models.cost_model(cfg, directory)
+def setup(a, tmp):
+    """The small GPT's config, its cost model on the CPU device, and the workload's dataset."""
+    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
+                           max_positions=4096)
+    return cfg, models.cost_model(cfg, tmp), packpipe.MultiTaskDataset(manifest(a.workload, tmp))
 
 
 def timed(fn):
@@ -140,11 +143,8 @@ HIDDEN = [0]
 def overhead(a, groups, tmp):
     if groups.dp != 1:
         sys.exit("overhead: dp must be 1 (the hand-written loop is one pipeline)")
-    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
-                           max_positions=4096)
+    cfg, cm, data = setup(a, tmp)
     HIDDEN[0] = a.hidden
-    cm = cost_model(cfg, tmp)
-    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
     its = load_all(data, cm, groups, a, schedule="1f1b")
     full = models.GPT(cfg)
     (v,) = pt.PipelineRunner.my_stages(its[0].plan, groups.pipeline_rank)
@@ -181,10 +181,7 @@ def overhead(a, groups, tmp):
 
 
 def throughput(a, groups, tmp):
-    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
-                           max_positions=4096)
-    cm = cost_model(cfg, tmp)
-    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+    cfg, cm, data = setup(a, tmp)
     configs = [("packpipe", {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")})]
     for k in a.grid:
         configs.append((f"fixed mbs={k}", {"schedule": "1f1b", "schedule_fallback": True,
@@ -239,10 +236,7 @@ def throughput(a, groups, tmp):
 
 
 def calibration(a, groups, tmp):
-    cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
-                           max_positions=4096)
-    cm = cost_model(cfg, tmp)
-    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+    cfg, cm, data = setup(a, tmp)
     shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
     total = a.warmup + a.calibrate_after + a.iterations
     sides = {}

@@ -80,16 +80,7 @@ cm::ProfilePoint point_from(const py::handle& h, std::size_t k) {
 }
 
 py::dict loo_dict(const cm::LooErrors& e) {
-  py::dict d;
-  d["points"] = e.points;
-  d["time_predictions"] = e.time_predictions;
-  d["memory_predictions"] = e.memory_predictions;
-  d["time_mape"] = e.time_mape;
-  d["memory_mape"] = e.memory_mape;
-  d["linear_time_mape"] = e.linear_time_mape;
-  d["linear_memory_mape"] = e.linear_memory_mape;
-  d["peak_memory_mape"] = e.peak_memory_mape;
-  return d;
+  return py::module_::import("json").attr("loads")(cm::loo_errors_json(e)).cast<py::dict>();
 }
 
 py::dict device_dict(const cm::DeviceSpec& v) {

@@ -54,19 +54,7 @@ cm::ModelSpec resolve_model(const std::string& option, const cm::Profile& p) {
   }
 }
 
-Json errors_json(const cm::LooErrors& e) {
-  Json j;
-  j["points"] = e.points;
-  j["time_predictions"] = e.time_predictions;
-  j["memory_predictions"] = e.memory_predictions;
-  j["time_mape"] = e.time_mape;
-  j["memory_mape"] = e.memory_mape;
-  j["linear_time_mape"] = e.linear_time_mape;
-  j["linear_memory_mape"] = e.linear_memory_mape;
-  j["peak_memory_mape"] = e.peak_memory_mape;
-  j["linear_peak_memory_mape"] = e.linear_peak_memory_mape;
-  return j;
-}
+Json errors_json(const cm::LooErrors& e) { return Json::parse(cm::loo_errors_json(e)); }
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 

@@ -11,10 +11,12 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/errors.h"
 
@@ -1133,6 +1135,20 @@ struct ErrAcc {
 };
 
 }  // namespace
+
+std::string loo_errors_json(const LooErrors& e) {
+  nlohmann::ordered_json j;
+  j["points"] = e.points;
+  j["time_predictions"] = e.time_predictions;
+  j["memory_predictions"] = e.memory_predictions;
+  j["time_mape"] = e.time_mape;
+  j["memory_mape"] = e.memory_mape;
+  j["linear_time_mape"] = e.linear_time_mape;
+  j["linear_memory_mape"] = e.linear_memory_mape;
+  j["peak_memory_mape"] = e.peak_memory_mape;
+  j["linear_peak_memory_mape"] = e.linear_peak_memory_mape;
+  return j.dump();
+}
 
 LooReport leave_one_out(const Profile& profile, const ModelSpec& model) {
   for (const auto& p : profile.points) {

@@ -138,5 +138,8 @@ struct LooReport {
 /// interpolation of the raw values. Nested: the fits and the choice of their forms are redone
 /// without the removed points. Throws InvalidArgument when no point is interior.
 LooReport leave_one_out(const Profile& profile, const ModelSpec& model);
+/// The figures of `e` as one JSON object (field names as in LooErrors), the one form the CLI's
+/// report and the Python binding print.
+std::string loo_errors_json(const LooErrors& e);
 
 }  // namespace packpipe::costmodel

@@ -312,17 +312,18 @@ class PlanLoader:
                              f"{self.epoch}")
         self._native = None
         self._next = int(state["next_iteration"])
-        calibration = state.get("calibration")
-        if calibration:
-            cal = packpipe.Calibration.from_json(calibration, "the loader state's calibration")
-            self._set_model(packpipe.CalibratedCostModel(self._base_cost_model, cal), calibration)
-        else:
-            self._set_model(self._base_cost_model, None)
+        self._set_model(state.get("calibration") or None, "the loader state's calibration")
 
-    def _set_model(self, cost_model, calibration: Optional[str]) -> None:
-        self.cost_model = cost_model
+    def _set_model(self, calibration: Optional[str], what: str) -> None:
+        """Plans with the base model calibrated by the calibration file text `calibration` (None:
+        the base model); what planned ahead with the old model is dropped."""
+        if calibration is None:
+            self.cost_model = self._base_cost_model
+        else:
+            cal = packpipe.Calibration.from_json(calibration, what)
+            self.cost_model = packpipe.CalibratedCostModel(self._base_cost_model, cal)
         self._calibration = calibration
-        self._native = None  # iterations planned ahead with the old model are dropped
+        self._native = None
 
     @property
     def base_cost_model(self):
@@ -335,11 +336,7 @@ class PlanLoader:
         again). Every rank must switch at the same iteration for their plans to agree."""
         if self.plan_file is not None:
             raise ValueError("PlanLoader.set_calibration: this loader reads a plan file; it does not plan")
-        if calibration_json is None:
-            self._set_model(self._base_cost_model, None)
-            return
-        cal = packpipe.Calibration.from_json(calibration_json, "the calibration")
-        self._set_model(packpipe.CalibratedCostModel(self._base_cost_model, cal), calibration_json)
+        self._set_model(calibration_json, "the calibration")
 
     def _open(self):
         count = self._stop - self._next if self._stop is not None else 0
