@@ -12,6 +12,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "common/layout.h"
 #include "costmodel/cost_model.h"
 #include "partition/partition.h"
 
@@ -23,6 +24,13 @@ namespace part = ::packpipe::partition;
 /// argument, the value and the limit) for a negative, too large or non-integer value, never a wrap.
 /// Accepts numpy integers. Defined in bind_partition.cpp.
 std::uint64_t unsigned_arg(const pybind11::handle& value, const char* arg, std::uint64_t max);
+
+/// A set of layouts from a comma-separated string or a sequence of layout names ('padded',
+/// 'packed', 'packed-mask'): ValueError names the argument and lists the layouts. Defined in
+/// bind_partition.cpp.
+LayoutSet layout_set_arg(const pybind11::object& value);
+/// The names of a set of layouts, as a tuple.
+pybind11::tuple layout_set_list(LayoutSet set);
 
 /// unsigned_arg bounded by what T holds: a count or size that is never negative in C++ (the C++
 /// library checks its range).

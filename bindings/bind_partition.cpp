@@ -117,12 +117,43 @@ void define_shape(py::module_& m) {
       py::name("__repr__"), py::is_method(cls));
 }
 
+const char* layout_name_of(Layout l) { return layout_name(l); }
+Layout layout_of_name(const std::string& name) { return layout_from_name(name); }
+
+}  // namespace
+
+LayoutSet layout_set_arg(const py::object& value) {
+  if (py::isinstance<py::str>(value)) return layout_set_from_names(value.cast<std::string>());
+  PACKPIPE_CHECK_ARG(py::isinstance<py::sequence>(value) && !py::isinstance<py::bytes>(value),
+                     "layouts must be a sequence of layout names ({}), found {}", enum_name_list(kLayoutNames),
+                     std::string(py::repr(value)));
+  LayoutSet set = 0;
+  for (const auto& item : py::reinterpret_borrow<py::sequence>(value)) {
+    PACKPIPE_CHECK_ARG(py::isinstance<py::str>(item), "layouts: expected layout names ({}), found {}",
+                       enum_name_list(kLayoutNames), std::string(py::repr(item)));
+    set |= layout_bit(layout_from_name(item.cast<std::string>()));
+  }
+  PACKPIPE_CHECK_ARG(set != 0, "layouts must name at least one layout ({})", enum_name_list(kLayoutNames));
+  return set;
+}
+
+py::tuple layout_set_list(LayoutSet set) {
+  py::list out;
+  for (const auto& e : kLayoutNames) {
+    if (has_layout(set, e.value)) out.append(e.name);
+  }
+  return py::tuple(out);
+}
+
+namespace {
+
 void define_options(py::module_& m) {
   auto cls = py::reinterpret_borrow<OptionsClass>(m.attr("PartitionOptions"));
   cls.def(py::init([](const std::string& method, const py::object& mbs, const py::object& tokens,
                       const py::object& round_multiple, const std::string& recompute, const std::string& oversize,
                       const std::string& cost_basis, const std::string& order, bool pack_windows,
-                      const py::object& threads) {
+                      const py::object& threads, const py::object& layouts, const std::string& layout,
+                      const py::object& capacity) {
             part::PartitionOptions o;
             o.method = part::partition_method_from_name(method);
             o.microbatch_size = count_arg<std::int64_t>(mbs, "mbs");
@@ -134,15 +165,19 @@ void define_options(py::module_& m) {
             o.order = part::enc_dec_order_from_name(order);
             o.pack_windows = pack_windows;
             o.threads = count_arg<int>(threads, "threads");
+            o.layouts = layout_set_arg(layouts);
+            o.layout = layout_from_name(layout);
+            o.capacity = count_arg<std::uint64_t>(capacity, "capacity");
             return o;
           }),
           py::kw_only(), py::arg("method") = "dp", py::arg("mbs") = 0, py::arg("tokens") = 0,
           py::arg("round_multiple") = 8, py::arg("recompute") = "auto", py::arg("oversize") = "error",
           py::arg("cost_basis") = "auto", py::arg("order") = "auto", py::arg("pack_windows") = false,
-          py::arg("threads") = 0,
+          py::arg("threads") = 0, py::arg("layouts") = py::make_tuple("padded", "packed"), py::arg("layout") = "packed",
+          py::arg("capacity") = 0,
           "How a global batch is cut into micro-batches (the CLI's --method, --mbs, --tokens, --round-multiple, "
-          "--recompute, --oversize, --cost-basis, --order, --pack-windows, --threads). Names are checked when set "
-          "(ValueError listing the valid ones); ranges when used.");
+          "--recompute, --oversize, --cost-basis, --order, --pack-windows, --threads, --layouts, --layout, "
+          "--capacity). Names are checked when set (ValueError listing the valid ones); ranges when used.");
   def_named(cls, "method", &part::PartitionOptions::method, &part::partition_method_name,
             &part::partition_method_from_name, "dp, dynapipe, fixed, tokens or packing");
   def_field(cls, "mbs", &part::PartitionOptions::microbatch_size, "fixed / packing: samples (rows) per micro-batch");
@@ -161,8 +196,27 @@ void define_options(py::module_& m) {
             "dp / dynapipe: pack each window's samples when cheaper");
   def_field(cls, "threads", &part::PartitionOptions::threads,
             "threads building the window table (0: automatic, at most 2); the result is the same");
+  cls.def_property(
+      "layouts", [](const part::PartitionOptions& o) { return layout_set_list(o.layouts); },
+      [](part::PartitionOptions& o, const py::object& v) { o.layouts = layout_set_arg(v); },
+      "dp: the layouts its micro-batches may take, a tuple of 'padded' and/or 'packed' (varlen attention)");
+  def_named(cls, "layout", &part::PartitionOptions::layout, &layout_name_of, &layout_of_name,
+            "packing: 'packed' (rows flattened under varlen attention) or 'packed-mask' (dense rows, block mask)");
+  def_field(cls, "capacity", &part::PartitionOptions::capacity,
+            "packing / wlb: tokens per row (0: the longest sample's)");
   def_value(cls, {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
-                  "pack_windows", "threads"});
+                  "pack_windows", "threads", "layouts", "layout", "capacity"});
+  // The repr round-trips through eval: layouts as a tuple of names (not "[n items]").
+  cls.attr("__repr__") = py::cpp_function(
+      [](const py::handle& self) {
+        std::string out = record_repr(self, {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize",
+                                             "cost_basis", "order", "pack_windows", "threads"});
+        const auto& o = self.cast<const part::PartitionOptions&>();
+        out.pop_back();
+        return out + ", layouts=" + std::string(py::repr(layout_set_list(o.layouts))) + ", layout='" +
+               layout_name(o.layout) + "', capacity=" + std::to_string(o.capacity) + ")";
+      },
+      py::name("__repr__"), py::is_method(cls));
 }
 
 void define_results(py::module_& m) {
@@ -172,6 +226,15 @@ void define_results(py::module_& m) {
       .def_property_readonly("row_offsets", view_of(&part::MicroBatch::row_offsets),
                              "packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample")
       .def_property_readonly("rows", &part::MicroBatch::rows, "rows (sequences)")
+      .def_property_readonly(
+          "layout", [](const part::MicroBatch& b) { return std::string(layout_name(b.layout)); },
+          "'padded' (one sample a row), 'packed' (one row, varlen attention) or 'packed-mask' (rows, block mask)")
+      .def_property_readonly(
+          "attention",
+          [](const part::MicroBatch& b) {
+            return py::make_tuple(b.attention.self, b.attention.dec_self, b.attention.cross);
+          },
+          "packed: the attention sums (sum of l^2, sum of d^2, sum of d x l) the cost model charged; else (0, 0, 0)")
       .def_readonly("padded_len", &part::MicroBatch::padded_len,
                     "tokens every row is padded to (encoder, or the whole sample)")
       .def_readonly("padded_dec_len", &part::MicroBatch::padded_dec_len,
@@ -314,13 +377,22 @@ void define_partition(py::module_& m) {
       "evaluate_partition",
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          const py::list& microbatches, const part::PipelineShape& shape, const part::PartitionOptions& options,
-         const std::string& basis) {
+         const std::string& basis, const std::string& layout) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         const part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         std::vector<part::MicroBatch> mbs(microbatches.size());
         for (std::size_t i = 0; i < mbs.size(); ++i) {
           const std::string arg = fmt::format("microbatches[{}]", i);
-          mbs[i].samples = lengths_arg(py::reinterpret_borrow<py::object>(microbatches[i]), arg.c_str());
+          const auto item = py::reinterpret_borrow<py::object>(microbatches[i]);
+          if (py::isinstance<part::MicroBatch>(item)) {  // a partition's micro-batch: its samples, rows and layout
+            const auto& given = item.cast<const part::MicroBatch&>();
+            mbs[i].samples = given.samples;
+            mbs[i].row_offsets = given.layout == Layout::PackedMask ? given.row_offsets : std::vector<std::uint32_t>{};
+            mbs[i].layout = given.layout;
+            continue;
+          }
+          mbs[i].samples = lengths_arg(item, arg.c_str());
+          mbs[i].layout = layout_from_name(layout);
         }
         const part::CostBasis cb = part::cost_basis_from_name(basis);
         py::gil_scoped_release release;
@@ -329,12 +401,13 @@ void define_partition(py::module_& m) {
       },
       py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
       py::arg("microbatches"), py::arg("shape") = part::PipelineShape{}, py::arg("options") = part::PartitionOptions{},
-      py::arg("basis") = "stages",
-      "Given micro-batches (a list of 1-D arrays of sample indices, one row per sample) costed on a cost basis "
-      "('stages' or 'dynapipe'): a Partition with their padded shapes, recompute modes (the fastest that fits "
-      "under options.recompute), times, memory and objective (S-1) max/c + sum/d, e.g. to put another planner's "
-      "micro-batches on packpipe's footing. ValueError naming a micro-batch that does not fit or an index out of "
-      "range.");
+      py::arg("basis") = "stages", py::arg("layout") = "padded",
+      "Given micro-batches (MicroBatch objects of a Partition, keeping their layout and rows, or 1-D arrays of "
+      "sample indices laid out as `layout`: 'padded', one row per sample, or 'packed', one varlen row) costed on "
+      "a cost basis ('stages' or 'dynapipe'): a Partition with their shapes, recompute modes (the fastest that "
+      "fits under options.recompute), times, memory and objective (S-1) max/c + sum/d, e.g. to put another "
+      "planner's micro-batches on packpipe's footing. ValueError naming a micro-batch that does not fit or an "
+      "index out of range.");
   m.def(
       "balanced_stage_layers",
       [](const std::shared_ptr<cm::CostModel>& cost, const part::PipelineShape& shape, const py::object& rows,

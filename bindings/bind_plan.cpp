@@ -81,6 +81,7 @@ py::dict mb_dict(const pl::Plan& p, std::size_t m) {
   for (const auto& r : mb.refs) refs.append(py::make_tuple(r.task, r.index));
   d["refs"] = refs;
   d["row_offsets"] = mb.row_offsets;
+  d["layout"] = layout_name(mb.layout);
   py::list rc;
   for (std::size_t v = 0; v < p.vstages; ++v) {
     const std::size_t i = p.at(m, v);

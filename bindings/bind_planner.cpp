@@ -35,7 +35,7 @@ namespace part = packpipe::partition;
 namespace pl = packpipe::plan;
 
 using FiguresClass = py::class_<planner::MethodFigures>;
-using GridClass = py::class_<planner::BaselineGrid>;
+using BaselineClass = py::class_<planner::BaselineFigures>;
 using ResultClass = py::class_<PyIterationResult, std::shared_ptr<PyIterationResult>>;
 using PlannedClass = py::class_<PyPlannedIteration, std::shared_ptr<PyPlannedIteration>>;
 using EpochClass = py::class_<PyEpochPlanner, std::shared_ptr<PyEpochPlanner>>;
@@ -70,6 +70,7 @@ planner::PlannerOptions planner_options(const part::PipelineShape& shape, const 
   o.validate = validate;
   o.baselines = baselines;
   o.baseline_mbs = baseline_mbs;
+  o.baseline_rows = baseline_mbs;  // the packing baselines' rows per micro-batch: the same sizes
   return o;
 }
 
@@ -180,14 +181,33 @@ void define_results(py::module_& m) {
       .def_readonly("why", &planner::MethodFigures::why, "why infeasible ('' when feasible)");
   def_repr(f, {"feasible", "microbatches", "efficiency", "iteration_ms", "schedule", "why"});
 
-  auto g = py::reinterpret_borrow<GridClass>(m.attr("BaselineGrid"));
-  g.def_readonly("mbs", &planner::BaselineGrid::mbs, "the micro-batch sizes of the grid")
+  auto g = py::reinterpret_borrow<BaselineClass>(m.attr("BaselineFigures"));
+  g.def_property_readonly("family", [](const planner::BaselineFigures& x) { return x.baseline.family(); },
+                          "fixed, tokens, packing, packing-mask or wlb")
+      .def_property_readonly("setting", [](const planner::BaselineFigures& x) { return x.baseline.label(); },
+                             "the method and its setting as a user reads it, e.g. 'packing (capacity 4096 x 2 rows)'")
+      .def_property_readonly(
+          "method", [](const planner::BaselineFigures& x) { return std::string(part::partition_method_name(x.baseline.method)); },
+          "the partition method (PartitionOptions.method)")
+      .def_property_readonly("mbs", [](const planner::BaselineFigures& x) { return x.baseline.microbatch_size; },
+                             "fixed: samples; packing: rows per micro-batch (else 0)")
+      .def_property_readonly("tokens", [](const planner::BaselineFigures& x) { return x.baseline.token_budget; },
+                             "tokens: padded tokens per micro-batch (else 0)")
+      .def_property_readonly("capacity", [](const planner::BaselineFigures& x) { return x.baseline.capacity; },
+                             "packing: tokens per row; wlb: tokens per micro-batch (else 0)")
+      .def_property_readonly(
+          "layout", [](const planner::BaselineFigures& x) { return std::string(layout_name(x.baseline.layout)); },
+          "its micro-batches' layout")
       .def_property_readonly(
           "figures",
-          [](const py::object& self) { return views_of(self.cast<const planner::BaselineGrid&>().figures, self); },
-          "MethodFigures for each micro-batch size, in the order of mbs")
-      .def("__len__", [](const planner::BaselineGrid& x) { return x.mbs.size(); });
-  def_repr(g, {"mbs"});
+          [](const py::object& self) {
+            return py::cast(&self.cast<const planner::BaselineFigures&>().figures,
+                            py::return_value_policy::reference_internal, self);
+          },
+          "MethodFigures under the same schedule search as packpipe's plan")
+      .def_readonly("scheduled", &planner::BaselineFigures::scheduled,
+                    "whether it was scheduled (False: infeasible, or pruned by its makespan lower bound)");
+  def_repr(g, {"setting", "scheduled"});
 
   auto r = py::reinterpret_borrow<ResultClass>(m.attr("IterationResult"));
   r.def_property_readonly("iteration", result_of(&planner::IterationResult::iteration), "the iteration planned")
@@ -212,11 +232,15 @@ void define_results(py::module_& m) {
           "the simulated Schedule of each replica (for traces)")
       .def_property_readonly("packpipe", result_view(&planner::IterationResult::packpipe),
                              "MethodFigures of packpipe's plan")
-      .def_property_readonly("fixed", result_view(&planner::IterationResult::fixed),
-                             "BaselineGrid: fixed micro-batch size, padded to the longest, 1F1B (empty without "
-                             "baselines)")
-      .def_property_readonly("packing", result_view(&planner::IterationResult::packing),
-                             "BaselineGrid: packed rows, fixed rows per micro-batch, 1F1B (empty without baselines)")
+      .def_property_readonly("source", result_of(&planner::IterationResult::source),
+                             "'dp' (packpipe's partition), or the setting of the baseline whose plan was simulated "
+                             "faster and so is the plan")
+      .def_property_readonly(
+          "baselines",
+          [](const py::object& self) { return views_of(self.cast<const PyIterationResult&>().result.baselines, self); },
+          "BaselineFigures of every baseline of the grid under the same schedule search (empty without baselines)")
+      .def_property_readonly("candidates_ms", result_of(&planner::IterationResult::candidates_ms),
+                             "wall time of the baselines' plans as candidates (and their report)")
       .def_property_readonly("partition_ms", result_of(&planner::IterationResult::partition_ms),
                              "wall time of packpipe's partition")
       .def_property_readonly("schedule_ms", result_of(&planner::IterationResult::schedule_ms),
@@ -224,7 +248,7 @@ void define_results(py::module_& m) {
       .def_property_readonly("build_ms", result_of(&planner::IterationResult::build_ms),
                              "wall time of building (and validating) the plans")
       .def_property_readonly("planning_ms", result_of(&planner::IterationResult::planning_ms),
-                             "the three together")
+                             "partition, schedule, candidates and build together")
       .def_property_readonly("schedule_note", result_of(&planner::IterationResult::schedule_note),
                              "why a named schedule was not used (schedule_fallback=True), else ''");
   def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "plans", "planning_ms"});
@@ -294,7 +318,7 @@ void define_results(py::module_& m) {
 
 void declare_planner(py::module_& m) {
   FiguresClass(m, "MethodFigures", "What one method achieves on one global batch (all data-parallel replicas).");
-  GridClass(m, "BaselineGrid", "Figures of a baseline for each micro-batch size of the grid.");
+  BaselineClass(m, "BaselineFigures", "One baseline of the grid (a method and its setting) on one global batch.");
   ResultClass(m, "IterationResult", "The plans and figures of one global batch.");
   PlannedClass(m, "PlannedIteration", "One iteration of plan_epoch(): the sampled batch and its IterationResult.");
   EpochClass(m, "EpochPlanner",

@@ -77,6 +77,7 @@ struct QueryOptions {
   std::int64_t seq = 0;
   std::int64_t enc_seq = 0;
   std::int64_t dec_seq = 0;
+  std::vector<std::int64_t> segments, dec_segments;  ///< a packed varlen row of these samples
   std::int64_t layers = 1;
   std::int64_t dp = 1;
   int zero = 0;
@@ -98,6 +99,29 @@ Json run_query(const QueryOptions& o) {
   q.seq = o.seq != 0 ? o.seq : o.enc_seq;
   q.dec_seq = o.dec_seq;
   q.recompute = cm::recompute_from_name(o.recompute);
+  if (!o.segments.empty() || !o.dec_segments.empty()) {
+    // One row of these samples back to back under varlen attention (layout packed).
+    PACKPIPE_CHECK_ARG(o.seq == 0 && o.enc_seq == 0 && o.dec_seq == 0 && o.mbs == 1,
+                       "--segments (--dec-segments) describe the whole packed row: leave out --seq, --enc-seq, --dec-seq "
+                       "and --mbs");
+    const bool encdec = m.arch == cm::Architecture::EncoderDecoder;
+    PACKPIPE_CHECK_ARG(!encdec || o.dec_segments.size() == o.segments.size(),
+                       "--dec-segments: encoder-decoder model '{}' needs one decoder length per segment ({} for {} "
+                       "segments)", m.name, o.dec_segments.size(), o.segments.size());
+    PACKPIPE_CHECK_ARG(encdec || o.dec_segments.empty(), "--dec-segments: model '{}' is decoder-only", m.name);
+    q.seq = 0;
+    for (std::size_t i = 0; i < o.segments.size(); ++i) {
+      const std::int64_t l = o.segments[i], d = encdec ? o.dec_segments[i] : 0;
+      PACKPIPE_CHECK_ARG(l >= 1 && l <= cm::kMaxQuerySeq && (!encdec || (d >= 1 && d <= cm::kMaxQuerySeq)),
+                         "--segments: segment {} has length {}{}, expected lengths in [1, {}]", i, l,
+                         encdec ? fmt::format(" + {}", d) : std::string(), cm::kMaxQuerySeq);
+      q.seq += l;
+      q.dec_seq += d;
+      PACKPIPE_CHECK_ARG(q.seq <= cm::kMaxQuerySeq && q.dec_seq <= cm::kMaxQuerySeq,
+                         "--segments: the row holds more than {} tokens", cm::kMaxQuerySeq);
+      q.attention.add(l, d);
+    }
+  }
   const bool needs_seq = !(m.arch == cm::Architecture::EncoderDecoder && q.kind == cm::LayerKind::PostProcess);
   PACKPIPE_CHECK_ARG(!needs_seq || q.seq > 0, "--seq (or --enc-seq) must be a positive length, found {}", q.seq);
   const cm::LayerCost c = model->query(q);
@@ -115,7 +139,12 @@ Json run_query(const QueryOptions& o) {
   j["cost_model"] = model->describe();
   j["query"] = Json{{"kind", cm::layer_kind_name(q.kind)}, {"layers", q.num_layers}, {"tp", q.tp},
                     {"mbs", q.mbs},                        {"seq", q.seq},          {"dec_seq", q.dec_seq},
-                    {"recompute", cm::recompute_name(q.recompute)}};
+                    {"recompute", cm::recompute_name(q.recompute)},
+                    {"layout", q.attention.varlen() ? "packed" : "padded"}};
+  if (q.attention.varlen()) {
+    j["query"]["attention"] = Json{{"self", q.attention.self}, {"dec_self", q.attention.dec_self},
+                                   {"cross", q.attention.cross}};
+  }
   j["forward_ms"] = c.forward_ms;
   j["backward_ms"] = c.backward_ms;
   j["recompute_ms"] = c.recompute_ms;
@@ -125,7 +154,7 @@ Json run_query(const QueryOptions& o) {
   j["boundary_bytes"] = c.boundary_bytes;
   j["boundary_p2p_ms"] = c.boundary_bytes > 0 ? model->comm().p2p_ms(c.boundary_bytes) : 0.0;
   if (model->calibration() != nullptr) {  // the calibrated op times of the queried layers as one stage
-    const cm::StageOpTimes t = cm::stage_op_times(*model, c, layout, q.mbs, q.seq, q.dec_seq);
+    const cm::StageOpTimes t = cm::stage_op_times(*model, c, layout, cm::MicroShape{q.mbs, q.seq, q.dec_seq, q.attention});
     j["calibrated"] = Json{{"forward_ms", t.forward_ms},
                            {"backward_ms", t.backward_ms},
                            {"backward_input_ms", t.backward_input_ms},
@@ -263,6 +292,13 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--seq", o->seq, "Sequence length (padded tokens per sample)");
     sub->add_option("--enc-seq", o->enc_seq, "Encoder length (encoder-decoder models; same as --seq)");
     sub->add_option("--dec-seq", o->dec_seq, "Decoder length (encoder-decoder models)");
+    sub->add_option("--segments", o->segments,
+                    "A packed row (layout packed, varlen attention): the lengths of its samples, e.g. --segments 900 "
+                    "40 7; replaces --mbs and --seq")
+        ->delimiter(',');
+    sub->add_option("--dec-segments", o->dec_segments,
+                    "Decoder lengths of the packed row's samples (encoder-decoder models, with --segments)")
+        ->delimiter(',');
     sub->add_option("--recompute", o->recompute,
                     "Activation recompute: " + enum_name_list(cm::kRecomputeNames) + " (default none)");
     sub->add_option("--dp", o->dp, "Data-parallel size for the static memory (default 1)");

@@ -51,6 +51,8 @@ struct PlanCliOptions {
   std::string oversize = "error";
   std::int64_t round_multiple = 8;
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};
+  std::string layouts = "padded,packed";
   bool no_baselines = false, validate = false, compress = false, json = false;
   std::string out, report, trace;
   int threads = 0;
@@ -63,8 +65,9 @@ struct Row {
   std::uint64_t iteration = 0, samples = 0, tokens = 0;
   double model_flops = 0;
   planner::MethodFigures packpipe;
-  planner::BaselineGrid fixed, packing;
-  double partition_ms = 0, schedule_ms = 0, build_ms = 0, planning_ms = 0;
+  std::string source;                               ///< IterationResult::source
+  std::vector<planner::BaselineFigures> baselines;  ///< the grid (the same settings every iteration)
+  double partition_ms = 0, schedule_ms = 0, candidates_ms = 0, build_ms = 0, planning_ms = 0;
   std::uint64_t truncated = 0, dropped = 0;
   std::string schedule_note;
 };
@@ -79,27 +82,37 @@ void check_plan_options(const PlanCliOptions& o) {
   check_option_range("--round-multiple", o.round_multiple, 1, part::kMaxRoundMultiple);
   PACKPIPE_CHECK_ARG(!o.baseline_mbs.empty() || o.no_baselines, "--baseline-mbs needs at least one size");
   for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, planner::kMaxBaselineMbs);
+  for (const auto m : o.baseline_rows) check_option_range("--baseline-rows", m, 1, planner::kMaxBaselineMbs);
 }
 
-/// Total time of baseline grid column `c` over all iterations (infinite where it does not fit).
-double column_total_ms(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, std::size_t c) {
+/// The baseline settings of the run (every iteration lists the same grid: the planner's
+/// baseline_longest is the dataset's), in grid order.
+std::vector<part::Baseline> grid_of(const std::vector<Row>& rows) {
+  std::vector<part::Baseline> g;
+  if (rows.empty()) return g;
+  for (const auto& b : rows.front().baselines) g.push_back(b.baseline);
+  return g;
+}
+
+/// Total time of grid entry `c` over all iterations (infinite where it does not fit).
+double column_total_ms(const std::vector<Row>& rows, std::size_t c) {
   double total = 0;
   for (const auto& r : rows) {
-    const auto& f = (r.*grid).figures[c];
-    total += f.feasible ? f.iteration_ms : std::numeric_limits<double>::infinity();
+    const planner::MethodFigures* f = c < r.baselines.size() ? &r.baselines[c].figures : nullptr;
+    total += f != nullptr && f->feasible ? f->iteration_ms : std::numeric_limits<double>::infinity();
   }
   return total;
 }
 
-/// The baseline grid column with the least total time over all iterations (infeasible anywhere:
-/// excluded), as a user tuning one micro-batch size for the run would pick.
-std::int64_t best_column(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, double* total_ms) {
+/// The grid entry of `family` with the least total time over all iterations (-1: none fits every
+/// iteration), as a user tuning one setting for the run would pick.
+std::int64_t best_column(const std::vector<Row>& rows, const std::string& family, double* total_ms) {
   std::int64_t best = -1;
   double best_total = std::numeric_limits<double>::infinity();
-  if (rows.empty()) return best;
-  const std::size_t columns = ((rows.front()).*grid).mbs.size();
-  for (std::size_t c = 0; c < columns; ++c) {
-    const double total = column_total_ms(rows, grid, c);
+  const std::vector<part::Baseline> grid = grid_of(rows);
+  for (std::size_t c = 0; c < grid.size(); ++c) {
+    if (grid[c].family() != family) continue;
+    const double total = column_total_ms(rows, c);
     if (total < best_total) {
       best_total = total;
       best = static_cast<std::int64_t>(c);
@@ -174,6 +187,8 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostM
   po.validate = o.validate;
   po.baselines = !o.no_baselines;
   po.baseline_mbs = o.baseline_mbs;
+  po.baseline_rows = o.baseline_rows;
+  po.partition.layouts = layout_set_from_names(o.layouts);
   po.keep_timeline = true;
   po.dtype = pl::dtype_from_name(o.dtype);
   po.loss_mode = pl::loss_mode_from_name(o.loss);
@@ -216,10 +231,11 @@ Row report_row(planner::IterationResult& r) {
   row.tokens = r.tokens;
   row.model_flops = r.model_flops;
   row.packpipe = std::move(r.packpipe);
-  row.fixed = std::move(r.fixed);
-  row.packing = std::move(r.packing);
+  row.source = r.source;
+  row.baselines = std::move(r.baselines);
   row.partition_ms = r.partition_ms;
   row.schedule_ms = r.schedule_ms;
+  row.candidates_ms = r.candidates_ms;
   row.build_ms = r.build_ms;
   row.planning_ms = r.planning_ms;
   row.schedule_note = r.schedule_note;
@@ -284,37 +300,55 @@ Json config_json(const PlanCliOptions& o, const cm::CostModel& cost, const plann
               {"seed", o.seed},
               {"epoch", o.epoch},
               {"method", o.method},
+              {"layouts", layout_set_names(po.partition.layouts)},
               {"schedule", o.schedule},
               {"threads", threads}};
 }
 
-/// The baseline grid columns the report compares with: the best over the run (-1: none).
+/// The baseline families the report compares with, each at its best setting over the run.
 struct Baselines {
-  std::int64_t fixed_col = -1, packing_col = -1;
-  double fixed_total = 0, packing_total = 0;
+  struct Family {
+    std::string name;
+    std::int64_t col = -1;  ///< grid entry (-1: no setting fits every iteration)
+    double total_ms = 0;
+  };
+  std::vector<Family> families;  ///< in grid order of first appearance
+  std::int64_t best = -1;        ///< index into families of the fastest (-1: none fits)
 };
 
 Baselines choose_baselines(const std::vector<Row>& rows, const planner::PlannerOptions& po) {
   Baselines b;
   if (!po.baselines) return b;
-  b.fixed_col = best_column(rows, &Row::fixed, &b.fixed_total);
-  b.packing_col = best_column(rows, &Row::packing, &b.packing_total);
+  for (const auto& g : grid_of(rows)) {
+    const std::string name = g.family();
+    if (std::any_of(b.families.begin(), b.families.end(), [&](const auto& f) { return f.name == name; })) continue;
+    Baselines::Family f;
+    f.name = name;
+    f.col = best_column(rows, name, &f.total_ms);
+    b.families.push_back(f);
+  }
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t k = 0; k < b.families.size(); ++k) {
+    if (b.families[k].col >= 0 && b.families[k].total_ms < best) {
+      best = b.families[k].total_ms;
+      b.best = static_cast<std::int64_t>(k);
+    }
+  }
   return b;
 }
 
-/// The report's "iterations": packpipe's figures per iteration and the chosen baselines'.
+/// The report's "iterations": packpipe's figures per iteration and each family's chosen setting's.
 Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions& po, const Baselines& b) {
   Json iters = Json::array();
   for (const auto& r : rows) {
     Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
     it["packpipe"] = figures_json(r.packpipe, r.tokens);
-    if (b.fixed_col >= 0) {
-      it["fixed"] = figures_json(r.fixed.figures[b.fixed_col], r.tokens);
-      it["fixed"]["mbs"] = r.fixed.mbs[b.fixed_col];
-    }
-    if (b.packing_col >= 0) {
-      it["packing"] = figures_json(r.packing.figures[b.packing_col], r.tokens);
-      it["packing"]["mbs"] = r.packing.mbs[b.packing_col];
+    it["packpipe"]["source"] = r.source;
+    for (const auto& f : b.families) {
+      if (f.col < 0 || static_cast<std::size_t>(f.col) >= r.baselines.size()) continue;
+      const auto& e = r.baselines[static_cast<std::size_t>(f.col)];
+      it["baselines"][f.name] = figures_json(e.figures, r.tokens);
+      it["baselines"][f.name]["setting"] = e.baseline.label();
     }
     if (po.partition.oversize != part::OversizePolicy::Error) {
       it["truncated"] = r.truncated;
@@ -324,6 +358,7 @@ Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions
     if (!r.schedule_note.empty()) it["schedule_note"] = r.schedule_note;
     it["partition_ms"] = r.partition_ms;
     it["schedule_ms"] = r.schedule_ms;
+    it["candidates_ms"] = r.candidates_ms;
     it["build_ms"] = r.build_ms;
     iters.push_back(std::move(it));
   }
@@ -370,21 +405,23 @@ Json throughput_json(const Sums& s, double total_ms, std::int64_t gpus, const cm
               {"mfu", tr.mfu}};
 }
 
-/// A baseline's totals at its chosen column, its speedup figure and its whole grid.
-Json baseline_total_json(const std::vector<Row>& rows, planner::BaselineGrid Row::*grid, std::int64_t col,
-                         double total_ms, const Sums& s, std::int64_t gpus, const cm::DeviceSpec& device) {
-  if (col < 0 || !std::isfinite(total_ms)) {
-    return Json{{"feasible", false}, {"why", "no micro-batch size of the grid fits every iteration"}};
-  }
-  Json j = throughput_json(s, total_ms, gpus, device);
-  const auto& mbs = (rows.front().*grid).mbs;
-  j["mbs"] = mbs[col];
-  j["speedup_of_packpipe"] = total_ms / s.packpipe_ms;
+/// A baseline family's totals at its chosen setting, its speedup figure and its whole grid.
+Json baseline_total_json(const std::vector<Row>& rows, const Baselines::Family& f, const Sums& s, std::int64_t gpus,
+                         const cm::DeviceSpec& device) {
+  const std::vector<part::Baseline> grid = grid_of(rows);
   Json grid_json = Json::array();
-  for (std::size_t c = 0; c < mbs.size(); ++c) {
-    const double t = column_total_ms(rows, grid, c);
-    grid_json.push_back(Json{{"mbs", mbs[c]}, {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
+  for (std::size_t c = 0; c < grid.size(); ++c) {
+    if (grid[c].family() != f.name) continue;
+    const double t = column_total_ms(rows, c);
+    grid_json.push_back(Json{{"setting", grid[c].label()}, {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
   }
+  if (f.col < 0 || !std::isfinite(f.total_ms)) {
+    return Json{{"feasible", false}, {"why", "no setting of the grid fits every iteration"}, {"grid", grid_json}};
+  }
+  Json j = throughput_json(s, f.total_ms, gpus, device);
+  j["feasible"] = true;
+  j["setting"] = grid[static_cast<std::size_t>(f.col)].label();
+  j["speedup_of_packpipe"] = f.total_ms / s.packpipe_ms;
   j["grid"] = std::move(grid_json);
   return j;
 }
@@ -406,9 +443,20 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
     total["dropped"] = s.dropped;
   }
   if (po.baselines) {
-    total["fixed"] = baseline_total_json(rows, &Row::fixed, b.fixed_col, b.fixed_total, s, gpus, cost.device());
-    total["packing"] = baseline_total_json(rows, &Row::packing, b.packing_col, b.packing_total, s, gpus, cost.device());
+    Json families = Json::object();
+    for (const auto& f : b.families) families[f.name] = baseline_total_json(rows, f, s, gpus, cost.device());
+    total["baselines"] = std::move(families);
+    if (b.best >= 0) {
+      const auto& f = b.families[static_cast<std::size_t>(b.best)];
+      // The headline: packpipe against the fastest baseline a user could have run, named.
+      total["best_baseline"] = Json{{"family", f.name},
+                                    {"setting", total["baselines"][f.name]["setting"]},
+                                    {"speedup_of_packpipe", f.total_ms / s.packpipe_ms}};
+    }
   }
+  std::uint64_t from_baselines = 0;
+  for (const auto& r : rows) from_baselines += r.source != "dp" ? 1 : 0;
+  total["packpipe"]["iterations_from_baselines"] = from_baselines;
   const auto& ms = s.planning_ms;
   total["planning_ms"] = Json{{"median", percentile(ms, 0.5)},
                               {"p90", percentile(ms, 0.9)},
@@ -453,11 +501,15 @@ void print_report(const Json& j) {
               c["model"].get<std::string>().c_str(), c["device"].get<std::string>().c_str(),
               c["stages"].get<long long>(), c["chunks"].get<long long>(), c["dp"].get<long long>(),
               c["tp"].get<long long>(), c["memory_limit_mb"].get<double>(), c["cost_model"].get<std::string>().c_str());
-  const bool fixed = t.contains("fixed") && t["fixed"].contains("mbs");
-  const bool packing = t.contains("packing") && t["packing"].contains("mbs");
+  // One column per baseline family, at its best setting over the run.
+  std::vector<std::string> fams;
+  if (t.contains("baselines")) {
+    for (auto it = t["baselines"].begin(); it != t["baselines"].end(); ++it) {
+      if (it.value()["feasible"].get<bool>()) fams.push_back(it.key());
+    }
+  }
   std::printf("\n  %5s %7s %7s %4s %5s %11s", "iter", "samples", "tokens", "mbs", "eff", "packpipe ms");
-  if (fixed) std::printf(" %11s", fmt::format("fixed({})", t["fixed"]["mbs"].get<long long>()).c_str());
-  if (packing) std::printf(" %11s", fmt::format("packing({})", t["packing"]["mbs"].get<long long>()).c_str());
+  for (const auto& f : fams) std::printf(" %12s", f.c_str());
   std::printf(" %9s\n", "plan ms");
   const auto& iters = j["iterations"];
   const std::size_t n = iters.size();
@@ -470,31 +522,45 @@ void print_report(const Json& j) {
                 it["samples"].get<unsigned long long>(), it["tokens"].get<unsigned long long>(),
                 it["packpipe"]["microbatches"].get<long long>(), it["packpipe"]["efficiency"].get<double>(),
                 ms(it["packpipe"]["iteration_ms"]).c_str());
-    if (fixed) std::printf(" %11s", ms(it["fixed"]["iteration_ms"]).c_str());
-    if (packing) std::printf(" %11s", ms(it["packing"]["iteration_ms"]).c_str());
+    for (const auto& f : fams) {
+      const bool has = it.contains("baselines") && it["baselines"].contains(f);
+      std::printf(" %12s", has ? ms(it["baselines"][f]["iteration_ms"]).c_str() : "-");
+    }
     std::printf(" %9.2f\n", it["planning_ms"].get<double>());
   }
   auto line = [](const char* name, const Json& m) {
-    std::printf("  %-9s %9.2f s  %10.0f tokens/s  %6.1f TFLOPs/GPU  MFU %4.1f%%", name, m["time_s"].get<double>(),
+    std::printf("  %-13s %9.2f s  %10.0f tokens/s  %6.1f TFLOPs/GPU  MFU %4.1f%%", name, m["time_s"].get<double>(),
                 m["tokens_per_s"].get<double>(), m["tflops_per_gpu"].get<double>(), 100 * m["mfu"].get<double>());
   };
-  std::printf("\n  simulated time of %zu iterations (%llu samples, %llu tokens):\n", n,
-              t["samples"].get<unsigned long long>(), t["tokens"].get<unsigned long long>());
+  std::printf("\n  simulated time of %zu iterations (%llu samples, %llu tokens), each baseline at its best "
+              "setting for the run, under the same schedule search:\n",
+              n, t["samples"].get<unsigned long long>(), t["tokens"].get<unsigned long long>());
   line("packpipe", t["packpipe"]);
   std::printf("  %s\n", t["packpipe"]["feasible"].get<bool>() ? "" : "(over the memory limit somewhere)");
   if (t.contains("truncated")) {
     std::printf("  oversize samples: %llu truncated, %llu dropped\n", t["truncated"].get<unsigned long long>(),
                 t["dropped"].get<unsigned long long>());
   }
-  for (const char* b : {"fixed", "packing"}) {
-    if (!t.contains(b)) continue;
-    if (!t[b].contains("mbs")) {
-      std::printf("  %-9s no micro-batch size of the grid fits every iteration\n", b);
-      continue;
+  if (t.contains("baselines")) {
+    for (auto it = t["baselines"].begin(); it != t["baselines"].end(); ++it) {
+      const Json& b = it.value();
+      if (!b["feasible"].get<bool>()) {
+        std::printf("  %-13s no setting of the grid fits every iteration\n", it.key().c_str());
+        continue;
+      }
+      line(it.key().c_str(), b);
+      std::printf("  (%s; packpipe %.2fx)\n", b["setting"].get<std::string>().c_str(),
+                  b["speedup_of_packpipe"].get<double>());
     }
-    line(b, t[b]);
-    std::printf("  (micro-batch size %lld; packpipe is %.2fx faster)\n", t[b]["mbs"].get<long long>(),
-                t[b]["speedup_of_packpipe"].get<double>());
+  }
+  if (t.contains("best_baseline")) {
+    const Json& b = t["best_baseline"];
+    std::printf("\n  packpipe is %.2fx the best baseline, %s (simulated)\n", b["speedup_of_packpipe"].get<double>(),
+                b["setting"].get<std::string>().c_str());
+  }
+  if (t["packpipe"]["iterations_from_baselines"].get<std::uint64_t>() > 0) {
+    std::printf("  %llu of %zu iterations run a baseline's micro-batches (simulated faster than packpipe's partition)\n",
+                t["packpipe"]["iterations_from_baselines"].get<unsigned long long>(), n);
   }
   const auto& p = t["planning_ms"];
   std::printf("\n  planning time per iteration: median %.2f ms, p90 %.2f ms, max %.2f ms (%.2f s wall for all)\n",
@@ -558,8 +624,14 @@ void register_plan_commands(CLI::App& app) {
                       " (error: stop, naming it)")
       ->check(one_of(part::kOversizePolicyNames))
       ->capture_default_str();
-  cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the baselines' grid search tries");
-  cmd->add_flag("--no-baselines", o->no_baselines, "Skip the fixed and packing baselines");
+  cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the fixed baseline's grid tries");
+  cmd->add_option("--baseline-rows", o->baseline_rows, "Rows per micro-batch the packing baselines' grid tries");
+  cmd->add_option("--layouts", o->layouts,
+                  "Layouts packpipe's micro-batches may take (and the baselines the executor can run): padded, "
+                  "packed (varlen attention) or both, comma-separated")
+      ->capture_default_str();
+  cmd->add_flag("--no-baselines", o->no_baselines,
+                "Do not report the baselines (their plans stay candidates: packpipe is never slower than one)");
   cmd->add_flag("--validate", o->validate, "Validate every plan (slower)");
   cmd->add_flag("--compress", o->compress, "zstd-compress the plans in the file");
   cmd->add_option("--out", o->out, "Write the plans of every iteration to this file");

@@ -38,8 +38,10 @@ inline double calibration_bytes(const Acts& x, double token_bytes, double score_
   return token_bytes * x.token_h + score_bytes * x.score_count + layer_bytes;
 }
 
+/// The activations of one layer of b rows of s tokens (d decoder tokens); `w` (varlen rows) replaces
+/// the dense rows' squares in the score terms by its sums.
 [[gnu::always_inline]] inline Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s,
-                                              double d) {
+                                              double d, const AttentionWork& w) {
   const double e = static_cast<double>(m.bytes_per_param);
   const double h = static_cast<double>(m.hidden);
   const double a = static_cast<double>(m.heads);
@@ -52,22 +54,37 @@ inline double calibration_bytes(const Acts& x, double token_bytes, double score_
     // two norms' inputs (2e h), QKV and MLP inputs (2e h), two dropout masks (2 h): (4e + 2) h = 10 h.
     x.replicated = s * b * h * (4 * e + 2);
     x.parallel = s * b * e * (2 * q + 2 * kv + mlp_tensors * f) / t;  // 24 h / t for GPT
-    x.scores = (2 * e + 1) * a * s * s * b / t;                      // 5 a s^2 b / t
     x.input = e * s * b * h;
-    x.largest = e * b * std::max({s * (m.gated_mlp ? 2 : 1) * f, a * s * s, s * (q + 2 * kv)}) / t;
     x.token_h = s * b * h;
-    x.score_count = a * s * s * b / t;
+    if (w.varlen()) {  // scores of each segment alone: a sum of l_i^2
+      const double ss = static_cast<double>(w.self);
+      x.scores = (2 * e + 1) * a * ss / t;
+      x.largest = e * std::max({b * s * (m.gated_mlp ? 2 : 1) * f, a * ss, b * s * (q + 2 * kv)}) / t;
+      x.score_count = a * ss / t;
+    } else {
+      x.scores = (2 * e + 1) * a * s * s * b / t;  // 5 a s^2 b / t
+      x.largest = e * b * std::max({s * (m.gated_mlp ? 2 : 1) * f, a * s * s, s * (q + 2 * kv)}) / t;
+      x.score_count = a * s * s * b / t;
+    }
   } else {
     // self-attention, cross-attention (queries from d decoder tokens, keys / values from s
     // encoder tokens; the encoder output itself is held once, as boundary bytes) and MLP.
     x.replicated = d * b * h * (6 * e + 3);
     x.parallel = (d * b * e * (2 * q + 2 * kv + 2 * q + mlp_tensors * f) + s * b * e * 2 * kv) / t;
-    x.scores = (2 * e + 1) * a * b * (d * d + d * s) / t;
     x.input = e * d * b * h;
-    x.largest =
-        e * b * std::max({d * (m.gated_mlp ? 2 : 1) * f, a * d * std::max(d, s), d * (q + 2 * kv), s * 2 * kv}) / t;
     x.token_h = d * b * h;
-    x.score_count = a * b * (d * d + d * s) / t;
+    if (w.varlen()) {
+      const double dd = static_cast<double>(w.dec_self), ds = static_cast<double>(w.cross);
+      x.scores = (2 * e + 1) * a * (dd + ds) / t;
+      x.largest =
+          e * std::max({b * d * (m.gated_mlp ? 2 : 1) * f, a * std::max(dd, ds), b * d * (q + 2 * kv), b * s * 2 * kv}) / t;
+      x.score_count = a * (dd + ds) / t;
+    } else {
+      x.scores = (2 * e + 1) * a * b * (d * d + d * s) / t;
+      x.largest =
+          e * b * std::max({d * (m.gated_mlp ? 2 : 1) * f, a * d * std::max(d, s), d * (q + 2 * kv), s * 2 * kv}) / t;
+      x.score_count = a * b * (d * d + d * s) / t;
+    }
   }
   return x;
 }
@@ -104,7 +121,7 @@ double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t t
   PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || dec_seq > 0, "dec_seq must be positive for a decoder layer, found {}",
                      dec_seq);
   const Acts x = layer_acts(m, kind, static_cast<double>(tp), static_cast<double>(mbs), static_cast<double>(seq),
-                           static_cast<double>(dec_seq));
+                           static_cast<double>(dec_seq), AttentionWork{});
   const double closed = stored_bytes(x, rc);
   if (calibration == nullptr) return closed;
   return closed + calibration_bytes(x, calibration->activation_token_bytes, calibration->activation_score_bytes,
@@ -148,6 +165,7 @@ struct AnalyticCostModel::RowPlan {
   double width_factor = 0;   ///< width / (width + half_efficiency_width) of efficiency()
   double layers = 1;
   double act_token = 0, act_score = 0, act_layer = 0;  ///< the activation calibration (AnalyticOptions)
+  AttentionWork attn;        ///< varlen rows' attention sums (none: dense rows)
   FlopsShape fl;
 };
 
@@ -192,6 +210,7 @@ struct AnalyticCostModel::RowPlan {
   p.act_token = options_.activation_token_bytes;
   p.act_score = options_.activation_score_bytes;
   p.act_layer = options_.activation_layer_bytes;
+  p.attn = q.attention;
   double width = 0;
   switch (q.kind) {
     case LayerKind::Encoder:
@@ -221,7 +240,7 @@ template <typename Plan>
   switch (p.kind) {
     case LayerKind::Encoder:
     case LayerKind::Decoder:
-      x = layer_acts(m, p.kind, p.t, b, p.s, p.d);
+      x = layer_acts(m, p.kind, p.t, b, p.s, p.d, p.attn);
       c.stored_bytes = stored_bytes(x, p.rc) + calibration_bytes(x, p.act_token, p.act_score, p.act_layer);
       c.peak_bytes = transient_bytes(x, p.rc);
       break;
@@ -264,7 +283,7 @@ template <typename Plan>
     case LayerKind::Decoder: {
       const bool dec = p.dec;
       const double tokens = p.tokens;
-      const LayerFlops fl = p.fl.at(b);
+      const LayerFlops fl = p.fl.at(b, p.attn);
       const double eff = eff_of(b * tokens);
       const double attn_ms = fl.attention / t / (flop_per_ms_ * eff * o.attention_efficiency);
       const double score_traffic_ms = o.memory_traffic * x.scores / hbm_per_ms_;

@@ -632,7 +632,7 @@ std::string cost_model_fingerprint(const CostModel& cm) {
         for (std::int64_t seq : {128, 1024}) {
           const std::int64_t dec = encdec ? 128 : 0;
           try {
-            const LayerCost t = stage_cost(cm, l, 1, mbs, seq, dec, rc);
+            const LayerCost t = stage_cost(cm, l, 1, MicroShape{mbs, seq, dec, {}}, rc);
             s += fmt::format("{} {} {}\n", t.forward_ms, t.backward_ms, t.recompute_ms);
           } catch (const InvalidArgument&) {
             s += "refused\n";
@@ -651,7 +651,7 @@ bool crosses_nodes(const CostModel& cm, std::int64_t tp, std::int64_t rank, std:
 
 double predict_ms(const CostModel& cm, const Measurement& m) {
   if (!is_compute(m.op)) return cm.comm().p2p_ms(static_cast<double>(m.bytes), crosses_nodes(cm, m.tp, m.rank, m.peer));
-  return op_time(stage_op_times(cm, m.layout, m.tp, m.rows, m.seq, m.dec_seq, m.recompute), m.op);
+  return op_time(stage_op_times(cm, m.layout, m.tp, m.shape(), m.recompute), m.op);
 }
 
 // ---- fitting ---------------------------------------------------------------------------------------
@@ -689,7 +689,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     }
     StageOpTimes t;
     try {
-      t = stage_op_times(base, m.layout, m.tp, m.rows, m.seq, m.dec_seq, m.recompute);
+      t = stage_op_times(base, m.layout, m.tp, m.shape(), m.recompute);
     } catch (const InvalidArgument& e) {
       PACKPIPE_THROW(InvalidArgument, "{}: the cost model ({}) refuses its shape (stage {} encoder + {} decoder layers{}{}, "
                      "tp {}, rows {}, seq {}, dec_seq {}, recompute {}): {}",
@@ -698,7 +698,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
                      m.rows, m.seq, m.dec_seq, recompute_name(m.recompute), e.what());
     }
     const double p = op_time(t, m.op);
-    const double tokens = shape_tokens(base.model(), m.rows, m.seq, m.dec_seq);
+    const double tokens = shape_tokens(base.model(), m.shape());
     if (m.op == MeasuredOp::BackwardInput || m.op == MeasuredOp::BackwardWeight) {
       Halves& h = halves[std::make_tuple(m.iteration, m.replica, m.rank, m.stage, m.mb)];
       h.tokens = tokens;

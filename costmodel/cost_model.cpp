@@ -35,9 +35,22 @@ void query_limits_failed(const Query& q, std::int64_t mbs) {
                  q.dec_seq, kMaxQueryTokens);
 }
 
+void attention_work_failed(const Query& q) {
+  const AttentionWork& a = q.attention;
+  PACKPIPE_THROW(InvalidArgument,
+                 "attention sums (self {}, dec_self {}, cross {}) are impossible for {} row(s) of {} tokens and {} "
+                 "decoder tokens: each sum lies between the tokens it covers and the dense rows' (mbs x seq^2, "
+                 "mbs x dec_seq^2, mbs x dec_seq x seq), and the decoder sums are set exactly when there are decoder "
+                 "tokens",
+                 a.self, a.dec_self, a.cross, q.mbs, q.seq, q.dec_seq);
+}
+
 void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) {
   PACKPIPE_CHECK_ARG(count >= 0, "query_rows: count must not be negative, found {}", count);
   PACKPIPE_CHECK_ARG(count == 0 || out != nullptr, "query_rows: out is null for {} rows", count);
+  PACKPIPE_CHECK_ARG(count <= 1 || !q.attention.varlen(),
+                     "query_rows: a varlen query's attention sums belong to one micro-batch; ask {} rows one at a "
+                     "time", count);
   PACKPIPE_CHECK_ARG(count == 0 || q.mbs <= std::numeric_limits<std::int64_t>::max() - (count - 1),
                      "query_rows: mbs {} + {} rows overflows", q.mbs, count);
   if (count > 0) check_query_limits(q, q.mbs + (count - 1));  // the largest row
@@ -111,8 +124,40 @@ double CommModel::reduce_scatter_ms(double bytes, std::int64_t n, bool inter_nod
 
 // ---- stage composition --------------------------------------------------------------------------
 
-LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
-                     std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, std::int64_t tp, const MicroShape& shape,
+                  Recompute rc) {
+  Query q;
+  q.kind = kind;
+  q.num_layers = num_layers;
+  q.tp = tp;
+  q.mbs = shape.rows;
+  q.seq = shape.seq;
+  q.dec_seq = m.arch == Architecture::EncoderDecoder ? shape.dec_seq : 0;
+  q.recompute = rc;
+  q.attention = shape.attention;
+  return q;
+}
+
+DenseShape dense_equivalent(const ModelSpec& m, const Query& q) {
+  const double rows = static_cast<double>(q.mbs);
+  DenseShape e{rows, static_cast<double>(q.seq), static_cast<double>(q.dec_seq)};
+  if (!q.attention.varlen()) return e;
+  const bool enc_dec = m.arch == Architecture::EncoderDecoder;
+  const double enc_tokens = rows * static_cast<double>(q.seq), dec_tokens = rows * static_cast<double>(q.dec_seq);
+  if (q.kind == LayerKind::Decoder || (enc_dec && q.kind == LayerKind::PostProcess)) {
+    e.dec_seq = static_cast<double>(q.attention.dec_self) / dec_tokens;
+    e.rows = dec_tokens / e.dec_seq;
+    e.seq = enc_tokens / e.rows;
+  } else {
+    e.seq = static_cast<double>(q.attention.self) / enc_tokens;
+    e.rows = enc_tokens / e.seq;
+    e.dec_seq = dec_tokens > 0 ? static_cast<double>(q.attention.dec_self) / dec_tokens : 0.0;
+  }
+  return e;
+}
+
+LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, const MicroShape& shape,
+                     Recompute rc) {
   const ModelSpec& m = cm.model();
   PACKPIPE_CHECK_ARG(layout.encoder_layers >= 0 && layout.decoder_layers >= 0,
                      "stage layer counts must be non-negative, found {} encoder and {} decoder", layout.encoder_layers,
@@ -130,15 +175,7 @@ LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_
   // the stage's stored total.
   auto add = [&](LayerKind kind, std::int64_t n) {
     if (n <= 0) return;
-    Query q;
-    q.kind = kind;
-    q.num_layers = n;
-    q.tp = tp;
-    q.mbs = mbs;
-    q.seq = seq;
-    q.dec_seq = m.arch == Architecture::EncoderDecoder ? dec_seq : 0;
-    q.recompute = rc;
-    const LayerCost c = cm.query(q);
+    const LayerCost c = cm.query(shape_query(m, kind, n, tp, shape, rc));
     total.forward_ms += c.forward_ms;
     total.backward_ms += c.backward_ms;
     total.recompute_ms += c.recompute_ms;

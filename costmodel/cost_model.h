@@ -35,9 +35,11 @@ inline constexpr EnumName<Provenance> kProvenanceNames[] = {{Provenance::Profile
 /// The provenance's name in kProvenanceNames.
 constexpr const char* provenance_name(Provenance p) { return enum_name(kProvenanceNames, p); }
 
-/// One query: `num_layers` consecutive layers of `kind` for a micro-batch of `mbs` samples padded
-/// to `seq` tokens (and `dec_seq` decoder tokens for encoder-decoder models) on one GPU of a
-/// tensor-parallel group of size `tp`.
+/// One query: `num_layers` consecutive layers of `kind` for a micro-batch of `mbs` rows of `seq`
+/// tokens (and `dec_seq` decoder tokens for encoder-decoder models) on one GPU of a tensor-parallel
+/// group of size `tp`. Rows are dense (padded, or packed under a block mask) unless `attention`
+/// says they are packed with varlen attention; then the linear parts cost mbs x seq tokens and the
+/// attention parts the sums of `attention` (docs/design/014-layouts.md).
 struct Query {
   LayerKind kind = LayerKind::Encoder;
   std::int64_t num_layers = 1;
@@ -46,7 +48,9 @@ struct Query {
   std::int64_t seq = 0;
   std::int64_t dec_seq = 0;
   Recompute recompute = Recompute::None;
+  AttentionWork attention;
 };
+
 
 /// Largest sizes a Query may name: far above any real shape, and small enough that every product
 /// of them the models form (tokens x hidden x bytes, seq^2 x mbs) stays exact and in range.
@@ -58,6 +62,23 @@ inline constexpr std::int64_t kMaxQueryTp = std::int64_t{1} << 16;
 
 /// Throws InvalidArgument naming the field, the value and the limit (query_limits_failed).
 [[noreturn]] void query_limits_failed(const Query& q, std::int64_t mbs);
+/// Throws InvalidArgument naming the sum, its value and its bounds (attention_work_failed).
+[[noreturn]] void attention_work_failed(const Query& q);
+/// Whether the attention sums of a varlen query are possible for `mbs` rows of (seq, dec_seq)
+/// tokens: each sum at least the tokens it covers (every segment holds a token) and at most the
+/// dense rows' (mbs x seq^2, ...); the decoder sums zero without decoder tokens, and both set
+/// together with them.
+inline bool attention_work_ok(const Query& q, std::int64_t mbs) {
+  const AttentionWork& a = q.attention;
+  if (mbs <= 0 || q.seq < 0 || q.dec_seq < 0) return true;  // the models' own checks name these
+  const std::int64_t enc = mbs * q.seq, dec = mbs * q.dec_seq;
+  const bool self_ok = q.seq == 0 ? a.self == 0 : (a.self >= enc && a.self <= enc * q.seq);
+  const bool dec_ok = q.dec_seq == 0 ? (a.dec_self == 0 && a.cross == 0)
+                                     : (a.dec_self >= dec && a.dec_self <= dec * q.dec_seq && a.cross >= 0 &&
+                                        a.cross <= dec * q.seq && (a.cross > 0) == (q.seq > 0));
+  return self_ok && dec_ok;
+}
+
 /// Throws InvalidArgument naming the field, the value and the limit if a size of `q` (with mbs
 /// `mbs`; sizes below 1 are left to the models' own checks) is above the limits above. Inline:
 /// comparisons only until it throws.
@@ -67,6 +88,7 @@ inline void check_query_limits(const Query& q, std::int64_t mbs) {
       (mbs > 0 && q.seq >= 0 && q.dec_seq >= 0 && mbs * (q.seq + q.dec_seq) > kMaxQueryTokens)) {
     query_limits_failed(q, mbs);
   }
+  if (q.attention.varlen() && !attention_work_ok(q, mbs)) attention_work_failed(q);
 }
 
 /// Answer for a Query (all layers of the query together). Times in milliseconds, memory in bytes.
@@ -182,10 +204,30 @@ struct StageLayout {
   bool has_postprocess = false;
 };
 
+/// The query of `num_layers` layers of `kind` for micro-batch `shape` (dec_seq dropped for a
+/// decoder-only model, as every stage composition asks it).
+Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, std::int64_t tp, const MicroShape& shape,
+                  Recompute rc);
+
+/// Dense rows with the tokens and attention sums of query `q` on the lengths its kind reads:
+/// `rows` rows of `seq` tokens with rows x seq = the tokens and rows x seq^2 = the self-attention
+/// sum; for decoder layers and an encoder-decoder post-process the decoder side sets them (rows x
+/// dec_seq = decoder tokens, rows x dec_seq^2 = dec_self) and seq = encoder tokens / rows. A dense
+/// query maps to its own shape. How the profiled models read a varlen query from padded grids.
+struct DenseShape {
+  double rows = 1, seq = 0, dec_seq = 0;
+};
+DenseShape dense_equivalent(const ModelSpec& m, const Query& q);
+
 /// Cost of one micro-batch on one stage: the layers of `layout` composed (times add; stored
 /// activations add; peak = max over layers of stored-so-far + that layer's peak).
-LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
-                     std::int64_t seq, std::int64_t dec_seq, Recompute rc);
+LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, const MicroShape& shape,
+                     Recompute rc);
+/// stage_cost of `mbs` dense rows of `seq` tokens (`dec_seq` decoder tokens).
+inline LayerCost stage_cost(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
+                            std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
+  return stage_cost(cm, layout, tp, MicroShape{mbs, seq, dec_seq, {}}, rc);
+}
 /// Static memory of a stage's layers (parameters / tp) under data parallelism and ZeRO.
 StaticMemory stage_static_memory(const ModelSpec& m, const StageLayout& layout, std::int64_t tp,
                                  std::int64_t dp, int zero_stage);

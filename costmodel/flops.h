@@ -31,6 +31,35 @@ inline LayerKind layer_kind_from_name(const std::string& name) {
   return enum_from_name(kLayerKindNames, name, "layer kind");
 }
 
+/// Attention work of a micro-batch whose rows hold packed samples attended apart (varlen
+/// attention: cu_seqlens), as sums over its segments: `self` = sum of l_i^2 over the encoder (or
+/// whole-sample) segments, `dec_self` = sum of d_i^2 over the decoder segments, `cross` = sum of
+/// d_i x l_i (decoder queries against their own sample's encoder keys). All zero: dense attention
+/// over every row, as padded rows and rows packed under a block mask run it (mbs x seq^2,
+/// mbs x dec_seq^2 and mbs x dec_seq x seq). Nonzero: seq and dec_seq are the rows' tokens.
+struct AttentionWork {
+  std::int64_t self = 0;
+  std::int64_t dec_self = 0;
+  std::int64_t cross = 0;
+  /// Whether any sum is set (the micro-batch is packed with varlen attention).
+  bool varlen() const { return self != 0 || dec_self != 0 || cross != 0; }
+  /// Adds one packed sample of `seq` encoder (or whole-sample) tokens and `dec` decoder tokens.
+  void add(std::int64_t seq, std::int64_t dec) {
+    self += seq * seq;
+    dec_self += dec * dec;
+    cross += dec * seq;
+  }
+};
+
+/// A micro-batch's shape as every cost function takes it: `rows` rows of `seq` tokens (`dec_seq`
+/// decoder tokens) and, for varlen rows, their attention sums.
+struct MicroShape {
+  std::int64_t rows = 1;
+  std::int64_t seq = 0;
+  std::int64_t dec_seq = 0;
+  AttentionWork attention;
+};
+
 /// Forward FLOPs of one layer, split into dense matrix products and the quadratic attention part.
 struct LayerFlops {
   double matmul = 0;     ///< GEMMs with weights (QKV, output projection, MLP, LM head)
@@ -48,7 +77,7 @@ struct FlopsShape {
   double cross = 0;     ///< decoder: cross-attention GEMM terms of one sample
   double mlp = 0;       ///< decoder: MLP GEMM terms of one token
   double post_len = 0;  ///< post-process: tokens per sample
-  /// FLOPs for `b` (a positive micro-batch size as a double); no checks, no allocation.
+  /// FLOPs of `b` dense rows (a positive micro-batch size as a double); no checks, no allocation.
   LayerFlops at(double b) const {
     LayerFlops f;
     switch (kind) {
@@ -62,6 +91,20 @@ struct FlopsShape {
         f.attention = 2.0 * 2.0 * b * d * d * q + 2.0 * 2.0 * b * d * s * q;
         break;
       case LayerKind::PostProcess: f.matmul = 2.0 * b * post_len * h * vocab; break;
+    }
+    return f;
+  }
+  /// FLOPs of `b` rows whose attention is `w` (at(b) when w is not varlen): the GEMMs read the
+  /// tokens, the attention products the sums of w instead of the dense rows' squares.
+  LayerFlops at(double b, const AttentionWork& w) const {
+    LayerFlops f = at(b);
+    if (!w.varlen()) return f;
+    switch (kind) {
+      case LayerKind::Encoder: f.attention = 2.0 * 2.0 * static_cast<double>(w.self) * q; break;
+      case LayerKind::Decoder:
+        f.attention = 2.0 * 2.0 * static_cast<double>(w.dec_self) * q + 2.0 * 2.0 * static_cast<double>(w.cross) * q;
+        break;
+      default: break;
     }
     return f;
   }
@@ -140,6 +183,16 @@ inline LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, std::int64_t
                                 std::int64_t dec_seq = 0) {
   if (mbs <= 0 || !detail::flops_lengths_ok(m, kind, seq, dec_seq)) detail::refuse_flops(m, kind, mbs, seq, dec_seq);
   return detail::flops_shape_unchecked(m, kind, seq, dec_seq).at(static_cast<double>(mbs));
+}
+
+/// Forward FLOPs of one layer of `kind` for the micro-batch `shape` (varlen attention from its
+/// sums); throws as forward_flops.
+inline LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, const MicroShape& shape) {
+  if (shape.rows <= 0 || !detail::flops_lengths_ok(m, kind, shape.seq, shape.dec_seq)) {
+    detail::refuse_flops(m, kind, shape.rows, shape.seq, shape.dec_seq);
+  }
+  return detail::flops_shape_unchecked(m, kind, shape.seq, shape.dec_seq)
+      .at(static_cast<double>(shape.rows), shape.attention);
 }
 
 /// Model FLOPs of one training iteration (forward + backward = 3 x forward, no recompute) over

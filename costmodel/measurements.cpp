@@ -72,6 +72,24 @@ struct Line {
     PACKPIPE_CHECK(v.is_string(), "{}: field '{}': expected a string, found {}", where, key, found(v));
     return v.get<std::string>();
   }
+  /// Varlen attention sums: [self, dec_self, cross], integers in [0, 2^62], not all zero.
+  AttentionWork attention(const char* key) const {
+    const Json& v = at(key);
+    PACKPIPE_CHECK(v.is_array() && v.size() == 3, "{}: field '{}': expected [self, dec_self, cross] (three integers), "
+                   "found {}", where, key, found(v));
+    std::int64_t x[3];
+    for (std::size_t i = 0; i < 3; ++i) {
+      const Json& e = v[i];
+      PACKPIPE_CHECK(e.is_number_integer() && (e.is_number_unsigned() ? e.get<std::uint64_t>() <= (std::uint64_t{1} << 62)
+                                                                        : e.get<std::int64_t>() >= 0 &&
+                                                                              e.get<std::int64_t>() <= (std::int64_t{1} << 62)),
+                     "{}: field '{}': entry {} must be an integer in [0, 2^62], found {}", where, key, i, found(e));
+      x[i] = e.get<std::int64_t>();
+    }
+    AttentionWork w{x[0], x[1], x[2]};
+    PACKPIPE_CHECK(w.varlen(), "{}: field '{}': all three sums are 0 (leave the field out for dense rows)", where, key);
+    return w;
+  }
   void only(std::initializer_list<const char*> keys) const {
     const std::set<std::string> allowed(keys.begin(), keys.end());
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -123,6 +141,17 @@ void check_measurement(const Measurement& m, std::string_view where) {
   PACKPIPE_CHECK_ARG(m.layout.encoder_layers + m.layout.decoder_layers > 0 || m.layout.has_embedding ||
                          m.layout.has_postprocess,
                      "{} ({}): the stage holds no layers, no embedding and no LM head", where, op);
+  if (m.attention.varlen()) {
+    Query q;
+    q.mbs = m.rows;
+    q.seq = m.seq;
+    q.dec_seq = m.dec_seq;
+    q.attention = m.attention;
+    PACKPIPE_CHECK_ARG(attention_work_ok(q, m.rows),
+                       "{} ({}): attention sums [{}, {}, {}] are impossible for {} row(s) of {} + {} tokens (each sum "
+                       "between the tokens it covers and the dense rows')",
+                       where, op, m.attention.self, m.attention.dec_self, m.attention.cross, m.rows, m.seq, m.dec_seq);
+  }
   const char* rc = recompute_name(m.recompute);
   PACKPIPE_CHECK_ARG(std::string_view(rc) != "?", "{} ({}): unknown recompute value {}", where, op,
                      static_cast<int>(m.recompute));
@@ -163,6 +192,7 @@ std::string measurement_line(const Measurement& m) {
   j["rows"] = m.rows;
   j["seq"] = m.seq;
   j["dec_seq"] = m.dec_seq;
+  if (m.attention.varlen()) j["attention"] = {m.attention.self, m.attention.dec_self, m.attention.cross};
   j["recompute"] = recompute_name(m.recompute);
   j["bytes"] = m.bytes;
   j["ms"] = m.ms;
@@ -263,7 +293,8 @@ MeasurementSet parse_measurements(std::string_view text, const std::string& what
     PACKPIPE_CHECK(name != nullptr, "{}: field 'op': unknown op '{}' (expected {}, iteration)", where, op,
                    enum_name_list(kMeasuredOpNames));
     l.only({"op", "encoder_layers", "decoder_layers", "embedding", "postprocess", "tp", "rows", "seq", "dec_seq",
-            "recompute", "bytes", "ms", "iteration", "replica", "rank", "stage", "mb", "index", "start_ms", "peer"});
+            "attention", "recompute", "bytes", "ms", "iteration", "replica", "rank", "stage", "mb", "index",
+            "start_ms", "peer"});
     Measurement m;
     m.op = name->value;
     // Sizes are read as signed integers so that a zero or negative one reaches check_measurement's
@@ -276,6 +307,7 @@ MeasurementSet parse_measurements(std::string_view text, const std::string& what
     m.rows = l.integer("rows", -kMaxI64, kMaxI64);
     m.seq = l.integer("seq", -kMaxI64, kMaxI64);
     m.dec_seq = l.integer("dec_seq", -kMaxI64, kMaxI64);
+    if (j.contains("attention")) m.attention = l.attention("attention");
     const std::string rc = l.text("recompute");
     const auto* rcn = enum_find(kRecomputeNames, rc);
     PACKPIPE_CHECK(rcn != nullptr, "{}: field 'recompute': unknown mode '{}' (expected {})", where, rc,

@@ -5,6 +5,7 @@
 //   {"format":"packpipe-measurements","version":1,"model":"gpt-6.7b","device":"A100-40GB","source":"..."}
 //   {"op":"F","encoder_layers":4,"decoder_layers":0,"embedding":true,"postprocess":false,"tp":1,
 //    "rows":2,"seq":512,"dec_seq":0,"recompute":"none","bytes":0,"ms":12.5,"iteration":0,
+//    (varlen rows add "attention":[self, dec_self, cross], the sums of costmodel::AttentionWork)
 //    "replica":0,"rank":0,"stage":0,"mb":3,"index":17,"start_ms":40.1,"peer":-1}
 //   {"op":"iteration","iteration":0,"replica":0,"measured_ms":812.0,"predicted_ms":790.5}
 //
@@ -46,6 +47,7 @@ struct Measurement {
   std::int64_t rows = 1;         ///< micro-batch rows (mbs)
   std::int64_t seq = 1;          ///< padded tokens per row (encoder side of encoder-decoder models)
   std::int64_t dec_seq = 0;      ///< padded decoder tokens per row (encoder-decoder), else 0
+  AttentionWork attention;       ///< varlen rows' attention sums (none: dense rows); file field "attention"
   Recompute recompute = Recompute::None;
   std::uint64_t bytes = 0;       ///< transfers: bytes moved (the plan's shape); compute ops: 0
   double ms = 0;                 ///< measured duration
@@ -60,6 +62,8 @@ struct Measurement {
   std::int64_t peer = -1;        ///< transfers: the other rank; compute ops: -1
   /// rows x (seq + dec_seq).
   double tokens() const { return static_cast<double>(rows) * static_cast<double>(seq + dec_seq); }
+  /// The micro-batch shape the cost model is asked about.
+  MicroShape shape() const { return MicroShape{rows, seq, dec_seq, attention}; }
 };
 
 /// One iteration of one data-parallel replica: measured makespan (first start to last end over

@@ -141,6 +141,37 @@ struct Featurizer {
     x[2] = b * L * L;
     return 3;
   }
+  /// time() of varlen query `q`: the FLOPs of its tokens and attention sums (tokens for the
+  /// embedding's gather).
+  int time_varlen(const Query& q, double* x) const {
+    const FlopsShape fs = shape(q.seq, q.dec_seq);
+    const LayerFlops f = fs.at(static_cast<double>(q.mbs), q.attention);
+    x[0] = 1.0;
+    if (f.total() <= 0) {
+      x[1] = static_cast<double>(q.mbs) * static_cast<double>(std::max(q.seq, q.dec_seq)) * 1e-3;
+      return 2;
+    }
+    x[1] = f.matmul * 1e-9;
+    if (f.attention <= 0) return 2;
+    x[2] = f.attention * 1e-9;
+    return 3;
+  }
+  /// memory() of varlen query `q`: its tokens and attention sums in place of b L and b L^2.
+  int memory_varlen(const Query& q, bool seq_axis, double* x) const {
+    const double rows = static_cast<double>(q.mbs);
+    x[0] = 1.0;
+    if (kind == LayerKind::Decoder) {
+      x[1] = rows * static_cast<double>(q.dec_seq);
+      x[2] = rows * static_cast<double>(q.seq);
+      x[3] = static_cast<double>(q.attention.dec_self);
+      x[4] = static_cast<double>(q.attention.cross);
+      return 5;
+    }
+    const bool dec_side = !seq_axis;  // an encoder-decoder post-process: the decoder tokens
+    x[1] = rows * static_cast<double>(dec_side ? q.dec_seq : q.seq);
+    x[2] = static_cast<double>(dec_side ? q.attention.dec_self : q.attention.self);
+    return 3;
+  }
   int features(bool is_time, std::int64_t b, std::int64_t s, std::int64_t d, double* x) const {
     return is_time ? time(b, s, d, x) : memory(b, s, d, x);
   }
@@ -483,7 +514,9 @@ struct Bracket {
 /// Position of x on the sorted axis v (log2 values lg): the two nodes around it and the weight of
 /// the upper one, linear in log2 x. With `hint` (batch queries along a growing x), the search
 /// starts at *hint (an index with v[*hint] <= x, 0 at first) and leaves the found index there.
-[[gnu::always_inline]] inline Bracket bracket(const std::int64_t* v, const double* lg, int n, std::int64_t x,
+/// X is std::int64_t (sizes and lengths) or double (the equivalent dense shape of varlen rows).
+template <typename X>
+[[gnu::always_inline]] inline Bracket bracket(const std::int64_t* v, const double* lg, int n, X x,
                                               double log2x = kNaN, int* hint = nullptr) {
   Bracket b;
   if (x <= v[0]) {
@@ -541,7 +574,8 @@ struct Grid {
 };
 
 /// Interpolates a row at micro-batch size b; `exact`/`extrap` updated; `hint` as for bracket().
-[[gnu::always_inline]] inline Node row_value(const Grid& g, int row, std::int64_t b, double log2b, bool& exact,
+template <typename X>
+[[gnu::always_inline]] inline Node row_value(const Grid& g, int row, X b, double log2b, bool& exact,
                                              bool& extrap, int* hint = nullptr) {
   const auto begin = static_cast<std::size_t>(g.row_begin[static_cast<std::size_t>(row)]);
   const int n = g.row_count[static_cast<std::size_t>(row)];
@@ -815,6 +849,10 @@ struct Log2Table {
   return y < f.floor ? f.floor : y;
 }
 
+/// x clamped up to the smallest value of an axis with at least two values (the latency floor below
+/// the grid); a single value gives no trend.
+inline std::int64_t clamp_low(const Axis& a, std::int64_t x) { return a.v.size() > 1 && x < a.v[0] ? a.v[0] : x; }
+
 /// A query with its micro-batch size left open.
 /// Filled by Rows::plan (no initializers: a query must not pay for zeroing it; plan sets every
 /// field row() reads when g is set).
@@ -831,7 +869,15 @@ struct RowPlan {
   std::int64_t ts, td;      ///< shape of the time features (clamped below the grid)
   std::int64_t ms, md;      ///< shape of the memory features
   FlopsShape fs;            ///< FLOPs of (ts, td), the size left open
+  // Varlen rows (Query::attention set): the residual is read at the dense shape with the same
+  // tokens and attention sums (vb rows of the cell's lengths), the features at the real sums.
+  bool varlen;
+  double vb, vlb;           ///< the equivalent micro-batch size (clamped below the grid) and its log2
+  int kt, km;               ///< feature counts of xt, xm
+  double xt[kMaxFeatures];  ///< time features of the real shape
+  double xm[kMaxFeatures];  ///< memory features of the real shape
 };
+
 
 }  // namespace
 
@@ -846,6 +892,12 @@ struct ProfiledCostModel::Rows {
   }
   /// Checks `q` as query() does (throws InvalidArgument) and fills `p`.
   static void plan(const Impl& I, const Query& q, RowPlan& p);
+  /// plan() of a varlen query on grid `g` (the residual at the dense equivalent shape).
+  static void plan_varlen(const Impl& I, const Query& q, const Grid* g, RowPlan& p);
+  /// The (seq, dec_seq) rows around brackets bs and bd of grid `g` with their weights into `p`
+  /// (p.g set); false when every corner is a hole (the fallback answers; throws without one).
+  static bool corners(const Impl& I, const Query& q, const Grid& g, const Bracket& bs, const Bracket& bd, RowPlan& p,
+                      bool exact, bool extrap);
   /// The answer at micro-batch size `mbs` (q.mbs ignored). A memory fallback that refuses throws
   /// (one_row) or returns false (batch: `hint` given, one per corner). `fallback_row`: the
   /// fallback's answer at this size when the caller already has it (batch), else null.
@@ -871,6 +923,7 @@ struct ProfiledCostModel::Rows {
   PACKPIPE_CHECK_ARG(q.kind != LayerKind::Decoder || enc_dec, "model '{}' is decoder-only: it has no decoder layers",
                      I.model.name);
   p.g = nullptr;
+  p.varlen = false;
   p.mbs_limit = std::numeric_limits<std::int64_t>::max();
   const Grid* g = I.find(q.kind, q.tp, q.recompute);
   p.derived = g != nullptr && g->derived;
@@ -879,6 +932,10 @@ struct ProfiledCostModel::Rows {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "{} layers at tp {} with recompute {} are not profiled and there is no analytic fallback",
                        layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
+    return;
+  }
+  if (q.attention.varlen()) {
+    plan_varlen(I, q, g, p);
     return;
   }
   // Refuse far beyond the grid.
@@ -897,8 +954,6 @@ struct ProfiledCostModel::Rows {
   }
   p.mbs_limit = 2 * g->mbs.max();  // also when the fallback answers (below): query() refuses first
   bool exact = true, extrap = false;
-  // Clamp below axes with at least two values (latency floor); a single value gives no trend.
-  auto clamp_low = [](const Axis& a, std::int64_t x) { return a.v.size() > 1 && x < a.v[0] ? a.v[0] : x; };
   const std::int64_t s = g->seq.used() ? clamp_low(g->seq, q.seq) : 0;
   const std::int64_t d = g->dec.used() ? clamp_low(g->dec, q.dec_seq) : 0;
   Bracket bs, bd;
@@ -908,11 +963,68 @@ struct ProfiledCostModel::Rows {
   if (g->dec.used()) {
     bd = bracket(g->dec.v.data(), g->dec.lg.data(), static_cast<int>(g->dec.v.size()), d, log2_int(d));
   }
+  if ((g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
+  if (!corners(I, q, *g, bs, bd, p, exact, extrap)) return;
+  // Time at the clamped shape (latency floor below the grid), at the real shape above it.
+  p.ts = g->seq.used() ? s : q.seq;
+  p.td = g->dec.used() ? d : q.dec_seq;
+  p.fs = Featurizer{&I.model, q.kind}.shape(p.ts, p.td);
+  p.ms = g->seq.used() ? q.seq : 0;
+  p.md = g->dec.used() ? q.dec_seq : 0;
+}
+
+void ProfiledCostModel::Rows::plan_varlen(const Impl& I, const Query& q, const Grid* g, RowPlan& p) {
+  const DenseShape e = dense_equivalent(I.model, q);
+  // Segments far beyond the grid are refused, as a padded query's lengths are; many segments are
+  // not (the equivalent size is held at the grid's edge and the FLOP features follow the tokens).
+  if (g->seq.used()) {
+    PACKPIPE_CHECK_ARG(e.seq <= 2.0 * static_cast<double>(g->seq.max()),
+                       "varlen rows: the segments' mean length {:.1f} (sum of squares / tokens) is beyond twice the "
+                       "largest profiled sequence length {} ({} tp {} rc {})",
+                       e.seq, g->seq.max(), layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
+  }
+  if (g->dec.used()) {
+    PACKPIPE_CHECK_ARG(e.dec_seq <= 2.0 * static_cast<double>(g->dec.max()),
+                       "varlen rows: the decoder segments' mean length {:.1f} is beyond twice the largest profiled "
+                       "decoder length {} ({} tp {} rc {})",
+                       e.dec_seq, g->dec.max(), layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
+  }
+  p.mbs_limit = std::numeric_limits<std::int64_t>::max();
+  bool exact = false, extrap = false;  // an equivalent shape is never a measured one
+  auto clamp_d = [](const Axis& a, double x) { return a.v.size() > 1 && x < static_cast<double>(a.v[0]) ? static_cast<double>(a.v[0]) : x; };
+  Bracket bs, bd;
+  if (g->seq.used()) {
+    const double x = clamp_d(g->seq, e.seq);
+    bs = bracket(g->seq.v.data(), g->seq.lg.data(), static_cast<int>(g->seq.v.size()), x, std::log2(x));
+  }
+  if (g->dec.used()) {
+    const double x = clamp_d(g->dec, e.dec_seq);
+    bd = bracket(g->dec.v.data(), g->dec.lg.data(), static_cast<int>(g->dec.v.size()), x, std::log2(x));
+  }
+  if (!corners(I, q, *g, bs, bd, p, exact, extrap)) return;
+  p.varlen = true;
+  p.exact = false;
+  p.vb = clamp_d(g->mbs, e.rows);
+  p.vlb = std::log2(p.vb);
+  if (e.rows > static_cast<double>(g->mbs.max())) p.extrap = true;
+  const Featurizer fz{&I.model, q.kind};
+  std::fill(p.xt, p.xt + kMaxFeatures, 0.0);
+  std::fill(p.xm, p.xm + kMaxFeatures, 0.0);
+  p.kt = fz.time_varlen(q, p.xt);
+  p.km = fz.memory_varlen(q, g->seq.used(), p.xm);
+  p.ts = q.seq;
+  p.td = q.dec_seq;
+  p.ms = q.seq;
+  p.md = q.dec_seq;
+}
+
+bool ProfiledCostModel::Rows::corners(const Impl& I, const Query& q, const Grid& grid, const Bracket& bs,
+                                      const Bracket& bd, RowPlan& p, bool exact, bool extrap) {
+  const Grid* g = &grid;
   for (const Bracket* br : {&bs, &bd}) {
     if (!br->exact) exact = false;
     if (br->above) extrap = true;
   }
-  if ((g->seq.used() && s != q.seq) || (g->dec.used() && d != q.dec_seq)) exact = false;
   const std::size_t nd = g->dec.v.size();
   double wsum = 0;
   p.corners = 0;
@@ -941,18 +1053,13 @@ struct ProfiledCostModel::Rows {
     PACKPIPE_CHECK_ARG(I.fallback != nullptr,
                        "no profiled shape near mbs {} seq {} dec_seq {} ({} tp {} rc {}) and no analytic fallback",
                        q.mbs, q.seq, q.dec_seq, layer_kind_name(q.kind), q.tp, recompute_name(q.recompute));
-    return;
+    return false;
   }
   p.g = g;
   p.exact = exact;
   p.extrap = extrap;
   p.inv = 1.0 / wsum;
-  // Time at the clamped shape (latency floor below the grid), at the real shape above it.
-  p.ts = g->seq.used() ? s : q.seq;
-  p.td = g->dec.used() ? d : q.dec_seq;
-  p.fs = Featurizer{&I.model, q.kind}.shape(p.ts, p.td);
-  p.ms = g->seq.used() ? q.seq : 0;
-  p.md = g->dec.used() ? q.dec_seq : 0;
+  return true;
 }
 
 [[gnu::always_inline]] inline bool ProfiledCostModel::Rows::row(const Impl& I, const RowPlan& p, const Query& q,
@@ -961,17 +1068,26 @@ struct ProfiledCostModel::Rows {
   const Grid& g = *p.g;
   const std::int64_t b = g.mbs.v.size() > 1 && mbs < g.mbs.v[0] ? g.mbs.v[0] : mbs;
   bool exact = p.exact && b == mbs, extrap = p.extrap;
-  const double log2b = log2_int(b);
   double acc[kFields] = {0, 0, 0, 0};
-  for (int c = 0; c < p.corners; ++c) {
-    const Node n = row_value(g, p.row[c], b, log2b, exact, extrap, hint ? hint + c : nullptr);
-    for (int f = 0; f < kFields; ++f) acc[f] += p.w[c] * n.r[f];
+  if (p.varlen) {
+    for (int c = 0; c < p.corners; ++c) {
+      const Node n = row_value(g, p.row[c], p.vb, p.vlb, exact, extrap);
+      for (int f = 0; f < kFields; ++f) acc[f] += p.w[c] * n.r[f];
+    }
+    exact = false;
+  } else {
+    const double log2b = log2_int(b);
+    for (int c = 0; c < p.corners; ++c) {
+      const Node n = row_value(g, p.row[c], b, log2b, exact, extrap, hint ? hint + c : nullptr);
+      for (int f = 0; f < kFields; ++f) acc[f] += p.w[c] * n.r[f];
+    }
   }
   const double inv = p.inv;
   const double layers = static_cast<double>(q.num_layers);
   const Featurizer fz{&I.model, q.kind};
   double xt[kMaxFeatures] = {0, 0, 0, 0, 0};
-  const int kt = fz.time_at(p.fs, b, p.ts, p.td, xt);
+  const int kt = p.varlen ? p.kt : fz.time_at(p.fs, b, p.ts, p.td, xt);
+  if (p.varlen) std::copy(p.xt, p.xt + kMaxFeatures, xt);
   const Provenance prov = p.derived ? Provenance::Derived
                           : exact  ? Provenance::Profiled
                                    : (extrap ? Provenance::Extrapolated : Provenance::Interpolated);
@@ -999,7 +1115,8 @@ struct ProfiledCostModel::Rows {
                    bwd_profiled);
   }
   double xm[kMaxFeatures] = {0, 0, 0, 0, 0};
-  const int km = fz.memory(mbs, p.ms, p.md, xm);
+  const int km = p.varlen ? p.km : fz.memory(mbs, p.ms, p.md, xm);
+  if (p.varlen) std::copy(p.xm, p.xm + kMaxFeatures, xm);
   if (g.has[2] && !std::isnan(acc[2])) {
     double stored = fit_apply(g.fit[2], xm, km, acc[2] * inv);
     double peak = g.has[3] && !std::isnan(acc[3]) ? fit_apply(g.fit[3], xm, km, acc[3] * inv) : 0.0;

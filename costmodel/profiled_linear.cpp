@@ -118,10 +118,10 @@ void keep_max(Nodes& nodes, const std::array<std::int64_t, kMaxDims>& x, double 
 /// The share of a layer's forward a recompute mode repeats: all of it (full), the attention FLOPs'
 /// share (selective), nothing (none, and kinds other than encoder and decoder layers).
 double recompute_share(const ModelSpec& m, LayerKind kind, Recompute rc, std::int64_t mbs, std::int64_t seq,
-                       std::int64_t dec) {
+                       std::int64_t dec, const AttentionWork& w = {}) {
   if (rc == Recompute::None || (kind != LayerKind::Encoder && kind != LayerKind::Decoder)) return 0;
   if (rc == Recompute::Full) return 1;
-  const LayerFlops f = forward_flops(m, kind, mbs, seq, kind == LayerKind::Decoder ? dec : 0);
+  const LayerFlops f = forward_flops(m, kind, MicroShape{mbs, seq, kind == LayerKind::Decoder ? dec : 0, w});
   return f.total() > 0 ? f.attention / f.total() : 0.0;
 }
 
@@ -141,11 +141,12 @@ struct LinearProfiledCostModel::Impl {
     return it == grids.end() || it->second.fwd.empty() || it->second.bwd.empty() ? nullptr : &it->second;
   }
   /// DynaPipe's coordinates of a query.
+  /// The query's node coordinates (varlen rows: their dense equivalent, cost_model.h).
   std::array<double, kMaxDims> coords(const Query& q) const {
-    const auto b = static_cast<double>(q.mbs);
-    if (q.kind == LayerKind::Decoder) return {b, static_cast<double>(q.seq), static_cast<double>(q.dec_seq)};
-    if (q.kind == LayerKind::PostProcess && enc_dec) return {b, static_cast<double>(q.dec_seq), 0};
-    return {b, static_cast<double>(q.seq), 0};
+    const DenseShape e = dense_equivalent(model, q);
+    if (q.kind == LayerKind::Decoder) return {e.rows, e.seq, e.dec_seq};
+    if (q.kind == LayerKind::PostProcess && enc_dec) return {e.rows, e.dec_seq, 0};
+    return {e.rows, e.seq, 0};
   }
 };
 
@@ -304,7 +305,7 @@ LayerCost LinearProfiledCostModel::query(const Query& q) const {
   const Provenance prov = g->derived ? Provenance::Derived : Provenance::Interpolated;
   LayerCost out;
   // DynaPipe's backward includes the recompute: split it off, the sum unchanged.
-  const double share = recompute_share(I.model, q.kind, q.recompute, q.mbs, q.seq, q.dec_seq);
+  const double share = recompute_share(I.model, q.kind, q.recompute, q.mbs, q.seq, q.dec_seq, q.attention);
   const double recompute = std::min(share * fwd, std::max(0.0, bwd));
   out.forward_ms = fwd * layers;
   out.recompute_ms = recompute * layers;

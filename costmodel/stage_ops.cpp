@@ -5,15 +5,14 @@
 
 namespace packpipe::costmodel {
 
-double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, std::int64_t mbs, std::int64_t seq,
-                             std::int64_t dec_seq) {
+double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape) {
   // Weight gradients redo the dense GEMMs once (dW = x^T dy); input gradients the GEMMs once
   // more plus twice the attention products, so the weight share of backward is
   // matmul / (2 (matmul + attention)) of the stage's forward FLOPs.
   double matmul = 0, attention = 0;
   auto add = [&](LayerKind kind, std::int64_t layers) {
     if (layers <= 0) return;
-    const auto f = forward_flops(m, kind, mbs, seq, dec_seq);
+    const auto f = forward_flops(m, kind, shape);
     matmul += static_cast<double>(layers) * f.matmul;
     attention += static_cast<double>(layers) * f.attention;
   };
@@ -23,26 +22,26 @@ double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, std:
   return matmul + attention > 0 ? matmul / (2.0 * (matmul + attention)) : 0.0;
 }
 
-double shape_tokens(const ModelSpec& m, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq) {
-  const std::int64_t dec = m.arch == Architecture::EncoderDecoder ? dec_seq : 0;
-  return static_cast<double>(mbs) * static_cast<double>(seq + dec);
+double shape_tokens(const ModelSpec& m, const MicroShape& shape) {
+  const std::int64_t dec = m.arch == Architecture::EncoderDecoder ? shape.dec_seq : 0;
+  return static_cast<double>(shape.rows) * static_cast<double>(shape.seq + dec);
 }
 
-StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout, std::int64_t mbs,
-                            std::int64_t seq, std::int64_t dec_seq) {
-  const double w_share = weight_gradient_share(cm.model(), layout, mbs, seq, dec_seq);
+StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout,
+                            const MicroShape& shape) {
+  const double w_share = weight_gradient_share(cm.model(), layout, shape);
   StageOpTimes t;
   t.forward_ms = stage.forward_ms;
   t.backward_ms = stage.backward_ms + stage.recompute_ms;
   t.backward_weight_ms = stage.backward_ms * w_share;
   t.backward_input_ms = t.backward_ms - t.backward_weight_ms;
-  if (const Calibration* cal = cm.calibration()) return cal->apply(t, shape_tokens(cm.model(), mbs, seq, dec_seq));
+  if (const Calibration* cal = cm.calibration()) return cal->apply(t, shape_tokens(cm.model(), shape));
   return t;
 }
 
-StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
-                            std::int64_t seq, std::int64_t dec_seq, Recompute rc) {
-  return stage_op_times(cm, stage_cost(cm, layout, tp, mbs, seq, dec_seq, rc), layout, mbs, seq, dec_seq);
+StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std::int64_t tp, const MicroShape& shape,
+                            Recompute rc) {
+  return stage_op_times(cm, stage_cost(cm, layout, tp, shape, rc), layout, shape);
 }
 
 double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens) {

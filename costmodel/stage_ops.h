@@ -23,21 +23,20 @@ struct StageOpTimes {
 /// dense GEMMs once (dW = x^T dy), input gradients the GEMMs once more plus twice the attention
 /// products, so the share is matmul / (2 (matmul + attention)) of the stage's forward FLOPs
 /// (0 for a stage without GEMMs). Pure arithmetic; no checks beyond forward_flops'.
-double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, std::int64_t mbs, std::int64_t seq,
-                             std::int64_t dec_seq);
+double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
 
-/// Tokens of a micro-batch shape, the coordinate of calibration regions: mbs x (seq + dec_seq),
+/// Tokens of a micro-batch shape, the coordinate of calibration regions: rows x (seq + dec_seq),
 /// dec_seq counted for encoder-decoder models only (what stage_cost queries).
-double shape_tokens(const ModelSpec& m, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq);
+double shape_tokens(const ModelSpec& m, const MicroShape& shape);
 
 /// The op times of a stage from stage_cost's answer `stage` for that shape (forward; backward +
 /// recompute; weight share x backward; the rest is the input half), calibrated when
 /// cm.calibration() is set (Calibration::apply). Thread-safe; no allocation.
-StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout, std::int64_t mbs,
-                            std::int64_t seq, std::int64_t dec_seq);
-/// stage_op_times of stage_cost(cm, layout, tp, mbs, seq, dec_seq, rc). Throws as stage_cost.
-StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std::int64_t tp, std::int64_t mbs,
-                            std::int64_t seq, std::int64_t dec_seq, Recompute rc);
+StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout,
+                            const MicroShape& shape);
+/// stage_op_times of stage_cost(cm, layout, tp, shape, rc). Throws as stage_cost.
+StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std::int64_t tp, const MicroShape& shape,
+                            Recompute rc);
 
 /// Forward plus full backward of a stage (the partitioner's and layer balancing's stage time):
 /// stage.total_ms() plus stage_time_delta_ms: bit for bit as before calibration existed for an

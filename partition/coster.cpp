@@ -528,7 +528,8 @@ std::int64_t Coster::choose_run(std::int64_t m0, std::int64_t m1, std::int64_t l
   return m1 - m0 + 1;
 }
 
-Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {
+template <typename At>
+Choice Coster::choose_with(RecomputePolicy policy, int* first_auto, At&& at) {
   Choice best;
   best.time_ms = kInf;
   auto take = [&](const RcCost& c, cm::Recompute rc, bool ok) {
@@ -543,7 +544,7 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
     // (assumption checked by the tests on the cost models: time none <= selective <= full).
     int k = first_auto ? *first_auto : 0;
     for (; k < 3; ++k) {
-      const RcCost& c = get(rows, le, ld, kModes[k]);
+      const RcCost& c = at(kModes[k]);
       if (fits(c)) {
         take(c, kModes[k], true);
         break;
@@ -556,9 +557,41 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
   const cm::Recompute rc = policy == RecomputePolicy::None        ? cm::Recompute::None
                            : policy == RecomputePolicy::Selective ? cm::Recompute::Selective
                                                                   : cm::Recompute::Full;
-  const RcCost& c = get(rows, le, ld, rc);
+  const RcCost& c = at(rc);
   take(c, rc, fits(c));
   return best;
+}
+
+Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto) {
+  return choose_with(policy, first_auto, [&](cm::Recompute rc) -> const RcCost& { return get(rows, le, ld, rc); });
+}
+
+RcCost Coster::get_varlen(const cm::MicroShape& shape, cm::Recompute rc) {
+  evaluated_ += 1;
+  const auto nk = kinds_.size();
+  cm::LayerCost answers[kMaxKinds];
+  const cm::LayerCost* q[kMaxKinds];
+  for (std::size_t k = 0; k < nk; ++k) {
+    try {
+      answers[k] = cost_.query(cm::shape_query(cost_.model(), kinds_[k].kind, kinds_[k].layers, shape_.tp, shape, rc));
+    } catch (const InvalidArgument&) {
+      RcCost refused;  // beyond the cost model's data: cannot be run
+      refused.time_ms = refused.stored_mb = refused.peak_mb = kInf;
+      refused.headroom_mb = -kInf;
+      return refused;
+    }
+    q[k] = &answers[k];
+  }
+  const double tokens = cm::shape_tokens(cost_.model(), shape);
+  return basis_ == CostBasis::Stages ? compose_stages(q, tokens) : compose_dynapipe(q, tokens);
+}
+
+Choice Coster::choose_varlen(const cm::MicroShape& shape, RecomputePolicy policy) {
+  RcCost last;
+  return choose_with(policy, nullptr, [&](cm::Recompute rc) -> const RcCost& {
+    last = get_varlen(shape, rc);
+    return last;
+  });
 }
 
 void finish_table(WindowTable& t) {

@@ -92,6 +92,19 @@ void check_options(const PartitionOptions& o) {
     PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method 'tokens' needs a token budget per micro-batch (tokens / --tokens) "
                        "of at least 1, found {}", o.token_budget);
   }
+  const LayoutSet dp_layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  PACKPIPE_CHECK_ARG(o.layouts != 0 && (o.layouts & ~dp_layouts) == 0,
+                     "layouts (--layouts) of the dp method: one or both of padded and packed, found {} (packed-mask "
+                     "rows come from --pack-windows and the packing baseline)",
+                     layout_set_names(o.layouts));
+  PACKPIPE_CHECK_ARG(o.layout == Layout::Packed || o.layout == Layout::PackedMask,
+                     "layout (--layout) of the packing baseline: packed or packed-mask, found {}",
+                     std::string(layout_name(o.layout)));
+  PACKPIPE_CHECK_ARG(o.capacity <= (std::uint64_t{1} << 32),
+                     "capacity (--capacity) must be at most 2^32 tokens, found {}", o.capacity);
+  PACKPIPE_CHECK_ARG(o.count_multiple >= 1 && o.count_multiple <= kMaxPipelineSize,
+                     "count_multiple (the micro-batch count's multiple) must be in [1, {}], found {}", kMaxPipelineSize,
+                     o.count_multiple);
 }
 
 // ---- window tables ---------------------------------------------------------------------------
@@ -514,6 +527,7 @@ std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector
         max_in = std::max(max_in, w.input[s]);
         if (w.encdec()) max_tg = std::max(max_tg, w.target[s]);
       }
+      mb.layout = Layout::PackedMask;
       RowPacker packer(&w);
       packer.reset(w.le_of(max_in), w.ld_of(max_tg));
       std::vector<std::vector<std::uint32_t>> row_samples;
@@ -534,6 +548,102 @@ std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector
   return out;
 }
 
+// Target tokens of a micro-batch's samples.
+std::uint64_t packed_target_tokens(const Work& w, const MicroBatch& mb) {
+  std::uint64_t n = 0;
+  if (w.encdec()) {
+    for (auto s : mb.samples) n += w.target[s];
+  }
+  return n;
+}
+
+// A Packed micro-batch's row (every sample back to back), attention sums and cost choice.
+Choice finalize_packed(const Work& w, Coster& coster, MicroBatch& mb, RecomputePolicy policy, int forced_rc) {
+  std::int64_t enc = 0, dec = 0;
+  std::uint64_t tokens = 0;
+  cm::AttentionWork a;
+  for (auto s : mb.samples) {
+    const auto [e, d] = packed_sample(w, s);
+    enc += e;
+    dec += d;
+    a.add(e, d);
+    tokens += w.input[s] + (w.encdec() ? w.target[s] : 0u);
+  }
+  mb.row_offsets = {0, static_cast<std::uint32_t>(mb.samples.size())};
+  mb.padded_len = enc;
+  mb.padded_dec_len = dec;
+  mb.attention = a;
+  mb.tokens = tokens;
+  if (forced_rc < 0) return coster.choose_varlen(mb.shape(), policy);
+  const auto rc = static_cast<cm::Recompute>(forced_rc);
+  const detail::RcCost c = coster.get_varlen(mb.shape(), rc);
+  Choice out;
+  out.time_ms = c.time_ms;
+  out.stored_mb = c.stored_mb;
+  out.peak_mb = c.peak_mb;
+  out.rc = rc;
+  out.fits = coster.fits(c);
+  return out;
+}
+
+// A Padded or PackedMask micro-batch's padded shape, tokens (into in_tok, tg_tok) and cost choice;
+// `other` as finalize's.
+Choice finalize_rows(const Work& w, Coster& coster, MicroBatch& mb, std::size_t m, RecomputePolicy policy,
+                     int forced_rc, Coster* other, std::uint64_t& in_tok, std::uint64_t& tg_tok) {
+  mb.attention = {};
+  std::uint64_t max_in = 0, max_tg = 0;
+  if (mb.row_offsets.empty()) {
+    for (auto s : mb.samples) {
+      max_in = std::max<std::uint64_t>(max_in, w.input[s]);
+      in_tok += w.input[s];
+      if (w.encdec()) {
+        max_tg = std::max<std::uint64_t>(max_tg, w.target[s]);
+        tg_tok += w.target[s];
+      }
+    }
+  } else {
+    PACKPIPE_CHECK_ARG(mb.row_offsets.front() == 0 && mb.row_offsets.back() == mb.samples.size(),
+                       "micro-batch {}: row_offsets must start at 0 and end at {} samples", m, mb.samples.size());
+    for (std::size_t r = 0; r + 1 < mb.row_offsets.size(); ++r) {
+      PACKPIPE_CHECK_ARG(mb.row_offsets[r] < mb.row_offsets[r + 1], "micro-batch {}: row {} is empty", m, r);
+      std::uint64_t ri = 0, rt = 0;
+      for (std::uint32_t k = mb.row_offsets[r]; k < mb.row_offsets[r + 1]; ++k) {
+        const auto s = mb.samples[k];
+        ri += w.input[s];
+        if (w.encdec()) rt += static_cast<std::uint64_t>(w.target[s]) + static_cast<std::uint64_t>(w.dec_extra);
+      }
+      in_tok += ri;
+      max_in = std::max(max_in, ri);
+      if (w.encdec()) {
+        tg_tok += rt - static_cast<std::uint64_t>(w.dec_extra) * (mb.row_offsets[r + 1] - mb.row_offsets[r]);
+        max_tg = std::max(max_tg, rt);
+      }
+    }
+    // ld_of adds dec_extra once more for a single sample; packed rows already counted theirs.
+    if (w.encdec()) max_tg = max_tg >= static_cast<std::uint64_t>(w.dec_extra) ? max_tg - static_cast<std::uint64_t>(w.dec_extra) : 0;
+  }
+  mb.padded_len = w.le_of(max_in);
+  mb.padded_dec_len = w.ld_of(max_tg);
+  mb.tokens = in_tok + tg_tok;
+  Coster& cc = other != nullptr && !coster.has(mb.rows(), mb.padded_len, mb.padded_dec_len) &&
+                       other->has(mb.rows(), mb.padded_len, mb.padded_dec_len)
+                   ? *other
+                   : coster;
+  Choice c;
+  if (forced_rc >= 0) {
+    const auto rc = static_cast<cm::Recompute>(forced_rc);
+    const detail::RcCost& rcst = cc.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
+    c.time_ms = rcst.time_ms;
+    c.stored_mb = rcst.stored_mb;
+    c.peak_mb = rcst.peak_mb;
+    c.rc = rc;
+    c.fits = cc.fits(rcst);
+  } else {
+    c = cc.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
+  }
+  return c;
+}
+
 // Padded shapes, recompute, costs and figures of given micro-batches. `forced_rc` >= 0 pins the
 // recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
 // `other` (optional): the second table builder's coster; a shape only it has costed is read there.
@@ -549,63 +659,30 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(!mb.samples.empty(), "micro-batch {} has no samples", m);
-    std::uint64_t max_in = 0, max_tg = 0, in_tok = 0, tg_tok = 0;
-    if (mb.row_offsets.empty()) {
-      for (auto s : mb.samples) {
-        max_in = std::max<std::uint64_t>(max_in, w.input[s]);
-        in_tok += w.input[s];
-        if (w.encdec()) {
-          max_tg = std::max<std::uint64_t>(max_tg, w.target[s]);
-          tg_tok += w.target[s];
-        }
-      }
-    } else {
-      PACKPIPE_CHECK_ARG(mb.row_offsets.front() == 0 && mb.row_offsets.back() == mb.samples.size(),
-                         "micro-batch {}: row_offsets must start at 0 and end at {} samples", m, mb.samples.size());
-      for (std::size_t r = 0; r + 1 < mb.row_offsets.size(); ++r) {
-        PACKPIPE_CHECK_ARG(mb.row_offsets[r] < mb.row_offsets[r + 1], "micro-batch {}: row {} is empty", m, r);
-        std::uint64_t ri = 0, rt = 0;
-        for (std::uint32_t k = mb.row_offsets[r]; k < mb.row_offsets[r + 1]; ++k) {
-          const auto s = mb.samples[k];
-          ri += w.input[s];
-          if (w.encdec()) rt += static_cast<std::uint64_t>(w.target[s]) + static_cast<std::uint64_t>(w.dec_extra);
-        }
-        in_tok += ri;
-        max_in = std::max(max_in, ri);
-        if (w.encdec()) {
-          tg_tok += rt - static_cast<std::uint64_t>(w.dec_extra) * (mb.row_offsets[r + 1] - mb.row_offsets[r]);
-          max_tg = std::max(max_tg, rt);
-        }
-      }
-      // ld_of adds dec_extra once more for a single sample; packed rows already counted theirs.
-      if (w.encdec()) max_tg = max_tg >= static_cast<std::uint64_t>(w.dec_extra) ? max_tg - static_cast<std::uint64_t>(w.dec_extra) : 0;
-    }
-    mb.padded_len = w.le_of(max_in);
-    mb.padded_dec_len = w.ld_of(max_tg);
-    mb.tokens = in_tok + tg_tok;
-    Coster& cc = other != nullptr && !coster.has(mb.rows(), mb.padded_len, mb.padded_dec_len) &&
-                         other->has(mb.rows(), mb.padded_len, mb.padded_dec_len)
-                     ? *other
-                     : coster;
+    PACKPIPE_CHECK_ARG(std::string_view(layout_name(mb.layout)) != "?", "micro-batch {}: unknown layout value {}", m,
+                       static_cast<int>(mb.layout));
+    // Rows given without a layout are rows under a block mask, as before layouts existed.
+    if (mb.layout == Layout::Padded && !mb.row_offsets.empty()) mb.layout = Layout::PackedMask;
     Choice c;
-    if (forced_rc >= 0) {
-      const auto rc = static_cast<cm::Recompute>(forced_rc);
-      const detail::RcCost& rcst = cc.get(mb.rows(), mb.padded_len, mb.padded_dec_len, rc);
-      c.time_ms = rcst.time_ms;
-      c.stored_mb = rcst.stored_mb;
-      c.peak_mb = rcst.peak_mb;
-      c.rc = rc;
-      c.fits = cc.fits(rcst);
+    std::uint64_t in_tok = 0, tg_tok = 0;
+    if (mb.layout == Layout::Packed) {
+      c = finalize_packed(w, coster, mb, policy, forced_rc);
+      tg_tok = packed_target_tokens(w, mb);
+      in_tok = mb.tokens - tg_tok;
     } else {
-      c = cc.choose(mb.rows(), mb.padded_len, mb.padded_dec_len, policy);
+      c = finalize_rows(w, coster, mb, m, policy, forced_rc, other, in_tok, tg_tok);
     }
     if (require_fit) {
+      const std::string dec =
+          w.encdec() ? " + " + std::to_string(mb.padded_dec_len) + " decoder tokens" : std::string();
+      const std::string what = mb.layout == Layout::Packed
+                                   ? fmt::format("one packed row of {} samples, {} tokens{}", mb.samples.size(),
+                                                 mb.padded_len, dec)
+                                   : fmt::format("{} rows x {} tokens{}", mb.rows(), mb.padded_len, dec);
       PACKPIPE_CHECK_ARG(c.fits,
-                         "micro-batch {} ({} rows x {} tokens{}) does not fit in {} MB under recompute {}; use a "
-                         "smaller micro-batch size or token budget",
-                         m, mb.rows(), mb.padded_len,
-                         w.encdec() ? " + " + std::to_string(mb.padded_dec_len) + " decoder tokens" : std::string(),
-                         coster.limit_mb(), recompute_policy_name(policy));
+                         "micro-batch {} ({}) does not fit in {} MB under recompute {}; use smaller micro-batches (a "
+                         "smaller micro-batch size, token budget or capacity, or fewer rows)",
+                         m, what, coster.limit_mb(), recompute_policy_name(policy));
     }
     mb.recompute = c.rc;
     mb.time_ms = c.time_ms;
@@ -917,14 +994,33 @@ std::vector<std::vector<std::uint32_t>> dp_orders(const Run& r) {
   return orders;
 }
 
+// Splits padded windows (each into two halves of its samples, the window with the most samples
+// first) until the count is a multiple of `m`, where it can (every window of one sample: it
+// cannot). Halves of a window that fits fit too.
+void split_to_multiple(std::vector<MicroBatch>& mbs, std::int64_t m) {
+  while (m > 1 && static_cast<std::int64_t>(mbs.size()) % m != 0) {
+    std::size_t widest = 0;
+    for (std::size_t k = 1; k < mbs.size(); ++k) {
+      if (mbs[k].samples.size() > mbs[widest].samples.size()) widest = k;
+    }
+    if (mbs.empty() || mbs[widest].samples.size() < 2 || !mbs[widest].row_offsets.empty()) return;
+    MicroBatch tail;
+    const std::size_t half = mbs[widest].samples.size() / 2;
+    tail.samples.assign(mbs[widest].samples.begin() + static_cast<std::ptrdiff_t>(half), mbs[widest].samples.end());
+    mbs[widest].samples.resize(half);
+    mbs.insert(mbs.begin() + static_cast<std::ptrdiff_t>(widest) + 1, std::move(tail));
+  }
+}
+
 // PartitionMethod::DP: every order under each budget in turn; the best objective of the first
 // budget with a feasible partition (on equal objectives the first order is kept).
 Partition partition_dp(Run& r) {
-  const std::vector<std::vector<std::uint32_t>> orders = dp_orders(r);
   const double avail = r.coster.dynapipe_available_mb();
   Partition result;
   bool done = false;
-  for (double budget : dp_budgets(r)) {
+  const bool padded = has_layout(r.options.layouts, Layout::Padded);
+  const std::vector<std::vector<std::uint32_t>> orders = padded ? dp_orders(r) : std::vector<std::vector<std::uint32_t>>{};
+  for (double budget : padded ? dp_budgets(r) : std::vector<double>{}) {
     if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budget, avail);
     double best = kInf;
     std::int64_t evals = 0;
@@ -936,14 +1032,33 @@ Partition partition_dp(Run& r) {
       evals += so.evaluations;
       if (!so.best.feasible || !(so.objective < best)) continue;
       best = so.objective;
-      Partition p = r.finish(windows_to_microbatches(r.len.w, order, t, so.best.cuts), -1, r.coster2.get());
+      std::vector<MicroBatch> mbs = windows_to_microbatches(r.len.w, order, t, so.best.cuts);
+      const bool split = r.options.count_multiple > 1 &&
+                         static_cast<std::int64_t>(mbs.size()) % r.options.count_multiple != 0;
+      split_to_multiple(mbs, r.options.count_multiple);
+      Partition p = r.finish(std::move(mbs), -1, r.coster2.get());
       p.order = order;
-      p.objective_ms = so.objective;
+      if (!split) p.objective_ms = so.objective;  // else finalize's objective of the split windows
       result = std::move(p);
       done = true;
     }
     result.tau_evaluations = evals;
     if (done) break;
+  }
+  if (has_layout(r.options.layouts, Layout::Packed) && !r.ids.empty()) {
+    // Packed varlen micro-batches, balanced by cost; kept when their objective is lower. (The
+    // DynaPipe basis keeps its first budget, stored activations within the available memory / S.)
+    const std::vector<double> budgets = dp_budgets(r);
+    if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budgets.front(), avail);
+    detail::BalancedOutcome b = detail::balanced_search(r.len.w, r.ids, r.coster, r.shape, r.options.recompute,
+                                        r.options.count_multiple);
+    if (b.feasible && (!done || b.objective < result.objective_ms)) {
+      Partition p = r.finish(std::move(b.microbatches));
+      p.order = r.ids;
+      p.tau_evaluations = result.tau_evaluations;
+      result = std::move(p);
+      done = true;
+    }
   }
   PACKPIPE_CHECK_ARG(done || r.ids.empty(), "no partition fits in {} MB", r.limit);
   if (r.ids.empty()) result = r.finish({});
@@ -1041,14 +1156,24 @@ Partition partition_tokens(Run& r) {
   return result;
 }
 
-// PartitionMethod::Packing: packed rows, `microbatch_size` rows per micro-batch.
+// PartitionMethod::Packing: packed rows of the capacity, `microbatch_size` rows per micro-batch.
 Partition partition_packing(Run& r) {
   std::vector<MicroBatch> mbs =
-      r.ids.empty() ? std::vector<MicroBatch>{} : detail::packing_baseline(r.len.w, r.ids, r.options.microbatch_size);
+      r.ids.empty() ? std::vector<MicroBatch>{}
+                    : detail::packing_baseline(r.len.w, r.ids, r.options.microbatch_size, r.options.capacity,
+                                               r.options.layout);
   Partition result = r.finish(std::move(mbs));
   result.order = r.ids;
   return result;
 }
+
+// PartitionMethod::Wlb: WLB-LLM's attention-balanced packing.
+Partition partition_wlb(Run& r) {
+  Partition result = r.finish(detail::wlb_baseline(r.len.w, r.cost.model(), r.ids, r.options.capacity));
+  result.order = r.ids;
+  return result;
+}
+
 
 // The method's partition of the kept samples.
 Partition run_method(Run& r) {
@@ -1058,6 +1183,7 @@ Partition run_method(Run& r) {
     case PartitionMethod::Fixed: return partition_fixed(r);
     case PartitionMethod::Tokens: return partition_tokens(r);
     case PartitionMethod::Packing: return partition_packing(r);
+    case PartitionMethod::Wlb: return partition_wlb(r);
   }
   return {};
 }

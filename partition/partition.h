@@ -16,16 +16,21 @@
 namespace packpipe::partition {
 
 enum class PartitionMethod {
-  DP,        ///< packpipe: exact min over every cap of (S-1) max/c + sum/d, native cost table
+  DP,        ///< packpipe: padded windows by the exact min over every cap of (S-1) max/c + sum/d, and
+             ///< packed varlen micro-batches balanced by their attention-aware cost (`layouts`)
   DynaPipe,  ///< DynaPipe's exact algorithm (5 ms thinned caps, iteration-wide recompute)
   Fixed,     ///< `microbatch_size` samples in batch order, padded to the longest (Megatron)
   Tokens,    ///< samples sorted by length, cut when padded tokens would exceed `token_budget`
-  Packing,   ///< best-fit packing into rows of the longest length, then `microbatch_size` rows
+  Packing,   ///< best-fit packing into rows of `capacity` tokens, then `microbatch_size` rows a micro-batch
+             ///< (`layout`: packed, the rows flattened under varlen attention as HF flattening and Megatron
+             ///< THD run them; or packed-mask, dense rows under a block mask)
+  Wlb,       ///< WLB-LLM's attention-balanced packing: ceil(tokens / capacity) packed varlen micro-batches,
+             ///< samples by descending FLOPs (linear + attention) onto the least-loaded one with room
 };
-/// The one name table: "dp", "dynapipe", "fixed", "tokens", "packing".
+/// The one name table: "dp", "dynapipe", "fixed", "tokens", "packing", "wlb".
 inline constexpr EnumName<PartitionMethod> kPartitionMethodNames[] = {
     {PartitionMethod::DP, "dp"},         {PartitionMethod::DynaPipe, "dynapipe"}, {PartitionMethod::Fixed, "fixed"},
-    {PartitionMethod::Tokens, "tokens"}, {PartitionMethod::Packing, "packing"}};
+    {PartitionMethod::Tokens, "tokens"}, {PartitionMethod::Packing, "packing"},   {PartitionMethod::Wlb, "wlb"}};
 /// The method's name in kPartitionMethodNames.
 constexpr const char* partition_method_name(PartitionMethod m) { return enum_name(kPartitionMethodNames, m); }
 /// Method from its name; throws InvalidArgument listing the names.
@@ -121,6 +126,17 @@ struct PartitionOptions {
   PartitionMethod method = PartitionMethod::DP;
   std::int64_t microbatch_size = 0;  ///< fixed / packing: samples (rows) per micro-batch
   std::uint64_t token_budget = 0;    ///< tokens: padded tokens (input + target) per micro-batch
+  /// dp: the layouts its micro-batches may take: padded (the exact search over windows) and packed
+  /// (varlen micro-batches balanced by cost); with both, the better objective wins. Other layouts
+  /// are refused (packed-mask rows come from `pack_windows` and the packing baseline).
+  LayoutSet layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  /// packing: the micro-batches' layout, packed (varlen) or packed-mask (dense rows).
+  Layout layout = Layout::Packed;
+  /// packing / wlb: tokens per row (input + target for encoder-decoder samples); 0: the longest
+  /// sample's. A capacity below the longest sample is refused.
+  std::uint64_t capacity = 0;
+  /// dp: the micro-batch count must be a multiple of this (interleaved 1F1B: the stages); 1: any.
+  std::int64_t count_multiple = 1;
   std::int64_t round_multiple = 8;   ///< padded lengths rounded up to this multiple (kernels' tile)
   std::int64_t decoder_extra_tokens = 2;  ///< added to the longest target before rounding (BOS/EOS)
   RecomputePolicy recompute = RecomputePolicy::Auto;
@@ -144,6 +160,45 @@ struct PartitionOptions {
   /// How the caller's user sets the oversize policy, named in messages ("--oversize" on the CLI).
   std::string oversize_option = "oversize";
 };
+
+/// A baseline a user would run: a method and its setting. Families: "fixed" (padded, Megatron),
+/// "tokens" (padded token-budget micro-batches), "packing" (rows of a capacity flattened under
+/// varlen attention: HF flattening, Megatron THD), "packing-mask" (the same rows dense under a
+/// block mask: DynaPipe's packing), "wlb" (WLB-LLM's attention-balanced packing).
+struct Baseline {
+  PartitionMethod method = PartitionMethod::Fixed;
+  std::int64_t microbatch_size = 0;  ///< fixed: samples; packing: rows per micro-batch
+  std::uint64_t token_budget = 0;    ///< tokens: padded tokens per micro-batch
+  std::uint64_t capacity = 0;        ///< packing: tokens per row; wlb: tokens per micro-batch
+  Layout layout = Layout::Padded;    ///< its micro-batches' layout
+  /// "fixed", "tokens", "packing", "packing-mask" or "wlb".
+  std::string family() const;
+  /// The setting as a user reads it, e.g. "packing (capacity 4096 x 2 rows)".
+  std::string label() const;
+  /// `base` with this method and setting (and the baselines' plain settings: no window packing).
+  PartitionOptions options(const PartitionOptions& base) const;
+};
+
+/// Which baselines baseline_grid lists.
+struct BaselineGridOptions {
+  std::vector<std::int64_t> microbatch_sizes = {1, 2, 4, 8, 16, 32, 64};  ///< fixed
+  std::vector<std::int64_t> rows = {1, 2, 4, 8, 16};                      ///< packing: rows per micro-batch
+  /// Layouts the executor runs: packing and wlb need packed (varlen); packing-mask is listed when
+  /// packed-mask is allowed or packed is not (DynaPipe's comparison).
+  LayoutSet layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  std::int64_t round_multiple = 8;  ///< of the token budgets' padded lengths
+  /// The longest sample the capacities and budgets are sized for (encoder-decoder: its input);
+  /// 0: the batch's. A run sets its dataset's, so every batch lists the same settings.
+  std::uint64_t longest = 0;
+  std::uint64_t longest_target = 0;  ///< encoder-decoder: the longest target (0: the batch's)
+};
+
+/// The baselines of one batch: fixed at each micro-batch size; tokens at budgets of 1, 2, 4, 8 and
+/// 16 times the longest padded sample; packing at capacity C (the least power of two that holds
+/// the longest sample) with each row count (flattened rows: C x 2r rows covers 2C x r); wlb at
+/// capacities C, 2C and 4C; packing-mask at capacity C with each row count. Deterministic, in
+/// that order.
+std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineGridOptions& options);
 
 /// Largest round_multiple accepted (padded lengths stay far below the cost model's bounds).
 constexpr std::int64_t kMaxRoundMultiple = std::int64_t{1} << 16;

@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "common/layout.h"
 #include "costmodel/cost_model.h"
 
 namespace packpipe::partition {
 
 namespace cm = ::packpipe::costmodel;
+using ::packpipe::Layout;
 
 /// Largest stages, chunks, dp and tp accepted (each): far above any real job, small enough that the
 /// sizes derived from them (per-rank tables, GPU counts) neither overflow nor exhaust memory.
@@ -76,12 +78,14 @@ struct BatchLengths {
   std::size_t size() const { return input.size(); }
 };
 
-/// A micro-batch: some samples of the global batch, their padded shape and recompute mode.
+/// A micro-batch: some samples of the global batch, their layout, padded shape and recompute mode.
 struct MicroBatch {
   std::vector<std::uint32_t> samples;      ///< indices into BatchLengths, in row order
   std::vector<std::uint32_t> row_offsets;  ///< packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample
-  std::int64_t padded_len = 0;             ///< every row padded to this many tokens (encoder, or whole sample)
+  Layout layout = Layout::Padded;          ///< Padded: no row_offsets; Packed: one row of every sample; PackedMask: rows
+  std::int64_t padded_len = 0;             ///< every row padded to this many tokens (encoder, or whole sample); Packed: the row's tokens
   std::int64_t padded_dec_len = 0;         ///< decoder tokens per row (encoder-decoder), else 0
+  cm::AttentionWork attention;             ///< Packed: the segments' attention sums; other layouts: none (dense rows)
   std::uint64_t tokens = 0;                ///< real tokens, input plus target
   cm::Recompute recompute = cm::Recompute::None;
   double time_ms = 0;    ///< predicted forward + backward (+ recompute) time of its slowest stage
@@ -92,6 +96,8 @@ struct MicroBatch {
     return row_offsets.empty() ? static_cast<std::int64_t>(samples.size())
                                : static_cast<std::int64_t>(row_offsets.size()) - 1;
   }
+  /// The shape the cost model is asked about.
+  cm::MicroShape shape() const { return {rows(), padded_len, padded_dec_len, attention}; }
 };
 
 }  // namespace packpipe::partition

@@ -287,6 +287,13 @@ void encode_body(const Plan& p, Out& o) {
     }
   }
   encode_trainer(p, o);
+  for (const auto& mb : p.microbatches) o.u8(static_cast<std::uint8_t>(mb.layout));  // format 3
+}
+
+/// The layout a format-1 or -2 plan implies: rows packed under a block mask when it gives row
+/// offsets, else padded rows.
+Layout implied_layout(const PlanMicroBatch& mb) {
+  return mb.row_offsets.empty() ? Layout::Padded : Layout::PackedMask;
 }
 
 void decode_trainer(In& in, Plan& p) {
@@ -449,6 +456,17 @@ Plan decode_body(In& in, std::uint16_t version) {
     decode_trainer(in, p);
   } else {
     fill_forward_modes(p);
+  }
+  for (auto& mb : p.microbatches) {
+    if (version < 3) {
+      mb.layout = implied_layout(mb);
+      continue;
+    }
+    const std::uint8_t l = in.u8("microbatch.layout");
+    if (std::string_view(layout_name(static_cast<Layout>(l))) == "?") {
+      in.fail("microbatch.layout", fmt::format("expected 0 (padded), 1 (packed) or 2 (packed-mask), found {}", l));
+    }
+    mb.layout = static_cast<Layout>(l);
   }
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;
@@ -660,6 +678,7 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
       o["refs"] = std::move(refs);
     }
     if (!mb.row_offsets.empty()) o["row_offsets"] = mb.row_offsets;
+    o["layout"] = layout_name(mb.layout);
     Json rc = Json::array(), st = Json::array(), pk = Json::array();
     for (std::size_t v = 0; v < p.vstages; ++v) {
       const std::size_t i = m * p.vstages + v;
@@ -836,7 +855,7 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     const std::string ptr = "/microbatches/" + std::to_string(m);
     const Json& o = mbs[m];
     in.only(o, ptr, {"rows", "padded_len", "padded_dec_len", "tokens", "loss_weight", "samples", "refs", "row_offsets",
-                     "recompute", "stored_bytes", "peak_bytes", "loss_tokens", "lengths", "target_lengths"});
+                     "layout", "recompute", "stored_bytes", "peak_bytes", "loss_tokens", "lengths", "target_lengths"});
     PlanMicroBatch mb;
     mb.rows = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
     mb.padded_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_len"), ptr + "/padded_len", 0xFFFFFFFFull));
@@ -853,6 +872,17 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
       }
     }
     if (o.contains("row_offsets")) mb.row_offsets = in.u_list<std::uint32_t>(o["row_offsets"], ptr + "/row_offsets");
+    if (version >= 3) {
+      const std::string name = in.str(in.at(o, ptr, "layout"), ptr + "/layout");
+      const auto* l = enum_find(kLayoutNames, name);
+      if (l == nullptr) {
+        in.fail(ptr + "/layout", fmt::format("expected one of {}, found \"{}\"", enum_name_list(kLayoutNames), name));
+      }
+      mb.layout = l->value;
+    } else {
+      if (o.contains("layout")) in.fail(ptr + "/layout", "a format-1 or -2 plan has no layouts (format 3 has)");
+      mb.layout = implied_layout(mb);
+    }
     if (o.contains("loss_tokens")) mb.loss_tokens = in.u64(o["loss_tokens"], ptr + "/loss_tokens");
     if (o.contains("lengths")) mb.lengths = in.u_list<std::uint32_t>(o["lengths"], ptr + "/lengths", mb.samples.size());
     if (o.contains("target_lengths")) {

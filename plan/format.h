@@ -27,9 +27,10 @@ class AtomicFile;
 namespace packpipe::plan {
 
 /// Plan (blob and JSON) format: 2 adds what a trainer needs (stage specs, activation dtype, loss
-/// tokens, tied embedding, per-sample lengths, recompute on FWD, REDUCE_TIED); format-1 plans are
-/// still read (without those: Plan::stages empty).
-constexpr std::uint16_t kPlanFormatVersion = 2;
+/// tokens, tied embedding, per-sample lengths, recompute on FWD, REDUCE_TIED); 3 adds each
+/// micro-batch's layout (PlanMicroBatch::layout). Older plans are still read (format 1 without
+/// the trainer's fields: Plan::stages empty; formats 1-2 with layouts implied by row_offsets).
+constexpr std::uint16_t kPlanFormatVersion = 3;
 
 struct EncodeOptions {
   bool compress = false;  ///< zstd-compress the body

@@ -36,7 +36,7 @@ std::string to_string(const TensorShape& s) {
 }
 
 bool PlanMicroBatch::operator==(const PlanMicroBatch& o) const {
-  return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && rows == o.rows &&
+  return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && layout == o.layout && rows == o.rows &&
          padded_len == o.padded_len && padded_dec_len == o.padded_dec_len && tokens == o.tokens &&
          loss_weight == o.loss_weight && lengths == o.lengths && target_lengths == o.target_lengths &&
          loss_tokens == o.loss_tokens;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "common/layout.h"
 #include "common/sample_ref.h"
 #include "plan/instructions.h"
 #include "plan/timeline.h"
@@ -55,6 +56,11 @@ struct PlanMicroBatch {
   std::vector<std::uint32_t> samples;      ///< ids into the global batch, in row order
   std::vector<SampleRef> refs;             ///< (task, index) per sample when known, else empty
   std::vector<std::uint32_t> row_offsets;  ///< packed rows (CSR into samples); empty: one row per sample
+  /// How the samples are laid out (common/layout.h; format 3, older plans: packed-mask when
+  /// row_offsets are given, else padded): Padded, one sample a row and no row_offsets; Packed, one
+  /// row of every sample back to back, padded_len (padded_dec_len) its tokens, attended apart by
+  /// varlen attention; PackedMask, rows under a block mask.
+  Layout layout = Layout::Padded;
   std::uint32_t rows = 0;
   std::uint32_t padded_len = 0;      ///< encoder (or whole-sample) tokens per row
   std::uint32_t padded_dec_len = 0;  ///< decoder tokens per row (encoder-decoder), else 0

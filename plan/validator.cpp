@@ -123,6 +123,14 @@ class Checker {
         if (!mono) add("header", -1, -1, fmt::format("micro-batch {}: row offsets are not 0 .. {} non-decreasing", m, mb.samples.size()));
       }
       if (mb.padded_len == 0) add("header", -1, -1, fmt::format("micro-batch {}: padded length 0", m));
+      if (std::string_view(layout_name(mb.layout)) == "?") {
+        add("header", -1, -1, fmt::format("micro-batch {}: unknown layout value {}", m, static_cast<int>(mb.layout)));
+      } else if (mb.layout == Layout::Padded && !mb.row_offsets.empty()) {
+        add("header", -1, -1, fmt::format("micro-batch {}: layout padded (one sample a row) with row offsets", m));
+      } else if (mb.layout == Layout::Packed && mb.rows != 1) {
+        add("header", -1, -1, fmt::format("micro-batch {}: layout packed holds every sample in one row, found {} rows", m,
+                                          mb.rows));
+      }
       if (p.has_stage_specs() && p.global_loss_tokens > 0) {
         // Format 2: the tokens that carry loss over the global batch's (one correctly rounded division).
         const double expected = static_cast<double>(mb.loss_tokens) / static_cast<double>(p.global_loss_tokens);
@@ -215,6 +223,21 @@ class Checker {
       if (sum != mb.tokens) {
         add("header", -1, -1, fmt::format("micro-batch {}: its samples' lengths sum to {} tokens, the micro-batch says {}",
                                           m, sum, mb.tokens));
+      }
+      if (mb.layout == Layout::Packed) {
+        // One row of the samples back to back, no padding: the row is exactly their tokens (an empty
+        // side of an encoder-decoder sample takes one token, as the loader lays it out).
+        std::uint64_t enc = 0, dec = 0;
+        for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+          enc += packed_tokens(mb.lengths[i], encdec);
+          if (encdec) dec += packed_tokens(mb.target_lengths[i], true);
+        }
+        if (enc != mb.padded_len || dec != mb.padded_dec_len) {
+          add("header", -1, -1, fmt::format("micro-batch {}: layout packed: its row of {}{} tokens should be its samples' "
+                                            "{}{}", m, mb.padded_len,
+                                            encdec ? fmt::format(" + {}", mb.padded_dec_len) : std::string(), enc,
+                                            encdec ? fmt::format(" + {}", dec) : std::string()));
+        }
       }
       if (mb.loss_tokens > mb.tokens) {
         add("header", -1, -1, fmt::format("micro-batch {}: {} loss tokens, more than its {} tokens", m, mb.loss_tokens,

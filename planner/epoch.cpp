@@ -106,6 +106,22 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
                      "and a global batch sample count (global_batch_samples / --global-batch-samples)");
   encdec_ = cost_.model().arch == cm::Architecture::EncoderDecoder;
   vstages_ = part::virtual_stages(cost_.model(), options_.shape);
+  if (options_.baselines_sized_by_data()) {
+    // The baselines' rows hold the dataset's longest sample (a run's user fixes one capacity), as
+    // batch_lengths counts it.
+    for (std::size_t t = 0; t < data_.num_tasks(); ++t) {
+      for (std::uint64_t i = 0; i < data_.task_size(t); ++i) {
+        const SampleRef ref{static_cast<std::uint32_t>(t), i};
+        const std::uint64_t in = data_.input_length(ref), tg = data_.target_length(ref);
+        if (encdec_) {
+          options_.baseline_longest = std::max(options_.baseline_longest, std::max<std::uint64_t>(in, 1));
+          options_.baseline_longest_target = std::max(options_.baseline_longest_target, std::max<std::uint64_t>(tg, 1));
+        } else {
+          options_.baseline_longest = std::max(options_.baseline_longest, in + tg);
+        }
+      }
+    }
+  }
   if (options_.task_names.empty()) {
     for (const auto& t : data_.manifest().tasks) options_.task_names.push_back(t.name);
   }

@@ -57,6 +57,13 @@ cm::Measurement shape_of(const pl::Plan& plan, std::uint32_t mb, std::uint32_t s
   m.rows = b.rows;
   m.seq = b.padded_len;
   m.dec_seq = b.padded_dec_len;
+  if (b.layout == Layout::Packed) {
+    const bool encdec = !b.target_lengths.empty();
+    for (std::size_t i = 0; i < b.lengths.size(); ++i) {
+      m.attention.add(static_cast<std::int64_t>(packed_tokens(b.lengths[i], encdec)),
+                      encdec ? static_cast<std::int64_t>(packed_tokens(b.target_lengths[i], true)) : 0);
+    }
+  }
   const std::size_t at = plan.at(mb, stage);
   m.recompute = at < plan.recompute.size() ? static_cast<cm::Recompute>(plan.recompute[at]) : cm::Recompute::None;
   m.iteration = plan.iteration;
@@ -111,16 +118,21 @@ ErrorStats error_stats(const std::vector<double>& rel) {
 }
 
 std::string shape_text(const cm::Measurement& m) {
-  return fmt::format("{} encoder + {} decoder layers{}{}, tp {}, rows {}, seq {}, dec_seq {}, recompute {}",
+  return fmt::format("{} encoder + {} decoder layers{}{}, tp {}, rows {}, seq {}, dec_seq {}{}, recompute {}",
                      m.layout.encoder_layers, m.layout.decoder_layers, m.layout.has_embedding ? ", embedding" : "",
                      m.layout.has_postprocess ? ", LM head" : "", m.tp, m.rows, m.seq, m.dec_seq,
+                     m.attention.varlen() ? fmt::format(", varlen attention [{}, {}, {}]", m.attention.self,
+                                                        m.attention.dec_self, m.attention.cross)
+                                          : std::string(),
                      cm::recompute_name(m.recompute));
 }
 
 bool same_shape(const cm::Measurement& a, const cm::Measurement& b) {
   return a.layout.encoder_layers == b.layout.encoder_layers && a.layout.decoder_layers == b.layout.decoder_layers &&
          a.layout.has_embedding == b.layout.has_embedding && a.layout.has_postprocess == b.layout.has_postprocess &&
-         a.tp == b.tp && a.rows == b.rows && a.seq == b.seq && a.dec_seq == b.dec_seq && a.recompute == b.recompute;
+         a.tp == b.tp && a.rows == b.rows && a.seq == b.seq && a.dec_seq == b.dec_seq && a.recompute == b.recompute &&
+         a.attention.self == b.attention.self && a.attention.dec_self == b.attention.dec_self &&
+         a.attention.cross == b.attention.cross;
 }
 
 // Re-simulates the compute ops `idx` of one (iteration, replica) of `set` (see validate_measurements).
@@ -165,7 +177,7 @@ double resimulate(const cm::CostModel& cost, const cm::MeasurementSet& set, cons
                          "measured (expected one F and either one B or one I and one W)", what, mb, v, c[0], c[1], c[2],
                          c[3]);
       const cm::Measurement& m = set.ops[static_cast<std::size_t>(first[k])];
-      sched::set_stage_cost(t, k, cost, m.layout, m.tp, m.rows, m.seq, m.dec_seq, m.recompute);
+      sched::set_stage_cost(t, k, cost, m.layout, m.tp, m.shape(), m.recompute);
     }
   }
   const std::int64_t tp = set.ops[idx.front()].tp;

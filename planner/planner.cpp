@@ -62,33 +62,6 @@ void partition_figures(const part::Partition& p, MethodFigures& f) {
   f.efficiency = p.efficiency;
 }
 
-/// One baseline method over the grid of micro-batch sizes.
-BaselineGrid baseline_grid(const part::BatchLengths& lengths, const cm::CostModel& cost,
-                           const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
-                           part::PartitionMethod method, part::PartitionCache* cache) {
-  BaselineGrid g;
-  for (std::int64_t m : o.baseline_mbs) {
-    MethodFigures f;
-    part::PartitionOptions po = o.partition;
-    po.method = method;
-    po.microbatch_size = m;
-    po.pack_windows = false;
-    po.cache = cache;
-    try {
-      const part::Partition p = part::partition(lengths, cost, o.shape, vstages, po);
-      partition_figures(p, f);
-      simulate_method(lengths, p, cost, vstages, o.shape, sched::ScheduleKind::OneFOneB, f);
-    } catch (const InvalidArgument& e) {
-      f.feasible = false;
-      f.iteration_ms = std::numeric_limits<double>::infinity();
-      f.why = e.what();
-    }
-    g.mbs.push_back(m);
-    g.figures.push_back(std::move(f));
-  }
-  return g;
-}
-
 }  // namespace
 
 void check_planner_options(const PlannerOptions& o) {
@@ -99,6 +72,12 @@ void check_planner_options(const PlannerOptions& o) {
     PACKPIPE_CHECK_ARG(o.baseline_mbs[i] >= 1 && o.baseline_mbs[i] <= kMaxBaselineMbs,
                        "baseline micro-batch size {} (entry {} of baseline_mbs / --baseline-mbs) must be in [1, {}]",
                        o.baseline_mbs[i], i, kMaxBaselineMbs);
+  }
+  for (std::size_t i = 0; i < o.baseline_rows.size(); ++i) {
+    PACKPIPE_CHECK_ARG(o.baseline_rows[i] >= 1 && o.baseline_rows[i] <= kMaxBaselineMbs,
+                       "baseline rows per micro-batch {} (entry {} of baseline_rows / --baseline-rows) must be in "
+                       "[1, {}]",
+                       o.baseline_rows[i], i, kMaxBaselineMbs);
   }
   if (o.schedule != "search") {
     const sched::ScheduleKind k = sched::schedule_kind_from_name(o.schedule);
@@ -201,6 +180,7 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
     pl::PlanMicroBatch& mb = out[m];
     mb.samples = in.samples;
     mb.row_offsets = in.row_offsets;
+    mb.layout = in.layout;
     mb.rows = static_cast<std::uint32_t>(in.rows());
     mb.padded_len = static_cast<std::uint32_t>(in.padded_len);
     mb.padded_dec_len = static_cast<std::uint32_t>(in.padded_dec_len);
@@ -278,6 +258,94 @@ bool in_family(sched::ScheduleKind k, ScheduleFamily f) {
   return false;
 }
 
+namespace {
+
+constexpr double kInfMs = std::numeric_limits<double>::infinity();
+
+/// One partition scheduled: per replica its micro-batches, cost table and schedule, and the figures.
+struct Scheduled {
+  std::vector<std::vector<part::MicroBatch>> replica_mbs;
+  std::vector<sched::StageCostTable> tables;
+  std::vector<pl::Schedule> schedules;
+  MethodFigures figures;
+  std::string note;        ///< why a named schedule was not used
+  bool scheduled = false;  ///< false: a replica's lower bound reached `bound`, or it cannot be run
+};
+
+/// Schedules every replica of `split` as the plan would be: the named schedule (PlannerOptions::
+/// schedule) where it runs the replica's micro-batch count, else the search over the allowed
+/// schedules (with PlannerOptions::fallback; without it a named schedule that cannot run is an
+/// error for packpipe's own partition (`own`) and an unschedulable candidate otherwise). Stops,
+/// unscheduled, at a replica whose makespan lower bound is at least `bound`.
+Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& cost,
+                             const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
+                             std::uint64_t iteration, double bound, bool own) {
+  Scheduled out;
+  const bool named = o.schedule != "search";
+  const sched::ScheduleKind fixed_kind = named ? sched::schedule_kind_from_name(o.schedule) : sched::ScheduleKind::OneFOneB;
+  sched::SearchOptions search_opts = o.search;
+  search_opts.schedules = allowed_schedules(o);
+  out.figures.feasible = true;
+  out.figures.iteration_ms = 0;
+  for (std::size_t k = 0; k < replicas(split); ++k) {
+    out.replica_mbs.push_back(replica_microbatches(split, k));
+    const auto& mbs = out.replica_mbs.back();
+    if (mbs.empty()) {
+      PACKPIPE_CHECK_ARG(!own, "iteration {}: data-parallel replica {} of {} received no micro-batch ({} micro-batches "
+                         "in all); use a larger global batch or fewer data-parallel replicas (dp / --dp)",
+                         iteration, k, replicas(split), split.microbatches.size());
+      out.figures.feasible = false;
+      out.figures.why = fmt::format("data-parallel replica {} receives no micro-batch", k);
+      return out;
+    }
+    out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
+    const sched::SimProblem prob = sched::make_sim_problem(out.tables.back(), cost, o.shape);
+    if (sched::makespan_lower_bounds(prob).value() >= bound) return out;
+    std::string why;
+    const bool fits = named && sched::schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
+                                                        static_cast<std::int64_t>(mbs.size()), &why);
+    if (named && !fits && !o.fallback) {
+      const std::string msg = fmt::format("iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a "
+                                          "fallback to the search, schedule_fallback=True / --schedule-fallback, to "
+                                          "plan such iterations with another schedule)",
+                                          iteration, o.schedule, mbs.size(), why);
+      PACKPIPE_CHECK_ARG(!own, "{}", msg);
+      out.figures.feasible = false;
+      out.figures.why = msg;
+      return out;
+    }
+    pl::Schedule s;
+    if (fits) {
+      s = sched::make_schedule(fixed_kind, prob, {}, o.search.schedule_options);
+    } else {
+      if (named && out.note.empty()) {
+        out.note = fmt::format("schedule '{}' cannot run {} micro-batches ({}): searched the allowed schedules "
+                               "instead", o.schedule, mbs.size(), why);
+      }
+      s = sched::search_schedule(prob, search_opts).best;
+    }
+    account(s, o.shape, prob.memory_limit_bytes, out.figures);
+    if (k == 0) out.figures.schedule = s.name;
+    out.schedules.push_back(std::move(s));
+  }
+  out.scheduled = true;
+  return out;
+}
+
+/// The baseline grid's options from the planner's.
+part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
+  part::BaselineGridOptions g;
+  g.microbatch_sizes = o.baseline_mbs;
+  g.rows = o.baseline_rows;
+  g.layouts = o.partition.layouts;
+  g.round_multiple = o.partition.round_multiple;
+  g.longest = o.baseline_longest;
+  g.longest_target = o.baseline_longest_target;
+  return g;
+}
+
+}  // namespace
+
 IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
@@ -305,6 +373,11 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   auto t0 = std::chrono::steady_clock::now();
   part::PartitionOptions popt = o.partition;
   popt.cache = cache;
+  if (o.schedule != "search" && sched::schedule_kind_from_name(o.schedule) == sched::ScheduleKind::Interleaved1F1B) {
+    // Interleaved 1F1B runs a multiple of the stages on every replica: the partition's count
+    // belongs in the search, not in a fallback (with dp > 1 the replicas' split may still differ).
+    popt.count_multiple = o.shape.stages * o.shape.dp;
+  }
   if (!popt.describe_sample) {
     // A sample as the user knows it: its task and index in the dataset, not its place in the batch.
     popt.describe_sample = [&](std::uint32_t s) {
@@ -317,8 +390,52 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   }
   part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
+
+  // 2. Schedule per data-parallel replica.
+  t0 = std::chrono::steady_clock::now();
+  Scheduled best = schedule_partition(split, cost, vstages, o, iteration, kInfMs, true);
+  r.schedule_note = best.note;
+  r.schedule_ms = ms_since(t0);
+
+  // 3. The baselines' plans: reported under the same schedule search, and candidates for the plan
+  // (a faster one is the plan: never slower than a baseline on the cost model, by construction).
+  t0 = std::chrono::steady_clock::now();
+  // (Only for packpipe's own method: a method the user names is the plan's.)
+  const bool candidates = o.partition.method == part::PartitionMethod::DP;
+  for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
+    if (!candidates && !o.baselines) break;
+    BaselineFigures f;
+    f.baseline = b;
+    f.figures.feasible = false;
+    part::Partition bp;
+    try {
+      part::PartitionOptions bo = b.options(popt);
+      bp = part::partition(lengths, cost, o.shape, vstages, bo);
+    } catch (const InvalidArgument& e) {
+      f.figures.why = e.what();
+      if (o.baselines) r.baselines.push_back(std::move(f));
+      continue;
+    }
+    // Without a report, a baseline that cannot beat the plan is not scheduled.
+    const double bound = o.baselines || !best.figures.feasible ? kInfMs : best.figures.iteration_ms;
+    Scheduled c = schedule_partition(bp, cost, vstages, o, iteration, bound, false);
+    f.scheduled = c.scheduled;
+    f.figures = c.figures;
+    partition_figures(bp, f.figures);
+    if (candidates && c.scheduled && c.figures.feasible &&
+        (!best.figures.feasible || c.figures.iteration_ms < best.figures.iteration_ms)) {
+      best = std::move(c);
+      split = std::move(bp);
+      r.source = b.label();
+    }
+    if (o.baselines) r.baselines.push_back(std::move(f));
+  }
+  r.candidates_ms = ms_since(t0);
+  r.packpipe = best.figures;
+  partition_figures(split, r.packpipe);
+  if (r.source != "dp") r.schedule_note = best.note;
   if (!split.truncated.empty() || !split.dropped.empty()) {
-    // The oversize policy changed the batch: count what is trained.
+    // The oversize policy changed the batch: count what is trained (the partition's lengths).
     r.samples = lengths.size() - split.dropped.size();
     r.truncated = split.truncated.size();
     r.dropped = split.dropped.size();
@@ -326,92 +443,40 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     part::BatchLengths kept;
     for (const auto& mb : split.microbatches) {
       for (auto s : mb.samples) {
-        kept.input.push_back(std::min<std::uint32_t>(lengths.input[s], static_cast<std::uint32_t>(mb.padded_len)));
+        kept.input.push_back(split.lengths.input.empty() ? lengths.input[s] : split.lengths.input[s]);
         if (lengths.encoder_decoder()) {
-          kept.target.push_back(std::min<std::uint32_t>(lengths.target[s], static_cast<std::uint32_t>(mb.padded_dec_len)));
+          kept.target.push_back(split.lengths.target.empty() ? lengths.target[s] : split.lengths.target[s]);
         }
       }
     }
     r.model_flops = batch_model_flops(cost.model(), vstages, kept);
   }
-  partition_figures(split, r.packpipe);
   const part::BatchLengths trained = trained_lengths(lengths, split);
 
-  // 2. Schedule per data-parallel replica.
+  // 4. Instruction streams.
   t0 = std::chrono::steady_clock::now();
-  const bool named = o.schedule != "search";
-  const sched::ScheduleKind fixed_kind = named ? sched::schedule_kind_from_name(o.schedule) : sched::ScheduleKind::OneFOneB;
-  sched::SearchOptions search_opts = o.search;
-  search_opts.schedules = allowed_schedules(o);
-  std::vector<pl::Schedule> schedules;
-  std::vector<sched::StageCostTable> tables;
-  std::vector<std::vector<part::MicroBatch>> replica_mbs;
-  r.packpipe.feasible = true;
-  r.packpipe.iteration_ms = 0;
-  for (std::size_t k = 0; k < replicas(split); ++k) {
-    replica_mbs.push_back(replica_microbatches(split, k));
-    const auto& mbs = replica_mbs.back();
-    PACKPIPE_CHECK_ARG(!mbs.empty(), "iteration {}: data-parallel replica {} of {} received no micro-batch "
-                                     "({} micro-batches in all); use a larger global batch or fewer "
-                                     "data-parallel replicas (dp / --dp)",
-                       iteration, k, replicas(split), split.microbatches.size());
-    tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
-    const sched::SimProblem prob = sched::make_sim_problem(tables.back(), cost, o.shape);
-    pl::Schedule s;
-    std::string why;
-    const bool fits = named && sched::schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
-                                                        static_cast<std::int64_t>(mbs.size()), &why);
-    if (named && !fits && !o.fallback) {
-      PACKPIPE_THROW(InvalidArgument, "iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a fallback to "
-                     "the search, schedule_fallback=True / --schedule-fallback, to plan such iterations with another "
-                     "schedule)",
-                     iteration, o.schedule, mbs.size(), why);
-    }
-    if (fits) {
-      s = sched::make_schedule(fixed_kind, prob, {}, o.search.schedule_options);
-    } else {
-      if (named && r.schedule_note.empty()) {
-        r.schedule_note = fmt::format("schedule '{}' cannot run {} micro-batches ({}): searched the allowed schedules "
-                                      "instead", o.schedule, mbs.size(), why);
-      }
-      s = sched::search_schedule(prob, search_opts).best;
-    }
-    account(s, o.shape, prob.memory_limit_bytes, r.packpipe);
-    if (k == 0) r.packpipe.schedule = s.name;
-    schedules.push_back(std::move(s));
-  }
-  r.schedule_ms = ms_since(t0);
-
-  // 3. Instruction streams.
-  t0 = std::chrono::steady_clock::now();
-  std::vector<SampleRef> none;
-  for (std::size_t k = 0; k < schedules.size(); ++k) {
+  for (std::size_t k = 0; k < best.schedules.size(); ++k) {
     pl::PlanOptions po;
     po.iteration = iteration;
     po.hidden = cost.model().hidden;
     po.dtype = o.dtype;
     po.dp = static_cast<std::uint32_t>(o.shape.dp);
     po.global_tokens = r.tokens;
-    po.memory_limit_bytes = static_cast<std::uint64_t>(sched::make_sim_problem(tables[k], cost, o.shape).memory_limit_bytes);
+    po.memory_limit_bytes =
+        static_cast<std::uint64_t>(sched::make_sim_problem(best.tables[k], cost, o.shape).memory_limit_bytes);
     po.sample_refs = refs;
     po.keep_timeline = o.keep_timeline;
     po.loss_mode = o.loss_mode;
     po.global_loss_tokens = global_loss_tokens(trained, split);
     po.tied_embedding = o.tied_embedding;
-    pl::Plan plan = make_plan(schedules[k], replica_mbs[k], vstages, trained, &tables[k], po);
+    pl::Plan plan = make_plan(best.schedules[k], best.replica_mbs[k], vstages, trained, &best.tables[k], po);
     plan.replica = static_cast<std::uint32_t>(k);
     if (o.validate) pl::validate_or_throw(plan);
     r.plans.push_back(std::move(plan));
   }
   r.build_ms = ms_since(t0);
-  r.schedules = std::move(schedules);
-  r.planning_ms = r.partition_ms + r.schedule_ms + r.build_ms;
-
-  // 4. Baselines on the same batch.
-  if (o.baselines) {
-    r.fixed = baseline_grid(lengths, cost, vstages, o, part::PartitionMethod::Fixed, cache);
-    r.packing = baseline_grid(lengths, cost, vstages, o, part::PartitionMethod::Packing, cache);
-  }
+  r.schedules = std::move(best.schedules);
+  r.planning_ms = r.partition_ms + r.schedule_ms + r.candidates_ms + r.build_ms;
   r.partition = std::move(split);
   return r;
 }
@@ -482,8 +547,9 @@ std::vector<std::int64_t> balanced_stage_layers(const cm::CostModel& cost, const
     l.has_embedding = embedding;
     l.has_postprocess = head;
     const std::int64_t dec = encdec ? std::max<std::int64_t>(dec_seq, 1) : 0;
-    const double t = cm::stage_time_ms(cost, cm::stage_cost(cost, l, shape.tp, rows, seq, dec, Recompute::None),
-                                       cm::shape_tokens(model, rows, seq, dec));
+    const cm::MicroShape ms{rows, seq, dec, {}};
+    const double t = cm::stage_time_ms(cost, cm::stage_cost(cost, l, shape.tp, ms, Recompute::None),
+                                       cm::shape_tokens(model, ms));
     memo.emplace(key, t);
     return t;
   };

@@ -43,8 +43,20 @@ struct PlannerOptions {
   sched::SearchOptions search;             ///< candidates and seed of the search
   pl::Dtype dtype = pl::Dtype::BF16;        ///< activations and gradients on the wire
   bool validate = false;            ///< run the plan validator on every plan (throws on a violation)
-  bool baselines = true;            ///< also measure the fixed and packing baselines
-  std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< micro-batch sizes of the grid
+  /// Report every baseline of the grid (part::baseline_grid) under the same schedule search. Their
+  /// plans are packpipe's candidates either way: a baseline's plan simulated faster than
+  /// packpipe's partition becomes the plan (IterationResult::source names it), so packpipe is never
+  /// simulated slower than one of them; without reporting, a baseline whose makespan lower bound
+  /// cannot beat the plan is not scheduled.
+  bool baselines = true;
+  std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< fixed: micro-batch sizes of the grid
+  std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};         ///< packing: rows per micro-batch of the grid
+  /// The longest sample (tokens) the baselines' rows and budgets are sized for, as a user fixes
+  /// one capacity for a run: 0, the batch's own longest (EpochPlanner sets its dataset's).
+  std::uint64_t baseline_longest = 0;
+  std::uint64_t baseline_longest_target = 0;  ///< encoder-decoder: the longest target, likewise
+  /// Whether the baselines' sizes are left to the data (EpochPlanner then sets them).
+  bool baselines_sized_by_data() const { return baseline_longest == 0 && baseline_longest_target == 0; }
   bool keep_timeline = true;        ///< store the simulated ops in the plans (for traces)
   /// Task names by SampleRef::task, naming a dataset sample in messages (e.g. one that does not
   /// fit); empty: tasks by number.
@@ -79,10 +91,11 @@ struct MethodFigures {
   std::string why;                 ///< why infeasible
 };
 
-/// Figures of a baseline for each micro-batch size of the grid.
-struct BaselineGrid {
-  std::vector<std::int64_t> mbs;
-  std::vector<MethodFigures> figures;
+/// One baseline of the grid on one global batch.
+struct BaselineFigures {
+  part::Baseline baseline;
+  MethodFigures figures;  ///< under the same schedule search as packpipe's plan
+  bool scheduled = false; ///< false: pruned by its lower bound (figures unknown), or infeasible
 };
 
 /// The plans and figures of one iteration.
@@ -97,12 +110,15 @@ struct IterationResult {
   std::vector<pl::Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
   std::vector<pl::Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
   MethodFigures packpipe;
-  BaselineGrid fixed;               ///< fixed micro-batch size, padded to the longest, 1F1B
-  BaselineGrid packing;             ///< packed rows of the longest sample, fixed rows per micro-batch, 1F1B
+  /// Where the plan's micro-batches come from: "dp" (packpipe's partition), or the label of the
+  /// baseline whose plan was simulated faster (Baseline::label).
+  std::string source = "dp";
+  std::vector<BaselineFigures> baselines;  ///< the grid (PlannerOptions::baselines), else empty
   double partition_ms = 0;          ///< wall time of packpipe's partition
   double schedule_ms = 0;           ///< wall time of the schedule search (all replicas)
+  double candidates_ms = 0;         ///< wall time of the baselines' plans as candidates (and their report)
   double build_ms = 0;              ///< wall time of building (and validating) the plans
-  double planning_ms = 0;           ///< the three together
+  double planning_ms = 0;           ///< the four together
   std::string schedule_note;        ///< why a named schedule was not used (PlannerOptions::fallback), else empty
 };
 

@@ -25,9 +25,9 @@ StageCostTable empty_stage_cost_table(const cm::CostModel& cost, std::int64_t mi
 }
 
 void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost, const cm::StageLayout& layout,
-                    std::int64_t tp, std::int64_t rows, std::int64_t seq, std::int64_t dec_seq, cm::Recompute rc) {
-  const cm::LayerCost c = cm::stage_cost(cost, layout, tp, rows, seq, dec_seq, rc);
-  const cm::StageOpTimes ops = cm::stage_op_times(cost, c, layout, rows, seq, dec_seq);
+                    std::int64_t tp, const cm::MicroShape& shape, cm::Recompute rc) {
+  const cm::LayerCost c = cm::stage_cost(cost, layout, tp, shape, rc);
+  const cm::StageOpTimes ops = cm::stage_op_times(cost, c, layout, shape);
   t.forward_ms[i] = ops.forward_ms;
   t.backward_ms[i] = ops.backward_ms;
   t.backward_weight_ms[i] = ops.backward_weight_ms;
@@ -51,8 +51,8 @@ StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineS
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
                        mb.rows(), mb.padded_len);
     for (const auto& vs : vstages) {
-      set_stage_cost(t, t.at(static_cast<std::int64_t>(m), vs.index), cost, vs.layout, shape.tp, mb.rows(),
-                     mb.padded_len, mb.padded_dec_len, mb.recompute);
+      set_stage_cost(t, t.at(static_cast<std::int64_t>(m), vs.index), cost, vs.layout, shape.tp, mb.shape(),
+                     mb.recompute);
     }
   }
   return t;

@@ -45,8 +45,9 @@ struct StageCostTable {
   }
 };
 
-/// Queries the cost model for every (micro-batch, virtual stage): rows x padded lengths under
-/// each micro-batch's recompute mode. The op times are costmodel::stage_op_times': the
+/// Queries the cost model for every (micro-batch, virtual stage): each micro-batch's shape
+/// (MicroBatch::shape: rows x padded lengths, varlen sums for the packed layout) under its
+/// recompute mode. The op times are costmodel::stage_op_times': the
 /// weight-gradient share is the dense-GEMM part of the backward FLOPs (weights' gradients), the
 /// rest (input gradients, attention, recompute) must run before the previous stage can continue;
 /// a calibrated cost model's times are calibrated (and backward_input_ms is filled).
@@ -61,6 +62,6 @@ StageCostTable empty_stage_cost_table(const cm::CostModel& cost, std::int64_t mi
 /// stage_cost_table (which calls it), for tables built from other sources (measurements).
 /// Throws as costmodel::stage_cost.
 void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost, const cm::StageLayout& layout,
-                    std::int64_t tp, std::int64_t rows, std::int64_t seq, std::int64_t dec_seq, cm::Recompute rc);
+                    std::int64_t tp, const cm::MicroShape& shape, cm::Recompute rc);
 
 }  // namespace packpipe::schedule

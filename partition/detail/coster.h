@@ -115,6 +115,15 @@ class Coster {
   /// failing a mode once it failed it) and are not queried; on return it is the least mode
   /// index that still may fit (3 when none fits).
   Choice choose(std::int64_t rows, std::int64_t le, std::int64_t ld, RecomputePolicy policy, int* first_auto = nullptr);
+  /// The choice among the costs `at(rc)` gives under `policy`, as choose() makes it.
+  template <typename At>
+  Choice choose_with(RecomputePolicy policy, int* first_auto, At&& at);
+  /// Cost of one varlen micro-batch (shape.attention set; layout Packed) under `rc`. Not memoised:
+  /// every packed micro-batch has its own sums. A shape the cost model refuses costs infinity and
+  /// does not fit.
+  RcCost get_varlen(const cm::MicroShape& shape, cm::Recompute rc);
+  /// choose() for a varlen micro-batch.
+  Choice choose_varlen(const cm::MicroShape& shape, RecomputePolicy policy);
   /// choose() for rows m0, m0 + 1, .., m1 of one shape in turn (first_auto carried along), each
   /// choice's time appended to `time`, up to the first row where nothing fits.
   /// Returns the rows appended (m1 - m0 + 1 when all fit).

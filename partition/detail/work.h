@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "partition/detail/coster.h"
@@ -21,9 +22,45 @@ struct Work {
   }
 };
 
-/// Packing baseline: best-fit decreasing rows of the longest sample (packing::pack), then
-/// `mbs` rows per micro-batch (samples and row_offsets only). Defined in partition_pack.cpp.
-std::vector<MicroBatch> packing_baseline(const Work& w, const std::vector<std::uint32_t>& ids, std::int64_t mbs);
+/// Packing baseline: best-fit decreasing rows of `capacity` tokens (0: the longest sample's;
+/// encoder-decoder: the decoder rows of the longest target's), then `mbs` rows per micro-batch, as
+/// `layout` Packed (each micro-batch's rows flattened into one varlen row) or PackedMask (the rows;
+/// samples and row_offsets only). Throws InvalidArgument for a capacity below the longest sample.
+/// Defined in pack.cpp.
+std::vector<MicroBatch> packing_baseline(const Work& w, const std::vector<std::uint32_t>& ids, std::int64_t mbs,
+                                         std::uint64_t capacity, Layout layout);
+
+/// WLB-LLM's packing: k = ceil(tokens / capacity) packed micro-batches (capacity 0: the longest
+/// sample's tokens), samples in descending order of their forward FLOPs (linear plus attention,
+/// `model`'s layers) each onto the least-loaded micro-batch whose tokens stay within the capacity
+/// (the least-filled one when none has room). Deterministic. Defined in varlen.cpp.
+std::vector<MicroBatch> wlb_baseline(const Work& w, const cm::ModelSpec& model, const std::vector<std::uint32_t>& ids,
+                                     std::uint64_t capacity);
+
+/// Tokens of sample `s` in a packed row: (encoder or whole-sample, decoder) as packed_tokens
+/// lays them out.
+inline std::pair<std::int64_t, std::int64_t> packed_sample(const Work& w, std::uint32_t s) {
+  const bool ed = w.encdec();
+  return {static_cast<std::int64_t>(packed_tokens(w.input[s], ed)),
+          ed ? static_cast<std::int64_t>(packed_tokens(w.target[s], true)) : 0};
+}
+
+/// What the balanced varlen search found: micro-batches (layout Packed, samples only) and the
+/// objective (S - 1) max / c + sum / d on the coster's basis; infeasible when no count fits.
+struct BalancedOutcome {
+  std::vector<MicroBatch> microbatches;
+  double objective = 0;
+  bool feasible = false;
+};
+
+/// The dp method's packed varlen micro-batches: for micro-batch counts k (multiples of
+/// `count_multiple`, at least dp) samples go by descending estimated cost onto the micro-batch of
+/// least estimated cost (the cost model's marginal time of tokens and of attention work near the
+/// average micro-batch); the counts with the best estimates are costed exactly (least recompute
+/// that fits under `policy`), the best feasible one is refined by moving and swapping samples
+/// between its slowest and fastest micro-batches, and returned. Deterministic. Defined in varlen.cpp.
+BalancedOutcome balanced_search(const Work& w, const std::vector<std::uint32_t>& ids, Coster& coster,
+                                const PipelineShape& shape, RecomputePolicy policy, std::int64_t count_multiple);
 
 /// (S - 1) tau / c + sum / d, computed in DynaPipe's order of operations.
 inline double objective(const PipelineShape& s, double tau, double sum) {

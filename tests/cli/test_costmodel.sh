@@ -37,7 +37,7 @@ for k in ("model", "device", "cost_model", "query", "forward_ms", "backward_ms",
           "stored_bytes", "peak_bytes", "boundary_bytes", "boundary_p2p_ms", "time_source", "memory_source", "static"):
     assert k in q["none"], k
 assert q["none"]["query"] == {"kind": "encoder", "layers": 4, "tp": 2, "mbs": 2, "seq": 2048, "dec_seq": 0,
-                              "recompute": "none"}, q["none"]["query"]
+                              "recompute": "none", "layout": "padded"}, q["none"]["query"]
 assert q["none"]["total_ms"] < q["selective"]["total_ms"] < q["full"]["total_ms"]
 assert q["none"]["stored_bytes"] > q["selective"]["stored_bytes"] > q["full"]["stored_bytes"]
 s = q["none"]["static"]

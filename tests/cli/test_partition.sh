@@ -22,7 +22,9 @@ j = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 s = sorted(x for mb in j["microbatches"] for x in mb["samples"])
 assert s == list(range(n)), s
 for mb in j["microbatches"]:
-    assert mb["padded_len"] % 8 == 0 and mb["time_ms"] > 0 and mb["recompute"] in ("none", "selective", "full")
+    assert mb["time_ms"] > 0 and mb["recompute"] in ("none", "selective", "full")
+    assert mb["layout"] in ("padded", "packed"), mb
+    assert mb["padded_len"] % 8 == 0 if mb["layout"] == "padded" else mb["rows"] == 1 and "attention" in mb
 assert j["objective_ms"] > 0 and 0 < j["efficiency"] <= 1
 PYEOF
 
@@ -37,8 +39,9 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert all("padded_dec_len" in mb for mb in j["microbatches"])
 methods = {r["method"]: r for r in j["compare"]}
-assert set(methods) == {"dp", "dynapipe", "fixed", "tokens", "packing"}, methods.keys()
+assert set(methods) == {"dp", "dynapipe", "fixed", "tokens", "packing", "wlb"}, methods.keys()
 assert methods["dp"]["feasible"]
+assert "best_baseline" in j and j["best_baseline"]["speedup_of_dp"] > 0, j.get("best_baseline")
 PYEOF
 "$BIN" partition "$T/gpt.txt" $SHAPE --compare | grep "^dynapipe" > /dev/null || fail "compare table"
 
@@ -51,9 +54,9 @@ done
 # worse); one or two table builders print the same bytes.
 for i in $(seq 1 150); do echo "$(( (i * 7919) % 900 + 1 )) $(( (i * 104729) % 300 + 1 ))"; done > "$T/t5big.txt"
 T5SHAPE="--model t5-11b --stages 4 --layers-per-stage 6 --memory-mb 36000"
-"$BIN" partition "$T/t5big.txt" $T5SHAPE --order sorted --json > "$T/sorted.json"
-"$BIN" partition "$T/t5big.txt" $T5SHAPE --order auto --threads 1 --json > "$T/auto1.json"
-"$BIN" partition "$T/t5big.txt" $T5SHAPE --order auto --threads 2 --json > "$T/auto2.json"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --layouts padded --order sorted --json > "$T/sorted.json"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --layouts padded --order auto --threads 1 --json > "$T/auto1.json"
+"$BIN" partition "$T/t5big.txt" $T5SHAPE --layouts padded --order auto --threads 2 --json > "$T/auto2.json"
 cmp -s "$T/auto1.json" "$T/auto2.json" || fail "--threads 1 and 2 differ"
 $PY - "$T/sorted.json" "$T/auto1.json" "$T/t5big.txt" <<'PYEOF' || fail "order"
 import json, sys

@@ -27,9 +27,20 @@ for it in r["iterations"]:
     assert p["feasible"] and p["iteration_ms"] > 0 and 0 < p["efficiency"] <= 1, p
     assert len(p["peak_mb"]) == 4
     assert it["planning_ms"] >= it["partition_ms"]
-for b in ("fixed", "packing"):
-    assert t[b]["mbs"] in (1, 4), t[b]
-    assert abs(t[b]["speedup_of_packpipe"] - t[b]["time_s"] / t["packpipe"]["time_s"]) < 1e-9
+b = t["baselines"]
+assert set(b) == {"fixed", "tokens", "packing", "wlb"}, b.keys()
+assert b["fixed"]["setting"] in ("fixed (mbs 1)", "fixed (mbs 4)"), b["fixed"]
+for name, f in b.items():
+    if f["feasible"]:
+        # never slower than a baseline: a faster baseline's plan would have been the plan
+        assert f["speedup_of_packpipe"] >= 1 - 1e-12, (name, f)
+        assert abs(f["speedup_of_packpipe"] - f["time_s"] / t["packpipe"]["time_s"]) < 1e-9
+best = min((f for f in b.values() if f["feasible"]), key=lambda f: f["time_s"])
+assert t["best_baseline"]["setting"] == best["setting"], t["best_baseline"]
+for it in r["iterations"]:
+    for name, f in it.get("baselines", {}).items():
+        if f["feasible"]:
+            assert it["packpipe"]["iteration_ms"] <= f["iteration_ms"], (it["iteration"], name)
 tr = json.load(open(sys.argv[2]))
 events = [e for e in tr["traceEvents"] if e.get("ph") == "X"]
 assert events and all("ts" in e and "dur" in e for e in events)

@@ -136,8 +136,8 @@ TEST_CASE("calibration recovers a known multiplicative and additive bias within 
   const double p = cm::predict_ms(*base, m);
   CHECK(cm::predict_ms(model, m) == Approx(1.3 * p + 0.2).epsilon(0.01));
   // B fitted, its halves not: they scale with the calibrated backward
-  const cm::StageOpTimes t0 = cm::stage_op_times(*base, m.layout, 1, 3, 700, 0, cm::Recompute::None);
-  const cm::StageOpTimes t1 = cm::stage_op_times(model, m.layout, 1, 3, 700, 0, cm::Recompute::None);
+  const cm::StageOpTimes t0 = cm::stage_op_times(*base, m.layout, 1, cm::MicroShape{3, 700, 0, {}}, cm::Recompute::None);
+  const cm::StageOpTimes t1 = cm::stage_op_times(model, m.layout, 1, cm::MicroShape{3, 700, 0, {}}, cm::Recompute::None);
   CHECK(t1.backward_weight_ms / t1.backward_ms == Approx(t0.backward_weight_ms / t0.backward_ms));
   CHECK(t1.backward_input_ms + t1.backward_weight_ms == Approx(t1.backward_ms));
   // transfers: the low quantile of each size's waits, a fitted line through them
@@ -333,9 +333,10 @@ TEST_CASE("an identity calibration keeps every op time and stage time bit for bi
     for (std::int64_t seq : {100, 700, 3000}) {
       for (cm::Recompute rc : {cm::Recompute::None, cm::Recompute::Selective, cm::Recompute::Full}) {
         const cm::LayerCost s = cm::stage_cost(*base, l, 1, rows, seq, 0, rc);
-        const double tokens = cm::shape_tokens(base->model(), rows, seq, 0);
+        const cm::MicroShape shape{rows, seq, 0, {}};
+        const double tokens = cm::shape_tokens(base->model(), shape);
         CHECK(cm::stage_time_ms(id, s, tokens) == s.total_ms());
-        const auto a = cm::stage_op_times(*base, s, l, rows, seq, 0), b = cm::stage_op_times(id, s, l, rows, seq, 0);
+        const auto a = cm::stage_op_times(*base, s, l, shape), b = cm::stage_op_times(id, s, l, shape);
         CHECK(a.forward_ms == b.forward_ms);
         CHECK(a.backward_ms == b.backward_ms);
         CHECK(a.backward_input_ms == b.backward_input_ms);

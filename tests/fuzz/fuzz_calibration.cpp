@@ -37,10 +37,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const cm::StageLayout layout{2, 0, true, false};
   for (std::int64_t rows : {1, 4}) {
     for (std::int64_t seq : {64, 2048}) {
-      const cm::StageOpTimes t = cm::stage_op_times(model, layout, 1, rows, seq, 0, cm::Recompute::None);
+      const cm::MicroShape shape{rows, seq, 0, {}};
+      const cm::StageOpTimes t = cm::stage_op_times(model, layout, 1, shape, cm::Recompute::None);
       if (!(t.backward_weight_ms <= t.backward_ms)) __builtin_trap();
       (void)cm::stage_time_ms(model, cm::stage_cost(*gpt(), layout, 1, rows, seq, 0, cm::Recompute::None),
-                              cm::shape_tokens(gpt()->model(), rows, seq, 0));
+                              cm::shape_tokens(gpt()->model(), shape));
     }
   }
   (void)model.comm().p2p_ms(1 << 20, true);

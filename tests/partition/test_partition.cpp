@@ -81,11 +81,14 @@ BatchLengths random_batch(std::mt19937_64& rng, std::size_t n, bool encdec, std:
   return b;
 }
 
+// The padded DP (DynaPipe's micro-batch space) unless a test asks for packed layouts too.
 PartitionOptions opts(PartitionMethod m) {
   PartitionOptions o;
   o.method = m;
   o.microbatch_size = 4;
   o.token_budget = 4096;
+  o.layouts = packpipe::layout_bit(packpipe::Layout::Padded);
+  o.layout = packpipe::Layout::PackedMask;  // the packing baseline as DynaPipe compares it
   return o;
 }
 

@@ -211,29 +211,35 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
   o.family = ScheduleFamily::Cyclic;
   const IterationResult c = plan_iteration(batch(30, 20, false), nullptr, 0, gpt, vs, o);
   CHECK((c.plans.front().schedule == "cyclic" || c.plans.front().schedule == "wait-free-cyclic"));
-  // Interleaving with a micro-batch count that is not a multiple of the stages.
+  // Interleaving: the partition's micro-batch count is a multiple of the stages (the count
+  // constraint is in the search), for every batch and for both layouts.
   PlannerOptions il = options(4);
   il.shape.chunks = 2;
   il.schedule = "interleaved-1f1b";
   il.allow_split_backward = false;
   const auto vs2 = part::virtual_stages(gpt.model(), il.shape);
-  bool fell_back = false;
-  for (int t = 0; t < 10 && !fell_back; ++t) {
-    const auto b = batch(17 + t, 30 + t, false);
-    try {
-      (void)plan_iteration(b, nullptr, 0, gpt, vs2, il);
-    } catch (const packpipe::InvalidArgument& e) {
-      CHECK_THAT(e.what(), Catch::Matchers::Contains("allow a fallback"));
-      il.fallback = true;
-      const IterationResult r = plan_iteration(b, nullptr, 0, gpt, vs2, il);
-      CHECK_THAT(r.schedule_note, Catch::Matchers::Contains("cannot run"));
-      CHECK(r.plans.front().schedule != "interleaved-1f1b");
-      CHECK(r.plans.front().schedule != "zero-bubble");  // the fallback keeps the filters
-      fell_back = true;
-      il.fallback = false;
+  using packpipe::Layout;
+  using packpipe::LayoutSet;
+  using packpipe::layout_bit;
+  for (const LayoutSet layouts : {layout_bit(Layout::Padded), layout_bit(Layout::Packed),
+                                  static_cast<LayoutSet>(layout_bit(Layout::Padded) | layout_bit(Layout::Packed))}) {
+    il.partition.layouts = layouts;
+    for (int t = 0; t < 10; ++t) {
+      const IterationResult r = plan_iteration(batch(17 + t, 30 + t, false), nullptr, 0, gpt, vs2, il);
+      CHECK(r.plans.front().schedule == "interleaved-1f1b");
+      CHECK(r.plans.front().microbatches.size() % 4 == 0);
+      CHECK(r.schedule_note.empty());
     }
   }
-  CHECK(fell_back);
+  // A batch too small for a multiple of the stages: an error naming the fallback, or the fallback.
+  il.partition.layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  const auto tiny = batch(2, 40, false);
+  REQUIRE_THROWS_WITH(plan_iteration(tiny, nullptr, 0, gpt, vs2, il), Catch::Matchers::Contains("allow a fallback"));
+  il.fallback = true;
+  const IterationResult r = plan_iteration(tiny, nullptr, 0, gpt, vs2, il);
+  CHECK_THAT(r.schedule_note, Catch::Matchers::Contains("cannot run"));
+  CHECK(r.plans.front().schedule != "interleaved-1f1b");
+  CHECK(r.plans.front().schedule != "zero-bubble");  // the fallback keeps the filters
   PlannerOptions bad = options(4);
   bad.schedule = "zero-bubble";
   bad.allow_split_backward = false;

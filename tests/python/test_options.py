@@ -114,7 +114,8 @@ def test_options_defaults_keywords_and_properties():
 def test_options_repr_round_trips_and_equality():
     o = PartitionOptions(method="tokens", tokens=4096)
     assert repr(o) == ("PartitionOptions(method='tokens', mbs=0, tokens=4096, round_multiple=8, recompute='auto', "
-                       "oversize='error', cost_basis='auto', order='auto', pack_windows=False, threads=0)")
+                       "oversize='error', cost_basis='auto', order='auto', pack_windows=False, threads=0, "
+                       "layouts=('padded', 'packed'), layout='packed', capacity=0)")
     assert eval(repr(o), {"PartitionOptions": PartitionOptions}) == o
     assert o != PartitionOptions(method="tokens", tokens=4097)
     assert o != PartitionOptions()
@@ -122,7 +123,7 @@ def test_options_repr_round_trips_and_equality():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("method", "greedy", r"unknown partition method 'greedy' \(expected dp, dynapipe, fixed, tokens, packing\)"),
+    ("method", "greedy", r"unknown partition method 'greedy' \(expected dp, dynapipe, fixed, tokens, packing, wlb\)"),
     ("recompute", "some", r"unknown recompute policy 'some' \(expected auto, none, selective, full\)"),
     ("oversize", "squash", r"unknown oversize policy 'squash' \(expected error, truncate, drop\)"),
     ("cost_basis", "flops", r"unknown cost basis 'flops' \(expected auto, stages, dynapipe\)"),

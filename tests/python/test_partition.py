@@ -28,7 +28,7 @@ def covered(result, n):
 FOUR = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
 
 
-@pytest.mark.parametrize("method", ["dp", "dynapipe", "fixed", "tokens", "packing"])
+@pytest.mark.parametrize("method", ["dp", "dynapipe", "fixed", "tokens", "packing", "wlb"])
 def test_every_method_covers_each_sample_once(method):
     x = lengths(150, 1)
     r = packpipe.partition(gpt(), x, shape=FOUR, options=PartitionOptions(method=method, mbs=2, tokens=4096))
@@ -38,10 +38,19 @@ def test_every_method_covers_each_sample_once(method):
     for mb in r.microbatches:
         assert isinstance(mb, packpipe.MicroBatch)
         assert mb.samples.dtype == np.uint32
-        assert mb.padded_len % 8 == 0
-        assert mb.padded_len >= x[mb.samples].max() or len(mb.row_offsets) > 0
         assert mb.recompute in ("none", "selective", "full")
         assert mb.rows == (len(mb.row_offsets) - 1 if len(mb.row_offsets) else len(mb.samples))
+        if mb.layout == "packed":  # one row of every sample back to back, attended apart (varlen)
+            assert mb.rows == 1 and mb.padded_len == int(x[mb.samples].sum())
+            assert mb.attention == (int((x[mb.samples].astype(np.int64) ** 2).sum()), 0, 0)
+        else:
+            assert mb.padded_len % 8 == 0
+            assert mb.padded_len >= x[mb.samples].max() or len(mb.row_offsets) > 0
+            assert mb.attention == (0, 0, 0)
+    if method in ("packing", "wlb"):
+        assert all(mb.layout == "packed" for mb in r.microbatches)
+    if method in ("fixed", "tokens", "dynapipe"):
+        assert all(mb.layout == "padded" for mb in r.microbatches)
 
 
 def test_result_fields():
@@ -142,12 +151,13 @@ def test_order_and_threads():
     x = lengths(150, 7, cap=1024)
     y = lengths(150, 8, median=60, cap=512)
     shape = PipelineShape(stages=4, layers_per_stage=6, memory_mb=36000)
-    sorted_ = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(order="sorted"))
+    padded = ("padded",)  # the order is the padded search's (packed micro-batches balance any order)
+    sorted_ = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(order="sorted", layouts=padded))
     order = np.concatenate([mb.samples for mb in sorted_.microbatches])
     pairs = list(zip(x[order].tolist(), y[order].tolist()))
     assert pairs == sorted(pairs, reverse=True)
-    one = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=1))
-    two = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=2))
+    one = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=1, layouts=padded))
+    two = packpipe.partition(t5(), x, y, shape=shape, options=PartitionOptions(threads=2, layouts=padded))
     assert one.objective_ms == two.objective_ms <= sorted_.objective_ms
     assert all(np.array_equal(a.samples, b.samples) for a, b in zip(one.microbatches, two.microbatches))
     with pytest.raises(ValueError, match="unknown encoder-decoder order 'tsp'"):
@@ -190,8 +200,8 @@ def test_evaluate_partition_costs_given_microbatches_on_either_basis():
     shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
     for basis in ("stages", "dynapipe"):
         p = packpipe.partition(cm, lens, shape=shape, options=PartitionOptions(cost_basis=basis))
-        mbs = [np.asarray(m.samples) for m in p.microbatches]
-        e = packpipe.evaluate_partition(cm, lens, microbatches=mbs, shape=shape, basis=basis)
+        e = packpipe.evaluate_partition(cm, lens, microbatches=list(p.microbatches), shape=shape, basis=basis)
+        assert [m.layout for m in e.microbatches] == [m.layout for m in p.microbatches]
         assert [m.time_ms for m in e.microbatches] == [m.time_ms for m in p.microbatches]
         assert [m.recompute for m in e.microbatches] == [m.recompute for m in p.microbatches]
         assert e.objective_ms == pytest.approx(p.objective_ms)

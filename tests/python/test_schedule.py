@@ -134,7 +134,7 @@ def test_microbatches_of_a_partition_and_the_shape():
     cm = packpipe.CostModel("gpt-1.3b")
     shape = PipelineShape(stages=4, chunks=2, layers_per_stage=3, memory_mb=36000)
     lengths = np.random.default_rng(3).integers(16, 1500, 60)
-    part = packpipe.partition(cm, lengths, shape=shape)
+    part = packpipe.partition(cm, lengths, shape=shape, options=packpipe.PartitionOptions(layouts=("padded",)))
     p = packpipe.ScheduleProblem(cm, part.microbatches, shape=shape)
     assert p.microbatches == len(part.microbatches) and p.vstages == 8 and p.ranks == 4
     tuples = [(mb.rows, mb.padded_len, 0, mb.recompute) for mb in part.microbatches]

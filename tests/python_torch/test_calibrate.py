@@ -77,14 +77,20 @@ def test_a_resumed_loader_plans_with_the_saved_calibration(tmp_path):
                              shape=packpipe.PipelineShape(stages=2), global_batch_tokens=900, seed=5,
                              schedule="1f1b", schedule_fallback=True, dtype="fp32")
 
-    # A calibration that changes the cost model a lot (forward and backward three times slower).
+    # A calibration that changes the cost model a lot (forward and backward three times slower):
+    # every compute op takes three times its planned duration.
     base = loader()
     first = next(base)
+    planned = {(kind, mb, v): end - start for ops in first.plan.timeline for kind, mb, v, start, end in ops}
     synthetic = []
     for r in range(first.plan.ranks):
         times, t = [], 0
         for ins in first.plan.streams[r]:
-            d = 3_000_000 if ins.is_compute else 10_000
+            if ins.is_compute:
+                kind = {"FWD": "F", "BWD": "B", "BWD_I": "I", "BWD_W": "W"}[ins.op]
+                d = int(3e6 * planned[(kind, ins.mb, ins.stage)])
+            else:
+                d = 10_000
             times.append((t, t + d))
             t += d
         synthetic.append(times)

@@ -121,13 +121,39 @@ def figures_dict(f, mbs=None):
     return d
 
 
+class BaselineGrid:
+    """One baseline family's entries of IterationResult.baselines: their micro-batch sizes (fixed)
+    or rows (packing) and their MethodFigures, in grid order (as IterationResult.fixed and .packing
+    gave them before the grid held every family)."""
+
+    def __init__(self, entries):
+        self.mbs = [b.mbs for b in entries]
+        self.figures = [b.figures for b in entries]
+        self.settings = [b.setting for b in entries]
+
+    def __len__(self):
+        return len(self.mbs)
+
+    def __repr__(self):
+        return f"BaselineGrid(mbs={self.mbs})"
+
+
+def family_grid(family):
+    return property(lambda self: BaselineGrid([b for b in self.baselines if b.family == family]),
+                    doc=f"The {family} entries of baselines (a BaselineGrid: mbs, figures, settings)")
+
+
+_core.IterationResult.fixed = family_grid("fixed")
+_core.IterationResult.packing = family_grid("packing")
+
+
 def result_item(self, key):
     """result[key]: the attribute `key`, as the dicts of packpipe 0.1 answered (deprecated)."""
     if not isinstance(key, str) or key.startswith("_") or not hasattr(self, key):
         raise KeyError(key)
     warn(f"{type(self).__name__}[{key!r}]", f"the attribute .{key}")
     value = getattr(self, key)
-    if isinstance(value, _core.BaselineGrid):  # 0.1: a list of figure dicts with their 'mbs'
+    if isinstance(value, BaselineGrid):  # 0.1: a list of figure dicts with their 'mbs'
         return [figures_dict(f, m) for m, f in zip(value.mbs, value.figures)]
     return value
 

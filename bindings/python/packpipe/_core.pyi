@@ -529,7 +529,7 @@ class PipelineShape:
 class PartitionOptions:
     """How a global batch is cut into micro-batches (the CLI's partition flags)."""
     method: str
-    """dp, dynapipe, fixed, tokens or packing (--method)."""
+    """dp, dynapipe, fixed, tokens, packing or wlb (--method)."""
     mbs: int
     """fixed / packing: samples (rows) per micro-batch (--mbs)."""
     tokens: int
@@ -548,9 +548,16 @@ class PartitionOptions:
     """dp / dynapipe: pack each window's samples when cheaper (--pack-windows)."""
     threads: int
     """Threads building the window table, 0: automatic (--threads); the result is the same."""
+    layouts: Tuple[str, ...]
+    """dp: the layouts its micro-batches may take, 'padded' and/or 'packed' (varlen attention) (--layouts)."""
+    layout: str
+    """packing: 'packed' (rows flattened, varlen attention) or 'packed-mask' (dense rows, block mask) (--layout)."""
+    capacity: int
+    """packing / wlb: tokens per row, 0: the longest sample's (--capacity)."""
     def __init__(self, *, method: str = "dp", mbs: int = 0, tokens: int = 0, round_multiple: int = 8,
                  recompute: str = "auto", oversize: str = "error", cost_basis: str = "auto", order: str = "auto",
-                 pack_windows: bool = False, threads: int = 0) -> None:
+                 pack_windows: bool = False, threads: int = 0, layouts: Sequence[str] = ("padded", "packed"),
+                 layout: str = "packed", capacity: int = 0) -> None:
         """Options; an unknown name raises ValueError listing the valid ones, a negative count ValueError."""
     def __eq__(self, other: object) -> bool:
         """Same fields."""
@@ -570,6 +577,12 @@ class MicroBatch:
     @property
     def rows(self) -> int:
         """Rows (sequences)."""
+    @property
+    def layout(self) -> str:
+        """'padded' (one sample a row), 'packed' (one row, varlen attention) or 'packed-mask' (rows, block mask)."""
+    @property
+    def attention(self) -> Tuple[int, int, int]:
+        """packed: the attention sums (sum l^2, sum d^2, sum d x l) the cost model charged; else (0, 0, 0)."""
     @property
     def padded_len(self) -> int:
         """Tokens every row is padded to (encoder, or the whole sample)."""
@@ -679,9 +692,10 @@ def partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Op
     """Micro-batches of one global batch (shape defaults to PipelineShape(): one stage)."""
 
 def evaluate_partition(cost_model: CostModel, input_lengths: _Lengths, target_lengths: Optional[_Lengths] = None, *,
-                       microbatches: List[_Lengths], shape: PipelineShape = ..., options: PartitionOptions = ...,
-                       basis: str = "stages") -> Partition:
-    """Given micro-batches (arrays of sample indices) costed on a basis ('stages' or 'dynapipe'): a Partition."""
+                       microbatches: List[Union[MicroBatch, _Lengths]], shape: PipelineShape = ...,
+                       options: PartitionOptions = ..., basis: str = "stages", layout: str = "padded") -> Partition:
+    """Given micro-batches (MicroBatch objects, or arrays of sample indices laid out as `layout`) costed on a
+    basis ('stages' or 'dynapipe'): a Partition."""
 
 def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
                           dec_seq: int = 0) -> List[int]:
@@ -988,16 +1002,35 @@ class MethodFigures:
     def __getitem__(self, key: str) -> Any:
         """Deprecated (packpipe 0.1 dicts): the attribute `key`, with a DeprecationWarning."""
 
-class BaselineGrid:
-    """Figures of a baseline for each micro-batch size of the grid."""
+class BaselineFigures:
+    """One baseline of the grid (a method and its setting) on one global batch (read-only)."""
     @property
-    def mbs(self) -> List[int]:
-        """The micro-batch sizes of the grid."""
+    def family(self) -> str:
+        """fixed, tokens, packing, packing-mask or wlb."""
     @property
-    def figures(self) -> List[MethodFigures]:
-        """MethodFigures for each micro-batch size, in the order of mbs."""
-    def __len__(self) -> int:
-        """Micro-batch sizes in the grid."""
+    def setting(self) -> str:
+        """The method and its setting as a user reads it, e.g. 'packing (capacity 4096 x 2 rows)'."""
+    @property
+    def method(self) -> str:
+        """The partition method (PartitionOptions.method)."""
+    @property
+    def mbs(self) -> int:
+        """fixed: samples; packing: rows per micro-batch (else 0)."""
+    @property
+    def tokens(self) -> int:
+        """tokens: padded tokens per micro-batch (else 0)."""
+    @property
+    def capacity(self) -> int:
+        """packing: tokens per row; wlb: tokens per micro-batch (else 0)."""
+    @property
+    def layout(self) -> str:
+        """Its micro-batches' layout."""
+    @property
+    def figures(self) -> MethodFigures:
+        """MethodFigures under the same schedule search as packpipe's plan."""
+    @property
+    def scheduled(self) -> bool:
+        """Whether it was scheduled (False: infeasible, or pruned by its makespan lower bound)."""
 
 class IterationResult:
     """The plans and figures of one global batch (read-only)."""
@@ -1032,11 +1065,20 @@ class IterationResult:
     def packpipe(self) -> MethodFigures:
         """Figures of packpipe's plan."""
     @property
-    def fixed(self) -> BaselineGrid:
-        """Fixed micro-batch size, padded to the longest, 1F1B (empty without baselines)."""
+    def source(self) -> str:
+        """'dp' (packpipe's partition), or the setting of the baseline whose plan was simulated faster."""
     @property
-    def packing(self) -> BaselineGrid:
-        """Packed rows, fixed rows per micro-batch, 1F1B (empty without baselines)."""
+    def baselines(self) -> List[BaselineFigures]:
+        """Every baseline of the grid under the same schedule search (empty without baselines)."""
+    @property
+    def fixed(self) -> Any:
+        """The fixed entries of baselines (mbs, figures, settings)."""
+    @property
+    def packing(self) -> Any:
+        """The packing entries of baselines (mbs: rows per micro-batch, figures, settings)."""
+    @property
+    def candidates_ms(self) -> float:
+        """Wall time of the baselines' plans as candidates (and their report)."""
     @property
     def partition_ms(self) -> float:
         """Wall time of packpipe's partition."""
@@ -1048,7 +1090,7 @@ class IterationResult:
         """Wall time of building (and validating) the plans."""
     @property
     def planning_ms(self) -> float:
-        """The three together."""
+        """Partition, schedule, candidates and build together."""
     @property
     def schedule_note(self) -> str:
         """Why a named schedule was not used (schedule_fallback=True), else ''."""
