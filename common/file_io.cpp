@@ -4,9 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include "common/errors.h"
 
@@ -164,6 +167,60 @@ void check_output_is_not_input(const std::string& output, const std::vector<std:
                        "{} '{}' is the input '{}' (the same file); writing it would destroy the input: "
                        "choose another output path",
                        what, output, in);
+  }
+}
+
+namespace {
+
+// `p` made absolute, with links, "." and ".." resolved as far as the path exists (the rest kept as
+// written): two spellings of one file, existing or not, compare equal.
+std::string resolved_path(const std::string& p) {
+  std::error_code ec;
+  const auto abs = std::filesystem::absolute(p, ec);
+  if (ec) return p;
+  const auto r = std::filesystem::weakly_canonical(abs, ec);
+  return ec ? abs.lexically_normal().string() : r.string();
+}
+
+// True for an existing character device or FIFO: written in place by AtomicFile, nothing replaced.
+bool is_stream(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+}
+
+}  // namespace
+
+void check_command_files(const std::vector<std::string>& inputs, const std::vector<OutputFile>& outputs) {
+  struct Written {
+    std::string path, what, resolved;
+    bool lock = false;  // the lock file of another output
+  };
+  std::vector<Written> written;
+  for (const auto& o : outputs) {
+    if (o.path.empty()) continue;
+    check_output_is_not_input(o.path, inputs, o.what);
+    if (is_stream(o.path)) continue;
+    const std::string lock = o.path + ".lock";
+    for (const auto& in : inputs) {
+      PACKPIPE_CHECK_ARG(!same_file(lock, in),
+                         "{} '{}' would be written under the lock file '{}', which is the input '{}' (the same file); "
+                         "writing it would destroy the input: choose another output path",
+                         o.what, o.path, lock, in);
+    }
+    written.push_back({o.path, o.what, resolved_path(o.path), false});
+    written.push_back({lock, fmt::format("the lock file of {}", o.what), resolved_path(lock), true});
+  }
+  for (std::size_t a = 0; a < written.size(); ++a) {
+    for (std::size_t b = a + 1; b < written.size(); ++b) {
+      const Written& x = written[a];
+      const Written& y = written[b];
+      if (x.lock && y.lock) continue;  // distinct outputs have distinct lock files
+      if (b == a + 1 && y.lock) continue;  // an output and its own lock file
+      PACKPIPE_CHECK_ARG(x.resolved != y.resolved && !same_file(x.path, y.path),
+                         "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each "
+                         "output its own path",
+                         x.what, x.path, y.what, y.path);
+    }
   }
 }
 
