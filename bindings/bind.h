@@ -21,11 +21,11 @@ namespace packpipe::bindings {
 
 namespace part = ::packpipe::partition;
 
-// Integer and bool arguments: every bound function takes them as pybind11::object (shown as
-// `object` in signatures, documented in _core.pyi) and converts them here, never through pybind11's
-// own integer casters, whose refusal of -1, 2**64 or 2.7 is a TypeError listing every overload
-// instead of a message naming the argument. tests/python/test_integer_arguments.py checks that no
-// bound function is left with a native integer parameter.
+// Integer arguments: every bound function takes them as IntArg (def_ints, shown as
+// typing.SupportsIndex) or as pybind11::object, and converts them here, never through pybind11's own
+// integer casters, whose refusal of -1, 2**64 or 2.7 is a TypeError listing every overload instead
+// of a message naming the argument. tests/python/test_integer_arguments.py checks that no bound
+// function is left with a native integer parameter, and sweeps bad values through every one.
 
 /// A Python integer argument `arg` as an unsigned value at most `max`: ValueError (naming the
 /// argument, the value and the limit) for a negative, too large or non-integer value (a float, a

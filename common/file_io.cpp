@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <map>
+#include <utility>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -192,35 +194,44 @@ bool is_stream(const std::string& p) {
 
 void check_command_files(const std::vector<std::string>& inputs, const std::vector<OutputFile>& outputs) {
   struct Written {
-    std::string path, what, resolved;
-    bool lock = false;  // the lock file of another output
+    std::string path, what;
   };
-  std::vector<Written> written;
+  std::vector<Written> written;  // every output, then every output's lock file
   for (const auto& o : outputs) {
     if (o.path.empty()) continue;
     check_output_is_not_input(o.path, inputs, o.what);
     if (is_stream(o.path)) continue;
-    const std::string lock = o.path + ".lock";
+    written.push_back({o.path, o.what});
+  }
+  const std::size_t files = written.size();
+  for (std::size_t k = 0; k < files; ++k) {
+    const std::string lock = written[k].path + ".lock";
     for (const auto& in : inputs) {
       PACKPIPE_CHECK_ARG(!same_file(lock, in),
                          "{} '{}' would be written under the lock file '{}', which is the input '{}' (the same file); "
                          "writing it would destroy the input: choose another output path",
-                         o.what, o.path, lock, in);
+                         written[k].what, written[k].path, lock, in);
     }
-    written.push_back({o.path, o.what, resolved_path(o.path), false});
-    written.push_back({lock, fmt::format("the lock file of {}", o.what), resolved_path(lock), true});
+    written.push_back({lock, fmt::format("the lock file of {}", written[k].what)});
   }
-  for (std::size_t a = 0; a < written.size(); ++a) {
-    for (std::size_t b = a + 1; b < written.size(); ++b) {
-      const Written& x = written[a];
-      const Written& y = written[b];
-      if (x.lock && y.lock) continue;  // distinct outputs have distinct lock files
-      if (b == a + 1 && y.lock) continue;  // an output and its own lock file
-      PACKPIPE_CHECK_ARG(x.resolved != y.resolved && !same_file(x.path, y.path),
-                         "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each "
-                         "output its own path",
-                         x.what, x.path, y.what, y.path);
+  // One pass, O(n log n): by resolved path (existing or not), and by inode for what exists. Two lock
+  // files can only collide when their outputs do, which is found first.
+  std::map<std::string, std::size_t> by_path;
+  std::map<std::pair<dev_t, ino_t>, std::size_t> by_inode;
+  for (std::size_t k = 0; k < written.size(); ++k) {
+    std::size_t other = k;
+    const auto [at, fresh] = by_path.emplace(resolved_path(written[k].path), k);
+    if (!fresh) other = at->second;
+    struct stat st {};
+    if (other == k && ::stat(written[k].path.c_str(), &st) == 0) {
+      const auto [it, new_inode] = by_inode.emplace(std::make_pair(st.st_dev, st.st_ino), k);
+      if (!new_inode) other = it->second;
     }
+    if (other == k || (other >= files && k >= files)) continue;
+    PACKPIPE_CHECK_ARG(false,
+                       "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each output "
+                       "its own path",
+                       written[other].what, written[other].path, written[k].what, written[k].path);
   }
 }
 
