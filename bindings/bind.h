@@ -7,7 +7,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <pybind11/pybind11.h>
@@ -20,9 +22,15 @@ namespace packpipe::bindings {
 
 namespace part = ::packpipe::partition;
 
+// Integer arguments: every bound function takes them as IntArg (def_ints, shown as
+// typing.SupportsIndex) or as pybind11::object, and converts them here, never through pybind11's own
+// integer casters, whose refusal of -1, 2**64 or 2.7 is a TypeError listing every overload instead
+// of a message naming the argument. tests/python/test_integer_arguments.py checks that no bound
+// function is left with a native integer parameter, and sweeps bad values through every one.
+
 /// A Python integer argument `arg` as an unsigned value at most `max`: ValueError (naming the
-/// argument, the value and the limit) for a negative, too large or non-integer value, never a wrap.
-/// Accepts numpy integers. Defined in bind_partition.cpp.
+/// argument, the value and the limit) for a negative, too large or non-integer value (a float, a
+/// bool), never a wrap or a cast. Accepts numpy integers. Defined in bind_partition.cpp.
 std::uint64_t unsigned_arg(const pybind11::handle& value, const char* arg, std::uint64_t max);
 
 /// A set of layouts from a comma-separated string or a sequence of layout names ('padded',
@@ -31,6 +39,151 @@ std::uint64_t unsigned_arg(const pybind11::handle& value, const char* arg, std::
 LayoutSet layout_set_arg(const pybind11::object& value);
 /// The names of a set of layouts, as a tuple.
 pybind11::tuple layout_set_list(LayoutSet set);
+
+/// A Python integer argument `arg` in [lo, hi]: ValueError naming the argument, the range and the
+/// value for one outside it or a non-integer (a float, a bool, a string). Defined in bind_partition.cpp.
+std::int64_t int_arg(const pybind11::handle& value, const char* arg, std::int64_t lo, std::int64_t hi);
+
+/// int_arg bounded by what the signed type T holds (the C++ library checks its own range).
+template <typename T>
+T signed_arg(const pybind11::handle& value, const char* arg) {
+  return static_cast<T>(int_arg(value, arg, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+}
+
+/// A bool argument `arg`: True or False (numpy bools too); ValueError naming it for anything else
+/// (1, "yes", None), never a truth-value cast. Defined in bind_partition.cpp.
+bool bool_arg(const pybind11::handle& value, const char* arg);
+
+/// A list of integers argument `arg` (a sequence of Python or numpy integers), each in [lo, hi]:
+/// ValueError naming the argument and the element. Defined in bind_partition.cpp.
+std::vector<std::int64_t> int_list_arg(const pybind11::handle& value, const char* arg, std::int64_t lo,
+                                       std::int64_t hi);
+
+/// An integer argument as Python gave it, whatever its type: a bound function takes it in place of
+/// a C++ integer (def_ints), so that pybind11 never refuses it with its signature dump, and
+/// converts it with int_arg / unsigned_arg, which name the argument. Shown as
+/// `typing.SupportsIndex` in signatures (an int, or a numpy integer).
+struct IntArg {
+  pybind11::object value;
+};
+
+/// The C++ integer `T` of the integer argument `v` named `name`: the range of T (the C++ library
+/// checks its own, narrower one).
+template <typename T>
+T int_of(const pybind11::handle& v, const char* name) {
+  if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(int_arg(v, name, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+  } else {
+    return static_cast<T>(unsigned_arg(v, name, std::numeric_limits<T>::max()));
+  }
+}
+
+namespace detail {
+
+template <typename T>
+inline constexpr bool kCheckedInt = std::is_integral_v<std::decay_t<T>> && !std::is_same_v<std::decay_t<T>, bool>;
+
+/// A parameter of type A as the wrapper takes it: IntArg for an integer, A otherwise.
+template <typename A>
+using Checked = std::conditional_t<kCheckedInt<A>, IntArg, A>;
+
+template <typename A>
+decltype(auto) unwrap(Checked<A>& v, const std::vector<std::string>& names, std::size_t i) {
+  if constexpr (kCheckedInt<A>) {
+    thread_local std::string fallback;
+    const char* name = i < names.size() ? names[i].c_str() : (fallback = "argument " + std::to_string(i + 1)).c_str();
+    return int_of<std::decay_t<A>>(v.value, name);
+  } else {
+    return std::forward<A>(v);
+  }
+}
+
+template <typename T>
+struct Signature : Signature<decltype(&T::operator())> {};
+template <typename C, typename R, typename... A>
+struct Signature<R (C::*)(A...) const> {
+  using Return = R;
+  using Args = std::tuple<A...>;
+};
+template <typename C, typename R, typename... A>
+struct Signature<R (C::*)(A...)> : Signature<R (C::*)(A...) const> {};
+struct FreeFunction {};
+template <typename R, typename... A>
+struct Signature<R (*)(A...)> : Signature<R (FreeFunction::*)(A...) const> {};
+
+// A callable from a member function pointer (self first), a function pointer or a lambda.
+template <typename C, typename R, typename... A>
+auto callable(R (C::*f)(A...) const) {
+  return [f](const C& self, A... a) -> R { return (self.*f)(std::forward<A>(a)...); };
+}
+template <typename C, typename R, typename... A>
+auto callable(R (C::*f)(A...)) {
+  return [f](C& self, A... a) -> R { return (self.*f)(std::forward<A>(a)...); };
+}
+template <typename F>
+F callable(F f) {
+  return f;
+}
+
+// Calls f on arguments already converted (with the GIL), releasing the GIL for the call itself
+// when `Release` (the function was bound with call_guard<gil_scoped_release>).
+template <bool Release, typename R, typename F, typename... P>
+R call(const F& f, P&&... p) {
+  if constexpr (Release) {
+    pybind11::gil_scoped_release release;
+    return f(std::forward<P>(p)...);
+  } else {
+    return f(std::forward<P>(p)...);
+  }
+}
+
+template <bool Release, typename F, typename R, typename... A, std::size_t... I>
+auto checked_ints(F f, std::vector<std::string> names, std::size_t offset, std::tuple<A...>*, std::index_sequence<I...>) {
+  return [f = std::move(f), names = std::move(names), offset](Checked<A>... a) -> R {
+    return call<Release, R>(f, unwrap<A>(a, names, I >= offset ? I - offset : names.size() + I)...);
+  };
+}
+
+template <typename E>
+inline constexpr bool kReleasesGil = std::is_same_v<E, pybind11::call_guard<pybind11::gil_scoped_release>>;
+
+// The extras pybind11 gets: all but a call_guard<gil_scoped_release>, which checked_ints applies
+// after the conversions (they need the GIL).
+template <typename E>
+auto kept(const E& e) {
+  if constexpr (kReleasesGil<E>) {
+    return std::tuple<>();
+  } else {
+    return std::tuple<const E&>(e);
+  }
+}
+
+}  // namespace detail
+
+/// Defines `name` on `scope` (a py::class_: a method, its first parameter self; or a py::module_) as
+/// `f` (a lambda, a function or a member function pointer) with every integer parameter taken as an
+/// IntArg and converted by int_of, named after its py::arg: -1 for an unsigned parameter, 2**64,
+/// 2**70, True or 2.7 raise ValueError naming the argument and its range, never pybind11's
+/// "incompatible function arguments".
+template <typename Scope, typename F, typename... Extra>
+Scope& def_ints(Scope& scope, const char* name, F f, const Extra&... extra) {
+  auto c = detail::callable(std::move(f));
+  using Sig = detail::Signature<decltype(c)>;
+  std::vector<std::string> names;
+  auto collect = [&](const auto& e) {
+    if constexpr (std::is_base_of_v<pybind11::arg, std::decay_t<decltype(e)>>) names.emplace_back(e.name);
+  };
+  (collect(extra), ...);
+  constexpr bool kMethod = !std::is_same_v<Scope, pybind11::module_>;
+  constexpr bool kRelease = (detail::kReleasesGil<Extra> || ...);
+  using Args = typename Sig::Args;
+  auto wrapper = detail::checked_ints<kRelease, decltype(c), typename Sig::Return>(
+      std::move(c), std::move(names), kMethod ? 1 : 0, static_cast<Args*>(nullptr),
+      std::make_index_sequence<std::tuple_size_v<Args>>());
+  std::apply([&](const auto&... e) { scope.def(name, std::move(wrapper), e...); },
+             std::tuple_cat(detail::kept(extra)...));
+  return scope;
+}
 
 /// unsigned_arg bounded by what T holds: a count or size that is never negative in C++ (the C++
 /// library checks its range).
@@ -186,3 +339,18 @@ void declare_runtime(pybind11::module_& m);
 void define_runtime(pybind11::module_& m);
 
 }  // namespace packpipe::bindings
+
+namespace pybind11::detail {
+
+/// Takes any object: int_of converts it (naming the argument) once the call has begun.
+template <>
+struct type_caster<packpipe::bindings::IntArg> {
+  PYBIND11_TYPE_CASTER(packpipe::bindings::IntArg, const_name("typing.SupportsIndex"));
+  bool load(handle src, bool) {
+    value.value = reinterpret_borrow<object>(src);
+    return static_cast<bool>(src);
+  }
+  static handle cast(const packpipe::bindings::IntArg& v, return_value_policy, handle) { return v.value.inc_ref(); }
+};
+
+}  // namespace pybind11::detail

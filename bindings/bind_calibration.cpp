@@ -88,7 +88,10 @@ void define_measurement(py::module_& m) {
   def_field(cls, "mb", &cm::Measurement::mb, "micro-batch");
   def_field(cls, "index", &cm::Measurement::index, "instruction index in its rank's stream");
   def_field(cls, "start_ms", &cm::Measurement::start_ms, "start, ms after the iteration's first instruction started");
-  cls.def_readwrite("peer", &cm::Measurement::peer, "transfers: the other rank; compute ops: -1");
+  cls.def_property(
+      "peer", [](const cm::Measurement& x) { return x.peer; },
+      [](cm::Measurement& x, const py::object& v) { x.peer = int_of<std::int64_t>(v, "peer"); },
+      "transfers: the other rank; compute ops: -1");
   cls.def_property_readonly("tokens", &cm::Measurement::tokens, "rows x (seq + dec_seq)");
   def_value(cls, kMeasurementFields);
 

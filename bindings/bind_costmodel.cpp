@@ -148,8 +148,8 @@ void define_costmodel(py::module_& m) {
       .def_readonly("optimizer_bytes", &cm::StaticMemory::optimizer_bytes)
       .def_property_readonly("total_bytes", &cm::StaticMemory::total);
 
-  py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"))
-      .def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
+  auto cost = py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"));
+  cost.def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
                        const std::string& calibration, const std::string& interpolation) {
              cm::CostModelConfig config{model, device, profiles, calibration};
              config.interpolation = cm::profile_interpolation_from_name(interpolation);
@@ -168,8 +168,8 @@ void define_costmodel(py::module_& m) {
             const cm::Calibration* c = self.calibration();
             return c == nullptr ? py::object(py::none()) : py::cast(std::make_shared<cm::Calibration>(*c));
           },
-          "The Calibration applied (a copy), or None")
-      .def(
+          "The Calibration applied (a copy), or None");
+  def_ints(cost,
           "query",
           [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,
              std::int64_t dec_seq, std::int64_t tp, const std::string& recompute, std::int64_t layers) {
@@ -177,8 +177,8 @@ void define_costmodel(py::module_& m) {
           },
           py::arg("kind") = "encoder", py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
           py::arg("tp") = 1, py::arg("recompute") = "none", py::arg("layers") = 1,
-          "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples")
-      .def(
+          "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples");
+  def_ints(cost,
           "stage_cost",
           [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,
              bool has_postprocess, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq, std::int64_t tp,
@@ -189,8 +189,8 @@ void define_costmodel(py::module_& m) {
           py::arg("encoder_layers") = 0, py::arg("decoder_layers") = 0, py::arg("has_embedding") = false,
           py::arg("has_postprocess") = false, py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
           py::arg("tp") = 1, py::arg("recompute") = "none",
-          "One micro-batch on a stage holding these layers (embedding and LM head included where flagged)")
-      .def(
+          "One micro-batch on a stage holding these layers (embedding and LM head included where flagged)");
+  def_ints(cost,
           "stage_static_memory",
           [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,
              bool has_postprocess, std::int64_t tp, std::int64_t dp, int zero) {
@@ -199,34 +199,34 @@ void define_costmodel(py::module_& m) {
                                            tp, dp, zero);
           },
           py::arg("encoder_layers") = 0, py::arg("decoder_layers") = 0, py::arg("has_embedding") = false,
-          py::arg("has_postprocess") = false, py::arg("tp") = 1, py::arg("dp") = 1, py::arg("zero") = 0)
-      .def(
+          py::arg("has_postprocess") = false, py::arg("tp") = 1, py::arg("dp") = 1, py::arg("zero") = 0);
+  cost.def(
           "p2p_ms", [](const cm::CostModel& self, double bytes, bool inter_node) { return self.comm().p2p_ms(bytes, inter_node); },
-          py::arg("bytes"), py::arg("inter_node") = false)
-      .def(
+          py::arg("bytes"), py::arg("inter_node") = false);
+  def_ints(cost,
           "all_reduce_ms",
           [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
             return self.comm().all_reduce_ms(bytes, n, inter_node);
           },
-          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
-      .def(
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false);
+  def_ints(cost,
           "all_gather_ms",
           [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
             return self.comm().all_gather_ms(bytes, n, inter_node);
           },
-          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
-      .def(
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false);
+  def_ints(cost,
           "reduce_scatter_ms",
           [](const cm::CostModel& self, double bytes, std::int64_t n, bool inter_node) {
             return self.comm().reduce_scatter_ms(bytes, n, inter_node);
           },
-          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false)
-      .def_property_readonly("model", [](const cm::CostModel& self) { return model_dict(self.model()); })
+          py::arg("bytes"), py::arg("n"), py::arg("inter_node") = false);
+  cost.def_property_readonly("model", [](const cm::CostModel& self) { return model_dict(self.model()); })
       .def_property_readonly("device", [](const cm::CostModel& self) { return device_dict(self.device()); })
       .def("describe", &cm::CostModel::describe)
       .def("__repr__", [](const cm::CostModel& self) { return "CostModel(" + self.describe() + ")"; });
 
-  m.def("static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero") = 0,
+  def_ints(m, "static_memory", &cm::static_memory, py::arg("params"), py::arg("dp") = 1, py::arg("zero") = 0,
         "Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO");
   m.def(
       "write_profile",
@@ -287,20 +287,20 @@ void define_costmodel(py::module_& m) {
       "Leave-one-out errors (MAPE, percent) of the profiled model on the profiles' own grid points");
   m.def("model_presets", &cm::model_preset_names);
   m.def("device_presets", &cm::device_preset_names);
-  m.def(
+  def_ints(m,
       "bigscience_params", [](const std::string& model, std::int64_t seq) { return cm::bigscience_params(cm::load_model(model), seq); },
       py::arg("model"), py::arg("seq"), "P = l (12 h^2 + 13 h) + V h + s h + 2 h");
-  m.def("bigscience_tflops_per_gpu", &cm::bigscience_tflops_per_gpu, py::arg("params"), py::arg("seq"),
+  def_ints(m, "bigscience_tflops_per_gpu", &cm::bigscience_tflops_per_gpu, py::arg("params"), py::arg("seq"),
         py::arg("global_batch"), py::arg("iteration_s"), py::arg("gpus"), py::arg("factor") = 4,
         "P * factor * 2 * s * GBS / (T * N * 1e12); factor 4 with full recompute, 3 without");
-  m.def(
+  def_ints(m,
       "training_flops",
       [](const std::string& model, std::int64_t mbs, std::int64_t seq, std::int64_t dec_seq) {
         return cm::training_flops(cm::load_model(model), mbs, seq, dec_seq);
       },
       py::arg("model"), py::arg("mbs"), py::arg("seq"), py::arg("dec_seq") = 0,
       "Model FLOPs (3 x forward) of one micro-batch");
-  m.def(
+  def_ints(m,
       "throughput_report",
       [](double model_flops, double samples, double tokens, double iteration_s, std::int64_t gpus,
          const std::string& device) {

@@ -147,29 +147,32 @@ void define_indexed_dataset(py::module_& m) {
          py::arg("prefix"), py::arg("modes") = "auto", py::call_guard<py::gil_scoped_release>())
       .def("__len__", &dl::IndexedDataset::size)
       .def("__getitem__",
-           [](py::object self, std::int64_t i) {
+           [](py::object self, const py::object& key) -> py::object {
              const auto& d = self.cast<const dl::IndexedDataset&>();
-             return sequence_array(d, self, normalize_index(i, d.size(), "sequence"), 0, -1);
-           })
-      .def("__getitem__",
-           [](py::object self, py::slice sl) {
-             const auto& d = self.cast<const dl::IndexedDataset&>();
+             if (!py::isinstance<py::slice>(key)) {
+               const std::int64_t i = int_of<std::int64_t>(key, "index");
+               return sequence_array(d, self, normalize_index(i, d.size(), "sequence"), 0, -1);
+             }
              py::ssize_t start = 0, stop = 0, step = 0, len = 0;
-             if (!sl.compute(static_cast<py::ssize_t>(d.size()), &start, &stop, &step, &len)) throw py::error_already_set();
+             if (!py::reinterpret_borrow<py::slice>(key).compute(static_cast<py::ssize_t>(d.size()), &start, &stop,
+                                                                  &step, &len)) {
+               throw py::error_already_set();
+             }
              py::list out;
              for (py::ssize_t k = 0; k < len; ++k) {
                out.append(sequence_array(d, self, static_cast<std::uint64_t>(start + k * step), 0, -1));
              }
              return out;
-           })
-      .def("get",
+           },
+           py::arg("index"), "Sequence `index` (negative: from the end) as an array, or a list of them for a slice");
+  def_ints(ds, "get",
            [](py::object self, std::int64_t i, std::uint64_t offset, std::int64_t length) {
              const auto& d = self.cast<const dl::IndexedDataset&>();
              return sequence_array(d, self, normalize_index(i, d.size(), "sequence"), offset, length);
            },
            py::arg("idx"), py::arg("offset") = 0, py::arg("length") = -1,
-           "Tokens [offset, offset + length) of sequence idx (length -1: to the end).")
-      .def_property_readonly("sizes", [](py::object self) {
+           "Tokens [offset, offset + length) of sequence idx (length -1: to the end).");
+  ds.def_property_readonly("sizes", [](py::object self) {
         const auto& d = self.cast<const dl::IndexedDataset&>();
         return view_array(py::dtype("int32"), d.size(), d.sizes().bytes(), self);
       })
@@ -191,8 +194,8 @@ void define_indexed_dataset(py::module_& m) {
       .def_property_readonly("format", [](const dl::IndexedDataset& d) { return dl::format_name(d.format()); })
       .def_property_readonly("num_documents", &dl::IndexedDataset::num_documents)
       .def_property_readonly("num_tokens", &dl::IndexedDataset::num_tokens)
-      .def_property_readonly("compressed", &dl::IndexedDataset::compressed)
-      .def("verify",
+      .def_property_readonly("compressed", &dl::IndexedDataset::compressed);
+  def_ints(ds, "verify",
            [](const dl::IndexedDataset& d, std::size_t max_problems) {
              std::vector<std::pair<std::string, std::string>> out;
              for (const auto& p : d.verify(max_problems)) out.emplace_back(p.file, p.message);
@@ -208,15 +211,15 @@ void define_dataset_builder(py::module_& m) {
   b.def(py::init([](const std::string& prefix, py::object dtype, bool multimodal) {
           return std::make_unique<dl::IndexedDatasetBuilder>(prefix, dtype_from_py(dtype), multimodal);
         }),
-        py::arg("prefix"), py::arg("dtype") = py::dtype("int32"), py::arg("multimodal") = false)
-      .def("add_item",
+        py::arg("prefix"), py::arg("dtype") = py::dtype("int32"), py::arg("multimodal") = false);
+  def_ints(b, "add_item",
            [](dl::IndexedDatasetBuilder& self, py::array tokens, std::int8_t mode) {
              check_array(tokens, "tokens", numpy_dtype(self.dtype()));
              py::gil_scoped_release release;
              self.add_item(tokens.data(), static_cast<std::uint64_t>(tokens.size()), mode);
            },
-           py::arg("tokens"), py::arg("mode") = 0, "Append one sequence (a 1-D array of the builder's dtype).")
-      .def("end_document", &dl::IndexedDatasetBuilder::end_document)
+           py::arg("tokens"), py::arg("mode") = 0, "Append one sequence (a 1-D array of the builder's dtype).");
+  b.def("end_document", &dl::IndexedDatasetBuilder::end_document)
       .def("add_document",
            [](dl::IndexedDatasetBuilder& self, py::array tokens, py::object lengths, py::object modes) {
              // Lengths and modes are small index arrays: lists or any integer array are accepted, their
@@ -254,7 +257,7 @@ void define_dataset_builder(py::module_& m) {
 void define_dataset_files(py::module_& m) {
   m.def("merge_datasets", &dl::merge_datasets, py::arg("inputs"), py::arg("output_prefix"),
         py::call_guard<py::gil_scoped_release>(), "Concatenate datasets in constant memory.");
-  m.def("compress_dataset",
+  def_ints(m, "compress_dataset",
         [](const std::string& prefix, int level, std::uint32_t frame_size) {
           dl::ZstdSeekableOptions o;
           o.level = level;
@@ -281,14 +284,17 @@ void define_multitask_dataset(py::module_& m) {
         return n;
       })
       .def_property_readonly("num_tasks", &dl::MultiTaskDataset::num_tasks)
+      .def("fingerprint", [](const dl::MultiTaskDataset& d) { return fmt::format("{:016x}", d.fingerprint()); },
+           "16 hex digits identifying what the dataset delivers: its tasks in order (names, layouts, weights), "
+           "files and their counts (sampler and loader states carry it)")
       .def_property_readonly("task_names", [](const dl::MultiTaskDataset& d) {
         std::vector<std::string> names;
         for (const auto& t : d.manifest().tasks) names.push_back(t.name);
         return names;
-      })
-      .def("task_size", &dl::MultiTaskDataset::task_size, py::arg("task"))
-      .def("encoder_decoder", &dl::MultiTaskDataset::encoder_decoder, py::arg("task"))
-      .def("lengths",
+      });
+  def_ints(mt, "task_size", &dl::MultiTaskDataset::task_size, py::arg("task"));
+  def_ints(mt, "encoder_decoder", &dl::MultiTaskDataset::encoder_decoder, py::arg("task"));
+  def_ints(mt, "lengths",
            [](const dl::MultiTaskDataset& d, std::size_t task) {
              PACKPIPE_CHECK_RANGE(task < d.num_tasks(), "task {} out of range ({} tasks)", task, d.num_tasks());
              const std::uint64_t n = d.task_size(task);
@@ -300,8 +306,8 @@ void define_multitask_dataset(py::module_& m) {
              }
              return py::make_tuple(owned_array(std::move(in)), owned_array(std::move(tg)));
            },
-           py::arg("task"), "(input_lengths, target_lengths) of every sample of a task, as uint32 arrays.")
-      .def("sample",
+           py::arg("task"), "(input_lengths, target_lengths) of every sample of a task, as uint32 arrays.");
+  mt.def("sample",
            // Returns py::object, not the list's item accessor: an accessor would refer to the
            // temporary list after it is freed.
            [](py::object self, const py::object& task, const py::object& index) -> py::object {
@@ -316,25 +322,25 @@ void define_multitask_dataset(py::module_& m) {
              return one[0];
            },
            py::arg("task"), py::arg("index"),
-           "(input_tokens, target_tokens) of sample `index` of task `task`, numpy arrays of the task's dtype; views "
-           "when uncompressed; target_tokens is empty for a text-only task. IndexError (naming the task, the index "
+           "(input_tokens, target_tokens) of sample `index` of task `task`, numpy arrays of the task's dtype (read-only "
+           "copies, made through the guarded reads); target_tokens is empty for a text-only task. IndexError (naming the task, the index "
            "and the size) when out of range; ValueError for a negative or non-integer argument.");
 }
 
 /// Sampler: global batches as dicts, checkpointable.
 void define_sampler(py::module_& m) {
   auto s = py::reinterpret_borrow<py::class_<dl::Sampler>>(m.attr("Sampler"));
-  s.def(py::init([](const dl::MultiTaskDataset& d, std::uint64_t seed, std::uint64_t global_batch_tokens,
-                    std::uint64_t global_batch_samples, const std::string& split,
-                    std::optional<std::vector<double>> weights, std::uint64_t epoch) {
+  s.def(py::init([](const dl::MultiTaskDataset& d, const py::object& seed, const py::object& global_batch_tokens,
+                    const py::object& global_batch_samples, const std::string& split,
+                    std::optional<std::vector<double>> weights, const py::object& epoch) {
           dl::SamplerConfig c = dl::sampler_config(d.manifest());
-          c.seed = seed;
-          c.global_batch_tokens = global_batch_tokens;
-          c.global_batch_samples = global_batch_samples;
+          c.seed = int_of<std::uint64_t>(seed, "seed");
+          c.global_batch_tokens = int_of<std::uint64_t>(global_batch_tokens, "global_batch_tokens");
+          c.global_batch_samples = int_of<std::uint64_t>(global_batch_samples, "global_batch_samples");
           c.split = dl::split_from_name(split);
           if (weights) c.weights = *weights;
           auto sp = std::make_unique<dl::Sampler>(d, c);
-          sp->set_epoch(epoch);
+          sp->set_epoch(int_of<std::uint64_t>(epoch, "epoch"));
           return sp;
         }),
         py::arg("dataset"), py::kw_only(), py::arg("seed") = 1234, py::arg("global_batch_tokens") = 0,
@@ -342,9 +348,9 @@ void define_sampler(py::module_& m) {
         py::arg("epoch") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("epoch_size", &dl::Sampler::epoch_size)
       .def_property_readonly("epoch", &dl::Sampler::epoch)
-      .def_property_readonly("position", &dl::Sampler::position)
-      .def("set_epoch", &dl::Sampler::set_epoch, py::arg("epoch"))
-      .def("next_batch",
+      .def_property_readonly("position", &dl::Sampler::position);
+  def_ints(s, "set_epoch", &dl::Sampler::set_epoch, py::arg("epoch"));
+  s.def("next_batch",
            [](dl::Sampler& self) -> py::object {
              dl::GlobalBatch b;
              bool ok;
@@ -371,7 +377,7 @@ void define_sampler(py::module_& m) {
 
 /// shard_batch: one data-parallel rank's samples of a global batch.
 void define_shard_batch(py::module_& m) {
-  m.def("shard_batch",
+  def_ints(m, "shard_batch",
         [](const py::dict& batch, const dl::MultiTaskDataset& d, std::uint32_t rank, std::uint32_t world) {
           dl::GlobalBatch b = batch_from_dict(batch);
           const auto shard = dl::shard_batch(b, d, rank, world);
@@ -389,8 +395,10 @@ void define_prefetcher(py::module_& m) {
   auto pf = py::reinterpret_borrow<py::class_<dl::Prefetcher>>(m.attr("Prefetcher"));
   // The sampler advances as batches are delivered (sampler.state() is what a checkpoint saves), so
   // the Prefetcher keeps both the dataset and the sampler alive.
-  pf.def(py::init<const dl::MultiTaskDataset&, dl::Sampler&, std::size_t>(), py::arg("dataset"),
-         py::arg("sampler"), py::arg("depth") = 4, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+  pf.def(py::init([](const dl::MultiTaskDataset& d, dl::Sampler& s, const py::object& depth) {
+           return std::make_unique<dl::Prefetcher>(d, s, int_of<std::size_t>(depth, "depth"));
+         }),
+         py::arg("dataset"), py::arg("sampler"), py::arg("depth") = 4, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def("state", [](const dl::Prefetcher& p) { return p.state().to_json(); },
            "Sampler state after the last delivered batch (the sampler's own state() is the same)")
       .def("__iter__", [](py::object self) { return self; })

@@ -138,14 +138,18 @@ void define_rank_loader(py::module_& m) {
   l.def(py::init([](const dl::MultiTaskDataset& data, const std::shared_ptr<PyEpochPlanner>& epoch,
                     const py::object& plan_file, const py::object& first_iteration, const py::object& iterations,
                     const py::object& replica, const py::object& rank, const py::object& depth,
-                    std::int64_t ignore_index, std::int64_t pad_id, std::int64_t decoder_start_id) {
+                    const py::object& ignore_index, const py::object& pad_id, const py::object& decoder_start_id,
+                    const py::object& allow_incomplete) {
           PACKPIPE_CHECK_ARG((epoch != nullptr) != !plan_file.is_none(),
                              "RankLoader: give exactly one of planner (an EpochPlanner from plan_epoch) and plan_file");
           planner::RankLoaderOptions o;
           o.replica = count_arg<std::uint32_t>(replica, "replica");
           o.rank = rank.is_none() ? -1 : count_arg<std::int64_t>(rank, "rank");
           o.depth = count_arg<std::size_t>(depth, "depth");
-          o.tokens = planner::TokenOptions{ignore_index, pad_id, decoder_start_id};
+          o.tokens = planner::TokenOptions{signed_arg<std::int64_t>(ignore_index, "ignore_index"),
+                                           signed_arg<std::int64_t>(pad_id, "pad_id"),
+                                           signed_arg<std::int64_t>(decoder_start_id, "decoder_start_id")};
+          o.allow_incomplete = bool_arg(allow_incomplete, "allow_incomplete");
           const auto first = count_arg<std::uint64_t>(first_iteration, "first_iteration");
           const auto count = count_arg<std::uint64_t>(iterations, "iterations");
           auto out = std::make_shared<PyRankLoader>();
@@ -173,12 +177,13 @@ void define_rank_loader(py::module_& m) {
         py::arg("dataset"), py::arg("planner") = nullptr, py::kw_only(), py::arg("plan_file") = py::none(),
         py::arg("first_iteration") = 0, py::arg("iterations") = 0, py::arg("replica") = 0, py::arg("rank") = 0,
         py::arg("depth") = 2, py::arg("ignore_index") = -100, py::arg("pad_id") = 0, py::arg("decoder_start_id") = 0,
-        py::keep_alive<1, 2>(),
+        py::arg("allow_incomplete") = false, py::keep_alive<1, 2>(),
         "Assemble the plans and the LOAD_MB tensors of one pipeline rank (rank=None: every rank) of one replica, "
         "iteration after iteration on a background thread up to `depth` iterations ahead. Exactly one of planner "
         "(an EpochPlanner from plan_epoch over this dataset, which the loader takes over: using it afterwards raises "
         "RuntimeError) and plan_file (a plan file; first_iteration and iterations (0: to the end) pick its "
-        "iterations). ignore_index, pad_id and decoder_start_id fill what the samples do not.")
+        "iterations; an incomplete file, whose planning run stopped early, is refused unless allow_incomplete=True). "
+        "ignore_index, pad_id and decoder_start_id fill what the samples do not.")
       .def_property_readonly(
           "iterations", [](const PyRankLoader& x) { return x.loader->iterations(); }, "iterations this loader yields")
       .def_property_readonly(
@@ -242,7 +247,7 @@ void define_loader(py::module_& m) {
       "The rows of micro-batch `mb` of a plan (its encoder or whole-sample side; decoder=True: its decoder side) "
       "as packpipe.row_tensors gives them: a dict with cu_seqlens (int32, padding as its own segment), "
       "position_ids and segment_ids (int32 [rows, seq]) and max_seqlen.");
-  m.def(
+  def_ints(m,
       "assemble_microbatch",
       [](const dl::MultiTaskDataset& data, const std::shared_ptr<pl::Plan>& plan, const py::object& mb,
          const py::object& stage, std::int64_t ignore_index, std::int64_t pad_id, std::int64_t decoder_start_id) {

@@ -72,9 +72,8 @@ void define_packing(py::module_& m) {
       .def_property_readonly("algorithm", [](const PyPacking& p) { return std::string(pk::algorithm_name(p.algorithm)); })
       .def_property_readonly("efficiency", [](const PyPacking& p) { return p.packing.efficiency(); },
                              "real tokens over rows x capacity (both dimensions together)")
-      .def("__len__", [](const PyPacking& p) { return p.packing.rows(); })
-      .def(
-          "row",
+      .def("__len__", [](const PyPacking& p) { return p.packing.rows(); });
+  def_ints(cls, "row",
           [](py::object self, std::int64_t r) {
             const auto& p = self.cast<PyPacking&>().packing;
             const auto rows = static_cast<std::int64_t>(p.rows());
@@ -85,8 +84,8 @@ void define_packing(py::module_& m) {
             return owned_array(std::vector<std::uint32_t>(p.samples.begin() + static_cast<std::ptrdiff_t>(begin),
                                                           p.samples.begin() + static_cast<std::ptrdiff_t>(end)));
           },
-          py::arg("r"), "sample ids of row r (a copy)")
-      .def(
+          py::arg("r"), "sample ids of row r (a copy)");
+  cls.def(
           "row_tensors",
           [](const PyPacking& p, const py::object& padded_len_arg) {
             // A row of padded_len int32 positions: at most 2^31 - 1 (and what rows x width allocates).

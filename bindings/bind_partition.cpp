@@ -290,17 +290,58 @@ void define_results(py::module_& m) {
 
 }  // namespace
 
-/// An integer argument that is unsigned in C++, in [0, max]: a negative value or one above max
-/// raises ValueError naming the argument (never wraps); a non-integer (a float) raises ValueError
-/// too, never cast. Accepts Python ints and numpy integers (__index__).
-std::uint64_t unsigned_arg(const py::handle& value, const char* arg, std::uint64_t max) {
+namespace {
+
+// The integer value of `value` (a Python or numpy integer, through __index__); InvalidArgument naming
+// `arg` for anything else, a bool included (True is no count).
+py::object integer_of(const py::handle& value, const char* arg) {
+  auto type_name = [&] { return std::string(py::str(py::type::of(value).attr("__name__"))); };
+  PACKPIPE_CHECK_ARG(!PyBool_Check(value.ptr()) && type_name() != "bool_",
+                     "{} must be an integer, found {} of type {}", arg, std::string(py::repr(value)), type_name());
   PyObject* index = PyNumber_Index(value.ptr());
   if (index == nullptr) {
     PyErr_Clear();
     PACKPIPE_THROW(InvalidArgument, "{} must be an integer, found {} of type {}", arg, std::string(py::repr(value)),
-                   std::string(py::str(py::type::of(value).attr("__name__"))));
+                   type_name());
   }
-  const py::object v = py::reinterpret_steal<py::object>(index);
+  return py::reinterpret_steal<py::object>(index);
+}
+
+}  // namespace
+
+std::int64_t int_arg(const py::handle& value, const char* arg, std::int64_t lo, std::int64_t hi) {
+  const py::object v = integer_of(value, arg);
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (x == -1 && overflow == 0 && PyErr_Occurred() != nullptr) PyErr_Clear();
+  PACKPIPE_CHECK_ARG(overflow == 0 && x >= lo && x <= hi, "{} must be an integer in [{}, {}], found {}", arg, lo, hi,
+                     std::string(py::repr(v)));
+  return static_cast<std::int64_t>(x);
+}
+
+std::vector<std::int64_t> int_list_arg(const py::handle& value, const char* arg, std::int64_t lo, std::int64_t hi) {
+  PACKPIPE_CHECK_ARG(py::isinstance<py::sequence>(value) && !py::isinstance<py::str>(value) &&
+                         !py::isinstance<py::bytes>(value),
+                     "{} must be a list of integers, found {} of type {}", arg, std::string(py::repr(value)),
+                     std::string(py::str(py::type::of(value).attr("__name__"))));
+  std::vector<std::int64_t> out;
+  const auto seq = py::reinterpret_borrow<py::sequence>(value);
+  for (std::size_t k = 0; k < seq.size(); ++k) {
+    const std::string name = fmt::format("{}[{}]", arg, k);
+    out.push_back(int_arg(seq[k], name.c_str(), lo, hi));
+  }
+  return out;
+}
+
+bool bool_arg(const py::handle& value, const char* arg) {
+  const std::string type = py::str(py::type::of(value).attr("__name__"));
+  PACKPIPE_CHECK_ARG(PyBool_Check(value.ptr()) || type == "bool_", "{} must be True or False, found {} of type {}",
+                     arg, std::string(py::repr(value)), type);
+  return PyObject_IsTrue(value.ptr()) == 1;
+}
+
+std::uint64_t unsigned_arg(const py::handle& value, const char* arg, std::uint64_t max) {
+  const py::object v = integer_of(value, arg);
   PACKPIPE_CHECK_ARG(PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_GE) == 1,
                      "{} must not be negative, found {}", arg, std::string(py::repr(v)));
   const unsigned long long u = PyLong_AsUnsignedLongLong(v.ptr());

@@ -161,7 +161,8 @@ void define_plan(py::module_& m) {
       .def("__repr__", [](const pl::Instruction& i) { return "Instruction(" + pl::to_string(i) + ")"; });
 
   using PlanPtr = std::shared_ptr<pl::Plan>;
-  py::reinterpret_borrow<py::class_<pl::Plan, PlanPtr>>(m.attr("Plan"))
+  auto plan_cls = py::reinterpret_borrow<py::class_<pl::Plan, PlanPtr>>(m.attr("Plan"));
+  plan_cls
       .def_property_readonly("iteration", [](const pl::Plan& p) { return p.iteration; })
       .def_property_readonly("schedule", [](const pl::Plan& p) { return p.schedule; })
       .def_property_readonly("ranks", [](const pl::Plan& p) { return p.ranks; })
@@ -185,10 +186,10 @@ void define_plan(py::module_& m) {
                              "'all' (every next-token prediction) or 'targets' (target tokens only)")
       .def_property_readonly("global_loss_tokens", [](const pl::Plan& p) { return p.global_loss_tokens; },
                              "Loss tokens of the global batch over every replica (the loss weights' denominator)")
-      .def_property_readonly("tied_embedding", [](const pl::Plan& p) { return p.tied_embedding; })
-      .def("world_rank", &pl::Plan::world_rank, py::arg("replica"), py::arg("rank"),
-           "World rank of pipeline rank `rank` of replica `replica`: replica * ranks + rank")
-      .def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })
+      .def_property_readonly("tied_embedding", [](const pl::Plan& p) { return p.tied_embedding; });
+  def_ints(plan_cls, "world_rank", &pl::Plan::world_rank, py::arg("replica"), py::arg("rank"),
+           "World rank of pipeline rank `rank` of replica `replica`: replica * ranks + rank");
+  plan_cls.def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })
       .def_property_readonly("memory_limit_bytes", [](const pl::Plan& p) { return p.memory_limit_bytes; })
       .def_property_readonly("static_bytes", [](const pl::Plan& p) { return p.static_bytes; })
       .def_property_readonly("buffer_slots", [](const pl::Plan& p) { return p.buffer_slots; })
@@ -228,10 +229,10 @@ void define_plan(py::module_& m) {
                                  l.append(r);
                                }
                                return l;
-                             })
-      .def("instructions", &stream_array, py::arg("rank"),
-           "Rank's stream as a numpy structured array (opcode u1; mb, stage, peer, in, in2, out, shape i4, -1 = absent)")
-      .def("validate",
+                             });
+  def_ints(plan_cls, "instructions", &stream_array, py::arg("rank"),
+           "Rank's stream as a numpy structured array (opcode u1; mb, stage, peer, in, in2, out, shape i4, -1 = absent)");
+  plan_cls.def("validate",
            [](const pl::Plan& p, bool count_buffers) {
              pl::ValidateOptions o;
              o.count_buffers = count_buffers;
@@ -248,10 +249,10 @@ void define_plan(py::module_& m) {
              py::gil_scoped_release release;
              pl::validate_or_throw(p);
            },
-           "Raises RuntimeError listing the first violations")
-      .def("to_json", [](const pl::Plan& p, int indent, std::int64_t rank) { return pl::plan_to_json(p, indent, rank); },
-           py::arg("indent") = 1, py::arg("rank") = -1)
-      .def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
+           "Raises RuntimeError listing the first violations");
+  def_ints(plan_cls, "to_json", [](const pl::Plan& p, int indent, std::int64_t rank) { return pl::plan_to_json(p, indent, rank); },
+           py::arg("indent") = 1, py::arg("rank") = -1);
+  plan_cls.def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
                   py::arg("text"))
       .def("to_bytes",
            [](const pl::Plan& p, bool compress) {
@@ -297,17 +298,20 @@ void define_plan(py::module_& m) {
                                for (std::size_t i = 0; i < r.size(); ++i) v.push_back(r.iteration(i));
                                return v;
                              })
-      .def("read", [](const pl::PlanFileReader& r, std::uint64_t iteration, std::uint32_t replica) {
+      .def("read", [](const pl::PlanFileReader& r, const py::object& iteration, const py::object& replica) {
+             const auto it = count_arg<std::uint64_t>(iteration, "iteration");
+             const auto rep = count_arg<std::uint32_t>(replica, "replica");
              std::shared_ptr<pl::Plan> p;
              {
                py::gil_scoped_release release;
-               p = std::make_shared<pl::Plan>(r.read_iteration(iteration, replica));
+               p = std::make_shared<pl::Plan>(r.read_iteration(it, rep));
              }
              return p;
            },
            py::arg("iteration"), py::arg("replica") = 0,
            "The plan of `iteration` for data-parallel `replica` (IndexError if absent)")
-      .def("__getitem__", [](const pl::PlanFileReader& r, std::size_t i) {
+      .def("__getitem__", [](const pl::PlanFileReader& r, const py::object& position) {
+             const auto i = count_arg<std::size_t>(position, "position");
              std::shared_ptr<pl::Plan> p;
              {
                py::gil_scoped_release release;
@@ -316,7 +320,14 @@ void define_plan(py::module_& m) {
              return p;
            },
            py::arg("position"), "The plan at `position` in the file")
-      .def_property_readonly("path", &pl::PlanFileReader::path);
+      .def_property_readonly("path", &pl::PlanFileReader::path)
+      .def_property_readonly("complete", &pl::PlanFileReader::complete,
+                             "whether the file holds every iteration its writer declared (False: the planning run "
+                             "stopped early; loaders refuse it unless allow_incomplete=True)")
+      .def_property_readonly("expected_iterations", &pl::PlanFileReader::expected_iterations,
+                             "iterations the writer declared (0: none declared)")
+      .def("fingerprint", [](const pl::PlanFileReader& r) { return fmt::format("{:016x}", r.fingerprint()); },
+           "16 hex digits identifying the plans the file holds (loader states carry it)");
 
   py::reinterpret_borrow<py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>>(m.attr("PlanFileWriter"))
       .def(py::init([](const std::string& path, bool compress) {
@@ -324,16 +335,25 @@ void define_plan(py::module_& m) {
              o.compress = compress;
              return std::make_shared<pl::PlanFileWriter>(path, o);
            }),
-           py::arg("path"), py::arg("compress") = false)
+           py::arg("path"), py::arg("compress") = false,
+           "Write plans to `path` atomically (it appears at close()). A PlanFileReader of the same path keeps "
+           "reading the file it opened; one opened after close() reads the new file")
       .def("append", [](pl::PlanFileWriter& w, const pl::Plan& p) {
              py::gil_scoped_release release;
              w.append(p);
            },
-           py::arg("plan"))
+           py::arg("plan"),
+           "Append a plan; ValueError at once (nothing written) unless it is the next replica of the last "
+           "iteration or replica 0 of the next iteration")
       .def("close", &pl::PlanFileWriter::close)
       .def_property_readonly("plans_written", &pl::PlanFileWriter::plans_written)
       .def("__enter__", [](const std::shared_ptr<pl::PlanFileWriter>& w) { return w; })
-      .def("expect_iterations", &pl::PlanFileWriter::expect_iterations, py::arg("first_iteration"), py::arg("count"),
+      .def("expect_iterations",
+           [](pl::PlanFileWriter& w, const py::object& first_iteration, const py::object& count) {
+             w.expect_iterations(count_arg<std::uint64_t>(first_iteration, "first_iteration"),
+                                 count_arg<std::uint64_t>(count, "count"));
+           },
+           py::arg("first_iteration"), py::arg("count"),
            "Declare the iterations the file will hold; close() marks it complete only if it holds them")
       .def("discard", &pl::PlanFileWriter::discard, "Drop what was written: nothing appears at the path")
       // An exception inside the with-block discards the file: a failed run leaves nothing behind.

@@ -59,7 +59,7 @@ struct TrainerArgs {
 /// The options of plan_batch() and plan_epoch() as the library takes them.
 planner::PlannerOptions planner_options(const part::PipelineShape& shape, const part::PartitionOptions& options,
                                         const std::string& schedule, const py::object& seed, bool validate,
-                                        bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+                                        bool baselines, const py::object& baseline_mbs,
                                         const TrainerArgs& trainer) {
   planner::PlannerOptions o;
   trainer.apply(o);
@@ -69,8 +69,10 @@ planner::PlannerOptions planner_options(const part::PipelineShape& shape, const 
   o.search.seed = count_arg<std::uint64_t>(seed, "seed");
   o.validate = validate;
   o.baselines = baselines;
-  o.baseline_mbs = baseline_mbs;
-  o.baseline_rows = baseline_mbs;  // the packing baselines' rows per micro-batch: the same sizes
+  // the planner checks the sizes (naming --baseline-mbs too); here only that they are integers
+  o.baseline_mbs = int_list_arg(baseline_mbs, "baseline_mbs", std::numeric_limits<std::int64_t>::min(),
+                                std::numeric_limits<std::int64_t>::max());
+  o.baseline_rows = o.baseline_mbs;  // the packing baselines' rows per micro-batch: the same sizes
   return o;
 }
 
@@ -334,7 +336,7 @@ void define_planner(py::module_& m) {
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
-         const std::vector<std::int64_t>& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
+         const py::object& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
          bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
@@ -384,7 +386,7 @@ void define_planner(py::module_& m) {
          const part::PartitionOptions& options, const py::object& global_batch_tokens,
          const py::object& global_batch_samples, const py::object& seed, const std::string& split,
          const py::object& epoch, const py::object& first_iteration, const py::object& iterations,
-         const std::string& schedule, bool validate, bool baselines, const std::vector<std::int64_t>& baseline_mbs,
+         const std::string& schedule, bool validate, bool baselines, const py::object& baseline_mbs,
          const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
          bool tied_embedding, const std::string& dtype, bool split_backward, const std::string& schedule_family,
          bool schedule_fallback) {

@@ -76,8 +76,11 @@ rt::MemoryKind memory_from_name(const std::string& s) {
 
 // A buffer of `nbytes` logical bytes holding `obj` (kept alive while any copy of the buffer lives),
 // with its memory at `data` (host or device pointer; 0 for an object that is not addressable).
-rt::Buffer make_buffer(std::uint64_t nbytes, const py::object& obj, std::uintptr_t data, const std::string& kind,
-                       int device) {
+rt::Buffer make_buffer(const py::object& nbytes_arg, const py::object& obj, const py::object& data_arg,
+                       const std::string& kind, const py::object& device_arg) {
+  const auto nbytes = int_of<std::uint64_t>(nbytes_arg, "nbytes");
+  const auto data = int_of<std::uintptr_t>(data_arg, "data");
+  const auto device = int_of<int>(device_arg, "device");
   rt::Buffer b;
   b.bytes = nbytes;
   b.kind = memory_from_name(kind);
@@ -509,13 +512,15 @@ void define_runtime(py::module_& m) {
   pipeline_error_type = pipeline_error;
   pipeline_error.doc() = "A plan's execution failed: the message names the rank, iteration, instruction and cause";
 
-  py::reinterpret_borrow<py::class_<rt::Buffer>>(r.attr("Buffer"))
+  auto buffer_cls = py::reinterpret_borrow<py::class_<rt::Buffer>>(r.attr("Buffer"));
+  buffer_cls
       .def(py::init(&make_buffer), py::arg("nbytes"), py::arg("obj") = py::none(), py::arg("data") = 0,
            py::arg("kind") = "opaque", py::arg("device") = -1,
            "A buffer of `nbytes` logical bytes holding `obj` (kept alive), its memory at address `data` (host "
            "memory needs it; 0: not addressable), kind 'host', 'device' or 'opaque'")
       .def_static(
-          "host", [](std::uint64_t nbytes) { return rt::host_buffer(nbytes); }, py::arg("nbytes"),
+          "host", [](const py::object& nbytes) { return rt::host_buffer(int_of<std::uint64_t>(nbytes, "nbytes")); },
+          py::arg("nbytes"),
           "A zero-filled host buffer of `nbytes` bytes")
       .def_property_readonly("nbytes", [](const rt::Buffer& b) { return b.bytes; }, "Logical size (the plan's)")
       .def_property_readonly("materialized", [](const rt::Buffer& b) { return b.materialized; },
@@ -574,8 +579,13 @@ void define_runtime(py::module_& m) {
                          "reduce_grad, optimizer_step, allocate; optionally begin_iteration, end_iteration, "
                          "reduce_tied, received)");
 
-  py::reinterpret_borrow<py::class_<rt::Transport, PyTransport>>(r.attr("Transport"))
-      .def(py::init_alias<std::uint32_t, std::uint32_t, const std::string&>(), py::arg("rank"), py::arg("ranks"),
+  auto transport_cls = py::reinterpret_borrow<py::class_<rt::Transport, PyTransport>>(r.attr("Transport"));
+  transport_cls
+      .def(py::init([](const py::object& rank, const py::object& ranks, const std::string& memory) {
+             return std::make_unique<PyTransport>(int_of<std::uint32_t>(rank, "rank"),
+                                                  int_of<std::uint32_t>(ranks, "ranks"), memory);
+           }),
+           py::arg("rank"), py::arg("ranks"),
            py::arg("memory") = "host",
            "Subclass it: send(buffer, peer, channel) and recv(...) return requests with wait(timeout) -> bool and "
            "test() -> bool; optionally abort(why) and abort_reason()")
@@ -591,7 +601,7 @@ void define_runtime(py::module_& m) {
 
   auto opts = py::reinterpret_borrow<py::class_<rt::ExecutorOptions>>(r.attr("ExecutorOptions"));
   opts.def(py::init([](double timeout_s, bool validate, bool check_agreement, bool record) {
-             PACKPIPE_CHECK_ARG(timeout_s >= 0 && timeout_s < 1e9, "timeout_s must be in [0, 1e9) (0: forever), found {}",
+             PACKPIPE_CHECK_ARG(timeout_s >= 0 && timeout_s <= rt::kMaxTimeoutS, "timeout_s must be in [0, {}] (0: forever), found {}", rt::kMaxTimeoutS,
                                 timeout_s);
              return rt::ExecutorOptions{timeout_s, validate, check_agreement, record};
            }),

@@ -82,7 +82,9 @@ std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t 
 std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::object& backward,
                                       const py::object& backward_weight, const py::object& stored,
                                       const py::object& peak, const py::object& transfer,
-                                      const py::object& static_bytes, std::int64_t ranks, double memory_limit_bytes) {
+                                      const py::object& static_bytes, const py::object& ranks_arg,
+                                      double memory_limit_bytes) {
+  const auto ranks = int_of<std::int64_t>(ranks_arg, "ranks");
   RealArray f = real_array_arg(forward, "forward_ms", 2);  // (micro-batches, virtual stages)
   const std::int64_t m = f.shape[0], V = f.shape[1];
   sched::StageCostTable t;
@@ -162,7 +164,8 @@ void declare_schedule(py::module_& m) {
 }
 
 void define_schedule(py::module_& m) {
-  py::reinterpret_borrow<py::class_<pl::Schedule>>(m.attr("Schedule"))
+  auto sched_cls = py::reinterpret_borrow<py::class_<pl::Schedule>>(m.attr("Schedule"));
+  sched_cls
       .def_readonly("name", &pl::Schedule::name)
       .def_readonly("ranks", &pl::Schedule::ranks)
       .def_readonly("vstages", &pl::Schedule::vstages)
@@ -171,9 +174,8 @@ void define_schedule(py::module_& m) {
       .def_readonly("bubble_fraction", &pl::Schedule::bubble_fraction)
       .def_readonly("peak_bytes", &pl::Schedule::peak_bytes, "per rank")
       .def_readonly("utilization", &pl::Schedule::utilization, "per rank")
-      .def_readonly("order", &pl::Schedule::order, "micro-batch order used")
-      .def(
-          "ops",
+      .def_readonly("order", &pl::Schedule::order, "micro-batch order used");
+  def_ints(sched_cls, "ops",
           [](py::object self, std::int64_t rank) {
             const auto& s = self.cast<const pl::Schedule&>();
             PACKPIPE_CHECK_RANGE(rank >= 0 && rank < static_cast<std::int64_t>(s.ops.size()), "rank {} outside 0..{}",
@@ -184,9 +186,9 @@ void define_schedule(py::module_& m) {
                              v.empty() ? &kEmpty : v.data(), self);
           },
           py::arg("rank"),
-          "Rank's ops as a zero-copy numpy structured array (kind: 0 F, 1 B, 2 I, 3 W; mb; vstage; start_ms; end_ms)")
-      .def("op_list", &op_list, py::arg("rank"), "Rank's ops as (token, mb, vstage, start_ms, end_ms) tuples")
-      .def(
+          "Rank's ops as a zero-copy numpy structured array (kind: 0 F, 1 B, 2 I, 3 W; mb; vstage; start_ms; end_ms)");
+  def_ints(sched_cls, "op_list", &op_list, py::arg("rank"), "Rank's ops as (token, mb, vstage, start_ms, end_ms) tuples");
+  sched_cls.def(
           "chrome_trace",
           [](const pl::Schedule& s, const std::string& process_name) {
             pl::TraceOptions o;
@@ -207,7 +209,8 @@ void define_schedule(py::module_& m) {
       .def_property_readonly("early_exits", [](const PySearch& r) { return r.result.early_exits; })
       .def_property_readonly("lower_bound_ms", [](const PySearch& r) { return r.result.lower_bound_ms; });
 
-  py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"))
+  auto problem_cls = py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"));
+  problem_cls
       .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::kw_only(),
            py::arg("shape") = four_stage_shape(),
            "From a cost model and micro-batches: MicroBatch objects (Partition.microbatches) or shapes "
@@ -226,15 +229,20 @@ void define_schedule(py::module_& m) {
                              [](const PyProblem& p) { return sched::makespan_lower_bounds(p.problem).value(); })
       .def(
           "simulate",
-          [](const PyProblem& p, const std::string& schedule, std::optional<std::vector<std::uint32_t>> order) {
+          [](const PyProblem& p, const std::string& schedule, const py::object& order) {
             const sched::ScheduleKind k = sched::schedule_kind_from_name(schedule);
+            std::vector<std::uint32_t> o;
+            if (!order.is_none()) {
+              for (const std::int64_t mb : int_list_arg(order, "order", 0, std::numeric_limits<std::uint32_t>::max())) {
+                o.push_back(static_cast<std::uint32_t>(mb));
+              }
+            }
             py::gil_scoped_release release;
-            return sched::make_schedule(k, p.problem, order ? *order : std::vector<std::uint32_t>{});
+            return sched::make_schedule(k, p.problem, o);
           },
           py::arg("schedule"), py::arg("order") = py::none(),
-          "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)")
-      .def(
-          "search",
+          "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)");
+  def_ints(problem_cls, "search",
           [](const PyProblem& p, const py::object& seed, std::optional<std::vector<std::string>> schedules,
              bool reference, int local_rounds) {
             sched::SearchOptions o;

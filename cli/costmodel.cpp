@@ -259,8 +259,8 @@ void register_costmodel_commands(CLI::App& app) {
     auto* sub = cmd->add_subcommand("show", "The model, device and communication figures a cost model uses");
     auto config = std::make_shared<cm::CostModelConfig>();
     auto json = std::make_shared<bool>(false);
-    sub->add_option("--model", config->model, "Model preset or .json file (default gpt-6.7b)");
-    sub->add_option("--device", config->device, "Device preset or .json file (default A100-40GB)");
+    sub->add_option("--model", config->model, "Model preset or .json file (default gpt-6.7b)")->check(model_check());
+    sub->add_option("--device", config->device, "Device preset or .json file (default A100-40GB)")->check(device_check());
     sub->add_option("--profile", config->profiles, "Profile file or folder (repeatable); none: the analytic model");
     sub->add_option("--calibration", config->calibration,
                     "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
@@ -276,8 +276,8 @@ void register_costmodel_commands(CLI::App& app) {
   {
     auto* sub = cmd->add_subcommand("query", "Time and memory of layers for one micro-batch shape");
     auto o = std::make_shared<QueryOptions>();
-    sub->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)");
-    sub->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)");
+    sub->add_option("--model", o->model, "Model preset or .json file (default gpt-6.7b)")->check(model_check());
+    sub->add_option("--device", o->device, "Device preset or .json file (default A100-40GB)")->check(device_check());
     sub->add_option("--profile", o->profiles, "Profile file or folder (repeatable); none: the analytic model");
     sub->add_option("--calibration", o->calibration,
                     "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");

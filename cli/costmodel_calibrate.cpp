@@ -70,7 +70,7 @@ struct CalibrateArgs {
 Json run_calibrate(const CalibrateArgs& a) {
   std::vector<std::string> inputs = a.measured;
   for (const auto& f : cost_model_inputs(a.costs)) inputs.push_back(f);
-  check_output_is_not_input(a.out, inputs, "--out");
+  check_command_files(inputs, {{a.out, "--out"}});
   cm::FitOptions fit = a.fit;
   fit.regions = !a.no_regions;
   const cm::MeasurementSet set = read_all(a.measured);
@@ -141,8 +141,13 @@ void print_calibrate(const Json& j) {
               "docs/design/013-calibration.md)\n");
 }
 
+// The temporary file beside the PNG `png` that holds plot data set `k` while packpipe.plots draws.
+std::string plot_data_temporary(const std::string& png, std::size_t k) {
+  return fmt::format("{}.plot-data-{}.json", png, k);
+}
+
 // Draws the PNG `png` (python3 -m packpipe.plots) from plot data sets (label, JSON), each written
-// to a temporary file beside the PNG and removed after.
+// to a temporary file beside the PNG (plot_data_temporary) and removed after.
 void draw_plot(const std::string& png, const std::vector<std::pair<std::string, std::string>>& sets) {
   struct Remove {
     std::vector<std::string> paths;
@@ -152,7 +157,7 @@ void draw_plot(const std::string& png, const std::vector<std::pair<std::string, 
   } temporaries;
   std::vector<std::string> args{"validation"};
   for (std::size_t k = 0; k < sets.size(); ++k) {
-    const std::string path = fmt::format("{}.plot-data-{}.json", png, k);
+    const std::string path = plot_data_temporary(png, k);
     write_file_atomic(path, sets[k].second);
     temporaries.paths.push_back(path);
     args.push_back(path);
@@ -171,13 +176,20 @@ void draw_plot(const std::string& png, const std::vector<std::pair<std::string, 
 void run_measured_validate(const MeasuredValidateArgs& a) {
   std::vector<std::string> inputs = a.measured;
   for (const auto& f : cost_model_inputs(a.costs)) inputs.push_back(f);
-  if (!a.plot_data.empty()) check_output_is_not_input(a.plot_data, inputs, "--plot-data");
-  if (!a.plot.empty()) {
-    check_output_is_not_input(a.plot, inputs, "--plot");
-    PACKPIPE_CHECK_ARG(a.plot != a.plot_data, "--plot and --plot-data name the same file {}", a.plot);
-    AtomicFile probe(a.plot);  // refuses a directory, a missing folder or a busy output before any work
+  std::vector<OutputFile> outputs{{a.plot_data, "--plot-data"}, {a.plot, "--plot"}};
+  if (!a.plot.empty()) {  // the plot's data sets: the model's, and with --calibration the base model's too
+    for (std::size_t k = 0; k < (a.costs.calibration.empty() ? 1u : 2u); ++k) {
+      outputs.push_back({plot_data_temporary(a.plot, k), "the temporary plot data of --plot"});
+    }
   }
+  check_command_files(inputs, outputs);
+  if (!a.plot.empty()) AtomicFile probe(a.plot);  // refuses a directory, a missing folder or a busy output before any work
   const cm::MeasurementSet set = read_all(a.measured);
+  PACKPIPE_CHECK_ARG(!set.ops.empty(), "{}: no op measurements to validate the cost model against (only {}); "
+                     "measure with `packpipe run --measurements` or a trainer's Calibrator",
+                     fmt::join(a.measured, ", "),
+                     set.iterations.empty() ? std::string("the header")
+                                            : fmt::format("{} iteration lines", set.iterations.size()));
   const auto cost = resolve(a.costs, set.header).make();
   const planner::ValidationReport r = planner::validate_measurements(*cost, set);
   const std::string plot = planner::validation_plot_json(r, set);
@@ -245,10 +257,12 @@ void add_costmodel_calibration_commands(CLI::App& costmodel) {
       ->capture_default_str();
   c->add_option("--outlier-mads", a->fit.outlier_mads,
                 "Reject points this many robust deviations (1.4826 MAD) from the median residual")
+      ->check(float_range(1, 100))
       ->capture_default_str();
   c->add_option("--max-iterations", a->fit.max_iterations, "Fit / reject rounds at most")->capture_default_str();
   c->add_option("--transfer-quantile", a->fit.transfer_quantile,
                 "Quantile of one transfer size's measured times taken as its time")
+      ->check(float_range(0, 1))
       ->capture_default_str();
   c->add_flag("--no-regions", a->no_regions, "One fit per op kind (no log2(tokens) regions)");
   c->add_flag("--json", a->json, "Print the report as one JSON object");

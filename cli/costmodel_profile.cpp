@@ -203,7 +203,7 @@ void run_import(const ImportArgs& a) {
   // Never onto a profile it read (a folder's files included), and atomically.
   std::vector<std::string> inputs = a.inputs;
   inputs.insert(inputs.end(), p.sources.begin(), p.sources.end());
-  check_output_is_not_input(a.out, inputs, "--out");
+  check_command_files(inputs, {{a.out, "--out"}});
   write_file_atomic(a.out, text);
   if (a.json) {
     Json j;
@@ -234,11 +234,13 @@ void add_costmodel_profile_commands(CLI::App& costmodel) {
   v->add_option("--profile", va->profiles, "profile files or folders (any supported format); with --measured: the "
                                            "profiled model (none: the analytic model)");
   v->add_option("--model", va->model, "model preset or JSON for the FLOPs (default: from the profile's name; with "
-                                      "--measured: the measurements' model)");
+                                      "--measured: the measurements' model)")
+      ->check(model_check());
   v->add_option("--measured", va->measured, "measurement files (packpipe run --measurements, a trainer): per-op "
                                             "and per-iteration errors of the cost model")
       ->expected(1, -1);
-  v->add_option("--device", va->device, "with --measured: device preset or JSON (default: the measurements' device)");
+  v->add_option("--device", va->device, "with --measured: device preset or JSON (default: the measurements' device)")
+      ->check(device_check());
   v->add_option("--calibration", va->calibration, "with --measured: calibration file applied over the cost model");
   v->add_option("--plot-data", va->plot_data, "with --measured: write predicted and measured pairs (JSON) for a plot");
   v->add_option("--plot", va->plot, "with --measured: draw predicted against measured op and iteration times into "

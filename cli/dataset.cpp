@@ -345,9 +345,8 @@ Json run_build(const BuildOptions& o) {
                        "(characters other than letters, digits, '-' and '_' become '_'); rename one of them",
                        o.input, it->second, task_line[it->second], task, task_line[task], o.output_prefix, s);
   }
-  std::vector<std::string> inputs{o.input};
-  if (!o.manifest.empty()) check_output_is_not_input(o.manifest, inputs, "--manifest");
   std::map<std::string, TaskWriter> writers;
+  std::vector<OutputFile> outputs;  // every file the command writes, the manifest last
   for (const auto& task : task_order) {
     TaskWriter w;
     w.name = task;
@@ -358,19 +357,25 @@ Json run_build(const BuildOptions& o) {
     } else {
       w.prefixes = {base};
     }
+    for (const auto& p : w.prefixes) {
+      for (auto& f : dl::dataset_output_files(p, fmt::format("output dataset file of task '{}'", task))) {
+        outputs.push_back(std::move(f));
+      }
+    }
+    writers.emplace(task, std::move(w));
+  }
+  outputs.push_back({o.manifest, "--manifest"});
+  // Before anything is created: no output is the input, and no two outputs (a task's dataset and
+  // another's, or the manifest) are one file.
+  check_command_files({o.input}, outputs);
+  for (const auto& task : task_order) {
+    TaskWriter& w = writers.at(task);
     const bool modes = w.paired && o.paired_layout == "sequences";
     for (const auto& p : w.prefixes) {
-      check_output_is_not_input(p + ".bin", inputs, "output dataset file");
-      check_output_is_not_input(p + ".idx", inputs, "output dataset file");
-      if (!o.manifest.empty()) {
-        PACKPIPE_CHECK_ARG(!same_file(o.manifest, p + ".bin") && !same_file(o.manifest, p + ".idx"),
-                           "--manifest '{}' is an output dataset file of prefix '{}'", o.manifest, p);
-      }
       fs::path parent = fs::path(p).parent_path();
       if (!parent.empty()) fs::create_directories(parent);
       w.builders.push_back(std::make_unique<dl::IndexedDatasetBuilder>(p, dt, modes));
     }
-    writers.emplace(task, std::move(w));
   }
 
   // Pass 2: write.

@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <string>
 #include <exception>
+#include <stdexcept>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/util.h"
 #include "common/config.h"
 
 namespace {
@@ -34,6 +36,16 @@ void check_numeric_options(CLI::App& app) {
     const std::string t = opt->get_type_name();
     if (t == "UINT") opt->check(non_negative);
     if (t == "FLOAT" || t == "INT" || t == "UINT") opt->check(finite);
+    if (t == "FLOAT") {
+      // Every floating option has its range (cli/util.h float_range); one without is a packpipe bug,
+      // refused here so that no command starts with it.
+      try {
+        opt->get_validator(packpipe::cli::kFloatRangeName);
+      } catch (const CLI::OptionNotFound&) {
+        throw std::logic_error("packpipe: floating option " + opt->get_name() + " of `" + app.get_name() +
+                               "` has no range (cli/util.h float_range)");
+      }
+    }
   }
   for (CLI::App* sub : app.get_subcommands({})) check_numeric_options(*sub);
 }
@@ -52,8 +64,8 @@ int main(int argc, char** argv) {
   packpipe::cli::register_plan_commands(app);
   packpipe::cli::register_run_commands(app);
   packpipe::cli::register_python_commands(app);
-  check_numeric_options(app);
   try {
+    check_numeric_options(app);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -20,6 +20,7 @@
 #include "common/file_io.h"
 #include "costmodel/factory.h"
 #include "costmodel/report.h"
+#include "dataloader/indexed_dataset.h"
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
@@ -157,7 +158,7 @@ void check_plan_outputs(const PlanCliOptions& o, const dl::MultiTaskDataset& dat
   std::vector<std::string> inputs;
   if (!o.manifest.empty()) inputs.push_back(o.manifest);
   auto add_dataset = [&](const std::string& prefix) {
-    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(prefix + ext);
+    for (auto& f : dl::dataset_input_files(prefix)) inputs.push_back(std::move(f));
   };
   for (const auto& t : data.manifest().tasks) {
     for (const auto& pre : t.prefixes) add_dataset(pre);
@@ -165,12 +166,7 @@ void check_plan_outputs(const PlanCliOptions& o, const dl::MultiTaskDataset& dat
   }
   if (!o.dataset.empty()) add_dataset(o.dataset);
   for (const auto& f : cost_model_inputs(o.costs)) inputs.push_back(f);
-  const std::vector<std::pair<std::string, std::string>> outputs = {
-      {o.out, "--out"}, {o.trace, "--chrome-trace"}, {o.report, "--report"}};
-  for (const auto& [out, what] : outputs) {
-    if (!out.empty()) check_output_is_not_input(out, inputs, what);
-  }
-  check_distinct_outputs(outputs);
+  check_command_files(inputs, {{o.out, "--out"}, {o.trace, "--chrome-trace"}, {o.report, "--report"}});
 }
 
 /// The planner's options from the command line.
@@ -269,7 +265,9 @@ Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, co
   epoch.run([&](planner::PlannedIteration& w) {
     auto& r = w.result;
     if (writer) {
-      for (const auto& blob : w.blobs) writer->append_encoded(r.iteration, blob);
+      for (std::size_t k = 0; k < w.blobs.size(); ++k) {
+        writer->append_encoded(r.iteration, static_cast<std::uint32_t>(k), w.blobs[k]);  // blobs in replica order
+      }
     }
     if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
     out.rows.push_back(report_row(r));

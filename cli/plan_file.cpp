@@ -37,7 +37,7 @@ pl::Plan load(const pl::PlanFileReader& r, std::int64_t iteration, std::uint32_t
 
 // Atomic, and never onto the plan file being read.
 void write_text(const std::string& path, const std::string& text, const std::string& input, const char* what) {
-  check_output_is_not_input(path, {input}, what);
+  check_command_files({input}, {{path, what}});
   write_file_atomic(path, text);
 }
 

@@ -39,6 +39,7 @@ struct RunCliOptions {
   std::uint64_t first = 0, iterations = 0;
   std::uint64_t payload_bytes = 65536;
   bool no_verify = false, json = false;
+  bool allow_incomplete = false;  ///< run the iterations an incomplete plan file holds
   std::string trace;
   std::string measurements;  ///< packpipe-measurements of the executed iterations
   std::int64_t tp = 1;       ///< the plans' tensor-parallel size (their measurements' shapes)
@@ -111,14 +112,21 @@ costmodel::MeasurementSet measurements_of(const std::vector<rt::ExecutedPlan>& e
 Json run_replay(const RunCliOptions& o) {
   PACKPIPE_CHECK_ARG(o.replay, "packpipe run executes plans with no model and needs --replay (a model runs through "
                                "packpipe.torch or a C++ stage handler)");
-  check_option_range("--timeout", static_cast<std::int64_t>(std::ceil(o.timeout)), 0, 1000000000, "0: wait forever");
-  PACKPIPE_CHECK_ARG(std::isfinite(o.time_scale) && o.time_scale >= 0 && o.time_scale <= 1e6,
-                     "--time-scale must be in [0, 1e6], found {}", o.time_scale);
-  if (!o.trace.empty()) check_output_is_not_input(o.trace, {o.file}, "--trace");
-  if (!o.measurements.empty()) check_output_is_not_input(o.measurements, {o.file}, "--measurements");
-  check_distinct_outputs({{o.trace, "--trace"}, {o.measurements, "--measurements"}});
+  PACKPIPE_CHECK_ARG(!o.measurements.empty() || (o.model.empty() && o.device_name.empty()),
+                     "--model and --device-name describe the measurements: they go with --measurements");
   check_option_range("--tp", o.tp, 1, costmodel::kMaxMeasuredSize);
+  std::vector<std::string> inputs{o.file};
+  for (const std::string* p : {&o.model, &o.device_name}) {
+    if (file_exists(*p)) inputs.push_back(*p);  // a preset name is no file
+  }
+  std::vector<OutputFile> outputs{{o.trace, "--trace"}, {o.measurements, "--measurements"}};
+  if (o.transport == "nccl" && !o.nccl_id_file.empty()) {
+    outputs.push_back({o.nccl_id_file, "--nccl-id-file"});
+    outputs.push_back({rt::nccl_abort_file(o.nccl_id_file), "the abort file of --nccl-id-file"});
+  }
+  check_command_files(inputs, outputs);
   const pl::PlanFileReader reader(o.file);
+  if (!o.allow_incomplete) reader.require_complete("pass --allow-incomplete");
   const auto iterations = read_iterations(reader, o.first, o.iterations);
   PACKPIPE_CHECK_ARG(!iterations.empty(), "{}: no plan at or after iteration {}", o.file, o.first);
   const pl::Plan& head = iterations.front().front();
@@ -250,23 +258,31 @@ void register_run_commands(CLI::App& app) {
                                                "nccl (this process is --rank, one GPU each)")
       ->check(CLI::IsMember({"threads", "cuda", "nccl"}))
       ->capture_default_str();
-  cmd->add_option("--time-scale", o->time_scale, "Replayed duration = planned x this (0: no waiting)")->capture_default_str();
+  cmd->add_option("--time-scale", o->time_scale, "Replayed duration = planned x this (0: no waiting)")
+      ->check(float_range(0, 1e6))
+      ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "Seconds any wait may take before every rank stops with an error (0: forever)")
+      ->check(float_range(0, rt::kMaxTimeoutS, "0: forever"))
       ->capture_default_str();
   cmd->add_option("--first-iteration", o->first, "Start at this iteration");
   cmd->add_option("--iterations", o->iterations, "Run at most this many iterations (default: all)");
   cmd->add_option("--payload-bytes", o->payload_bytes, "Bytes of each tensor moved and checked (0: all of it)")
       ->capture_default_str();
   cmd->add_flag("--no-verify", o->no_verify, "Do not check payloads");
+  cmd->add_flag("--allow-incomplete", o->allow_incomplete,
+                "Run the iterations of an incomplete plan file (a planning run that stopped early); refused without");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace: measured timeline beside the planned one");
   cmd->add_option("--measurements", o->measurements,
                   "Write the executed ops' measured times (JSON Lines) for `packpipe costmodel calibrate` and "
                   "`costmodel validate --measured`");
   cmd->add_option("--tp", o->tp, "Tensor-parallel size the plans were made for (the measurements' shapes)")
       ->capture_default_str();
-  cmd->add_option("--model", o->model, "Model the plans were made for, recorded in the measurements' header");
+  cmd->add_option("--model", o->model, "Model the plans were made for (preset or .json file), recorded in the "
+                                       "measurements' header")
+      ->check(model_check());
   cmd->add_option("--device-name", o->device_name,
-                  "Device the cost model describes, recorded in the measurements' header");
+                  "Device the cost model describes (preset or .json file), recorded in the measurements' header")
+      ->check(device_check());
   cmd->add_option("--device", o->device, "CUDA device (cuda, nccl)")->capture_default_str();
   cmd->add_option("--rank", o->rank, "nccl: this process's pipeline rank");
   cmd->add_option("--replica", o->replica, "nccl: the data-parallel replica whose plans this pipeline runs");

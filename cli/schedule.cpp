@@ -113,7 +113,7 @@ void run_schedule(const ScheduleOptionsCli& o) {
   if (!o.chrome_trace.empty()) {
     std::vector<std::string> inputs = cost_model_inputs(o.costs);
     if (o.input != "-") inputs.push_back(o.input);
-    check_output_is_not_input(o.chrome_trace, inputs, "--chrome-trace");
+    check_command_files(inputs, {{o.chrome_trace, "--chrome-trace"}});
   }
   const auto mbs = read_microbatches(o.input);
   const auto cost = o.costs.make();

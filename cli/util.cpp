@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
@@ -177,6 +179,51 @@ LengthsFile read_lengths_file(const std::string& path) {
   return f;
 }
 
+CLI::Validator float_range(double lo, double hi, std::string why) {
+  const std::string range = fmt::format("[{}, {}]{}{}{}", lo, hi, why.empty() ? "" : " (", why,
+                                        why.empty() ? "" : ")");
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        const char* begin = text.c_str();
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(begin, &end);
+        while (end != nullptr && (*end == ' ' || *end == '\t')) ++end;
+        const bool number = end != begin && end != nullptr && *end == '\0';
+        // the double itself is checked: never a cast of a huge value into an integer
+        if (!number || !std::isfinite(v) || v < lo || v > hi) return fmt::format("must be in {}, found {}", range, text);
+        return std::string();
+      },
+      "FLOAT in " + range, kFloatRangeName);
+}
+
+namespace {
+
+// A validator whose error is what `load` throws for the option's text.
+template <class Load>
+CLI::Validator loads(Load load, std::string desc) {
+  return CLI::Validator(
+      [load](std::string& text) -> std::string {
+        try {
+          load(text);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return std::string();
+      },
+      std::move(desc));
+}
+
+}  // namespace
+
+CLI::Validator model_check() {
+  return loads([](const std::string& t) { costmodel::load_model(t); }, "");
+}
+
+CLI::Validator device_check() {
+  return loads([](const std::string& t) { costmodel::load_device(t); }, "");
+}
+
 void check_option_range(std::string_view option, std::int64_t value, std::int64_t lo, std::int64_t hi,
                         std::string_view why) {
   PACKPIPE_CHECK_ARG(value >= lo && value <= hi, "{} must be in [{}, {}]{}{}{}, found {}", option, lo, hi,
@@ -187,25 +234,6 @@ void check_option_range(std::string_view option, std::uint64_t value, std::uint6
                         std::string_view why) {
   PACKPIPE_CHECK_ARG(value >= lo && value <= hi, "{} must be in [{}, {}]{}{}{}, found {}", option, lo, hi,
                      why.empty() ? "" : " (", why, why.empty() ? "" : ")", value);
-}
-
-void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
-  auto resolved = [](const std::string& p) {
-    std::error_code ec;
-    const auto r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
-    return ec ? p : r.string();
-  };
-  for (std::size_t a = 0; a < outputs.size(); ++a) {
-    for (std::size_t b = a + 1; b < outputs.size(); ++b) {
-      const auto& [pa, wa] = outputs[a];
-      const auto& [pb, wb] = outputs[b];
-      if (pa.empty() || pb.empty()) continue;
-      PACKPIPE_CHECK_ARG(resolved(pa) != resolved(pb) && !same_file(pa, pb),
-                         "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each "
-                         "output its own path",
-                         wa, pa, wb, pb);
-    }
-  }
 }
 
 std::vector<std::string> cost_model_inputs(const CostModelArgs& args) {
@@ -228,8 +256,8 @@ std::vector<std::string> cost_model_inputs(const CostModelArgs& args) {
 }
 
 void CostModelArgs::add_to(CLI::App* cmd, bool with_calibration) {
-  cmd->add_option("--model", model, "Model preset or .json file")->capture_default_str();
-  cmd->add_option("--device", device, "Device preset or .json file")->capture_default_str();
+  cmd->add_option("--model", model, "Model preset or .json file")->check(model_check())->capture_default_str();
+  cmd->add_option("--device", device, "Device preset or .json file")->check(device_check())->capture_default_str();
   cmd->add_option("--profile", profiles, "Profile file or folder (repeatable); none: the analytic model");
   if (with_calibration) {
     cmd->add_option("--calibration", calibration,
@@ -260,7 +288,8 @@ void ShapeArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--dp", dp, "Data-parallel replicas")->capture_default_str();
   cmd->add_option("--tp", tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--zero", zero, "ZeRO stage of the optimizer state (0-3)")->capture_default_str();
-  cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)");
+  cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)")
+      ->check(float_range(0, part::kMaxMemoryLimitMb, "0: the device's memory"));
   cmd->add_option("--layer-split", layer_split,
                   "Layers per virtual stage: even, balanced (stage times balanced on the cost model, embedding and "
                   "head included), or a comma-separated list")

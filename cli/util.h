@@ -136,17 +136,26 @@ struct LengthsFile {
 /// no lengths at all.
 LengthsFile read_lengths_file(const std::string& path);
 
+/// The range check of a floating option, run when the option is parsed (before any work): the text
+/// must be a finite number in [lo, hi] (NaN and infinities refused), else CLI11 reports
+/// "OPTION: must be in [lo, hi] (why), found TEXT". Every floating option of every subcommand has
+/// it: main() refuses to start with one that does not (its name is kFloatRangeName).
+CLI::Validator float_range(double lo, double hi, std::string why = {});
+/// CLI11 checks of a --model and a --device option, run when the option is parsed (before any
+/// work): the text must be a preset or a JSON file that loads (costmodel::load_model / load_device);
+/// the loader's message (the presets, or the file and field) is the error.
+CLI::Validator model_check();
+CLI::Validator device_check();
+
+/// The name float_range gives its validator.
+inline constexpr const char* kFloatRangeName = "float_range";
+
 /// Size limits of the CLI options (and the Python entry points' arguments) with their messages.
 /// Throws InvalidArgument "OPTION must be in [lo, hi], found V" naming the option.
 void check_option_range(std::string_view option, std::int64_t value, std::int64_t lo, std::int64_t hi,
                         std::string_view why = {});
 void check_option_range(std::string_view option, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
                         std::string_view why = {});
-
-/// Throws InvalidArgument when two of the non-empty `outputs` ((path, option) pairs) name the same
-/// file (same path after resolving links and "..", or the same inode): the later would overwrite
-/// the earlier.
-void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 /// A CLI11 check accepting exactly the names of `table` (an enum's one name table), so that a
 /// new value of the enum is accepted without another edit.

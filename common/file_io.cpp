@@ -4,9 +4,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <utility>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include "common/errors.h"
 
@@ -164,6 +169,69 @@ void check_output_is_not_input(const std::string& output, const std::vector<std:
                        "{} '{}' is the input '{}' (the same file); writing it would destroy the input: "
                        "choose another output path",
                        what, output, in);
+  }
+}
+
+namespace {
+
+// `p` made absolute, with links, "." and ".." resolved as far as the path exists (the rest kept as
+// written): two spellings of one file, existing or not, compare equal.
+std::string resolved_path(const std::string& p) {
+  std::error_code ec;
+  const auto abs = std::filesystem::absolute(p, ec);
+  if (ec) return p;
+  const auto r = std::filesystem::weakly_canonical(abs, ec);
+  return ec ? abs.lexically_normal().string() : r.string();
+}
+
+// True for an existing character device or FIFO: written in place by AtomicFile, nothing replaced.
+bool is_stream(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+}
+
+}  // namespace
+
+void check_command_files(const std::vector<std::string>& inputs, const std::vector<OutputFile>& outputs) {
+  struct Written {
+    std::string path, what;
+  };
+  std::vector<Written> written;  // every output, then every output's lock file
+  for (const auto& o : outputs) {
+    if (o.path.empty()) continue;
+    check_output_is_not_input(o.path, inputs, o.what);
+    if (is_stream(o.path)) continue;
+    written.push_back({o.path, o.what});
+  }
+  const std::size_t files = written.size();
+  for (std::size_t k = 0; k < files; ++k) {
+    const std::string lock = written[k].path + ".lock";
+    for (const auto& in : inputs) {
+      PACKPIPE_CHECK_ARG(!same_file(lock, in),
+                         "{} '{}' would be written under the lock file '{}', which is the input '{}' (the same file); "
+                         "writing it would destroy the input: choose another output path",
+                         written[k].what, written[k].path, lock, in);
+    }
+    written.push_back({lock, fmt::format("the lock file of {}", written[k].what)});
+  }
+  // One pass, O(n log n): by resolved path (existing or not), and by inode for what exists. Two lock
+  // files can only collide when their outputs do, which is found first.
+  std::map<std::string, std::size_t> by_path;
+  std::map<std::pair<dev_t, ino_t>, std::size_t> by_inode;
+  for (std::size_t k = 0; k < written.size(); ++k) {
+    std::size_t other = k;
+    const auto [at, fresh] = by_path.emplace(resolved_path(written[k].path), k);
+    if (!fresh) other = at->second;
+    struct stat st {};
+    if (other == k && ::stat(written[k].path.c_str(), &st) == 0) {
+      const auto [it, new_inode] = by_inode.emplace(std::make_pair(st.st_dev, st.st_ino), k);
+      if (!new_inode) other = it->second;
+    }
+    if (other == k || (other >= files && k >= files)) continue;
+    PACKPIPE_CHECK_ARG(false,
+                       "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each output "
+                       "its own path",
+                       written[other].what, written[other].path, written[k].what, written[k].path);
   }
 }
 

@@ -74,6 +74,24 @@ bool same_file(const std::string& a, const std::string& b);
 void check_output_is_not_input(const std::string& output, const std::vector<std::string>& inputs,
                                std::string_view what);
 
+/// One file a command writes, and the option or role that names it in messages ("--out",
+/// "output dataset file of task 'qa'").
+struct OutputFile {
+  std::string path;
+  std::string what;
+};
+
+/// The one check of a command's files, before anything is opened for writing. Throws
+/// InvalidArgument naming both files and their roles when
+/// - an output, or the lock file `<output>.lock` its writer creates and removes (AtomicFile), is one
+///   of `inputs` (same device and inode: through links and relative paths), or
+/// - two outputs, or an output and another's lock file, are the same file (the same path once
+///   links, "." and ".." are resolved, existing or not, or the same inode): the later would
+///   overwrite the earlier.
+/// Outputs with an empty path are skipped; an existing stream (character device, FIFO) is written
+/// in place, loses nothing, and may appear more than once.
+void check_command_files(const std::vector<std::string>& inputs, const std::vector<OutputFile>& outputs);
+
 /// Opens `path` read-only without blocking on a FIFO and refuses anything but a regular file
 /// (directory, FIFO, device); returns the descriptor. `what` names the role, e.g. "lengths file".
 int open_regular_file(const std::string& path, std::string_view what);

@@ -187,6 +187,28 @@ bool ordered(const RegionFit& li, const RegionFit& lj, const std::vector<Point>&
   return true;
 }
 
+// The typical base prediction of a region: the geometric mean of its range (the file holds no points).
+double typical_predicted_ms(const RegionFit& r) { return std::sqrt(r.min_predicted_ms * r.max_predicted_ms); }
+
+// The file's form of `ordered`, from what a calibration file holds (no points), so that its reader
+// checks exactly what the fit guarantees: along tokens from li's centre to lj's, the blend changes at
+// rate a_blend x e ln2 p + (L_j(p) - L_i(p)) / (cj - ci), the base prediction growing as
+// tokens^e with e from the two regions' typical predictions (clamped to [0, 1]); the rate must not
+// be negative at either end of the two regions' whole prediction range (linear in p: nor between).
+// Returns the p where it is, or 0 when ordered.
+double falls_at(const RegionFit& li, const RegionFit& lj) {
+  const double ci = li.center_log2_tokens, cj = lj.center_log2_tokens;
+  if (!(cj > ci)) return std::max(li.max_predicted_ms, 1.0);
+  const double e = std::clamp(std::log(typical_predicted_ms(lj) / typical_predicted_ms(li)) / (std::log(2.0) * (cj - ci)),
+                              0.0, 1.0);
+  const double a = std::min(li.a, lj.a);
+  for (double p : {std::min(li.min_predicted_ms, lj.min_predicted_ms), std::max(li.max_predicted_ms, lj.max_predicted_ms)}) {
+    const double rate = a * e * std::log(2.0) * p + (lj.apply(p) - li.apply(p)) / (cj - ci);
+    if (!(rate >= -1e-9 * std::max(1.0, std::abs(li.apply(p))))) return p;
+  }
+  return 0;
+}
+
 OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) {
   OpFit f;
   f.op = op;
@@ -207,7 +229,10 @@ OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) 
   for (bool changed = true; changed && regions.size() > 1;) {
     changed = false;
     for (std::size_t i = 0; i + 1 < regions.size(); ++i) {
-      if (ordered(regions[i], regions[i + 1], groups[i], groups[i + 1])) continue;
+      // Ordered over the points, and in the form the file's reader checks (check_calibration).
+      if (ordered(regions[i], regions[i + 1], groups[i], groups[i + 1]) && falls_at(regions[i], regions[i + 1]) == 0) {
+        continue;
+      }
       std::vector<Point> merged = groups[i];
       merged.insert(merged.end(), groups[i + 1].begin(), groups[i + 1].end());
       groups[i] = std::move(merged);
@@ -385,11 +410,7 @@ struct Reader {
   RegionFit region(const Json& j, const std::string& path) const {
     RegionFit f;
     f.a = positive(j, path, "a");
-    PACKPIPE_CHECK(f.a >= kMinCalibrationSlope && f.a <= kMaxCalibrationSlope, "{}: {}/a: expected in [{:g}, {:g}], "
-                   "found {}", what, path, kMinCalibrationSlope, kMaxCalibrationSlope, f.a);
     f.b = number(j, path, "b");
-    PACKPIPE_CHECK(std::abs(f.b) <= kMaxCalibrationInterceptMs, "{}: {}/b: expected in [-{:g}, {:g}], found {}", what,
-                   path, kMaxCalibrationInterceptMs, kMaxCalibrationInterceptMs, f.b);
     f.center_log2_tokens = number(j, path, "center_log2_tokens");
     PACKPIPE_CHECK(f.center_log2_tokens >= 0 && f.center_log2_tokens <= 64,
                    "{}: {}/center_log2_tokens: expected in [0, 64], found {}", what, path, f.center_log2_tokens);
@@ -403,8 +424,6 @@ struct Reader {
     f.error_after = number(j, path, "error_after");
     f.global_fallback = flag(j, path, "global_fallback");
     f.through_origin = flag(j, path, "through_origin");
-    PACKPIPE_CHECK(f.rejected <= f.points, "{}: {}/rejected: expected at most points ({}), found {}", what, path,
-                   f.points, f.rejected);
     return f;
   }
 };
@@ -420,6 +439,121 @@ void check_fit_options(const FitOptions& o) {
                      o.max_iterations);
   PACKPIPE_CHECK_ARG(o.transfer_quantile >= 0 && o.transfer_quantile <= 1,
                      "transfer_quantile (--transfer-quantile) must be in [0, 1], found {}", o.transfer_quantile);
+}
+
+void check_calibration(const Calibration& c, const std::string& what) {
+  try {
+    check_fit_options(c.options);
+  } catch (const InvalidArgument& e) {
+    PACKPIPE_THROW(Error, "{}: /options: {}", what, e.what());
+  }
+  // Both ends of a range hold a point; the centre is their mean (a rounding's tolerance).
+  auto inside = [](double x, double lo, double hi) {
+    const double tol = 1e-9 * std::max(1.0, std::abs(x));
+    return x >= lo - tol && x <= hi + tol;
+  };
+  auto check_region = [&](const RegionFit& r, const std::string& path, bool in_regions) {
+    PACKPIPE_CHECK(r.a >= kMinCalibrationSlope && r.a <= kMaxCalibrationSlope,
+                   "{}: {}/a: expected in [{:g}, {:g}], found {}", what, path, kMinCalibrationSlope, kMaxCalibrationSlope,
+                   r.a);
+    PACKPIPE_CHECK(std::isfinite(r.b) && std::abs(r.b) <= kMaxCalibrationInterceptMs,
+                   "{}: {}/b: expected in [-{:g}, {:g}], found {}", what, path, kMaxCalibrationInterceptMs,
+                   kMaxCalibrationInterceptMs, r.b);
+    PACKPIPE_CHECK(!r.through_origin || r.b == 0, "{}: {}/b: a line through the origin has b 0, found {}", what, path,
+                   r.b);
+    PACKPIPE_CHECK(r.rejected >= 0 && r.rejected <= r.points, "{}: {}/rejected: expected in [0, points ({})], found {}",
+                   what, path, r.points, r.rejected);
+    PACKPIPE_CHECK(r.points <= c.measurements, "{}: {}/points: expected at most the {} measurements, found {}", what,
+                   path, c.measurements, r.points);
+    for (double v : {r.error_before, r.error_after}) {
+      PACKPIPE_CHECK(std::isfinite(v) && v >= 0, "{}: {}/error_before, error_after: expected >= 0, found {}", what, path,
+                     v);
+    }
+    if (r.points == 0) return;
+    PACKPIPE_CHECK(r.min_log2_tokens >= 0 && r.max_log2_tokens <= 64 &&
+                       inside(r.center_log2_tokens, r.min_log2_tokens, r.max_log2_tokens),
+                   "{}: {}/center_log2_tokens: expected {} within its points' range [{}, {}] (within [0, 64])", what,
+                   path, r.center_log2_tokens, r.min_log2_tokens, r.max_log2_tokens);
+    PACKPIPE_CHECK(r.min_predicted_ms > 0 && r.min_predicted_ms <= r.max_predicted_ms &&
+                       r.max_predicted_ms <= kMaxMeasuredMs,
+                   "{}: {}/min_predicted_ms, max_predicted_ms: expected 0 < {} <= {} <= {:g}", what, path,
+                   r.min_predicted_ms, r.max_predicted_ms, kMaxMeasuredMs);
+    if (!in_regions) return;
+    PACKPIPE_CHECK(r.global_fallback == (r.points < c.options.min_region_points),
+                   "{}: {}/global_fallback: a region of {} points {} its op's global line (min_region_points {}), found "
+                   "{}", what, path, r.points, r.points < c.options.min_region_points ? "takes" : "has its own",
+                   c.options.min_region_points, r.global_fallback);
+  };
+  for (std::size_t k = 0; k < c.compute.size(); ++k) {
+    const OpFit& f = c.compute[k];
+    const std::string path = fmt::format("/compute/{}", k);
+    const char* op = measured_op_name(f.op);
+    PACKPIPE_CHECK(f.from == "measured" || (f.op == MeasuredOp::Backward && f.from == "I + W"),
+                   "{}: {}/from: expected \"measured\"{}, found \"{}\"", what, path,
+                   f.op == MeasuredOp::Backward ? " or \"I + W\"" : "", f.from);
+    check_region(f.global, path + "/global", false);
+    PACKPIPE_CHECK(f.fitted == (f.global.points > 0), "{}: {}/fitted: {} with {} points in /global", what, path,
+                   f.fitted, f.global.points);
+    PACKPIPE_CHECK(f.regions.empty() || (f.fitted && c.options.regions),
+                   "{}: {}/regions: expected none ({}), found {}", what, path,
+                   f.fitted ? "fitted with options.regions false" : "the op is not fitted", f.regions.size());
+    std::int64_t points = 0;
+    for (std::size_t i = 0; i < f.regions.size(); ++i) {
+      const RegionFit& r = f.regions[i];
+      const std::string rp = fmt::format("{}/regions/{}", path, i);
+      check_region(r, rp, true);
+      PACKPIPE_CHECK(r.points > 0, "{}: {}/points: a region holds at least one point, found {}", what, rp, r.points);
+      points += r.points;
+      if (r.global_fallback) {
+        PACKPIPE_CHECK(r.a == f.global.a && r.b == f.global.b && r.through_origin == f.global.through_origin &&
+                           r.rejected == 0,
+                       "{}: {}: a global_fallback region holds its op's global line (a {}, b {}), found a {}, b {}", what,
+                       rp, f.global.a, f.global.b, r.a, r.b);
+      }
+      if (i == 0) continue;
+      const RegionFit& q = f.regions[i - 1];
+      PACKPIPE_CHECK(r.center_log2_tokens > q.center_log2_tokens && r.min_log2_tokens > q.max_log2_tokens,
+                     "{}: {}: expected above region {} in tokens (centre {} > {}, points from 2^{} above 2^{})", what,
+                     rp, i - 1, r.center_log2_tokens, q.center_log2_tokens, r.min_log2_tokens, q.max_log2_tokens);
+      // The promise of 013: a calibration never teaches the partitioner that more tokens are faster.
+      const double p = falls_at(q, r);
+      PACKPIPE_CHECK(p == 0,
+                     "{}: {}: the calibrated {} time falls as tokens grow from region {} (2^{:.4g} tokens: {:.4g} ms for "
+                     "a typical {:.4g} ms predicted) to region {} (2^{:.4g} tokens: {:.4g} ms for {:.4g} ms predicted; "
+                     "falling at {:.4g} ms predicted): a calibration never makes more tokens faster (fit_calibration "
+                     "pools such regions; docs/design/013-calibration.md)",
+                     what, rp, op, i - 1, q.center_log2_tokens, calibrated(q, typical_predicted_ms(q)),
+                     typical_predicted_ms(q), i, r.center_log2_tokens, calibrated(r, typical_predicted_ms(r)),
+                     typical_predicted_ms(r), p);
+    }
+    PACKPIPE_CHECK(f.regions.empty() || points == f.global.points,
+                   "{}: {}/regions: the regions hold {} points, /global {} (the regions split the op's points)", what,
+                   path, points, f.global.points);
+  }
+  for (std::size_t k = 0; k < c.transfers.size(); ++k) {
+    const TransferFit& t = c.transfers[k];
+    const std::string path = fmt::format("/transfers/{}", k);
+    PACKPIPE_CHECK(t.inter_node == (k == 1), "{}: {}/link: expected \"{}\"", what, path, k == 1 ? "inter" : "intra");
+    PACKPIPE_CHECK(t.points >= 0 && t.points <= c.measurements && t.sizes >= 0 && t.sizes <= t.points,
+                   "{}: {}/points, sizes: expected 0 <= sizes ({}) <= points ({}) <= measurements ({})", what, path,
+                   t.sizes, t.points, c.measurements);
+    for (double v : {t.error_before, t.error_after}) {
+      PACKPIPE_CHECK(std::isfinite(v) && v >= 0, "{}: {}/error_before, error_after: expected >= 0, found {}", what, path,
+                     v);
+    }
+    if (t.fitted) {
+      PACKPIPE_CHECK(t.sizes >= 1, "{}: {}/sizes: a fitted link has at least one size, found {}", what, path, t.sizes);
+      PACKPIPE_CHECK(std::isfinite(t.latency_ms) && t.latency_ms >= 0 && t.latency_ms <= kMaxMeasuredMs,
+                     "{}: {}/latency_ms: expected in [0, {:g}], found {}", what, path, kMaxMeasuredMs, t.latency_ms);
+      PACKPIPE_CHECK(t.bytes_per_ms >= kMinCalibrationBytesPerMs && t.bytes_per_ms <= kMaxCalibrationBytesPerMs,
+                     "{}: {}/bytes_per_ms: expected in [{:g}, {:g}], found {}", what, path, kMinCalibrationBytesPerMs,
+                     kMaxCalibrationBytesPerMs, t.bytes_per_ms);
+    } else {
+      PACKPIPE_CHECK(t.latency_ms == 0 && t.bytes_per_ms == 0,
+                     "{}: {}: a link without a fit has latency_ms and bytes_per_ms 0, found {} and {}", what, path,
+                     t.latency_ms, t.bytes_per_ms);
+    }
+  }
 }
 
 // ---- applying a calibration ----------------------------------------------------------------------
@@ -543,11 +677,6 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
   c.options.max_iterations = static_cast<int>(std::min<std::int64_t>(r.count(o, "/options", "max_iterations"), 1 << 30));
   c.options.regions = r.flag(o, "/options", "regions");
   c.options.transfer_quantile = r.number(o, "/options", "transfer_quantile");
-  try {
-    check_fit_options(c.options);
-  } catch (const InvalidArgument& e) {
-    PACKPIPE_THROW(Error, "{}: /options: {}", what, e.what());
-  }
   c.measurements = r.count(j, "", "measurements");
   const Json& ops = r.array(j, "", "compute");
   PACKPIPE_CHECK(ops.size() == c.compute.size(), "{}: /compute: expected {} fits (F, B, I, W), found {}", what,
@@ -566,9 +695,6 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     for (std::size_t i = 0; i < rs.size(); ++i) {
       const std::string rp = fmt::format("{}/regions/{}", path, i);
       f.regions.push_back(r.region(rs[i], rp));
-      PACKPIPE_CHECK(i == 0 || f.regions[i].center_log2_tokens > f.regions[i - 1].center_log2_tokens,
-                     "{}: {}/center_log2_tokens: expected above the previous region's {}, found {}", what, rp,
-                     f.regions[i - 1].center_log2_tokens, f.regions[i].center_log2_tokens);
     }
   }
   const Json& ts = r.array(j, "", "transfers");
@@ -583,18 +709,12 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     t.fitted = r.flag(ts[k], path, "fitted");
     t.latency_ms = r.number(ts[k], path, "latency_ms");
     t.bytes_per_ms = r.number(ts[k], path, "bytes_per_ms");
-    if (t.fitted) {
-      PACKPIPE_CHECK(t.latency_ms >= 0 && t.latency_ms <= kMaxMeasuredMs,
-                     "{}: {}/latency_ms: expected in [0, {:g}], found {}", what, path, kMaxMeasuredMs, t.latency_ms);
-      PACKPIPE_CHECK(t.bytes_per_ms >= kMinCalibrationBytesPerMs && t.bytes_per_ms <= kMaxCalibrationBytesPerMs,
-                     "{}: {}/bytes_per_ms: expected in [{:g}, {:g}], found {}", what, path, kMinCalibrationBytesPerMs,
-                     kMaxCalibrationBytesPerMs, t.bytes_per_ms);
-    }
     t.points = r.count(ts[k], path, "points");
     t.sizes = r.count(ts[k], path, "sizes");
     t.error_before = r.number(ts[k], path, "error_before");
     t.error_after = r.number(ts[k], path, "error_after");
   }
+  check_calibration(c, what);  // every invariant fit_calibration guarantees
   return c;
 }
 
@@ -739,6 +859,11 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
                        "measurements in other units, or not transfers?",
                        t.inter_node ? "inter" : "intra", t.bytes_per_ms, kMinCalibrationBytesPerMs,
                        kMaxCalibrationBytesPerMs);
+  }
+  try {
+    check_calibration(c, "fit_calibration");  // what the fit writes, its reader opens
+  } catch (const Error& e) {
+    throw std::logic_error(std::string("packpipe bug: a fitted calibration breaks an invariant of its file: ") + e.what());
   }
   return c;
 }

@@ -123,6 +123,15 @@ struct Calibration {
   void save(const std::string& path) const;
 };
 
+/// Every invariant fit_calibration guarantees (the fit checks its own result with it), checked by
+/// the file reader from_json, so no file breaks what a fit never writes: slopes and intercepts in range, a line through
+/// the origin with b 0, regions ascending and disjoint in tokens, splitting the op's points, a
+/// region below min_region_points on its op's global line, consistent point ranges and counts, and
+/// (013's promise) adjacent regions whose blend never makes the calibrated time fall as tokens grow
+/// (the check fit_calibration pools regions by). Throws Error naming `what` (the file), the field
+/// (JSON pointer) and the region, with expected versus found.
+void check_calibration(const Calibration& calibration, const std::string& what);
+
 /// 16 hex digits identifying a base cost model: XXH64 of its model and device specs, its
 /// communication model and its stage op times at fixed probe shapes. Two models that answer alike
 /// have the same fingerprint whatever files they were read from. Throws InvalidArgument for a

@@ -19,29 +19,23 @@ AssembledBatch assemble_batch(const MultiTaskDataset& dataset, GlobalBatch batch
   out.batch = std::move(batch);
   const auto& refs = out.batch.samples;
   out.samples.reserve(refs.size());
-  // Copies live in `storage`; moving the outer vector keeps every inner buffer in place, and the
-  // reserve avoids even that, so SampleView pointers stay valid as long as the AssembledBatch.
-  std::size_t copies = 0;
+  for (const auto& r : refs) dataset.check_sample(r.task, r.index);  // an error names the sample, not only its task
+  // Every sample is copied through the guarded reads (MultiTaskDataset::read_sample), never viewed
+  // in the memory map: a `.bin` truncated while a trainer holds the batch is an Error here, not a
+  // SIGBUS when the trainer touches a token. Copies live in `storage`; the reserve keeps every
+  // inner buffer in place, so SampleView pointers stay valid as long as the AssembledBatch.
+  out.storage.reserve(2 * refs.size());
   for (const auto& r : refs) {
-    dataset.check_sample(r.task, r.index);  // an error names the sample, not only its task
-    copies += dataset.task_compressed(r.task) ? 2 : 0;
-  }
-  out.storage.reserve(copies);
-  for (const auto& r : refs) {
-    if (!dataset.task_compressed(r.task)) {
-      out.samples.push_back(dataset.view(r));
-      continue;
-    }
-    const DType input_dtype = dataset.dtype(r.task);
+    const DType dtype = dataset.dtype(r.task);
     std::vector<std::uint8_t> input, target;
     dataset.read_sample(r, input, target);
-    const std::size_t item = dtype_size(input_dtype);
+    const std::size_t item = dtype_size(dtype);
     SampleView v;
     v.ref = r;
     out.storage.push_back(std::move(input));
-    v.input = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, input_dtype};
+    v.input = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, dtype};
     out.storage.push_back(std::move(target));
-    v.target = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, input_dtype};
+    v.target = TokenSpan{out.storage.back().data(), out.storage.back().size() / item, dtype};
     out.samples.push_back(v);
   }
   return out;
@@ -153,7 +147,8 @@ struct Prefetcher::Impl {
 };
 
 Prefetcher::Prefetcher(const MultiTaskDataset& dataset, Sampler& sampler, std::size_t depth) : owner_(&sampler) {
-  PACKPIPE_CHECK_ARG(depth > 0, "prefetch depth 0 (expected >= 1)");
+  PACKPIPE_CHECK_ARG(depth > 0 && depth <= kMaxPrefetchDepth, "prefetch depth {} (expected in [1, {}])", depth,
+                     kMaxPrefetchDepth);
   PACKPIPE_CHECK_ARG(sampler.attached_.by == nullptr,
                      "this sampler already feeds a Prefetcher; two would each deliver the same batches. Finish or "
                      "destroy the first, or give each its own sampler");

@@ -49,8 +49,6 @@ void GptSampleIndex::assemble(std::uint64_t k, void* out) const {
   const IndexedDataset& ds = *dataset_;
   const std::uint64_t item = ds.itemsize();
   const auto& sizes = ds.sizes();
-  const auto& pointers = ds.pointers();
-  const std::uint8_t* base = ds.compressed() ? nullptr : ds.bin().data();
   auto* dst = static_cast<std::uint8_t*>(out);
   std::uint64_t remaining = static_cast<std::uint64_t>(seq_len_) + 1;
   std::uint64_t pos = static_cast<std::uint64_t>(starts_[k].order_pos);
@@ -61,11 +59,7 @@ void GptSampleIndex::assemble(std::uint64_t k, void* out) const {
     const std::uint64_t len = static_cast<std::uint64_t>(sizes[id]);
     const std::uint64_t n = std::min(len - offset, remaining);
     if (n > 0) {
-      if (base != nullptr) {
-        std::memcpy(dst, base + static_cast<std::uint64_t>(pointers[id]) + offset * item, n * item);
-      } else {
-        ds.read(id, offset, n, dst);
-      }
+      ds.read(id, offset, n, dst);  // guarded: a truncated .bin is an Error, not SIGBUS
       dst += n * item;
       remaining -= n;
     }

@@ -228,9 +228,11 @@ void write_all(int fd, const void* p, std::size_t n, const std::string& path) {
 /// Append-only file with a small write buffer; removed on destruction unless keep() was called.
 class SpillFile {
  public:
-  SpillFile(std::string path, std::size_t capacity) : path_(std::move(path)), buf_(capacity) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    PACKPIPE_CHECK(fd_ >= 0, "{}: cannot create: {}", path_, os_error());
+  /// A new file `<stem>-XXXXXX` (mkostemp: a name no existing file has, so a spill file never
+  /// replaces anything, an input included).
+  SpillFile(const std::string& stem, std::size_t capacity) : path_(stem + "-XXXXXX"), buf_(capacity) {
+    fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
+    PACKPIPE_CHECK(fd_ >= 0, "{}: cannot create a temporary file: {}", stem, os_error());
   }
   /// Buffers writes into `out`'s temporary; `out` owns the file (its commit or removal).
   SpillFile(AtomicFile& out, std::size_t capacity)
@@ -674,14 +676,23 @@ void IndexedDatasetBuilder::finalize() {
   impl_->modes.discard();
 }
 
+std::vector<std::string> dataset_input_files(const std::string& prefix) {
+  return {prefix + ".idx", prefix + ".bin", prefix + ".bin.zst"};
+}
+
+std::vector<OutputFile> dataset_output_files(const std::string& prefix, const std::string& what) {
+  return {{prefix + ".bin", what}, {prefix + ".idx", what}};
+}
+
 void check_output_prefix_is_not_input(const std::string& out_prefix, const std::vector<std::string>& in_prefixes) {
   std::vector<std::string> inputs;
   for (const auto& in : in_prefixes) {
-    for (const char* ext : {".idx", ".bin", ".bin.zst"}) inputs.push_back(in + ext);
+    for (auto& f : dataset_input_files(in)) inputs.push_back(std::move(f));
   }
-  for (const char* ext : {".idx", ".bin", ".bin.zst"}) {
-    check_output_is_not_input(out_prefix + ext, inputs, "output dataset file");
-  }
+  std::vector<OutputFile> outputs = dataset_output_files(out_prefix, "output dataset file");
+  // a stale .bin.zst beside the output is not written, but it is no input either
+  check_output_is_not_input(out_prefix + ".bin.zst", inputs, "output dataset file");
+  check_command_files(inputs, outputs);
 }
 
 void merge_datasets(const std::vector<std::string>& inputs, const std::string& out_prefix) {

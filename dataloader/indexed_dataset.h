@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "common/file_io.h"
 #include "common/mapped_file.h"
 #include "dataloader/bin_reader.h"
 #include "dataloader/dtype.h"
@@ -217,6 +218,13 @@ class IndexedDatasetBuilder {
   std::uint64_t num_documents_ = 0;
   std::uint64_t bin_bytes_ = 0;
 };
+
+/// The files a dataset `prefix` is read from: `<prefix>.idx`, `.bin` and `.bin.zst` (for
+/// check_command_files: whichever exist).
+std::vector<std::string> dataset_input_files(const std::string& prefix);
+/// The outputs IndexedDatasetBuilder(prefix) writes, `<prefix>.bin` and `<prefix>.idx`, named
+/// `what` in messages (for check_command_files).
+std::vector<OutputFile> dataset_output_files(const std::string& prefix, const std::string& what);
 
 /// Throws InvalidArgument if any file of the dataset `out_prefix` (.idx, .bin, .bin.zst) is the
 /// same file as any file of the datasets `in_prefixes` (through links and relative paths).

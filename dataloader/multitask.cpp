@@ -1,9 +1,13 @@
 #include "dataloader/multitask.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
+#include <xxhash.h>
+
 #include "common/errors.h"
+#include "common/rng.h"
 
 namespace packpipe::dataloader {
 
@@ -122,6 +126,45 @@ MultiTaskDataset::MultiTaskDataset(const Manifest& manifest) : manifest_(manifes
     }
     tasks_.push_back(std::move(task));
   }
+  fingerprint_ = identity();
+}
+
+namespace {
+
+std::uint64_t text_hash(const std::string& s) { return XXH64(s.data(), s.size(), 0); }
+
+std::uint64_t double_hash(double d) {
+  std::uint64_t u = 0;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+std::uint64_t MultiTaskDataset::identity() const {
+  std::uint64_t h = mix_combine(0x4d414e4946455354ULL, tasks_.size());  // "MANIFEST"
+  h = mix_combine(h, manifest_.weighted);
+  for (double f : manifest_.split) h = mix_combine(h, double_hash(f));
+  h = mix_combine(h, manifest_.samples_per_epoch);
+  auto add_file = [&](const IndexedDataset& ds) {
+    h = mix_combine(h, text_hash(std::filesystem::path(ds.prefix()).filename().string()));
+    h = mix_combine(h, static_cast<std::uint64_t>(ds.dtype()));
+    h = mix_combine(mix_combine(mix_combine(h, ds.size()), ds.num_documents()), ds.num_tokens());
+    // The lengths of up to 256 evenly spaced sequences, from the index (O(1) per file; no document is
+    // read, so a malformed one is still refused at its access, not here).
+    const std::uint64_t n = ds.size(), k = std::min<std::uint64_t>(n, 256);
+    for (std::uint64_t j = 0; j < k; ++j) h = mix_combine(h, ds.length(evenly_spaced(n, k, j)));
+  };
+  for (std::size_t t = 0; t < tasks_.size(); ++t) {
+    const Task& task = *tasks_[t];
+    h = mix_combine(h, text_hash(task.name));
+    h = mix_combine(h, static_cast<std::uint64_t>(task.layout));
+    h = mix_combine(h, manifest_.weighted ? double_hash(manifest_.tasks[t].weight) : 0);
+    h = mix_combine(h, task.shards.size());
+    for (const auto& ds : task.shards) add_file(ds);
+    for (const auto& ds : task.targets) add_file(ds);
+  }
+  return h;
 }
 
 MultiTaskDataset MultiTaskDataset::from_prefix(const std::string& prefix) {
@@ -215,6 +258,21 @@ void MultiTaskDataset::read_sample(SampleRef ref, std::vector<std::uint8_t>& inp
   } else {
     target.clear();
   }
+}
+
+void MultiTaskDataset::read_prefix(SampleRef ref, std::uint64_t n_input, std::uint64_t n_target,
+                                   std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const {
+  const Task& t = checked(ref);
+  const auto w = t.where(ref.index);
+  const std::uint64_t have_target = w.target != nullptr ? w.target->length(w.target_seq) : 0;
+  PACKPIPE_CHECK_RANGE(n_input <= w.input->length(w.input_seq) && n_target <= have_target,
+                       "task '{}' sample {}: {} input and {} target tokens asked for, it has {} and {}",
+                       manifest_.tasks[ref.task].name, ref.index, n_input, n_target, w.input->length(w.input_seq),
+                       have_target);
+  input.resize(n_input * w.input->itemsize());
+  w.input->read(w.input_seq, 0, n_input, input.data());  // guarded: MappedFile::read or a zstd frame copy
+  target.resize(w.target != nullptr ? n_target * w.target->itemsize() : 0);
+  if (n_target > 0) w.target->read(w.target_seq, 0, n_target, target.data());
 }
 
 bool MultiTaskDataset::compressed() const {

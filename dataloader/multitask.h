@@ -51,10 +51,23 @@ class MultiTaskDataset : public SampleSource {
   std::uint32_t target_length(SampleRef ref) const;
   /// Zero-copy views of a sample (plain `.bin`); Unsupported for `.bin.zst` (use read_sample).
   SampleView view(SampleRef ref) const;
-  /// Copies a sample's input and target tokens (any storage) into the two vectors (bytes).
+  /// Copies a sample's input and target tokens (any storage) into the two vectors (bytes). Guarded:
+  /// a `.bin` truncated under a live dataset is an Error naming the file (MappedFile::read), never SIGBUS.
   void read_sample(SampleRef ref, std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const;
+  /// Copies the first `n_input` input tokens and the first `n_target` target tokens of a sample (any
+  /// storage, guarded as read_sample) into the two vectors (bytes). Throws OutOfRange naming the
+  /// sample when it has fewer.
+  void read_prefix(SampleRef ref, std::uint64_t n_input, std::uint64_t n_target, std::vector<std::uint8_t>& input,
+                   std::vector<std::uint8_t>& target) const;
   /// True if any dataset is stored compressed.
   bool compressed() const;
+  /// 64-bit identity of what this dataset delivers, computed once on open: the tasks in order (name,
+  /// layout, weight when weighted), the manifest's split fractions and samples per epoch, each
+  /// dataset file's name (not its folder: the data may move) with its dtype, its sequence, document
+  /// and token counts and the lengths of up to 256 evenly spaced sequences (from the index). Two
+  /// manifests with the same datasets but the tasks reordered, renamed or reweighted differ.
+  /// Sampler states and loader states carry it; a state restores only into an equal one.
+  std::uint64_t fingerprint() const override { return fingerprint_; }
   /// Token dtype of task t (all its shards, inputs and targets, share it); throws OutOfRange.
   DType dtype(std::size_t task) const;
   /// True if a dataset of task t is stored compressed (its samples need read_sample, not view).
@@ -64,8 +77,11 @@ class MultiTaskDataset : public SampleSource {
   struct Task;
   /// The task of `ref` after checking ref.task and ref.index; throws OutOfRange.
   const Task& checked(SampleRef ref) const;
+  /// fingerprint(), computed.
+  std::uint64_t identity() const;
   Manifest manifest_;
   std::vector<std::unique_ptr<Task>> tasks_;
+  std::uint64_t fingerprint_ = 0;
 };
 
 }  // namespace packpipe::dataloader

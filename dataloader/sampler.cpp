@@ -245,19 +245,14 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
   h = combine(h, config_.global_batch_tokens);
   h = combine(h, config_.global_batch_samples);
   h = combine(h, T);
+  h = combine(h, source.fingerprint());  // the tasks' names, order, files and weights (a manifest's identity)
   for (std::size_t t = 0; t < T; ++t) h = combine(combine(h, source.task_size(t)), slots_[t]);
   // And the data: the token counts of up to 256 evenly spaced samples per task (O(tasks), not
   // O(samples)), so a state saved on another dataset of the same sizes is refused too.
   for (std::size_t t = 0; t < T; ++t) {
     const std::uint64_t n = source.task_size(t);
     const std::uint64_t k = std::min<std::uint64_t>(n, 256);
-    // floor(j n / k) without a 128-bit product: with n = q k + r, it is j q + floor(j r / k), and
-    // j r < k^2 <= 2^16.
-    const std::uint64_t q = k == 0 ? 0 : n / k, r = k == 0 ? 0 : n % k;
-    for (std::uint64_t j = 0; j < k; ++j) {
-      const std::uint64_t i = j * q + j * r / k;
-      h = combine(h, source.sample_tokens(t, i));
-    }
+    for (std::uint64_t j = 0; j < k; ++j) h = combine(h, source.sample_tokens(t, evenly_spaced(n, k, j)));
   }
   fingerprint_ = h;
 

@@ -25,7 +25,17 @@ class SampleSource {
   virtual std::uint64_t task_size(std::size_t task) const = 0;
   /// Tokens of sample i of task t (input plus target).
   virtual std::uint64_t sample_tokens(std::size_t task, std::uint64_t index) const = 0;
+  /// Identity of what the source delivers (MultiTaskDataset::fingerprint), mixed into the sampler's
+  /// fingerprint; 0 (the default): none beyond the task sizes and lengths the sampler reads itself.
+  virtual std::uint64_t fingerprint() const { return 0; }
 };
+
+/// Position j of k evenly spaced positions over [0, n) (k <= n, j < k): floor(j n / k), without a
+/// 128-bit product.
+inline std::uint64_t evenly_spaced(std::uint64_t n, std::uint64_t k, std::uint64_t j) {
+  // with n = q k + r, floor(j n / k) = j q + floor(j r / k), and j r < k^2 fits when k <= 2^32
+  return j * (n / k) + j * (n % k) / k;
+}
 
 /// A sample: task number and index within the task (over all splits); common/sample_ref.h.
 using ::packpipe::SampleRef;

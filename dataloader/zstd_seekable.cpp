@@ -73,10 +73,6 @@ std::uint64_t SeekTable::frame_of(std::uint64_t offset) const {
   return static_cast<std::uint64_t>(it - d_off.begin()) - 1;
 }
 
-std::uint32_t SeekTable::checksum(const std::uint8_t* buffer, std::uint64_t f) const {
-  return load_u32(buffer + entries_offset + f * 12 + 8);
-}
-
 SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const std::string& name) {
   PACKPIPE_CHECK(size >= kSkippableHeaderBytes + kFooterBytes,
                  "{}: file is {} bytes, too short for a zstd seekable seek table (at least {} bytes)"
@@ -130,6 +126,7 @@ SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const s
     // Sums of u32 over < 2^32 frames cannot overflow u64.
     t.c_off[f + 1] = t.c_off[f] + csize;
     t.d_off[f + 1] = t.d_off[f] + dsize;
+    if (t.checksums) t.sums.push_back(load_u32(e + 8));
     if (f == 0) {
       first_d = dsize;
       uniform = dsize > 0;
@@ -149,7 +146,11 @@ SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const s
 
 void decompress_frame(const std::uint8_t* buffer, const SeekTable& t, std::uint64_t f,
                       std::uint8_t* dst, const std::string& name) {
-  const std::uint8_t* src = buffer + t.c_off[f];
+  decompress_frame_bytes(buffer + t.c_off[f], t, f, dst, name);
+}
+
+void decompress_frame_bytes(const std::uint8_t* src, const SeekTable& t, std::uint64_t f, std::uint8_t* dst,
+                            const std::string& name) {
   const std::size_t csize = t.c_off[f + 1] - t.c_off[f];
   const std::size_t dsize = t.d_off[f + 1] - t.d_off[f];
   const unsigned long long header_size = ZSTD_getFrameContentSize(src, csize);
@@ -172,7 +173,7 @@ void decompress_frame(const std::uint8_t* buffer, const SeekTable& t, std::uint6
                    frame_label(name, t, f), dsize, got);
   }
   if (t.checksums) {
-    const std::uint32_t expected = t.checksum(buffer, f);
+    const std::uint32_t expected = t.checksum(f);
     const std::uint32_t found = checksum32(dst, dsize);
     if (expected != found) {
       PACKPIPE_THROW(Error, "{}: checksum mismatch: expected 0x{:08x}, found 0x{:08x}",
@@ -256,6 +257,15 @@ struct FrameCache {
   }
 };
 
+// Frame f of `file` into dst from a copy of its compressed bytes made through MappedFile::read: a
+// .bin.zst truncated under a live reader is an Error naming the file, never a SIGBUS inside zstd.
+void decompress_guarded(const MappedFile& file, const SeekTable& table, std::uint64_t f, std::uint8_t* dst) {
+  thread_local std::vector<std::uint8_t> frame;
+  frame.resize(table.c_off[f + 1] - table.c_off[f]);
+  file.read(table.c_off[f], frame.size(), frame.data());
+  detail::decompress_frame_bytes(frame.data(), table, f, dst, file.path());
+}
+
 class ZstdBinReader final : public BinReader {
  public:
   ZstdBinReader(const std::string& path, std::size_t cache_frames)
@@ -286,12 +296,12 @@ class ZstdBinReader final : public BinReader {
           std::memcpy(dst, hit->bytes.data() + in_frame, take);
         } else if (take == fsize) {
           // The whole frame is wanted: decompress straight into the caller's buffer.
-          detail::decompress_frame(file_.data(), table_, f, dst, file_.path());
+          decompress(f, dst);
         } else {
           FrameCache::Slot& slot = cache.victim(std::max<std::size_t>(cache_frames_, 1));
           slot.frame = kNoFrame;  // stays invalid if decompression throws
           slot.bytes.resize(fsize);
-          detail::decompress_frame(file_.data(), table_, f, slot.bytes.data(), file_.path());
+          decompress(f, slot.bytes.data());
           std::memcpy(dst, slot.bytes.data() + in_frame, take);
           if (cache_frames_ > 0) {
             slot.frame = f;
@@ -316,8 +326,7 @@ class ZstdBinReader final : public BinReader {
                         for (std::uint64_t f = r.begin(); f != r.end(); ++f) {
                           try {
                             buf.resize(table_.d_off[f + 1] - table_.d_off[f]);
-                            detail::decompress_frame(file_.data(), table_, f, buf.data(),
-                                                     file_.path());
+                            decompress(f, buf.data());
                           } catch (const Error& e) {
                             std::lock_guard<std::mutex> lock(mu);
                             failures.emplace_back(f, e.what());
@@ -337,6 +346,8 @@ class ZstdBinReader final : public BinReader {
   }
 
  private:
+  void decompress(std::uint64_t f, std::uint8_t* dst) const { decompress_guarded(file_, table_, f, dst); }
+
   MappedFile file_;
   SeekTable table_;
   std::size_t cache_frames_;
@@ -407,7 +418,7 @@ std::uint64_t zstd_seekable_decompress(const std::string& in_path, const std::st
   std::vector<std::uint8_t> buf;
   for (std::uint64_t f = 0; f < table.frames(); ++f) {
     buf.resize(table.d_off[f + 1] - table.d_off[f]);
-    detail::decompress_frame(file.data(), table, f, buf.data(), file.path());
+    decompress_guarded(file, table, f, buf.data());
     out.write(buf.data(), buf.size());
   }
   const std::uint64_t total = out.written();

@@ -1003,23 +1003,63 @@ void PlanFileWriter::expect_iterations(std::uint64_t first_iteration, std::uint6
 
 void PlanFileWriter::discard() noexcept { out_.reset(); }
 
-void PlanFileWriter::append(const Plan& plan) { append_encoded(plan.iteration, encode_plan(plan, options_)); }
+void PlanFileWriter::append(const Plan& plan) {
+  PACKPIPE_CHECK_ARG(plan.dp == 0 || plan.replica < plan.dp, "plan file '{}': iteration {}: replica {} of a plan of {} "
+                     "replicas", path_, plan.iteration, plan.replica, plan.dp);
+  append_encoded(plan.iteration, plan.replica, encode_plan(plan, options_));
+}
 
-void PlanFileWriter::append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob) {
+void PlanFileWriter::append_encoded(std::uint64_t iteration, std::uint32_t replica,
+                                    const std::vector<std::uint8_t>& blob) {
   PACKPIPE_CHECK(out_ != nullptr, "plan file '{}' is closed", path_);
-  PACKPIPE_CHECK_ARG(index_.empty() || iteration >= index_.back().iteration,
-                     "plan file '{}': iteration {} appended after iteration {}; plans go in iteration order",
-                     path_, iteration, index_.back().iteration);
   PACKPIPE_CHECK_ARG(expected_ == 0 || (iteration >= first_expected_ && iteration - first_expected_ < expected_),
                      "plan file '{}': iteration {} is outside the declared iterations {}..{}", path_, iteration,
                      first_expected_, first_expected_ + expected_ - 1);
+  // What the reader requires (PlanFileReader::open), refused here at once rather than in a file no
+  // reader opens: consecutive iterations, replicas 0, 1, ... of each, as many in each as in the first.
+  const char* rule = "plans go in iteration order, one iteration after another, each with the same replicas 0, 1, "
+                     "... in order";
+  if (index_.empty()) {
+    PACKPIPE_CHECK_ARG(expected_ == 0 || iteration == first_expected_,
+                       "plan file '{}': the first plan is iteration {}, the declared first iteration is {} ({})", path_,
+                       iteration, first_expected_, rule);
+    PACKPIPE_CHECK_ARG(replica == 0, "plan file '{}': iteration {} starts with replica {}, expected replica 0 ({})",
+                       path_, iteration, replica, rule);
+  } else if (iteration == index_.back().iteration) {
+    PACKPIPE_CHECK_ARG(replica == last_replicas_ && (replicas_ == 0 || replica < replicas_),
+                       "plan file '{}': iteration {} replica {} after its replica {}: expected replica {}{} ({})", path_,
+                       iteration, replica, last_replicas_ - 1, last_replicas_,
+                       replicas_ == 0 || last_replicas_ < replicas_
+                           ? std::string()
+                           : fmt::format(", but iteration {} had only {} replicas", index_.front().iteration, replicas_),
+                       rule);
+  } else {
+    PACKPIPE_CHECK_ARG(iteration == index_.back().iteration + 1,
+                       "plan file '{}': iteration {} appended after iteration {}: expected iteration {} or {} ({})",
+                       path_, iteration, index_.back().iteration, index_.back().iteration,
+                       index_.back().iteration + 1, rule);
+    PACKPIPE_CHECK_ARG(replicas_ == 0 || last_replicas_ == replicas_,
+                       "plan file '{}': iteration {} holds {} replicas, iteration {} held {} ({})", path_,
+                       index_.back().iteration, last_replicas_, index_.front().iteration, replicas_, rule);
+    PACKPIPE_CHECK_ARG(replica == 0, "plan file '{}': iteration {} starts with replica {}, expected replica 0 ({})",
+                       path_, iteration, replica, rule);
+  }
   out_->write(blob.data(), blob.size());
+  if (!index_.empty() && iteration != index_.back().iteration) {
+    if (replicas_ == 0) replicas_ = last_replicas_;
+    last_replicas_ = 0;
+  }
   index_.push_back(Entry{iteration, offset_, blob.size()});
   offset_ += blob.size();
+  ++last_replicas_;
 }
 
 void PlanFileWriter::close() {
   if (out_ == nullptr) return;
+  PACKPIPE_CHECK_ARG(replicas_ == 0 || last_replicas_ == replicas_,
+                     "plan file '{}': the last iteration {} holds {} replicas, iteration {} held {}; a reader refuses "
+                     "such a file (append the missing replicas, or discard())",
+                     path_, index_.back().iteration, last_replicas_, index_.front().iteration, replicas_);
   Out o;
   for (const auto& e : index_) {
     o.le(e.iteration, 8);
@@ -1157,6 +1197,41 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
   PACKPIPE_CHECK(!complete_ || expected_iterations_ == 0 || expected_iterations_ == iterations_,
                  "{}: field 'footer': marked complete with {} of {} declared iterations", w, iterations_,
                  expected_iterations_);
+}
+
+std::uint64_t PlanFileReader::fingerprint() const {
+  auto copy = [&](std::uint64_t offset, std::uint64_t n, std::uint8_t* out) {
+    if (map_ != nullptr) {
+      map_->read(offset, n, out);  // guarded: a truncated file is an Error
+    } else {
+      std::memcpy(out, data_ + offset, static_cast<std::size_t>(n));
+    }
+  };
+  std::vector<std::uint8_t> ids;
+  if (json_) {
+    ids.resize(size_);
+    copy(0, size_, ids.data());
+    return XXH64(ids.data(), ids.size(), 0);
+  }
+  Out o;
+  std::uint8_t header[kHeaderSize];
+  for (const Entry& e : entries_) {
+    copy(e.offset, kHeaderSize, header);  // every blob is at least a header (checked on open or read)
+    o.le(e.iteration, 8);
+    o.le(e.size, 8);
+    o.b.insert(o.b.end(), header + 24, header + 32);  // XXH64 of the stored body
+  }
+  return XXH64(o.b.data(), o.b.size(), 0);
+}
+
+void PlanFileReader::require_complete(const std::string& how_to_allow) const {
+  PACKPIPE_CHECK(complete_,
+                 "{}: incomplete plan file: it holds {} of the {} iterations its writer declared ({}; the planning "
+                 "run stopped early). Plan the epoch again, or, to train only the iterations it holds, {}",
+                 path_, iterations_, expected_iterations_,
+                 iterations_ == 0 ? std::string("none")
+                                  : fmt::format("iterations {}..{}", first_iteration_, first_iteration_ + iterations_ - 1),
+                 how_to_allow);
 }
 
 std::uint64_t PlanFileReader::iteration(std::size_t i) const {

@@ -60,6 +60,12 @@ Plan plan_from_json(const std::string& json, const std::string& what = "plan JSO
 /// and a second writer of the same path fails at once (common/file_io.h AtomicFile). The footer
 /// records the iterations held, those declared by expect_iterations(), whether the two agree
 /// (complete), and an XXH64 of the index and footer.
+///
+/// The writer refuses at once what PlanFileReader would refuse to open: iterations are consecutive
+/// (from the declared first one), and each holds the same replicas 0, 1, ... in order.
+/// A PlanFileReader of the same path (in this process or another) keeps reading the file it opened:
+/// close() renames a new file into place, and the reader's mapping holds the old one until the
+/// reader is destroyed; a reader opened after close() reads the new file.
 class PlanFileWriter {
  public:
   /// Starts writing `path`; throws Error naming the path on failure (or if another writer has it).
@@ -70,11 +76,18 @@ class PlanFileWriter {
   ~PlanFileWriter();
   PlanFileWriter(const PlanFileWriter&) = delete;
   PlanFileWriter& operator=(const PlanFileWriter&) = delete;
-  /// Appends `plan` (its iteration number goes to the index). Throws Error on I/O failure.
+  /// Appends `plan` (its iteration number goes to the index). Throws InvalidArgument, writing
+  /// nothing, for a plan out of order: an iteration that is not the last one or the next one (the
+  /// declared first one for the first plan), a replica that is not the next of its iteration (0
+  /// for a new one), or a new iteration after one with fewer or more replicas than the first.
+  /// Throws Error on I/O failure.
   void append(const Plan& plan);
-  /// Appends an already encoded plan (encode_plan's output; e.g. from a worker thread).
-  void append_encoded(std::uint64_t iteration, const std::vector<std::uint8_t>& blob);
-  /// Writes the index and footer and renames the file into place; idempotent.
+  /// Appends an already encoded plan (encode_plan's output of replica `replica` of `iteration`;
+  /// e.g. from a worker thread); refuses as append().
+  void append_encoded(std::uint64_t iteration, std::uint32_t replica, const std::vector<std::uint8_t>& blob);
+  /// Writes the index and footer and renames the file into place; idempotent. Throws
+  /// InvalidArgument (the file does not appear) when the last iteration holds fewer replicas than
+  /// the first.
   void close();
   /// Drops what was written (nothing appears at the path); idempotent, never throws.
   void discard() noexcept;
@@ -91,6 +104,8 @@ class PlanFileWriter {
   std::uint64_t first_expected_ = 0;
   std::uint64_t expected_ = 0;
   std::vector<Entry> index_;
+  std::uint64_t replicas_ = 0;       ///< plans per iteration (0 until the first iteration ends)
+  std::uint64_t last_replicas_ = 0;  ///< plans of the last iteration so far
 };
 
 /// Reads a plan file by iteration without reading the others (the file is memory-mapped; only the
@@ -126,9 +141,17 @@ class PlanFileReader {
   std::uint64_t iterations() const { return iterations_; }
   /// Iterations the writer declared (0: none declared).
   std::uint64_t expected_iterations() const { return expected_iterations_; }
+  /// The one refusal of an incomplete file by its consumers (`packpipe run`, RankLoader): throws
+  /// Error naming the file, the iterations it holds and those declared unless complete(); the
+  /// message ends with `how_to_allow` (e.g. "pass --allow-incomplete"), how to train its prefix.
+  void require_complete(const std::string& how_to_allow) const;
   const std::string& path() const { return path_; }
   /// True for a plan file (PPLF), false for a single binary or JSON plan.
   bool is_plan_file() const { return !single_; }
+  /// 64-bit identity of the plans this file delivers: XXH64 of every plan's iteration, size and
+  /// stored body checksum (the whole text of a JSON plan). Another file, or the same path planned
+  /// again differently, differs (loader states carry it). Reads one 32-byte header per plan.
+  std::uint64_t fingerprint() const;
 
  private:
   PlanFileReader() = default;

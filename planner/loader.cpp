@@ -80,25 +80,17 @@ std::uint64_t decoder_only_loss(std::uint32_t kept, std::uint32_t input, pl::Los
   return kept - 1 > first ? kept - 1 - first : 0;
 }
 
-// Decodes the first `n` tokens of a sample's input followed by its target (`n` at most their sum)
-// into `out`, from a view of an uncompressed dataset or a copy of a compressed one.
+// Decodes the first `n_input` input and `n_target` target tokens of a sample into `input` and
+// `target`, from a copy made through the guarded reads (MultiTaskDataset::read_prefix): a `.bin`
+// truncated under a live loader is an Error naming the file, never SIGBUS. Never from a view.
 void read_tokens(const dl::MultiTaskDataset& data, SampleRef ref, std::uint32_t n_input, std::uint32_t n_target,
                  std::vector<std::int64_t>& input, std::vector<std::int64_t>& target) {
   input.resize(n_input);
   target.resize(n_target);
   if (n_input == 0 && n_target == 0) return;
   const dl::DType dt = data.dtype(ref.task);
-  if (!data.task_compressed(ref.task)) {
-    const dl::SampleView v = data.view(ref);
-    PACKPIPE_ASSERT(v.input.length >= n_input && v.target.length >= n_target);
-    dl::decode_tokens(v.input.data, n_input, v.input.dtype, input.data());
-    dl::decode_tokens(v.target.data, n_target, v.target.dtype, target.data());
-    return;
-  }
-  std::vector<std::uint8_t> in, tg;
-  data.read_sample(ref, in, tg);
-  const std::size_t item = dl::dtype_size(dt);
-  PACKPIPE_ASSERT(in.size() >= n_input * item && tg.size() >= n_target * item);
+  thread_local std::vector<std::uint8_t> in, tg;  // reused: one copy per sample, no allocation
+  data.read_prefix(ref, n_input, n_target, in, tg);
   dl::decode_tokens(in.data(), n_input, dt, input.data());
   dl::decode_tokens(tg.data(), n_target, dt, target.data());
 }
@@ -272,9 +264,15 @@ struct RankLoader::Impl {
 
 namespace {
 
+void check_loader_depth(std::size_t depth) {
+  PACKPIPE_CHECK_ARG(depth >= 1 && depth <= kMaxLoaderDepth,
+                     "RankLoader: depth must be at least 1 and at most {} (iterations held ready), found {}",
+                     kMaxLoaderDepth, depth);
+}
+
 // Checks the loader's options against plans of `dp` replicas and `ranks` pipeline ranks.
 void check_loader_options(const RankLoaderOptions& o, std::uint64_t dp, std::uint64_t ranks) {
-  PACKPIPE_CHECK_ARG(o.depth >= 1, "RankLoader: depth must be at least 1, found {}", o.depth);
+  check_loader_depth(o.depth);
   PACKPIPE_CHECK_ARG(o.replica < dp, "RankLoader: replica {} is out of range: the plans have {} data-parallel replicas",
                      o.replica, dp);
   PACKPIPE_CHECK_ARG(o.rank >= -1 && (o.rank < 0 || static_cast<std::uint64_t>(o.rank) < ranks),
@@ -319,9 +317,12 @@ RankLoader::RankLoader(const dl::MultiTaskDataset& data, std::unique_ptr<EpochPl
 RankLoader::RankLoader(const dl::MultiTaskDataset& data, const std::string& plan_file, std::uint64_t first_iteration,
                        std::uint64_t count, RankLoaderOptions options)
     : impl_(std::make_unique<Impl>(data, options)) {
-  PACKPIPE_CHECK_ARG(options.depth >= 1, "RankLoader: depth must be at least 1, found {}", options.depth);
+  check_loader_depth(options.depth);
   impl_->reader = std::make_unique<pl::PlanFileReader>(plan_file);
   const pl::PlanFileReader& file = *impl_->reader;
+  if (!options.allow_incomplete) {
+    file.require_complete("pass allow_incomplete=True (PlanLoader, RankLoader; RankLoaderOptions::allow_incomplete in C++)");
+  }
   std::vector<std::uint64_t> held;  // distinct iterations, in file (= iteration) order
   for (std::size_t i = 0; i < file.size(); ++i) {
     if (held.empty() || held.back() != file.iteration(i)) held.push_back(file.iteration(i));

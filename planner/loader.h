@@ -78,12 +78,18 @@ struct LoadedTensors {
 LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Plan& plan, std::size_t mb,
                                   std::uint32_t stage, const TokenOptions& tokens = {});
 
+/// The most iterations a RankLoader holds ready (each holds a plan and its token tensors).
+inline constexpr std::size_t kMaxLoaderDepth = 1024;
+
 /// Which plans a RankLoader follows and how far ahead it works.
 struct RankLoaderOptions {
   std::uint32_t replica = 0;  ///< data-parallel replica
   std::int64_t rank = 0;      ///< pipeline rank; -1: every rank (a single-process trainer)
-  std::size_t depth = 2;      ///< iterations held ready for the consumer (at least 1)
+  std::size_t depth = 2;      ///< iterations held ready for the consumer, in [1, kMaxLoaderDepth]
   TokenOptions tokens;
+  /// Plan files only: deliver the iterations an incomplete file holds (its writer declared more:
+  /// the planning run stopped early). False: such a file is refused (PlanFileReader::require_complete).
+  bool allow_incomplete = false;
 };
 
 /// One iteration as a RankLoader delivers it.
@@ -106,8 +112,8 @@ class RankLoader {
   RankLoader(const dl::MultiTaskDataset& data, std::unique_ptr<EpochPlanner> planner, RankLoaderOptions options);
   /// Reads the plans (iteration, options.replica) of `plan_file` (plan/format.h) from iteration
   /// `first_iteration` on, `count` iterations (0: to the end of the file). Throws Error for a bad
-  /// file, InvalidArgument for a first iteration the file does not hold, a replica or rank the
-  /// first plan does not have, or depth 0.
+  /// file or an incomplete one (unless options.allow_incomplete), InvalidArgument for a first
+  /// iteration the file does not hold, a replica or rank the first plan does not have, or depth 0.
   RankLoader(const dl::MultiTaskDataset& data, const std::string& plan_file, std::uint64_t first_iteration,
              std::uint64_t count, RankLoaderOptions options);
   /// Stops the background work and joins (at most the iteration in flight finishes); never hangs.

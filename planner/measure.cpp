@@ -340,6 +340,8 @@ std::vector<OpErrors> op_errors(const cm::CostModel& cost, const std::vector<cm:
 }
 
 ValidationReport validate_measurements(const cm::CostModel& cost, const cm::MeasurementSet& set) {
+  PACKPIPE_CHECK_ARG(!set.ops.empty(), "validate_measurements: no op measurements to compare the cost model with "
+                     "({} iteration lines, source '{}')", set.iterations.size(), set.header.source);
   ValidationReport rep;
   rep.cost_model = cost.describe();
   rep.ops = op_errors(cost, set.ops, &rep.predicted_ms);

@@ -93,7 +93,7 @@ struct ValidationReport {
 /// naming the measurement or the iteration for a shape the model refuses, an iteration whose ops
 /// are incomplete (a (micro-batch, stage) without its ops) or inconsistent (one (micro-batch,
 /// stage) with two shapes, a stage on a rank the simulator's placement v mod S does not give), and
-/// for two iteration lines of one (iteration, replica) that disagree.
+/// for two iteration lines of one (iteration, replica) that disagree, and for a set with no op measurements.
 ValidationReport validate_measurements(const cm::CostModel& cost, const cm::MeasurementSet& set);
 
 /// Predicted and measured pairs for a plot: JSON {"format": "packpipe-validation-plot",

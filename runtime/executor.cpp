@@ -432,8 +432,8 @@ struct Executor::State {
 
 Executor::Executor(StageHandler& handler, Transport& transport, ExecutorOptions options)
     : handler_(handler), transport_(transport), options_(options), epoch_(Clock::now()) {
-  PACKPIPE_CHECK_ARG(options_.timeout_s >= 0 && options_.timeout_s < 1e9, "timeout must be in [0, 1e9) s (0: forever), found {}",
-                     options_.timeout_s);
+  PACKPIPE_CHECK_ARG(options_.timeout_s >= 0 && options_.timeout_s <= kMaxTimeoutS,
+                     "timeout must be in [0, {}] s (0: forever), found {}", kMaxTimeoutS, options_.timeout_s);
 }
 
 RankRecord Executor::run(const pl::Plan& plan) {

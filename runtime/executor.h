@@ -14,8 +14,11 @@
 
 namespace packpipe::runtime {
 
+/// The longest timeout a wait may have, seconds (about 31 years; 0 means no timeout).
+inline constexpr double kMaxTimeoutS = 1e9;
+
 struct ExecutorOptions {
-  /// Seconds every wait may take before the executor gives up (0: wait forever).
+  /// Seconds every wait may take before the executor gives up (0: wait forever), in [0, kMaxTimeoutS].
   double timeout_s = 300;
   /// Check the plan with the validator before running it (an invalid plan is refused with its
   /// violations instead of being run).

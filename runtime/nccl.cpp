@@ -35,6 +35,8 @@
 
 namespace packpipe::runtime {
 
+std::string nccl_abort_file(const std::string& id_file) { return id_file + ".abort"; }
+
 #if PACKPIPE_HAS_NCCL
 
 bool built_with_nccl() { return true; }
@@ -265,7 +267,7 @@ std::unique_ptr<Transport> nccl_transport(std::uint32_t rank, std::uint32_t rank
   const auto deadline = deadline_after(o.timeout_s);
   ncclUniqueId id;
   if (rank == 0) {
-    std::remove((o.id_file + ".abort").c_str());  // a previous run's signal
+    std::remove(nccl_abort_file(o.id_file).c_str());  // a previous run's signal
     PACKPIPE_CHECK_NCCL(ncclGetUniqueId(&id));
     write_file_atomic(o.id_file, std::string(id.internal, sizeof id.internal));
   } else {
@@ -286,7 +288,7 @@ std::unique_ptr<Transport> nccl_transport(std::uint32_t rank, std::uint32_t rank
   ncclComm_t comm = nullptr;
   PACKPIPE_CHECK_NCCL(ncclCommInitRankConfig(&comm, static_cast<int>(ranks), id, static_cast<int>(rank), &config));
   settle(comm, deadline, "join the NCCL communicator", rank);
-  return std::make_unique<NcclTransport>(comm, true, o.device, o.id_file + ".abort", o.timeout_s);
+  return std::make_unique<NcclTransport>(comm, true, o.device, nccl_abort_file(o.id_file), o.timeout_s);
 }
 
 std::unique_ptr<Transport> nccl_transport_from_comm(void* comm, int device, const std::string& abort_file) {

@@ -34,6 +34,10 @@ std::unique_ptr<Transport> nccl_transport(std::uint32_t rank, std::uint32_t rank
 /// order). The trainer keeps ownership of `comm`. `abort_file` (optional) is the shared abort signal.
 std::unique_ptr<Transport> nccl_transport_from_comm(void* comm, int device, const std::string& abort_file = {});
 
+/// The file beside `id_file` through which any rank signals an abort to the others (written and
+/// removed by the transport; never name an input there).
+std::string nccl_abort_file(const std::string& id_file);
+
 /// True when this build has NCCL.
 bool built_with_nccl();
 

@@ -23,6 +23,7 @@ struct SeekTable {
   std::uint64_t entries_offset = 0;  ///< buffer offset of the first per-frame entry
   std::uint64_t table_bytes = 0;     ///< whole skippable frame, header and footer included
   std::uint32_t frame_size = 0;      ///< decompressed size of every frame but the last; 0 if irregular
+  std::vector<std::uint32_t> sums;   ///< stored checksum of each frame (with `checksums`), read at parse
 
   std::uint64_t frames() const { return c_off.size() - 1; }
   std::uint64_t compressed_bytes() const { return c_off.back() + table_bytes; }
@@ -30,16 +31,20 @@ struct SeekTable {
   /// Index of the frame holding decompressed byte `offset` (< decompressed_bytes()).
   std::uint64_t frame_of(std::uint64_t offset) const;
   /// Stored checksum of frame f; only meaningful when `checksums`.
-  std::uint32_t checksum(const std::uint8_t* buffer, std::uint64_t f) const;
+  std::uint32_t checksum(std::uint64_t f) const { return sums[f]; }
 };
 
 /// Parses and validates the seek table at the end of buffer [data, data + size); `name` (the file
 /// path) starts every error message. Throws packpipe::Error. Touches only the table bytes.
 SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const std::string& name);
 
-/// Decompresses frame f of `buffer` into dst (exactly d_off[f+1] - d_off[f] bytes) with this
+/// Decompresses frame f from its compressed bytes `src` (exactly c_off[f+1] - c_off[f] of them, e.g.
+/// a guarded copy out of the mapped file) into dst (exactly d_off[f+1] - d_off[f] bytes) with this
 /// thread's ZSTD_DCtx, checking the frame header's content size, the decompressed size and the
 /// checksum. Throws packpipe::Error naming `name`, the frame and its compressed byte range.
+void decompress_frame_bytes(const std::uint8_t* src, const SeekTable& table, std::uint64_t f, std::uint8_t* dst,
+                            const std::string& name);
+/// decompress_frame_bytes of frame f of the whole file `buffer`.
 void decompress_frame(const std::uint8_t* buffer, const SeekTable& table, std::uint64_t f,
                       std::uint8_t* dst, const std::string& name);
 

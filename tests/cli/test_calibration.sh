@@ -159,4 +159,30 @@ cp "$tmp/a.plan" "$tmp/copy.plan"
 err "input" run "$tmp/copy.plan" --replay --time-scale 0 --measurements "$tmp/copy.plan"
 cmp -s "$tmp/a.plan" "$tmp/copy.plan" || fail "run --measurements clobbered the plan file"
 err "same file" run "$tmp/a.plan" --replay --time-scale 0 --measurements "$tmp/t.json" --trace "$tmp/t.json"
+
+# The model and device the measurements will name are checked when the options are parsed, before
+# any replay: a calibrate that fails later on them would waste the run.
+err "--model: .*unknown model 'nope'|--model: .*nope" run "$tmp/a.plan" --replay --measurements "$tmp/n.jsonl" --model nope
+err "--device-name: .*nope" run "$tmp/a.plan" --replay --measurements "$tmp/n.jsonl" --device-name nope
+err "--model: .*missing-model.json" run "$tmp/a.plan" --replay --measurements "$tmp/n.jsonl" --model "$tmp/missing-model.json"
+[[ ! -e $tmp/n.jsonl ]] || fail "a refused run wrote measurements"
+err "--model and --device-name describe the measurements" run "$tmp/a.plan" --replay --model gpt-6.7b
+err "--model: .*nope" costmodel query --model nope
+err "--device: .*nope" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --device nope
+
+# validate --measured on a file with no op measurements is an error, not an empty report.
+head -n 1 "$tmp/m.jsonl" > "$tmp/header-only.jsonl"
+err "header-only.jsonl: no op measurements" costmodel validate --measured "$tmp/header-only.jsonl"
+{ head -n 1 "$tmp/m.jsonl"; grep '"op":"iteration"' "$tmp/m.jsonl"; } > "$tmp/iterations-only.jsonl"
+err "no op measurements .*3 iteration lines" costmodel validate --measured "$tmp/iterations-only.jsonl"
+
+# Every file a command writes is distinct: --plot's temporary data beside the PNG is an output too.
+err "same file" costmodel validate --measured "$tmp/m.jsonl" --plot "$tmp/w.png" --plot-data "$tmp/w.png.plot-data-0.json"
+cp "$tmp/m.jsonl" "$tmp/w.png.plot-data-0.json"
+err "input" costmodel validate --measured "$tmp/w.png.plot-data-0.json" --plot "$tmp/w.png"
+cmp -s "$tmp/m.jsonl" "$tmp/w.png.plot-data-0.json" || fail "--plot's temporary overwrote a measurement file"
+# An input named as an output's lock file is never taken (and removed) as the lock.
+cp "$tmp/m.jsonl" "$tmp/lk.json.lock"
+err "lock file" costmodel calibrate --measured "$tmp/lk.json.lock" -o "$tmp/lk.json"
+cmp -s "$tmp/m.jsonl" "$tmp/lk.json.lock" || fail "calibrate took an input as its lock file"
 echo "ok"

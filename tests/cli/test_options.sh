@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every numeric option of every subcommand: a negative value for an unsigned option and NaN/inf
-# for any number are refused with a message naming the option (no wrap-around, no crash).
+# for any number are refused with a message naming the option (no wrap-around, no crash); every
+# floating option is range-checked as a double when parsed (1e300 and -0.5 refused: no cast of a huge
+# value into an integer, no rounding of a negative one into range).
 set -uo pipefail
 CLI=$1
 fail=0
@@ -19,8 +21,9 @@ for p in "${paths[@]}"; do
   # shellcheck disable=SC2086
   help=$("$CLI" $p --help)
   while read -r opt type; do
-    for bad in -1 nan inf; do
+    for bad in -1 nan inf 1e300 -0.5 -1e300; do
       [[ $type != UINT* && $bad == -1 ]] && continue
+      [[ $type != FLOAT* && $bad != -1 && $bad != nan && $bad != inf ]] && continue
       # shellcheck disable=SC2086
       out=$("$CLI" $p "$opt" "$bad" 2>&1)
       rc=$?

@@ -81,4 +81,36 @@ kill -9 "${pids[0]}" 2>/dev/null
 wait "${pids[0]}" 2>/dev/null
 "$pp" "${plan[@]}" --out "$tmp/c.plan" > /dev/null || fail "writing after the lock was released"
 "$pp" plan validate "$tmp/c.plan" > /dev/null || fail "the plan file does not validate"
+# Two outputs of one command at one path: refused before anything is written, naming both, whether
+# the path exists or not, however it is spelt, and whichever outputs collide (one given as an
+# option, one derived from a prefix, or two derived ones).
+same() {
+  local what=$1; shift
+  if "$pp" "$@" > "$tmp/out" 2> "$tmp/err"; then fail "$what: accepted: $*"; fi
+  grep -q "are the same file" "$tmp/err" || fail "$what: unclear message: $(cat "$tmp/err")"
+}
+mkdir "$tmp/b"
+printf '{"input_ids":[1,2],"target_ids":[3]}\n' > "$tmp/pairs.jsonl"
+same "build --manifest onto its own dataset's index" dataset build --input "$tmp/pairs.jsonl" \
+  --output-prefix "$tmp/b/out3" --manifest "$tmp/b/out3_inputs_document.idx"
+same "build --manifest onto its own .bin, spelt with .." dataset build --input "$tmp/pairs.jsonl" \
+  --output-prefix "$tmp/b/out3" --manifest "$tmp/b/x/../out3_targets_document.bin"
+printf '{"task":"x","input_ids":[1],"target_ids":[2]}\n{"task":"x_inputs_document","input_ids":[5]}\n' \
+  > "$tmp/collide.jsonl"
+same "build: a task's dataset is another task's" dataset build --input "$tmp/collide.jsonl" \
+  --output-prefix "$tmp/b/c" --split-by-task
+[[ -z $(ls -A "$tmp/b") ]] || fail "a refused build left files: $(ls "$tmp/b")"
+same "plan --out and --report" "${plan[@]}" --out "$tmp/b/s.json" --report "$tmp/b/./s.json"
+same "plan --chrome-trace and --report, one a lock file of the other" "${plan[@]}" --chrome-trace "$tmp/b/t.json" \
+  --report "$tmp/b/t.json.lock"
+# An input named like an output's lock file is never taken (and removed) as the lock.
+cp "$m" "$d/copy.json.lock"
+if "$pp" plan --manifest "$d/copy.json.lock" --global-batch-tokens 16384 --iterations 1 --stages 2 \
+     --layers-per-stage 4 --no-baselines --report "$d/copy.json" > /dev/null 2> "$tmp/err"; then
+  fail "plan --report beside an input named as its lock file"
+fi
+grep -q "lock file" "$tmp/err" || fail "lock file message: $(cat "$tmp/err")"
+cmp -s "$m" "$d/copy.json.lock" || fail "the input named as a lock file changed"
+rm "$d/copy.json.lock"
+
 echo "cli output tests: ok"

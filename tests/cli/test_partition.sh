@@ -153,7 +153,7 @@ err "64 virtual stages exceed the 32 layers" partition "$T/three_ok.txt" --stage
 err "layers_per_stage (--layers-per-stage) 13 x 2 stages per side = 26 layers" \
   partition "$T/t5.txt" --model t5-11b --stages 4 --layers-per-stage 13
 err "tp 3 must divide the attention heads (32)" partition "$T/three_ok.txt" --tp 3 --memory-mb 1000000
-err "--memory-mb must be in \[0, 1e+09\]" partition "$T/three_ok.txt" --memory-mb 1e12
+err "--memory-mb: must be in \[0, 1000000000\]" partition "$T/three_ok.txt" --memory-mb 1e12
 err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 0
 err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 4611686018427387904
 err "--threads must be in \[0, 1024\]" partition "$T/three_ok.txt" $SHAPE --threads 100000

@@ -113,7 +113,7 @@ bad "--round-multiple must be in" --round-multiple 0
 bad "--oversize: squash not in" --oversize squash
 # Two outputs on one file (the report would overwrite the plans), and a --model file as an output.
 bad "--out '$tmp/bad.plan' and --report '$tmp/./bad.plan' are the same file" --report "$tmp/./bad.plan"
-echo '{"name": "m"}' > "$tmp/model.json"
+echo '{"name": "m", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}' > "$tmp/model.json"
 bad "destroy the input" --model "$tmp/model.json" --report "$tmp/model.json"
 grep -q '"name": "m"' "$tmp/model.json" || fail "the model file was overwritten"
 if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens -1 2> "$tmp/err.txt"; then

@@ -141,6 +141,32 @@ if "$pp" plan export "$tmp/badtl.json" --chrome-trace "$tmp/bt.json" 2> "$tmp/er
 grep -q "rank 0, timeline op 0" "$tmp/err" || fail "export refusal names the violation: $(cat "$tmp/err")"
 [ ! -e "$tmp/bt.json" ] || fail "export of an inconsistent plan left a file"
 
+# An incomplete plan file (its planning run stopped early) is trained only when asked for; a writer
+# refuses at once plans that no reader could open.
+$py - "$tmp" <<'PY' || fail "writing an incomplete plan file"
+import sys
+import packpipe, packpipe._testing
+d = sys.argv[1]
+with packpipe.PlanFileWriter(f"{d}/part.plans") as w:
+    w.expect_iterations(10, 4)
+    for s in (10, 11):
+        w.append(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=s))
+    for skip in (11, 13):  # a repeated or a skipped iteration
+        try:
+            w.append(packpipe._testing.synthetic_plan("1f1b", ranks=2, microbatches=3, seed=skip))
+        except ValueError as e:
+            assert "appended after iteration 11" in str(e) or "replica 0 after its replica 0" in str(e), e
+        else:
+            raise AssertionError(f"iteration {skip} accepted after 11")
+assert packpipe.PlanFileReader(f"{d}/part.plans").complete is False
+PY
+if "$pp" run "$tmp/part.plans" --replay --time-scale 0 2> "$tmp/err" > /dev/null; then fail "run of an incomplete file"; fi
+grep -q "part.plans: incomplete plan file: it holds 2 of the 4 iterations its writer declared (iterations 10..11" \
+  "$tmp/err" || fail "incomplete file message: $(cat "$tmp/err")"
+grep -q "pass --allow-incomplete" "$tmp/err" || fail "the message says how to run the prefix: $(cat "$tmp/err")"
+"$pp" run "$tmp/part.plans" --replay --time-scale 0 --allow-incomplete --json > "$tmp/part.json" || fail "--allow-incomplete"
+$py -c "import json, sys; assert json.load(open(sys.argv[1]))['iterations'] == 2" "$tmp/part.json" || fail "ran the prefix"
+
 # corrupt files: clear error, exit 1
 head -c 100 "$tmp/e.plans" > "$tmp/cut.plans"
 if "$pp" plan validate "$tmp/cut.plans" 2> "$tmp/err"; then fail "truncated file accepted"; fi

@@ -60,4 +60,12 @@ err "is one of (its|the) inputs|input" run "$tmp/copy.plan" --replay --trace "$t
 cmp -s "$tmp/search.plan" "$tmp/copy.plan" || fail "the plan file was clobbered by --trace"
 head -c 200 "$tmp/search.plan" > "$tmp/cut.plan"
 err "cut.plan" run "$tmp/cut.plan" --replay
+
+# Floating options are range-checked as doubles: never cast to an integer first (1e300), never
+# rounded into range (-0.5).
+err "--timeout: must be in \[0, 1000000000\] \(0: forever\), found 1e300" run "$tmp/search.plan" --replay --timeout 1e300
+err "--timeout: must be in .*found -0.5" run "$tmp/search.plan" --replay --timeout -0.5
+err "--time-scale: must be in .*found 1e7" run "$tmp/search.plan" --replay --time-scale 1e7
+err "--timeout" run "$tmp/search.plan" --replay --timeout 12abc
+
 echo OK

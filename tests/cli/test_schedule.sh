@@ -135,6 +135,6 @@ if [ -d "$dyn" ]; then
   expect_error "destroy the input" schedule "$tmp/in.txt" --profile "$tmp/prof" --chrome-trace "$tmp/prof/sub/gpt_6.7b_timing.csv"
   [[ $(cat "$tmp"/prof/sub/*.csv | sha256sum) == "$sha" ]] || fail "a profile was changed"
 fi
-echo '{"name": "m"}' > "$tmp/model.json"
+echo '{"name": "m", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}' > "$tmp/model.json"
 expect_error "destroy the input" schedule "$tmp/in.txt" --model "$tmp/model.json" --chrome-trace "$tmp/model.json"
 echo "cli schedule: ok"

@@ -111,6 +111,37 @@ TEST_CASE("an output that resolves to an input is refused", "[file_io][negative]
   REQUIRE(read_file(in) == "payload");
 }
 
+TEST_CASE("check_command_files: outputs distinct from the inputs and from each other, existing or not",
+          "[file_io][negative][regression]") {
+  TempDir dir;
+  const std::string in = dir.file("data.jsonl");
+  write_file(in, "payload");
+  using packpipe::check_command_files;
+  using Outs = std::vector<packpipe::OutputFile>;
+  // Two outputs of one command at one path, neither existing yet: by path after resolving "." and "..".
+  REQUIRE_THROWS_WITH(check_command_files({in}, Outs{{dir.file("out_inputs_document.idx"), "output dataset file"},
+                                                     {dir.path() + "/./sub/../out_inputs_document.idx", "--manifest"}}),
+                      Contains("output dataset file") && Contains("--manifest") && Contains("are the same file"));
+  // The same through a symbolic link to the folder.
+  REQUIRE(::symlink(dir.path().c_str(), dir.file("alias").c_str()) == 0);
+  REQUIRE_THROWS_WITH(check_command_files({in}, Outs{{dir.file("p.json"), "--out"}, {dir.file("alias/p.json"), "--report"}}),
+                      Contains("are the same file"));
+  // An output that is an input, and one whose writer's lock file would be the input.
+  REQUIRE_THROWS_WITH(check_command_files({in}, Outs{{in, "--out"}}), Contains("destroy the input"));
+  const std::string lock_input = dir.file("model.json.lock");
+  write_file(lock_input, "a user's file");
+  REQUIRE_THROWS_WITH(check_command_files({lock_input}, Outs{{dir.file("model.json"), "--out"}}),
+                      Contains("lock file") && Contains("destroy the input"));
+  // An output that is another output's lock file.
+  REQUIRE_THROWS_WITH(check_command_files({in}, Outs{{dir.file("a"), "--out"}, {dir.file("a.lock"), "--trace"}}),
+                      Contains("are the same file"));
+  // Streams are written in place: /dev/null twice loses nothing.
+  REQUIRE_NOTHROW(check_command_files({in}, Outs{{"/dev/null", "--out"}, {"/dev/null", "--trace"}, {"", "--report"}}));
+  REQUIRE_NOTHROW(check_command_files({in}, Outs{{dir.file("x"), "--out"}, {dir.file("y"), "--trace"}}));
+  REQUIRE(read_file(in) == "payload");
+  REQUIRE(read_file(lock_input) == "a user's file");
+}
+
 TEST_CASE("open_regular_file refuses FIFOs without blocking, and directories", "[file_io][negative]") {
   TempDir dir;
   const std::string fifo = dir.file("fifo");

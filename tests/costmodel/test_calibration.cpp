@@ -345,3 +345,106 @@ TEST_CASE("an identity calibration keeps every op time and stage time bit for bi
     }
   }
 }
+
+TEST_CASE("a calibration file whose time falls as tokens grow is refused naming the file, field and region",
+          "[calibration][negative][regression]") {
+  const auto base = analytic();
+  const std::string good = cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false)).to_json();
+  auto j = nlohmann::json::parse(good);
+  REQUIRE(j["compute"][0]["regions"].size() >= 3);
+  auto refused = [](const nlohmann::json& edited, const std::vector<std::string>& parts) {
+    try {
+      cm::Calibration::from_json(edited.dump(1), "cal.json");
+      FAIL("accepted");
+    } catch (const packpipe::Error& e) {
+      for (const auto& p : parts) CHECK_THAT(e.what(), Contains(p));
+    }
+  };
+  // The issue's file: a region at twice the tokens made ten times faster (73 ms, then 9.7 ms).
+  {
+    auto e = j;
+    auto& r = e["compute"][0]["regions"][1];
+    r["a"] = e["compute"][0]["regions"][0]["a"].get<double>() / 10;
+    r["b"] = 0.0;
+    r["through_origin"] = true;
+    refused(e, {"cal.json", "/compute/0/regions/1", "calibrated F time falls as tokens grow", "region 0",
+                "never makes more tokens faster"});
+  }
+  {  // a falling intercept alone
+    auto e = j;
+    auto& r = e["compute"][1]["regions"][2];
+    r["b"] = r["b"].get<double>() - 1000;
+    r["through_origin"] = false;
+    refused(e, {"/compute/1/regions/2", "calibrated B time falls"});
+  }
+  // The other invariants the fit guarantees.
+  {
+    auto e = j;
+    e["compute"][0]["global"]["through_origin"] = true;
+    e["compute"][0]["global"]["b"] = 0.5;
+    refused(e, {"/compute/0/global/b", "through the origin has b 0"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["regions"][0]["points"] = e["compute"][0]["regions"][0]["points"].get<int>() + 1;
+    refused(e, {"/compute/0/regions", "the regions hold", "the regions split the op's points"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["regions"][0]["center_log2_tokens"] = e["compute"][0]["regions"][0]["max_log2_tokens"].get<double>() + 0.5;
+    refused(e, {"/compute/0/regions/0/center_log2_tokens", "within its points' range"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["regions"][1]["min_log2_tokens"] = e["compute"][0]["regions"][0]["max_log2_tokens"];
+    refused(e, {"/compute/0/regions/1", "expected above region 0 in tokens"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["regions"][0]["min_predicted_ms"] = 0.0;
+    refused(e, {"/compute/0/regions/0/min_predicted_ms"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["regions"][0]["global_fallback"] = !e["compute"][0]["regions"][0]["global_fallback"].get<bool>();
+    refused(e, {"/compute/0/regions/0/global_fallback"});
+  }
+  {
+    auto e = j;
+    e["compute"][2]["fitted"] = true;  // I: no points measured
+    refused(e, {"/compute/2/fitted"});
+  }
+  {
+    auto e = j;
+    e["compute"][0]["from"] = "I + W";
+    refused(e, {"/compute/0/from"});
+  }
+  {
+    auto e = j;
+    e["options"]["regions"] = false;
+    refused(e, {"/compute/0/regions", "expected none"});
+  }
+  {
+    auto e = j;
+    e["transfers"][1]["latency_ms"] = 3.0;  // a link without a fit
+    refused(e, {"/transfers/1", "without a fit"});
+  }
+  CHECK_NOTHROW(cm::Calibration::from_json(good, "cal.json"));
+}
+
+TEST_CASE("every fitted calibration passes its reader, falling regions pooled", "[calibration][property]") {
+  const auto base = analytic();
+  const auto seed = GENERATE(take(12, random(1, 1000000)));
+  std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
+  std::vector<cm::Measurement> ms = synthetic(*base, 1.0, 0.0, 0.05, seed % 2 == 0, static_cast<std::uint64_t>(seed));
+  // Each shape's time scaled by its own random factor, some ten times: fits whose raw regions fall.
+  std::uniform_real_distribution<double> f(0.1, 3.0);
+  for (auto& m : ms) {
+    if (cm::is_compute(m.op) && rng() % 3 == 0) m.ms *= f(rng);
+  }
+  cm::FitOptions o;
+  o.min_region_points = 2 + static_cast<std::int64_t>(rng() % 20);
+  const cm::Calibration c = cm::fit_calibration(*base, ms, o);
+  const cm::Calibration back = cm::Calibration::from_json(c.to_json(), "fit.json");
+  CHECK(back.to_json() == c.to_json());
+}

@@ -383,3 +383,63 @@ TEST_CASE("plan file: a file truncated while open is an Error when read, not SIG
   REQUIRE(::truncate(path.c_str(), 100) == 0);
   REQUIRE_THROWS_WITH(r.read(r.size() - 1), Catch::Matchers::Contains("t.plans") && Catch::Matchers::Contains("SIGBUS"));
 }
+
+TEST_CASE("plan file writer: refuses at once what no reader opens", "[negative][regression]") {
+  TempDir dir;
+  const std::string path = dir.file("w.plans");
+  auto plan = [](std::uint64_t iteration, std::uint32_t replica, std::uint32_t dp) {
+    Plan p = syn::random_plan("1f1b", 2, 1, 3, iteration);
+    p.iteration = iteration;
+    p.replica = replica;
+    p.dp = dp;
+    return p;
+  };
+  using Catch::Matchers::Contains;
+  {
+    PlanFileWriter w(path);
+    w.append(plan(0, 0, 1));
+    REQUIRE_THROWS_WITH(w.append(plan(2, 0, 1)), Contains("iteration 2 appended after iteration 0") &&
+                                                      Contains("expected iteration 0 or 1"));
+    REQUIRE_THROWS_WITH(w.append(plan(0, 0, 1)), Contains("iteration 0 replica 0 after its replica 0"));
+    REQUIRE_THROWS_AS(w.append(plan(1, 1, 2)), packpipe::InvalidArgument);  // a new iteration starts at replica 0
+    CHECK(w.plans_written() == 1);  // nothing refused was written
+    w.append(plan(1, 0, 1));
+    w.close();
+    CHECK(PlanFileReader(path).size() == 2);
+  }
+  {
+    PlanFileWriter w(path);
+    w.append(plan(0, 0, 2));
+    w.append(plan(0, 1, 2));
+    w.append(plan(1, 0, 2));
+    REQUIRE_THROWS_WITH(w.append(plan(2, 0, 2)), Contains("iteration 1 holds 1 replicas, iteration 0 held 2"));
+    REQUIRE_THROWS_WITH(w.close(), Contains("the last iteration 1 holds 1 replicas, iteration 0 held 2"));
+    w.append(plan(1, 1, 2));
+    REQUIRE_THROWS_WITH(w.append(plan(1, 2, 3)), Contains("iteration 0 had only 2 replicas"));
+    REQUIRE_THROWS_WITH(w.append(plan(2, 3, 2)), Contains("replica 3 of a plan of 2 replicas"));
+    w.close();
+    const PlanFileReader r(path);
+    CHECK(r.size() == 4);
+    CHECK(r.read_iteration(1, 1).replica == 1);
+  }
+  {
+    PlanFileWriter w(path);
+    w.expect_iterations(3, 2);
+    REQUIRE_THROWS_WITH(w.append(plan(4, 0, 1)), Contains("the declared first iteration is 3"));
+    w.append(plan(3, 0, 1));
+    w.append(plan(4, 0, 1));
+    w.close();
+    CHECK(PlanFileReader(path).complete());
+  }
+  // A reader of the path keeps the file it opened while a writer replaces it (rename).
+  const PlanFileReader before(path);
+  const Plan first = before.read(0);
+  {
+    PlanFileWriter w(path);
+    w.append(plan(7, 0, 1));
+    w.close();
+  }
+  CHECK(before.read(0) == first);
+  CHECK(before.size() == 2);
+  CHECK(PlanFileReader(path).read(0).iteration == 7);
+}

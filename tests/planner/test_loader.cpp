@@ -15,6 +15,7 @@
 
 #include "common/errors.h"
 #include "costmodel/analytic.h"
+#include "dataloader/batch.h"
 #include "dataloader/manifest.h"
 #include "dataloader/multitask.h"
 #include "dataloader/zstd_seekable.h"
@@ -554,6 +555,8 @@ TEST_CASE("rank loader: bad settings are refused, errors come in order, an early
   lo.rank = 0;
   lo.depth = 0;
   REQUIRE_THROWS_WITH(RankLoader(data, planner(), lo), Contains("depth must be at least 1"));
+  lo.depth = kMaxLoaderDepth + 1;
+  REQUIRE_THROWS_WITH(RankLoader(data, planner(), lo), Contains("at most 1024"));
   lo.depth = 2;
   REQUIRE_THROWS_WITH(RankLoader(data, nullptr, lo), Contains("no planner"));
   const dl::MultiTaskDataset other(synthetic().data->manifest());
@@ -599,4 +602,130 @@ TEST_CASE("rank loader: bad settings are refused, errors come in order, an early
     RankLoader unused(data, planner(), lo);
   }  // destroyed before any next()
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+}
+
+namespace {
+
+/// A one-task dataset of its own (a test may truncate its files): `docs` sequences of 20 to 60
+/// tokens, stored plain or as .bin.zst; and the spec of batches of 300 tokens over it.
+struct OwnData {
+  packpipe::test::TempDir dir;
+  std::unique_ptr<dl::MultiTaskDataset> data;
+  std::string bin;  ///< the token file: text.bin or text.bin.zst
+
+  explicit OwnData(bool compressed, std::size_t docs = 120) {
+    std::mt19937_64 rng(7);
+    Documents d;
+    for (std::size_t i = 0; i < docs; ++i) {
+      Tokens t(20 + rng() % 41);
+      for (auto& x : t) x = static_cast<std::int64_t>(1 + rng() % 30000);
+      d.push_back({t});
+    }
+    packpipe::test::write_documents(dir.file("text"), dl::DType::UInt16, d);
+    bin = dir.file("text.bin");
+    if (compressed) {
+      dl::ZstdSeekableOptions z;
+      z.frame_size = 1024;  // many frames: a truncation leaves some whole
+      dl::zstd_seekable_compress(bin, dir.file("text.bin.zst"), z);
+      std::filesystem::remove(bin);
+      bin = dir.file("text.bin.zst");
+    }
+    data = std::make_unique<dl::MultiTaskDataset>(dl::MultiTaskDataset::from_prefix(dir.file("text")));
+  }
+  EpochSpec spec() const {
+    EpochSpec s;
+    s.sampler = dl::sampler_config(data->manifest());
+    s.sampler.global_batch_tokens = 300;
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rank loader: a token file truncated under a live loader is an Error naming it, never SIGBUS",
+          "[negative][regression]") {
+  const PlannerOptions o = options(Rows::Packing, pl::LossMode::AllTokens);
+  for (const bool compressed : {false, true}) {
+    for (const bool from_file : {false, true}) {
+      CAPTURE(compressed, from_file);
+      OwnData own(compressed);
+      EpochPlanner reference(*own.data, gpt(), o, own.spec());
+      const auto its = drain(reference);
+      REQUIRE(its.size() >= 8);
+      write_plans(own.dir.file("epoch.plans"), its);
+      RankLoaderOptions lo;
+      lo.depth = 1;
+      auto loader = from_file ? std::make_unique<RankLoader>(*own.data, own.dir.file("epoch.plans"), 0, 0, lo)
+                              : std::make_unique<RankLoader>(
+                                    *own.data, std::make_unique<EpochPlanner>(*own.data, gpt(), o, own.spec()), lo);
+      RankIteration it;
+      REQUIRE(loader->next(it));  // training has started
+      REQUIRE(std::filesystem::file_size(own.bin) > 4096);
+      std::filesystem::resize_file(own.bin, 100);  // another process truncates the tokens
+      // Iterations assembled before the truncation may still come; then the error, naming the file.
+      std::string error;
+      try {
+        while (loader->next(it)) {
+        }
+      } catch (const packpipe::Error& e) {
+        error = e.what();
+      }
+      CHECK_THAT(error, Contains(own.bin) && Contains("truncated"));
+    }
+  }
+}
+
+TEST_CASE("global batches are copies: a .bin truncated under a Prefetcher is an Error, not SIGBUS",
+          "[negative][regression]") {
+  OwnData own(false);
+  dl::SamplerConfig c = dl::sampler_config(own.data->manifest());
+  c.global_batch_tokens = 300;
+  dl::Sampler sampler(*own.data, c);
+  dl::AssembledBatch b;
+  {
+    dl::Prefetcher pf(*own.data, sampler, 1);
+    REQUIRE(pf.next(b));
+    const std::vector<std::uint8_t> before(static_cast<const std::uint8_t*>(b.samples[0].input.data),
+                                           static_cast<const std::uint8_t*>(b.samples[0].input.data) +
+                                               2 * b.samples[0].input.length);
+    std::filesystem::resize_file(own.bin, 0);
+    // The delivered batch owns its tokens: reading them after the truncation is no SIGBUS.
+    CHECK(std::equal(before.begin(), before.end(), static_cast<const std::uint8_t*>(b.samples[0].input.data)));
+    std::string error;
+    try {
+      while (pf.next(b)) {
+      }
+    } catch (const packpipe::Error& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Contains(own.bin) && Contains("truncated"));
+  }
+  // assemble_microbatch reads through the same guard.
+  REQUIRE_THROWS_WITH(dl::assemble_batch(*own.data, dl::GlobalBatch{0, 0, 0, 0, {{0, 3}}}),
+                      Contains(own.bin) && Contains("truncated"));
+}
+
+TEST_CASE("rank loader: an incomplete plan file is refused unless its prefix is asked for", "[negative][regression]") {
+  PlannerOptions o = options(Rows::Packing, pl::LossMode::AllTokens);
+  const auto& data = *synthetic().data;
+  EpochPlanner source(data, gpt(), o, spec(600));
+  const auto its = drain(source);
+  REQUIRE(its.size() >= 4);
+  packpipe::test::TempDir dir;
+  const std::string file = dir.file("part.plans");
+  {
+    pl::PlanFileWriter w(file);
+    w.expect_iterations(0, its.size());  // declares the epoch, holds two iterations: a run stopped early
+    for (std::size_t i = 0; i < 2; ++i) w.append(its[i].result.plans[0]);
+    w.close();
+  }
+  RankLoaderOptions lo;
+  REQUIRE_THROWS_WITH(RankLoader(data, file, 0, 0, lo),
+                      Contains(file) && Contains("incomplete plan file") &&
+                          Contains(fmt::format("holds 2 of the {} iterations", its.size())) &&
+                          Contains("allow_incomplete=True"));
+  lo.allow_incomplete = true;
+  RankLoader prefix(data, file, 0, 0, lo);
+  CHECK(prefix.iterations() == 2);
+  CHECK(drain(prefix).size() == 2);
 }

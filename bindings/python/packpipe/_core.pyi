@@ -112,6 +112,8 @@ class MultiTaskDataset:
         """(input_lengths, target_lengths) of every sample of a task, as uint32 arrays."""
     def sample(self, task: int, index: int) -> Tuple[np.ndarray, np.ndarray]:
         """(input_tokens, target_tokens) of a sample (target empty for a text-only task); IndexError out of range."""
+    def fingerprint(self) -> str:
+        """16 hex digits identifying what the dataset delivers: tasks in order (names, layouts, weights), files."""
 
 class Sampler:
     """Deterministic, resumable multi-task sampler of global batches."""
@@ -947,6 +949,14 @@ class PlanFileReader:
         """The file."""
     def read(self, iteration: int, replica: int = 0) -> Plan:
         """The plan of `iteration` for data-parallel `replica` (IndexError if absent)."""
+    @property
+    def complete(self) -> bool:
+        """Whether the file holds every iteration its writer declared (loaders refuse it otherwise)."""
+    @property
+    def expected_iterations(self) -> int:
+        """Iterations the writer declared (0: none declared)."""
+    def fingerprint(self) -> str:
+        """16 hex digits identifying the plans the file holds."""
 
 class PlanFileWriter:
     """Writes plans to one file, one iteration at a time."""
@@ -1302,8 +1312,10 @@ class RankLoader:
     def __init__(self, dataset: MultiTaskDataset, planner: Optional[EpochPlanner] = None, *,
                  plan_file: Optional[Union[str, os.PathLike]] = None, first_iteration: int = 0,
                  iterations: int = 0, replica: int = 0, rank: Optional[int] = 0, depth: int = 2,
-                 ignore_index: int = -100, pad_id: int = 0, decoder_start_id: int = 0) -> None:
-        """Exactly one of planner (taken over) and plan_file; rank=None: every rank."""
+                 ignore_index: int = -100, pad_id: int = 0, decoder_start_id: int = 0,
+                 allow_incomplete: bool = False) -> None:
+        """Exactly one of planner (taken over) and plan_file; rank=None: every rank; an incomplete plan
+        file only with allow_incomplete=True."""
     @property
     def iterations(self) -> int:
         """Iterations this loader yields."""

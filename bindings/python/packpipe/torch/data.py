@@ -260,7 +260,7 @@ class PlanLoader:
     def __init__(self, dataset, *, cost_model=None, plan_file: Optional[str] = None, replica: int = 0,
                  rank: Optional[int] = 0, epoch: int = 0, first_iteration: int = 0, iterations: int = 0,
                  depth: int = 2, ignore_index: int = IGNORE_INDEX, pad_id: int = 0, decoder_start_id: int = 0,
-                 **plan_epoch_kwargs):
+                 allow_incomplete: bool = False, **plan_epoch_kwargs):
         if isinstance(dataset, str):
             dataset = packpipe.MultiTaskDataset(dataset)
         if (cost_model is None) == (plan_file is None):
@@ -281,6 +281,7 @@ class PlanLoader:
         self.iterations = iterations
         self.depth = depth
         self._tokens = dict(ignore_index=ignore_index, pad_id=pad_id, decoder_start_id=decoder_start_id)
+        self._allow_incomplete = allow_incomplete  # a plan file whose planning run stopped early: refused unless True
         self._kwargs = plan_epoch_kwargs
         self._next = first_iteration  # the iteration the next __next__ delivers
         self._stop = first_iteration + iterations if iterations else None  # absolute end (None: the epoch's)
@@ -293,7 +294,9 @@ class PlanLoader:
              "stop": self._stop,
              "tokens": self._tokens, "kwargs": {k: repr(v) for k, v in sorted(self._kwargs.items())},
              "cost_model": self._base_cost_model.describe() if self._base_cost_model is not None else None,
-             "dataset": len(self.dataset)}
+             # what is delivered: the manifest's identity (tasks, order, files, weights) and the plans'
+             "dataset": self.dataset.fingerprint(),
+             "plans": packpipe.PlanFileReader(self.plan_file).fingerprint() if self.plan_file is not None else None}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def state_dict(self) -> Dict[str, Any]:
@@ -343,7 +346,7 @@ class PlanLoader:
         common = dict(replica=self.replica, rank=self.rank, depth=self.depth, **self._tokens)
         if self.plan_file is not None:
             self._native = packpipe.RankLoader(self.dataset, plan_file=self.plan_file, first_iteration=self._next,
-                                               iterations=count, **common)
+                                               iterations=count, allow_incomplete=self._allow_incomplete, **common)
         else:
             planner = packpipe.plan_epoch(self.cost_model, self.dataset, epoch=self.epoch,
                                           first_iteration=self._next, iterations=count, **self._kwargs)
