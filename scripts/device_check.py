@@ -66,7 +66,7 @@ SIZES: Dict[str, Dict[str, Any]] = {
         # (time scale, iterations): real durations, then shorter ops, then no waiting (executor overhead).
         "replay": ((1.0, 2), (0.1, 4), (0.01, 8), (0.0, 8)),
         "torch": ["--workload", "demo", "--tokens", "16384", "--iterations", "4", "--rounds", "3",
-                  "--grid", "1,2,4,8", "--token-grid", "2048,4096,8192", "--grad-configs", "2:1f1b,4:zero-bubble",
+                  "--grid", "2,4,8", "--token-grid", "2048,4096,8192", "--grad-configs", "2:1f1b,4:zero-bubble",
                   "--measure-iterations", "8"],
         "profile": ["--model", "gpt", "--hidden", "2048", "--heads", "16", "--vocab", "50257", "--layers", "24",
                     "--mbs", "1,2,4,8", "--seq", "128,256,512,1024,2048", "--recompute", "none,selective,full",
@@ -79,12 +79,12 @@ SIZES: Dict[str, Dict[str, Any]] = {
         "replay": ((0.01, 2), (0.0, 2)),
         "torch": ["--workload", "short", "--tokens", "1024", "--iterations", "2", "--rounds", "1",
                   "--grid", "2,4", "--token-grid", "512", "--grad-configs", "2:1f1b,4:zero-bubble",
-                  "--measure-iterations", "4", "--threads", "2"],
+                  "--measure-iterations", "4", "--threads", "1"],
         "profile": ["--model", "gpt", "--hidden", "32", "--heads", "2", "--vocab", "128", "--layers", "2",
                     "--mbs", "1,2", "--seq", "32,64,128", "--recompute", "none,full", "--repeats", "2",
-                    "--warmup", "1", "--device", "cpu", "--dtype", "fp32", "--threads", "2"],
+                    "--warmup", "1", "--device", "cpu", "--dtype", "fp32", "--threads", "1"],
         "calibration_profile": ["--recompute", "none", "--repeats", "2", "--warmup", "1", "--device", "cpu",
-                                "--threads", "2"],
+                                "--threads", "1"],
         "calibration_grid": {"min_seq": 16, "split_seq": 32, "long_mbs": 2},
     },
 }
@@ -205,7 +205,21 @@ def _kill_group(p: subprocess.Popen) -> None:
 
 def check(rc: int, what: str, step: Step) -> None:
     if rc != 0:
-        raise StepFailed(f"{what} exited with status {rc} (its output: logs/{os.path.basename(step.log)})")
+        raise StepFailed(f"{what} exited with status {rc}{last_error(step)} (logs/{os.path.basename(step.log)})")
+
+
+def last_error(step: Step) -> str:
+    """': <the last line of the step's log that says error>' (the failed command's own message), or ''."""
+    try:
+        with open(step.log, errors="replace") as f:
+            lines = f.read().splitlines()[-400:]
+    except OSError:
+        return ""
+    for ln in reversed(lines):
+        if re.search(r"error|Error|ERROR|Traceback|not found|refuse", ln) and not ln.startswith("$ "):
+            ln = ln.strip()
+            return ": " + (ln if len(ln) <= 300 else ln[:300] + " ...")
+    return ""
 
 
 def run_json(ctx: Context, step: Step, argv: List[str], what: str, **kw) -> Dict[str, Any]:
@@ -668,7 +682,7 @@ def replay(ctx: Context, step: Step, transport: str):
                      + (f", {zero[0]['overhead_us_per_instruction']:.2f} us/instruction at scale 0" if zero else ""))
     figures["summary"] = "; ".join(parts)
     if errors:
-        raise StepFailed("; ".join(errors), figures)
+        raise StepFailed(f"{len(errors)} of {len(rows)} replays failed; the first: {errors[0]}", figures)
     return figures
 
 
@@ -708,13 +722,16 @@ def step_torch(ctx: Context, step: Step):
         raise StepFailed(f"scripts/device_check_torch.py wrote no result ({e})") from None
     figures = torch_figures(res)
     m = res.get("measure", {})
+    if res.get("throughput", {}).get("cost_device"):
+        ctx.artifacts["cost_device"] = res["throughput"]["cost_device"]  # the device the plans were made for
     if m.get("status") == "passed":
-        ctx.artifacts.update(measurements_fit=m["fit"], measurements_check=m["check"], model_file=m["model_file"],
-                             cost_device=m["cost_device"])
+        ctx.artifacts.update(measurements_fit=m["fit"], measurements_check=m["check"], model_file=m["model_file"])
     if rc != 0 or res.get("status") != "passed":
+        if res.get("error"):
+            raise StepFailed(f"scripts/device_check_torch.py: {res['error']}", figures)
         failed = [k for k in ("grad", "throughput", "measure") if res.get(k, {}).get("status") != "passed"]
-        raise StepFailed(f"scripts/device_check_torch.py: {', '.join(failed) or 'exit ' + str(rc)} failed: "
-                         + "; ".join(str(res.get(k, {}).get("error", "")) for k in failed), figures)
+        raise StepFailed(f"scripts/device_check_torch.py (exit {rc}): "
+                         + "; ".join(f"{k}: {res.get(k, {}).get('error', 'not run')}" for k in failed), figures)
     return figures
 
 
@@ -760,18 +777,65 @@ def profile_summary(j: Dict[str, Any]) -> Dict[str, Any]:
 
 def step_profile(ctx: Context, step: Step):
     out = os.path.join(ctx.art, "gpt_grid.profile.json")
+    model = os.path.join(ctx.art, "gpt_grid.model.json")
     t = time.monotonic()
-    j = run_json(ctx, step, [ctx.cli(), "profile", *ctx.size("profile"), "--out", out, "--model-out",
-                             os.path.join(ctx.art, "gpt_grid.model.json"), "--json"], "packpipe profile")
-    fig = profile_summary(j)
+    j = run_json(ctx, step, [ctx.cli(), "profile", *ctx.size("profile"), "--out", out, "--model-out", model, "--json"],
+                 "packpipe profile")
+    fig = step.figures
+    fig.update(profile_summary(j))
     fig["wall_s"] = round(time.monotonic() - t, 1)
     fig["grid"] = " ".join(ctx.size("profile"))
     mem = f", stored memory {fig['loo_memory_mape']:.2f}%" if fig["loo_memory_mape"] is not None else ""
     fig["summary"] = (f"{fig['points']} points in {fig['profile_s']} s ({fig['wall_s']} s with start-up and the "
                       f"check); leave-one-out time {fig['loo_time_mape']:.2f}% "
-                      f"(linear {fig['loo_linear_time_mape']:.2f}%)"
-                      f"{mem}")
+                      f"(linear {fig['loo_linear_time_mape']:.2f}%){mem}")
+    device = ctx.artifacts.get("cost_device")
+    if not device:
+        fig["analytic_vs_profile"] = "not compared: the torch step named no cost-model device"
+        return fig
+    # The analytic model against the profiled layers: every point an F and a B measurement of a
+    # one-layer (or embedding- or head-only) stage; calibrated on half the points, both models
+    # validated on the other half.
+    fit, held = (os.path.join(ctx.art, f"gpt_grid.{k}.measurements.jsonl") for k in ("fit", "check"))
+    counts = profile_as_measurements(out, fit, held)
+    base = ["--model", model, "--device", device]
+    cal = os.path.join(ctx.art, "gpt_grid.calibration.json")
+    run_json(ctx, step, [ctx.cli(), "costmodel", "calibrate", "--measured", fit, "-o", cal, *base, "--json"],
+             "costmodel calibrate (on profile points)")
+    cmp: Dict[str, Any] = {"device": device, "points_fit": counts[0], "points_check": counts[1]}
+    for name, extra in (("analytic", []), ("calibrated", ["--calibration", cal])):
+        v = run_json(ctx, step, [ctx.cli(), "costmodel", "validate", "--measured", held, *base, *extra, "--json"],
+                     f"costmodel validate ({name}, on profile points)")
+        cmp[name] = validation_figures(v)["ops"]
+    fig["analytic_vs_profile"] = cmp
+    fig["summary"] += "; layer time against the profile (held-out points), analytic -> calibrated: " + ", ".join(
+        f"{op} {100 * cmp['analytic'][op]['median_abs']:.1f}% -> {100 * cmp['calibrated'][op]['median_abs']:.1f}%"
+        for op in cmp["analytic"] if op in cmp["calibrated"])
     return fig
+
+
+def profile_as_measurements(profile: str, fit: str, held: str) -> Tuple[int, int]:
+    """A packpipe profile's points as packpipe-measurements (one "iteration" per point: its forward
+    F and backward B on a stage of that one layer kind), alternate points into `fit` and `held`.
+    Returns the points in each."""
+    with open(profile) as f:
+        p = json.load(f)
+    header = json.dumps({"format": "packpipe-measurements", "version": 1, "model": p.get("model", ""),
+                         "device": p.get("device", ""), "source": f"packpipe profile points of {profile}"})
+    files: Tuple[List[str], List[str]] = ([header], [header])
+    cols = p["point_columns"]
+    for k, row in enumerate(p["points"]):
+        d = dict(zip(cols, row))
+        for i, (op, ms) in enumerate((("F", d["fwd_ms"]), ("B", d["bwd_ms"]))):
+            files[k % 2].append(json.dumps({
+                "op": op, "encoder_layers": int(d["kind"] == "encoder"), "decoder_layers": int(d["kind"] == "decoder"),
+                "embedding": d["kind"] == "embedding", "postprocess": d["kind"] == "postprocess", "tp": d["tp"],
+                "rows": d["mbs"], "seq": d["seq"], "dec_seq": d["dec_seq"], "recompute": d["rc"], "bytes": 0, "ms": ms,
+                "iteration": k, "replica": 0, "rank": 0, "stage": 0, "mb": 0, "index": i, "start_ms": 0.0,
+                "peer": -1}))
+    for path, lines in zip((fit, held), files):
+        write_atomic(path, "\n".join(lines) + "\n")
+    return len(files[0]) // 2, len(files[1]) // 2
 
 
 def validation_figures(j: Dict[str, Any]) -> Dict[str, Any]:
@@ -846,7 +910,7 @@ def step_calibration(ctx: Context, step: Step):
                      f"costmodel validate ({name})")
         fig[name] = validation_figures(v)
     fig["held_out"] = fit != held
-    fig["summary"] = ("iteration error on held-out GPU iterations: " if fig["held_out"] else "iteration error: ") + \
+    fig["summary"] = ("iteration error on held-out iterations: " if fig["held_out"] else "iteration error: ") + \
         ", ".join(f"{k} {100 * fig[k]['iteration_median_abs']:.1f}%" for k in models
                   if fig[k]["iteration_median_abs"] is not None) + \
         f"; the torch GPT profiled: {sum(p['points'] for p in fig['profiles'])} points in " \

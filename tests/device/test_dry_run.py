@@ -89,6 +89,10 @@ def check_full(a, dc, tmp):
 
     pr = steps["profile"]["figures"]
     assert pr["points"] == 24 and finite(pr["loo_time_mape"]), pr  # 2 mbs x 3 seq: embedding, head, layer x 2 modes
+    avp = pr["analytic_vs_profile"]  # the analytic model calibrated on half the profile's points, checked on the rest
+    assert avp["points_fit"] + avp["points_check"] == 24 and avp["points_check"] > 0, avp
+    for k in ("analytic", "calibrated"):
+        assert set(avp[k]) == {"F", "B"} and all(finite(v["median_abs"]) for v in avp[k].values()), avp
 
     c = steps["calibration"]["figures"]
     assert c["held_out"] is True and len(c["profiles"]) == 2, c  # the short-row grid and the long-row one
