@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -170,6 +171,33 @@ def check_unpack_without_dpkg(dc, tmp):
         assert "not a Debian package" in str(e)
 
 
+def check_configure_args(a, dc, tmp):
+    """The device build's configure command (the dry run reuses a configured tree): Release, no
+    sanitizer, benchmark or fuzzer, CUDA for Hopper when nvcc is there, the carried prefix searched
+    first with its pkg-config paths under it."""
+    ns = argparse.Namespace(dry_run=False, python=a.python, build_dir=os.path.join(tmp, "b"),
+                            out=os.path.join(tmp, "o"), budget=450.0, jobs=0, cuda_arch="90", timeout_scale=1.0)
+    os.makedirs(ns.out)
+    ctx = dc.Context(ns)
+    step = dc.Step("build", "t", None, 10, 1)
+    step.log = os.path.join(tmp, "build.log")
+    prefix = os.path.join(tmp, "prefix")
+    figures = {"problems": []}
+    args, env = dc.configure_args(ctx, step, prefix, figures)
+    for want in ("-DCMAKE_BUILD_TYPE=Release", "-DPACKPIPE_BUILD_BENCHMARKS=OFF", "-DPACKPIPE_BUILD_FUZZERS=OFF",
+                 "-DPACKPIPE_SANITIZE=", f"-DPACKPIPE_PYTHON_EXECUTABLE={a.python}",
+                 f"-DCMAKE_PREFIX_PATH={prefix}/usr"):
+        assert want in args, (want, args)
+    assert args[args.index("-B") + 1] == ns.build_dir
+    if dc.find_nvcc():
+        assert "-DPACKPIPE_WITH_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args, args
+    else:
+        assert "-DPACKPIPE_WITH_CUDA=AUTO" in args and figures["problems"], (args, figures)
+    assert env["PKG_CONFIG_SYSROOT_DIR"] == prefix and env["PKG_CONFIG_LIBDIR"].startswith(prefix + "/usr/lib/")
+    ctx.console.close()
+    shutil.rmtree(ctx.work)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", required=True)
@@ -178,9 +206,10 @@ def main():
     dc = load_check()
     with tempfile.TemporaryDirectory(prefix="device-dry-") as tmp:
         check_unpack_without_dpkg(dc, tmp)
+        check_configure_args(a, dc, tmp)
         check_failure_and_budget(a, tmp)
         check_full(a, dc, tmp)
-    print("device check dry run: 4 passed, 0 failed")
+    print("device check dry run: 5 passed, 0 failed")
 
 
 if __name__ == "__main__":
