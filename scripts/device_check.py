@@ -28,7 +28,7 @@ a run stopped from outside still leaves its report.
 
 --dry-run runs the same steps on the CPU (the torch and profile steps with device cpu, the replay on
 threads, small sizes); the steps that need CUDA are recorded as "skipped: needs CUDA". make test runs it
-(tests/device/test_dry_run.sh).
+(tests/device/test_dry_run.py).
 """
 from __future__ import annotations
 

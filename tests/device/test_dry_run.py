@@ -19,7 +19,6 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "device-check.sh")
-FILES = {"device-report.json", "device-report.md", "device-console.log", "device-logs.tar.gz"}
 
 
 def load_check():
@@ -29,13 +28,13 @@ def load_check():
     return mod
 
 
-def dry_run(a, out, *extra, expect_rc=0):
+def dry_run(a, dc, out, *extra, expect_rc=0):
     env = dict(os.environ, DEVICE_CHECK_PYTHON=a.python)
     r = subprocess.run([SCRIPT, "--dry-run", "--build-dir", a.build_dir, "--out", out, *extra], env=env,
                        capture_output=True, text=True, timeout=540)
     assert r.returncode == expect_rc, \
         f"exit {r.returncode}, expected {expect_rc}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    assert set(os.listdir(out)) == FILES, sorted(os.listdir(out))  # what comes back from $OUT: no folder, <= 8 files
+    assert set(os.listdir(out)) == set(dc.REPORT_FILES), sorted(os.listdir(out))  # what comes back from $OUT: no folder, <= 8 files
     with open(os.path.join(out, "device-report.json")) as f:
         rep = json.load(f)
     assert rep["format"] == "packpipe-device-report" and rep["version"] == 1 and rep["mode"] == "dry-run"
@@ -49,7 +48,7 @@ def finite(x):
 
 def check_full(a, dc, tmp):
     out = os.path.join(tmp, "full")
-    rep, stdout = dry_run(a, out, "--budget", "500")
+    rep, stdout = dry_run(a, dc, out, "--budget", "500")
     names = [s.name for s in dc.STEPS]
     assert [s["name"] for s in rep["steps"]] == names
     steps = {s["name"]: s for s in rep["steps"]}
@@ -115,10 +114,10 @@ def check_full(a, dc, tmp):
     assert "device-check: 7 passed, 0 failed, 3 skipped" in stdout
 
 
-def check_failure_and_budget(a, tmp):
+def check_failure_and_budget(a, dc, tmp):
     # A failing step (no interpreter: the environment probe fails) is recorded; the next step runs.
     out = os.path.join(tmp, "fail")
-    rep, _ = dry_run(a, out, "--steps", "environment,plans", "--python", "/bin/false", expect_rc=1)
+    rep, _ = dry_run(a, dc, out, "--steps", "environment,plans", "--python", "/bin/false", expect_rc=1)
     st = {s["name"]: s for s in rep["steps"]}
     assert st["environment"]["status"] == "failed" and "exited with status 1" in st["environment"]["error"]
     assert st["plans"]["status"] == "passed"
@@ -126,7 +125,7 @@ def check_failure_and_budget(a, tmp):
     assert rep["counts"] == {"passed": 1, "failed": 1, "skipped": len(rep["steps"]) - 2}
     # A spent budget skips what it cannot fit, saying so.
     out = os.path.join(tmp, "budget")
-    rep, _ = dry_run(a, out, "--budget", "9", "--steps", "environment,plans")
+    rep, _ = dry_run(a, dc, out, "--budget", "9", "--steps", "environment,plans")
     st = {s["name"]: s for s in rep["steps"]}
     assert st["environment"]["status"].startswith("skipped: over budget"), st["environment"]
     # A dependency an earlier step did not make: an empty build folder has no CLI.
@@ -134,7 +133,7 @@ def check_failure_and_budget(a, tmp):
     empty = os.path.join(tmp, "empty-build")
     os.makedirs(empty)
     b = argparse.Namespace(**dict(vars(a), build_dir=empty))
-    rep, _ = dry_run(b, out, "--steps", "plans,replay_threads")
+    rep, _ = dry_run(b, dc, out, "--steps", "plans,replay_threads")
     st = {s["name"]: s for s in rep["steps"]}
     assert st["plans"]["status"] == "skipped: needs cli, which an earlier step did not make", st["plans"]
     assert st["replay_threads"]["status"].startswith("skipped: needs plan_demo4"), st["replay_threads"]
@@ -207,7 +206,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="device-dry-") as tmp:
         check_unpack_without_dpkg(dc, tmp)
         check_configure_args(a, dc, tmp)
-        check_failure_and_budget(a, tmp)
+        check_failure_and_budget(a, dc, tmp)
         check_full(a, dc, tmp)
     print("device check dry run: 5 passed, 0 failed")
 
