@@ -534,7 +534,11 @@ def build_config(ctx: Context) -> Dict[str, Any]:
 def step_build(ctx: Context, step: Step):
     figures = step.figures
     figures.update(problems=[], targets=list(BUILD_TARGETS), jobs=ctx.jobs)
-    prefix = unpack_prefix(ctx, step)
+    # The carried packages, unpacked for a build that is configured here or was configured with them
+    # (a tree configured against the system's packages, as the dry run's, needs none).
+    configured = os.path.isfile(os.path.join(ctx.build, "CMakeCache.txt"))
+    cached = build_config(ctx).get("CMAKE_PREFIX_PATH", "")
+    prefix = unpack_prefix(ctx, step) if not configured or ".device/prefix" in cached else None
     env = dict(ctx.env)
     if prefix:
         libdir = os.path.join(prefix, "usr", "lib", "x86_64-linux-gnu")
