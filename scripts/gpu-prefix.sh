@@ -5,16 +5,22 @@
 # them into a prefix with dpkg -x (never over /) and build against it with CUDA and NCCL on.
 #
 #   scripts/gpu-prefix.sh download              # here: .device/debs/*.deb
-#   scripts/gpu-prefix.sh build [BUILD_DIR]     # there: .device/prefix, then cmake with CUDA/NCCL ON
+#   scripts/gpu-prefix.sh build [BUILD_DIR]     # there: .device/prefix, then the device check's build step
 #   scripts/gpu-prefix.sh env                   # there: the LD_LIBRARY_PATH line for running the build
+#
+# The build is the device check's (scripts/device_check.py, step 'build'): it unpacks the packages,
+# finds nvcc, NCCL (the nvidia-nccl wheel beside torch first) and pybind11, and configures Release
+# with CUDA (sm_90) and NCCL on. scripts/device-check.sh runs it and everything after it (DEVICE.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir="$root/.device"
 debs="$dir/debs"
 prefix="$dir/prefix"
-# Headers and CMake packages packpipe builds with, and the shared libraries they pull in.
-pkgs=(libtbb-dev libtbb12 libtbbmalloc2 libzstd-dev libzstd1 libxxhash-dev libxxhash0 catch2 libbenchmark-dev
-      libbenchmark1debian nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9)
+# Headers and CMake packages packpipe builds with, and the shared libraries they pull in: TBB's CMake
+# package checks that every library it names exists (tbbbind too); pkgconf for xxhash's .pc file on a
+# machine without pkg-config.
+pkgs=(libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libzstd-dev libzstd1 libxxhash-dev libxxhash0 catch2
+      libbenchmark-dev libbenchmark1debian nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 pkgconf-bin libpkgconf3)
 
 ignore_device_dir() {
   local exclude
@@ -32,23 +38,14 @@ case "${1:-}" in
     echo "gpu-prefix: $(ls "$debs" | wc -l) packages in $debs ($(du -sh "$debs" | cut -f1)); carry .device with the run"
     ;;
   build)
-    build=${2:-build-gpu}
     [[ -d $debs ]] || { echo "gpu-prefix: $debs missing (run 'scripts/gpu-prefix.sh download' with network)" >&2; exit 1; }
-    mkdir -p "$prefix"
-    for d in "$debs"/*.deb; do dpkg -x "$d" "$prefix"; done
-    py=$(command -v python3)
-    extra=()
-    if pybind_dir=$("$py" -m pybind11 --cmakedir 2> /dev/null); then extra+=("-Dpybind11_DIR=$pybind_dir"); fi
-    export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    cmake -S "$root" -B "$root/$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DPACKPIPE_PYTHON_EXECUTABLE="$py" -DPACKPIPE_WITH_CUDA=ON -DPACKPIPE_WITH_NCCL=ON "${extra[@]}"
-    cmake --build "$root/$build" -j"$(nproc)"
+    exec "$root/scripts/device-check.sh" --steps environment,build --build-dir "$root/${2:-build-device}"
     ;;
   env)
     echo "export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
     ;;
   *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac

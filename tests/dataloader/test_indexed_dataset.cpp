@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
