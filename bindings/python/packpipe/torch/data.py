@@ -32,9 +32,13 @@ class MicroBatch:
 
     Loaded tensors (int64 [rows, seq] or [rows, dec_seq]; None on stages that do not load them):
     ``input_ids``, ``labels``, ``decoder_input_ids``, ``decoder_labels``. Layout (every stage):
-    ``position_ids`` and ``segment_ids`` [rows, seq] (segments 1, 2, ... per sample within a row, 0 on
-    padding), ``cu_seqlens`` (int32 sample boundaries over the flattened rows, each row's padding a
-    segment of its own), ``max_seqlen``; the ``decoder_*`` equivalents for encoder-decoder plans.
+    ``layout`` ("padded": one sample a row; "packed": every sample in one row, attended apart with
+    varlen attention; "packed-mask": rows under a block mask), ``position_ids`` and ``segment_ids``
+    [rows, seq] (segments 1, 2, ... per sample within a row, 0 on padding), ``cu_seqlens`` (int32
+    sample boundaries over the flattened rows, starting at 0, each row's padding a segment of its
+    own; a packed row has none: flash-attn's and Megatron THD's ``cu_seqlens``), ``max_seqlen``,
+    HF's names for them (``cu_seq_lens_q/k``, ``max_length_q/k``); the ``decoder_*`` equivalents for
+    encoder-decoder plans. ``packpipe.torch.attention`` computes attention in the layout.
     """
 
     def __init__(self, layout: "_Layout", device, loaded: Optional[Dict[str, torch.Tensor]] = None):
@@ -42,6 +46,7 @@ class MicroBatch:
         self._device = device
         self._loaded = loaded or {}
         self.index: int = layout.mb
+        self.layout: str = layout.layout
         self.rows: int = layout.rows
         self.seq: int = layout.seq
         self.dec_seq: int = layout.dec_seq
@@ -87,6 +92,24 @@ class MicroBatch:
     @property
     def max_seqlen(self) -> int:
         return self._layout.max_seqlen(False)
+
+    # flash-attn and HF transformers spell the self-attention boundaries of a packed row so
+    # (DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k).
+    @property
+    def cu_seq_lens_q(self) -> torch.Tensor:
+        return self.cu_seqlens
+
+    @property
+    def cu_seq_lens_k(self) -> torch.Tensor:
+        return self.cu_seqlens
+
+    @property
+    def max_length_q(self) -> int:
+        return self.max_seqlen
+
+    @property
+    def max_length_k(self) -> int:
+        return self.max_seqlen
 
     @property
     def decoder_position_ids(self) -> torch.Tensor:
@@ -155,6 +178,7 @@ class _Layout:
         self.plan = plan
         self.mb = mb
         self.encdec = encdec
+        self.layout = str(info.get("layout", "packed-mask" if len(info["row_offsets"]) else "padded"))
         self.rows = int(info["rows"])
         self.seq = int(info["padded_len"])
         self.dec_seq = int(info["padded_dec_len"])

@@ -10,8 +10,9 @@ to the loss function.
 
 Conventions of these models:
 
-* attention is computed explicitly with the block-diagonal masks of :class:`MicroBatch`, so packed
-  and padded rows give the same result as one sample per row (up to rounding);
+* attention runs in the micro-batch's layout (:mod:`packpipe.torch.attention`): packed rows
+  attend per sample (varlen), padded rows densely, so every layout gives the result of one sample
+  per row (up to rounding) and costs what the cost model charges;
 * positions are learned absolute embeddings indexed by the per-sample position ids;
 * ``vocab_size`` may be smaller than the tokenizer's vocabulary: token ids fold modulo it (tiny
   models for tests and CPU demos);
@@ -29,6 +30,8 @@ from typing import Any, Dict, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+from packpipe.torch import attention as attn
 
 IGNORE_INDEX = -100
 
@@ -109,7 +112,8 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
 # ---- building blocks ------------------------------------------------------------------------------
 
 class Attention(nn.Module):
-    """Multi-head attention over an explicit boolean mask [rows, 1, q, k] (True: may attend)."""
+    """Multi-head attention over a micro-batch in its layout (packpipe.torch.attention: varlen
+    segments for packed rows, dense rows for padded ones)."""
 
     def __init__(self, hidden: int, heads: int):
         super().__init__()
@@ -120,21 +124,25 @@ class Attention(nn.Module):
         self.out = nn.Linear(hidden, hidden)
         self.checkpoint_core = False  # selective recompute: recompute the attention core in backward
 
-    def _core(self, q, k, v, mask):
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch, causal: bool, decoder: bool = False,
+                memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Self-attention of rows x [rows, n, hidden] (the decoder side with decoder=True), or with
+        `memory` [rows, m, hidden] cross-attention of the decoder rows to the encoder rows."""
         rows, n, h = x.shape
         src = x if memory is None else memory
         q = self.q(x).view(rows, n, self.heads, -1).transpose(1, 2)
         k, v = self.kv(src).view(rows, src.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+
+        def core(q, k, v):
+            if memory is not None:
+                return attn.cross_attention(q, k, v, batch)
+            return attn.attention(q, k, v, batch, causal=causal, decoder=decoder)
+
         if self.checkpoint_core and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
-            y = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
+            y = checkpoint(core, q, k, v, use_reentrant=False)
         else:
-            y = self._core(q, k, v, mask)
+            y = core(q, k, v)
         return self.out(y.transpose(1, 2).reshape(rows, n, h))
 
 
@@ -158,8 +166,8 @@ class EncoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, ffn)
 
-    def forward(self, x, mask):
-        x = x + self.attn(self.norm1(x), mask)
+    def forward(self, x, batch, causal: bool = True):
+        x = x + self.attn(self.norm1(x), batch, causal)
         return x + self.mlp(self.norm2(x))
 
 
@@ -175,9 +183,9 @@ class DecoderBlock(nn.Module):
         self.norm3 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, ffn)
 
-    def forward(self, x, memory, self_mask, cross_mask):
-        x = x + self.attn(self.norm1(x), self_mask)
-        x = x + self.cross(self.norm2(x), cross_mask, memory)
+    def forward(self, x, memory, batch):
+        x = x + self.attn(self.norm1(x), batch, True, decoder=True)
+        x = x + self.cross(self.norm2(x), batch, False, memory=memory)
         return x + self.mlp(self.norm3(x))
 
 
@@ -227,6 +235,22 @@ def t5_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     return token_loss(logits, batch.decoder_labels)
 
 
+class _MaskBatch:
+    """Dense attention under explicit masks (the whole models' forward): a micro-batch of layout
+    packed-mask whose masks are given."""
+    layout = "packed-mask"
+
+    def __init__(self, mask, decoder_mask=None, cross_mask=None):
+        self._masks = {False: mask, True: decoder_mask}
+        self._cross = cross_mask
+
+    def attention_mask(self, causal: bool = True, decoder: bool = False):
+        return self._masks[decoder]
+
+    def cross_attention_mask(self):
+        return self._cross
+
+
 def _spec_range(spec: Dict[str, Any], side: str):
     begin, end = spec[side]
     return range(begin, end)
@@ -251,10 +275,12 @@ class GPT(nn.Module):
         self.to(cfg.dtype)
 
     def forward(self, input_ids, position_ids, mask):
-        """Logits of rows [rows, seq] with an attention mask [rows, 1, seq, seq]."""
+        """Logits of rows [rows, seq] with an explicit attention mask [rows, 1, seq, seq] (dense
+        attention: the single-process reference)."""
         x = self.embed(input_ids, position_ids)
+        batch = _MaskBatch(mask)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, batch)
         return self.head(x)
 
     def stage(self, spec: Dict[str, Any]) -> "GPTStage":
@@ -295,9 +321,8 @@ class GPTStage(nn.Module):
         x = self.embed(batch.input_ids, batch.position_ids) if self.embed is not None else hidden
         if x is None:
             raise ValueError("stage without the embedding got no activation")
-        mask = batch.attention_mask(causal=True) if len(self.layers) else None
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, batch, causal=True)
         return self.head(x) if self.head is not None else x
 
 
@@ -326,12 +351,13 @@ class T5(nn.Module):
                 cross_mask):
         """Logits of the decoder rows."""
         h = self.enc_embed(input_ids, position_ids)
+        batch = _MaskBatch(enc_mask, self_mask, cross_mask)
         for layer in self.encoder:
-            h = layer(h, enc_mask)
+            h = layer(h, batch, causal=False)
         memory = self.enc_norm(h)
         d = self.dec_embed(decoder_input_ids, decoder_position_ids)
         for layer in self.decoder:
-            d = layer(d, memory, self_mask, cross_mask)
+            d = layer(d, memory, batch)
         return self.head(d)
 
     def stage(self, spec: Dict[str, Any]) -> "T5Stage":
@@ -379,21 +405,16 @@ class T5Stage(nn.Module):
             d, memory = batch.split_boundary(hidden)
         else:
             h = self.enc_embed(batch.input_ids, batch.position_ids) if self.enc_embed is not None else hidden
-            if len(self.encoder):
-                mask = batch.attention_mask(causal=False)
-                for layer in self.encoder:
-                    h = layer(h, mask)
+            for layer in self.encoder:
+                h = layer(h, batch, causal=False)
             if self.enc_norm is not None:
                 h = self.enc_norm(h)
             if not decoder_side:
                 return h
             memory = h
             d = self.dec_embed(batch.decoder_input_ids, batch.decoder_position_ids)
-        if len(self.decoder):
-            self_mask = batch.attention_mask(causal=True, decoder=True)
-            cross_mask = batch.cross_attention_mask()
-            for layer in self.decoder:
-                d = layer(d, memory, self_mask, cross_mask)
+        for layer in self.decoder:
+            d = layer(d, memory, batch)
         if self.head is not None:
             return self.head(d)
         return batch.join_boundary(d, memory)
