@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -164,6 +165,36 @@ void check_output_is_not_input(const std::string& output, const std::vector<std:
                        "{} '{}' is the input '{}' (the same file); writing it would destroy the input: "
                        "choose another output path",
                        what, output, in);
+  }
+}
+
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    const auto r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+    return ec ? p : r.string();
+  };
+  for (std::size_t a = 0; a < outputs.size(); ++a) {
+    for (std::size_t b = a + 1; b < outputs.size(); ++b) {
+      const auto& [pa, wa] = outputs[a];
+      const auto& [pb, wb] = outputs[b];
+      if (pa.empty() || pb.empty()) continue;
+      PACKPIPE_CHECK_ARG(resolved(pa) != resolved(pb) && !same_file(pa, pb),
+                         "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each "
+                         "output its own path",
+                         wa, pa, wb, pb);
+    }
+  }
+}
+
+void probe_output(const std::string& path, std::string_view what) {
+  struct stat st {};
+  // A stream is written directly (a FIFO's open would wait for its reader): nothing to probe.
+  if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) return;
+  try {
+    AtomicFile probe(path);  // the destructor removes the temporary and releases the lock
+  } catch (const std::exception& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}: cannot write '{}': {}", what, path, e.what());
   }
 }
 

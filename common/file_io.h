@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace packpipe {
@@ -73,6 +74,17 @@ bool same_file(const std::string& a, const std::string& b);
 /// `inputs`: writing it would destroy the input it reads.
 void check_output_is_not_input(const std::string& output, const std::vector<std::string>& inputs,
                                std::string_view what);
+
+/// Throws InvalidArgument when two of the non-empty `outputs` ((path, what) pairs) name the same
+/// file (the same path after resolving links and "..", or the same inode): the later would
+/// overwrite the earlier.
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+/// Refuses, before any work, an output `path` (`what`, e.g. "--out") that AtomicFile could not
+/// write: a directory, a missing or read-only folder, an output another writer holds. Creates and
+/// removes the temporary and the lock; never touches `path`. Throws InvalidArgument naming `what` and
+/// the path.
+void probe_output(const std::string& path, std::string_view what);
 
 /// Opens `path` read-only without blocking on a FIFO and refuses anything but a regular file
 /// (directory, FIFO, device); returns the descriptor. `what` names the role, e.g. "lengths file".
