@@ -3,6 +3,7 @@ measured iteration time better than the analytic model did, every rank switches 
 calibrated model at the same iteration (identical plans after it), a failed fit ends every rank,
 and the loader's state carries the calibration so a resume plans as an uninterrupted run."""
 import json
+import os
 
 import pytest
 import torch
@@ -142,9 +143,9 @@ def test_bad_calibrator_settings_and_calibrations_are_refused(tmp_path):
     manifest = support.short_manifest(tmp_path)
     loader = pt.PlanLoader(manifest, cost_model=cm, rank=None, iterations=2, shape=packpipe.PipelineShape(stages=2),
                            global_batch_tokens=600, seed=1, schedule="1f1b", schedule_fallback=True, dtype="fp32")
-    with pytest.raises(ValueError, match="fit_after must be at least 1"):
+    with pytest.raises(ValueError, match=r"Calibrator: fit_after must be in \[1, "):
         pt.Calibrator(loader, fit_after=0)
-    with pytest.raises(ValueError, match="warmup at least 0"):
+    with pytest.raises(ValueError, match=r"Calibrator: warmup must be in \[0, "):
         pt.Calibrator(loader, warmup=-1)
     # a file that is not a calibration, and one fitted over another model
     with pytest.raises(RuntimeError, match='the calibration: /format: expected "packpipe-calibration"'):
@@ -178,3 +179,79 @@ def test_bad_calibrator_settings_and_calibrations_are_refused(tmp_path):
         pt.Calibrator(reading)
     with pytest.raises(ValueError, match="reads a plan file"):
         reading.set_calibration(foreign)
+
+
+def _small_loader(tmp_path, iterations=3):
+    import shutil
+    demo = tmp_path / "demo"
+    if not demo.exists():
+        shutil.copytree(support.DEMO, demo)
+    cfg = models.GPTConfig(vocab_size=96, hidden=16, layers=2, heads=2, seed=1)
+    loader = pt.PlanLoader(str(demo / "manifest.json"), cost_model=support.cost_model(cfg, tmp_path), rank=None,
+                           iterations=iterations, shape=packpipe.PipelineShape(stages=2), global_batch_tokens=600,
+                           seed=1, schedule="1f1b", schedule_fallback=True, dtype="fp32")
+    return cfg, loader, demo
+
+
+@pytest.mark.parametrize("kw, exc, message", [
+    (dict(timeout_s=-1), ValueError, r"Calibrator: timeout_s must be a finite number in \(0, 1e\+09\], found -1"),
+    (dict(timeout_s=0), ValueError, r"timeout_s must be a finite number in \(0, 1e\+09\], found 0"),
+    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number .* found nan"),
+    (dict(timeout_s=float("inf")), ValueError, "timeout_s must be a finite number .* found inf"),
+    (dict(timeout_s="10"), TypeError, "timeout_s must be a number .* found str '10'"),
+    (dict(timeout_s=True), TypeError, "timeout_s must be a number"),
+    (dict(tp=0), ValueError, r"Calibrator: tp must be in \[1, 2147483648\], found 0"),
+    (dict(tp=2.0), TypeError, "tp must be an integer"),
+    (dict(fit_after=2.5), TypeError, "Calibrator: fit_after must be an integer .* found float 2.5"),
+    (dict(fit_after=True), TypeError, "fit_after must be an integer .* found bool True"),
+    (dict(fit_after=10 ** 18), ValueError, r"fit_after must be in \[1, \d+\], found 1000000000000000000"),
+    (dict(refit_every=-1), ValueError, "refit_every must be in"),
+    (dict(warmup=1.0), TypeError, "warmup must be an integer"),
+    (dict(options="regions"), TypeError, "Calibrator: options must be FitOptions, found str"),
+    (dict(inputs="model.json"), TypeError, "Calibrator: inputs must be a sequence of paths"),
+    (dict(inputs=[3]), TypeError, r"Calibrator: inputs\[0\] must be a path"),
+    (dict(save=3), TypeError, "Calibrator: save must be a path"),
+    (dict(save=""), ValueError, "Calibrator: save is an empty path"),
+])
+def test_calibrator_settings_are_checked_at_construction(tmp_path, kw, exc, message):
+    _, loader, _ = _small_loader(tmp_path)
+    with pytest.raises(exc, match=message):
+        pt.Calibrator(loader, **kw)
+
+
+def test_calibrator_save_is_refused_before_training_when_it_cannot_or_must_not_be_written(tmp_path):
+    _, loader, demo = _small_loader(tmp_path)
+    before = {p.name: p.read_bytes() for p in demo.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match="Calibrator: save: cannot write .* is a directory"):
+        pt.Calibrator(loader, save=str(tmp_path))
+    with pytest.raises(ValueError, match="Calibrator: save: cannot write .*No such file or directory"):
+        pt.Calibrator(loader, save=str(tmp_path / "missing" / "c.json"))
+    for name in ("manifest.json", "demo_define_inputs_document.idx", "demo_translate_targets_document.bin"):
+        with pytest.raises(ValueError, match=f"Calibrator: save '.*{name}' is the input .* destroy the input"):
+            pt.Calibrator(loader, save=str(demo / name))
+    script = tmp_path / "train.py"
+    script.write_text("# the trainer\n")
+    with pytest.raises(ValueError, match="destroy the input"):
+        pt.Calibrator(loader, save=str(tmp_path / "." / "train.py"), inputs=[str(script)])
+    assert {p.name: p.read_bytes() for p in demo.iterdir() if p.is_file()} == before
+    assert script.read_text() == "# the trainer\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "device.json", "model.json", "train.py"]
+
+
+def test_the_calibration_is_written_atomically_and_never_over_an_input(tmp_path):
+    cfg, loader, demo = _small_loader(tmp_path, iterations=3)
+    saved = tmp_path / "cal.json"
+    cal = pt.Calibrator(loader, fit_after=1, warmup=1, save=str(saved))
+    # The output turns into a name of the manifest after construction: the fit's write still refuses it.
+    os.link(demo / "manifest.json", saved)
+    manifest = (demo / "manifest.json").read_text()
+    model = models.GPT(cfg)
+    pipe = None
+    with pytest.raises(RuntimeError, match="failed on rank 0: ValueError: Calibrator: save .* destroy the input"):
+        for it in loader:
+            if pipe is None:
+                stages = {v: model.stage(it.plan.stages[v]) for v in range(it.plan.vstages)}
+                pipe = pt.LocalPipeline(stages, models.gpt_loss, lambda ps: torch.optim.SGD(ps, lr=1e-3),
+                                        timeout_s=120)
+            cal.observe(it, pipe.run(it))
+    assert (demo / "manifest.json").read_text() == manifest

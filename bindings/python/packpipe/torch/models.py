@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import nn
@@ -87,18 +87,20 @@ CPU_DEVICE: Dict[str, Any] = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 1
                               "inter_node_latency_us": 100, "gpus_per_node": 8}
 
 
-def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None):
+def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None, inputs: Sequence[str] = ()):
     """packpipe's cost model of reference config `cfg` (GPTConfig or T5Config) on `device` (default
-    CPU_DEVICE): its model and device files are written into `directory`, which must exist."""
+    CPU_DEVICE): its model and device files, model.json and device.json, are written (atomically)
+    into `directory`, which must exist; `inputs` are files they must not replace."""
     import os
 
     import packpipe
     model_file = os.path.join(directory, "model.json")
     device_file = os.path.join(directory, "device.json")
-    with open(model_file, "w") as f:
-        f.write(cfg.cost_model_json())
-    with open(device_file, "w") as f:
-        json.dump(CPU_DEVICE if device is None else device, f)
+    outputs = {"model file": model_file, "device file": device_file}
+    packpipe.check_outputs(outputs, inputs)
+    packpipe.write_file_atomic(model_file, cfg.cost_model_json(), inputs=inputs, what="model file")
+    packpipe.write_file_atomic(device_file, json.dumps(CPU_DEVICE if device is None else device), inputs=inputs,
+                               what="device file")
     return packpipe.CostModel(model_file, device_file)
 
 
