@@ -63,7 +63,7 @@ def parse(argv=None):
                     help="torch threads per rank (0: cores / ranks)")
     ap.add_argument("--timeout", type=f(0, _check.MAX_TIMEOUT_S, lo_open=True), default=120,
                     help="seconds any wait may take")
-    ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per rank)")
+    ap.add_argument("--device", type=_check.arg_device, default="cpu", help="cpu, or cuda (one GPU per rank)")
     ap.add_argument("--calibrate-after", type=i(0, big, "0: never"), default=0,
                     help="fit the cost model to the first N measured iterations, then plan with it (0: never)")
     ap.add_argument("--recalibrate-every", type=i(0, big, "0: fit once"), default=0,
@@ -81,28 +81,22 @@ def parse(argv=None):
                         ("--save-measurements", a.save_measurements)):
             if v:
                 ap.error(f"{flag} needs --calibrate-after (nothing is calibrated or measured without it)")
-    try:
-        device = torch.device(a.device)
-    except RuntimeError as e:
-        ap.error(f"--device: {e}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error(f"--device {a.device}: this torch sees no CUDA device")
-    if device.type not in ("cpu", "cuda"):
-        ap.error(f"--device {a.device}: expected cpu or cuda")
-    a.parser = ap
     return a
 
 
-def check_outputs(a, inputs, rank):
+def check_outputs(a, inputs, rank, world):
     """The files this job writes, refused before training when one is an input (the manifest, a
-    dataset file, this script) or the other output, or (on the rank that writes it) not writable.
-    Returns the measurement file of this rank ('' when none)."""
-    measurements = a.save_measurements + (f".rank{rank}" if a.save_measurements and rank is not None else "")
-    packpipe.check_outputs({"--save-calibration": a.save_calibration}, inputs, probe=not rank)
-    packpipe.check_outputs({"--save-measurements": measurements}, inputs)
-    packpipe.check_outputs({"--save-calibration": a.save_calibration, "--save-measurements": measurements},
-                           probe=False)
-    return measurements
+    dataset file, this script) or another output (of any rank), or (on the rank that writes it) not
+    writable. Returns the measurement file of this rank ('' when none)."""
+    def measurements(r):
+        return a.save_measurements + (f".rank{r}" if a.save_measurements and r is not None else "")
+    ranks = range(world) if rank is not None else [None]
+    outputs = {"--save-calibration": a.save_calibration}
+    outputs.update({f"--save-measurements{f' (rank {r})' if r is not None else ''}": measurements(r) for r in ranks})
+    packpipe.check_outputs(outputs, inputs, probe=False)
+    packpipe.check_outputs({"--save-calibration": a.save_calibration if not rank else "",
+                            "--save-measurements": measurements(rank)})  # the ones this rank writes: writable
+    return measurements(rank)
 
 
 def _sample_lengths(data, task):
@@ -116,7 +110,8 @@ def setup(a, distributed, replica, rank):
     """The data, the cost model, the loader and the calibrator; raises what the library refuses."""
     data = packpipe.MultiTaskDataset(a.manifest)
     inputs = packpipe.dataset_files(data) + [os.path.abspath(__file__)]
-    measurements_file = check_outputs(a, inputs, dist.get_rank() if distributed else None)
+    measurements_file = check_outputs(a, inputs, dist.get_rank() if distributed else None,
+                                      dist.get_world_size() if distributed else 1)
     longest = max(int((i + t).max()) if len(i) else 0
                   for i, t in (_sample_lengths(data, k) for k in range(data.num_tasks)))
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads,

@@ -89,8 +89,8 @@ BENCH = support.ROOT / "benchmarks" / "torch_bench.py"
     (["--method", "greedy"], "argument --method: invalid choice"),
     (["--save-measurements", "m.jsonl"], "--save-measurements needs --calibrate-after"),
     (["--save-calibration", "c.json"], "--save-calibration needs --calibrate-after"),
-    (["--device", "tpu"], "--device: Expected one of cpu"),
-    (["--device", "meta"], "--device meta: expected cpu or cuda"),
+    (["--device", "tpu"], "argument --device: 'tpu' is not a torch device: Expected one of cpu"),
+    (["--device", "meta"], "argument --device: expected cpu or cuda, found 'meta'"),
 ])
 def test_the_example_refuses_bad_arguments_with_argparse_errors(tmp_path, args, message):
     r = subprocess.run([PY, str(EXAMPLE)] + ARGS + args, env=env(), cwd=tmp_path, capture_output=True, text=True,
@@ -256,3 +256,18 @@ def test_launch_checks_its_arguments():
         run.launch(["x.py"], 1, timeout_s=float("nan"))
     with pytest.raises(ValueError, match="launch: grace_s must be a finite number"):
         run.launch(["x.py"], 1, grace_s=-1)
+    with pytest.raises(TypeError, match="launch: script must be a non-empty list of str"):
+        run.launch("x.py", 1)
+
+
+def test_distributed_outputs_of_every_rank_are_distinct(tmp_path):
+    """Rank 1's measurement file (PATH.rank1) may not be rank 0's calibration: every rank checks
+    every rank's outputs, so the job fails before training, whichever rank would have written it."""
+    r = subprocess.run([PY, "-m", "packpipe.torch.run", "--nproc-per-node", "2", "--timeout", "240", str(EXAMPLE)]
+                       + ARGS + ["--calibrate-after", "1", "--save-calibration", "m.rank1", "--save-measurements", "m"],
+                       env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "[rank 0] train_gpt: error: --save-calibration 'm.rank1' and --save-measurements (rank 1) 'm.rank1' " \
+           "are the same file" in r.stdout, r.stdout + r.stderr
+    assert " loss " not in r.stdout  # refused before training
+    assert list(tmp_path.iterdir()) == []

@@ -56,19 +56,21 @@ def test_profile_plan_with_it_and_round_trip(tmp_path):
     assert res.plans[0].validate()["ok"] and res.plans[0].makespan_ms > 0
 
 
+LAYER = textwrap.dedent("""
+    import torch
+    class Block(torch.nn.Module):
+        def __init__(self, hidden):
+            super().__init__()
+            self.lin = torch.nn.Linear(hidden, hidden)
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+    def make(hidden, heads, ffn):
+        return Block(hidden)
+""")
+
+
 def test_a_custom_layer_and_bad_arguments(tmp_path):
-    mod = tmp_path / "mylayer.py"
-    mod.write_text(textwrap.dedent("""
-        import torch
-        class Block(torch.nn.Module):
-            def __init__(self, hidden):
-                super().__init__()
-                self.lin = torch.nn.Linear(hidden, hidden)
-            def forward(self, x):
-                return torch.relu(self.lin(x))
-        def make(hidden, heads, ffn):
-            return Block(hidden)
-    """))
+    (tmp_path / "mylayer.py").write_text(LAYER)
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     out = tmp_path / "custom.json"
     cmd = [sys.executable, "-m", "packpipe.torch.profile", "--layer", "mylayer:make", "--hidden", "16", "--seq",
@@ -90,19 +92,6 @@ def test_geometric_grid():
     assert prof.geometric(32, 100) == [32, 64, 100]
 
 
-LAYER = textwrap.dedent("""
-    import torch
-    class Block(torch.nn.Module):
-        def __init__(self, hidden):
-            super().__init__()
-            self.lin = torch.nn.Linear(hidden, hidden)
-        def forward(self, x):
-            return torch.relu(self.lin(x))
-    def make(hidden, heads, ffn):
-        return Block(hidden)
-""")
-
-
 def in_process(args, capsys):
     """(exit code, stderr) of `packpipe profile args` run in this process (no interpreter start-up)."""
     try:
@@ -116,7 +105,7 @@ def test_outputs_are_checked_before_measuring_and_never_overwrite_an_input(tmp_p
     """--out and --model-out: never the --layer module's source, never each other, a name packpipe
     reads back, a writable path; all refused at once with nothing written (the grid below takes
     minutes to measure)."""
-    (tmp_path / "profiled_layer.py").write_text(LAYER.replace("mylayer", "profiled_layer"))
+    (tmp_path / "profiled_layer.py").write_text(LAYER)
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -146,7 +135,7 @@ def test_outputs_are_checked_before_measuring_and_never_overwrite_an_input(tmp_p
         r = subprocess.run(([CLI, "profile"] if CLI else [sys.executable, "-m", "packpipe.torch.profile"]) + slow + args,
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and re.search(message, r.stderr) and "Traceback" not in r.stderr, (args, r.stderr)
-    assert (tmp_path / "profiled_layer.py").read_text() == LAYER.replace("mylayer", "profiled_layer")
+    assert (tmp_path / "profiled_layer.py").read_text() == LAYER
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["profiled_layer.py", "sub"]
     assert list((tmp_path / "sub").iterdir()) == []
 
@@ -164,7 +153,7 @@ def test_outputs_are_checked_before_measuring_and_never_overwrite_an_input(tmp_p
     (["--warmup", "-1"], "argument --warmup: must be in"),
     (["--threads", "5000"], r"argument --threads: must be in \[0, 1024\]"),
     (["--recompute", ","], "--recompute: no mode given"),
-    (["--device", "bogus"], "--device: "),
+    (["--device", "bogus"], "argument --device: 'bogus' is not a torch device"),
     (["--name", " "], "--name is empty"),
     (["--layer", "nope_module:make"], "--layer nope_module:make: ModuleNotFoundError"),
     (["--layer", "json"], "--layer is module:factory"),

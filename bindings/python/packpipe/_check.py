@@ -188,6 +188,20 @@ def arg_float(lo: float, hi: float, what: str = "", *, lo_open: bool = False) ->
     return parse
 
 
+def arg_device(text: str):
+    """An argparse type: a torch device this machine has, cpu or cuda[:N] (imports torch)."""
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a torch device: {e}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, found '{text}'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"'{text}': this torch sees no CUDA device")
+    return device
+
+
 def arg_ints(lo: int, hi: int, what: str = "") -> Callable[[str], list]:
     """An argparse type: comma-separated integers, each in [lo, hi], at least one."""
     one = arg_int(lo, hi, what)

@@ -324,7 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--recompute", default="none,selective,full", help="recompute modes to profile")
     ap.add_argument("--repeats", type=_check.arg_int(1, _MAX_REPEATS), default=5)
     ap.add_argument("--warmup", type=_check.arg_int(0, _MAX_REPEATS), default=2)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=_check.arg_device, default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "fp64"], default="bf16" if torch.cuda.is_available() else "fp32")
     ap.add_argument("--threads", type=_check.arg_int(0, _check.MAX_THREADS, "0: torch's default"), default=0,
                     help="CPU threads (0: torch's default)")
@@ -340,12 +340,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ffn = a.ffn or 4 * a.hidden
     if a.hidden % a.heads:
         ap.error(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}")
-    try:
-        device = torch.device(a.device)
-    except RuntimeError as e:
-        ap.error(f"--device: {e}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error(f"--device {a.device}: this torch sees no CUDA device")
+    device = a.device
     if a.name is not None and not a.name.strip():
         ap.error("--name is empty")
     seqs = a.seq or geometric(32, a.max_seq)

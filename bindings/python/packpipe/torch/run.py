@@ -92,6 +92,9 @@ def launch(script: List[str], nproc: int, *, port: Optional[int] = None, grace_s
     `nproc` in [1, max_nproc()], `port` 0 / None (a free one) or in [1, 65535], `grace_s` and
     `timeout_s` (0: none) finite in [0, 1e9]: ValueError otherwise."""
     where = "packpipe.torch.run.launch"
+    if not isinstance(script, (list, tuple)) or not script or not all(isinstance(x, str) for x in script):
+        raise TypeError(f"{where}: script must be a non-empty list of str (the script and its arguments), found "
+                        f"{script!r}"[:200])
     nproc = _check.integer(where, "nproc", nproc, 1, max_nproc())
     port = _check.integer(where, "port", port, 0, 65535) if port is not None else 0
     grace_s = _check.number(where, "grace_s", grace_s, 0, _check.MAX_TIMEOUT_S)
