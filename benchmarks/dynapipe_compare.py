@@ -445,24 +445,35 @@ def main(argv=None):
     ap.add_argument("--dynapipe", default=os.environ.get("DYNAPIPE_SRC"),
                     help="checkout of awslabs/optimizing-multitask-training-through-dynamic-pipelines (or $DYNAPIPE_SRC)")
     ap.add_argument("--fixtures", default=str(ROOT.parent / "shared" / "fixtures" / "dynapipe" / "derived_from_cost_models_pkl"))
-    ap.add_argument("--batches", type=int, default=5, help="64K-token batches per set")
-    ap.add_argument("--batches-4096", type=int, default=3, help="4,096-sample batches per set")
-    ap.add_argument("--models", default="gpt,t5")
-    ap.add_argument("--kinds", default="64K,4096")
-    ap.add_argument("--stages", default="4,8")
-    ap.add_argument("--smoke", action="store_true", help="one 64K batch per model at S = 4")
-    ap.add_argument("--json", help="write every batch's figures here")
-    a = ap.parse_args(argv)
-    if not a.dynapipe:
-        ap.error("--dynapipe DIR (a checkout of DynaPipe) is required")
     try:
         import packpipe
     except ImportError:
         sys.path.insert(0, str(ROOT / "build" / "python"))
         import packpipe
+    from packpipe import _check
+    ap.add_argument("--batches", type=_check.arg_int(1, 10 ** 6), default=5, help="64K-token batches per set")
+    ap.add_argument("--batches-4096", type=_check.arg_int(1, 10 ** 6), default=3, help="4,096-sample batches per set")
+    ap.add_argument("--models", default="gpt,t5")
+    ap.add_argument("--kinds", default="64K,4096")
+    ap.add_argument("--stages", type=_check.arg_ints(1, _check.MAX_PIPELINE), default=[4, 8])
+    ap.add_argument("--smoke", action="store_true", help="one 64K batch per model at S = 4")
+    ap.add_argument("--json", help="write every batch's figures here")
+    a = ap.parse_args(argv)
+    if not a.dynapipe:
+        ap.error("--dynapipe DIR (a checkout of DynaPipe) is required")
+    for flag, value, known in (("--models", a.models, ("gpt", "t5")), ("--kinds", a.kinds, ("64K", "4096"))):
+        bad = [x for x in value.split(",") if x not in known]
+        if bad or not value:
+            ap.error(f"{flag}: expected a comma-separated subset of {', '.join(known)}, found '{value}'")
+    # What the run reads (the fixtures, DynaPipe's checkout, this script) is never its --json.
+    inputs = [str(p) for d in (a.fixtures, a.dynapipe) for p in pathlib.Path(d).rglob("*") if p.is_file()]
+    try:
+        packpipe.check_outputs({"--json": a.json}, inputs + [os.path.abspath(__file__)])
+    except ValueError as e:
+        ap.error(str(e))
     classes = import_dynapipe(pathlib.Path(a.dynapipe))
     models = a.models.split(",")
-    kinds, stages = a.kinds.split(","), [int(s) for s in a.stages.split(",")]
+    kinds, stages = a.kinds.split(","), a.stages
     counts = {"64K": a.batches, "4096": a.batches_4096}
     if a.smoke:
         kinds, stages, counts = ["64K"], [4], {"64K": 1}
@@ -481,8 +492,8 @@ def main(argv=None):
                               f"{r['packpipe']['rc']}), defaults {r['default_ratio']:.4f}", file=sys.stderr)
     summary = summarize(rows)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1, default=str)
+        packpipe.write_file_atomic(a.json, json.dumps({"rows": rows, "summary": summary}, indent=1, default=str),
+                                   inputs=inputs + [os.path.abspath(__file__)], what="--json")
     bad = [s for s in summary if s["ratio_worst"] > 1 + 1e-9 or s["packpipe_over"][0] or s["packpipe_over"][1]]
     return 1 if bad else 0
 

@@ -19,6 +19,13 @@ import time
 
 import numpy as np
 
+try:
+    import packpipe
+except ImportError:  # run from the source tree without PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "python"))
+    import packpipe
+from packpipe import _check
+
 
 def write_dataset(prefix, n, seed=3):
     rng = np.random.default_rng(seed)
@@ -26,18 +33,19 @@ def write_dataset(prefix, n, seed=3):
     pointers = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1].astype(np.int64) * 2, out=pointers[1:])
     doc_idx = np.arange(n + 1, dtype=np.int64)
-    with open(prefix + ".idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8) + struct.pack("<Q", n)
-                + struct.pack("<Q", n + 1))
-        f.write(sizes.tobytes()); f.write(pointers.tobytes()); f.write(doc_idx.tobytes())
-    with open(prefix + ".bin", "wb") as f:
-        f.truncate(int(sizes.astype(np.int64).sum()) * 2)  # sparse: no data blocks written
+    packpipe.write_file_atomic(prefix + ".idx", b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8)
+                               + struct.pack("<Q", n) + struct.pack("<Q", n + 1) + sizes.tobytes()
+                               + pointers.tobytes() + doc_idx.tobytes())
+    # The .bin is a sparse file (no data blocks written: planning reads lengths only), created in
+    # this run's own temporary folder, which holds nothing else.
+    with open(prefix + ".bin", "xb") as f:
+        f.truncate(int(sizes.astype(np.int64).sum()) * 2)
     return int(sizes.astype(np.int64).sum())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--samples", type=_check.arg_int(1, 2 ** 31 - 1), default=1_000_000)
     ap.add_argument("--packpipe", default=os.path.join("build", "packpipe"))
     ap.add_argument("--extra", nargs="*", default=[])
     a = ap.parse_args()

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 import packpipe
 import packpipe.torch as pt
+from packpipe import _check
 from packpipe.torch import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,8 +49,7 @@ def manifest(workload, directory):
     m = {"version": 1, "tasks": [{"name": t, "inputs": os.path.join(demo, f"demo_{t}_inputs_document"),
                                   "targets": os.path.join(demo, f"demo_{t}_targets_document")} for t in tasks]}
     path = os.path.join(directory, "short.json")
-    with open(path, "w") as f:
-        json.dump(m, f)
+    packpipe.write_file_atomic(path, json.dumps(m))
     return path
 
 
@@ -300,25 +300,40 @@ def main():
     ap.add_argument("mode", choices=["overhead", "throughput", "calibration"])
     ap.add_argument("--workload", choices=["short", "demo"], default="short",
                     help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens)")
-    ap.add_argument("--iterations", type=int, default=6)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=4096, help="global batch tokens")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--grid", type=int, nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--calibrate-after", type=int, default=20, help="calibration: measured iterations before the fit")
-    ap.add_argument("--warmup", type=int, default=1, help="calibration: first iterations not measured")
-    ap.add_argument("--pp", type=int, default=0, help="pipeline ranks (default: every rank)")
+    i = _check.arg_int
+    ap.add_argument("--iterations", type=i(1, _check.MAX_COUNT), default=6)
+    ap.add_argument("--rounds", type=i(1, 10 ** 6), default=3)
+    ap.add_argument("--tokens", type=i(1, _check.MAX_COUNT), default=4096, help="global batch tokens")
+    ap.add_argument("--hidden", type=i(4, 2 ** 20), default=128, help="model width (a multiple of its 4 heads)")
+    ap.add_argument("--layers", type=i(1, 2 ** 16), default=4)
+    ap.add_argument("--vocab", type=i(1, 2 ** 31 - 1), default=2048)
+    ap.add_argument("--grid", type=i(1, 2 ** 31), nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
+    ap.add_argument("--seed", type=i(0, 2 ** 63 - 1), default=5)
+    ap.add_argument("--calibrate-after", type=i(1, _check.MAX_COUNT), default=20,
+                    help="calibration: measured iterations before the fit")
+    ap.add_argument("--warmup", type=i(0, _check.MAX_COUNT), default=1, help="calibration: first iterations not measured")
+    ap.add_argument("--pp", type=i(0, _check.MAX_PIPELINE, "0: every rank"), default=0,
+                    help="pipeline ranks (default: every rank)")
     ap.add_argument("--out", help="write the JSON result here (rank 0)")
     a = ap.parse_args()
+    if a.hidden % 4:
+        ap.error(f"--hidden {a.hidden} must be a multiple of the model's 4 heads")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.pp and world % a.pp:
+        ap.error(f"--pp {a.pp} must divide the {world} ranks started")
+    tmp = tempfile.mkdtemp(prefix="packpipe-bench-")
+    # The result file is checked before any collective and any measurement: never an input (the
+    # manifest, a dataset file, this script), writable on rank 0, which writes it.
+    inputs = packpipe.dataset_files(packpipe.MultiTaskDataset(manifest(a.workload, tmp))) + [os.path.abspath(__file__)]
+    try:
+        packpipe.check_outputs({"--out": a.out}, inputs, probe=os.environ.get("RANK", "0") == "0")
+    except ValueError as e:
+        ap.error(str(e))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     pp = a.pp or world
     groups = pt.ProcessGroups.create(pp, world // pp)
-    tmp = tempfile.mkdtemp(prefix="packpipe-bench-")
     out = {"overhead": overhead, "throughput": throughput, "calibration": calibration}[a.mode](a, groups, tmp)
     out["torch"] = torch.__version__
     out["threads_per_rank"] = torch.get_num_threads()
@@ -326,8 +341,7 @@ def main():
         text = json.dumps(out, indent=1)
         print(text)
         if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
+            packpipe.write_file_atomic(a.out, text, inputs=inputs, what="--out")
     dist.barrier()
     dist.destroy_process_group()
 

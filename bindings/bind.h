@@ -338,6 +338,10 @@ void define_loader(pybind11::module_& m);
 void declare_runtime(pybind11::module_& m);
 void define_runtime(pybind11::module_& m);
 
+/// Output rules for Python writers (bind_io.cpp): write_file_atomic(), check_outputs(), same_file(),
+/// dataset_files().
+void define_io(pybind11::module_& m);
+
 }  // namespace packpipe::bindings
 
 namespace pybind11::detail {

@@ -36,4 +36,5 @@ PYBIND11_MODULE(_core, m) {
   packpipe::bindings::define_measure(m);
   packpipe::bindings::define_loader(m);
   packpipe::bindings::define_runtime(m);
+  packpipe::bindings::define_io(m);
 }

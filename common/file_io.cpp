@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fcntl.h>
 #include <filesystem>
 #include <map>
@@ -232,6 +233,24 @@ void check_command_files(const std::vector<std::string>& inputs, const std::vect
                        "{} '{}' and {} '{}' are the same file: the second would overwrite the first; give each output "
                        "its own path",
                        written[other].what, written[other].path, written[k].what, written[k].path);
+  }
+}
+
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<OutputFile> files;
+  files.reserve(outputs.size());
+  for (const auto& [path, what] : outputs) files.push_back({path, what});
+  check_command_files({}, files);
+}
+
+void probe_output(const std::string& path, std::string_view what) {
+  struct stat st {};
+  // A stream is written directly (a FIFO's open would wait for its reader): nothing to probe.
+  if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) return;
+  try {
+    AtomicFile probe(path);  // the destructor removes the temporary and releases the lock
+  } catch (const std::exception& e) {
+    PACKPIPE_THROW(InvalidArgument, "{}: cannot write '{}': {}", what, path, e.what());
   }
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace packpipe {
@@ -91,6 +92,16 @@ struct OutputFile {
 /// Outputs with an empty path are skipped; an existing stream (character device, FIFO) is written
 /// in place, loses nothing, and may appear more than once.
 void check_command_files(const std::vector<std::string>& inputs, const std::vector<OutputFile>& outputs);
+
+/// check_command_files without inputs, for (path, what) pairs: throws InvalidArgument when two
+/// of the non-empty `outputs` name the same file (or one another's lock file).
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+/// Refuses, before any work, an output `path` (`what`, e.g. "--out") that AtomicFile could not
+/// write: a directory, a missing or read-only folder, an output another writer holds. Creates and
+/// removes the temporary and the lock; never touches `path`. Throws InvalidArgument naming `what` and
+/// the path.
+void probe_output(const std::string& path, std::string_view what);
 
 /// Opens `path` read-only without blocking on a FIFO and refuses anything but a regular file
 /// (directory, FIFO, device); returns the descriptor. `what` names the role, e.g. "lengths file".

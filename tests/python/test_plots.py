@@ -85,3 +85,19 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     p.write_bytes(json.dumps(plot_data()).encode("utf-16"))
     with pytest.raises(ValueError, match=r"utf16\.json: not UTF-8 text"):
         plots.read_validation_plot(str(p))
+
+
+def test_the_picture_is_never_written_over_its_data(tmp_path):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"format": "packpipe-validation-plot", "version": 1, "ops": [], "iterations": []}))
+    before = data.read_text()
+    os.symlink(data, tmp_path / "link.png")
+    for out in (data, tmp_path / "." / "data.json", tmp_path / "link.png"):
+        r = subprocess.run([sys.executable, "-m", "packpipe.plots", "validation", str(data), "-o", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "is the input" in r.stderr and "destroy the input" in r.stderr, r.stderr
+    assert data.read_text() == before
+    r = subprocess.run([sys.executable, "-m", "packpipe.plots", "validation", str(data), "-o", str(tmp_path / "d")
+                        + "/missing/o.png"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot write" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "link.png"]

@@ -153,3 +153,77 @@ def test_masks_keep_packed_samples_apart(tmp_path):
     x = torch.zeros(2, 3, 4)
     with pytest.raises(ValueError, match="decoder boundary tensor"):
         batch.split_boundary(x)
+
+
+@pytest.mark.parametrize("kw, exc, message", [
+    (dict(iterations=-1), ValueError, r"PlanLoader: iterations must be in \[0, \d+\], found -1"),
+    (dict(iterations=True), TypeError, "PlanLoader: iterations must be an integer .* found bool True"),
+    (dict(iterations=2.0), TypeError, "iterations must be an integer .* found float 2.0"),
+    (dict(depth=0), ValueError, r"depth must be in \[1, 256\], found 0"),
+    (dict(depth=10 ** 12), ValueError, r"depth must be in \[1, 256\], found 1000000000000"),
+    (dict(first_iteration=2.5), TypeError, "first_iteration must be an integer"),
+    (dict(first_iteration=-3), ValueError, "first_iteration must be in"),
+    (dict(epoch=-1), ValueError, "epoch must be in"),
+    (dict(replica="0"), TypeError, "replica must be an integer .* found str '0'"),
+    (dict(rank=-1), ValueError, "rank must be in"),
+    (dict(ignore_index=2 ** 70), ValueError, "ignore_index must be in"),
+    (dict(pad_id=-1), ValueError, "pad_id must be in"),
+    (dict(decoder_start_id=None), TypeError, "decoder_start_id must be an integer"),
+    (dict(bogus=1), TypeError, "PlanLoader: unknown keyword argument 'bogus' .*global_batch_tokens"),
+    (dict(encode=True), TypeError, "unknown keyword argument 'encode'"),
+    (dict(shape="2 stages"), TypeError, "shape must be packpipe._core.PipelineShape, found str"),
+    (dict(schedule_fallback=1), TypeError, "schedule_fallback must be bool, found int 1"),
+    (dict(baseline_mbs=[1, 2.5]), ValueError, r"baseline_mbs\[1\] must be an integer, found 2.5"),
+    (dict(cost_model="gpt-1.3b"), TypeError, "cost_model must be CostModel, found str"),
+    (dict(global_batch_tokens=0), ValueError, "give exactly one of a global batch token budget"),
+])
+def test_bad_loader_arguments_are_refused_at_construction_naming_them(tmp_path, kw, exc, message):
+    with pytest.raises(exc, match=message) as e:
+        loader(tmp_path, GPT, **kw)
+    assert "incompatible function arguments" not in str(e.value)
+
+
+def test_bad_loader_sources_are_refused_naming_them(tmp_path):
+    with pytest.raises(TypeError, match="PlanLoader: dataset must be a MultiTaskDataset, or the path"):
+        pt.PlanLoader(5, cost_model=support.cost_model(GPT, tmp_path), global_batch_tokens=500)
+    with pytest.raises(TypeError, match="PlanLoader: plan_file must be a path"):
+        pt.PlanLoader(support.short_manifest(tmp_path), plan_file=5)
+    with pytest.raises(ValueError, match="PlanLoader: plan_file is an empty path"):
+        pt.PlanLoader(support.short_manifest(tmp_path), plan_file="")
+    with pytest.raises(ValueError, match=r"planning settings \['schedule'\] do not apply to a plan file"):
+        pt.PlanLoader(support.short_manifest(tmp_path), plan_file="x.plan", schedule="1f1b")
+    with pytest.raises(RuntimeError, match="missing.plan"):  # opened at construction, not at the first iteration
+        pt.PlanLoader(support.short_manifest(tmp_path), plan_file=str(tmp_path / "missing.plan"))
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (lambda s: s.pop("epoch"), ValueError, "state has fields .* missing epoch"),
+    (lambda s: s.pop("next_iteration"), ValueError, "state has fields .* missing next_iteration"),
+    (lambda s: s.pop("config"), ValueError, "state has fields .* missing config"),
+    (lambda s: s.update(extra=1), ValueError, "state has fields .* unknown extra"),
+    (lambda s: s.update(next_iteration=2.7), TypeError, r"state\['next_iteration'\] must be an integer .*float 2.7"),
+    (lambda s: s.update(next_iteration="2"), TypeError, r"state\['next_iteration'\] must be an integer .*str '2'"),
+    (lambda s: s.update(next_iteration=True), TypeError, r"state\['next_iteration'\] must be an integer .*bool"),
+    (lambda s: s.update(next_iteration=-1), ValueError, r"state\['next_iteration'\] must be in \[0, 5\], found -1"),
+    (lambda s: s.update(next_iteration=6), ValueError, r"state\['next_iteration'\] must be in \[0, 5\], found 6"),
+    (lambda s: s.update(epoch="0"), TypeError, r"state\['epoch'\] must be an integer"),
+    (lambda s: s.update(epoch=0.0), TypeError, r"state\['epoch'\] must be an integer"),
+    (lambda s: s.update(config=None), TypeError, r"state\['config'\] must be a str"),
+    (lambda s: s.update(calibration=5), TypeError, r"state\['calibration'\] must be None or a str"),
+])
+def test_a_bad_loader_state_names_the_field(tmp_path, change, exc, message):
+    good = loader(tmp_path, GPT, iterations=5)
+    next(good)
+    state = good.state_dict()
+    change(state)
+    target = loader(tmp_path, GPT, iterations=5)
+    with pytest.raises(exc, match="PlanLoader.load_state_dict: " + message):
+        target.load_state_dict(state)
+    assert next(target).iteration == 0  # nothing changed
+
+
+def test_a_loader_state_that_is_not_a_dict_is_refused(tmp_path):
+    target = loader(tmp_path, GPT, iterations=5)
+    for bad in (None, [("epoch", 0)], "state"):
+        with pytest.raises(TypeError, match="state must be the dict state_dict"):
+            target.load_state_dict(bad)

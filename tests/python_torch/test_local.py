@@ -93,3 +93,31 @@ def test_t5_pipeline_equals_the_whole_model(tmp_path, pp, schedule, method):
                                mbs=4 if method != "dp" else 0, loss="targets", iterations=2)
     g, p, _ = train_and_compare(loader, data, models.T5(T5C), models.t5_loss, True, "targets")
     assert g <= 1e-10 and p <= 1e-10, (g, p)
+
+
+def test_bad_runner_arguments_are_refused_naming_them():
+    stage = {0: torch.nn.Linear(2, 2)}
+    loss = models.gpt_loss
+    for make, exc, message in [
+        (lambda: pt.LocalPipeline({}, loss), TypeError, "LocalPipeline: stages must be a non-empty dict"),
+        (lambda: pt.LocalPipeline([torch.nn.Linear(2, 2)], loss), TypeError, "stages must be a non-empty dict"),
+        (lambda: pt.LocalPipeline({-1: torch.nn.Linear(2, 2)}, loss), ValueError, "a key of stages .* found -1"),
+        (lambda: pt.LocalPipeline({0: "module"}, loss), TypeError, r"stages\[0\] must be a torch.nn.Module"),
+        (lambda: pt.LocalPipeline(stage, None), TypeError, "LocalPipeline: loss_fn must be callable"),
+        (lambda: pt.LocalPipeline(stage, loss, 5), TypeError, "LocalPipeline: optimizer must be None, a torch.optim"),
+        (lambda: pt.LocalPipeline(stage, loss, timeout_s=-1), ValueError, "LocalPipeline: timeout_s must be a finite"),
+        (lambda: pt.LocalPipeline(stage, loss, timeout_s=float("nan")), ValueError, "timeout_s must be a finite"),
+        (lambda: pt.LocalPipeline(stage, loss, dtype="fp32"), ValueError, "LocalPipeline: dtype must be one of"),
+        (lambda: pt.LocalPipeline(stage, loss, device="gpu9"), ValueError, "LocalPipeline: device 'gpu9' is not"),
+        (lambda: pt.LocalPipeline(stage, loss, synchronize=1), TypeError, "synchronize must be True or False"),
+        (lambda: pt.PipelineRunner(stage, loss, None, pp=0, dp=1), ValueError, r"PipelineRunner: pp must be in \[1"),
+        (lambda: pt.PipelineRunner(stage, loss, None, pp=2, dp=2.0), TypeError, "PipelineRunner: dp must be an integer"),
+        (lambda: pt.PipelineRunner(stage, loss, None, groups="g"), TypeError, "PipelineRunner: groups must be a "
+                                                                               "ProcessGroups"),
+        (lambda: pt.PipelineRunner(stage, loss, None, pp=1, dp=1, timeout_s=1e300), ValueError, "timeout_s must be"),
+        (lambda: pt.PipelineRunner(stage, loss, "sgd", pp=1, dp=1), TypeError, "PipelineRunner: optimizer must be"),
+        (lambda: pt.PipelineRunner(stage, loss, None, pp=1, dp=1, measure_pipeline="yes"), TypeError,
+         "measure_pipeline must be True or False"),
+    ]:
+        with pytest.raises(exc, match=message):
+            make()

@@ -1335,3 +1335,24 @@ def microbatch_layout(plan: Plan, mb: int, decoder: bool = False) -> Dict[str, A
 def assemble_microbatch(dataset: MultiTaskDataset, plan: Plan, mb: int, stage: int, *, ignore_index: int = -100,
                         pad_id: int = 0, decoder_start_id: int = 0) -> LoadedTensors:
     """The tensors virtual stage `stage` loads for micro-batch `mb` of a plan made from this dataset."""
+
+# ---- output rules for Python writers (bind_io.cpp) ----------------------------------------------
+_Path = Union[str, os.PathLike]
+# Outputs: a {name: path or None} dict (the name, e.g. "--out", appears in errors) or paths.
+_Outputs = Union[Dict[str, Optional[_Path]], Sequence[_Path], _Path]
+
+def write_file_atomic(path: _Path, data: Union[str, bytes, bytearray, memoryview], *,
+                      inputs: Union[_Path, Sequence[_Path]] = (), outputs: _Outputs = (),
+                      what: str = "output") -> None:
+    """Writes data atomically (temporary beside it, synced, renamed); ValueError when `path` is one of
+    `inputs` (by inode) or the same file as one of the job's other `outputs`; RuntimeError when it cannot write."""
+
+def check_outputs(outputs: _Outputs, inputs: Union[_Path, Sequence[_Path]] = (), *, probe: bool = True) -> None:
+    """Before any work: ValueError when an output is an input (by inode), two outputs are the same file, or
+    (probe) an output cannot be written (a directory, a missing or read-only folder, a busy output)."""
+
+def same_file(a: _Path, b: _Path) -> bool:
+    """True if both paths exist and name the same file (same device and inode)."""
+
+def dataset_files(dataset: MultiTaskDataset) -> List[str]:
+    """The manifest and every dataset file (.idx, .bin, .bin.zst) of every task: a writer's inputs."""

@@ -9,11 +9,11 @@ in one picture, one colour each. ``packpipe costmodel validate --plot OUT.png`` 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import sys
-import tempfile
 import textwrap
 from typing import Dict, List, Sequence
 
@@ -77,8 +77,9 @@ def _rel_errors(pred: Sequence[float], meas: Sequence[float]) -> List[float]:
     return [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]
 
 
-def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None:
-    """Draws one or more validation plot datasets into the PNG `out` (written atomically)."""
+def draw_validation(datasets: Sequence[Dict], out: str, title: str = "", inputs: Sequence[str] = ()) -> None:
+    """Draws one or more validation plot datasets into the PNG `out`, written atomically and refused
+    when it is one of `inputs` (the files the data came from)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,20 +140,13 @@ def draw_validation(datasets: Sequence[Dict], out: str, title: str = "") -> None
     if heading:
         fig.suptitle(heading, fontsize=9)
     fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=directory)
-    os.close(fd)
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        fig.savefig(png, dpi=110, format="png")
     finally:
         plt.close(fig)
+    import packpipe
+    packpipe.write_file_atomic(out, png.getvalue(), inputs=inputs, what="the picture")
 
 
 def main(argv: Sequence[str] = None) -> int:
@@ -166,13 +160,17 @@ def main(argv: Sequence[str] = None) -> int:
     v.add_argument("--remove-data", action="store_true", help=argparse.SUPPRESS)  # the CLI's temporary file
     args = p.parse_args(argv)
     try:
-        if os.path.isdir(args.output):
-            raise ValueError(f"{args.output}: is a directory (expected the PNG file to write)")
+        import packpipe
+        # Before anything is read or drawn: not a data file, not a directory, writable.
+        packpipe.check_outputs({"--output": args.output}, args.data)
         datasets = [read_validation_plot(f) for f in args.data]
         for d, label in zip(datasets, args.label):
             d["label"] = label
-        draw_validation(datasets, args.output, args.title)
+        draw_validation(datasets, args.output, args.title, inputs=args.data)
     except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # packpipe.write_file_atomic: the picture could not be written
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

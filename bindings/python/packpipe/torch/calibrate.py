@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 import packpipe
+from packpipe import _check
 from packpipe.torch.data import Iteration, PlanLoader
 from packpipe.torch.runner import StepResult
 
@@ -67,19 +68,34 @@ class Calibrator:
     not measured: the first steps of a process pay for allocation and lazy initialisation).
     ``refit_every``: later fits every so many iterations over everything measured so far (0: fit
     once). ``options``: :class:`packpipe.FitOptions`. ``save``: a path where rank 0 writes each
-    calibration (atomically). ``tp``: the tensor-parallel size plans ran with. ``timeout_s``: the
-    deadline of each exchange. In a distributed job every rank constructs its Calibrator (collective:
-    it creates a gloo group for the exchange) and calls :meth:`observe` after each step.
+    calibration (atomically; refused when it is one of the job's inputs: the loader's
+    ``input_files`` and ``inputs``, the other files the job reads). ``tp``: the tensor-parallel size
+    plans ran with. ``timeout_s``: the deadline of each exchange, in (0, 1e9] seconds. Every setting
+    is checked here, before training (TypeError or ValueError naming it). In a distributed job every
+    rank constructs its Calibrator (collective: it creates a gloo group for the exchange) and calls
+    :meth:`observe` after each step.
     """
 
     def __init__(self, loader: PlanLoader, *, fit_after: int = 20, refit_every: int = 0, warmup: int = 1,
-                 options=None, save: Optional[str] = None, tp: int = 1, timeout_s: float = 300.0):
+                 options=None, save: Optional[str] = None, tp: int = 1, timeout_s: float = 300.0,
+                 inputs: Sequence[str] = ()):
+        where = "Calibrator"
+        _check.instance(where, "loader", loader, PlanLoader)
         if loader.cost_model is None:
             raise ValueError("Calibrator: the loader reads a plan file; calibration re-plans, so the loader must plan "
                              "(give it a cost_model)")
-        if fit_after < 1 or refit_every < 0 or warmup < 0:
-            raise ValueError(f"Calibrator: fit_after must be at least 1 (found {fit_after}), refit_every and warmup "
-                             f"at least 0 (found {refit_every}, {warmup})")
+        fit_after = _check.integer(where, "fit_after", fit_after, 1, _check.MAX_COUNT)
+        refit_every = _check.integer(where, "refit_every", refit_every, 0, _check.MAX_COUNT)
+        warmup = _check.integer(where, "warmup", warmup, 0, _check.MAX_COUNT)
+        if options is not None:
+            _check.instance(where, "options", options, packpipe.FitOptions)
+        tp = _check.integer(where, "tp", tp, 1, _MAX_TP)
+        timeout_s = _check.number(where, "timeout_s", timeout_s, 0, _check.MAX_TIMEOUT_S, lo_open=True)
+        self._inputs = loader.input_files + _check.paths(where, "inputs", inputs)
+        if save is not None:
+            save = _check.path(where, "save", save)
+            # Every rank checks that it is no input; rank 0, which writes it, also that it can.
+            packpipe.check_outputs({"Calibrator: save": save}, self._inputs, probe=_rank() == 0)
         self.loader = loader
         self.base = loader.base_cost_model
         self.fit_after, self.refit_every, self.warmup = fit_after, refit_every, warmup
@@ -213,7 +229,7 @@ class Calibrator:
                     "iteration_error_before": _iteration_error(before),
                     "iteration_error_after": _iteration_error(after)}
             if self.save:
-                cal.save(self.save)
+                packpipe.write_file_atomic(self.save, cal.to_json(), inputs=self._inputs, what="Calibrator: save")
             return json.dumps(body).encode()
         except Exception as e:  # noqa: BLE001 - every rank raises it
             return json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
@@ -243,6 +259,14 @@ class Calibrator:
         self.cost_model = self.loader.cost_model
         return CalibrationReport(iteration, body["measurements"], body["iterations"], body["ops"],
                                  body["iteration_error_before"], body["iteration_error_after"], body["calibration"])
+
+
+_MAX_TP = 2 ** 31  # as `packpipe run --tp` (costmodel::kMaxMeasuredSize)
+
+
+def _rank() -> int:
+    """This process's rank in the default group (0 when not distributed)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 _FAILED = "#failed "  # what a rank sends instead of its measurements when it could not make them

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 import packpipe
+from packpipe import _check
 
 IGNORE_INDEX = -100
 
@@ -266,6 +268,9 @@ class Iteration:
         return MicroBatch(self.layout(mb), device, loaded)
 
 
+_STATE_FIELDS = ("epoch", "next_iteration", "config", "calibration")  # what state_dict() returns
+
+
 def _is_encdec(plan: packpipe.Plan) -> bool:
     return any(s["decoder_layers"][1] > s["decoder_layers"][0] for s in plan.stages)
 
@@ -285,32 +290,48 @@ class PlanLoader:
                  rank: Optional[int] = 0, epoch: int = 0, first_iteration: int = 0, iterations: int = 0,
                  depth: int = 2, ignore_index: int = IGNORE_INDEX, pad_id: int = 0, decoder_start_id: int = 0,
                  allow_incomplete: bool = False, **plan_epoch_kwargs):
-        if isinstance(dataset, str):
-            dataset = packpipe.MultiTaskDataset(dataset)
+        where = "PlanLoader"
+        if isinstance(dataset, (str, os.PathLike)):
+            dataset = packpipe.MultiTaskDataset(_check.path(where, "dataset", dataset))
+        _check.instance(where, "dataset", dataset, packpipe.MultiTaskDataset,
+                        "a MultiTaskDataset, or the path of a manifest or a dataset prefix")
         if (cost_model is None) == (plan_file is None):
             raise ValueError("PlanLoader: give exactly one of cost_model (plan every iteration on every rank) or "
                              "plan_file (read the plans)")
+        if cost_model is not None:
+            _check.instance(where, "cost_model", cost_model, packpipe.CostModel)
+        else:
+            plan_file = _check.path(where, "plan_file", plan_file)
+        # Planning settings go to packpipe.plan_epoch: its keywords, less what the loader sets itself.
+        _check.keywords(where, plan_epoch_kwargs, packpipe.plan_epoch,
+                        exclude=("cost_model", "dataset", "epoch", "first_iteration", "iterations", "depth", "encode"))
         if plan_file is not None and plan_epoch_kwargs:
             raise ValueError(f"PlanLoader: planning settings {sorted(plan_epoch_kwargs)} do not apply to a plan file")
-        for bad in ("first_iteration", "iterations", "epoch", "encode"):
-            plan_epoch_kwargs.pop(bad, None)
         self.dataset = dataset
         self.cost_model = cost_model
         self._base_cost_model = cost_model  # what the settings' fingerprint names (a calibration is saved beside)
         self._calibration: Optional[str] = None  # the calibration file's text the loader plans with, if any
         self.plan_file = plan_file
-        self.replica = replica
-        self.rank = rank
-        self.epoch = epoch
-        self.iterations = iterations
-        self.depth = depth
-        self._tokens = dict(ignore_index=ignore_index, pad_id=pad_id, decoder_start_id=decoder_start_id)
-        self._allow_incomplete = allow_incomplete  # a plan file whose planning run stopped early: refused unless True
+        self.replica = _check.integer(where, "replica", replica, 0, _check.MAX_PIPELINE - 1)
+        self.rank = None if rank is None else _check.integer(where, "rank", rank, 0, _check.MAX_PIPELINE - 1)
+        self.epoch = _check.integer(where, "epoch", epoch, 0, _check.MAX_EPOCH)
+        first_iteration = _check.integer(where, "first_iteration", first_iteration, 0, _check.MAX_COUNT)
+        self.iterations = _check.integer(where, "iterations", iterations, 0, _check.MAX_COUNT)
+        self.depth = _check.integer(where, "depth", depth, 1, _check.MAX_DEPTH)
+        self._tokens = dict(ignore_index=_check.integer(where, "ignore_index", ignore_index, *_check.INT64),
+                            pad_id=_check.integer(where, "pad_id", pad_id, 0, _check.INT64[1]),
+                            decoder_start_id=_check.integer(where, "decoder_start_id", decoder_start_id, 0,
+                                                            _check.INT64[1]))
+        # a plan file whose planning run stopped early: refused unless True
+        self._allow_incomplete = _check.boolean(where, "allow_incomplete", allow_incomplete)
         self._kwargs = plan_epoch_kwargs
         self._next = first_iteration  # the iteration the next __next__ delivers
-        self._stop = first_iteration + iterations if iterations else None  # absolute end (None: the epoch's)
+        self._stop = first_iteration + self.iterations if self.iterations else None  # absolute end (None: the epoch's)
         self._native = None
         self._encdec: Optional[bool] = None
+        # Opened now, so that a bad setting, plan file or rank fails here rather than at the first
+        # iteration; it also starts planning and loading ahead while the trainer builds its model.
+        self._open()
 
     # ---- configuration identity (a resume must use the same settings) ----
     def _config(self) -> str:
@@ -330,16 +351,39 @@ class PlanLoader:
                 "calibration": self._calibration}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resume from state_dict(): the next iteration delivered is state['next_iteration']."""
-        if state.get("config") != self._config():
-            raise ValueError("PlanLoader.load_state_dict: the state was saved by a loader with other settings "
-                             f"(fingerprint {state.get('config')}, this loader {self._config()})")
-        if int(state["epoch"]) != self.epoch:
-            raise ValueError(f"PlanLoader.load_state_dict: state of epoch {state['epoch']}, this loader plans epoch "
-                             f"{self.epoch}")
-        self._native = None
-        self._next = int(state["next_iteration"])
-        self._set_model(state.get("calibration") or None, "the loader state's calibration")
+        """Resume from state_dict(): the next iteration delivered is state['next_iteration']. A state
+        that is not a state_dict() of a loader with the same settings is refused (ValueError naming
+        the field; TypeError for a field of the wrong type: nothing is coerced)."""
+        where = "PlanLoader.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: state must be the dict state_dict() returns, found {type(state).__name__}")
+        missing = [k for k in _STATE_FIELDS if k not in state]
+        unknown = sorted(str(k) for k in state if k not in _STATE_FIELDS)
+        if missing or unknown:
+            raise ValueError(f"{where}: state has fields {sorted(str(k) for k in state)}; expected "
+                             f"{', '.join(_STATE_FIELDS)} (state_dict()'s)"
+                             + (f": missing {', '.join(missing)}" if missing else "")
+                             + (f": unknown {', '.join(unknown)}" if unknown else ""))
+        config = state["config"]
+        if not isinstance(config, str):
+            raise TypeError(f"{where}: state['config'] must be a str (the settings' fingerprint), found "
+                            f"{type(config).__name__} {config!r}"[:200])
+        epoch = _check.integer(where, "state['epoch']", state["epoch"], 0, _check.MAX_EPOCH)
+        nxt = _check.integer(where, "state['next_iteration']", state["next_iteration"], 0,
+                             self._stop if self._stop is not None else _check.MAX_COUNT)
+        calibration = state["calibration"]
+        if calibration is not None and not isinstance(calibration, str):
+            raise TypeError(f"{where}: state['calibration'] must be None or a str (a calibration file's text), "
+                            f"found {type(calibration).__name__}")
+        if config != self._config():
+            raise ValueError(f"{where}: the state was saved by a loader with other settings "
+                             f"(fingerprint {config}, this loader {self._config()})")
+        if epoch != self.epoch:
+            raise ValueError(f"{where}: state of epoch {epoch}, this loader plans epoch {self.epoch}")
+        if calibration is not None and self.plan_file is not None:
+            raise ValueError(f"{where}: the state has a calibration, but this loader reads a plan file")
+        self._set_model(calibration or None, "the loader state's calibration")
+        self._next = nxt
 
     def _set_model(self, calibration: Optional[str], what: str) -> None:
         """Plans with the base model calibrated by the calibration file text `calibration` (None:
@@ -351,6 +395,12 @@ class PlanLoader:
             self.cost_model = packpipe.CalibratedCostModel(self._base_cost_model, cal)
         self._calibration = calibration
         self._native = None
+
+    @property
+    def input_files(self) -> List[str]:
+        """The files this loader reads (the manifest, every dataset file, the plan file): what no
+        output of the job may be (packpipe.write_file_atomic's inputs)."""
+        return packpipe.dataset_files(self.dataset) + ([self.plan_file] if self.plan_file is not None else [])
 
     @property
     def base_cost_model(self):

@@ -25,7 +25,7 @@ import copy
 import dataclasses
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import nn
@@ -90,18 +90,20 @@ CPU_DEVICE: Dict[str, Any] = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 1
                               "inter_node_latency_us": 100, "gpus_per_node": 8}
 
 
-def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None):
+def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None, inputs: Sequence[str] = ()):
     """packpipe's cost model of reference config `cfg` (GPTConfig or T5Config) on `device` (default
-    CPU_DEVICE): its model and device files are written into `directory`, which must exist."""
+    CPU_DEVICE): its model and device files, model.json and device.json, are written (atomically)
+    into `directory`, which must exist; `inputs` are files they must not replace."""
     import os
 
     import packpipe
     model_file = os.path.join(directory, "model.json")
     device_file = os.path.join(directory, "device.json")
-    with open(model_file, "w") as f:
-        f.write(cfg.cost_model_json())
-    with open(device_file, "w") as f:
-        json.dump(CPU_DEVICE if device is None else device, f)
+    outputs = {"model file": model_file, "device file": device_file}
+    packpipe.check_outputs(outputs, inputs)
+    packpipe.write_file_atomic(model_file, cfg.cost_model_json(), inputs=inputs, what="model file")
+    packpipe.write_file_atomic(device_file, json.dumps(CPU_DEVICE if device is None else device), inputs=inputs,
+                               what="device file")
     return packpipe.CostModel(model_file, device_file)
 
 
@@ -235,9 +237,11 @@ def t5_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     return token_loss(logits, batch.decoder_labels)
 
 
-class _MaskBatch:
-    """Dense attention under explicit masks (the whole models' forward): a micro-batch of layout
-    packed-mask whose masks are given."""
+class MaskedBatch:
+    """Dense attention under explicit boolean masks (True: may attend): what the blocks take in place
+    of a MicroBatch for the whole models' forward and for profiling (layout packed-mask with the masks
+    given: `mask` [rows, 1, n, n] of the encoder (or GPT) side, `decoder_mask` of the decoder's
+    self-attention, `cross_mask` [rows, 1, dec, n] of its cross-attention)."""
     layout = "packed-mask"
 
     def __init__(self, mask, decoder_mask=None, cross_mask=None):
@@ -278,7 +282,7 @@ class GPT(nn.Module):
         """Logits of rows [rows, seq] with an explicit attention mask [rows, 1, seq, seq] (dense
         attention: the single-process reference)."""
         x = self.embed(input_ids, position_ids)
-        batch = _MaskBatch(mask)
+        batch = MaskedBatch(mask)
         for layer in self.layers:
             x = layer(x, batch)
         return self.head(x)
@@ -351,7 +355,7 @@ class T5(nn.Module):
                 cross_mask):
         """Logits of the decoder rows."""
         h = self.enc_embed(input_ids, position_ids)
-        batch = _MaskBatch(enc_mask, self_mask, cross_mask)
+        batch = MaskedBatch(enc_mask, self_mask, cross_mask)
         for layer in self.encoder:
             h = layer(h, batch, causal=False)
         memory = self.enc_norm(h)

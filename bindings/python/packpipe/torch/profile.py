@@ -26,12 +26,14 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 import packpipe
+from packpipe import _check
 from packpipe.torch import models
 
 RECOMPUTE = ("none", "selective", "full")
@@ -99,8 +101,9 @@ def reference_layers(arch: str, hidden: int, heads: int, ffn: int, vocab: int, m
 
     def enc_inputs(mbs, seq, dec):
         x = rnd(mbs, seq, hidden).requires_grad_(True)
-        mask = _causal(seq, device) if arch == "gpt" else _full(seq, seq, device)
-        return (x, mask), x
+        causal = arch == "gpt"
+        mask = _causal(seq, device) if causal else _full(seq, seq, device)
+        return (x, models.MaskedBatch(mask), causal), x
     layers.insert(1, _Layer("encoder", enc, lambda m, a: m(*a), enc_inputs, lambda on: _set_core_checkpoint(enc, on)))
     if arch == "t5":
         dec_layer = models.DecoderBlock(hidden, heads, ffn).to(device, dtype)
@@ -108,7 +111,7 @@ def reference_layers(arch: str, hidden: int, heads: int, ffn: int, vocab: int, m
         def dec_inputs(mbs, seq, dec):
             x = rnd(mbs, dec, hidden).requires_grad_(True)
             memory = rnd(mbs, seq, hidden).requires_grad_(True)
-            return (x, memory, _causal(dec, device), _full(dec, seq, device)), x
+            return (x, memory, models.MaskedBatch(None, _causal(dec, device), _full(dec, seq, device))), x
         layers.insert(2, _Layer("decoder", dec_layer, lambda m, a: m(*a), dec_inputs,
                                 lambda on: _set_core_checkpoint(dec_layer, on)))
     return layers
@@ -235,8 +238,69 @@ def profile(layers: Sequence[_Layer], mbs: Sequence[int], seqs: Sequence[int], d
     return points
 
 
-def _ints(text: str) -> List[int]:
-    return [int(x) for x in text.split(",") if x]
+# Limits of the command line (the cost model's query limits: costmodel::kMaxQueryMbs, kMaxQuerySeq).
+_MAX_MBS = 2 ** 24
+_MAX_SEQ = 2 ** 24
+_MAX_WIDTH = 2 ** 20
+_MAX_REPEATS = 10 ** 6
+
+
+def _model_spec(a, name: str, ffn: int, dtype) -> str:
+    """The model file --model-out writes (the cost model of what was profiled)."""
+    cfg = (models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads, ffn=ffn, dtype=dtype)
+           if a.model == "gpt" else
+           models.T5Config(vocab_size=a.vocab, hidden=a.hidden, encoder_layers=a.layers, decoder_layers=a.layers,
+                           heads=a.heads, ffn=ffn, dtype=dtype))
+    spec = json.loads(cfg.cost_model_json())
+    spec["name"] = name
+    return json.dumps(spec)
+
+
+def _import_layer(ap: argparse.ArgumentParser, spec: str):
+    """(factory, source files) of --layer module:factory; an argparse error when it cannot be imported."""
+    mod, _, fn = spec.partition(":")
+    if not mod or not fn:
+        ap.error(f"--layer is module:factory, found '{spec}'")
+    try:
+        module = importlib.import_module(mod)
+        factory = getattr(module, fn)
+    except (ImportError, AttributeError, SyntaxError) as e:
+        ap.error(f"--layer {spec}: {type(e).__name__}: {e}")
+    if not callable(factory):
+        ap.error(f"--layer {spec}: {fn} is a {type(factory).__name__}, expected a callable factory")
+    # The module's source (and its package's) is an input: no output may overwrite it.
+    files = []
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        name = getattr(m, "__name__", "")
+        if f and (name == mod or mod.startswith(name + ".") or name.startswith(mod + ".")):
+            files.append(f)
+    return factory, files
+
+
+def check_outputs(a, inputs: List[str], name: str, device_name: str, spec: Optional[str]) -> None:
+    """Every output checked before any measurement: not an input (the --layer module's files), not
+    each other, writable, and of a name its reader recognises: a dry run of each writer into a
+    temporary folder under the output's own file name. Raises ValueError naming the option."""
+    outputs = {"--out": a.out, "--model-out": a.model_out}
+    packpipe.check_outputs(outputs, inputs)
+    with tempfile.TemporaryDirectory(prefix="packpipe-profile-") as tmp:
+        trial = os.path.join(tmp, os.path.basename(a.out))
+        try:
+            packpipe.write_profile(trial, [("encoder", 1, "none", 0, 1, 1, 0, 1.0, 1.0, None, None)], model=name,
+                                   device=device_name)
+            packpipe.read_profile([trial])
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"--out {a.out}: packpipe could not read a profile written under this name: "
+                             f"{str(e).replace(trial, os.path.basename(a.out))}") from None
+        if spec is not None:
+            trial = os.path.join(tmp, os.path.basename(a.model_out))
+            packpipe.write_file_atomic(trial, spec)
+            try:
+                packpipe.CostModel(trial, "A100-40GB")
+            except (ValueError, RuntimeError) as e:
+                raise ValueError(f"--model-out {a.model_out}: packpipe could not read a model file written under this "
+                                 f"name: {str(e).replace(trial, os.path.basename(a.model_out))}") from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -244,79 +308,99 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="reference architecture")
     ap.add_argument("--layer", help="a custom transformer layer: module:factory (called with hidden=, heads=, ffn=)")
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ffn", type=int, default=0, help="MLP width (0: 4 x hidden)")
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4, help="layers of the model file written (--model-out)")
-    ap.add_argument("--mbs", type=_ints, default=[1, 2, 4, 8], help="micro-batch sizes (comma-separated)")
-    ap.add_argument("--seq", type=_ints, default=None, help="sequence lengths (default: 32 doubling to --max-seq)")
-    ap.add_argument("--max-seq", type=int, default=512)
-    ap.add_argument("--dec-seq", type=_ints, default=None, help="decoder lengths (t5; default: 32 doubling to --max-seq / 2)")
+    ap.add_argument("--hidden", type=_check.arg_int(1, _MAX_WIDTH), default=64)
+    ap.add_argument("--heads", type=_check.arg_int(1, _MAX_WIDTH), default=4)
+    ap.add_argument("--ffn", type=_check.arg_int(0, _MAX_WIDTH, "0: 4 x hidden"), default=0,
+                    help="MLP width (0: 4 x hidden)")
+    ap.add_argument("--vocab", type=_check.arg_int(1, 2 ** 31 - 1), default=256)
+    ap.add_argument("--layers", type=_check.arg_int(1, 2 ** 16), default=4,
+                    help="layers of the model file written (--model-out)")
+    ap.add_argument("--mbs", type=_check.arg_ints(1, _MAX_MBS), default=[1, 2, 4, 8],
+                    help="micro-batch sizes (comma-separated)")
+    ap.add_argument("--seq", type=_check.arg_ints(1, _MAX_SEQ), default=None,
+                    help="sequence lengths (default: 32 doubling to --max-seq)")
+    ap.add_argument("--max-seq", type=_check.arg_int(1, _MAX_SEQ), default=512)
+    ap.add_argument("--dec-seq", type=_check.arg_ints(1, _MAX_SEQ), default=None,
+                    help="decoder lengths (t5; default: 32 doubling to --max-seq / 2)")
     ap.add_argument("--recompute", default="none,selective,full", help="recompute modes to profile")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=_check.arg_int(1, _MAX_REPEATS), default=5)
+    ap.add_argument("--warmup", type=_check.arg_int(0, _MAX_REPEATS), default=2)
+    ap.add_argument("--device", type=_check.arg_device, default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "fp64"], default="bf16" if torch.cuda.is_available() else "fp32")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    ap.add_argument("--threads", type=_check.arg_int(0, _check.MAX_THREADS, "0: torch's default"), default=0,
+                    help="CPU threads (0: torch's default)")
     ap.add_argument("--name", help="the model name the profile is for (the cost model's model file must say the "
                                    "same; default: reference-gpt, reference-t5, or custom-layer)")
-    ap.add_argument("--out", required=True, help="the profile file to write (packpipe-profile JSON)")
-    ap.add_argument("--model-out", help="also write the model file the profiled cost model needs (--model FILE)")
+    ap.add_argument("--out", required=True, help="the profile file to write (packpipe-profile JSON, a .json name)")
+    ap.add_argument("--model-out", help="also write the model file the profiled cost model needs (--model FILE, "
+                                        "a .json name)")
     ap.add_argument("--no-check", action="store_true", help="skip loading the profile back and leave-one-out")
     ap.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     a = ap.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}[a.dtype]
     ffn = a.ffn or 4 * a.hidden
+    if a.hidden % a.heads:
+        ap.error(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}")
+    device = a.device
+    if a.name is not None and not a.name.strip():
+        ap.error("--name is empty")
     seqs = a.seq or geometric(32, a.max_seq)
     decs = (a.dec_seq or geometric(32, max(a.max_seq // 2, 32))) if a.model == "t5" else [0]
     modes = [m for m in a.recompute.split(",") if m]
     for m in modes:
         if m not in RECOMPUTE:
             ap.error(f"--recompute: '{m}' is not one of {', '.join(RECOMPUTE)}")
+    if not modes:
+        ap.error(f"--recompute: no mode given (one or more of {', '.join(RECOMPUTE)})")
+    factory, inputs = _import_layer(ap, a.layer) if a.layer else (None, [])
+    name = a.name or ("custom-layer" if a.layer else "reference-" + a.model)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    spec = _model_spec(a, name, ffn, dtype) if a.model_out else None
+    try:
+        check_outputs(a, inputs, name, device_name, spec)  # before minutes of measuring
+    except ValueError as e:
+        ap.error(str(e))
+    if a.threads:
+        torch.set_num_threads(a.threads)
     custom = None
-    if a.layer:
-        mod, _, fn = a.layer.partition(":")
-        if not fn:
-            ap.error("--layer is module:factory")
-        custom = getattr(importlib.import_module(mod), fn)(hidden=a.hidden, heads=a.heads, ffn=ffn)
+    if factory is not None:
+        try:
+            custom = factory(hidden=a.hidden, heads=a.heads, ffn=ffn)
+        except Exception as e:  # noqa: BLE001 - the user's code: named, not dumped
+            ap.error(f"--layer {a.layer}: the factory failed: {type(e).__name__}: {e}")
+        if not isinstance(custom, torch.nn.Module):
+            ap.error(f"--layer {a.layer}: the factory returned {type(custom).__name__}, expected a torch.nn.Module")
     torch.manual_seed(0)
-    layers = reference_layers(a.model, a.hidden, a.heads, ffn, a.vocab, max(max(seqs), max(decs)) + 1, a.device,
+    layers = reference_layers(a.model, a.hidden, a.heads, ffn, a.vocab, max(max(seqs), max(decs)) + 1, device,
                               dtype, custom)
     t0 = time.monotonic()
-    points = profile(layers, a.mbs, seqs, decs, modes, a.device, a.repeats, a.warmup, progress=not a.json)
+    points = profile(layers, a.mbs, seqs, decs, modes, device, a.repeats, a.warmup, progress=not a.json)
     seconds = time.monotonic() - t0
-    device_name = torch.cuda.get_device_name(a.device) if torch.device(a.device).type == "cuda" else "cpu"
     notes = [f"packpipe profile: torch {torch.__version__}, {a.dtype}, {a.repeats} repeats after {a.warmup} warm-up, "
-             f"medians; {'CUDA events' if torch.device(a.device).type == 'cuda' else 'perf_counter'}; "
+             f"medians; {'CUDA events' if device.type == 'cuda' else 'perf_counter'}; "
              f"{seconds:.1f} s", f"layer: {a.layer or 'reference ' + a.model}"]
-    name = a.name or ("custom-layer" if a.layer else "reference-" + a.model)
+    outputs = {"--out": a.out, "--model-out": a.model_out}
+    packpipe.check_outputs(outputs, inputs, probe=False)  # again: the files may have changed while measuring
     packpipe.write_profile(a.out, points, model=name, device=device_name, notes=notes)
     summary = {"profile": a.out, "points": len(points), "seconds": seconds, "device": device_name, "dtype": a.dtype}
     if a.model_out:
-        cfg = (models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=a.heads, ffn=ffn, dtype=dtype)
-               if a.model == "gpt" else
-               models.T5Config(vocab_size=a.vocab, hidden=a.hidden, encoder_layers=a.layers, decoder_layers=a.layers,
-                               heads=a.heads, ffn=ffn, dtype=dtype))
-        spec = json.loads(cfg.cost_model_json())
-        spec["name"] = name
-        tmp = a.model_out + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps(spec))
-        os.replace(tmp, a.model_out)
+        packpipe.write_file_atomic(a.model_out, spec, inputs=inputs, outputs={"--out": a.out}, what="--model-out")
         summary["model"] = a.model_out
     if not a.no_check and a.model_out:
-        loo = packpipe.profile_leave_one_out([a.out], a.model_out)
-        summary["leave_one_out"] = {"time_mape": loo["time_mape"], "linear_time_mape": loo["linear_time_mape"],
-                                    "memory_mape": loo["memory_mape"] if loo["memory_predictions"] else None,
-                                    "points": loo["points"]}
+        try:
+            loo = packpipe.profile_leave_one_out([a.out], a.model_out)
+            summary["leave_one_out"] = {"time_mape": loo["time_mape"], "linear_time_mape": loo["linear_time_mape"],
+                                        "memory_mape": loo["memory_mape"] if loo["memory_predictions"] else None,
+                                        "points": loo["points"]}
+        except ValueError as e:  # a grid too small to leave points out: the profile itself is written
+            summary["leave_one_out"] = {"skipped": str(e)}
     if a.json:
         print(json.dumps(summary, indent=1))
     else:
         print(f"packpipe profile: {len(points)} points in {seconds:.1f} s on {device_name} ({a.dtype}) -> {a.out}")
-        if "leave_one_out" in summary:
+        if "skipped" in summary.get("leave_one_out", {}):
+            print(f"  leave-one-out skipped: {summary['leave_one_out']['skipped']}")
+        elif "leave_one_out" in summary:
             l = summary["leave_one_out"]
             mem = (f"stored memory {l['memory_mape']:.2f}%" if l["memory_mape"] is not None
                    else "memory not measured (CUDA only)")
@@ -325,5 +409,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _cli(argv: Optional[List[str]] = None) -> int:
+    """main() with packpipe's and the system's errors as one line each (exit 1), not a traceback."""
+    try:
+        return main(argv)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"packpipe profile: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_cli())

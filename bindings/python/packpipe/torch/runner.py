@@ -27,17 +27,41 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
+from packpipe import _check
 from packpipe import runtime as rt
 from packpipe.torch.data import Iteration, MicroBatch
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 LossFn = Callable[[torch.Tensor, MicroBatch], torch.Tensor]
+
+
+def _check_runner(where: str, stages, loss_fn, device, dtype, timeout_s) -> Tuple[torch.device, float]:
+    """The checks PipelineRunner and LocalPipeline share: stages a non-empty {virtual stage: Module},
+    a callable loss, a device torch knows, an activation dtype, a timeout in [0, 1e9] s (0: none).
+    Returns (device, timeout_s)."""
+    if not isinstance(stages, dict) or not stages:
+        raise TypeError(f"{where}: stages must be a non-empty dict {{virtual stage: torch.nn.Module}}, found "
+                        f"{type(stages).__name__} {stages!r}"[:200])
+    for v, m in stages.items():
+        _check.integer(where, "a key of stages (a virtual stage)", v, 0, _check.MAX_PIPELINE - 1)
+        _check.instance(where, f"stages[{v}]", m, torch.nn.Module, "a torch.nn.Module")
+    if not callable(loss_fn):
+        raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
+                        f"{type(loss_fn).__name__}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+    if dtype not in _DTYPES.values():
+        raise ValueError(f"{where}: dtype must be one of {', '.join(str(d) for d in _DTYPES.values())}, found "
+                         f"{dtype!r}")
+    return device, _check.number(where, "timeout_s", timeout_s, 0, _check.MAX_TIMEOUT_S)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -302,12 +326,23 @@ class PipelineRunner:
                  timeout_s: float = 300.0, check_agreement: bool = True, synchronize: bool = False,
                  measure_pipeline: bool = True):
         from packpipe.torch.transport import Monitor, ProcessGroups, TorchTransport, default_store
+        where = "PipelineRunner"
+        device, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
+        if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
+            raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
+                            f"{type(optimizer).__name__}")
+        for name, flag in (("check_agreement", check_agreement), ("synchronize", synchronize),
+                           ("measure_pipeline", measure_pipeline)):
+            _check.boolean(where, name, flag)
         if groups is None:
             if pp is None or dp is None:
                 raise ValueError("PipelineRunner: give groups, or pp and dp to create them")
-            groups = ProcessGroups.create(pp, dp)
+            groups = ProcessGroups.create(_check.integer(where, "pp", pp, 1, _check.MAX_PIPELINE),
+                                          _check.integer(where, "dp", dp, 1, _check.MAX_PIPELINE))
+        else:
+            _check.instance(where, "groups", groups, ProcessGroups, "a ProcessGroups (ProcessGroups.create)")
         self.groups = groups
-        self.device = torch.device(device)
+        self.device = device
         self.dtype = dtype
         self.timeout_s = timeout_s
         self.monitor = Monitor(default_store(), groups.world_rank, groups.pp * groups.dp)
@@ -452,9 +487,15 @@ class LocalPipeline:
 
     def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer=None, *, device="cpu",
                  dtype=torch.float32, timeout_s: float = 300.0, synchronize: bool = False):
+        where = "LocalPipeline"
+        device, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
+        if optimizer is not None and not callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"{where}: optimizer must be None, a torch.optim.Optimizer or a callable making one per "
+                            f"rank from its parameters, found {type(optimizer).__name__}")
+        _check.boolean(where, "synchronize", synchronize)
         self.stages = stages
         self.loss_fn = loss_fn
-        self.device = torch.device(device)
+        self.device = device
         self.dtype = dtype
         self.timeout_s = timeout_s
         self.synchronize = synchronize
