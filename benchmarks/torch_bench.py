@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -74,7 +75,7 @@ def load_all(data, cm, groups, a, **kw):
     shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
     loader = pt.PlanLoader(data, cost_model=cm, replica=groups.replica, rank=groups.pipeline_rank,
                            iterations=a.iterations, shape=shape, global_batch_tokens=a.tokens, seed=a.seed,
-                           dtype="fp32", split_backward=False, **kw)
+                           dtype="fp32", split_backward=False, calibrate=False, **kw)
     return list(loader)
 
 
@@ -180,30 +181,90 @@ def overhead(a, groups, tmp):
     return out
 
 
-def throughput(a, groups, tmp):
-    cfg, cm, data = setup(a, tmp)
-    configs = [("packpipe", {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")})]
+def baseline_configs(a, data):
+    """The baselines a user would run, each at every setting of the benchmark's grid, 1F1B (the
+    user's schedule): fixed micro-batch sizes (padded), token budgets (padded), varlen packing into
+    rows of a capacity (HF flattening, Megatron THD), WLB-LLM's attention-balanced packing."""
+    longest = _longest(data)
+    cap = 1
+    while cap < longest:
+        cap *= 2
+    one_f = {"schedule": "1f1b", "schedule_fallback": True}
+    out = []
     for k in a.grid:
-        configs.append((f"fixed mbs={k}", {"schedule": "1f1b", "schedule_fallback": True,
-                                           "options": packpipe.PartitionOptions(method="fixed", mbs=k)}))
-        configs.append((f"packing mbs={k}", {"schedule": "1f1b", "schedule_fallback": True,
-                                             "options": packpipe.PartitionOptions(method="packing", mbs=k)}))
+        out.append((f"fixed (mbs {k})", "fixed", dict(one_f, options=packpipe.PartitionOptions(method="fixed", mbs=k))))
+    for f in (1, 2, 4):
+        out.append((f"tokens (budget {f * cap})", "tokens",
+                    dict(one_f, options=packpipe.PartitionOptions(method="tokens", tokens=f * cap))))
+    for k in a.grid:
+        out.append((f"packing (capacity {cap} x {k} rows)", "packing",
+                    dict(one_f, options=packpipe.PartitionOptions(method="packing", mbs=k, capacity=cap))))
+    for f in (1, 2, 4):
+        out.append((f"wlb (capacity {f * cap})", "wlb",
+                    dict(one_f, options=packpipe.PartitionOptions(method="wlb", capacity=f * cap))))
+    return out
+
+
+def _longest(data):
+    """The longest sample of the workload (input + target tokens, as planned for the GPT)."""
+    longest = 1
+    for t in range(data.num_tasks):
+        inp, tgt = data.lengths(t)
+        n = np.asarray(inp, dtype=np.int64) + (np.asarray(tgt, dtype=np.int64) if len(tgt) else 0)
+        if n.size:
+            longest = max(longest, int(n.max()))
+    return longest
+
+
+def runner_for(cfg, its, groups):
+    """A PipelineRunner of a fresh copy of the model over the plans' stages (the same weights on every
+    side: the model's seed)."""
+    full = models.GPT(cfg)
+    plan0 = its[0].plan
+    stages = {v: full.stage(plan0.stages[v]) for v in pt.PipelineRunner.my_stages(plan0, groups.pipeline_rank)}
+    opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
+    return pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, timeout_s=600)
+
+
+def throughput(a, groups, tmp):
+    """Every side planned with one calibration fitted on all sides' own measured steps, then run
+    alternating round by round on the same global batches."""
+    cfg, base, data = setup(a, tmp)
+    packpipe_kw = {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")}
+    configs = [("packpipe", "packpipe", packpipe_kw)] + baseline_configs(a, data)
+    # 1. Calibration: every side's plans of other batches (side c plans epoch 1 + c) run with the
+    # base model; one fit over all of their steps (rank 0 fits, every rank gets the same file).
+    t0 = time.perf_counter()
+    shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
+    common = dict(replica=groups.replica, rank=groups.pipeline_rank, shape=shape, global_batch_tokens=a.tokens,
+                  seed=a.seed, dtype="fp32", split_backward=False, calibrate=False)
+    anchor = pt.PlanLoader(data, cost_model=base, epoch=1, iterations=1, **common, **packpipe_kw)
+    per_side = a.calibrate_after
+    cal = pt.Calibrator(anchor, fit_after=per_side * len(configs), warmup=0)
+    report = None
+    for c, (name, _, kw) in enumerate(configs):
+        its = list(pt.PlanLoader(data, cost_model=base, epoch=1 + c, iterations=per_side + 1, **common, **kw))
+        runner = runner_for(cfg, its, groups)
+        runner.run(its[0])  # warm-up: not measured
+        for it in its[1:]:
+            r = runner.run(it)
+            rep = cal.observe(it, r)
+            report = rep or report
+        runner.close()
+    calibrated = packpipe.CalibratedCostModel(base, packpipe.Calibration.from_json(report.calibration_json, "fit"))
+    calibration_s = time.perf_counter() - t0
+    # 2. The measured sides, planned with the calibrated model.
     runs = {}
-    for name, kw in configs:
-        its = load_all(data, cm, groups, a, **kw)
-        full = models.GPT(cfg)
-        plan0 = its[0].plan
-        mine = pt.PipelineRunner.my_stages(plan0, groups.pipeline_rank)
-        stages = {v: full.stage(plan0.stages[v]) for v in mine}
-        opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
-        runner = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, timeout_s=300)
-        tokens = sum(it.tokens for it in its) * groups.dp
-        simulated = sum(it.plan.makespan_ms for it in its)
-        runs[name] = {"its": its, "runner": runner, "tokens": tokens, "simulated_ms": simulated, "ms": [],
+    for name, family, kw in configs:
+        its = load_all(data, calibrated, groups, a, **kw)
+        runs[name] = {"family": family, "its": its, "runner": runner_for(cfg, its, groups),
+                      "tokens": sum(it.tokens for it in its) * groups.dp,
+                      "simulated_ms": sum(it.plan.makespan_ms for it in its), "ms": [],
                       "microbatches": [len(it.plan.microbatches) for it in its],
+                      "layouts": sorted({m["layout"] for it in its for m in it.plan.microbatches}),
                       "schedules": sorted({it.plan.schedule for it in its})}
-    names = [n for n, _ in configs]
-    for rnd in range(a.rounds + 1):
+    names = [n for n, _, _ in configs]
+    for rnd in range(a.rounds + 1):  # round 0 warms up
         order = names if rnd % 2 == 0 else list(reversed(names))
         for name in order:
             r = runs[name]
@@ -211,7 +272,10 @@ def throughput(a, groups, tmp):
             if rnd > 0:
                 r["ms"].append(ms)
     out = {"mode": "throughput", "workload": a.workload, "iterations": a.iterations, "rounds": a.rounds,
-           "ranks": groups.pp, "dp": groups.dp, "global_batch_tokens": a.tokens, "configs": {}}
+           "ranks": groups.pp, "dp": groups.dp, "global_batch_tokens": a.tokens,
+           "calibration": {"summary": report.summary(), "seconds": calibration_s,
+                           "measured_iterations": per_side * len(configs)},
+           "configs": {}}
     for name in names:
         r = runs[name]
         r["runner"].close()
@@ -219,19 +283,26 @@ def throughput(a, groups, tmp):
         # Simulated time is the cost model's per replica (replicas run in parallel): the max over replicas.
         sim = torch.tensor([r["simulated_ms"]], dtype=torch.float64)
         dist.all_reduce(sim, op=dist.ReduceOp.MAX)
-        out["configs"][name] = {"tokens": r["tokens"], "median_ms": med, "ms": r["ms"],
+        out["configs"][name] = {"family": r["family"], "tokens": r["tokens"], "median_ms": med, "ms": r["ms"],
                                 "tokens_per_s": r["tokens"] / (med / 1e3),
                                 "simulated_tokens_per_s": r["tokens"] / (float(sim) / 1e3),
-                                "microbatches": r["microbatches"], "schedules": r["schedules"]}
+                                "simulated_over_measured": (r["tokens"] / (float(sim) / 1e3)) / (r["tokens"] / (med / 1e3)),
+                                "microbatches": r["microbatches"], "layouts": r["layouts"],
+                                "schedules": r["schedules"]}
     c = out["configs"]
-    best = lambda prefix, key: max((v[key], k) for k, v in c.items() if k.startswith(prefix))  # noqa: E731
-    for base in ("fixed", "packing"):
-        (m, mk) = best(base, "tokens_per_s")
-        (s, sk) = best(base, "simulated_tokens_per_s")
-        out[f"speedup_vs_best_{base}_measured"] = c["packpipe"]["tokens_per_s"] / m
-        out[f"best_{base}_measured"] = mk
-        out[f"speedup_vs_best_{base}_simulated"] = c["packpipe"]["simulated_tokens_per_s"] / s
-        out[f"best_{base}_simulated"] = sk
+    pp = c["packpipe"]
+    families = sorted({v["family"] for k, v in c.items() if k != "packpipe"})
+    out["best_measured"] = {}
+    for fam in families + ["any"]:
+        cands = [(v["tokens_per_s"], k) for k, v in c.items() if k != "packpipe" and fam in ("any", v["family"])]
+        m, mk = max(cands)
+        out["best_measured"][fam] = {"setting": mk, "tokens_per_s": m,
+                                     "speedup_measured": pp["tokens_per_s"] / m,
+                                     "speedup_simulated": pp["simulated_tokens_per_s"] / c[mk]["simulated_tokens_per_s"]}
+    best = out["best_measured"]["any"]
+    out["headline"] = (f"packpipe {best['speedup_measured']:.3f}x the best baseline measured, {best['setting']} "
+                       f"(simulated {best['speedup_simulated']:.3f}x)")
+    out["max_simulation_error"] = max(abs(v["simulated_over_measured"] - 1) for v in c.values())
     return out
 
 
@@ -243,7 +314,8 @@ def calibration(a, groups, tmp):
     for name in ("uncalibrated", "calibrated"):
         loader = pt.PlanLoader(data, cost_model=cm, replica=groups.replica, rank=groups.pipeline_rank,
                                iterations=total, shape=shape, global_batch_tokens=a.tokens, seed=a.seed,
-                               dtype="fp32", split_backward=False, schedule="search", schedule_fallback=True)
+                               dtype="fp32", split_backward=False, schedule="search", schedule_fallback=True,
+                               calibrate=False)
         full = models.GPT(cfg)
         cal = pt.Calibrator(loader, fit_after=a.calibrate_after, warmup=a.warmup) if name == "calibrated" else None
         sides[name] = {"loader": loader, "iter": iter(loader), "model": full, "cal": cal, "runner": None,

@@ -93,11 +93,12 @@ void define_measure(py::module_& m) {
 
   m.def(
       "measurements_from",
-      [](const pl::Plan& plan, const py::sequence& times, const py::object& tp) {
+      [](const pl::Plan& plan, const py::sequence& times, const py::object& tp, const py::object& iteration) {
         planner::InstructionTimes t;
         for (std::size_t k = 0; k < py::len(times); ++k) t.push_back(rank_times(times[k], k));
         planner::MeasureOptions o;
         o.tp = count_arg<std::int64_t>(tp, "tp");
+        if (!iteration.is_none()) o.iteration = count_arg<std::int64_t>(iteration, "iteration");
         py::gil_scoped_release release;
         const planner::PlanMeasurements pm = planner::measurements_from(plan, t, o);
         cm::MeasurementSet set;
@@ -105,9 +106,11 @@ void define_measure(py::module_& m) {
         if (pm.has_iteration) set.iterations.push_back(pm.iteration);
         return set;
       },
-      py::arg("plan"), py::arg("times"), py::arg("tp") = 1,
+      py::arg("plan"), py::arg("times"), py::arg("tp") = 1, py::arg("iteration") = py::none(),
       "Measurements of an executed plan: `times` per rank (start_ns, end_ns) per instruction on one clock, "
-      "RankRecord.times arrays or lists of pairs (None or []: not recorded); the iteration line needs every rank");
+      "RankRecord.times arrays or lists of pairs (None or []: not recorded); the iteration line needs every rank. "
+      "`iteration`: the number they carry (None: the plan's), so that steps of several epochs or loaders stay "
+      "apart");
   m.def(
       "validate_measurements",
       [](const cm::CostModel& cost_model, const cm::MeasurementSet& measurements) {

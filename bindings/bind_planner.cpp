@@ -235,8 +235,10 @@ void define_results(py::module_& m) {
       .def_property_readonly("packpipe", result_view(&planner::IterationResult::packpipe),
                              "MethodFigures of packpipe's plan")
       .def_property_readonly("source", result_of(&planner::IterationResult::source),
-                             "'dp' (packpipe's partition), or the setting of the baseline whose plan was simulated "
-                             "faster and so is the plan")
+                             "the partition method's name ('dp': packpipe's), or the setting of the baseline whose "
+                             "plan was simulated faster and so is the plan")
+      .def_property_readonly("from_baseline", result_of(&planner::IterationResult::from_baseline),
+                             "whether the plan is a baseline's (source names it)")
       .def_property_readonly(
           "baselines",
           [](const py::object& self) { return views_of(self.cast<const PyIterationResult&>().result.baselines, self); },

@@ -67,6 +67,7 @@ struct Row {
   double model_flops = 0;
   planner::MethodFigures packpipe;
   std::string source;                               ///< IterationResult::source
+  bool from_baseline = false;                       ///< IterationResult::from_baseline
   std::vector<planner::BaselineFigures> baselines;  ///< the grid (the same settings every iteration)
   double partition_ms = 0, schedule_ms = 0, candidates_ms = 0, build_ms = 0, planning_ms = 0;
   std::uint64_t truncated = 0, dropped = 0;
@@ -228,6 +229,7 @@ Row report_row(planner::IterationResult& r) {
   row.model_flops = r.model_flops;
   row.packpipe = std::move(r.packpipe);
   row.source = r.source;
+  row.from_baseline = r.from_baseline;
   row.baselines = std::move(r.baselines);
   row.partition_ms = r.partition_ms;
   row.schedule_ms = r.schedule_ms;
@@ -453,7 +455,7 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
     }
   }
   std::uint64_t from_baselines = 0;
-  for (const auto& r : rows) from_baselines += r.source != "dp" ? 1 : 0;
+  for (const auto& r : rows) from_baselines += r.from_baseline ? 1 : 0;
   total["packpipe"]["iterations_from_baselines"] = from_baselines;
   const auto& ms = s.planning_ms;
   total["planning_ms"] = Json{{"median", percentile(ms, 0.5)},

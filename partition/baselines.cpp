@@ -77,9 +77,9 @@ std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineG
     }
     for (const std::uint64_t f : {1u, 2u, 4u}) out.push_back({PartitionMethod::Wlb, 0, 0, f * c, Layout::Packed});
   }
-  if (has_layout(options.layouts, Layout::PackedMask) || !varlen) {
-    for (const std::int64_t r : options.rows) out.push_back({PartitionMethod::Packing, r, 0, c, Layout::PackedMask});
-  }
+  // DynaPipe's packing (dense rows under a block mask), always listed: the comparison of 2023. It is
+  // a candidate for the plan only where the executor runs packed-mask rows (planner).
+  for (const std::int64_t r : options.rows) out.push_back({PartitionMethod::Packing, r, 0, c, Layout::PackedMask});
   return out;
 }
 

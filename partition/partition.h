@@ -183,8 +183,8 @@ struct Baseline {
 struct BaselineGridOptions {
   std::vector<std::int64_t> microbatch_sizes = {1, 2, 4, 8, 16, 32, 64};  ///< fixed
   std::vector<std::int64_t> rows = {1, 2, 4, 8, 16};                      ///< packing: rows per micro-batch
-  /// Layouts the executor runs: packing and wlb need packed (varlen); packing-mask is listed when
-  /// packed-mask is allowed or packed is not (DynaPipe's comparison).
+  /// Layouts the executor runs: packing and wlb are listed when it runs packed (varlen) rows;
+  /// packing-mask (DynaPipe's comparison) always.
   LayoutSet layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
   std::int64_t round_multiple = 8;  ///< of the token budgets' padded lengths
   /// The longest sample the capacities and budgets are sized for (encoder-decoder: its input);

@@ -297,9 +297,11 @@ PlanMeasurements measurements_from(const pl::Plan& plan, const InstructionTimes&
   std::sort(out.ops.begin(), out.ops.end(), [](const cm::Measurement& a, const cm::Measurement& b) {
     return std::tie(a.rank, a.index) < std::tie(b.rank, b.index);
   });
+  const std::uint64_t number = options.iteration >= 0 ? static_cast<std::uint64_t>(options.iteration) : plan.iteration;
+  for (auto& m : out.ops) m.iteration = number;
   if (all) {
     out.has_iteration = true;
-    out.iteration.iteration = plan.iteration;
+    out.iteration.iteration = number;
     out.iteration.replica = plan.replica;
     out.iteration.measured_ms = ns_to_ms(last - origin);
     out.iteration.predicted_ms = plan.makespan_ms;

@@ -26,6 +26,9 @@ using InstructionTimes = std::vector<std::vector<std::pair<std::int64_t, std::in
 
 struct MeasureOptions {
   std::int64_t tp = 1;  ///< tensor-parallel size the plan ran with (plans do not record it)
+  /// The iteration number the measurements carry; negative: the plan's. A trainer that measures
+  /// several epochs (or loaders) numbers its steps so that no two share a number.
+  std::int64_t iteration = -1;
 };
 
 /// What one executed plan measured.

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "common/errors.h"
+#include "common/rng.h"
 #include "costmodel/stage_ops.h"
 #include "plan/builder.h"
 #include "schedule/schedules.h"
@@ -332,6 +333,25 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
   return out;
 }
 
+/// A hash of a partition's micro-batches (samples, rows, layout, recompute) and its replicas:
+/// two baselines with the same key are scheduled alike.
+std::uint64_t partition_key(const part::Partition& p) {
+  std::uint64_t h = kSplitMixGamma;
+  auto mix = [&h](std::uint64_t x) { h = mix_combine(h, x); };
+  for (const auto& mb : p.microbatches) {
+    mix(mb.samples.size());
+    for (auto s : mb.samples) mix(s);
+    mix(mb.row_offsets.size());
+    for (auto x : mb.row_offsets) mix(x);
+    mix(static_cast<std::uint64_t>(mb.layout) << 8 | static_cast<std::uint64_t>(mb.recompute));
+  }
+  for (const auto& rank : p.ranks) {
+    mix(rank.size());
+    for (auto m : rank) mix(m);
+  }
+  return h;
+}
+
 /// The baseline grid's options from the planner's.
 part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
   part::BaselineGridOptions g;
@@ -390,6 +410,7 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   }
   part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
+  r.source = part::partition_method_name(o.partition.method);
 
   // 2. Schedule per data-parallel replica.
   t0 = std::chrono::steady_clock::now();
@@ -402,8 +423,9 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   t0 = std::chrono::steady_clock::now();
   // (Only for packpipe's own method: a method the user names is the plan's.)
   const bool candidates = o.partition.method == part::PartitionMethod::DP;
+  std::map<std::uint64_t, Scheduled> scheduled_partitions;  // by partition_key
   for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
-    if (!candidates && !o.baselines) break;
+    if (!o.baselines && !(candidates && has_layout(o.partition.layouts, b.layout))) continue;
     BaselineFigures f;
     f.baseline = b;
     f.figures.feasible = false;
@@ -416,24 +438,33 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
       if (o.baselines) r.baselines.push_back(std::move(f));
       continue;
     }
-    // Without a report, a baseline that cannot beat the plan is not scheduled.
+    // Without a report, a baseline that cannot beat the plan is not scheduled, nor one whose
+    // micro-batches another setting gave already (its schedules would be the same).
+    const std::uint64_t key = partition_key(bp);
+    const auto same = scheduled_partitions.find(key);
+    if (!o.baselines && same != scheduled_partitions.end()) continue;
     const double bound = o.baselines || !best.figures.feasible ? kInfMs : best.figures.iteration_ms;
-    Scheduled c = schedule_partition(bp, cost, vstages, o, iteration, bound, false);
+    Scheduled c = same != scheduled_partitions.end() ? same->second
+                                                     : schedule_partition(bp, cost, vstages, o, iteration, bound, false);
+    if (c.scheduled && o.baselines) scheduled_partitions.emplace(key, c);
+    if (!o.baselines) scheduled_partitions.emplace(key, Scheduled{});
     f.scheduled = c.scheduled;
     f.figures = c.figures;
     partition_figures(bp, f.figures);
-    if (candidates && c.scheduled && c.figures.feasible &&
+    // A baseline's plan is a candidate when its layout is one the executor runs (layouts).
+    if (candidates && has_layout(o.partition.layouts, b.layout) && c.scheduled && c.figures.feasible &&
         (!best.figures.feasible || c.figures.iteration_ms < best.figures.iteration_ms)) {
       best = std::move(c);
       split = std::move(bp);
       r.source = b.label();
+      r.from_baseline = true;
     }
     if (o.baselines) r.baselines.push_back(std::move(f));
   }
   r.candidates_ms = ms_since(t0);
   r.packpipe = best.figures;
   partition_figures(split, r.packpipe);
-  if (r.source != "dp") r.schedule_note = best.note;
+  if (r.from_baseline) r.schedule_note = best.note;
   if (!split.truncated.empty() || !split.dropped.empty()) {
     // The oversize policy changed the batch: count what is trained (the partition's lengths).
     r.samples = lengths.size() - split.dropped.size();

@@ -110,9 +110,11 @@ struct IterationResult {
   std::vector<pl::Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
   std::vector<pl::Schedule> schedules;  ///< the simulated schedule of each replica (for traces)
   MethodFigures packpipe;
-  /// Where the plan's micro-batches come from: "dp" (packpipe's partition), or the label of the
-  /// baseline whose plan was simulated faster (Baseline::label).
+  /// Where the plan's micro-batches come from: the partition method's name ("dp": packpipe's), or
+  /// the label of the baseline whose plan was simulated faster (Baseline::label).
   std::string source = "dp";
+  /// Whether the plan is a baseline's (source is a baseline's label).
+  bool from_baseline = false;
   std::vector<BaselineFigures> baselines;  ///< the grid (PlannerOptions::baselines), else empty
   double partition_ms = 0;          ///< wall time of packpipe's partition
   double schedule_ms = 0;           ///< wall time of the schedule search (all replicas)

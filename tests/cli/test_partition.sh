@@ -39,7 +39,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert all("padded_dec_len" in mb for mb in j["microbatches"])
 methods = {r["method"]: r for r in j["compare"]}
-assert set(methods) == {"dp", "dynapipe", "fixed", "tokens", "packing", "wlb"}, methods.keys()
+assert set(methods) == {"dp", "dynapipe", "fixed", "tokens", "packing", "wlb", "packing-mask"}, methods.keys()
 assert methods["dp"]["feasible"]
 assert "best_baseline" in j and j["best_baseline"]["speedup_of_dp"] > 0, j.get("best_baseline")
 PYEOF

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -276,4 +277,68 @@ TEST_CASE("trainer plans: format-1 files and JSON still read, without the traine
   const auto blob = pl::encode_plan(x);
   CHECK(pl::decode_plan(blob.data(), blob.size()) == x);
   CHECK(pl::plan_from_json(pl::plan_to_json(x)) == x);
+}
+
+TEST_CASE("layouts: plans record each micro-batch's layout, round-trip it and validate it", "[interface][regression]") {
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-1.3b"), cm::load_device("A100-80GB"));
+  PlannerOptions o = options(2);
+  o.baselines = false;
+  const auto vs = part::virtual_stages(gpt.model(), o.shape);
+  std::set<packpipe::Layout> seen;
+  for (const packpipe::LayoutSet layouts :
+       {packpipe::layout_bit(packpipe::Layout::Padded), packpipe::layout_bit(packpipe::Layout::Packed)}) {
+    o.partition.layouts = layouts;
+    const pl::Plan p = plan_iteration(batch(40, 21, false), nullptr, 0, gpt, vs, o).plans.front();
+    REQUIRE(pl::validate(p).ok());
+    for (const auto& mb : p.microbatches) {
+      seen.insert(mb.layout);
+      if (mb.layout == packpipe::Layout::Packed) {
+        // one row of every sample back to back, no padding
+        CHECK(mb.rows == 1);
+        std::uint64_t tokens = 0;
+        for (auto l : mb.lengths) tokens += l;
+        CHECK(mb.padded_len == tokens);
+      }
+    }
+    const auto blob = pl::encode_plan(p);
+    CHECK(pl::decode_plan(blob.data(), blob.size()) == p);
+    CHECK(pl::plan_from_json(pl::plan_to_json(p)) == p);
+    // The layout is written: a plan with every layout flipped reads back flipped.
+    pl::Plan flipped = p;
+    for (auto& mb : flipped.microbatches) {
+      mb.layout = mb.layout == packpipe::Layout::Packed ? packpipe::Layout::PackedMask : mb.layout;
+    }
+    if (!(flipped == p)) {
+      const auto fb = pl::encode_plan(flipped);
+      CHECK(pl::decode_plan(fb.data(), fb.size()).microbatches.front().layout == flipped.microbatches.front().layout);
+    }
+  }
+  CHECK(seen.count(packpipe::Layout::Padded) == 1);
+  CHECK(seen.count(packpipe::Layout::Packed) == 1);
+  // Older plans: layouts implied by their rows (format 1 has packed rows as row offsets).
+  const std::string dir = std::string(PACKPIPE_SOURCE_DIR) + "/tests/data/";
+  const pl::Plan old = pl::PlanFileReader(dir + "format1_t5_1f1b.plans").read(0);
+  for (const auto& mb : old.microbatches) {
+    CHECK(mb.layout == (mb.row_offsets.empty() ? packpipe::Layout::Padded : packpipe::Layout::PackedMask));
+  }
+  // What the validator refuses: a packed micro-batch of several rows or of a row that is not its
+  // samples' tokens, padded rows with row offsets, an unknown layout value.
+  o.partition.layouts = packpipe::layout_bit(packpipe::Layout::Packed);
+  const pl::Plan p = plan_iteration(batch(30, 22, false), nullptr, 0, gpt, vs, o).plans.front();
+  REQUIRE(p.microbatches.front().layout == packpipe::Layout::Packed);
+  pl::Plan bad = p;
+  bad.microbatches.front().padded_len += 1;
+  REQUIRE_THROWS_WITH(pl::validate_or_throw(bad), Catch::Matchers::Contains("layout packed"));
+  bad = p;
+  bad.microbatches.front().layout = packpipe::Layout::Padded;
+  bad.microbatches.front().row_offsets = {0, static_cast<std::uint32_t>(bad.microbatches.front().samples.size())};
+  REQUIRE_THROWS_WITH(pl::validate_or_throw(bad), Catch::Matchers::Contains("layout padded"));
+  bad = p;
+  bad.microbatches.front().layout = static_cast<packpipe::Layout>(7);
+  REQUIRE_THROWS_WITH(pl::validate_or_throw(bad), Catch::Matchers::Contains("unknown layout"));
+  std::string json = pl::plan_to_json(p);
+  const auto at = json.find("\"layout\": \"packed\"");
+  REQUIRE(at != std::string::npos);
+  json.replace(at, std::string("\"layout\": \"packed\"").size(), "\"layout\": \"varlen\"");
+  REQUIRE_THROWS_WITH(pl::plan_from_json(json), Catch::Matchers::Contains("layout"));
 }

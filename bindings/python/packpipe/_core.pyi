@@ -1076,7 +1076,11 @@ class IterationResult:
         """Figures of packpipe's plan."""
     @property
     def source(self) -> str:
-        """'dp' (packpipe's partition), or the setting of the baseline whose plan was simulated faster."""
+        """The partition method's name ('dp': packpipe's), or the setting of the baseline whose plan was simulated
+        faster."""
+    @property
+    def from_baseline(self) -> bool:
+        """Whether the plan is a baseline's (source names it)."""
     @property
     def baselines(self) -> List[BaselineFigures]:
         """Every baseline of the grid under the same schedule search (empty without baselines)."""
@@ -1242,8 +1246,9 @@ class ValidationReport:
         """The prediction of every measurement, in the set's order."""
 
 def measurements_from(plan: Plan, times: Sequence[Optional[Union[np.ndarray, Sequence[Tuple[int, int]]]]],
-                      tp: int = 1) -> MeasurementSet:
-    """Measurements of an executed plan from per-rank (start_ns, end_ns) per instruction (None or []: not recorded)."""
+                      tp: int = 1, iteration: Optional[int] = None) -> MeasurementSet:
+    """Measurements of an executed plan from per-rank (start_ns, end_ns) per instruction (None or []: not recorded);
+    `iteration`: the number they carry (None: the plan's)."""
 
 def validate_measurements(cost_model: CostModel, measurements: MeasurementSet) -> ValidationReport:
     """The cost model's op times against every measurement, and each measured iteration re-simulated."""

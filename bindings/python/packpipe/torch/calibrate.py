@@ -96,6 +96,11 @@ class Calibrator:
             save = _check.path(where, "save", save)
             # Every rank checks that it is no input; rank 0, which writes it, also that it can.
             packpipe.check_outputs({"Calibrator: save": save}, self._inputs, probe=_rank() == 0)
+        if loader._auto is not None:
+            raise ValueError("Calibrator: the loader already calibrates by itself (calibrate='auto'); construct "
+                             "PlanLoader(calibrate=False) to calibrate with your own Calibrator, or pass its "
+                             "settings as PlanLoader(calibrate={...})")
+        loader._auto_settings = None  # this Calibrator calibrates the loader: its own calibration is off
         self.loader = loader
         self.base = loader.base_cost_model
         self.fit_after, self.refit_every, self.warmup = fit_after, refit_every, warmup
@@ -122,13 +127,16 @@ class Calibrator:
             # iteration's measurements (compute ops, both ends of each transfer, the makespan).
             rec = result.records[0]
             times = np.asarray(rec.times, dtype=np.int64) + np.int64(result.clock_ns)
-            self._pending.append((it.iteration, plan.replica, rec.rank, times, plan if rec.rank == 0 else None,
-                                  result.measured_ms))
+            # Keyed by the observation's number (not the iteration's: steps of several loaders or
+            # epochs may share iteration numbers), which the measurements carry as their iteration.
+            self._pending.append((self.observed, plan.replica, rec.rank, times, plan if rec.rank == 0 else None,
+                                  result.measured_ms, it.iteration))
             return
-        got = packpipe.measurements_from(plan, _records_times(plan, result.records), tp=self.tp)
+        got = packpipe.measurements_from(plan, _records_times(plan, result.records), tp=self.tp,
+                                         iteration=self.observed)
         if not got.iterations and any(rec.rank == 0 for rec in result.records):
             # One iteration line per replica: the pipeline's measured makespan beside the plan's.
-            got.iterations = [packpipe.IterationMeasurement(iteration=it.iteration, replica=plan.replica,
+            got.iterations = [packpipe.IterationMeasurement(iteration=self.observed, replica=plan.replica,
                                                             measured_ms=result.measured_ms,
                                                             predicted_ms=plan.makespan_ms)]
         self.measurements.append(got)
@@ -137,7 +145,7 @@ class Calibrator:
         """Collective: every rank's pending times to every rank; each pipeline's first rank turns its
         iterations into measurements (the others' compute ops are in them)."""
         mine = io.BytesIO()
-        np.savez(mine, **{f"{i}_{r}_{k}": t for i, r, k, t, _, _ in self._pending})
+        np.savez(mine, **{f"{i}_{r}_{k}": t for i, r, k, t, _, _, _ in self._pending})
         everyone = self._all_gather_bytes(mine.getvalue())
         times: Dict[tuple, np.ndarray] = {}
         for blob in everyone:
@@ -145,17 +153,17 @@ class Calibrator:
                 for key in z.files:
                     i, r, k = (int(x) for x in key.split("_"))
                     times[(i, r, k)] = z[key]
-        for iteration, replica, rank, _, plan, measured_ms in self._pending:
+        for step, replica, rank, _, plan, measured_ms, iteration in self._pending:
             if plan is None:
                 continue
-            per_rank = [times.get((iteration, replica, k)) for k in range(plan.ranks)]
+            per_rank = [times.get((step, replica, k)) for k in range(plan.ranks)]
             missing = [k for k, t in enumerate(per_rank) if t is None]
             if missing:
                 raise RuntimeError(f"calibration: pipeline ranks {missing} of replica {replica} sent no times for "
                                    f"iteration {iteration}")
-            got = packpipe.measurements_from(plan, per_rank, tp=self.tp)
+            got = packpipe.measurements_from(plan, per_rank, tp=self.tp, iteration=step)
             if not got.iterations:
-                got.iterations = [packpipe.IterationMeasurement(iteration=iteration, replica=replica,
+                got.iterations = [packpipe.IterationMeasurement(iteration=step, replica=replica,
                                                                 measured_ms=measured_ms,
                                                                 predicted_ms=plan.makespan_ms)]
             self.measurements.append(got)

@@ -221,6 +221,7 @@ class Iteration:
     """One iteration for one rank: the replica's plan and the micro-batches this rank loads."""
 
     def __init__(self, native, encdec: bool):
+        self._observer = None  # the loader's calibration: the runners hand it this step's result
         self.iteration: int = int(native.iteration)
         self.plan: packpipe.Plan = native.plan
         self._encdec = encdec
@@ -271,6 +272,39 @@ class Iteration:
 _STATE_FIELDS = ("epoch", "next_iteration", "config", "calibration")  # what state_dict() returns
 
 
+# What calibrate="auto" (or True) fits with: a couple of warm-up steps unmeasured, a handful
+# measured, then one fit (the boundary) and calibrated plans from the next iteration on.
+AUTO_CALIBRATION = {"warmup": 2, "fit_after": 6}
+
+
+def _calibrate_settings(where: str, calibrate: Any, cost_model) -> Optional[Dict[str, Any]]:
+    """The Calibrator settings of PlanLoader(calibrate=) (None: no calibration)."""
+    if isinstance(calibrate, str):
+        if calibrate != "auto":
+            raise ValueError(f"{where}: calibrate must be 'auto', True, False or a dict of Calibrator settings, "
+                             f"found {calibrate!r}")
+        # A model already tuned to its machine (a calibration, or measured profiles) is kept.
+        tuned = cost_model is None or isinstance(cost_model, packpipe.CalibratedCostModel) or \
+            "profiled" in cost_model.describe()
+        return None if tuned else dict(AUTO_CALIBRATION)
+    if calibrate is False or calibrate is None:
+        return None
+    if cost_model is None:
+        raise ValueError(f"{where}: calibrate={calibrate!r} needs a loader that plans (cost_model): a plan file's "
+                         "plans are fixed")
+    if calibrate is True:
+        return dict(AUTO_CALIBRATION)
+    if isinstance(calibrate, dict):
+        allowed = {"fit_after", "refit_every", "warmup", "options", "save", "tp", "timeout_s", "inputs"}
+        unknown = sorted(set(calibrate) - allowed)
+        if unknown:
+            raise ValueError(f"{where}: calibrate: unknown Calibrator settings {unknown} (expected some of "
+                             f"{sorted(allowed)})")
+        return {**AUTO_CALIBRATION, **calibrate}
+    raise TypeError(f"{where}: calibrate must be 'auto', True, False or a dict of Calibrator settings, found "
+                    f"{type(calibrate).__name__}")
+
+
 def _is_encdec(plan: packpipe.Plan) -> bool:
     return any(s["decoder_layers"][1] > s["decoder_layers"][0] for s in plan.stages)
 
@@ -289,7 +323,7 @@ class PlanLoader:
     def __init__(self, dataset, *, cost_model=None, plan_file: Optional[str] = None, replica: int = 0,
                  rank: Optional[int] = 0, epoch: int = 0, first_iteration: int = 0, iterations: int = 0,
                  depth: int = 2, ignore_index: int = IGNORE_INDEX, pad_id: int = 0, decoder_start_id: int = 0,
-                 allow_incomplete: bool = False, **plan_epoch_kwargs):
+                 allow_incomplete: bool = False, calibrate: Any = "auto", **plan_epoch_kwargs):
         where = "PlanLoader"
         if isinstance(dataset, (str, os.PathLike)):
             dataset = packpipe.MultiTaskDataset(_check.path(where, "dataset", dataset))
@@ -325,6 +359,8 @@ class PlanLoader:
         # a plan file whose planning run stopped early: refused unless True
         self._allow_incomplete = _check.boolean(where, "allow_incomplete", allow_incomplete)
         self._kwargs = plan_epoch_kwargs
+        self._auto_settings = _calibrate_settings(where, calibrate, cost_model)
+        self._auto = None  # the Calibrator of calibrate=, made at the first iteration delivered
         self._next = first_iteration  # the iteration the next __next__ delivers
         self._stop = first_iteration + self.iterations if self.iterations else None  # absolute end (None: the epoch's)
         self._native = None
@@ -438,7 +474,20 @@ class PlanLoader:
         if self._encdec is None:
             self._encdec = _is_encdec(native.plan)
         self._next = int(native.iteration) + 1
-        return Iteration(native, self._encdec)
+        it = Iteration(native, self._encdec)
+        if self._auto_settings is not None and self._calibration is None and self._auto is None:
+            from packpipe.torch.calibrate import Calibrator  # (it imports this module)
+            settings = self._auto_settings
+            self._auto = Calibrator(self, **settings)
+            self._auto_settings = settings
+        if self._auto is not None and (self._auto._next_fit is not None):
+            it._observer = self._auto.observe  # the runners hand it each step's result
+        return it
+
+    @property
+    def calibration_reports(self) -> List[Any]:
+        """What the calibration of calibrate= did so far (packpipe.torch.CalibrationReport each)."""
+        return list(self._auto.reports) if self._auto is not None else []
 
     def __len__(self) -> int:
         if self._native is None:

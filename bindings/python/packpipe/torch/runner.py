@@ -431,8 +431,10 @@ class PipelineRunner:
             self._wait(dist.all_reduce(span, op=dist.ReduceOp.MAX, group=self.groups.pipeline["control"],
                                        async_op=True), "the pipeline's iteration time")
             measured_ms = (float(span[1]) + float(span[0])) / 1e6 if self.single_host else float(span[2])
-        return StepResult(iteration.iteration, loss, tokens, loss_tokens, measured_ms, rank_ms, plan.makespan_ms,
-                          [rec], _op_times(plan, [rec]), self.executor.epoch_ns if self.single_host else None)
+        result = StepResult(iteration.iteration, loss, tokens, loss_tokens, measured_ms, rank_ms, plan.makespan_ms,
+                            [rec], _op_times(plan, [rec]), self.executor.epoch_ns if self.single_host else None)
+        _observed(iteration, result)
+        return result
 
     def global_loss(self, result: StepResult) -> Optional[float]:
         """The whole global batch's loss (the sum over replicas) on the ranks holding the head
@@ -549,9 +551,20 @@ class LocalPipeline:
         start = min(r.start_ns for r in records)
         end = max(r.end_ns for r in records)
         tokens, loss_tokens = _replica_tokens(plan)
-        return StepResult(iteration.iteration, loss_sum / plan.global_loss_tokens, tokens, loss_tokens,
-                          (end - start) / 1e6, (end - start) / 1e6, plan.makespan_ms, list(records),
-                          _op_times(plan, records))
+        result = StepResult(iteration.iteration, loss_sum / plan.global_loss_tokens, tokens, loss_tokens,
+                            (end - start) / 1e6, (end - start) / 1e6, plan.makespan_ms, list(records),
+                            _op_times(plan, records))
+        _observed(iteration, result)
+        return result
+
+
+def _observed(iteration: Iteration, result: StepResult) -> None:
+    """Hands a step's result to its loader's calibration (PlanLoader(calibrate=)), if it has one:
+    at the boundary a collective fit, and calibrated plans from the next iteration."""
+    observer = getattr(iteration, "_observer", None)
+    if observer is not None:
+        iteration._observer = None  # once per step
+        observer(iteration, result)
 
 
 def _copy_tensor(dst: rt.Buffer, src: rt.Buffer) -> None:

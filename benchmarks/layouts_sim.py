@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""Simulated, not measured: packpipe against the baselines a user would run in 2026, on the GPU presets.
+
+    PYTHONPATH=build/python /usr/bin/python3 benchmarks/layouts_sim.py --out layouts_sim.json
+
+For GPT-6.7B (16 layers) and T5-11B (12 + 12 layers) on A100-40GB and H100-80GB, S = 4 and 8
+pipeline stages, global batches of 64K tokens (the embedded demo dataset's) and of 4,096 samples
+(log-normal lengths, median 200, as benchmarks/bench_partition.cpp draws them): each batch is planned
+by packpipe.plan_batch with every baseline of the grid under the same schedule search (fixed, token
+budgets, varlen packing over row counts, WLB-LLM's attention-balanced packing, and DynaPipe's dense
+packing), on the analytic cost model. Per set: packpipe's simulated iteration time against the best
+setting of each baseline family (the least total over the set's batches, as a user fixes one setting),
+the speed-up over the fastest baseline (named), over varlen packing and over dense packing, and the
+planning time. Every figure is simulated (the cost model's), none measured.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import packpipe
+from packpipe import _check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def lognormal(rng, n, median, sigma, cap):
+    return np.clip(rng.lognormal(np.log(median), sigma, n), 1, cap).astype(np.uint32)
+
+
+def batches(kind, model, count, seed):
+    """`count` global batches: (input lengths, target lengths or None)."""
+    encdec = model.startswith("t5")
+    rng = np.random.default_rng(seed)
+    out = []
+    if kind == "64K":
+        # The demo dataset's global batches as the epoch planner samples them for this model (a
+        # small pipeline: only the lengths are kept), lengths capped as the profiles' grids are.
+        data = packpipe.MultiTaskDataset(os.path.join(ROOT, "data", "demo", "manifest.json"))
+        epoch = packpipe.plan_epoch(packpipe.CostModel(model), data, global_batch_tokens=65536, seed=seed,
+                                    iterations=count, baselines=False,
+                                    options=packpipe.PartitionOptions(layouts=("padded",), oversize="truncate"),
+                                    shape=packpipe.PipelineShape(stages=8, layers_per_stage=3 if encdec else 2))
+        for it in epoch:
+            inp = np.asarray(it.input_lengths)
+            if encdec:
+                tgt = np.asarray(it.target_lengths)
+                out.append((np.clip(inp, 1, 1536).astype(np.uint32), np.clip(tgt, 1, 512).astype(np.uint32)))
+            else:
+                out.append((np.clip(inp, 1, 2048).astype(np.uint32), None))
+        return out
+    for _ in range(count):
+        if encdec:
+            out.append((lognormal(rng, 4096, 200, 1, 1536), lognormal(rng, 4096, 60, 1, 512)))
+        else:
+            out.append((lognormal(rng, 4096, 200, 1, 2048), None))
+    return out
+
+
+def run_set(model, device, stages, kind, count, seed):
+    encdec = model.startswith("t5")
+    cm = packpipe.CostModel(model, device)
+    layers = 24 if encdec else 16
+    shape = packpipe.PipelineShape(stages=stages, layers_per_stage=layers // stages,
+                                   memory_mb=36000 if device == "A100-40GB" else 72000)
+    rows = []
+    for inp, tgt in batches(kind, model, count, seed):
+        t0 = time.perf_counter()
+        r = packpipe.plan_batch(cm, inp, tgt, shape=shape, baselines=True, baseline_mbs=[1, 2, 4, 8, 16])
+        wall = (time.perf_counter() - t0) * 1e3
+        quiet0 = time.perf_counter()
+        q = packpipe.plan_batch(cm, inp, tgt, shape=shape, baselines=False)
+        quiet_ms = (time.perf_counter() - quiet0) * 1e3
+        assert q.packpipe.iteration_ms == r.packpipe.iteration_ms
+        base = {b.setting: (b.family, b.figures.iteration_ms if b.figures.feasible else float("inf"))
+                for b in r.baselines}
+        rows.append({"packpipe_ms": r.packpipe.iteration_ms, "source": r.source, "baselines": base,
+                     "planning_ms": quiet_ms, "planning_with_report_ms": wall,
+                     "microbatches": r.packpipe.microbatches,
+                     "layouts": sorted({mb["layout"] for p in r.plans for mb in p.microbatches})})
+    total = sum(x["packpipe_ms"] for x in rows)
+    settings = rows[0]["baselines"].keys()
+    fam_best = {}
+    for s in settings:
+        fam = rows[0]["baselines"][s][0]
+        t = sum(x["baselines"][s][1] for x in rows)
+        if t < fam_best.get(fam, (float("inf"), ""))[0]:
+            fam_best[fam] = (t, s)
+    feasible = {f: v for f, v in fam_best.items() if np.isfinite(v[0])}
+    best_fam = min(feasible, key=lambda f: feasible[f][0]) if feasible else None
+    out = {"model": model, "device": device, "stages": stages, "batches": kind, "count": count,
+           "packpipe_s": total / 1e3,
+           "families": {f: {"setting": s, "time_s": t / 1e3 if np.isfinite(t) else None,
+                            "speedup": t / total if np.isfinite(t) else None} for f, (t, s) in fam_best.items()},
+           "best_baseline": {"family": best_fam, "setting": feasible[best_fam][1],
+                             "speedup": feasible[best_fam][0] / total} if best_fam else None,
+           "from_baselines": sum(1 for x in rows if x["source"] != "dp"),
+           "planning_ms_median": statistics.median(x["planning_ms"] for x in rows),
+           "planning_with_report_ms_median": statistics.median(x["planning_with_report_ms"] for x in rows),
+           "microbatches": [x["microbatches"] for x in rows], "layouts": sorted({l for x in rows for l in x["layouts"]})}
+    # Never worse: packpipe at most every baseline the executor runs, batch by batch.
+    for x in rows:
+        for s, (fam, t) in x["baselines"].items():
+            if fam != "packing-mask":
+                assert x["packpipe_ms"] <= t, (model, device, stages, kind, s)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=_check.arg_int(1, 1000), default=3, help="batches per set")
+    ap.add_argument("--seed", type=_check.arg_int(0, 2 ** 63 - 1), default=1234)
+    ap.add_argument("--models", nargs="+", default=["gpt-6.7b", "t5-11b"])
+    ap.add_argument("--devices", nargs="+", default=["A100-40GB", "H100-80GB"])
+    ap.add_argument("--stages", type=_check.arg_int(1, 64), nargs="+", default=[4, 8])
+    ap.add_argument("--kinds", nargs="+", choices=["64K", "4096"], default=["64K", "4096"])
+    ap.add_argument("--out", help="write the JSON result here")
+    a = ap.parse_args()
+    if a.out:
+        try:
+            packpipe.check_outputs({"--out": a.out}, [os.path.abspath(__file__)], probe=True)
+        except ValueError as e:
+            ap.error(str(e))
+    sets = []
+    for model in a.models:
+        for device in a.devices:
+            for stages in a.stages:
+                for kind in a.kinds:
+                    s = run_set(model, device, stages, kind, a.count, a.seed)
+                    sets.append(s)
+                    b = s["best_baseline"]
+                    fam = s["families"]
+                    vp = fam.get("packing", {}).get("speedup")
+                    dm = fam.get("packing-mask", {}).get("speedup")
+                    print(f"{model:9s} {device:10s} S={stages} {kind:5s} packpipe {s['packpipe_s']:8.2f} s  "
+                          f"best {b['speedup'] if b else float('nan'):.3f}x ({b['setting'] if b else '-'})  "
+                          f"varlen packing {vp if vp else float('nan'):.3f}x  dense packing "
+                          f"{dm if dm else float('nan'):.3f}x  plan {s['planning_ms_median']:.1f} ms", flush=True)
+    text = json.dumps({"sets": sets}, indent=1)
+    if a.out:
+        packpipe.write_file_atomic(a.out, text, inputs=[os.path.abspath(__file__)], what="--out")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
