@@ -197,18 +197,20 @@ void define_calibration_class(py::module_& m) {
       .def("to_json", &cm::Calibration::to_json, "The file form (deterministic: same fit, same bytes)")
       .def(
           "apply",
-          [](const cm::Calibration& c, const std::string& op, double tokens, double predicted_ms) {
-            return c.apply(cm::measured_op_from_name(op), tokens, predicted_ms);
+          [](const cm::Calibration& c, const std::string& op, double tokens, double predicted_ms, double share) {
+            PACKPIPE_CHECK_ARG(share >= 0 && share <= 1, "Calibration.apply: share must be in [0, 1], found {}", share);
+            return c.apply(cm::measured_op_from_name(op), tokens, predicted_ms, share);
           },
-          py::arg("op"), py::arg("tokens"), py::arg("predicted_ms"),
-          "Calibrated time of compute op F, B, I or W predicted `predicted_ms` by the base model at `tokens`")
+          py::arg("op"), py::arg("tokens"), py::arg("predicted_ms"), py::arg("share") = 0.0,
+          "Calibrated time of compute op F, B, I or W predicted `predicted_ms` by the base model at `tokens`, the "
+          "stage's attention share of forward FLOPs being `share` (the op's attention_gamma reweights it)")
       .def_property_readonly("base", [](const cm::Calibration& c) { return file_part(c, "base"); },
                              "what it was fitted over: model, device, description, fingerprint")
       .def_property_readonly("options", [](const cm::Calibration& c) { return c.options; }, "the FitOptions used")
       .def_readonly("measurements", &cm::Calibration::measurements, "measurements it was fitted on")
       .def_readonly("source", &cm::Calibration::source, "the file it was loaded from ('' otherwise)")
       .def_property_readonly("compute", [](const cm::Calibration& c) { return file_part(c, "compute"); },
-                             "per op kind F, B, I, W: fitted, from, global fit and regions (a, b, points, rejected, "
+                             "per op kind F, B, I, W: fitted, from, attention_gamma, global fit and regions (a, b, points, rejected, "
                              "error_before, error_after, ...)")
       .def_property_readonly("transfers", [](const cm::Calibration& c) { return file_part(c, "transfers"); },
                              "per link (intra, inter): fitted, latency_ms, bytes_per_ms, points, sizes, errors");

@@ -172,12 +172,29 @@ void define_costmodel(py::module_& m) {
   def_ints(cost,
           "query",
           [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,
-             std::int64_t dec_seq, std::int64_t tp, const std::string& recompute, std::int64_t layers) {
-            return self.query(make_query(kind, mbs, seq, dec_seq, tp, recompute, layers));
+             std::int64_t dec_seq, std::int64_t tp, const std::string& recompute, std::int64_t layers,
+             const py::object& segments, const py::object& dec_segments) {
+            cm::Query q = make_query(kind, mbs, seq, dec_seq, tp, recompute, layers);
+            if (!segments.is_none() || !dec_segments.is_none()) {
+              PACKPIPE_CHECK_ARG(mbs == 1 && seq == 0 && dec_seq == 0,
+                                 "segments (dec_segments) describe the whole packed row: leave out mbs, seq and "
+                                 "dec_seq");
+              const auto lim = std::numeric_limits<std::int64_t>::max();
+              const cm::Query p = cm::packed_query(
+                  self.model(), segments.is_none() ? std::vector<std::int64_t>{} : int_list_arg(segments, "segments", 0, lim),
+                  dec_segments.is_none() ? std::vector<std::int64_t>{} : int_list_arg(dec_segments, "dec_segments", 0, lim));
+              q.seq = p.seq;
+              q.dec_seq = p.dec_seq;
+              q.attention = p.attention;
+            }
+            return self.query(q);
           },
           py::arg("kind") = "encoder", py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
-          py::arg("tp") = 1, py::arg("recompute") = "none", py::arg("layers") = 1,
-          "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples");
+          py::arg("tp") = 1, py::arg("recompute") = "none", py::arg("layers") = 1, py::arg("segments") = py::none(),
+          py::arg("dec_segments") = py::none(),
+          "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples padded to `seq` "
+          "tokens, or (segments=[l1, l2, ...], dec_segments for encoder-decoder models) for one packed row of those "
+          "samples under varlen attention");
   def_ints(cost,
           "stage_cost",
           [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,

@@ -104,23 +104,10 @@ Json run_query(const QueryOptions& o) {
     PACKPIPE_CHECK_ARG(o.seq == 0 && o.enc_seq == 0 && o.dec_seq == 0 && o.mbs == 1,
                        "--segments (--dec-segments) describe the whole packed row: leave out --seq, --enc-seq, --dec-seq "
                        "and --mbs");
-    const bool encdec = m.arch == cm::Architecture::EncoderDecoder;
-    PACKPIPE_CHECK_ARG(!encdec || o.dec_segments.size() == o.segments.size(),
-                       "--dec-segments: encoder-decoder model '{}' needs one decoder length per segment ({} for {} "
-                       "segments)", m.name, o.dec_segments.size(), o.segments.size());
-    PACKPIPE_CHECK_ARG(encdec || o.dec_segments.empty(), "--dec-segments: model '{}' is decoder-only", m.name);
-    q.seq = 0;
-    for (std::size_t i = 0; i < o.segments.size(); ++i) {
-      const std::int64_t l = o.segments[i], d = encdec ? o.dec_segments[i] : 0;
-      PACKPIPE_CHECK_ARG(l >= 1 && l <= cm::kMaxQuerySeq && (!encdec || (d >= 1 && d <= cm::kMaxQuerySeq)),
-                         "--segments: segment {} has length {}{}, expected lengths in [1, {}]", i, l,
-                         encdec ? fmt::format(" + {}", d) : std::string(), cm::kMaxQuerySeq);
-      q.seq += l;
-      q.dec_seq += d;
-      PACKPIPE_CHECK_ARG(q.seq <= cm::kMaxQuerySeq && q.dec_seq <= cm::kMaxQuerySeq,
-                         "--segments: the row holds more than {} tokens", cm::kMaxQuerySeq);
-      q.attention.add(l, d);
-    }
+    const cm::Query p = cm::packed_query(m, o.segments, o.dec_segments, "--segments");
+    q.seq = p.seq;
+    q.dec_seq = p.dec_seq;
+    q.attention = p.attention;
   }
   const bool needs_seq = !(m.arch == cm::Architecture::EncoderDecoder && q.kind == cm::LayerKind::PostProcess);
   PACKPIPE_CHECK_ARG(!needs_seq || q.seq > 0, "--seq (or --enc-seq) must be a positive length, found {}", q.seq);
@@ -175,12 +162,21 @@ void print_query(const Json& j) {
   const Json& q = j["query"];
   std::printf("%s on %s: %s\n", j["model"].get<std::string>().c_str(), j["device"].get<std::string>().c_str(),
               j["cost_model"].get<std::string>().c_str());
-  std::printf("  query       %lld x %s, tp %lld, mbs %lld, seq %lld%s, recompute %s\n",
+  std::string layout = q.value("layout", std::string("padded"));
+  if (q.contains("attention")) {
+    const Json& a = q["attention"];
+    layout += fmt::format(" (varlen attention: sum l^2 {}", a["self"].get<std::int64_t>());
+    if (a["dec_self"].get<std::int64_t>() > 0) {
+      layout += fmt::format(", sum d^2 {}, sum d l {}", a["dec_self"].get<std::int64_t>(), a["cross"].get<std::int64_t>());
+    }
+    layout += ")";
+  }
+  std::printf("  query       %lld x %s, tp %lld, mbs %lld, seq %lld%s, recompute %s, %s\n",
               static_cast<long long>(q["layers"].get<std::int64_t>()), q["kind"].get<std::string>().c_str(),
               static_cast<long long>(q["tp"].get<std::int64_t>()), static_cast<long long>(q["mbs"].get<std::int64_t>()),
               static_cast<long long>(q["seq"].get<std::int64_t>()),
               q["dec_seq"].get<std::int64_t>() > 0 ? fmt::format(" / dec {}", q["dec_seq"].get<std::int64_t>()).c_str() : "",
-              q["recompute"].get<std::string>().c_str());
+              q["recompute"].get<std::string>().c_str(), layout.c_str());
   std::printf("  time        forward %.3f ms, backward %.3f ms, recompute %.3f ms, total %.3f ms (%s)\n",
               j["forward_ms"].get<double>(), j["backward_ms"].get<double>(), j["recompute_ms"].get<double>(),
               j["total_ms"].get<double>(), j["time_source"].get<std::string>().c_str());

@@ -104,6 +104,7 @@ Json run_calibrate(const CalibrateArgs& a) {
       o["from"] = f.from;
       o["a"] = f.global.a;
       o["b_ms"] = f.global.b;
+      o["attention_gamma"] = f.attention_gamma;
       o["rejected"] = f.global.rejected;
       o["regions"] = f.regions.size();
     }
@@ -119,16 +120,17 @@ void print_calibrate(const Json& j) {
   std::printf("calibrated %s on %s (%s) from %zu measurements: wrote %s\n", b["model"].get<std::string>().c_str(),
               b["device"].get<std::string>().c_str(), b["description"].get<std::string>().c_str(),
               j["measurements"].get<std::size_t>(), j["out"].get<std::string>().c_str());
-  std::printf("  %-5s %7s %9s %8s %10s %8s %14s %14s\n", "op", "count", "rejected", "regions", "a", "b ms",
-              "error before", "error after");
+  std::printf("  %-5s %7s %9s %8s %10s %8s %9s %14s %14s\n", "op", "count", "rejected", "regions", "a", "b ms",
+              "attn x", "error before", "error after");
   for (const Json& o : j["ops"]) {
     const bool compute = o.contains("a");
-    std::printf("  %-5s %7lld %9s %8s %10s %8s %13.2f%% %13.2f%%\n", o["op"].get<std::string>().c_str(),
+    std::printf("  %-5s %7lld %9s %8s %10s %8s %9s %13.2f%% %13.2f%%\n", o["op"].get<std::string>().c_str(),
                 o["count"].get<long long>(),
                 compute ? std::to_string(o["rejected"].get<long long>()).c_str() : "-",
                 compute ? std::to_string(o["regions"].get<long long>()).c_str() : "-",
                 compute ? fmt::format("{:.4f}", o["a"].get<double>()).c_str() : "-",
                 compute ? fmt::format("{:.4f}", o["b_ms"].get<double>()).c_str() : "-",
+                compute ? fmt::format("{:.3f}", 1.0 + o["attention_gamma"].get<double>()).c_str() : "-",
                 100 * o["error_before"].get<double>(), 100 * o["error_after"].get<double>());
   }
   for (const Json& t : j["transfers"]) {
@@ -137,7 +139,8 @@ void print_calibrate(const Json& j) {
                 t["link"].get<std::string>().c_str(), t["points"].get<long long>(), t["sizes"].get<long long>(),
                 t["latency_ms"].get<double>(), t["bytes_per_ms"].get<double>() / 1e6);
   }
-  std::printf("  (errors: median |predicted - measured| / measured per op; transfers are upper bounds: see "
+  std::printf("  (errors: median |predicted - measured| / measured per op; attn x: the attention part's cost "
+              "relative to the model's, 1 + attention_gamma; transfers are upper bounds: see "
               "docs/design/013-calibration.md)\n");
 }
 

@@ -36,8 +36,9 @@ std::size_t op_index(MeasuredOp op) { return static_cast<std::size_t>(op); }
 
 struct Point {
   double lt = 0;  // log2(tokens)
-  double p = 0;   // base prediction, ms
+  double p = 0;   // base prediction, ms (reweighted by the op's attention term once it is chosen)
   double m = 0;   // measured, ms
+  double s = 0;   // the stage's attention share (attention_share)
 };
 
 double calibrated(const RegionFit& f, double p) { return std::max(f.apply(p), kFloorShare * f.a * p); }
@@ -209,7 +210,9 @@ double falls_at(const RegionFit& li, const RegionFit& lj) {
   return 0;
 }
 
-OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) {
+// The lines of an op kind's fit (global, then regions pooled until ordered) over `pts`, whose
+// predictions are already reweighted by its attention term.
+OpFit fit_lines(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) {
   OpFit f;
   f.op = op;
   f.fitted = !pts.empty();
@@ -245,6 +248,78 @@ OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) 
   }
   f.regions = std::move(regions);
   return f;
+}
+
+// A fit's calibrated time of a (reweighted) prediction p at log2(tokens) lt: Calibration::apply's blend.
+double fitted_ms(const OpFit& f, double lt, double p) {
+  if (f.regions.empty()) return calibrated(f.global, p);
+  const auto& r = f.regions;
+  if (lt <= r.front().center_log2_tokens) return calibrated(r.front(), p);
+  if (lt >= r.back().center_log2_tokens) return calibrated(r.back(), p);
+  std::size_t i = 0;
+  while (i + 2 < r.size() && lt >= r[i + 1].center_log2_tokens) ++i;
+  const double w = (lt - r[i].center_log2_tokens) / (r[i + 1].center_log2_tokens - r[i].center_log2_tokens);
+  // lo + w (hi - lo): exactly lo where both lines agree (an identity calibration changes no bit).
+  const double lo = r[i].apply(p);
+  const double v = lo + w * (r[i + 1].apply(p) - lo);
+  const double a = r[i].a + w * (r[i + 1].a - r[i].a);
+  return std::max(v, kFloorShare * a * p);
+}
+
+// The points with their predictions reweighted by attention term `gamma`.
+std::vector<Point> reweighted(const std::vector<Point>& pts, double gamma) {
+  std::vector<Point> q = pts;
+  if (gamma != 0) {
+    for (Point& x : q) x.p *= 1.0 + gamma * x.s;
+  }
+  return q;
+}
+
+// Median relative error of a fit over points already reweighted for it.
+double fit_error(const OpFit& f, const std::vector<Point>& pts) {
+  std::vector<double> e;
+  e.reserve(pts.size());
+  for (const Point& q : pts) e.push_back(std::abs(fitted_ms(f, q.lt, q.p) - q.m) / q.m);
+  return median(e);
+}
+
+// The fit of one op kind: its lines at the attention term gamma that fits best. A grid of
+// 1 + gamma = 2^(k/4) from 1/8 to 64, refined to 2^(1/32) steps around the best, each candidate
+// fitting its lines afresh and scored by the median relative error over all points. gamma stays 0
+// unless the points' shares spread by at least 0.02 and the best term cuts the error by 5% or
+// more: a term the points do not pin down is not fitted to noise. Deterministic (a fixed grid,
+// ties to the smaller |gamma|).
+OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) {
+  OpFit best = fit_lines(op, pts, o);
+  if (pts.size() < 4) return best;
+  double smin = 1, smax = 0;
+  for (const Point& q : pts) {
+    smin = std::min(smin, q.s);
+    smax = std::max(smax, q.s);
+  }
+  if (!(smax - smin >= 0.02)) return best;
+  const double base_error = fit_error(best, pts);
+  double best_error = base_error, best_gamma = 0;
+  OpFit best_fit = best;
+  auto consider = [&](double gamma) {
+    if (!(gamma > kMinAttentionGamma && gamma <= kMaxAttentionGamma) || gamma == 0) return;
+    const std::vector<Point> q = reweighted(pts, gamma);
+    OpFit f = fit_lines(op, q, o);
+    const double e = fit_error(f, q);
+    if (e < best_error || (e == best_error && std::abs(gamma) < std::abs(best_gamma))) {
+      best_error = e;
+      best_gamma = gamma;
+      best_fit = std::move(f);
+    }
+  };
+  for (int k = -12; k <= 24; ++k) consider(std::exp2(k / 4.0) - 1.0);
+  if (best_gamma != 0) {
+    const double centre = std::log2(1.0 + best_gamma);
+    for (int k = -7; k <= 7; ++k) consider(std::exp2(centre + k / 32.0) - 1.0);
+  }
+  if (best_gamma == 0 || !(best_error <= 0.95 * base_error)) return best;
+  best_fit.attention_gamma = best_gamma;
+  return best_fit;
 }
 
 // ---- transfers ----------------------------------------------------------------------------------
@@ -491,6 +566,10 @@ void check_calibration(const Calibration& c, const std::string& what) {
     PACKPIPE_CHECK(f.from == "measured" || (f.op == MeasuredOp::Backward && f.from == "I + W"),
                    "{}: {}/from: expected \"measured\"{}, found \"{}\"", what, path,
                    f.op == MeasuredOp::Backward ? " or \"I + W\"" : "", f.from);
+    PACKPIPE_CHECK(std::isfinite(f.attention_gamma) && f.attention_gamma > kMinAttentionGamma &&
+                       f.attention_gamma <= kMaxAttentionGamma && (f.fitted || f.attention_gamma == 0),
+                   "{}: {}/attention_gamma: expected in ({:g}, {:g}] (0 for an op without a fit), found {}", what, path,
+                   kMinAttentionGamma, kMaxAttentionGamma, f.attention_gamma);
     check_region(f.global, path + "/global", false);
     PACKPIPE_CHECK(f.fitted == (f.global.points > 0), "{}: {}/fitted: {} with {} points in /global", what, path,
                    f.fitted, f.global.points);
@@ -558,46 +637,42 @@ void check_calibration(const Calibration& c, const std::string& what) {
 
 // ---- applying a calibration ----------------------------------------------------------------------
 
-double Calibration::apply(MeasuredOp op, double tokens, double predicted_ms) const {
+double Calibration::apply(MeasuredOp op, double tokens, double predicted_ms, double share) const {
   PACKPIPE_CHECK_ARG(is_compute(op), "Calibration::apply: {} is a transfer (the communication model calibrates "
                                      "transfers)", measured_op_name(op));
   const OpFit& f = compute[op_index(op)];
   if (!f.fitted) return predicted_ms;
-  const double p = predicted_ms;
-  if (f.regions.empty()) return calibrated(f.global, p);
-  const double lt = std::log2(std::max(tokens, 1.0));
-  const auto& r = f.regions;
-  if (lt <= r.front().center_log2_tokens) return calibrated(r.front(), p);
-  if (lt >= r.back().center_log2_tokens) return calibrated(r.back(), p);
-  std::size_t i = 0;
-  while (i + 2 < r.size() && lt >= r[i + 1].center_log2_tokens) ++i;
-  const double w = (lt - r[i].center_log2_tokens) / (r[i + 1].center_log2_tokens - r[i].center_log2_tokens);
-  // lo + w (hi - lo): exactly lo where both lines agree (an identity calibration changes no bit).
-  const double lo = r[i].apply(p);
-  const double v = lo + w * (r[i + 1].apply(p) - lo);
-  const double a = r[i].a + w * (r[i + 1].a - r[i].a);
-  return std::max(v, kFloorShare * a * p);
+  // gamma 0 multiplies nothing: a calibration without the term keeps its bits.
+  const double p = f.attention_gamma != 0 ? predicted_ms * (1.0 + f.attention_gamma * share) : predicted_ms;
+  return fitted_ms(f, std::log2(std::max(tokens, 1.0)), p);
 }
 
-StageOpTimes Calibration::apply(const StageOpTimes& t, double tokens) const {
+bool Calibration::uses_attention_share() const {
+  for (const OpFit& f : compute) {
+    if (f.attention_gamma != 0) return true;
+  }
+  return false;
+}
+
+StageOpTimes Calibration::apply(const StageOpTimes& t, double tokens, double share) const {
   StageOpTimes c;
-  c.forward_ms = apply(MeasuredOp::Forward, tokens, t.forward_ms);
-  c.backward_ms = apply(MeasuredOp::Backward, tokens, t.backward_ms);
+  c.forward_ms = apply(MeasuredOp::Forward, tokens, t.forward_ms, share);
+  c.backward_ms = apply(MeasuredOp::Backward, tokens, t.backward_ms, share);
   // Halves without a fit scale with the calibrated backward (a ratio of exactly 1 when B is
   // unchanged, so an identity calibration changes no bit).
   const double scale = t.backward_ms > 0 ? c.backward_ms / t.backward_ms : 1.0;
   c.backward_input_ms = compute[op_index(MeasuredOp::BackwardInput)].fitted
-                            ? apply(MeasuredOp::BackwardInput, tokens, t.backward_input_ms)
+                            ? apply(MeasuredOp::BackwardInput, tokens, t.backward_input_ms, share)
                             : t.backward_input_ms * scale;
   c.backward_weight_ms = compute[op_index(MeasuredOp::BackwardWeight)].fitted
-                             ? apply(MeasuredOp::BackwardWeight, tokens, t.backward_weight_ms)
+                             ? apply(MeasuredOp::BackwardWeight, tokens, t.backward_weight_ms, share)
                              : t.backward_weight_ms * scale;
   c.backward_weight_ms = std::min(c.backward_weight_ms, c.backward_ms);
   return c;
 }
 
-double Calibration::stage_ms(double tokens, double forward_ms, double backward_ms) const {
-  return apply(MeasuredOp::Forward, tokens, forward_ms) + apply(MeasuredOp::Backward, tokens, backward_ms);
+double Calibration::stage_ms(double tokens, double forward_ms, double backward_ms, double share) const {
+  return apply(MeasuredOp::Forward, tokens, forward_ms, share) + apply(MeasuredOp::Backward, tokens, backward_ms, share);
 }
 
 CommModel Calibration::apply(const CommModel& base_comm) const {
@@ -632,6 +707,7 @@ std::string Calibration::to_json() const {
     o["op"] = measured_op_name(f.op);
     o["fitted"] = f.fitted;
     o["from"] = f.from;
+    o["attention_gamma"] = f.attention_gamma;
     o["global"] = region_json(f.global);
     OJson rs = OJson::array();
     for (const auto& r : f.regions) rs.push_back(region_json(r));
@@ -690,6 +766,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
                    measured_op_name(f.op), op);
     f.fitted = r.flag(ops[k], path, "fitted");
     f.from = r.text(ops[k], path, "from");
+    if (ops[k].is_object() && ops[k].contains("attention_gamma")) f.attention_gamma = r.number(ops[k], path, "attention_gamma");
     f.global = r.region(r.at(ops[k], path, "global"), path + "/global");
     const Json& rs = r.array(ops[k], path, "regions");
     for (std::size_t i = 0; i < rs.size(); ++i) {
@@ -798,7 +875,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
   std::array<std::vector<TransferSample>, 2> transfers;
   // (iteration, replica, rank, stage, mb) -> index into the I and W points and their predictions
   struct Halves {
-    double tokens = 0, b_pred = 0, i_ms = -1, w_ms = -1;
+    double tokens = 0, b_pred = 0, i_ms = -1, w_ms = -1, share = 0;
   };
   std::map<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>, Halves> halves;
   for (std::size_t i : order) {
@@ -819,23 +896,27 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     }
     const double p = op_time(t, m.op);
     const double tokens = shape_tokens(base.model(), m.shape());
+    const double share = attention_share(base.model(), m.layout, m.shape());
     if (m.op == MeasuredOp::BackwardInput || m.op == MeasuredOp::BackwardWeight) {
       Halves& h = halves[std::make_tuple(m.iteration, m.replica, m.rank, m.stage, m.mb)];
       h.tokens = tokens;
       h.b_pred = t.backward_ms;
+      h.share = share;
       (m.op == MeasuredOp::BackwardInput ? h.i_ms : h.w_ms) = m.ms;
     }
     // A zero prediction (no weight GEMMs on the stage) cannot be scaled: it keeps its intercept.
-    if (p > 0) pts[op_index(m.op)].push_back({std::log2(std::max(tokens, 1.0)), p, m.ms});
+    if (p > 0) pts[op_index(m.op)].push_back({std::log2(std::max(tokens, 1.0)), p, m.ms, share});
   }
   for (std::size_t k = 0; k < 4; ++k) c.compute[k] = fit_op(static_cast<MeasuredOp>(k), pts[k], options);
   if (!c.compute[op_index(MeasuredOp::Backward)].fitted) {
     // No full backward measured: its time is that of the two halves run back to back.
     std::vector<Point> b;
     for (const auto& [key, h] : halves) {
-      if (h.i_ms >= 0 && h.w_ms >= 0 && h.b_pred > 0) b.push_back({std::log2(std::max(h.tokens, 1.0)), h.b_pred, h.i_ms + h.w_ms});
+      if (h.i_ms >= 0 && h.w_ms >= 0 && h.b_pred > 0) {
+        b.push_back({std::log2(std::max(h.tokens, 1.0)), h.b_pred, h.i_ms + h.w_ms, h.share});
+      }
     }
-    std::sort(b.begin(), b.end(), [](const Point& x, const Point& y) { return std::tie(x.lt, x.p, x.m) < std::tie(y.lt, y.p, y.m); });
+    std::sort(b.begin(), b.end(), [](const Point& x, const Point& y) { return std::tie(x.lt, x.p, x.m, x.s) < std::tie(y.lt, y.p, y.m, y.s); });
     c.compute[op_index(MeasuredOp::Backward)] = fit_op(MeasuredOp::Backward, b, options);
     if (!b.empty()) c.compute[op_index(MeasuredOp::Backward)].from = "I + W";
   }

@@ -65,11 +65,22 @@ struct RegionFit {
   double apply(double predicted_ms) const { return a * predicted_ms + b; }
 };
 
-/// The fit of one compute op kind.
+/// The range of an op kind's attention term gamma (see OpFit).
+inline constexpr double kMinAttentionGamma = -1;    ///< exclusive: the attention part never costs 0 or less
+inline constexpr double kMaxAttentionGamma = 100;   ///< inclusive
+
+/// The fit of one compute op kind. The lines apply to the base prediction with its attention part
+/// reweighted: p' = p x (1 + attention_gamma x s), s the stage's attention share of forward FLOPs
+/// (costmodel::attention_share), so the token-linear part and the attention part of a time are
+/// fitted as separate terms: measured ~ a (p (1 - s)) + a (1 + gamma) (p s) + b.
 struct OpFit {
   MeasuredOp op = MeasuredOp::Forward;
   bool fitted = false;         ///< false: no points; the op's times are those of the fallback rule
   std::string from;            ///< "measured", or for B "I + W" (no B measured: pairs of its halves)
+  /// How much more (> 0) or less (< 0) the attention part costs than the base model says, relative
+  /// to the token-linear part; in (kMinAttentionGamma, kMaxAttentionGamma]. 0 when the points do
+  /// not tell (too little spread in s, or a fit no better than without the term).
+  double attention_gamma = 0;
   RegionFit global;            ///< every point of the kind
   std::vector<RegionFit> regions;  ///< by center_log2_tokens ascending; empty: the global fit everywhere
 };
@@ -101,21 +112,26 @@ struct Calibration {
   std::string source;                  ///< the file it was loaded from (not saved)
 
   /// Calibrated time of compute op `op` (F, B, I or W) predicted `predicted_ms` by the base model
-  /// at `tokens`: the regions' lines blended linearly in log2(tokens) between their centres (the
-  /// edge region's beyond), never below a tenth of the (blended) slope times the prediction. An op kind without a fit
-  /// returns predicted_ms. InvalidArgument for a transfer op.
-  double apply(MeasuredOp op, double tokens, double predicted_ms) const;
+  /// at `tokens` with attention share `share` (attention_share): the prediction reweighted by the
+  /// op's attention_gamma, then the regions' lines blended linearly in log2(tokens) between their
+  /// centres (the edge region's beyond), never below a tenth of the (blended) slope times the
+  /// reweighted prediction. An op kind without a fit returns predicted_ms. InvalidArgument for a
+  /// transfer op.
+  double apply(MeasuredOp op, double tokens, double predicted_ms, double share) const;
   /// Calibrated op times of a stage from its base op times: F and B by their fits; I and W by
   /// theirs, or, when not fitted, the calibrated backward split in the base ratio; W at most B.
-  StageOpTimes apply(const StageOpTimes& base_ops, double tokens) const;
+  StageOpTimes apply(const StageOpTimes& base_ops, double tokens, double share) const;
   /// Calibrated forward + backward of a stage (the partitioner's stage time).
-  double stage_ms(double tokens, double forward_ms, double backward_ms) const;
+  double stage_ms(double tokens, double forward_ms, double backward_ms, double share) const;
+  /// Whether some op kind has a non-zero attention_gamma (callers may skip computing shares).
+  bool uses_attention_share() const;
   /// The base communication model with each fitted link's latency and bandwidth replaced.
   CommModel apply(const CommModel& base_comm) const;
   /// The JSON file form (format "packpipe-calibration", version 1). Deterministic; doubles round-trip.
   std::string to_json() const;
   /// Parses the JSON form read from `what`; throws Error naming `what` and the field (JSON
-  /// pointer) with expected versus found for anything missing, mistyped or out of range.
+  /// pointer) with expected versus found for anything missing, mistyped or out of range. An op
+  /// fit without "attention_gamma" (a file written before the term existed) has gamma 0.
   static Calibration from_json(const std::string& text, const std::string& what);
   /// from_json of a regular file; `source` is set to `path`.
   static Calibration load(const std::string& path);

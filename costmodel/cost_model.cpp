@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "common/errors.h"
 
 namespace packpipe::costmodel {
@@ -135,6 +137,31 @@ Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, s
   q.dec_seq = m.arch == Architecture::EncoderDecoder ? shape.dec_seq : 0;
   q.recompute = rc;
   q.attention = shape.attention;
+  return q;
+}
+
+Query packed_query(const ModelSpec& m, const std::vector<std::int64_t>& segments,
+                   const std::vector<std::int64_t>& dec_segments, const std::string& what) {
+  const bool encdec = m.arch == Architecture::EncoderDecoder;
+  PACKPIPE_CHECK_ARG(!segments.empty(), "{}: a packed row needs at least one segment", what);
+  PACKPIPE_CHECK_ARG(encdec || dec_segments.empty(), "{}: model '{}' is decoder-only: no decoder lengths", what,
+                     m.name);
+  PACKPIPE_CHECK_ARG(!encdec || dec_segments.size() == segments.size(),
+                     "{}: encoder-decoder model '{}' needs one decoder length per segment ({} for {} segments)", what,
+                     m.name, dec_segments.size(), segments.size());
+  Query q;
+  q.seq = 0;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const std::int64_t l = segments[i], d = encdec ? dec_segments[i] : 0;
+    PACKPIPE_CHECK_ARG(l >= 1 && l <= kMaxQuerySeq && (!encdec || (d >= 1 && d <= kMaxQuerySeq)),
+                       "{}: segment {} has length {}{}, expected lengths in [1, {}]", what, i, l,
+                       encdec ? fmt::format(" + {}", d) : std::string(), kMaxQuerySeq);
+    q.seq += l;
+    q.dec_seq += d;
+    PACKPIPE_CHECK_ARG(q.seq <= kMaxQuerySeq && q.dec_seq <= kMaxQuerySeq, "{}: the row holds more than {} tokens",
+                       what, kMaxQuerySeq);
+    q.attention.add(l, d);
+  }
   return q;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/enum_names.h"
 #include "common/recompute.h"
@@ -208,6 +209,15 @@ struct StageLayout {
 /// decoder-only model, as every stage composition asks it).
 Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, std::int64_t tp, const MicroShape& shape,
                   Recompute rc);
+
+/// The query of one packed row (varlen attention) of samples `segments` tokens long and, for an
+/// encoder-decoder model, `dec_segments` decoder tokens (one per sample; empty for decoder-only):
+/// seq and dec_seq are the row's tokens, attention the segments' sums; the other fields default.
+/// Throws InvalidArgument naming `what` and the segment for a length outside [1, kMaxQuerySeq],
+/// counts that disagree (or decoder lengths for a decoder-only model), no segment, or a row
+/// longer than kMaxQuerySeq.
+Query packed_query(const ModelSpec& m, const std::vector<std::int64_t>& segments,
+                   const std::vector<std::int64_t>& dec_segments, const std::string& what = "segments");
 
 /// Dense rows with the tokens and attention sums of query `q` on the lengths its kind reads:
 /// `rows` rows of `seq` tokens with rows x seq = the tokens and rows x seq^2 = the self-attention

@@ -19,19 +19,23 @@ struct StageOpTimes {
   double backward_weight_ms = 0;  ///< the weight-gradient half (BWD_W), at most backward_ms
 };
 
-/// Weight-gradient share of a stage's backward (without recompute): weight gradients redo the
-/// dense GEMMs once (dW = x^T dy), input gradients the GEMMs once more plus twice the attention
-/// products, so the share is matmul / (2 (matmul + attention)) of the stage's forward FLOPs
-/// (0 for a stage without GEMMs). Pure arithmetic; no checks beyond forward_flops'.
-double weight_gradient_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
+/// Forward FLOPs of a stage (its encoder, decoder and post-process layers) for one micro-batch shape.
+LayerFlops stage_forward_flops(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
+
+/// The attention share of a stage's forward FLOPs for a shape: attention / (matmul + attention), in
+/// [0, 1] (0 for a stage without layers). The coordinate of calibration's attention term (013):
+/// a packed varlen row has a smaller share than a padded row of the same tokens.
+double attention_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
 
 /// Tokens of a micro-batch shape, the coordinate of calibration regions: rows x (seq + dec_seq),
 /// dec_seq counted for encoder-decoder models only (what stage_cost queries).
 double shape_tokens(const ModelSpec& m, const MicroShape& shape);
 
 /// The op times of a stage from stage_cost's answer `stage` for that shape (forward; backward +
-/// recompute; weight share x backward; the rest is the input half), calibrated when
-/// cm.calibration() is set (Calibration::apply). Thread-safe; no allocation.
+/// recompute; the weight-gradient share x backward, that share being matmul / (2 (matmul +
+/// attention)) of the stage's forward FLOPs; the rest is the input half), calibrated when
+/// cm.calibration() is set (Calibration::apply, with the shape's attention_share). Thread-safe; no
+/// allocation.
 StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const StageLayout& layout,
                             const MicroShape& shape);
 /// stage_op_times of stage_cost(cm, layout, tp, shape, rc). Throws as stage_cost.
@@ -41,10 +45,12 @@ StageOpTimes stage_op_times(const CostModel& cm, const StageLayout& layout, std:
 /// Forward plus full backward of a stage (the partitioner's and layer balancing's stage time):
 /// stage.total_ms() plus stage_time_delta_ms: bit for bit as before calibration existed for an
 /// uncalibrated model or an identity calibration.
-double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens);
-/// What calibration adds to a stage's forward plus full backward at `tokens` (shape_tokens): the
-/// calibrated forward + backward minus the base's; exactly 0 for an uncalibrated model and for an
-/// identity calibration (so sums of base times plus it keep their bits).
-double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens);
+/// `share` is the stage's attention_share for the shape.
+double stage_time_ms(const CostModel& cm, const LayerCost& stage, double tokens, double share);
+/// What calibration adds to a stage's forward plus full backward at `tokens` (shape_tokens) and
+/// attention share `share` (attention_share): the calibrated forward + backward minus the base's;
+/// exactly 0 for an uncalibrated model and for an identity calibration (so sums of base times plus
+/// it keep their bits).
+double stage_time_delta_ms(const CostModel& cm, const LayerCost& stage, double tokens, double share);
 
 }  // namespace packpipe::costmodel

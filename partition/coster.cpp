@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/rng.h"
 #include "common/target_clones.h"
+#include "costmodel/calibration.h"
 #include "costmodel/stage_ops.h"
 #include "partition/detail/coster.h"
 
@@ -64,7 +65,10 @@ std::size_t ShapeMemo::size() const {
 
 Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std::vector<VirtualStage>& vstages,
                CostBasis basis, double limit_mb, ShapeMemo* shared)
-    : cost_(cost), calibrated_(cost.calibration() != nullptr), shape_(shape), basis_(basis), limit_mb_(limit_mb) {
+    : cost_(cost),
+      calibrated_(cost.calibration() != nullptr),
+      attention_share_(calibrated_ && cost.calibration()->uses_attention_share()),
+      shape_(shape), basis_(basis), limit_mb_(limit_mb) {
   if (shared != nullptr) {
     // Everything a shape's cost depends on besides the shape itself.
     std::vector<std::uint64_t> key = {reinterpret_cast<std::uintptr_t>(&cost),
@@ -250,7 +254,8 @@ void Coster::eval_rows(std::int64_t rows, std::int64_t count, std::int64_t le, s
     for (std::size_t k = 0; k < nk; ++k) q[k] = base[k] ? base[k] + r : kind_ptrs_[k * cnt + r];
     const double tokens = static_cast<double>(rows + static_cast<std::int64_t>(r)) *
                           static_cast<double>(le + (encdec_ ? ld : 0));
-    out[r] = basis_ == CostBasis::Stages ? compose_stages(q, tokens) : compose_dynapipe(q, tokens);
+    const cm::MicroShape ms{rows + static_cast<std::int64_t>(r), le, ld, {}};
+    out[r] = basis_ == CostBasis::Stages ? compose_stages(q, ms, tokens) : compose_dynapipe(q, ms, tokens);
   }
 }
 
@@ -301,24 +306,39 @@ std::int64_t Coster::shared_rows(std::size_t k, cm::Query query, std::int64_t ro
 }
 
 double Coster::calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
-                                 const cm::LayerCost* once, double tokens) const {
+                                 const cm::LayerCost* once, const cm::MicroShape& shape, double tokens) const {
   // The stage's times composed as costmodel::stage_cost composes them (per part: forward,
-  // backward, recompute), then what calibration adds to their forward + backward.
+  // backward, recompute), then what calibration adds to their forward + backward. The stage's
+  // attention share (costmodel::attention_share) from the same parts' forward FLOPs, only when the
+  // calibration has an attention term.
   cm::LayerCost s;
+  double matmul = 0, attention = 0;
   for (int k : comp) {
     s.forward_ms += layers * q[k]->forward_ms;
     s.backward_ms += layers * q[k]->backward_ms;
     s.recompute_ms += layers * q[k]->recompute_ms;
+    if (attention_share_) {
+      const auto& kq = kinds_[static_cast<std::size_t>(k)];
+      const cm::LayerFlops f = cm::forward_flops(cost_.model(), kq.kind, shape);
+      matmul += layers * static_cast<double>(kq.layers) * f.matmul;
+      attention += layers * static_cast<double>(kq.layers) * f.attention;
+    }
   }
   if (once != nullptr) {
     s.forward_ms += once->forward_ms;
     s.backward_ms += once->backward_ms;
     s.recompute_ms += once->recompute_ms;
+    if (attention_share_) {
+      const cm::LayerFlops f = cm::forward_flops(cost_.model(), cm::LayerKind::PostProcess, shape);
+      matmul += f.matmul;
+      attention += f.attention;
+    }
   }
-  return cm::stage_time_delta_ms(cost_, s, tokens);
+  const double share = matmul + attention > 0 ? attention / (matmul + attention) : 0.0;
+  return cm::stage_time_delta_ms(cost_, s, tokens, share);
 }
 
-RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) const {
+RcCost Coster::compose_stages(const cm::LayerCost* const* q, const cm::MicroShape& shape, double tokens) const {
   // Every distinct stage composition as costmodel::stage_cost composes it (times add, stored adds,
   // peak = max of stored-so-far + layer peak), then ranks add their stages. Memory stays in bytes
   // until the end: one division per figure instead of two per composition.
@@ -348,7 +368,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) cons
       stored += q[k]->stored_bytes;
       peak_abs = std::max(peak_abs, stored + q[k]->peak_bytes);
     }
-    if (calibrated_) time += calibration_delta(comps_[c], q, 1.0, nullptr, tokens);
+    if (calibrated_) time += calibration_delta(comps_[c], q, 1.0, nullptr, shape, tokens);
     ct[c] = time;
     cs[c] = stored;
     cp[c] = peak_abs - stored;
@@ -402,7 +422,7 @@ RcCost Coster::compose_stages(const cm::LayerCost* const* q, double tokens) cons
   return out;
 }
 
-RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q, double tokens) const {
+RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q, const cm::MicroShape& shape, double tokens) const {
   // Section 3, step 3 of DynaPipe: per-layer costs times l, postprocess once.
   const double l = static_cast<double>(dyn_layers_);
   const cm::LayerCost& e = *q[0];
@@ -413,14 +433,14 @@ RcCost Coster::compose_dynapipe(const cm::LayerCost* const* q, double tokens) co
     const cm::LayerCost& d = *q[2];
     t_dec = l * d.total_ms() + p.total_ms();
     if (calibrated_) {
-      t_enc += calibration_delta(kDynEncoder, q, l, nullptr, tokens);
-      t_dec += calibration_delta(kDynDecoder, q, l, &p, tokens);
+      t_enc += calibration_delta(kDynEncoder, q, l, nullptr, shape, tokens);
+      t_dec += calibration_delta(kDynDecoder, q, l, &p, shape, tokens);
     }
     s_d = d.stored_bytes / kMB;
     a_d = (d.stored_bytes + d.peak_bytes) / kMB;
   } else {
     t_enc += p.total_ms();
-    if (calibrated_) t_enc += calibration_delta(kDynEncoder, q, l, &p, tokens);
+    if (calibrated_) t_enc += calibration_delta(kDynEncoder, q, l, &p, shape, tokens);
   }
   const double s_e = e.stored_bytes / kMB;
   const double a_e = (e.stored_bytes + e.peak_bytes) / kMB;
@@ -583,7 +603,7 @@ RcCost Coster::get_varlen(const cm::MicroShape& shape, cm::Recompute rc) {
     q[k] = &answers[k];
   }
   const double tokens = cm::shape_tokens(cost_.model(), shape);
-  return basis_ == CostBasis::Stages ? compose_stages(q, tokens) : compose_dynapipe(q, tokens);
+  return basis_ == CostBasis::Stages ? compose_stages(q, shape, tokens) : compose_dynapipe(q, shape, tokens);
 }
 
 Choice Coster::choose_varlen(const cm::MicroShape& shape, RecomputePolicy policy) {

@@ -91,7 +91,7 @@ def baseline_methods() -> list:
             found = [n for n in names if n and n not in ("dp", "dynapipe")]
             if found:
                 return found
-    return ["fixed", "packing", "tokens"]
+    return ["fixed", "packing", "tokens", "wlb"]
 
 
 # ---- grad -------------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def grad_part(a, work: str) -> dict:
         loader = pt.PlanLoader(data, cost_model=cm, rank=None, iterations=1,
                                shape=packpipe.PipelineShape(stages=int(stages)),
                                options=packpipe.PartitionOptions(method="dp"), global_batch_tokens=1024, seed=a.seed,
-                               schedule=schedule, schedule_fallback=True, dtype="fp32")
+                               schedule=schedule, schedule_fallback=True, dtype="fp32", calibrate=False)
         it = next(iter(loader))
         full = models.GPT(cfg)
         grads, losses = {}, {}
@@ -155,6 +155,10 @@ def configs(a) -> list:
     """(name, method, PlanLoader keywords) of packpipe and every baseline at each size of its grid."""
     out = [("packpipe", "packpipe", {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")})]
     for m in a.methods:
+        if m == "wlb":  # WLB-LLM's packing is sized by a capacity, not a count: the longest sample's
+            out.append(("wlb capacity=longest", m, {"schedule": "1f1b", "schedule_fallback": True,
+                                                    "options": packpipe.PartitionOptions(method=m)}))
+            continue
         sizes = a.token_grid if m == "tokens" else a.grid
         for k in sizes:
             opts = packpipe.PartitionOptions(method=m, tokens=k) if m == "tokens" else \
@@ -172,7 +176,7 @@ class Setup:
         self.name, self.method = name, method
         loader = pt.PlanLoader(data, cost_model=cm, rank=None, iterations=a.iterations,
                                shape=packpipe.PipelineShape(stages=a.stages), global_batch_tokens=a.tokens, seed=a.seed,
-                               dtype=a.dtype, **kw)
+                               dtype=a.dtype, calibrate=False, **kw)
         self.its = list(loader)
         self.model = models.GPT(cfg).to(a.device)
         plan = self.its[0].plan
@@ -286,7 +290,8 @@ def measure_part(a, work: str, state: dict) -> dict:
     cm, cfg = state["cm"], state["cfg"]
     loader = pt.PlanLoader(state["data"], cost_model=cm, rank=None, iterations=a.measure_iterations,
                            shape=packpipe.PipelineShape(stages=a.stages), global_batch_tokens=a.tokens, seed=a.seed + 1,
-                           dtype=a.dtype, schedule="search", options=packpipe.PartitionOptions(method="dp"))
+                           dtype=a.dtype, schedule="search", options=packpipe.PartitionOptions(method="dp"),
+                           calibrate=False)
     model = models.GPT(cfg).to(a.device)
     its = list(loader)
     stages = {v: model.stage(its[0].plan.stages[v]) for v in range(its[0].plan.vstages)}

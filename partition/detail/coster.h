@@ -144,14 +144,15 @@ class Coster {
   // Kind k's answers for rows .. rows + ok - 1 from the memo's shared rows (querying the missing
   // ones), pointed to from kind_ptrs_[k * cnt ..]; returns how many of them the model answers.
   std::int64_t shared_rows(std::size_t k, cm::Query query, std::int64_t rows, std::int64_t ok, std::size_t cnt);
-  // One shape of `tokens` tokens (calibration's coordinate) from its per-kind query answers q[k]
+  // One shape (`tokens` tokens: calibration's coordinate) from its per-kind query answers q[k]
   // (kinds_ order).
-  RcCost compose_stages(const cm::LayerCost* const* q, double tokens) const;
-  RcCost compose_dynapipe(const cm::LayerCost* const* q, double tokens) const;
+  RcCost compose_stages(const cm::LayerCost* const* q, const cm::MicroShape& shape, double tokens) const;
+  RcCost compose_dynapipe(const cm::LayerCost* const* q, const cm::MicroShape& shape, double tokens) const;
   // What a calibrated model adds (costmodel::stage_time_delta_ms) to the stage time of `layers` x
-  // the answers q[k] of `comp`, plus `once` (the DynaPipe basis's post-process; may be null).
+  // the answers q[k] of `comp`, plus `once` (the DynaPipe basis's post-process; may be null), for
+  // `shape` (whose attention share the calibration's attention term reads).
   double calibration_delta(const std::vector<int>& comp, const cm::LayerCost* const* q, double layers,
-                           const cm::LayerCost* once, double tokens) const;
+                           const cm::LayerCost* once, const cm::MicroShape& shape, double tokens) const;
   static constexpr std::size_t kMaxKinds = 8;
 
   struct KindQuery {  // one distinct (kind, layers) query of the stage layouts (DynaPipe: its per-layer queries)
@@ -167,6 +168,7 @@ class Coster {
 
   const cm::CostModel& cost_;
   bool calibrated_ = false;  // cost_.calibration() is set: stage times through costmodel::stage_time_ms
+  bool attention_share_ = false;  // the calibration has an attention term: deltas need the stage's share
   PipelineShape shape_;
   CostBasis basis_;
   bool encdec_;

@@ -65,4 +65,26 @@ expect_error "tp (3) must divide" costmodel query --tp 3 --seq 128
 expect_error "--seq" costmodel query --mbs 1
 expect_error "unknown recompute mode" costmodel query --seq 128 --recompute most
 expect_error "ZeRO stage (zero / --zero)" costmodel query --seq 128 --zero 7
+
+# a packed row (varlen attention): its layout and sums in the query, cheaper than the dense row of
+# the same tokens, dearer than its longest sample alone
+"$pp" costmodel query --model gpt-6.7b --segments 1024 1024 2048 --json > "$tmp/packed.json"
+"$pp" costmodel query --model gpt-6.7b --seq 4096 --json > "$tmp/dense.json"
+"$pp" costmodel query --model gpt-6.7b --seq 2048 --json > "$tmp/longest.json"
+$py - "$tmp" <<'PY' || fail "query --segments"
+import json, sys
+d = sys.argv[1]
+p, dn, lo = (json.load(open(f"{d}/{n}.json")) for n in ("packed", "dense", "longest"))
+assert p["query"]["layout"] == "packed" and p["query"]["seq"] == 4096, p["query"]
+assert p["query"]["attention"] == {"self": 2 * 1024 ** 2 + 2048 ** 2, "dec_self": 0, "cross": 0}, p["query"]
+assert lo["total_ms"] < p["total_ms"] < dn["total_ms"], (lo["total_ms"], p["total_ms"], dn["total_ms"])
+assert p["stored_bytes"] <= dn["stored_bytes"]
+PY
+"$pp" costmodel query --model t5-770m --kind decoder --segments 300 200 --dec-segments 40 60 | grep -i "packed" \
+    > /dev/null || fail "t5 packed row text"
+expect_error "leave out --seq" costmodel query --segments 100 50 --seq 150
+expect_error "segment 1 has length 0" costmodel query --segments 100 0
+expect_error "one decoder length per segment" costmodel query --model t5-770m --kind decoder --segments 300 200 \
+    --dec-segments 40
+expect_error "decoder-only" costmodel query --segments 300 --dec-segments 40
 echo "ok"

@@ -95,7 +95,8 @@ void check_recovered(const cm::CostModel& base, const std::vector<cm::Measuremen
   for (const auto& m : ms) {
     if (!cm::is_compute(m.op)) continue;
     const double p = cm::predict_ms(base, m);
-    CHECK(c.apply(m.op, m.tokens(), p) == Approx(a * p + b).epsilon(0.01));
+    CHECK(c.apply(m.op, m.tokens(), p, cm::attention_share(base.model(), m.layout, m.shape())) ==
+          Approx(a * p + b).epsilon(0.01));
   }
 }
 
@@ -310,7 +311,113 @@ TEST_CASE("bad calibration files are refused naming the file and the field", "[c
     j["transfers"][0]["bytes_per_ms"] = 1e300;
     check(j.dump(), {"/transfers/0/bytes_per_ms", "found 1e+300"});
   }
+  // the attention term: in (-1, 100], 0 on an op without a fit; absent (an older file) is 0
+  {
+    auto j = nlohmann::json::parse(good);
+    j["compute"][0]["attention_gamma"] = -1.0;
+    check(j.dump(), {"cal.json", "/compute/0/attention_gamma", "expected in (-1, 100]", "found -1"});
+    j["compute"][0]["attention_gamma"] = 1e3;
+    check(j.dump(), {"/compute/0/attention_gamma", "found 1000"});
+    j["compute"][0]["attention_gamma"] = "x";
+    check(j.dump(), {"/compute/0/attention_gamma", "expected a finite number"});
+    j = nlohmann::json::parse(good);
+    j["compute"][2]["attention_gamma"] = 0.5;  // I has no fit here
+    check(j.dump(), {"/compute/2/attention_gamma", "0 for an op without a fit"});
+    j = nlohmann::json::parse(good);
+    for (auto& op : j["compute"]) op.erase("attention_gamma");
+    CHECK(cm::Calibration::from_json(j.dump(), "old.json").compute[0].attention_gamma == 0);
+  }
   REQUIRE_THROWS_WITH(cm::Calibration::load("/nonexistent/cal.json"), Contains("/nonexistent/cal.json"));
+}
+
+// Measurements of F and B whose attention part runs (1 + gamma) times slower, relative to the
+// token-linear part, than the base model says: padded rows and rows packed with varlen attention
+// (segments of a quarter or an eighth of the row), so the stage's attention share spreads.
+std::vector<cm::Measurement> attention_biased(const cm::CostModel& base, double a, double gamma, double noise,
+                                              std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> eps(0.0, noise);
+  std::vector<cm::Measurement> out;
+  std::uint32_t index = 0;
+  for (std::int64_t rows : {1, 2, 4}) {
+    for (std::int64_t seq : {512, 1024, 2048, 4096}) {
+      for (int pieces : {1, 4, 8}) {
+        for (cm::MeasuredOp op : {cm::MeasuredOp::Forward, cm::MeasuredOp::Backward}) {
+          cm::Measurement m;
+          m.op = op;
+          m.layout.encoder_layers = 2;
+          m.rows = rows;
+          m.seq = seq;
+          if (pieces > 1) {
+            for (std::int64_t r = 0; r < rows; ++r) {
+              for (int k = 0; k < pieces; ++k) m.attention.add(seq / pieces, 0);
+            }
+          }
+          m.index = index++;
+          const double p = cm::predict_ms(base, m);
+          const double s = cm::attention_share(base.model(), m.layout, m.shape());
+          m.ms = a * p * (1.0 + gamma * s) * (1.0 + eps(rng));
+          out.push_back(m);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_CASE("calibration fits the attention part and the token-linear part as separate terms", "[calibration]") {
+  const auto base = analytic();
+  // attention 2.5 x slower than the model says relative to the GEMMs (gamma 1.5), 0.5% noise
+  const auto ms = attention_biased(*base, 0.8, 1.5, 0.005, 7);
+  const cm::Calibration c = cm::fit_calibration(*base, ms);
+  for (cm::MeasuredOp op : {cm::MeasuredOp::Forward, cm::MeasuredOp::Backward}) {
+    INFO(cm::measured_op_name(op));
+    const cm::OpFit& f = c.compute[static_cast<std::size_t>(op)];
+    // the regions' lines absorb part of the term, so gamma is found within 20%; the prices below are tight
+    CHECK(1.0 + f.attention_gamma == Approx(2.5).epsilon(0.2));
+    CHECK(f.global.error_after < 0.02);
+  }
+  // the file keeps the term; the calibrated model prices shapes it never saw, packed and padded
+  const cm::Calibration back = cm::Calibration::from_json(c.to_json(), "back.json");
+  CHECK(back.to_json() == c.to_json());
+  const cm::CalibratedCostModel model(base, back);
+  for (int pieces : {1, 3, 16}) {
+    cm::Measurement m;
+    m.layout.encoder_layers = 3;
+    m.rows = 3;
+    m.seq = 3000;
+    if (pieces > 1) {
+      for (int r = 0; r < 3; ++r) {
+        for (int k = 0; k < pieces; ++k) m.attention.add(3000 / pieces, 0);
+      }
+    }
+    const double p = cm::predict_ms(*base, m);
+    const double s = cm::attention_share(base->model(), m.layout, m.shape());
+    INFO("pieces " << pieces << " share " << s);
+    CHECK(cm::predict_ms(model, m) == Approx(0.8 * p * (1.0 + 1.5 * s)).epsilon(0.03));
+  }
+  // and the partitioner's stage time sees the same term (stage_time_ms = F + B calibrated)
+  const cm::StageLayout l{3, 0, false, false};
+  const cm::MicroShape dense{2, 2048, 0, {}};
+  const cm::LayerCost st = cm::stage_cost(*base, l, 1, dense, cm::Recompute::None);
+  const double share = cm::attention_share(base->model(), l, dense);
+  const auto ops = cm::stage_op_times(model, st, l, dense);
+  CHECK(cm::stage_time_ms(model, st, cm::shape_tokens(base->model(), dense), share) ==
+        Approx(ops.forward_ms + ops.backward_ms));
+}
+
+TEST_CASE("the attention term stays 0 where the points do not call for it", "[calibration]") {
+  const auto base = analytic();
+  // a pure line of the whole prediction (no attention bias): the term buys nothing
+  const cm::Calibration c = cm::fit_calibration(*base, attention_biased(*base, 1.3, 0.0, 0.005, 9));
+  for (const cm::OpFit& f : c.compute) CHECK(f.attention_gamma == 0);
+  // padded rows of one length only: every point has the same share, the term is not identifiable
+  std::vector<cm::Measurement> one;
+  for (const auto& m : attention_biased(*base, 1.0, 3.0, 0.005, 11)) {
+    if (m.seq == 1024 && !m.attention.varlen()) one.push_back(m);
+  }
+  REQUIRE(one.size() >= 4);
+  for (const cm::OpFit& f : cm::fit_calibration(*base, one).compute) CHECK(f.attention_gamma == 0);
 }
 
 TEST_CASE("an identity calibration keeps every op time and stage time bit for bit", "[calibration]") {
@@ -335,7 +442,7 @@ TEST_CASE("an identity calibration keeps every op time and stage time bit for bi
         const cm::LayerCost s = cm::stage_cost(*base, l, 1, rows, seq, 0, rc);
         const cm::MicroShape shape{rows, seq, 0, {}};
         const double tokens = cm::shape_tokens(base->model(), shape);
-        CHECK(cm::stage_time_ms(id, s, tokens) == s.total_ms());
+        CHECK(cm::stage_time_ms(id, s, tokens, cm::attention_share(base->model(), l, shape)) == s.total_ms());
         const auto a = cm::stage_op_times(*base, s, l, shape), b = cm::stage_op_times(id, s, l, shape);
         CHECK(a.forward_ms == b.forward_ms);
         CHECK(a.backward_ms == b.backward_ms);

@@ -143,3 +143,34 @@ TEST_CASE("a calibrated model changes the partitioner's and the simulator's time
     CHECK(s.packpipe.iteration_ms > 1.1 * a.packpipe.iteration_ms);
   }
 }
+
+TEST_CASE("a calibration's attention term prices padded and packed micro-batches alike in the partitioner and the "
+          "simulator", "[calibration]") {
+  const Case c = cases()[0];
+  // the attention part three times the model's (gamma 2) for F and B, the token-linear part as is
+  cm::Calibration cal = linear(*c.base, 1.0, 0.0, false, false);
+  cal.compute[0].attention_gamma = 2.0;
+  cal.compute[1].attention_gamma = 2.0;
+  const cm::CalibratedCostModel slow_attention(c.base, cal);
+  const auto vs = virtual_stages(c.base->model(), c.options.shape);
+  for (packpipe::Layout only : {packpipe::Layout::Padded, packpipe::Layout::Packed}) {
+    PartitionOptions o = c.options.partition;
+    o.layouts = packpipe::layout_bit(only);
+    const Partition base = partition(c.lengths, *c.base, c.options.shape, vs, o);
+    const Partition p = partition(c.lengths, slow_attention, c.options.shape, vs, o);
+    CHECK(p.sum_time_ms > base.sum_time_ms);
+    // each micro-batch's time is its slowest stage's calibrated forward + backward, as the
+    // schedule's cost table prices it (the partitioner's share per stage is the table's)
+    const auto t = sched::stage_cost_table(slow_attention, c.options.shape, vs, p.microbatches);
+    for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+      double slowest = 0;
+      for (std::int64_t v = 0; v < t.vstages; ++v) {
+        const std::size_t i = t.at(static_cast<std::int64_t>(m), v);
+        slowest = std::max(slowest, t.forward_ms[i] + t.backward_ms[i]);
+      }
+      INFO("micro-batch " << m << " layout " << packpipe::layout_name(p.microbatches[m].layout));
+      CHECK(p.microbatches[m].layout == only);
+      CHECK(p.microbatches[m].time_ms == Approx(slowest).epsilon(1e-9));
+    }
+  }
+}

@@ -145,3 +145,27 @@ def test_profiled_memory_from_packpipe_profile_reaches_the_plans(tmp_path):
     per_row2 = [m.stored_mb / m.rows for m in p2.microbatches]
     # per row, 2 layers x 3000 more bytes per token x 200 tokens (the embedding's bytes are the same)
     assert min(per_row2) - max(per_row) == pytest.approx(2 * 3000 * 200 / 1e6)
+
+
+def test_query_packed_row_segments():
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    dense = cm.query(mbs=1, seq=4096)                  # one padded row: (sum l)^2 attention
+    packed = cm.query(segments=[1024, 1024, 2048])     # the same tokens packed with varlen attention
+    assert packed.forward_ms < dense.forward_ms and packed.backward_ms < dense.backward_ms
+    longest = cm.query(mbs=1, seq=2048)
+    assert packed.total_ms > longest.total_ms          # more tokens than its longest sample alone
+    # a row of one segment is that sample's dense row
+    assert cm.query(segments=[1500]).total_ms == pytest.approx(cm.query(seq=1500).total_ms, rel=1e-9)
+    # more segments of the same tokens: less attention, never more time
+    assert cm.query(segments=[512] * 8).total_ms <= packed.total_ms
+    t5 = packpipe.CostModel(model="t5-11b")
+    row = t5.query(kind="decoder", segments=[300, 200], dec_segments=[40, 60])
+    assert row.total_ms < t5.query(kind="decoder", seq=500, dec_seq=100).total_ms
+    for kwargs, words in [(dict(segments=[100], seq=100), "leave out mbs, seq"),
+                          (dict(segments=[]), "at least one segment"),
+                          (dict(segments=[100, 0]), "segment 1 has length 0"),
+                          (dict(segments=[100], dec_segments=[5]), "decoder-only")]:
+        with pytest.raises(ValueError, match=words):
+            cm.query(**kwargs)
+    with pytest.raises(ValueError, match="one decoder length per segment"):
+        t5.query(kind="decoder", segments=[300, 200], dec_segments=[40])

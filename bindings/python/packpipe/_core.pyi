@@ -217,8 +217,10 @@ class CostModel:
     def calibration(self) -> Optional["Calibration"]:
         """The Calibration applied (a copy), or None."""
     def query(self, kind: str = "encoder", mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
-              recompute: str = "none", layers: int = 1) -> LayerCost:
-        """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples."""
+              recompute: str = "none", layers: int = 1, segments: Optional[Sequence[int]] = None,
+              dec_segments: Optional[Sequence[int]] = None) -> LayerCost:
+        """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples padded to `seq`, or
+        for one packed row of `segments` (and `dec_segments`) under varlen attention."""
     def stage_cost(self, encoder_layers: int = 0, decoder_layers: int = 0, has_embedding: bool = False,
                    has_postprocess: bool = False, mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
                    recompute: str = "none") -> LayerCost:
@@ -417,8 +419,8 @@ class Calibration:
         """Write the file form atomically."""
     def to_json(self) -> str:
         """The file form (deterministic: the same fit gives the same bytes)."""
-    def apply(self, op: str, tokens: float, predicted_ms: float) -> float:
-        """Calibrated time of compute op F, B, I or W predicted `predicted_ms` by the base model at `tokens`."""
+    def apply(self, op: str, tokens: float, predicted_ms: float, share: float = 0.0) -> float:
+        """Calibrated time of compute op F, B, I or W predicted `predicted_ms` by the base model at `tokens`, the stage's attention share of forward FLOPs being `share` (the op's attention_gamma reweights it)."""
     @property
     def base(self) -> Dict[str, str]:
         """What it was fitted over: model, device, description, fingerprint."""
