@@ -221,8 +221,9 @@ def cost_model(model: nn.Module, device: Union[str, Dict[str, Any]], *, profiles
     the model file from :func:`describe_model` (``fields`` are its keyword arguments: layers=,
     heads=, ...), with `profiles` (packpipe profile's files: measured times) and `calibration` as
     CostModel takes them. The files are written into `directory` when given (kept there), else
-    into a temporary folder removed once read. Warns when the module's parameter count is far from
-    what the model file implies (the memory estimate's basis)."""
+    into a temporary folder removed once read. Warns when the parameters of the module's layers and
+    token embedding are far from what the model file implies (the memory estimate's basis: a
+    wrong layer count or width shows there)."""
     spec = describe_model(model, **fields)
     module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     dtype = fields.get("dtype") or {p.dtype for p in module.parameters() if p.is_floating_point()}.pop()
@@ -239,9 +240,13 @@ def cost_model(model: nn.Module, device: Union[str, Dict[str, Any]], *, profiles
     cm.torch_dtype = dtype
     cm.params = _params(module)
     cm.spec = spec
-    implied = int(cm.model["total_params"])
-    if not 0.5 <= cm.params / max(implied, 1) <= 2:
-        warnings.warn(f"packpipe.torch.cost_model: {type(module).__name__} has {cm.params:,} parameters, the model file "
-                      f"{spec} implies {implied:,}: the cost model's memory estimate assumes the latter (check layers=, "
-                      "hidden=, ffn=, vocab=)", stacklevel=2)
+    # What the model file describes: the layers and the token embedding (not, e.g., learned positions).
+    _, stack = _layer_stack(module, spec.get("num_layers"))
+    token = _token_embedding(module)
+    counted = (_params(stack) if stack is not None else 0) + (token.weight.numel() if token is not None else 0)
+    implied = int(cm.model["total_params"]) - 2 * spec["hidden"]
+    if counted and not 0.5 <= counted / max(implied, 1) <= 2:
+        warnings.warn(f"packpipe.torch.cost_model: the layers and token embedding of {type(module).__name__} have "
+                      f"{counted:,} parameters, the model file {spec} implies {implied:,}: the cost model's memory "
+                      "estimate assumes the latter (check layers=, hidden=, ffn=, vocab=)", stacklevel=2)
     return cm
