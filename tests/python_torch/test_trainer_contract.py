@@ -262,3 +262,28 @@ def test_stale_gradients_are_not_reduced_again(tmp_path):
         ld2 = pt.PlanLoader(support.short_manifest(tmp_path), cost_model=cm, global_batch_tokens=500, iterations=1,
                             calibrate=False, shape=packpipe.PipelineShape(stages=2))  # not tied: nothing meets
         pt.LocalPipeline(shared, loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1)).run(next(iter(ld2)))
+
+
+def test_new_arguments_are_checked_where_they_enter(tmp_path):
+    cm = support.cost_model(GPT, tmp_path)
+    manifest = support.short_manifest(tmp_path)
+    for make, exc, message in [
+        (lambda: pt.describe_model(Bare(), heads="4"), TypeError, "describe_model: heads must be an integer"),
+        (lambda: pt.describe_model(Bare(), layers=2.0), TypeError, "describe_model: layers must be an integer"),
+        (lambda: pt.describe_model(Bare(), arch="gpt"), ValueError, "arch must be one of decoder_only, encoder_dec"),
+        (lambda: pt.describe_model("model"), TypeError, "describe_model: model must be a torch.nn.Module"),
+        (lambda: pt.cost_model(Bare(), 5), TypeError, "device must be a preset name, a device .json file or a dict"),
+        (lambda: pt.GradientAccumulation("m", loss_fn), TypeError, "GradientAccumulation: model must be a torch.nn"),
+        (lambda: pt.GradientAccumulation(nn.Linear(2, 2), None), TypeError, "loss_fn must be callable"),
+        (lambda: pt.GradientAccumulation(nn.Linear(2, 2), loss_fn, "sgd"), TypeError, "optimizer must be None or"),
+        (lambda: pt.GradientAccumulation(nn.Linear(2, 2), loss_fn, check_loss=1), TypeError, "check_loss must be"),
+        (lambda: pt.PlanLoader(manifest, cost_model=cm, dtype="fp32", global_batch_tokens=500, labels="hf"),
+         ValueError, "PlanLoader: labels must be one of shifted, unshifted"),
+        (lambda: pt.PlanLoader(manifest, cost_model=cm, dtype="fp32", global_batch_tokens=500, split_backward="no"),
+         TypeError, "PlanLoader: split_backward must be True or False"),
+        (lambda: pt.PlanLoader(manifest, cost_model=cm, dtype="fp32", global_batch_tokens=500, rank="last"),
+         TypeError, "PlanLoader: rank must be an integer"),
+        (lambda: loader(tmp_path).set_epoch(-1), ValueError, r"PlanLoader.set_epoch: epoch must be in \[0"),
+    ]:
+        with pytest.raises(exc, match=message):
+            make()

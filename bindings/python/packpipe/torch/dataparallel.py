@@ -34,8 +34,8 @@ import torch
 
 from packpipe import _check
 from packpipe.torch.data import Iteration
-from packpipe.torch.loss import check_summed_loss
-from packpipe.torch.runner import StepResult, _observed, _op_times, _replica_tokens
+from packpipe.torch.loss import evaluate_loss
+from packpipe.torch.runner import StepResult, _observed, _op_times, _replica_tokens, check_step_arguments
 
 
 @dataclasses.dataclass
@@ -77,16 +77,7 @@ class GradientAccumulation:
                  check_loss: bool = True):
         where = "GradientAccumulation"
         _check.instance(where, "model", model, torch.nn.Module, "a torch.nn.Module (or a DistributedDataParallel)")
-        if not callable(loss_fn):
-            raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
-                            f"{type(loss_fn).__name__}")
-        if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
-            raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
-                            f"{type(optimizer).__name__}")
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+        self.device = check_step_arguments(where, loss_fn, optimizer, device)
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -121,12 +112,7 @@ class GradientAccumulation:
         finally:
             if selective:
                 module.set_selective_recompute(False)
-        if self.check_loss and check_summed_loss(self.loss_fn, out, batch, "GradientAccumulation"):
-            self.check_loss = False
-        loss = self.loss_fn(out, batch)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TypeError("GradientAccumulation: the loss function must return a scalar tensor (the summed token "
-                            "loss)")
+        loss, self.check_loss = evaluate_loss(self.loss_fn, out, batch, "GradientAccumulation", self.check_loss)
         return loss
 
     def run(self, iteration: Iteration) -> StepResult:

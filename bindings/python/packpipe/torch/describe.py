@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 import packpipe
+from packpipe import _check
 
 _HEAD_NAMES = ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_attn_heads")
 _KV_NAMES = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads", "num_query_groups")
@@ -119,9 +120,23 @@ def describe_model(model: nn.Module, *, arch: Optional[str] = None, layers: Unio
         raise TypeError(f"describe_model: model must be a torch.nn.Module, found {type(model).__name__}")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
-    arch = arch or "decoder_only"
-    if arch not in ("decoder_only", "encoder_decoder"):
-        raise ValueError(f"describe_model: arch must be 'decoder_only' or 'encoder_decoder', found {arch!r}")
+    where = "describe_model"
+    arch = _check.one_of(where, "arch", arch or "decoder_only", ("decoder_only", "encoder_decoder"))
+    for field, value in (("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                         ("ffn", ffn), ("vocab", vocab)):
+        if value is not None:
+            _check.integer(where, field, value, 1, 2 ** 31 - 1)
+    if isinstance(layers, tuple):
+        for k, n in enumerate(layers):
+            _check.integer(where, f"layers[{k}]", n, 1, 2 ** 31 - 1)
+    elif layers is not None:
+        _check.integer(where, "layers", layers, 1, 2 ** 31 - 1)
+    if gated_mlp is not None:
+        _check.boolean(where, "gated_mlp", gated_mlp)
+    if dtype is not None:
+        _check.instance(where, "dtype", dtype, torch.dtype, "a torch dtype")
+    if name is not None and not (isinstance(name, str) and name.strip()):
+        raise ValueError(f"{where}: name must be a non-empty str, found {name!r}")
     stack_name, stack = _layer_stack(model, layers)
     block = stack[0] if stack is not None else None
     config = getattr(model, "config", None)

@@ -9,7 +9,7 @@ with a clear error instead of training with wrong weights.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -93,8 +93,21 @@ def check_summed_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str
         "(a loss computed inside the model from its own labels cannot be checked: pass check_loss=False)")
 
 
-def _value(loss, where: str) -> float:
+def _scalar(loss, where: str) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise TypeError(f"{where}: the loss function must return a scalar tensor (the summed token loss), found "
                         f"{type(loss).__name__}{'' if not isinstance(loss, torch.Tensor) else ' ' + str(tuple(loss.shape))}")
-    return float(loss)
+    return loss
+
+
+def _value(loss, where: str) -> float:
+    return float(_scalar(loss, where))
+
+
+def evaluate_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str, check: bool) -> Tuple[torch.Tensor, bool]:
+    """``loss_fn(output, batch)``, refused (TypeError) unless a scalar tensor; with `check`, first
+    :func:`check_summed_loss`. Returns the loss and whether the next micro-batch must still be checked
+    (this one could not tell)."""
+    if check and check_summed_loss(loss_fn, output, batch, where):
+        check = False
+    return _scalar(loss_fn(output, batch), where), check

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from packpipe import _check
 from packpipe import runtime as rt
 from packpipe.torch.data import Iteration, MicroBatch
-from packpipe.torch.loss import check_summed_loss
+from packpipe.torch.loss import evaluate_loss
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -55,6 +55,21 @@ def module_dtype(where: str, modules: Sequence[torch.nn.Module]) -> torch.dtype:
                      "give dtype= (the dtype of the activations between stages)")
 
 
+def check_step_arguments(where: str, loss_fn, optimizer, device) -> torch.device:
+    """The checks every runner makes: a callable loss, None or an optimizer (step(), zero_grad()), a
+    device torch knows. Returns the device."""
+    if not callable(loss_fn):
+        raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
+                        f"{type(loss_fn).__name__}")
+    if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
+        raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
+                        f"{type(optimizer).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+
+
 def _check_runner(where: str, stages, loss_fn, device, dtype, timeout_s) -> Tuple[torch.device, torch.dtype, float]:
     """The checks PipelineRunner and LocalPipeline share: stages a non-empty {virtual stage: Module},
     a callable loss, a device torch knows, an activation dtype (None: the modules' parameters'), a
@@ -65,13 +80,7 @@ def _check_runner(where: str, stages, loss_fn, device, dtype, timeout_s) -> Tupl
     for v, m in stages.items():
         _check.integer(where, "a key of stages (a virtual stage)", v, 0, _check.MAX_PIPELINE - 1)
         _check.instance(where, f"stages[{v}]", m, torch.nn.Module, "a torch.nn.Module")
-    if not callable(loss_fn):
-        raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
-                        f"{type(loss_fn).__name__}")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+    device = check_step_arguments(where, loss_fn, None, device)
     if dtype is None:
         dtype = module_dtype(where, list(stages.values()))
     if dtype not in _DTYPES.values():
@@ -210,11 +219,8 @@ class TorchStageHandler(rt.StageHandler):
         batch = self._batch(ctx, loaded)
         out = module(inp, batch)
         if ctx.stage in self.head_stages:
-            if self.check_loss and check_summed_loss(self.loss_fn, out, batch, f"{self.where}: stage {ctx.stage}"):
-                self.check_loss = False
-            loss = self.loss_fn(out, batch)
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise TypeError("the loss function must return a scalar tensor (the summed token loss)")
+            loss, self.check_loss = evaluate_loss(self.loss_fn, out, batch, f"{self.where}: stage {ctx.stage}",
+                                                  self.check_loss)
             return out, loss
         return out, None
 
@@ -375,9 +381,7 @@ class PipelineRunner:
         from packpipe.torch.transport import Monitor, ProcessGroups, TorchTransport, default_store
         where = "PipelineRunner"
         device, dtype, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
-        if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
-            raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
-                            f"{type(optimizer).__name__}")
+        check_step_arguments(where, loss_fn, optimizer, device)
         for name, flag in (("check_agreement", check_agreement), ("synchronize", synchronize),
                            ("measure_pipeline", measure_pipeline), ("check_loss", check_loss)):
             _check.boolean(where, name, flag)
