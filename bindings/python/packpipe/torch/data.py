@@ -339,19 +339,15 @@ class Iteration:
         """The MicroBatch a stage module sees, its layout on `device`: with `loaded`, those tensors;
         with a `stage`, what this rank loads for (mb, stage) (KeyError if it loads nothing there);
         with neither, every tensor this rank loads for `mb` over all its stages (a one-stage plan, or
-        rank=None: input_ids, labels and all; KeyError if this rank loads none of mb's)."""
+        rank=None: input_ids, labels and all; none on a rank that loads nothing of mb's, whose
+        MicroBatch then raises AttributeError naming the stages that load a tensor asked for)."""
         lay = self.layout(mb)
         if loaded is None:
             if stage is not None:
                 loaded = {k: v.to(device) for k, v in self.loaded(mb, stage).items()}
             else:
-                mine = [s for (m, s) in sorted(self._loads) if m == mb]
-                if not mine:
-                    raise KeyError(f"iteration {self.iteration}: this loader loads no tensor of micro-batch {mb} (it "
-                                   "assembles its rank's loads only; a PlanLoader with rank=None assembles every "
-                                   "rank's, and a one-stage plan loads everything on rank 0)")
                 loaded = {}
-                for s in mine:
+                for s in [s for (m, s) in sorted(self._loads) if m == mb]:
                     loaded.update({k: v.to(device) for k, v in self._loads[(mb, s)].items()})
         return MicroBatch(lay, device, loaded, stage, self.labels_shifted)
 
