@@ -93,11 +93,19 @@ def test_multi_node_torchrun_with_a_c10d_rendezvous():
             procs.append(subprocess.Popen(cmd, env=env(PACKPIPE_HOSTNAME=f"node{node}"), stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True, start_new_session=True))
         outs = [p.communicate(timeout=200)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    finally:  # each node group leads its own process group (torchrun and its worker): stop what still runs
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
     both = "\n".join(outs)
     assert "rank 0: virtual stages [0], layers [(0, 2)]" in both and "rank 1: virtual stages [1]" in both
