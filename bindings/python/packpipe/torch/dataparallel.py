@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict
 
 import numpy as np
 import torch

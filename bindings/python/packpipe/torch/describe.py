@@ -28,7 +28,6 @@ import json
 import os
 import tempfile
 import warnings
-from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
