@@ -293,7 +293,12 @@ void define_multitask_dataset(py::module_& m) {
         return names;
       });
   def_ints(mt, "task_size", &dl::MultiTaskDataset::task_size, py::arg("task"));
-  def_ints(mt, "encoder_decoder", &dl::MultiTaskDataset::encoder_decoder, py::arg("task"));
+  def_ints(mt, "has_targets", &dl::MultiTaskDataset::encoder_decoder, py::arg("task"),
+           "Whether the task's samples have a target part (a paired task: input and target datasets), whatever the "
+           "model: a decoder-only model trains on input + target");
+  def_ints(mt, "encoder_decoder", &dl::MultiTaskDataset::encoder_decoder, py::arg("task"),
+           "The same as has_targets: whether the task's samples have a target part (named for the encoder-decoder "
+           "layout of paired samples; it says nothing about the model)");
   def_ints(mt, "lengths",
            [](const dl::MultiTaskDataset& d, std::size_t task) {
              PACKPIPE_CHECK_RANGE(task < d.num_tasks(), "task {} out of range ({} tasks)", task, d.num_tasks());

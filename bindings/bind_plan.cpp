@@ -96,8 +96,17 @@ py::dict mb_dict(const pl::Plan& p, std::size_t m) {
   return d;
 }
 
-py::dict stage_dict(const pl::StageSpec& s) {
+/// One virtual stage as a dict. "layers" is its range in the model's layer order: for a decoder-only
+/// model the same as "encoder_layers" (a decoder-only model's layers are counted there); for an
+/// encoder-decoder model the encoder's `encoder_total` layers come first, then the decoder's.
+py::dict stage_dict(const pl::StageSpec& s, std::uint32_t encoder_total) {
   py::dict d;
+  std::uint32_t begin = s.encoder_begin, end = s.encoder_begin + s.encoder_layers;
+  if (s.decoder_layers > 0) {
+    if (s.encoder_layers == 0) begin = encoder_total + s.decoder_begin;
+    end = encoder_total + s.decoder_begin + s.decoder_layers;
+  }
+  d["layers"] = py::make_tuple(begin, end);
   d["encoder_layers"] = py::make_tuple(s.encoder_begin, s.encoder_begin + s.encoder_layers);
   d["decoder_layers"] = py::make_tuple(s.decoder_begin, s.decoder_begin + s.decoder_layers);
   d["embedding"] = s.embedding;
@@ -174,12 +183,16 @@ void define_plan(py::module_& m) {
       .def_property_readonly(
           "stages",
           [](const pl::Plan& p) {
+            std::uint32_t encoder_total = 0;  // an encoder-decoder model's encoder layers (decoder-only: unused)
+            for (const auto& s : p.stages) encoder_total = std::max(encoder_total, s.encoder_begin + s.encoder_layers);
             py::list out;
-            for (const auto& s : p.stages) out.append(stage_dict(s));
+            for (const auto& s : p.stages) out.append(stage_dict(s, encoder_total));
             return out;
           },
-          "Per virtual stage: encoder_layers and decoder_layers as [begin, end) ranges, embedding, head, and the tensors "
-          "its LOAD_MB brings (empty list for a format-1 plan)")
+          "Per virtual stage: layers (its [begin, end) range in the model's layer order: a decoder-only model's layers; "
+          "an encoder-decoder model's encoder layers, then its decoder layers), encoder_layers and decoder_layers as "
+          "[begin, end) ranges (a decoder-only model's layers are its encoder_layers), embedding, head, and the "
+          "tensors its LOAD_MB brings (empty list for a format-1 plan)")
       .def_property_readonly("dtype", [](const pl::Plan& p) { return pl::dtype_name(p.dtype); },
                              "Activations' and gradients' dtype between stages")
       .def_property_readonly("loss_mode", [](const pl::Plan& p) { return pl::loss_mode_name(p.loss_mode); },

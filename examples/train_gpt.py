@@ -163,33 +163,25 @@ def train(a):
     except (ValueError, TypeError, RuntimeError) as e:  # one line, not a traceback, on every rank
         sys.exit(f"train_gpt: error: {e}")
     model = models.GPT(cfg)
-    first = None
-    runner = None
     last_rank = distributed and rank == a.pp - 1 and replica == 0
     printer = (not distributed) or last_rank
+    # The stage layout is known before the first iteration: build the stages, wrap them, then iterate.
+    stages = {v: model.stage(loader.stages[v]).to(device) for v in loader.my_stages}
+    if distributed:
+        params = [p for m in stages.values() for p in m.parameters()]
+        runner = pt.PipelineRunner(stages, models.gpt_loss, torch.optim.AdamW(params, lr=a.lr), groups=groups,
+                                   device=device, dtype=dtype, timeout_s=a.timeout)
+    else:
+        runner = pt.LocalPipeline(stages, models.gpt_loss, lambda ps: torch.optim.AdamW(ps, lr=a.lr),
+                                  device=device, dtype=dtype, timeout_s=a.timeout)
+    if printer and not a.json:
+        layers = [s["layers"] for s in loader.stages]
+        print(f"packpipe: {a.pp} stages x {a.dp} replicas, layers per virtual stage {layers}, "
+              f"{cfg.hidden} hidden, dtype {a.dtype}, {threads} threads per rank", flush=True)
     t_start = time.monotonic()
     total_tokens = 0
     for it in loader:
         plan = it.plan
-        if runner is None:
-            first = plan
-            if distributed:
-                mine = pt.PipelineRunner.my_stages(plan, rank)
-                stages = {v: model.stage(plan.stages[v]).to(device) for v in mine}
-                params = [p for m in stages.values() for p in m.parameters()]
-                opt = torch.optim.AdamW(params, lr=a.lr)
-                runner = pt.PipelineRunner(stages, models.gpt_loss, opt, groups=groups, device=device, dtype=dtype,
-                                           timeout_s=a.timeout)
-            else:
-                stages = {v: model.stage(plan.stages[v]).to(device) for v in range(plan.vstages)}
-                runner = pt.LocalPipeline(stages, models.gpt_loss, lambda ps: torch.optim.AdamW(ps, lr=a.lr),
-                                          device=device, dtype=dtype, timeout_s=a.timeout)
-            if printer and not a.json:
-                layers = [s["encoder_layers"] for s in plan.stages]
-                print(f"packpipe: {a.pp} stages x {a.dp} replicas, layers per virtual stage {layers}, "
-                      f"{cfg.hidden} hidden, dtype {a.dtype}, {threads} threads per rank", flush=True)
-        if plan.stages != first.stages:
-            raise RuntimeError("the plan's stage layout changed between iterations")
         r = runner.run(it)
         calibrated = calibrator is not None and calibrator.cost_model is not calibrator.base
         report = calibrator.observe(it, r) if calibrator is not None else None
@@ -223,7 +215,7 @@ def train(a):
                                    outputs={"--save-calibration": a.save_calibration}, what="--save-measurements")
         if printer and not a.json:
             print(f"packpipe: measurements written to {measurements_file}", flush=True)
-    if runner is not None and distributed:
+    if distributed:
         runner.close()
     if distributed:
         dist.barrier()

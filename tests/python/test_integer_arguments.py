@@ -141,6 +141,7 @@ CASES = {
     "IndexedDatasetBuilder.add_item(mode)": lambda w, v: w.builder.add_item(np.array([1], np.uint16), mode=v),
     "MultiTaskDataset.task_size(task)": lambda w, v: w.ds.task_size(v),
     "MultiTaskDataset.encoder_decoder(task)": lambda w, v: w.ds.encoder_decoder(v),
+    "MultiTaskDataset.has_targets(task)": lambda w, v: w.ds.has_targets(v),
     "MultiTaskDataset.lengths(task)": lambda w, v: w.ds.lengths(v),
     "MultiTaskDataset.sample(task)": lambda w, v: w.ds.sample(v, 0),
     "MultiTaskDataset.sample(index)": lambda w, v: w.ds.sample(0, v),

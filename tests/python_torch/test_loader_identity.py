@@ -12,7 +12,7 @@ import support
 def planning_loader(directory, tasks, **kw):
     directory.mkdir(exist_ok=True)
     args = dict(cost_model=packpipe.CostModel("gpt-350m", "A100-40GB"), shape=packpipe.PipelineShape(stages=2),
-                global_batch_tokens=500, seed=3, rank=None, iterations=4)
+                global_batch_tokens=500, seed=3, rank=None, iterations=4, dtype="bf16")
     args.update(kw)
     return pt.PlanLoader(support.short_manifest(directory, tasks), **args)
 

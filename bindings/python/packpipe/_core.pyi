@@ -106,8 +106,12 @@ class MultiTaskDataset:
         """Task names, by task number."""
     def task_size(self, task: int) -> int:
         """Samples of a task."""
+    def has_targets(self, task: int) -> bool:
+        """Whether a task's samples have a target part (a paired task), whatever the model: a decoder-only model
+        trains on input + target."""
     def encoder_decoder(self, task: int) -> bool:
-        """Whether a task's samples have a target part."""
+        """The same as has_targets (named for the encoder-decoder layout of paired samples; it says nothing about
+        the model)."""
     def lengths(self, task: int) -> Tuple[np.ndarray, np.ndarray]:
         """(input_lengths, target_lengths) of every sample of a task, as uint32 arrays."""
     def sample(self, task: int, index: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -864,7 +868,9 @@ class Plan:
         """Real tokens of the global batch (all replicas)."""
     @property
     def stages(self) -> List[Dict[str, Any]]:
-        """Per virtual stage: encoder_layers / decoder_layers ranges, embedding, head, loads."""
+        """Per virtual stage: layers (its [begin, end) range in the model's layer order: a decoder-only model's
+        layers; an encoder-decoder model's encoder layers, then its decoder layers), encoder_layers / decoder_layers
+        ranges (a decoder-only model's layers are its encoder_layers), embedding, head, loads."""
     @property
     def dtype(self) -> str:
         """Activations' and gradients' dtype between stages."""

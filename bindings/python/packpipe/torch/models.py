@@ -93,17 +93,12 @@ CPU_DEVICE: Dict[str, Any] = {"name": "cpu", "peak_tflops": 0.05, "memory_gb": 1
 def cost_model(cfg, directory: str, device: Optional[Dict[str, Any]] = None, inputs: Sequence[str] = ()):
     """packpipe's cost model of reference config `cfg` (GPTConfig or T5Config) on `device` (default
     CPU_DEVICE): its model and device files, model.json and device.json, are written (atomically)
-    into `directory`, which must exist; `inputs` are files they must not replace."""
-    import os
-
+    into `directory`, which must exist; `inputs` are files they must not replace. (For a model of
+    your own: packpipe.torch.cost_model(module, device).)"""
     import packpipe
-    model_file = os.path.join(directory, "model.json")
-    device_file = os.path.join(directory, "device.json")
-    outputs = {"model file": model_file, "device file": device_file}
-    packpipe.check_outputs(outputs, inputs)
-    packpipe.write_file_atomic(model_file, cfg.cost_model_json(), inputs=inputs, what="model file")
-    packpipe.write_file_atomic(device_file, json.dumps(CPU_DEVICE if device is None else device), inputs=inputs,
-                               what="device file")
+    from packpipe.torch.describe import cost_model_files
+    model_file, device_file = cost_model_files(cfg.cost_model_json(), CPU_DEVICE if device is None else device,
+                                               directory, inputs)
     return packpipe.CostModel(model_file, device_file)
 
 
@@ -298,7 +293,7 @@ class GPTStage(nn.Module):
     def __init__(self, full: GPT, spec: Dict[str, Any]):
         super().__init__()
         cfg = full.cfg
-        layers = _spec_range(spec, "encoder_layers")
+        layers = _spec_range(spec, "layers" if "layers" in spec else "encoder_layers")
         if layers and (layers.stop > cfg.layers):
             raise ValueError(f"the plan's stage holds layers {layers.start}..{layers.stop - 1}; the model has "
                              f"{cfg.layers} (plan with the model's layer count)")

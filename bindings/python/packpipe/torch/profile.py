@@ -13,8 +13,12 @@ packpipe's profile file, which ``--profile`` loads as is, and reports the leave-
 the profiled model on what it measured.
 
 A custom layer is ``--layer module:factory``: ``factory(hidden=, heads=, ffn=)`` returns a module
-called as ``module(x)`` or ``module(x, mask)`` with x of shape [mbs, seq, hidden]; the embedding and
-head are then the reference ones at the same width.
+called as ``module(x)``, ``module(x, mask)`` (a second parameter whose name holds "mask": a causal
+boolean [1, 1, seq, seq] mask, True where attending is allowed) or ``module(x, batch)`` (any other
+second parameter: a batch whose ``attention_mask(causal=...)`` is that mask and whose layout is
+"packed-mask", as ``packpipe.torch.attention.attention`` takes it), with x of shape [mbs, seq,
+hidden]; the embedding and head are then the reference ones at the same width (give the model's
+``--vocab``).
 """
 from __future__ import annotations
 
@@ -86,14 +90,17 @@ def reference_layers(arch: str, hidden: int, heads: int, ffn: int, vocab: int, m
         _Layer("postprocess", head, lambda m, a: models.token_loss(m(a[0]), a[1]), head_inputs, lambda on: None),
     ]
     if custom is not None:
-        takes_mask = len(inspect.signature(custom.forward).parameters) >= 2
+        params = list(inspect.signature(custom.forward).parameters)
+        takes_second = len(params) >= 2
+        wants_mask = takes_second and "mask" in params[1].lower()
 
         def run_custom(m, a):
-            return m(a[0], a[1]) if takes_mask else m(a[0])
+            return m(a[0], a[1]) if takes_second else m(a[0])
 
         def custom_inputs(mbs, seq, dec):
             x = rnd(mbs, seq, hidden).requires_grad_(True)
-            return (x, _causal(seq, device)), x
+            mask = _causal(seq, device)
+            return (x, mask if wants_mask else models.MaskedBatch(mask)), x
         layers.insert(1, _Layer("encoder", custom.to(device, dtype), run_custom, custom_inputs,
                                 lambda on: _set_core_checkpoint(custom, on)))
         return layers

@@ -9,7 +9,8 @@ period to end on their own (they do: packpipe's waits have timeouts and report t
 stops them. SIGINT, SIGTERM and SIGHUP to the launcher, and its --timeout (which counts from before
 the first rank starts), stop every rank's process group (SIGTERM, then SIGKILL 2 s later); no rank
 outlives the launcher. At most MAX_NPROC ranks are started, and MAX_NPROC_PER_CORE per CPU core.
-It works the same on every torch version; torchrun also works
+It starts the ranks of one machine (torchrun --standalone); for several machines use torchrun with a
+c10d rendezvous (docs/guide.md, section 8). It works the same on every torch version; torchrun also works
 (``python3 -m torch.distributed.run --standalone --nproc_per_node N --redirects 1 --tee 1`` on
 Debian's torch 1.13 with Python 3.11, whose launcher otherwise fails in ``to_map``).
 """

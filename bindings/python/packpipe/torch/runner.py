@@ -35,33 +35,58 @@ import torch.distributed as dist
 from packpipe import _check
 from packpipe import runtime as rt
 from packpipe.torch.data import Iteration, MicroBatch
+from packpipe.torch.loss import evaluate_loss
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 LossFn = Callable[[torch.Tensor, MicroBatch], torch.Tensor]
 
 
-def _check_runner(where: str, stages, loss_fn, device, dtype, timeout_s) -> Tuple[torch.device, float]:
+def module_dtype(where: str, modules: Sequence[torch.nn.Module]) -> torch.dtype:
+    """The one floating-point dtype of the modules' parameters (the activations' dtype between
+    stages); ValueError when they have none or several (then the caller must be told the dtype)."""
+    dtypes = {p.dtype for m in modules for p in m.parameters() if p.is_floating_point()}
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    if not dtypes:
+        raise ValueError(f"{where}: the modules have no floating-point parameter to take the activations' dtype from; "
+                         "give dtype=")
+    raise ValueError(f"{where}: the modules' parameters have several dtypes ({', '.join(sorted(map(str, dtypes)))}); "
+                     "give dtype= (the dtype of the activations between stages)")
+
+
+def check_step_arguments(where: str, loss_fn, optimizer, device) -> torch.device:
+    """The checks every runner makes: a callable loss, None or an optimizer (step(), zero_grad()), a
+    device torch knows. Returns the device."""
+    if not callable(loss_fn):
+        raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
+                        f"{type(loss_fn).__name__}")
+    if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
+        raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
+                        f"{type(optimizer).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+
+
+def _check_runner(where: str, stages, loss_fn, device, dtype, timeout_s) -> Tuple[torch.device, torch.dtype, float]:
     """The checks PipelineRunner and LocalPipeline share: stages a non-empty {virtual stage: Module},
-    a callable loss, a device torch knows, an activation dtype, a timeout in [0, 1e9] s (0: none).
-    Returns (device, timeout_s)."""
+    a callable loss, a device torch knows, an activation dtype (None: the modules' parameters'), a
+    timeout in [0, 1e9] s (0: none). Returns (device, dtype, timeout_s)."""
     if not isinstance(stages, dict) or not stages:
         raise TypeError(f"{where}: stages must be a non-empty dict {{virtual stage: torch.nn.Module}}, found "
                         f"{type(stages).__name__} {stages!r}"[:200])
     for v, m in stages.items():
         _check.integer(where, "a key of stages (a virtual stage)", v, 0, _check.MAX_PIPELINE - 1)
         _check.instance(where, f"stages[{v}]", m, torch.nn.Module, "a torch.nn.Module")
-    if not callable(loss_fn):
-        raise TypeError(f"{where}: loss_fn must be callable (output, batch) -> summed token loss, found "
-                        f"{type(loss_fn).__name__}")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"{where}: device {device!r} is not a torch device: {e}") from None
+    device = check_step_arguments(where, loss_fn, None, device)
+    if dtype is None:
+        dtype = module_dtype(where, list(stages.values()))
     if dtype not in _DTYPES.values():
         raise ValueError(f"{where}: dtype must be one of {', '.join(str(d) for d in _DTYPES.values())}, found "
                          f"{dtype!r}")
-    return device, _check.number(where, "timeout_s", timeout_s, 0, _check.MAX_TIMEOUT_S)
+    return device, dtype, _check.number(where, "timeout_s", timeout_s, 0, _check.MAX_TIMEOUT_S)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -74,9 +99,15 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclasses.dataclass
 class StepResult:
-    """What one iteration gave on this rank (or, for LocalPipeline, on the whole pipeline)."""
+    """What one iteration gave on this rank (or, for LocalPipeline, on the whole pipeline).
+
+    ``loss`` means the same under every runner: this replica's summed token loss divided by the
+    global batch's loss tokens (every replica's), i.e. this replica's share of the batch's loss. Over
+    the replicas the shares add up to the batch's loss, so with one replica (LocalPipeline always,
+    any runner with dp = 1) it is the batch's loss; with dp > 1, PipelineRunner.global_loss(result)
+    adds them up. None on a rank that holds no head stage."""
     iteration: int
-    loss: Optional[float]          # sum of token losses / global loss tokens of the ranks holding the head, else None
+    loss: Optional[float]          # this replica's share of the batch's loss (see above); None without a head here
     tokens: int                    # real tokens of this replica's micro-batches
     loss_tokens: int               # loss tokens of this replica
     measured_ms: float             # first instruction start to last end over the pipeline's ranks
@@ -86,6 +117,8 @@ class StepResult:
     op_times: List[tuple]          # (rank, op, mb, stage, ms) of every compute instruction, measured
     clock_ns: Optional[int] = None  # add to records' times for the host's steady clock, when every rank of the
                                     # pipeline runs on this host (their times then compare); None otherwise
+    loss_sum: Optional[float] = None  # this replica's summed token loss (loss x global loss tokens); None as loss
+    global_loss_tokens: int = 0     # the global batch's loss tokens (every replica)
 
     @property
     def tokens_per_s(self) -> float:
@@ -98,8 +131,10 @@ class TorchStageHandler(rt.StageHandler):
     def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, device, dtype: torch.dtype,
                  optimizer=None, reduce_grad: Optional[Callable[[int, List[torch.Tensor]], None]] = None,
                  reduce_tied: Optional[Callable[[int, torch.Tensor], None]] = None,
-                 synchronize: bool = False):
+                 synchronize: bool = False, check_loss: bool = True, where: str = "packpipe.torch"):
         super().__init__()
+        self.check_loss = check_loss  # until a micro-batch showed loss_fn returns a sum (loss.check_summed_loss)
+        self.where = where
         self.stages = stages
         self.loss_fn = loss_fn
         self.device = torch.device(device)
@@ -130,7 +165,7 @@ class TorchStageHandler(rt.StageHandler):
                            f"{sorted(self.stages)})") from None
 
     def _batch(self, ctx, loaded) -> MicroBatch:
-        return self.iteration.microbatch(ctx.mb, device=self.device, loaded=loaded)
+        return self.iteration.microbatch(ctx.mb, ctx.stage, device=self.device, loaded=loaded or {})
 
     def _check_out(self, ctx, out: torch.Tensor, what: str):
         shape = ctx.out_shape
@@ -154,11 +189,26 @@ class TorchStageHandler(rt.StageHandler):
         if plan.global_loss_tokens <= 0:
             raise ValueError(f"iteration {plan.iteration}: the plan counts no loss tokens (a format-1 plan, or a batch "
                              "with none); packpipe.torch needs plan format 2")
+        if self.optimizer is None and (self._reduce_grad is not None or plan.tied_embedding):
+            self._check_no_stale_gradients(plan)
         self.state.clear()
         self.head_stages = {v for v, spec in enumerate(plan.stages) if spec["head"]}
         self.loss_sum = None
         self.heads = 0
         self.global_loss_tokens = plan.global_loss_tokens
+
+    def _check_no_stale_gradients(self, plan):
+        """With optimizer=None the trainer steps and zeroes; gradients left from an earlier run would be
+        reduced over the replicas (or the tied pair) again, so a run must start from zero gradients."""
+        for v, m in self.stages.items():
+            for name, p in m.named_parameters():
+                if p.grad is not None and bool(p.grad.any()):
+                    raise ValueError(
+                        f"{self.where}: iteration {plan.iteration}: stage {v}'s parameter {name} still holds a gradient "
+                        "from an earlier run; with optimizer=None the runner neither steps nor zeroes, and this plan "
+                        f"reduces gradients ({'over the replicas' if self._reduce_grad is not None else 'of the tied weight'}"
+                        "), which would count the old ones again: step and zero them (optimizer.zero_grad()) before "
+                        "run(), or give the runner the optimizer")
 
     def load(self, ctx):
         tensors = self.iteration.loaded(ctx.mb, ctx.stage)
@@ -169,9 +219,8 @@ class TorchStageHandler(rt.StageHandler):
         batch = self._batch(ctx, loaded)
         out = module(inp, batch)
         if ctx.stage in self.head_stages:
-            loss = self.loss_fn(out, batch)
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise TypeError("the loss function must return a scalar tensor (the summed token loss)")
+            loss, self.check_loss = evaluate_loss(self.loss_fn, out, batch, f"{self.where}: stage {ctx.stage}",
+                                                  self.check_loss)
             return out, loss
         return out, None
 
@@ -313,26 +362,28 @@ class PipelineRunner:
     """Runs this process's pipeline rank of each iteration's plan on the runtime's executor.
 
     ``stages`` maps each virtual stage this rank runs to its module (the plan's ``stage_rank`` says
-    which: ``runner.my_stages(plan)``); ``loss_fn(output, batch)`` returns the summed token loss of
-    a micro-batch; ``optimizer`` steps this rank's parameters. ``groups`` are the job's process
-    groups (:meth:`ProcessGroups.create`, collective), made from ``pp`` and ``dp`` when not given.
-    With ``measure_pipeline`` (default), each iteration ends with a tiny all-reduce over the
-    pipeline so that ``StepResult.measured_ms`` is the pipeline's makespan, comparable with the
-    plan's simulated one.
+    which: ``loader.my_stages`` or ``runner.my_stages(plan)``); ``loss_fn(output, batch)`` returns
+    the summed token loss of a micro-batch (checked on the first micro-batch that can tell, unless
+    ``check_loss=False``: packpipe.torch.loss.check_summed_loss); ``optimizer`` steps this rank's
+    parameters after each iteration and zeroes their gradients (None: the runner leaves the reduced
+    gradients in ``.grad`` and the trainer steps and zeroes them before the next run). ``dtype``
+    (None: the stage modules' parameters') is the activations' between stages. ``groups`` are the
+    job's process groups (:meth:`ProcessGroups.create`, collective), made from ``pp`` and ``dp``
+    when not given. With ``measure_pipeline`` (default), each iteration ends with a tiny
+    all-reduce over the pipeline so that ``StepResult.measured_ms`` is the pipeline's makespan,
+    comparable with the plan's simulated one.
     """
 
     def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer, *, groups=None,
-                 pp: Optional[int] = None, dp: Optional[int] = None, device="cpu", dtype=torch.float32,
+                 pp: Optional[int] = None, dp: Optional[int] = None, device="cpu", dtype: Optional[torch.dtype] = None,
                  timeout_s: float = 300.0, check_agreement: bool = True, synchronize: bool = False,
-                 measure_pipeline: bool = True):
+                 measure_pipeline: bool = True, check_loss: bool = True):
         from packpipe.torch.transport import Monitor, ProcessGroups, TorchTransport, default_store
         where = "PipelineRunner"
-        device, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
-        if optimizer is not None and not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
-            raise TypeError(f"{where}: optimizer must be None or an optimizer (step(), zero_grad()), found "
-                            f"{type(optimizer).__name__}")
+        device, dtype, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
+        check_step_arguments(where, loss_fn, optimizer, device)
         for name, flag in (("check_agreement", check_agreement), ("synchronize", synchronize),
-                           ("measure_pipeline", measure_pipeline)):
+                           ("measure_pipeline", measure_pipeline), ("check_loss", check_loss)):
             _check.boolean(where, name, flag)
         if groups is None:
             if pp is None or dp is None:
@@ -348,7 +399,8 @@ class PipelineRunner:
         self.monitor = Monitor(default_store(), groups.world_rank, groups.pp * groups.dp)
         self.handler = TorchStageHandler(stages, loss_fn, self.device, dtype, optimizer,
                                          reduce_grad=self._reduce_grad if groups.dp > 1 else None,
-                                         reduce_tied=self._reduce_tied, synchronize=synchronize)
+                                         reduce_tied=self._reduce_tied, synchronize=synchronize,
+                                         check_loss=check_loss, where=where)
         self.transport = TorchTransport(groups, self.monitor, self.device)
         self.executor = rt.Executor(self.handler, self.transport,
                                     rt.ExecutorOptions(timeout_s=timeout_s, check_agreement=check_agreement))
@@ -417,9 +469,10 @@ class PipelineRunner:
             rec = self.executor.run(plan)
         finally:
             self.handler.iteration = None
-        loss = None
+        loss = loss_sum = None
         if self.handler.loss_sum is not None:
-            loss = float(self.handler.loss_sum) / plan.global_loss_tokens
+            loss_sum = float(self.handler.loss_sum)
+            loss = loss_sum / plan.global_loss_tokens
         tokens, loss_tokens = _replica_tokens(plan)
         rank_ms = (rec.end_ns - rec.start_ns) / 1e6
         measured_ms = rank_ms
@@ -432,13 +485,14 @@ class PipelineRunner:
                                        async_op=True), "the pipeline's iteration time")
             measured_ms = (float(span[1]) + float(span[0])) / 1e6 if self.single_host else float(span[2])
         result = StepResult(iteration.iteration, loss, tokens, loss_tokens, measured_ms, rank_ms, plan.makespan_ms,
-                            [rec], _op_times(plan, [rec]), self.executor.epoch_ns if self.single_host else None)
+                            [rec], _op_times(plan, [rec]), self.executor.epoch_ns if self.single_host else None,
+                            loss_sum, int(plan.global_loss_tokens))
         _observed(iteration, result)
         return result
 
     def global_loss(self, result: StepResult) -> Optional[float]:
-        """The whole global batch's loss (the sum over replicas) on the ranks holding the head
-        (collective over the data-parallel group of those ranks); None elsewhere."""
+        """The whole global batch's loss (the sum of the replicas' StepResult.loss) on the ranks holding
+        the head (collective over the data-parallel group of those ranks); None elsewhere."""
         if result.loss is None:
             return None
         if self.groups.data is None:
@@ -467,9 +521,12 @@ class _TiedExchange:
             self.pending[stage] = grad
             if len(self.pending) == 2:
                 a, b = self.pending.values()
-                total = a + b
-                a.copy_(total)
-                b.copy_(total)
+                # Stages that share one Parameter (a tie within one process) share its gradient, which
+                # autograd already summed over both: adding it to itself would double it.
+                if a is not b and a.data_ptr() != b.data_ptr():
+                    total = a + b
+                    a.copy_(total)
+                    b.copy_(total)
                 self.pending.clear()
                 self.round += 1
                 self.cv.notify_all()
@@ -484,17 +541,24 @@ class LocalPipeline:
     runtime's in-process transport (host copies on CPU; tensor copies on a GPU).
 
     ``stages`` maps every virtual stage to its module; ``optimizer`` is either one optimizer over
-    every stage's parameters (stepped once the iteration's streams have all run) or a callable
-    ``optimizer(params) -> Optimizer`` making one per pipeline rank (stepped by OPT_STEP)."""
+    every stage's parameters (stepped once the iteration's streams have all run), a callable
+    ``optimizer(params) -> Optimizer`` making one per pipeline rank (stepped by OPT_STEP), or None
+    (the trainer steps and zeroes after run()). Stage modules may share parameters, as the modules
+    of one model in one process do: a tied embedding shared by the first and the last stage gets its
+    gradient once (autograd sums both uses; REDUCE_TIED adds nothing), and a per-rank optimizer
+    steps a shared parameter on the first rank that holds it. ``dtype`` (None: the modules'
+    parameters') and ``check_loss`` as for PipelineRunner."""
 
     def __init__(self, stages: Dict[int, torch.nn.Module], loss_fn: LossFn, optimizer=None, *, device="cpu",
-                 dtype=torch.float32, timeout_s: float = 300.0, synchronize: bool = False):
+                 dtype: Optional[torch.dtype] = None, timeout_s: float = 300.0, synchronize: bool = False,
+                 check_loss: bool = True):
         where = "LocalPipeline"
-        device, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
+        device, dtype, timeout_s = _check_runner(where, stages, loss_fn, device, dtype, timeout_s)
         if optimizer is not None and not callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"{where}: optimizer must be None, a torch.optim.Optimizer or a callable making one per "
                             f"rank from its parameters, found {type(optimizer).__name__}")
         _check.boolean(where, "synchronize", synchronize)
+        self.check_loss = _check.boolean(where, "check_loss", check_loss)
         self.stages = stages
         self.loss_fn = loss_fn
         self.device = device
@@ -513,21 +577,52 @@ class LocalPipeline:
         hs = self._handlers.get(key)
         if hs is None:
             hs = []
+            missing = [v for v, rr in enumerate(plan.stage_rank) if v not in self.stages]
+            if missing:
+                raise KeyError(f"LocalPipeline has no module for virtual stages {missing}")
+            per_rank = callable(self.optimizer) and not isinstance(self.optimizer, torch.optim.Optimizer)
+            owner = self._parameter_owners(plan) if per_rank else {}
             for r in range(plan.ranks):
                 mine = {v: self.stages[v] for v, rr in enumerate(plan.stage_rank) if rr == r}
-                missing = [v for v, rr in enumerate(plan.stage_rank) if v not in self.stages]
-                if missing:
-                    raise KeyError(f"LocalPipeline has no module for virtual stages {missing}")
                 opt = None
-                if callable(self.optimizer) and not isinstance(self.optimizer, torch.optim.Optimizer):
+                if per_rank:
                     if r not in self._per_rank:
-                        params = [p for m in mine.values() for p in m.parameters()]
-                        self._per_rank[r] = self.optimizer(params)
+                        params = [p for m in mine.values() for p in m.parameters() if owner[id(p)] == r]
+                        self._per_rank[r] = self.optimizer(list({id(p): p for p in params}.values()))
                     opt = self._per_rank[r]
                 hs.append(TorchStageHandler(mine, self.loss_fn, self.device, self.dtype, opt,
-                                            reduce_tied=self._tied, synchronize=self.synchronize))
+                                            reduce_tied=self._tied, synchronize=self.synchronize,
+                                            check_loss=self.check_loss, where="LocalPipeline"))
             self._handlers[key] = hs
         return hs
+
+    def _parameter_owners(self, plan) -> Dict[int, int]:
+        """The pipeline rank whose per-rank optimizer steps each parameter (by id): the first rank that
+        holds it. A parameter shared by several ranks is safe to step there only when the plan meets
+        both ranks after their backward passes: the tied weight (REDUCE_TIED) is; any other shared
+        parameter is refused (one optimizer over every stage steps it after every rank is done)."""
+        owner: Dict[int, int] = {}
+        holders: Dict[int, set] = {}
+        names: Dict[int, str] = {}
+        for v, r in enumerate(plan.stage_rank):
+            for name, p in self.stages[v].named_parameters():
+                owner.setdefault(id(p), r)
+                holders.setdefault(id(p), set()).add(r)
+                names.setdefault(id(p), f"stage {v}'s {name}")
+        tied = set()
+        if plan.tied_embedding:
+            ends = [getattr(self.stages[v], "tied_weight", None) for v in (0, plan.vstages - 1)]
+            if ends[0] is not None and ends[0] is ends[1]:
+                tied.add(id(ends[0]))
+        for pid, ranks in holders.items():
+            if len(ranks) > 1 and pid not in tied:
+                raise ValueError(
+                    f"LocalPipeline: {names[pid]} is shared by the modules of pipeline ranks "
+                    f"{', '.join(map(str, sorted(ranks)))}; a per-rank optimizer would step it before the other rank's "
+                    "backward has added its gradient. Give LocalPipeline one torch.optim.Optimizer over every stage's "
+                    "parameters (stepped once every rank is done), or tie it as the plan's tied weight "
+                    "(tied_embedding=True and the stages' tied_weight)")
+        return owner
 
     def run(self, iteration: Iteration) -> StepResult:
         """Runs every rank of the iteration's plan (dp must be 1)."""
@@ -553,7 +648,7 @@ class LocalPipeline:
         tokens, loss_tokens = _replica_tokens(plan)
         result = StepResult(iteration.iteration, loss_sum / plan.global_loss_tokens, tokens, loss_tokens,
                             (end - start) / 1e6, (end - start) / 1e6, plan.makespan_ms, list(records),
-                            _op_times(plan, records))
+                            _op_times(plan, records), None, loss_sum, int(plan.global_loss_tokens))
         _observed(iteration, result)
         return result
 

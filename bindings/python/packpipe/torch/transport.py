@@ -94,7 +94,10 @@ class Monitor:
         self._reason = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.host = socket.gethostname()
+        # PACKPIPE_HOSTNAME names this rank's host in place of the machine's name: ranks under different
+        # names count as different hosts (no common clock), which lets node groups on one machine act as
+        # the nodes of a multi-node job.
+        self.host = os.environ.get("PACKPIPE_HOSTNAME") or socket.gethostname()
         self.store.set(f"pid/{world_rank}", f"{self.host}:{os.getpid()}")
         self._beat()
         # Every rank's host and pid, read once (the store may die with its host later).

@@ -1,0 +1,113 @@
+"""The user guide's examples (docs/guide.md, examples/) run as a user runs them: data parallelism
+with gradient accumulation in one process and over two ranks, a model of one's own in a two-stage
+pipeline (one process, two ranks, and two node groups joined by torchrun's c10d rendezvous as a
+multi-node job would be), offline planning with plan_epoch and with the packpipe command (the same
+bytes) then training from the file, and the calibrated and profiled cost model of one's own model."""
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import support
+
+EXAMPLES = support.ROOT / "examples"
+PY = sys.executable
+
+
+def env(**extra):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__import__("packpipe").__file__).parents[1]),
+                                      e.get("PYTHONPATH", "")])
+    e.update(extra)
+    return e
+
+
+def run(args, timeout=240, **kw):
+    r = subprocess.run([PY] + [str(a) for a in args], env=env(), capture_output=True, text=True, timeout=timeout,
+                       **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def losses(out):
+    return [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
+
+
+def test_data_parallel_accumulation_in_one_process_and_over_two_ranks():
+    args = ["--epochs", "2", "--iterations", "2"]
+    one = run([EXAMPLES / "train_dp.py"] + args)
+    two = run(["-m", "packpipe.torch.run", "--nproc-per-node", "2", "--timeout", "200", EXAMPLES / "train_dp.py"]
+              + args)
+    assert len(losses(one)) == len(losses(two)) == 4, one + two
+    assert "epoch 1 iteration 1" in one and "[rank 0] epoch 1 iteration 1" in two
+    # two replicas with DDP train as one process on the whole batch (fp32: up to rounding)
+    assert max(abs(a - b) for a, b in zip(losses(one), losses(two))) < 2e-3, (one, two)
+    assert losses(one)[-1] < losses(one)[0]
+    micro = [int(x) for x in re.findall(r"(\d+) micro-batches on this replica", one)]
+    assert min(micro) >= 2  # gradients accumulated over several micro-batches
+
+
+def test_own_model_in_a_pipeline_in_one_process_and_over_two_ranks():
+    one = run([EXAMPLES / "train_pipeline.py", "--pp", "2", "--iterations", "3"])
+    two = run(["-m", "packpipe.torch.run", "--nproc-per-node", "2", "--timeout", "200", EXAMPLES / "train_pipeline.py",
+               "--pp", "2", "--iterations", "3"])
+    assert "rank 0: virtual stages [0, 1], layers [(0, 2), (2, 4)]" in one
+    assert "[rank 1] rank 1: virtual stages [1], layers [(2, 4)]" in two
+    assert len(losses(one)) == len(losses(two)) == 3
+    assert max(abs(a - b) for a, b in zip(losses(one), losses(two))) < 2e-3, (one, two)
+
+
+def test_offline_planning_then_training_from_the_file(tmp_path):
+    cli = os.environ.get("PACKPIPE_CLI")
+    assert cli, "PACKPIPE_CLI names the packpipe command (ctest sets it)"
+    (tmp_path / "py").mkdir()
+    (tmp_path / "cli").mkdir()
+    out = run([EXAMPLES / "plan_offline.py", "--out", tmp_path / "py" / "plans.ppln"])
+    assert "planned 4 plans" in out and len(losses(out)) == 4
+    run([EXAMPLES / "plan_offline.py", "--out", tmp_path / "cli" / "plans.ppln", "--cli", cli, "--no-train"])
+    assert (tmp_path / "py" / "plans.ppln").read_bytes() == (tmp_path / "cli" / "plans.ppln").read_bytes()
+    assert (tmp_path / "py" / "model.json").read_bytes() == (tmp_path / "cli" / "model.json").read_bytes()
+
+
+def test_the_cost_model_of_ones_own_model_calibrated_and_profiled(tmp_path):
+    out = run([EXAMPLES / "calibrate_own_model.py", "--out-dir", tmp_path])
+    assert re.search(r"calibrated on iterations up to 4 .* op error F .* -> .*, B", out), out
+    assert (tmp_path / "calibration.json").exists() and (tmp_path / "block.profile.json").exists()
+    assert "profiled (" in out and len(losses(out)) == 13
+
+
+def test_multi_node_torchrun_with_a_c10d_rendezvous():
+    """Two node groups on this machine's loopback, each a torchrun of one process, meet at a c10d
+    rendezvous as two hosts would; PACKPIPE_HOSTNAME makes them two hosts to packpipe (no common
+    clock), so the default calibration fits compute ops only. Both groups end within the timeout;
+    whatever happens, no process outlives the test."""
+    port = support.free_port()
+    procs = []
+    try:
+        for node in range(2):
+            cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "packpipe-test", "--redirects", "1", "--tee",
+                   "1", "--max_restarts", "0", str(EXAMPLES / "train_pipeline.py"), "--pp", "2", "--iterations", "10"]
+            procs.append(subprocess.Popen(cmd, env=env(PACKPIPE_HOSTNAME=f"node{node}"), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        outs = [p.communicate(timeout=200)[0] for p in procs]
+    finally:  # each node group leads its own process group (torchrun and its worker): stop what still runs
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    both = "\n".join(outs)
+    assert "rank 0: virtual stages [0], layers [(0, 2)]" in both and "rank 1: virtual stages [1]" in both
+    assert len(losses(both)) == 10, both
+    assert "calibration of ops B, F: calibrated on iterations up to 7" in both, both
