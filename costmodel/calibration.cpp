@@ -324,6 +324,9 @@ OpFit fit_op(MeasuredOp op, const std::vector<Point>& pts, const FitOptions& o) 
 
 // ---- transfers ----------------------------------------------------------------------------------
 
+// The fewest samples an octave of transfer sizes needs to give a point of the fit.
+constexpr std::size_t kMinTransferGroup = 6;
+
 struct TransferSample {
   double bytes = 0, ms = 0;
 };
@@ -338,14 +341,22 @@ TransferFit fit_transfers(bool inter, std::vector<TransferSample> s, const CommM
   std::sort(s.begin(), s.end(), [](const TransferSample& x, const TransferSample& y) {
     return std::tie(x.bytes, x.ms) < std::tie(y.bytes, y.ms);
   });
+  // Groups of one octave of bytes: packed micro-batches send activations of every size, so a
+  // byte count rarely repeats, and a quantile of one or two waits is a wait, not a transfer. A
+  // group needs kMinTransferGroup samples; its point is (median bytes, the quantile of its times).
   std::vector<double> bytes, q;
   for (std::size_t i = 0; i < s.size();) {
     std::size_t j = i;
-    std::vector<double> v;
-    while (j < s.size() && s[j].bytes == s[i].bytes) v.push_back(s[j++].ms);
-    const double t = quantile_sorted(v, o.transfer_quantile);
-    if (t > 0) {  // a size whose waits were all hidden says nothing about its transfer time
-      bytes.push_back(s[i].bytes);
+    const double octave = std::floor(std::log2(std::max(s[i].bytes, 1.0)));
+    std::vector<double> v, b;
+    while (j < s.size() && std::floor(std::log2(std::max(s[j].bytes, 1.0))) == octave) {
+      b.push_back(s[j].bytes);
+      v.push_back(s[j++].ms);
+    }
+    std::sort(v.begin(), v.end());
+    const double t = v.size() >= kMinTransferGroup ? quantile_sorted(v, o.transfer_quantile) : 0;
+    if (t > 0) {  // a group whose waits were all hidden says nothing about its transfer time
+      bytes.push_back(b[b.size() / 2]);
       q.push_back(t);
     }
     i = j;

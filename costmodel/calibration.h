@@ -91,8 +91,8 @@ struct TransferFit {
   bool fitted = false;
   double latency_ms = 0, bytes_per_ms = 0;
   std::int64_t points = 0;  ///< send and recv measurements
-  std::int64_t sizes = 0;   ///< distinct byte counts
-  double error_before = 0;  ///< median |p2p_ms - quantile| / quantile over the sizes (base comm model)
+  std::int64_t sizes = 0;   ///< points fitted: octaves of byte counts with at least 6 samples each
+  double error_before = 0;  ///< median |p2p_ms - quantile| / quantile over the points (base comm model)
   double error_after = 0;   ///< the same with the fitted line
 };
 

@@ -279,3 +279,40 @@ def test_the_calibration_is_written_atomically_and_never_over_an_input(tmp_path)
                                         timeout_s=120)
             cal.observe(it, pipe.run(it))
     assert (demo / "manifest.json").read_text() == manifest
+
+
+def test_transfer_fits_that_make_the_iterations_worse_are_dropped():
+    """Send and recv waits are upper bounds of the transfers (013). When the fitted links make the
+    re-simulated iterations worse than the base communication model does, the Calibrator keeps the
+    base model's links (and the compute fits): here every wait is inflated 10,000 times, as waits
+    that hold the peer's compute are."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    from test_runtime import PayloadHandler, plan_of
+    from packpipe.torch.calibrate import _fit_checked, _iteration_error
+    cm = packpipe.CostModel("gpt-350m", "A100-40GB")
+    sets = []
+    for k, plan in enumerate(plan_of(2, 1, "1f1b", n=40) + plan_of(2, 1, "1f1b", n=40, seed=1)):
+        records = rt.run_local(plan, [PayloadHandler() for _ in range(plan.ranks)], rt.ExecutorOptions(timeout_s=30))
+        sets.append(packpipe.measurements_from(plan, [r.times for r in records], iteration=k))
+    ops = [m for s in sets for m in s.ops]
+    iterations = [i for s in sets for i in s.iterations]
+    honest = packpipe.MeasurementSet(ops, iterations, model="gpt-350m", device="A100-40GB", source="test")
+    inflated = []
+    for m in ops:
+        if m.op in ("send", "recv"):
+            m.ms = m.ms * 1e4 + 5.0
+        inflated.append(m)
+    bad = packpipe.MeasurementSet(inflated, iterations, model="gpt-350m", device="A100-40GB", source="test")
+    full = packpipe.fit_calibration(cm, bad, packpipe.FitOptions())
+    assert any(t["fitted"] for t in full.transfers)
+    cal, report, kept = _fit_checked(cm, bad, packpipe.FitOptions())
+    assert not kept and not any(t["fitted"] for t in cal.transfers)
+    assert [f["global"] for f in cal.compute] == [f["global"] for f in full.compute]  # compute fits unchanged
+    with_links = packpipe.validate_measurements(packpipe.CalibratedCostModel(cm, full), bad)
+    assert _iteration_error(report) < _iteration_error(with_links)
+    # whichever it keeps, its iteration error is the lower of the two
+    cal, report, kept = _fit_checked(cm, honest, packpipe.FitOptions())
+    full = packpipe.fit_calibration(cm, honest, packpipe.FitOptions())
+    with_links = packpipe.validate_measurements(packpipe.CalibratedCostModel(cm, full), honest)
+    assert _iteration_error(report) <= _iteration_error(with_links)
