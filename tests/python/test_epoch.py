@@ -58,7 +58,8 @@ def test_iterates_in_order_with_the_sampled_lengths(gpt, text):
     for it in its:
         assert isinstance(it, packpipe.PlannedIteration) and isinstance(it.result, packpipe.IterationResult)
         assert it.result.iteration == it.iteration and it.blobs == []
-        assert it.refs.dtype.names == ("task", "index") and np.all(it.refs["task"] == 0)
+        assert it.refs.dtype.names == ("task", "index", "offset") and np.all(it.refs["task"] == 0)
+        assert np.all(it.refs["offset"] == 0)  # whole samples: no context length
         idx = it.refs["index"]
         # decoder-only: a sample is one sequence of its input and target tokens
         assert it.input_lengths.dtype == np.uint32 and len(it.target_lengths) == 0
@@ -103,7 +104,7 @@ def test_encoder_decoder_manifest(tmp_path, megatron):
     assert [it.iteration for it in its] == [0, 1, 2]
     for it in its:
         assert len(it.target_lengths) == len(it.input_lengths) == len(it.refs) > 0
-        for (task, index), i, t in zip(it.refs.tolist(), it.input_lengths, it.target_lengths):
+        for (task, index, _), i, t in zip(it.refs.tolist(), it.input_lengths, it.target_lengths):
             inp, tgt = mt.lengths(task)
             assert (i, t) == (max(inp[index], 1), max(tgt[index], 1))  # an empty side counts one token
         b = packpipe.plan_batch(t5, it.input_lengths, it.target_lengths, shape=shape, iteration=it.iteration,

@@ -219,12 +219,15 @@ def test_plan_batch_refs_name_a_sample_that_does_not_fit():
     ([(0, 1), (0, 2), (-2, 2), (0, 3)], r"refs\[2\] task must not be negative, found -2"),
     ([(2**32, 1)] * 4, r"refs\[0\] task must be at most 4294967295, found 4294967296"),
     ([(0, 1.0)] * 4, r"refs\[0\] index must be an integer, found 1.0 of type float"),
-    ([(0, 1, 2)] * 4, r"refs\[0\] must be a \(task, index\) pair of integers, found \(0, 1, 2\)"),
+    ([(0, 1, 2, 3)] * 4, r"refs\[0\] must be a \(task, index\) pair or a \(task, index, offset\) triple of "
+                         r"integers, found \(0, 1, 2, 3\)"),
+    ([(0, 1, -2)] * 4, r"refs\[0\] offset must not be negative, found -2"),
     (np.zeros(4, dtype=[("task", "<u8"), ("index", "<u8")]),
-     r"refs must be a structured array with fields task \(uint32\) and index \(uint64\).*found dtype "
-     r"\[\('task', '<u8'\), \('index', '<u8'\)\]"),
-    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<i8")]), r"fields task \(uint32\) and index \(uint64\)"),
-    (np.arange(4, dtype=np.uint64), r"or a sequence of \(task, index\) pairs; found an array of dtype uint64 and "
+     r"refs must be a structured array with fields task \(uint32\), index \(uint64\) and optionally offset "
+     r"\(uint32\).*found dtype \[\('task', '<u8'\), \('index', '<u8'\)\]"),
+    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<i8")]), r"fields task \(uint32\), index \(uint64\)"),
+    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<u8"), ("offset", "<i4")]), r"optionally offset \(uint32\)"),
+    (np.arange(4, dtype=np.uint64), r"or \(task, index, offset\) triples; found an array of dtype uint64 and "
                                     r"shape \(4,\)"),
     (np.zeros((4, 1), dtype=REF_DTYPE), "refs must be one-dimensional, found 2 dimensions"),
     ("0123", "found '0123' of type str"),
