@@ -484,11 +484,17 @@ Plan decode_body(In& in, std::uint16_t version) {
     p.max_target_len = in.u32("max_target_len");
     const std::uint8_t offsets = in.u8("has_offsets");
     if (offsets > 1) in.fail("has_offsets", fmt::format("expected 0 or 1, found {}", offsets));
+    bool any = false;
     for (auto& mb : p.microbatches) {
       if (offsets == 0) break;
       in.need(mb.refs.size(), "microbatch.refs.offset");
-      for (auto& r : mb.refs) r.offset = in.u32("microbatch.refs.offset");
+      for (auto& r : mb.refs) {
+        r.offset = in.u32("microbatch.refs.offset");
+        any = any || r.offset != 0;
+      }
     }
+    // Canonical: the flag is set exactly when some offset is not 0 (decode -> encode is byte-identical).
+    if (offsets == 1 && !any) in.fail("has_offsets", "expected 0: no ref is a chunk (every offset is 0)");
   }
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;

@@ -54,22 +54,36 @@ Plan random_plan_of(std::mt19937_64& rng) {
   return p;
 }
 
+// The header of an uncompressed blob `b` rewritten for its body as it is now: `version`, the body
+// sizes and the checksum.
+void reheader(std::vector<std::uint8_t>& b, std::uint16_t version) {
+  auto put = [&](std::size_t at, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b[at + i] = static_cast<std::uint8_t>(v >> (8 * i));
+  };
+  const std::uint64_t body = b.size() - 32;
+  put(4, version, 2);
+  put(8, body, 8);
+  put(16, body, 8);
+  put(24, XXH64(b.data() + 32, body, 0), 8);
+}
+
 // The blob of `p` as format 3 wrote it: the body without format 4's trailer (two zero varints and
-// no offsets), version 3, the checksum recomputed. `p` has no context length and no chunks.
+// no offsets), version 3. `p` has no context length and no chunks.
 std::vector<std::uint8_t> as_format3(const Plan& p) {
   std::vector<std::uint8_t> b = encode_plan(p);
   REQUIRE(b.size() > 35);
   REQUIRE(std::vector<std::uint8_t>(b.end() - 3, b.end()) == std::vector<std::uint8_t>{0, 0, 0});
   b.resize(b.size() - 3);
-  auto put = [&](std::size_t at, std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) b[at + i] = static_cast<std::uint8_t>(v >> (8 * i));
-  };
-  const std::uint64_t body = b.size() - 32;
-  put(4, 3, 2);
-  put(8, body, 8);
-  put(16, body, 8);
-  put(24, XXH64(b.data() + 32, body, 0), 8);
+  reheader(b, 3);
   return b;
+}
+
+// `text` with its first `from` replaced by `to` (which must be there).
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  return text;
 }
 
 std::vector<std::uint8_t> bytes_of(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
@@ -148,13 +162,7 @@ TEST_CASE("plan format 4: the context length and chunk offsets round-trip; forma
   REQUIRE(version != std::string::npos);
   js.replace(version, 11, "\"version\":3");
   CHECK(plan_from_json(js) == whole);
-  auto with = [&](const std::string& from, const std::string& to) {
-    std::string s = js;
-    const auto k = s.find(from);
-    REQUIRE(k != std::string::npos);
-    s.replace(k, from.size(), to);
-    return s;
-  };
+  auto with = [&](const std::string& from, const std::string& to) { return replaced(js, from, to); };
   REQUIRE_THROWS_WITH(plan_from_json(with("\"iteration\":", "\"max_seq_len\":8,\"iteration\":"), "v3.json"),
                       Catch::Matchers::Contains("/max_seq_len") && Catch::Matchers::Contains("format 4 has"));
   const auto first_ref = js.find("\"refs\":[[");
@@ -174,6 +182,14 @@ TEST_CASE("plan format 4: the context length and chunk offsets round-trip; forma
   REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan", false),
                       Catch::Matchers::Contains("x.plan") && Catch::Matchers::Contains("field 'has_offsets'") &&
                           Catch::Matchers::Contains("expected 0 or 1, found 2"));
+  // Canonical: offsets that are all 0 are not written (the same plan would re-encode otherwise).
+  bad.back() = 1;
+  std::size_t refs = 0;
+  for (const auto& mb : whole.microbatches) refs += mb.refs.size();
+  bad.insert(bad.end(), refs, 0);
+  reheader(bad, kPlanFormatVersion);
+  REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan"),
+                      Catch::Matchers::Contains("field 'has_offsets'") && Catch::Matchers::Contains("every offset is 0"));
   // format 1-2 files still read (tests/data and the fuzz corpus hold them)
   const std::string corpus = std::string(PACKPIPE_SOURCE_DIR) + "/tests/fuzz/corpus/plan/";
   for (const char* f : {"cli_dp2_replicas.plans", "file_interleaved_encdec.plans", "gpipe_2x3.plan"}) {
@@ -256,13 +272,7 @@ TEST_CASE("plan format: JSON errors name the field and expected versus found", "
   const Plan p = syn::random_plan("gpipe", 2, 1, 2, 4);
   std::string j = plan_to_json(p, -1);
   REQUIRE_THROWS_WITH(plan_from_json("{", "j.json"), Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("malformed JSON"));
-  auto replace = [&](const std::string& from, const std::string& to) {
-    std::string s = j;
-    const auto at = s.find(from);
-    REQUIRE(at != std::string::npos);
-    s.replace(at, from.size(), to);
-    return s;
-  };
+  auto replace = [&](const std::string& from, const std::string& to) { return replaced(j, from, to); };
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"op\":\"FWD\"", "\"op\":\"FORWARD\""), "j.json"),
                       Catch::Matchers::Contains("/op") && Catch::Matchers::Contains("FORWARD"));
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"ranks\":2", "\"ranks\":\"two\""), "j.json"),
