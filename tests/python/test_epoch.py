@@ -217,3 +217,28 @@ def test_early_break_and_exit_do_not_hang(megatron):
                        env={**os.environ})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "done"
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop", "split"])
+def test_context_length_plans_agree_with_the_cli_and_plan_batch(tmp_path, gpt, policy):
+    """One rule under a context length: plan_epoch, the CLI's plan file and plan_batch of the iteration's
+    lengths (within the context length already) give the same plans."""
+    cli = os.environ.get("PACKPIPE_CLI")
+    assert cli, "PACKPIPE_CLI is not set (run through ctest)"
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json")
+    out = tmp_path / "ctx.plans"
+    subprocess.run([cli, "plan", "--manifest", demo, "--model", "gpt-1.3b", "--stages", "4", "--layers-per-stage", "4",
+                    "--memory-mb", "36000", "--global-batch-tokens", "16384", "--seed", "11", "--iterations", "3",
+                    "--loss", "targets", "--no-baselines", "--max-seq-len", "512", "--seq-policy", policy,
+                    "--out", str(out)], check=True, capture_output=True)
+    reader = packpipe.PlanFileReader(str(out))
+    ds = packpipe.MultiTaskDataset(demo)
+    kw = dict(shape=SHAPE, global_batch_tokens=16384, seed=11, loss="targets", max_seq_len=512, seq_policy=policy)
+    its = list(packpipe.plan_epoch(gpt, ds, iterations=3, encode=True, **kw))
+    assert len(reader) == len(its) == 3
+    for it in its:
+        assert it.blobs[0] == reader.read(it.iteration).to_bytes()
+        b = packpipe.plan_batch(gpt, it.input_lengths, shape=SHAPE, seed=11, loss="targets", max_seq_len=512,
+                                seq_policy=policy, iteration=it.iteration, loss_tokens=it.loss_tokens, refs=it.refs)
+        assert [p.to_bytes() for p in b.plans] == it.blobs
+        assert b.seq_truncated == b.seq_dropped == b.seq_split == 0  # the lengths are within it already
