@@ -193,10 +193,19 @@ py::array refs_view(const std::vector<SampleRef>& refs, const py::object& owner)
   return view_array(ref_dtype(), refs.size(), refs.data(), owner);
 }
 
-/// A read-only property viewing the uint32 vector `get(result)` of the IterationResult `self` holds.
-template <class Get>
-auto trained_view(Get get) {
-  return [get](const py::object& self) { return view_vector(get(self.cast<const PyIterationResult&>().result), self); };
+/// A read-only property of an IterationResult viewing the uint32 vector `m` of its trained lengths
+/// (IterationResult::trained; kept alive by the result object).
+auto trained_view(std::vector<std::uint32_t> part::BatchLengths::*m) {
+  return [m](const py::object& self) {
+    return view_vector(self.cast<const PyIterationResult&>().result.trained.*m, self);
+  };
+}
+
+/// The same property of a PlannedIteration (its IterationResult's).
+auto planned_trained_view(std::vector<std::uint32_t> part::BatchLengths::*m) {
+  return [m](const py::object& self) {
+    return trained_view(m)(py::cast(self.cast<const PyPlannedIteration&>().result));
+  };
 }
 
 void define_results(py::module_& m) {
@@ -272,18 +281,20 @@ void define_results(py::module_& m) {
           "input_lengths; plan_epoch: the sampled global batch)")
       .def_property_readonly(
           "seq_dropped_refs",
-          [](const py::object& self) { return refs_view(self.cast<const PyIterationResult&>().result.context.dropped_refs, self); },
+          [](const py::object& self) {
+            return refs_view(self.cast<const PyIterationResult&>().result.context.dropped_refs, self);
+          },
           "the dropped samples' refs (PlannedIteration.refs' dtype; empty without refs)")
       .def_property_readonly(
-          "trained_input_lengths", trained_view([](const planner::IterationResult& r) -> const auto& { return r.trained.input; }),
+          "trained_input_lengths", trained_view(&part::BatchLengths::input),
           "uint32 per sample of the batch planned, the tokens trained (decoder-only: whole samples; encoder-decoder: "
           "the encoder side): after the context length and the memory oversize policy, 0 for a dropped sample; "
           "what Plan.microbatches[m]['lengths'] record, in batch order")
       .def_property_readonly(
-          "trained_target_lengths", trained_view([](const planner::IterationResult& r) -> const auto& { return r.trained.target; }),
+          "trained_target_lengths", trained_view(&part::BatchLengths::target),
           "uint32 decoder tokens trained per sample (encoder-decoder; empty for decoder-only models)")
       .def_property_readonly(
-          "trained_loss_tokens", trained_view([](const planner::IterationResult& r) -> const auto& { return r.trained.loss; }),
+          "trained_loss_tokens", trained_view(&part::BatchLengths::loss),
           "uint32 loss tokens trained per sample (0 for a dropped sample): the plans' loss_tokens, per sample")
       .def_property_readonly("model_flops", result_of(&planner::IterationResult::model_flops),
                              "forward + backward FLOPs of the real samples (no padding, no recompute)")
@@ -341,25 +352,16 @@ void define_results(py::module_& m) {
           "them (trained: trained_loss_tokens)")
       .def_property_readonly(
           "trained_input_lengths",
-          [](const py::object& self) {
-            const auto& it = self.cast<const PyPlannedIteration&>();
-            return view_vector(it.result->result.trained.input, py::cast(it.result));
-          },
+          planned_trained_view(&part::BatchLengths::input),
           "uint32 tokens each entry of input_lengths trains: after the context length and the memory oversize "
           "policy (oversize=), 0 for a dropped sample; what Plan.microbatches[m]['lengths'] record")
       .def_property_readonly(
           "trained_target_lengths",
-          [](const py::object& self) {
-            const auto& it = self.cast<const PyPlannedIteration&>();
-            return view_vector(it.result->result.trained.target, py::cast(it.result));
-          },
+          planned_trained_view(&part::BatchLengths::target),
           "uint32 decoder tokens each entry trains (encoder-decoder; empty for decoder-only models)")
       .def_property_readonly(
           "trained_loss_tokens",
-          [](const py::object& self) {
-            const auto& it = self.cast<const PyPlannedIteration&>();
-            return view_vector(it.result->result.trained.loss, py::cast(it.result));
-          },
+          planned_trained_view(&part::BatchLengths::loss),
           "uint32 loss tokens each entry trains (0 for a dropped sample)")
       .def_property_readonly(
           "sample_lengths",

@@ -275,7 +275,8 @@ void MultiTaskDataset::read_range(SampleRef ref, std::uint64_t input_begin, std:
                        manifest_.tasks[ref.task].name, ref.index, input_begin, n_input, target_begin, n_target,
                        have_input, have_target);
   input.resize(n_input * w.input->itemsize());
-  if (n_input > 0) w.input->read(w.input_seq, input_begin, n_input, input.data());  // guarded: MappedFile::read or a zstd frame copy
+  // guarded: MappedFile::read or a zstd frame copy
+  if (n_input > 0) w.input->read(w.input_seq, input_begin, n_input, input.data());
   target.resize(w.target != nullptr ? n_target * w.target->itemsize() : 0);
   if (n_target > 0) w.target->read(w.target_seq, target_begin, n_target, target.data());
 }

@@ -851,7 +851,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
                   "microbatches", "streams", "timeline", "stages", "dtype", "loss_mode", "global_loss_tokens",
                   "tied_embedding", "rank_layout", "max_seq_len", "max_target_len"});
   p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
-  for (auto [key, field] : {std::pair{"max_seq_len", &Plan::max_seq_len}, std::pair{"max_target_len", &Plan::max_target_len}}) {
+  for (auto [key, field] :
+       {std::pair{"max_seq_len", &Plan::max_seq_len}, std::pair{"max_target_len", &Plan::max_target_len}}) {
     if (!j.contains(key)) continue;
     const std::string ptr = std::string("/") + key;
     if (version < 4) in.fail(ptr, "a format-1 to -3 plan has no context length (format 4 has)");
@@ -908,8 +909,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
         // [task, index], or [task, index, offset] for a chunk (format 4)
         const Json& ref = in.arr(refs[i], rp);
         if (ref.size() != 2 && !(ref.size() == 3 && version >= 4)) {
-          in.fail(rp, fmt::format("expected [task, index]{}, found {} entries", version >= 4 ? " or [task, index, offset]" : "",
-                                  ref.size()));
+          in.fail(rp, fmt::format("expected [task, index]{}, found {} entries",
+                                  version >= 4 ? " or [task, index, offset]" : "", ref.size()));
         }
         SampleRef r{static_cast<std::uint32_t>(in.u64(ref[0], rp + "/0", 0xFFFFFFFFull)), in.u64(ref[1], rp + "/1")};
         if (ref.size() == 3) r.offset = static_cast<std::uint32_t>(in.u64(ref[2], rp + "/2", 0xFFFFFFFFull));

@@ -38,7 +38,9 @@ template <class F>
 void overlapping_spans(Spans& spans, F report) {
   for (auto& [key, v] : spans) {
     if (v.size() < 2) continue;
-    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where); });
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) {
+      return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where);
+    });
     for (std::size_t k = 1; k < v.size(); ++k) {
       if (v[k].begin < v[k - 1].end) report(key.first, key.second, v[k - 1], v[k]);
     }

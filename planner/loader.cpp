@@ -193,7 +193,8 @@ LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Pl
                            plan.iteration, m, sample_name(data, k, ref), o, o + len, std::uint64_t{in} + tg, in, tg);
         out.loss_tokens += decoder_only_loss(len, in, ref.offset, plan.loss_mode);
         if (!need_encoder) continue;
-        const std::uint32_t in_begin = std::min(ref.offset, in), in_end = static_cast<std::uint32_t>(std::min<std::uint64_t>(o + len, in));
+        const std::uint32_t in_begin = std::min(ref.offset, in);
+        const auto in_end = static_cast<std::uint32_t>(std::min<std::uint64_t>(o + len, in));
         const std::uint32_t tg_begin = static_cast<std::uint32_t>(std::max<std::uint64_t>(o, in) - in);
         read_tokens(data, ref, in_begin, in_end - in_begin, tg_begin, len - (in_end - in_begin), input, target);
         input.insert(input.end(), target.begin(), target.end());  // the chunk as one sequence
