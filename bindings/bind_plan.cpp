@@ -78,8 +78,13 @@ py::dict mb_dict(const pl::Plan& p, std::size_t m) {
   d["loss_weight"] = mb.loss_weight;
   d["samples"] = mb.samples;
   py::list refs;
-  for (const auto& r : mb.refs) refs.append(py::make_tuple(r.task, r.index));
+  std::vector<std::uint32_t> offsets;
+  for (const auto& r : mb.refs) {
+    refs.append(py::make_tuple(r.task, r.index));
+    offsets.push_back(r.offset);
+  }
   d["refs"] = refs;
+  d["offsets"] = offsets;
   d["row_offsets"] = mb.row_offsets;
   d["layout"] = layout_name(mb.layout);
   py::list rc;
@@ -199,7 +204,12 @@ void define_plan(py::module_& m) {
                              "'all' (every next-token prediction) or 'targets' (target tokens only)")
       .def_property_readonly("global_loss_tokens", [](const pl::Plan& p) { return p.global_loss_tokens; },
                              "Loss tokens of the global batch over every replica (the loss weights' denominator)")
-      .def_property_readonly("tied_embedding", [](const pl::Plan& p) { return p.tied_embedding; });
+      .def_property_readonly("tied_embedding", [](const pl::Plan& p) { return p.tied_embedding; })
+      .def_property_readonly("max_seq_len", [](const pl::Plan& p) { return p.max_seq_len; },
+                             "The context length planned for (0: none): every microbatches[m]['lengths'] entry is at "
+                             "most it, and position ids restart at 0 for each sample and chunk")
+      .def_property_readonly("max_target_len", [](const pl::Plan& p) { return p.max_target_len; },
+                             "Encoder-decoder plans: the decoder side's limit (0: none)");
   def_ints(plan_cls, "world_rank", &pl::Plan::world_rank, py::arg("replica"), py::arg("rank"),
            "World rank of pipeline rank `rank` of replica `replica`: replica * ranks + rank");
   plan_cls.def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })

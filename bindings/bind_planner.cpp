@@ -56,13 +56,24 @@ struct TrainerArgs {
   }
 };
 
+/// The context length keywords of plan_batch and plan_epoch (max_seq_len, max_target_len, seq_policy).
+planner::ContextLength context_args(const py::object& max_seq_len, const py::object& max_target_len,
+                                    const std::string& seq_policy) {
+  planner::ContextLength c;
+  c.max_seq_len = count_arg<std::uint32_t>(max_seq_len, "max_seq_len");
+  c.max_target_len = count_arg<std::uint32_t>(max_target_len, "max_target_len");
+  c.policy = planner::seq_policy_from_name(seq_policy);
+  return c;
+}
+
 /// The options of plan_batch() and plan_epoch() as the library takes them.
 planner::PlannerOptions planner_options(const part::PipelineShape& shape, const part::PartitionOptions& options,
                                         const std::string& schedule, const py::object& seed, bool validate,
                                         bool baselines, const py::object& baseline_mbs,
-                                        const TrainerArgs& trainer) {
+                                        const TrainerArgs& trainer, const planner::ContextLength& context) {
   planner::PlannerOptions o;
   trainer.apply(o);
+  o.context = context;
   o.shape = shape;
   o.partition = options;
   o.schedule = schedule;
@@ -79,36 +90,43 @@ planner::PlannerOptions planner_options(const part::PipelineShape& shape, const 
 /// Why `obj` is no refs argument: what plan_batch(refs=) takes and what was found.
 [[noreturn]] void refuse_refs(const std::string& found) {
   PACKPIPE_THROW(InvalidArgument,
-                 "refs must be a structured array with fields task (uint32) and index (uint64), as "
-                 "PlannedIteration.refs, or a sequence of (task, index) pairs; found {}",
+                 "refs must be a structured array with fields task (uint32), index (uint64) and optionally offset "
+                 "(uint32), as PlannedIteration.refs, or a sequence of (task, index) pairs or (task, index, offset) "
+                 "triples; found {}",
                  found);
 }
 
-/// Refs from a 1-D structured array with the fields task (uint32) and index (uint64) at any offsets
-/// (PlannedIteration.refs' dtype, or a packed one), read byte-wise: no cast, no alignment assumed.
+/// Refs from a 1-D structured array with the fields task (uint32), index (uint64) and optionally
+/// offset (uint32) at any offsets (PlannedIteration.refs' dtype, or a packed one), read byte-wise:
+/// no cast, no alignment assumed.
 std::vector<SampleRef> structured_refs(const py::array& a) {
   const py::dict fields = a.dtype().attr("fields");
-  const bool ok = fields.size() == 2 && fields.contains("task") && fields.contains("index") &&
-                  fields["task"].cast<py::tuple>()[0].cast<py::dtype>().equal(py::dtype::of<std::uint32_t>()) &&
-                  fields["index"].cast<py::tuple>()[0].cast<py::dtype>().equal(py::dtype::of<std::uint64_t>());
+  auto has = [&](const char* name, const py::dtype& dt) {
+    return fields.contains(name) && fields[name].cast<py::tuple>()[0].cast<py::dtype>().equal(dt);
+  };
+  const bool with_offset = fields.size() == 3 && has("offset", py::dtype::of<std::uint32_t>());
+  const bool ok = (fields.size() == 2 || with_offset) && has("task", py::dtype::of<std::uint32_t>()) &&
+                  has("index", py::dtype::of<std::uint64_t>());
   if (!ok) refuse_refs(fmt::format("dtype {}", std::string(py::str(a.dtype()))));
   PACKPIPE_CHECK_ARG(a.ndim() == 1, "refs must be one-dimensional, found {} dimensions", a.ndim());
-  const auto task_at = fields["task"].cast<py::tuple>()[1].cast<std::size_t>();
-  const auto index_at = fields["index"].cast<py::tuple>()[1].cast<std::size_t>();
+  auto at = [&](const char* name) { return fields[name].cast<py::tuple>()[1].cast<std::size_t>(); };
+  const std::size_t task_at = at("task"), index_at = at("index"), offset_at = with_offset ? at("offset") : 0;
   std::vector<SampleRef> out(static_cast<std::size_t>(a.shape(0)));
   const auto* base = static_cast<const char*>(a.data());
   for (std::size_t k = 0; k < out.size(); ++k) {
     const char* row = base + static_cast<py::ssize_t>(k) * a.strides(0);
     std::memcpy(&out[k].task, row + task_at, sizeof(out[k].task));
     std::memcpy(&out[k].index, row + index_at, sizeof(out[k].index));
+    if (with_offset) std::memcpy(&out[k].offset, row + offset_at, sizeof(out[k].offset));
   }
   return out;
 }
 
 /// The refs argument of plan_batch: nothing for None; else one SampleRef per sample, from a
-/// structured array (structured_refs) or a sequence of (task, index) pairs of integers (an (n, 2)
-/// integer array too), each value checked (never negative, task below 2^32). Throws InvalidArgument
-/// naming refs, the entry, what was expected and what was found, and when the count is not `samples`.
+/// structured array (structured_refs) or a sequence of (task, index) pairs or (task, index, offset)
+/// triples of integers (an (n, 2) or (n, 3) integer array too), each value checked (never negative,
+/// task and offset below 2^32). Throws InvalidArgument naming refs, the entry, what was expected and
+/// what was found, and when the count is not `samples`.
 std::optional<std::vector<SampleRef>> refs_arg(const py::object& obj, std::size_t samples) {
   if (obj.is_none()) return std::nullopt;
   std::vector<SampleRef> out;
@@ -118,7 +136,7 @@ std::optional<std::vector<SampleRef>> refs_arg(const py::object& obj, std::size_
   } else {
     if (array) {
       const auto a = py::reinterpret_borrow<py::array>(obj);
-      if (a.ndim() != 2 || a.shape(1) != 2) {
+      if (a.ndim() != 2 || (a.shape(1) != 2 && a.shape(1) != 3)) {
         refuse_refs(fmt::format("an array of dtype {} and shape {}", std::string(py::str(a.dtype())),
                                 std::string(py::str(obj.attr("shape")))));
       }
@@ -131,12 +149,13 @@ std::optional<std::vector<SampleRef>> refs_arg(const py::object& obj, std::size_
     for (std::size_t k = 0; k < out.size(); ++k) {
       const py::object pair = seq[k];
       const bool is_pair = py::isinstance<py::sequence>(pair) && !py::isinstance<py::str>(pair) &&
-                           !py::isinstance<py::bytes>(pair) && py::len(pair) == 2;
-      PACKPIPE_CHECK_ARG(is_pair, "refs[{}] must be a (task, index) pair of integers, found {}", k,
-                         std::string(py::repr(pair)));
+                           !py::isinstance<py::bytes>(pair) && (py::len(pair) == 2 || py::len(pair) == 3);
+      PACKPIPE_CHECK_ARG(is_pair, "refs[{}] must be a (task, index) pair or a (task, index, offset) triple of "
+                         "integers, found {}", k, std::string(py::repr(pair)));
       const std::string at = "refs[" + std::to_string(k) + "]";
       out[k].task = count_arg<std::uint32_t>(pair[py::int_(0)], (at + " task").c_str());
       out[k].index = count_arg<std::uint64_t>(pair[py::int_(1)], (at + " index").c_str());
+      if (py::len(pair) == 3) out[k].offset = count_arg<std::uint32_t>(pair[py::int_(2)], (at + " offset").c_str());
     }
   }
   PACKPIPE_CHECK_ARG(out.size() == samples, "refs has {} entries but input_lengths has {} (one (task, index) per "
@@ -159,14 +178,34 @@ auto result_view(T planner::IterationResult::*m) {
   };
 }
 
-/// numpy dtype of SampleRef: (task u4, index u8).
+/// numpy dtype of SampleRef: (task u4, index u8, offset u4).
 py::dtype ref_dtype() {
   py::dict d;
-  d["names"] = py::make_tuple("task", "index");
-  d["formats"] = py::make_tuple("<u4", "<u8");
-  d["offsets"] = py::make_tuple(offsetof(SampleRef, task), offsetof(SampleRef, index));
+  d["names"] = py::make_tuple("task", "index", "offset");
+  d["formats"] = py::make_tuple("<u4", "<u8", "<u4");
+  d["offsets"] = py::make_tuple(offsetof(SampleRef, task), offsetof(SampleRef, index), offsetof(SampleRef, offset));
   d["itemsize"] = sizeof(SampleRef);
   return py::dtype::from_args(d);
+}
+
+/// A structured array of `refs` (ref_dtype) viewing memory that `owner` keeps alive.
+py::array refs_view(const std::vector<SampleRef>& refs, const py::object& owner) {
+  return view_array(ref_dtype(), refs.size(), refs.data(), owner);
+}
+
+/// A read-only property of an IterationResult viewing the uint32 vector `m` of its trained lengths
+/// (IterationResult::trained; kept alive by the result object).
+auto trained_view(std::vector<std::uint32_t> part::BatchLengths::*m) {
+  return [m](const py::object& self) {
+    return view_vector(self.cast<const PyIterationResult&>().result.trained.*m, self);
+  };
+}
+
+/// The same property of a PlannedIteration (its IterationResult's).
+auto planned_trained_view(std::vector<std::uint32_t> part::BatchLengths::*m) {
+  return [m](const py::object& self) {
+    return trained_view(m)(py::cast(self.cast<const PyPlannedIteration&>().result));
+  };
 }
 
 void define_results(py::module_& m) {
@@ -221,6 +260,42 @@ void define_results(py::module_& m) {
                              "samples the oversize policy truncated")
       .def_property_readonly("dropped", result_of(&planner::IterationResult::dropped),
                              "samples the oversize policy dropped")
+      .def_property_readonly(
+          "seq_truncated", [](const PyIterationResult& x) { return x.result.context.truncated; },
+          "samples the context length (max_seq_len) truncated")
+      .def_property_readonly(
+          "seq_dropped", [](const PyIterationResult& x) { return x.result.context.dropped; },
+          "samples the context length dropped (seq_policy='drop'): in no micro-batch")
+      .def_property_readonly(
+          "seq_split", [](const PyIterationResult& x) { return x.result.context.split; },
+          "samples the context length split into chunks (seq_policy='split')")
+      .def_property_readonly(
+          "seq_chunks", [](const PyIterationResult& x) { return x.result.context.chunks; },
+          "samples of the global batch the split samples became")
+      .def_property_readonly(
+          "seq_dropped_samples",
+          [](const py::object& self) {
+            return view_vector(self.cast<const PyIterationResult&>().result.context.dropped_samples, self);
+          },
+          "uint32 positions of the samples the context length dropped, in the batch as given (plan_batch: "
+          "input_lengths; plan_epoch: the sampled global batch)")
+      .def_property_readonly(
+          "seq_dropped_refs",
+          [](const py::object& self) {
+            return refs_view(self.cast<const PyIterationResult&>().result.context.dropped_refs, self);
+          },
+          "the dropped samples' refs (PlannedIteration.refs' dtype; empty without refs)")
+      .def_property_readonly(
+          "trained_input_lengths", trained_view(&part::BatchLengths::input),
+          "uint32 per sample of the batch planned, the tokens trained (decoder-only: whole samples; encoder-decoder: "
+          "the encoder side): after the context length and the memory oversize policy, 0 for a dropped sample; "
+          "what Plan.microbatches[m]['lengths'] record, in batch order")
+      .def_property_readonly(
+          "trained_target_lengths", trained_view(&part::BatchLengths::target),
+          "uint32 decoder tokens trained per sample (encoder-decoder; empty for decoder-only models)")
+      .def_property_readonly(
+          "trained_loss_tokens", trained_view(&part::BatchLengths::loss),
+          "uint32 loss tokens trained per sample (0 for a dropped sample): the plans' loss_tokens, per sample")
       .def_property_readonly("model_flops", result_of(&planner::IterationResult::model_flops),
                              "forward + backward FLOPs of the real samples (no padding, no recompute)")
       .def_property_readonly("partition", result_view(&planner::IterationResult::partition),
@@ -255,29 +330,54 @@ void define_results(py::module_& m) {
                              "partition, schedule, candidates and build together")
       .def_property_readonly("schedule_note", result_of(&planner::IterationResult::schedule_note),
                              "why a named schedule was not used (schedule_fallback=True), else ''");
-  def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "plans", "planning_ms"});
+  def_repr(r, {"iteration", "samples", "tokens", "truncated", "dropped", "seq_truncated", "seq_dropped", "seq_split",
+               "plans", "planning_ms"});
 
   auto it = py::reinterpret_borrow<PlannedClass>(m.attr("PlannedIteration"));
   it.def_readonly("iteration", &PyPlannedIteration::iteration, "the batch's index in its epoch")
       .def_property_readonly(
           "input_lengths",
           [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.input, self); },
-          "uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them")
+          "uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them: after the "
+          "context length (max_seq_len: a split sample is one entry per chunk, a dropped one has none), before the "
+          "memory oversize policy (what was trained: trained_input_lengths; before the context length: sample_lengths)")
       .def_property_readonly(
           "target_lengths",
           [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.target, self); },
-          "uint32 target lengths (encoder-decoder; empty for decoder-only models)")
+          "uint32 target lengths as planning saw them (encoder-decoder; empty for decoder-only models)")
       .def_property_readonly(
           "loss_tokens",
           [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().lengths.loss, self); },
-          "uint32 tokens of each sample that carry loss (the plan_epoch loss mode), in batch order")
+          "uint32 tokens of each entry that carry loss (the plan_epoch loss mode), in batch order, as planning saw "
+          "them (trained: trained_loss_tokens)")
+      .def_property_readonly(
+          "trained_input_lengths",
+          planned_trained_view(&part::BatchLengths::input),
+          "uint32 tokens each entry of input_lengths trains: after the context length and the memory oversize "
+          "policy (oversize=), 0 for a dropped sample; what Plan.microbatches[m]['lengths'] record")
+      .def_property_readonly(
+          "trained_target_lengths",
+          planned_trained_view(&part::BatchLengths::target),
+          "uint32 decoder tokens each entry trains (encoder-decoder; empty for decoder-only models)")
+      .def_property_readonly(
+          "trained_loss_tokens",
+          planned_trained_view(&part::BatchLengths::loss),
+          "uint32 loss tokens each entry trains (0 for a dropped sample)")
+      .def_property_readonly(
+          "sample_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().samples.input, self); },
+          "uint32 per entry of input_lengths, its dataset sample's length before the context length (a chunk: its "
+          "whole sample's; decoder-only: input + target)")
+      .def_property_readonly(
+          "sample_target_lengths",
+          [](const py::object& self) { return view_vector(self.cast<const PyPlannedIteration&>().samples.target, self); },
+          "uint32 per entry, its dataset sample's target length before the context length (encoder-decoder; empty "
+          "for decoder-only models)")
       .def_property_readonly(
           "refs",
-          [](const py::object& self) {
-            const auto& v = self.cast<const PyPlannedIteration&>().refs;
-            return view_array(ref_dtype(), v.size(), v.data(), self);
-          },
-          "each sample's (task, index) in the dataset: a structured array with fields task (u4) and index (u8)")
+          [](const py::object& self) { return refs_view(self.cast<const PyPlannedIteration&>().refs, self); },
+          "each entry's sample in the dataset: a structured array with fields task (u4), index (u8) and offset (u4: "
+          "where a chunk of a split sample starts in its tokens; 0 for a whole sample)")
       .def_readonly("result", &PyPlannedIteration::result, "the IterationResult")
       .def_property_readonly(
           "blobs",
@@ -340,7 +440,8 @@ void define_planner(py::module_& m) {
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
          const py::object& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
-         bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs) {
+         bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs,
+         const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         b.loss = lengths_arg(loss_tokens, "loss_tokens");
@@ -348,8 +449,9 @@ void define_planner(py::module_& m) {
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
         const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
         const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
-        const planner::PlannerOptions o =
-            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs, trainer);
+        const planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
+                                                          baseline_mbs, trainer,
+                                                          context_args(max_seq_len, max_target_len, seq_policy));
         const auto iter = count_arg<std::uint64_t>(iteration, "iteration");
         planner::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
@@ -367,7 +469,8 @@ void define_planner(py::module_& m) {
       py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr, py::arg("loss_tokens") = py::none(),
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
-      py::arg("refs") = py::none(),
+      py::arg("refs") = py::none(), py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0,
+      py::arg("seq_policy") = "truncate",
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
@@ -381,7 +484,10 @@ void define_planner(py::module_& m) {
       "share a weight (REDUCE_TIED); dtype: activations between stages; split_backward=False excludes zero-bubble; "
       "schedule_family: 'any', '1f1b', 'gpipe', 'cyclic' or 'zero-bubble'; schedule_fallback: a named schedule "
       "that cannot run the micro-batch count falls back to the search (IterationResult.schedule_note says why). "
-      "Out-of-range sizes and unknown names raise ValueError naming the argument.");
+      "max_seq_len: the context length (0: none; encoder-decoder: the encoder side, max_target_len the decoder "
+      "side, 0: max_seq_len); seq_policy: 'truncate' (keep the first tokens) or 'drop' (in no micro-batch; "
+      "IterationResult.seq_dropped_samples), applied before the memory oversize policy; 'split' needs the samples' "
+      "tokens (plan_epoch). Out-of-range sizes and unknown names raise ValueError naming the argument.");
   m.def(
       "plan_epoch",
       [](const std::shared_ptr<cm::CostModel>& cost, const dl::MultiTaskDataset& data, const part::PipelineShape& shape,
@@ -391,7 +497,8 @@ void define_planner(py::module_& m) {
          const std::string& schedule, bool validate, bool baselines, const py::object& baseline_mbs,
          const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
          bool tied_embedding, const std::string& dtype, bool split_backward, const std::string& schedule_family,
-         bool schedule_fallback) {
+         bool schedule_fallback, const py::object& max_seq_len, const py::object& max_target_len,
+         const std::string& seq_policy) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         planner::EpochSpec spec;
         spec.sampler = dl::sampler_config(data.manifest());
@@ -410,8 +517,8 @@ void define_planner(py::module_& m) {
         auto out = std::make_shared<PyEpochPlanner>();
         out->cost = cost;
         const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
-        planner::PlannerOptions o =
-            planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs, trainer);
+        planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs,
+                                                    trainer, context_args(max_seq_len, max_target_len, seq_policy));
         py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
         out->planner = std::make_unique<planner::EpochPlanner>(data, *cost, std::move(o), std::move(spec), eo);
         return out;
@@ -424,13 +531,19 @@ void define_planner(py::module_& m) {
       py::arg("threads") = 0, py::arg("depth") = 0, py::arg("encode") = false, py::arg("compress") = false,
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
+      py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0, py::arg("seq_policy") = "truncate",
       py::keep_alive<0, 2>(),
       "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
       "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "
       "iterations planned ahead, 0 twice the threads). Exactly one of global_batch_tokens and global_batch_samples "
       "is given; seed seeds the sampler and the schedule search. iterations: at most this many (0: to the end of "
-      "the epoch) from first_iteration. encode: also encode every plan (PlannedIteration.blobs). The same inputs "
-      "give the same plans whatever threads and depth.");
+      "the epoch) from first_iteration. encode: also encode every plan (PlannedIteration.blobs). max_seq_len: the "
+      "context length, every sample's tokens at most this (0: none; encoder-decoder: the encoder side, "
+      "max_target_len the decoder side, 0: max_seq_len), recorded in the plans (Plan.max_seq_len); seq_policy: "
+      "'truncate' (keep the first tokens), 'drop' (leave the sample out) or 'split' (decoder-only: consecutive "
+      "chunks of at most max_seq_len tokens, each a sample, as Megatron's --seq-length; Plan refs carry each "
+      "chunk's offset), applied where each global batch is sampled, before the memory oversize policy. The same "
+      "inputs give the same plans whatever threads and depth.");
 }
 
 }  // namespace packpipe::bindings

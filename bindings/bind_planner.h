@@ -30,14 +30,16 @@ struct PyIterationResult {
 /// One iteration of plan_epoch().
 struct PyPlannedIteration {
   std::uint64_t iteration = 0;
-  partition::BatchLengths lengths;
+  partition::BatchLengths lengths;  ///< after the context length (SampledBatch::lengths)
   std::vector<SampleRef> refs;
+  partition::BatchLengths samples;  ///< before it (SampledBatch::sample_lengths)
   std::shared_ptr<PyIterationResult> result;
   std::vector<std::vector<std::uint8_t>> blobs;
   explicit PyPlannedIteration(planner::PlannedIteration&& it)
       : iteration(it.iteration),
         lengths(std::move(it.lengths)),
         refs(std::move(it.refs)),
+        samples(std::move(it.sample_lengths)),
         result(std::make_shared<PyIterationResult>(std::move(it.result))),
         blobs(std::move(it.blobs)) {}
 };

@@ -23,10 +23,12 @@
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
 #include "dataloader/zstd_seekable.h"
+#include "planner/epoch.h"
 
 namespace packpipe::cli {
 
 namespace dl = packpipe::dataloader;
+namespace pl = packpipe::plan;
 namespace fs = std::filesystem;
 
 namespace {
@@ -458,10 +460,14 @@ struct SampleOptions {
   std::string split = "train";
   std::uint64_t batches = 5;
   std::uint32_t dp = 1;
+  ContextArgs context;
+  bool encoder_decoder = false;  ///< count samples as an encoder-decoder model does (the context length per side)
   bool json = false;
 };
 
 Json run_sample(const SampleOptions& o) {
+  const planner::ContextLength context = o.context.context();
+  planner::check_context_length(context, o.encoder_decoder);
   const dl::MultiTaskDataset mt = is_manifest_path(o.source)
                                       ? dl::MultiTaskDataset(dl::load_manifest(o.source))
                                       : dl::MultiTaskDataset::from_prefix(normalize_prefix(o.source));
@@ -480,6 +486,11 @@ Json run_sample(const SampleOptions& o) {
   j["source"] = o.source;
   j["epoch"] = o.epoch;
   j["epoch_samples"] = sampler.epoch_size();
+  if (context.limited()) {
+    j["max_seq_len"] = context.max_seq_len;
+    if (o.encoder_decoder) j["max_target_len"] = context.target_limit();
+    j["seq_policy"] = planner::seq_policy_name(context.policy);
+  }
   Json batches = Json::array();
   dl::GlobalBatch b;
   std::uint64_t n = 0;
@@ -492,6 +503,22 @@ Json run_sample(const SampleOptions& o) {
     }
     Json bj{{"index", b.index}, {"samples", b.samples.size()}, {"tokens", b.tokens}, {"max_sample_tokens", max_len}};
     bj["tasks"] = per_task;
+    if (context.limited()) {
+      // The batch as planning sees it (planner::batch_lengths): after the context length.
+      planner::ContextReport report;
+      const part::BatchLengths l = planner::batch_lengths(mt, b, o.encoder_decoder, b.index, nullptr,
+                                                          pl::LossMode::AllTokens, context, &report);
+      std::uint64_t tokens = 0, longest = 0;
+      for (std::size_t k = 0; k < l.size(); ++k) {
+        const std::uint64_t n = std::uint64_t{l.input[k]} + (l.encoder_decoder() ? l.target[k] : 0);
+        tokens += n;
+        longest = std::max(longest, n);
+      }
+      bj["seq_samples"] = l.size();
+      bj["seq_tokens"] = tokens;
+      bj["seq_max_sample_tokens"] = longest;
+      bj.update(context_json(context, report));
+    }
     if (o.dp > 1) {
       Json ranks = Json::array();
       for (std::uint32_t r = 0; r < o.dp; ++r) {
@@ -541,6 +568,14 @@ void print_sample(const Json& j, const std::string& source) {
                 b["index"].get<unsigned long long>(), b["samples"].get<unsigned long long>(),
                 b["tokens"].get<unsigned long long>(), b["max_sample_tokens"].get<unsigned long long>(),
                 tasks.c_str());
+    if (b.contains("seq_samples")) {
+      std::printf("           within the context length: %llu samples, %llu tokens, longest %llu (%llu truncated, "
+                  "%llu dropped, %llu split into %llu chunks)\n",
+                  b["seq_samples"].get<unsigned long long>(), b["seq_tokens"].get<unsigned long long>(),
+                  b["seq_max_sample_tokens"].get<unsigned long long>(), b["seq_truncated"].get<unsigned long long>(),
+                  b["seq_dropped"].get<unsigned long long>(), b["seq_split"].get<unsigned long long>(),
+                  b["seq_chunks"].get<unsigned long long>());
+    }
     if (b.contains("ranks")) {
       std::string ranks;
       for (const auto& r : b["ranks"]) {
@@ -712,6 +747,10 @@ void add_sample_command(CLI::App* ds) {
   cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
   cmd->add_option("--batches", o->batches, "How many batches to show");
   cmd->add_option("--dp", o->dp, "Data-parallel ranks to shard each batch over");
+  o->context.add_to(cmd);
+  cmd->add_flag("--encoder-decoder", o->encoder_decoder,
+                "Count samples as an encoder-decoder model does: input and target apart, the context length per side "
+                "(default: decoder-only, input + target as one sequence)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     const Json j = run_sample(*o);

@@ -22,6 +22,7 @@ namespace packpipe::cli {
 namespace cm = packpipe::costmodel;
 namespace part = packpipe::partition;
 namespace dl = packpipe::dataloader;
+namespace pl = packpipe::plan;
 
 namespace {
 
@@ -30,6 +31,7 @@ struct PartitionCliOptions {
   std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, batch_index = 0;
   CostModelArgs costs;
   ShapeArgs shape_args = {1};
+  ContextArgs context;
   std::string method = "dp", recompute = "auto", oversize = "error", basis = "auto", order = "auto";
   int threads = 0;
   std::int64_t mbs = 0;
@@ -40,8 +42,10 @@ struct PartitionCliOptions {
   bool pack_windows = false, compare = false, json = false;
 };
 
-/// The sampled global batch and, per sample, how the user knows it (task and dataset index).
-part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std::vector<std::string>& names) {
+/// The sampled global batch under the context length (`report`: what it did) and, per sample, how
+/// the user knows it (task and dataset index, and a chunk's first token).
+part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, const planner::ContextLength& context,
+                                  std::vector<std::string>& names, planner::ContextReport& report) {
   const dl::MultiTaskDataset mt = !o.manifest.empty() ? dl::MultiTaskDataset(dl::load_manifest(o.manifest))
                                                       : dl::MultiTaskDataset::from_prefix(o.dataset);
   PACKPIPE_CHECK_ARG((o.batch_tokens > 0) != (o.batch_samples > 0),
@@ -52,12 +56,13 @@ part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, std
   spec.sampler.global_batch_tokens = o.batch_tokens;
   spec.sampler.global_batch_samples = o.batch_samples;
   // The epoch planner's rule from a global batch to lengths, the one `packpipe plan` plans with.
-  planner::SampledBatch g = planner::sample_batch(mt, spec, o.batch_index, encdec);
+  planner::SampledBatch g = planner::sample_batch(mt, spec, o.batch_index, encdec, pl::LossMode::AllTokens, context);
   for (const auto& r : g.refs) {
-    names.push_back(fmt::format("global batch {}, task '{}', dataset sample {}", o.batch_index,
+    names.push_back(fmt::format("global batch {}, task '{}', dataset sample {}{}", o.batch_index,
                                 r.task < mt.manifest().tasks.size() ? mt.manifest().tasks[r.task].name : "?",
-                                r.index));
+                                r.index, r.offset > 0 ? fmt::format(" (its chunk from token {})", r.offset) : ""));
   }
+  report = std::move(g.context);
   return std::move(g.lengths);
 }
 
@@ -108,8 +113,14 @@ Json run_partition(const PartitionCliOptions& o) {
   check_option_range("--mbs", o.mbs, 0, std::int64_t{1} << 31, "samples (rows) per micro-batch");
   check_option_range("--tokens", o.tokens, 0, kMaxGlobalBatchTokens, "padded tokens per micro-batch");
   check_option_range("--round-multiple", o.round_multiple, 1, part::kMaxRoundMultiple);
+  const planner::ContextLength context = o.context.context();
+  planner::check_context_length(context, encdec);
+  PACKPIPE_CHECK_ARG(!context.limited() || o.lengths_file.empty(),
+                     "--max-seq-len / --max-target-len apply to a batch sampled from a dataset (--manifest, "
+                     "--dataset); a lengths file is the batch as given: cut its lengths first");
   // Each sample as the user knows it: its line in the lengths file, or its task and index.
   std::vector<std::string> names;
+  planner::ContextReport context_report;
   part::BatchLengths b;
   if (!o.lengths_file.empty()) {
     LengthsFile f = read_lengths_file(o.lengths_file);
@@ -117,7 +128,9 @@ Json run_partition(const PartitionCliOptions& o) {
     b.input = std::move(f.input);
     b.target = std::move(f.target);
   } else {
-    b = sample_lengths(o, encdec, names);
+    b = sample_lengths(o, encdec, context, names, context_report);
+    PACKPIPE_CHECK_ARG(b.size() > 0, "every sample of global batch {} is over --max-seq-len {} (--seq-policy drop)",
+                       o.batch_index, context.max_seq_len);
   }
   if (encdec && b.target.empty() && !b.input.empty()) {
     PACKPIPE_THROW(InvalidArgument, "model '{}' is encoder-decoder: the lengths need a target column", o.costs.model);
@@ -157,6 +170,12 @@ Json run_partition(const PartitionCliOptions& o) {
   j["model"] = cost->model().name;
   j["cost_model"] = cost->describe();
   j["samples"] = b.size();
+  if (context.limited()) {
+    j["max_seq_len"] = context.max_seq_len;
+    if (encdec) j["max_target_len"] = context.target_limit();
+    j["seq_policy"] = planner::seq_policy_name(context.policy);
+    j.update(context_json(context, context_report));
+  }
   j["method"] = o.method;
   j["microbatches"] = Json::array();
   for (const auto& mb : p.microbatches) j["microbatches"].push_back(mb_json(mb, encdec));
@@ -248,6 +267,7 @@ void print_partition(const Json& j, bool encdec) {
   if (!j["truncated"].empty() || !j["dropped"].empty()) {
     std::printf("truncated %zu, dropped %zu samples\n", j["truncated"].size(), j["dropped"].size());
   }
+  if (j.contains("seq_policy")) std::printf("%s\n", context_text(j, j).c_str());
   if (j.contains("compare")) {
     std::printf("\n%-36s %5s %12s %12s %11s\n", "method (setting)", "mbs", "objective", "iteration", "efficiency");
     for (const auto& r : j["compare"]) {
@@ -292,6 +312,7 @@ void register_partition_commands(CLI::App& app) {
   cmd->add_option("--oversize", o->oversize,
                   "A sample that cannot fit alone: " + enum_name_list(part::kOversizePolicyNames))
       ->check(one_of(part::kOversizePolicyNames));
+  o->context.add_to(cmd);
   cmd->add_option("--cost-basis", o->basis, "Cost basis: " + enum_name_list(part::kCostBasisNames))
       ->check(one_of(part::kCostBasisNames));
   cmd->add_flag("--pack-windows", o->pack_windows, "dp / dynapipe: pack each window's samples when cheaper");

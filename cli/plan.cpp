@@ -44,6 +44,7 @@ struct PlanCliOptions {
   std::string manifest, dataset;
   CostModelArgs costs;
   ShapeArgs shape_args = {4};
+  ContextArgs context;
   std::uint64_t batch_tokens = 0, batch_samples = 0, seed = 1234, epoch = 0, iterations = 0;
   std::string split = "train";
   std::string schedule = "search";
@@ -71,6 +72,7 @@ struct Row {
   std::vector<planner::BaselineFigures> baselines;  ///< the grid (the same settings every iteration)
   double partition_ms = 0, schedule_ms = 0, candidates_ms = 0, build_ms = 0, planning_ms = 0;
   std::uint64_t truncated = 0, dropped = 0;
+  planner::ContextReport context;  ///< the context length's counts (its dropped lists cleared)
   std::string schedule_note;
 };
 
@@ -82,6 +84,7 @@ void check_plan_options(const PlanCliOptions& o) {
                      "a global batch names its samples with 32-bit ids");
   check_option_range("--threads", static_cast<std::int64_t>(o.threads), 0, kMaxThreads, "0: all cores");
   check_option_range("--round-multiple", o.round_multiple, 1, part::kMaxRoundMultiple);
+  (void)o.context.context();  // --max-seq-len, --max-target-len
   PACKPIPE_CHECK_ARG(!o.baseline_mbs.empty() || o.no_baselines, "--baseline-mbs needs at least one size");
   for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, planner::kMaxBaselineMbs);
   for (const auto m : o.baseline_rows) check_option_range("--baseline-rows", m, 1, planner::kMaxBaselineMbs);
@@ -179,6 +182,7 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostM
   po.partition.round_multiple = o.round_multiple;
   po.partition.oversize = part::oversize_policy_from_name(o.oversize);
   po.partition.oversize_option = "--oversize";
+  po.context = o.context.context();
   po.schedule = o.schedule;
   po.search.seed = o.seed;
   po.validate = o.validate;
@@ -239,6 +243,9 @@ Row report_row(planner::IterationResult& r) {
   row.schedule_note = r.schedule_note;
   row.truncated = r.truncated;
   row.dropped = r.dropped;
+  row.context = r.context;
+  row.context.dropped_samples.clear();  // the report keeps counts only
+  row.context.dropped_refs.clear();
   return row;
 }
 
@@ -305,6 +312,15 @@ Json config_json(const PlanCliOptions& o, const cm::CostModel& cost, const plann
               {"threads", threads}};
 }
 
+/// The context length in the report's "config" (nothing when there is none: reports of runs
+/// without one are unchanged).
+void add_context_config(Json& config, const planner::ContextLength& c, bool encdec) {
+  if (!c.limited()) return;
+  config["max_seq_len"] = c.max_seq_len;
+  if (encdec) config["max_target_len"] = c.target_limit();
+  config["seq_policy"] = planner::seq_policy_name(c.policy);
+}
+
 /// The baseline families the report compares with, each at its best setting over the run.
 struct Baselines {
   struct Family {
@@ -354,6 +370,7 @@ Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions
       it["truncated"] = r.truncated;
       it["dropped"] = r.dropped;
     }
+    it.update(context_json(po.context, r.context));
     it["planning_ms"] = r.planning_ms;
     if (!r.schedule_note.empty()) it["schedule_note"] = r.schedule_note;
     it["partition_ms"] = r.partition_ms;
@@ -369,6 +386,7 @@ Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions
 struct Sums {
   double packpipe_ms = 0, flops = 0;
   std::uint64_t samples = 0, tokens = 0, microbatches = 0, truncated = 0, dropped = 0;
+  planner::ContextReport context;  ///< counts only
   bool packpipe_feasible = true;
   std::vector<double> planning_ms;
   std::vector<double> peak_mb;  ///< per stage, the max over the iterations
@@ -386,6 +404,10 @@ Sums sum_rows(const std::vector<Row>& rows, std::int64_t stages) {
     s.microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
     s.truncated += r.truncated;
     s.dropped += r.dropped;
+    s.context.truncated += r.context.truncated;
+    s.context.dropped += r.context.dropped;
+    s.context.split += r.context.split;
+    s.context.chunks += r.context.chunks;
     s.planning_ms.push_back(r.planning_ms);
     for (std::size_t k = 0; k < s.peak_mb.size() && k < r.packpipe.peak_mb.size(); ++k) {
       s.peak_mb[k] = std::max(s.peak_mb[k], r.packpipe.peak_mb[k]);
@@ -442,6 +464,7 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
     total["truncated"] = s.truncated;
     total["dropped"] = s.dropped;
   }
+  total.update(context_json(po.context, s.context));
   if (po.baselines) {
     Json families = Json::object();
     for (const auto& f : b.families) families[f.name] = baseline_total_json(rows, f, s, gpus, cost.device());
@@ -472,6 +495,7 @@ Json report_json(const PlanCliOptions& o, const cm::CostModel& cost, const plann
   const Baselines b = choose_baselines(planned.rows, po);
   Json j;
   j["config"] = config_json(o, cost, po, planned.threads);
+  add_context_config(j["config"], po.context, cost.model().arch == cm::Architecture::EncoderDecoder);
   j["iterations"] = iterations_json(planned.rows, po, b);
   j["total"] = total_json(planned, cost, po, b);
   if (!o.out.empty()) j["plan_file"] = o.out;
@@ -541,6 +565,7 @@ void print_report(const Json& j) {
     std::printf("  oversize samples: %llu truncated, %llu dropped\n", t["truncated"].get<unsigned long long>(),
                 t["dropped"].get<unsigned long long>());
   }
+  if (c.contains("max_seq_len")) std::printf("  %s\n", context_text(c, t).c_str());
   if (t.contains("baselines")) {
     for (auto it = t["baselines"].begin(); it != t["baselines"].end(); ++it) {
       const Json& b = it.value();
@@ -624,6 +649,7 @@ void register_plan_commands(CLI::App& app) {
                       " (error: stop, naming it)")
       ->check(one_of(part::kOversizePolicyNames))
       ->capture_default_str();
+  o->context.add_to(cmd);
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the fixed baseline's grid tries");
   cmd->add_option("--baseline-rows", o->baseline_rows, "Rows per micro-batch the packing baselines' grid tries");
   cmd->add_option("--layouts", o->layouts,

@@ -72,6 +72,10 @@ void add_plan_file_commands(CLI::App& plan) {
       std::string map;
       for (std::size_t v = 0; v < p.stage_rank.size(); ++v) map += fmt::format("{}{}->{}", v ? " " : "", v, p.stage_rank[v]);
       std::printf("stage -> rank: %s\n", map.c_str());
+      if (p.max_seq_len > 0 || p.max_target_len > 0) {
+        std::printf("context length: %u tokens%s\n", p.max_seq_len,
+                    p.max_target_len > 0 ? fmt::format(", decoder {}", p.max_target_len).c_str() : "");
+      }
       std::printf("%zu micro-batches, %llu tokens, simulated %.3f ms, %zu instructions, %s\n", p.microbatches.size(),
                   static_cast<unsigned long long>(p.global_tokens), p.makespan_ms, p.instruction_count(),
                   rep.ok() ? "valid" : fmt::format("{} violations", rep.violations.size()).c_str());

@@ -296,6 +296,47 @@ void ShapeArgs::add_to(CLI::App* cmd) {
       ->capture_default_str();
 }
 
+void ContextArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--max-seq-len", max_seq_len,
+                  "Context length: the most tokens a sample trains with (decoder-only: input + target; "
+                  "encoder-decoder: the input), e.g. the model's positions (0, the default: none)");
+  cmd->add_option("--max-target-len", max_target_len,
+                  "Encoder-decoder models: the most decoder (target) tokens (0: --max-seq-len)");
+  cmd->add_option("--seq-policy", policy,
+                  "A sample over the context length: " + enum_name_list(planner::kSeqPolicyNames) +
+                      " (truncate: its first tokens; drop: left out; split: decoder-only, consecutive chunks of at "
+                      "most --max-seq-len tokens, each a sample, as Megatron's --seq-length)")
+      ->check(one_of(planner::kSeqPolicyNames))
+      ->capture_default_str();
+}
+
+planner::ContextLength ContextArgs::context() const {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint32_t>::max();
+  check_option_range("--max-seq-len", max_seq_len, 0, kMax, "tokens; 0: no context length");
+  check_option_range("--max-target-len", max_target_len, 0, kMax, "tokens; 0: --max-seq-len");
+  planner::ContextLength c;
+  c.max_seq_len = static_cast<std::uint32_t>(max_seq_len);
+  c.max_target_len = static_cast<std::uint32_t>(max_target_len);
+  c.policy = planner::seq_policy_from_name(policy);
+  c.max_seq_len_option = "--max-seq-len";
+  c.max_target_len_option = "--max-target-len";
+  c.policy_option = "--seq-policy";
+  return c;
+}
+
+Json context_json(const planner::ContextLength& c, const planner::ContextReport& r) {
+  if (!c.limited()) return Json::object();
+  return Json{{"seq_truncated", r.truncated}, {"seq_dropped", r.dropped}, {"seq_split", r.split},
+              {"seq_chunks", r.chunks}};
+}
+
+std::string context_text(const Json& settings, const Json& counts) {
+  return fmt::format("context length {} ({}): {} samples truncated, {} dropped, {} split into {} chunks",
+                     settings["max_seq_len"].get<std::uint64_t>(), settings["seq_policy"].get<std::string>(),
+                     counts["seq_truncated"].get<std::uint64_t>(), counts["seq_dropped"].get<std::uint64_t>(),
+                     counts["seq_split"].get<std::uint64_t>(), counts["seq_chunks"].get<std::uint64_t>());
+}
+
 part::PipelineShape ShapeArgs::shape(const costmodel::CostModel* cost) const {
   constexpr std::int64_t kMax = part::kMaxPipelineSize;
   check_option_range("--stages", stages, 1, kMax);

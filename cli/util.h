@@ -14,6 +14,7 @@
 #include "common/enum_names.h"
 #include "costmodel/cost_model.h"
 #include "partition/pipeline.h"
+#include "planner/context.h"
 
 namespace packpipe::cli {
 
@@ -99,6 +100,22 @@ struct ShapeArgs {
   /// partition::virtual_stages). --layer-split balanced is resolved against `cost` (when given).
   part::PipelineShape shape(const costmodel::CostModel* cost = nullptr) const;
 };
+
+/// `--max-seq-len`, `--max-target-len`, `--seq-policy`: the context length (planner/context.h).
+struct ContextArgs {
+  std::uint64_t max_seq_len = 0, max_target_len = 0;
+  std::string policy = "truncate";
+  /// Registers the options on `cmd` (this object must outlive the parse).
+  void add_to(CLI::App* cmd);
+  /// The context length, named by the CLI's options in messages; throws InvalidArgument naming the
+  /// option for a length over 2^32 - 1.
+  planner::ContextLength context() const;
+};
+/// The context length's settings and what it did, for a --json report (empty when not limited).
+Json context_json(const planner::ContextLength& c, const planner::ContextReport& r);
+/// "context length 1024 (split): 2 samples truncated, 0 dropped, 3 split into 7 chunks": the
+/// max_seq_len and seq_policy of `settings` and the counts of `counts` (context_json's fields).
+std::string context_text(const Json& settings, const Json& counts);
 
 /// Human-readable byte count ("1.5 MiB").
 std::string human_bytes(std::uint64_t bytes);

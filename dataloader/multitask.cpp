@@ -260,19 +260,25 @@ void MultiTaskDataset::read_sample(SampleRef ref, std::vector<std::uint8_t>& inp
   }
 }
 
-void MultiTaskDataset::read_prefix(SampleRef ref, std::uint64_t n_input, std::uint64_t n_target,
-                                   std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const {
+void MultiTaskDataset::read_range(SampleRef ref, std::uint64_t input_begin, std::uint64_t n_input,
+                                  std::uint64_t target_begin, std::uint64_t n_target, std::vector<std::uint8_t>& input,
+                                  std::vector<std::uint8_t>& target) const {
   const Task& t = checked(ref);
   const auto w = t.where(ref.index);
+  const std::uint64_t have_input = w.input->length(w.input_seq);
   const std::uint64_t have_target = w.target != nullptr ? w.target->length(w.target_seq) : 0;
-  PACKPIPE_CHECK_RANGE(n_input <= w.input->length(w.input_seq) && n_target <= have_target,
-                       "task '{}' sample {}: {} input and {} target tokens asked for, it has {} and {}",
-                       manifest_.tasks[ref.task].name, ref.index, n_input, n_target, w.input->length(w.input_seq),
-                       have_target);
+  // Ends compared without overflow: a begin past the side is refused before its sum is formed.
+  PACKPIPE_CHECK_RANGE(input_begin <= have_input && n_input <= have_input - input_begin &&
+                           target_begin <= have_target && n_target <= have_target - target_begin,
+                       "task '{}' sample {}: input tokens [{}, +{}) and target tokens [{}, +{}) asked for, it has {} "
+                       "and {}",
+                       manifest_.tasks[ref.task].name, ref.index, input_begin, n_input, target_begin, n_target,
+                       have_input, have_target);
   input.resize(n_input * w.input->itemsize());
-  w.input->read(w.input_seq, 0, n_input, input.data());  // guarded: MappedFile::read or a zstd frame copy
+  // guarded: MappedFile::read or a zstd frame copy
+  if (n_input > 0) w.input->read(w.input_seq, input_begin, n_input, input.data());
   target.resize(w.target != nullptr ? n_target * w.target->itemsize() : 0);
-  if (n_target > 0) w.target->read(w.target_seq, 0, n_target, target.data());
+  if (n_target > 0) w.target->read(w.target_seq, target_begin, n_target, target.data());
 }
 
 bool MultiTaskDataset::compressed() const {

@@ -54,11 +54,17 @@ class MultiTaskDataset : public SampleSource {
   /// Copies a sample's input and target tokens (any storage) into the two vectors (bytes). Guarded:
   /// a `.bin` truncated under a live dataset is an Error naming the file (MappedFile::read), never SIGBUS.
   void read_sample(SampleRef ref, std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const;
-  /// Copies the first `n_input` input tokens and the first `n_target` target tokens of a sample (any
-  /// storage, guarded as read_sample) into the two vectors (bytes). Throws OutOfRange naming the
-  /// sample when it has fewer.
+  /// Copies input tokens [input_begin, input_begin + n_input) and target tokens [target_begin,
+  /// target_begin + n_target) of a sample (any storage, guarded as read_sample) into the two vectors
+  /// (bytes); ref.offset is not read (the ranges say where). Throws OutOfRange naming the sample when
+  /// a range ends past its side.
+  void read_range(SampleRef ref, std::uint64_t input_begin, std::uint64_t n_input, std::uint64_t target_begin,
+                  std::uint64_t n_target, std::vector<std::uint8_t>& input, std::vector<std::uint8_t>& target) const;
+  /// The first `n_input` input tokens and the first `n_target` target tokens (read_range from 0).
   void read_prefix(SampleRef ref, std::uint64_t n_input, std::uint64_t n_target, std::vector<std::uint8_t>& input,
-                   std::vector<std::uint8_t>& target) const;
+                   std::vector<std::uint8_t>& target) const {
+    read_range(ref, 0, n_input, 0, n_target, input, target);
+  }
   /// True if any dataset is stored compressed.
   bool compressed() const;
   /// 64-bit identity of what this dataset delivers, computed once on open: the tasks in order (name,

@@ -145,6 +145,8 @@ class Builder {
     plan.loss_mode = opt_.loss_mode;
     plan.global_loss_tokens = opt_.global_loss_tokens > 0 ? opt_.global_loss_tokens : loss_tokens;
     plan.tied_embedding = opt_.tied_embedding;
+    plan.max_seq_len = opt_.max_seq_len;
+    plan.max_target_len = opt_.max_target_len;
     plan.microbatches = std::move(mbs);
     plan.recompute.resize(static_cast<std::size_t>(N_ * V_));
     plan.stored_bytes.assign(static_cast<std::size_t>(N_ * V_), 0);

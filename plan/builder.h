@@ -29,6 +29,8 @@ struct PlanOptions {
   LossMode loss_mode = LossMode::AllTokens;  ///< recorded in the plan (the loss tokens come with the micro-batches)
   std::uint64_t global_loss_tokens = 0;      ///< over all dp replicas; 0: the loss tokens of these micro-batches
   bool tied_embedding = false;    ///< emit REDUCE_TIED between the first and the last stage's ranks
+  std::uint32_t max_seq_len = 0;     ///< the context length planned for, recorded (Plan::max_seq_len)
+  std::uint32_t max_target_len = 0;  ///< encoder-decoder: the decoder side's (Plan::max_target_len)
 };
 
 /// A virtual stage as the builder needs it: the rank that runs it, its layers on each side of the

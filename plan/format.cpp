@@ -288,6 +288,17 @@ void encode_body(const Plan& p, Out& o) {
   }
   encode_trainer(p, o);
   for (const auto& mb : p.microbatches) o.u8(static_cast<std::uint8_t>(mb.layout));  // format 3
+  // Format 4: the context length, then the chunks' offsets (refs of split samples), when any.
+  o.var(p.max_seq_len);
+  o.var(p.max_target_len);
+  const bool offsets = std::any_of(p.microbatches.begin(), p.microbatches.end(), [](const PlanMicroBatch& mb) {
+    return std::any_of(mb.refs.begin(), mb.refs.end(), [](const SampleRef& r) { return r.offset != 0; });
+  });
+  o.u8(offsets ? 1 : 0);
+  if (!offsets) return;
+  for (const auto& mb : p.microbatches) {
+    for (const auto& r : mb.refs) o.var(r.offset);
+  }
 }
 
 /// The layout a format-1 or -2 plan implies: rows packed under a block mask when it gives row
@@ -467,6 +478,23 @@ Plan decode_body(In& in, std::uint16_t version) {
       in.fail("microbatch.layout", fmt::format("expected 0 (padded), 1 (packed) or 2 (packed-mask), found {}", l));
     }
     mb.layout = static_cast<Layout>(l);
+  }
+  if (version >= 4) {
+    p.max_seq_len = in.u32("max_seq_len");
+    p.max_target_len = in.u32("max_target_len");
+    const std::uint8_t offsets = in.u8("has_offsets");
+    if (offsets > 1) in.fail("has_offsets", fmt::format("expected 0 or 1, found {}", offsets));
+    bool any = false;
+    for (auto& mb : p.microbatches) {
+      if (offsets == 0) break;
+      in.need(mb.refs.size(), "microbatch.refs.offset");
+      for (auto& r : mb.refs) {
+        r.offset = in.u32("microbatch.refs.offset");
+        any = any || r.offset != 0;
+      }
+    }
+    // Canonical: the flag is set exactly when some offset is not 0 (decode -> encode is byte-identical).
+    if (offsets == 1 && !any) in.fail("has_offsets", "expected 0: no ref is a chunk (every offset is 0)");
   }
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;
@@ -654,6 +682,8 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
   j["global_tokens"] = p.global_tokens;
   j["makespan_ms"] = p.makespan_ms;
   j["memory_limit_bytes"] = p.memory_limit_bytes;
+  if (p.max_seq_len > 0) j["max_seq_len"] = p.max_seq_len;
+  if (p.max_target_len > 0) j["max_target_len"] = p.max_target_len;
   j["static_bytes"] = p.static_bytes;
   j["buffer_slots"] = p.buffer_slots;
   Json shapes = Json::array();
@@ -674,7 +704,9 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
     o["samples"] = mb.samples;
     if (!mb.refs.empty()) {
       Json refs = Json::array();
-      for (const auto& r : mb.refs) refs.push_back(Json::array({r.task, r.index}));
+      for (const auto& r : mb.refs) {
+        refs.push_back(r.offset == 0 ? Json::array({r.task, r.index}) : Json::array({r.task, r.index, r.offset}));
+      }
       o["refs"] = std::move(refs);
     }
     if (!mb.row_offsets.empty()) o["row_offsets"] = mb.row_offsets;
@@ -817,8 +849,15 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   in.only(j, "", {"format", "version", "iteration", "schedule", "ranks", "vstages", "stage_rank", "dp", "replica",
                   "global_tokens", "makespan_ms", "memory_limit_bytes", "static_bytes", "buffer_slots", "shapes",
                   "microbatches", "streams", "timeline", "stages", "dtype", "loss_mode", "global_loss_tokens",
-                  "tied_embedding", "rank_layout"});
+                  "tied_embedding", "rank_layout", "max_seq_len", "max_target_len"});
   p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
+  for (auto [key, field] :
+       {std::pair{"max_seq_len", &Plan::max_seq_len}, std::pair{"max_target_len", &Plan::max_target_len}}) {
+    if (!j.contains(key)) continue;
+    const std::string ptr = std::string("/") + key;
+    if (version < 4) in.fail(ptr, "a format-1 to -3 plan has no context length (format 4 has)");
+    p.*field = static_cast<std::uint32_t>(in.u64(j[key], ptr, 0xFFFFFFFFull));
+  }
   p.schedule = in.str(in.at(j, "", "schedule"), "/schedule");
   p.ranks = static_cast<std::uint32_t>(in.u64(in.at(j, "", "ranks"), "/ranks", 1u << 24));
   p.vstages = static_cast<std::uint32_t>(in.u64(in.at(j, "", "vstages"), "/vstages", 1u << 24));
@@ -867,8 +906,15 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
       const Json& refs = in.arr(o["refs"], ptr + "/refs", mb.samples.size());
       for (std::size_t i = 0; i < refs.size(); ++i) {
         const std::string rp = ptr + "/refs/" + std::to_string(i);
-        in.arr(refs[i], rp, 2);
-        mb.refs.push_back(SampleRef{static_cast<std::uint32_t>(in.u64(refs[i][0], rp + "/0", 0xFFFFFFFFull)), in.u64(refs[i][1], rp + "/1")});
+        // [task, index], or [task, index, offset] for a chunk (format 4)
+        const Json& ref = in.arr(refs[i], rp);
+        if (ref.size() != 2 && !(ref.size() == 3 && version >= 4)) {
+          in.fail(rp, fmt::format("expected [task, index]{}, found {} entries",
+                                  version >= 4 ? " or [task, index, offset]" : "", ref.size()));
+        }
+        SampleRef r{static_cast<std::uint32_t>(in.u64(ref[0], rp + "/0", 0xFFFFFFFFull)), in.u64(ref[1], rp + "/1")};
+        if (ref.size() == 3) r.offset = static_cast<std::uint32_t>(in.u64(ref[2], rp + "/2", 0xFFFFFFFFull));
+        mb.refs.push_back(r);
       }
     }
     if (o.contains("row_offsets")) mb.row_offsets = in.u_list<std::uint32_t>(o["row_offsets"], ptr + "/row_offsets");

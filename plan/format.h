@@ -28,9 +28,12 @@ namespace packpipe::plan {
 
 /// Plan (blob and JSON) format: 2 adds what a trainer needs (stage specs, activation dtype, loss
 /// tokens, tied embedding, per-sample lengths, recompute on FWD, REDUCE_TIED); 3 adds each
-/// micro-batch's layout (PlanMicroBatch::layout). Older plans are still read (format 1 without
-/// the trainer's fields: Plan::stages empty; formats 1-2 with layouts implied by row_offsets).
-constexpr std::uint16_t kPlanFormatVersion = 3;
+/// micro-batch's layout (PlanMicroBatch::layout); 4 adds the context length (Plan::max_seq_len,
+/// max_target_len) and the token offset of each sample ref (SampleRef::offset: chunks of samples
+/// split at the context length). Older plans are still read (format 1 without the trainer's fields:
+/// Plan::stages empty; formats 1-2 with layouts implied by row_offsets; formats 1-3 with no context
+/// length and every offset 0).
+constexpr std::uint16_t kPlanFormatVersion = 4;
 
 struct EncodeOptions {
   bool compress = false;  ///< zstd-compress the body

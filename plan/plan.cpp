@@ -71,7 +71,7 @@ bool Plan::operator==(const Plan& o) const {
          buffer_slots == o.buffer_slots && streams == o.streams && makespan_ms == o.makespan_ms &&
          same_ops(timeline, o.timeline) && stages == o.stages && dtype == o.dtype && loss_mode == o.loss_mode &&
          global_loss_tokens == o.global_loss_tokens && tied_embedding == o.tied_embedding &&
-         rank_layout == o.rank_layout;
+         rank_layout == o.rank_layout && max_seq_len == o.max_seq_len && max_target_len == o.max_target_len;
 }
 
 }  // namespace packpipe::plan

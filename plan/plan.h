@@ -54,7 +54,10 @@ using ::packpipe::SampleRef;
 /// One micro-batch as the trainer needs it.
 struct PlanMicroBatch {
   std::vector<std::uint32_t> samples;      ///< ids into the global batch, in row order
-  std::vector<SampleRef> refs;             ///< (task, index) per sample when known, else empty
+  /// (task, index, offset) per sample when known, else empty. offset > 0 (format 4, decoder-only
+  /// plans): the sample is a chunk of a dataset sample split at the context length, its tokens
+  /// [offset, offset + lengths[i]) of the dataset sample's input then target tokens.
+  std::vector<SampleRef> refs;
   std::vector<std::uint32_t> row_offsets;  ///< packed rows (CSR into samples); empty: one row per sample
   /// How the samples are laid out (common/layout.h; format 3, older plans: packed-mask when
   /// row_offsets are given, else padded): Padded, one sample a row and no row_offsets; Packed, one
@@ -70,7 +73,8 @@ struct PlanMicroBatch {
   double loss_weight = 0;
   /// Per sample, in `samples` order (format 2; empty in older plans): the tokens the sample
   /// occupies in its row (decoder-only: the first lengths[i] tokens of input followed by target, so
-  /// a truncated sample keeps its first tokens; encoder-decoder: the first lengths[i] input tokens,
+  /// a truncated sample keeps its first tokens; a chunk, lengths[i] tokens from refs[i].offset on;
+  /// encoder-decoder: the first lengths[i] input tokens,
   /// an empty input planned as one pad token) and, for encoder-decoder models, its decoder tokens
   /// (the first target_lengths[i] targets; an empty target counts one token, as planned). Row r
   /// holds samples row_offsets[r] .. row_offsets[r + 1] - 1 back to back from position 0.
@@ -182,6 +186,13 @@ struct Plan {
   /// layout, 0); REDUCE_GRAD of a stage sums over the world ranks {k x ranks + r : k < dp} of its
   /// rank r, REDUCE_TIED over {replica x ranks + r_first, replica x ranks + r_last}.
   std::uint8_t rank_layout = 0;
+  /// The context length planned for (format 4; 0: none or an older plan): every lengths[i] is at
+  /// most max_seq_len, so a model with max_seq_len positions never indexes past its table (position
+  /// ids restart at 0 for each sample and chunk).
+  std::uint32_t max_seq_len = 0;
+  /// Encoder-decoder plans: the decoder side's limit (format 4; 0: none): every target_lengths[i]
+  /// is at most it. 0 in decoder-only plans.
+  std::uint32_t max_target_len = 0;
 
   std::size_t microbatch_count() const { return microbatches.size(); }
   /// Index of (mb, v) in the per-(micro-batch, stage) tables.

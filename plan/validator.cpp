@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -14,6 +17,35 @@ namespace packpipe::plan {
 
 
 namespace {
+
+// "(task t, index i)" or, for a chunk, "(task t, index i, tokens from o)": a dataset sample in messages.
+std::string ref_name(const SampleRef& r) {
+  return r.offset == 0 ? fmt::format("(task {}, index {})", r.task, r.index)
+                       : fmt::format("(task {}, index {}, its chunk from token {})", r.task, r.index, r.offset);
+}
+
+// The tokens [begin, end) of one dataset sample that a plan trains, and where (a micro-batch or a
+// replica). A dataset sample's chunks must not overlap: each of its tokens is trained once.
+struct Span {
+  std::uint64_t begin = 0, end = 0;
+  std::size_t where = 0;
+};
+using Spans = std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<Span>>;
+
+// Calls `report(task, index, a, b)` for every span that overlaps the one before it (by begin) of
+// the same dataset sample.
+template <class F>
+void overlapping_spans(Spans& spans, F report) {
+  for (auto& [key, v] : spans) {
+    if (v.size() < 2) continue;
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) {
+      return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where);
+    });
+    for (std::size_t k = 1; k < v.size(); ++k) {
+      if (v[k].begin < v[k - 1].end) report(key.first, key.second, v[k - 1], v[k]);
+    }
+  }
+}
 
 class Checker {
  public:
@@ -188,6 +220,28 @@ class Checker {
       }
       if (v == 0 && !s.embedding) add("header", -1, -1, "stages[0]: expected the token embedding on the first stage");
     }
+    // The context length (format 4): every sample within it; chunks only of decoder-only samples.
+    if (!encdec && p.max_target_len > 0) {
+      add("header", -1, -1, fmt::format("max_target_len: a decoder-only plan has no decoder side, found {}",
+                                        p.max_target_len));
+    }
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        if (p.max_seq_len > 0 && i < mb.lengths.size() && mb.lengths[i] > p.max_seq_len) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} has {} tokens, more than max_seq_len {}", m,
+                                            mb.samples[i], mb.lengths[i], p.max_seq_len));
+        }
+        if (encdec && p.max_target_len > 0 && i < mb.target_lengths.size() && mb.target_lengths[i] > p.max_target_len) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} has {} decoder tokens, more than max_target_len {}",
+                                            m, mb.samples[i], mb.target_lengths[i], p.max_target_len));
+        }
+        if (encdec && i < mb.refs.size() && mb.refs[i].offset != 0) {
+          add("header", -1, -1, fmt::format("micro-batch {}: sample {} is a chunk of dataset sample {}: only decoder-only "
+                                            "samples are split", m, mb.samples[i], ref_name(mb.refs[i])));
+        }
+      }
+    }
     // Every micro-batch lists its samples' lengths; they fill its rows and give its tokens.
     std::uint64_t loss = 0;
     for (std::size_t m = 0; m < N_; ++m) {
@@ -287,7 +341,8 @@ class Checker {
     if (p.global_tokens == 0) add("header", -1, -1, "global_tokens: expected at least 1 (the loss weights' denominator), found 0");
     // A sample (by id in the global batch, and by dataset reference) is trained once.
     std::map<std::uint32_t, std::size_t> sample_mb;
-    std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_mb;
+    std::map<SampleRef, std::size_t> ref_mb;
+    Spans spans;  // the tokens of each dataset sample the micro-batches train (format 2: lengths known)
     std::size_t with_dec = 0;
     double weights = 0;
     for (std::size_t m = 0; m < N_; ++m) {
@@ -299,11 +354,14 @@ class Checker {
                                             "trained once)", m, s, it->second));
         }
       }
-      for (const auto& r : mb.refs) {
-        const auto [it, fresh] = ref_mb.emplace(std::make_pair(r.task, r.index), m);
+      for (std::size_t i = 0; i < mb.refs.size(); ++i) {
+        const SampleRef& r = mb.refs[i];
+        const auto [it, fresh] = ref_mb.emplace(r, m);
         if (!fresh) {
-          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is already in "
-                                            "micro-batch {}", m, r.task, r.index, it->second));
+          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample {} is already in micro-batch {}", m,
+                                            ref_name(r), it->second));
+        } else if (mb.lengths.size() == mb.refs.size()) {
+          spans[{r.task, r.index}].push_back(Span{r.offset, std::uint64_t{r.offset} + mb.lengths[i], m});
         }
       }
       if (mb.samples.empty()) add("header", -1, -1, fmt::format("micro-batch {}: no samples", m));
@@ -321,6 +379,11 @@ class Checker {
       }
       with_dec += mb.padded_dec_len > 0;
     }
+    overlapping_spans(spans, [&](std::uint32_t task, std::uint64_t index, const Span& a, const Span& b) {
+      add("header", -1, -1, fmt::format("micro-batch {}: dataset sample (task {}, index {}): its tokens [{}, {}) overlap "
+                                        "tokens [{}, {}) in micro-batch {} (each token is trained once)", b.where, task,
+                                        index, b.begin, b.end, a.begin, a.end, a.where));
+    });
     if (weights > 1 + 1e-9) add("header", -1, -1, fmt::format("loss weights: expected a sum of at most 1, found {}", weights));
     // Decoder lengths: all micro-batches of an encoder-decoder plan have one, none of a decoder-only plan.
     if (with_dec != 0 && with_dec != N_) {
@@ -775,7 +838,8 @@ std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
   }
   std::uint64_t tokens = 0;
   std::map<std::uint32_t, std::size_t> sample_of;
-  std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> ref_of;
+  std::map<SampleRef, std::size_t> ref_of;
+  Spans spans;  // the tokens of each dataset sample the replicas train (lengths known)
   for (std::size_t k = 0; k < replicas.size(); ++k) {
     const Plan& p = replicas[k];
     const auto K = static_cast<std::int64_t>(k);
@@ -798,15 +862,26 @@ std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
           add(K, fmt::format("micro-batch {}: sample {} is also in replica {} (each sample is trained once)", m, s, it->second));
         }
       }
-      for (const auto& r : mb.refs) {
-        const auto [it, fresh] = ref_of.emplace(std::make_pair(r.task, r.index), k);
+      for (std::size_t i = 0; i < mb.refs.size(); ++i) {
+        const SampleRef& r = mb.refs[i];
+        const auto [it, fresh] = ref_of.emplace(r, k);
         if (!fresh && it->second != k) {
-          add(K, fmt::format("micro-batch {}: dataset sample (task {}, index {}) is also in replica {}", m, r.task, r.index,
-                             it->second));
+          add(K, fmt::format("micro-batch {}: dataset sample {} is also in replica {}", m, ref_name(r), it->second));
+        } else if (fresh && mb.lengths.size() == mb.refs.size()) {
+          spans[{r.task, r.index}].push_back(Span{r.offset, std::uint64_t{r.offset} + mb.lengths[i], k});
         }
       }
     }
   }
+  overlapping_spans(spans, [&](std::uint32_t task, std::uint64_t index, const Span& a, const Span& b) {
+    // Within one replica the plan's own validation reports it.
+    if (a.where != b.where) {
+      add(static_cast<std::int64_t>(b.where),
+          fmt::format("dataset sample (task {}, index {}): tokens [{}, {}) in replica {} overlap tokens [{}, {}) in "
+                      "replica {} (each token is trained once)", task, index, b.begin, b.end, b.where, a.begin, a.end,
+                      a.where));
+    }
+  });
   if (replicas.size() == first.dp && tokens != first.global_tokens) {
     add(-1, fmt::format("global_tokens: expected the {} replicas' {} tokens, found {}", replicas.size(), tokens,
                         first.global_tokens));

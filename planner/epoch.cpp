@@ -18,34 +18,44 @@
 namespace packpipe::planner {
 
 part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::GlobalBatch& batch, bool encoder_decoder,
-                                 std::uint64_t iteration, std::vector<SampleRef>* refs, pl::LossMode loss) {
+                                 std::uint64_t iteration, std::vector<SampleRef>* refs, pl::LossMode loss,
+                                 const ContextLength& context, ContextReport* report) {
+  check_context_length(context, encoder_decoder);
   part::BatchLengths b;
   b.input.reserve(batch.samples.size());
   if (encoder_decoder) b.target.reserve(batch.samples.size());
   if (refs != nullptr) refs->reserve(refs->size() + batch.samples.size());
   b.loss.reserve(batch.samples.size());
-  for (const auto& ref : batch.samples) {
+  ContextReport local;
+  ContextReport& r = report != nullptr ? *report : local;
+  r = ContextReport{};
+  for (std::size_t k = 0; k < batch.samples.size(); ++k) {
+    const SampleRef& ref = batch.samples[k];
     const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
-    if (encoder_decoder) {
-      b.loss.push_back(tg);
-    } else if (loss == pl::LossMode::Targets) {
-      b.loss.push_back(in > 0 ? tg : (tg > 0 ? tg - 1 : 0));
-    } else {
-      b.loss.push_back(in + tg > 0 ? in + tg - 1 : 0);
-    }
-    if (encoder_decoder) {
-      // Decoder-only tasks in an encoder-decoder run get a one-token target (as DynaPipe's
-      // --is-supervised pads an empty side).
-      b.input.push_back(std::max<std::uint32_t>(in, 1));
-      b.target.push_back(std::max<std::uint32_t>(tg, 1));
-    } else {
+    if (!encoder_decoder) {
       const std::uint64_t sum = std::uint64_t{in} + tg;  // decoder-only: the whole sample is one sequence
       PACKPIPE_CHECK_ARG(sum <= std::numeric_limits<std::uint32_t>::max(),
                          "iteration {}: sample {} of task '{}' has {} tokens, more than 2^32 - 1", iteration, ref.index,
                          ref.task < data.manifest().tasks.size() ? data.manifest().tasks[ref.task].name : "?", sum);
-      b.input.push_back(static_cast<std::uint32_t>(sum));
     }
-    if (refs != nullptr) refs->push_back(ref);
+    append_sample(b, refs, ref, in, tg, encoder_decoder, loss, context, static_cast<std::uint32_t>(k), r);
+  }
+  return b;
+}
+
+part::BatchLengths sample_lengths(const dl::MultiTaskDataset& data, const std::vector<SampleRef>& refs,
+                                  bool encoder_decoder) {
+  part::BatchLengths b;
+  b.input.reserve(refs.size());
+  if (encoder_decoder) b.target.reserve(refs.size());
+  for (const SampleRef& ref : refs) {
+    const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
+    if (encoder_decoder) {
+      b.input.push_back(std::max<std::uint32_t>(in, 1));
+      b.target.push_back(std::max<std::uint32_t>(tg, 1));
+    } else {
+      b.input.push_back(in + tg);  // batch_lengths checked that it fits when it named the sample
+    }
   }
   return b;
 }
@@ -67,7 +77,7 @@ dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec
 }  // namespace
 
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
-                          bool encoder_decoder, pl::LossMode loss) {
+                          bool encoder_decoder, pl::LossMode loss, const ContextLength& context) {
   dl::Sampler s(data, spec.sampler);
   s.set_epoch(spec.epoch);
   dl::GlobalBatch g;
@@ -76,7 +86,8 @@ SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spe
   }
   SampledBatch out;
   out.iteration = index;
-  out.lengths = batch_lengths(data, g, encoder_decoder, index, &out.refs, loss);
+  out.lengths = batch_lengths(data, g, encoder_decoder, index, &out.refs, loss, context, &out.context);
+  out.sample_lengths = sample_lengths(data, out.refs, encoder_decoder);
   return out;
 }
 
@@ -105,10 +116,11 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
                      "give exactly one of a global batch token budget (global_batch_tokens / --global-batch-tokens) "
                      "and a global batch sample count (global_batch_samples / --global-batch-samples)");
   encdec_ = cost_.model().arch == cm::Architecture::EncoderDecoder;
+  check_context_length(options_.context, encdec_);
   vstages_ = part::virtual_stages(cost_.model(), options_.shape);
   if (options_.baselines_sized_by_data()) {
     // The baselines' rows hold the dataset's longest sample (a run's user fixes one capacity), as
-    // batch_lengths counts it.
+    // batch_lengths counts it: within the context length.
     for (std::size_t t = 0; t < data_.num_tasks(); ++t) {
       for (std::uint64_t i = 0; i < data_.task_size(t); ++i) {
         const SampleRef ref{static_cast<std::uint32_t>(t), i};
@@ -120,6 +132,11 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
           options_.baseline_longest = std::max(options_.baseline_longest, in + tg);
         }
       }
+    }
+    const ContextLength& c = options_.context;
+    if (c.max_seq_len > 0) options_.baseline_longest = std::min<std::uint64_t>(options_.baseline_longest, c.max_seq_len);
+    if (encdec_ && c.target_limit() > 0) {
+      options_.baseline_longest_target = std::min<std::uint64_t>(options_.baseline_longest_target, c.target_limit());
     }
   }
   if (options_.task_names.empty()) {
@@ -177,7 +194,9 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
               auto w = std::make_shared<Work>();
               w->it.iteration = next_iteration++;
               try {
-                w->it.lengths = batch_lengths(data_, b, encdec_, w->it.iteration, &w->it.refs, options_.loss_mode);
+                w->it.lengths = batch_lengths(data_, b, encdec_, w->it.iteration, &w->it.refs, options_.loss_mode,
+                                              options_.context, &w->it.context);
+                w->it.sample_lengths = sample_lengths(data_, w->it.refs, encdec_);
               } catch (...) {
                 w->error = std::current_exception();
               }
@@ -191,6 +210,7 @@ void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, 
                     PlannedIteration& it = w->it;
                     it.result = plan_iteration(it.lengths, &it.refs, it.iteration, cost_, vstages_, options_,
                                                &caches.local());
+                    it.result.context = it.context;  // applied sampling it (the lengths are within it)
                     if (eo_.encode) {
                       for (const auto& p : it.result.plans) it.blobs.push_back(pl::encode_plan(p, eo_.encoding));
                     }

@@ -14,6 +14,7 @@
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
 #include "plan/format.h"
+#include "planner/context.h"
 #include "planner/planner.h"
 
 namespace packpipe::planner {
@@ -23,15 +24,24 @@ namespace dl = ::packpipe::dataloader;
 /// The lengths of one sampled global batch, in batch order, as planning sees them: decoder-only
 /// models train each sample as one sequence of input + target tokens; encoder-decoder models take
 /// (input, target) with an empty side counted as one token (a decoder-only task's samples get a
-/// one-token target, as DynaPipe's supervised mode pads it). `refs` (optional) receives each
-/// sample's (task, index). Throws InvalidArgument naming the iteration, the task and the dataset
-/// sample when a decoder-only sample has 2^32 tokens or more.
-/// Each sample's loss tokens go to BatchLengths::loss under `loss`: decoder-only, all tokens n - 1,
-/// targets only the target's t (t - 1 when the input is empty); encoder-decoder, the real target
-/// tokens (0 for an empty side).
+/// one-token target, as DynaPipe's supervised mode pads it). The context length `context` applies
+/// (append_sample, planner/context.h): a sample over it is truncated, left out (listed in `report`
+/// by its position in `batch`) or, decoder-only, split into chunks that are samples of their own
+/// (their refs carry each chunk's first token). `refs` (optional) receives each entry's (task,
+/// index, offset); `report` (optional) what the context length did. Throws InvalidArgument naming
+/// the iteration, the task and the dataset sample when a decoder-only sample has 2^32 tokens or
+/// more, and as check_context_length for a context length the model cannot take.
+/// Each entry's loss tokens go to BatchLengths::loss under `loss` (decoder_only_loss: all tokens
+/// n - 1, targets only the target's; encoder-decoder, the real target tokens kept).
 part::BatchLengths batch_lengths(const dl::MultiTaskDataset& data, const dl::GlobalBatch& batch, bool encoder_decoder,
                                  std::uint64_t iteration, std::vector<SampleRef>* refs = nullptr,
-                                 pl::LossMode loss = pl::LossMode::AllTokens);
+                                 pl::LossMode loss = pl::LossMode::AllTokens, const ContextLength& context = {},
+                                 ContextReport* report = nullptr);
+
+/// The lengths of the samples `refs` name before any context length, as batch_lengths counts them
+/// without one (a chunk: its whole sample's), in the refs' order, without loss tokens.
+part::BatchLengths sample_lengths(const dl::MultiTaskDataset& data, const std::vector<SampleRef>& refs,
+                                  bool encoder_decoder);
 
 /// What to plan: how the global batches are sampled and which iterations of which epoch.
 struct EpochSpec {
@@ -54,8 +64,13 @@ struct EpochOptions {
 /// One sampled global batch as planning sees it.
 struct SampledBatch {
   std::uint64_t iteration = 0;   ///< the batch's index in its epoch
-  part::BatchLengths lengths;    ///< by batch_lengths()
-  std::vector<SampleRef> refs;   ///< each sample's (task, index), in the lengths' order
+  /// By batch_lengths(): after the context length (a split sample is one entry per chunk, a dropped
+  /// one has none), before the memory oversize policy; the partitioner's input.
+  part::BatchLengths lengths;
+  std::vector<SampleRef> refs;   ///< each entry's (task, index, offset), in the lengths' order
+  /// Each entry's sample before the context length (sample_lengths(); a chunk: its whole sample's).
+  part::BatchLengths sample_lengths;
+  ContextReport context;         ///< what the context length did (dropped: positions in the sampled batch)
 };
 
 /// One iteration as the epoch planner delivers it.
@@ -118,9 +133,11 @@ class EpochPlanner {
   std::unique_ptr<Impl> impl_;
 };
 
-/// The global batch `index` of `spec.epoch` sampled with `spec.sampler`, through batch_lengths().
+/// The global batch `index` of `spec.epoch` sampled with `spec.sampler`, through batch_lengths()
+/// under `context`.
 /// Throws InvalidArgument when the epoch has no batch `index`.
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
-                          bool encoder_decoder, pl::LossMode loss = pl::LossMode::AllTokens);
+                          bool encoder_decoder, pl::LossMode loss = pl::LossMode::AllTokens,
+                          const ContextLength& context = {});
 
 }  // namespace packpipe::planner

@@ -11,6 +11,7 @@
 #include "dataloader/dtype.h"
 #include "packing/rows.h"
 #include "plan/format.h"
+#include "planner/context.h"
 #include "planner/detail/rethrow.h"
 
 namespace packpipe::planner {
@@ -72,25 +73,19 @@ void check_rows_fit(const pl::Plan& plan, std::size_t m, const std::vector<std::
   }
 }
 
-// Loss tokens of a decoder-only sample of `kept` tokens whose input part has `input` tokens: every
-// next-token prediction inside it, or (Targets) those whose next token is a target token.
-std::uint64_t decoder_only_loss(std::uint32_t kept, std::uint32_t input, pl::LossMode mode) {
-  if (kept == 0) return 0;
-  const std::uint32_t first = mode == pl::LossMode::Targets && input > 0 ? input - 1 : 0;  // first labelled position
-  return kept - 1 > first ? kept - 1 - first : 0;
-}
-
-// Decodes the first `n_input` input and `n_target` target tokens of a sample into `input` and
-// `target`, from a copy made through the guarded reads (MultiTaskDataset::read_prefix): a `.bin`
-// truncated under a live loader is an Error naming the file, never SIGBUS. Never from a view.
-void read_tokens(const dl::MultiTaskDataset& data, SampleRef ref, std::uint32_t n_input, std::uint32_t n_target,
-                 std::vector<std::int64_t>& input, std::vector<std::int64_t>& target) {
+// Decodes input tokens [input_begin, +n_input) and target tokens [target_begin, +n_target) of a
+// sample into `input` and `target`, from a copy made through the guarded reads
+// (MultiTaskDataset::read_range): a `.bin` truncated under a live loader is an Error naming the
+// file, never SIGBUS. Never from a view.
+void read_tokens(const dl::MultiTaskDataset& data, SampleRef ref, std::uint32_t input_begin, std::uint32_t n_input,
+                 std::uint32_t target_begin, std::uint32_t n_target, std::vector<std::int64_t>& input,
+                 std::vector<std::int64_t>& target) {
   input.resize(n_input);
   target.resize(n_target);
   if (n_input == 0 && n_target == 0) return;
   const dl::DType dt = data.dtype(ref.task);
   thread_local std::vector<std::uint8_t> in, tg;  // reused: one copy per sample, no allocation
-  data.read_prefix(ref, n_input, n_target, in, tg);
+  data.read_range(ref, input_begin, n_input, target_begin, n_target, in, tg);
   dl::decode_tokens(in.data(), n_input, dt, input.data());
   dl::decode_tokens(tg.data(), n_target, dt, target.data());
 }
@@ -100,7 +95,8 @@ std::string sample_name(const dl::MultiTaskDataset& data, std::size_t k, SampleR
   const auto& tasks = data.manifest().tasks;
   const std::string task = ref.task < tasks.size() ? fmt::format("task '{}'", tasks[ref.task].name)
                                                    : fmt::format("task {}", ref.task);
-  return fmt::format("sample {} ({}, dataset sample {})", k, task, ref.index);
+  return fmt::format("sample {} ({}, dataset sample {}{})", k, task, ref.index,
+                     ref.offset > 0 ? fmt::format(", its chunk from token {}", ref.offset) : std::string());
 }
 
 }  // namespace
@@ -189,24 +185,33 @@ LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Pl
       const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
       const std::uint32_t len = mb.lengths[k];
       if (!encdec) {
-        PACKPIPE_CHECK_ARG(std::uint64_t{len} <= std::uint64_t{in} + tg,
-                           "iteration {}, micro-batch {}, {}: planned length {} is longer than the sample's {} tokens "
+        // Tokens [o, o + len) of the sample's input then target tokens (o > 0: a chunk).
+        const std::uint64_t o = ref.offset;
+        PACKPIPE_CHECK_ARG(o + len <= std::uint64_t{in} + tg,
+                           "iteration {}, micro-batch {}, {}: planned tokens [{}, {}) run past the sample's {} tokens "
                            "(input {} + target {})",
-                           plan.iteration, m, sample_name(data, k, ref), len, std::uint64_t{in} + tg, in, tg);
-        out.loss_tokens += decoder_only_loss(len, in, plan.loss_mode);
+                           plan.iteration, m, sample_name(data, k, ref), o, o + len, std::uint64_t{in} + tg, in, tg);
+        out.loss_tokens += decoder_only_loss(len, in, ref.offset, plan.loss_mode);
         if (!need_encoder) continue;
-        const std::uint32_t n_in = std::min(len, in);
-        read_tokens(data, ref, n_in, len - n_in, input, target);
-        input.insert(input.end(), target.begin(), target.end());  // the sample as one sequence
+        const std::uint32_t in_begin = std::min(ref.offset, in);
+        const auto in_end = static_cast<std::uint32_t>(std::min<std::uint64_t>(o + len, in));
+        const std::uint32_t tg_begin = static_cast<std::uint32_t>(std::max<std::uint64_t>(o, in) - in);
+        read_tokens(data, ref, in_begin, in_end - in_begin, tg_begin, len - (in_end - in_begin), input, target);
+        input.insert(input.end(), target.begin(), target.end());  // the chunk as one sequence
         if (!out.input_ids.empty()) std::copy(input.begin(), input.end(), out.input_ids.begin() + at);
         if (!out.labels.empty()) {
           for (std::uint32_t p = 0; p + 1 < len; ++p) {
-            if (plan.loss_mode == pl::LossMode::AllTokens || p + 1 >= in) out.labels[at + p] = input[p + 1];
+            // Targets: where the next token is a target token (its index in the sample at least `in`).
+            if (plan.loss_mode == pl::LossMode::AllTokens || o + p + 1 >= in) out.labels[at + p] = input[p + 1];
           }
         }
         at += len;
         continue;
       }
+      PACKPIPE_CHECK_ARG(ref.offset == 0,
+                         "iteration {}, micro-batch {}, {}: a chunk (offset {}) in an encoder-decoder plan; only "
+                         "decoder-only samples are split at the context length",
+                         plan.iteration, m, sample_name(data, k, ref), ref.offset);
       const std::uint32_t t = mb.target_lengths[k];
       PACKPIPE_CHECK_ARG(len <= std::max<std::uint32_t>(in, 1),
                          "iteration {}, micro-batch {}, {}: planned encoder length {} is longer than the sample's {} "
@@ -218,7 +223,8 @@ LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Pl
                          plan.iteration, m, sample_name(data, k, ref), t, tg);
       out.loss_tokens += std::min(t, tg);
       if (need_encoder || need_decoder) {
-        read_tokens(data, ref, need_encoder ? std::min(len, in) : 0, need_decoder ? std::min(t, tg) : 0, input, target);
+        read_tokens(data, ref, 0, need_encoder ? std::min(len, in) : 0, 0, need_decoder ? std::min(t, tg) : 0, input,
+                    target);
       }
       if (!out.input_ids.empty() && in > 0) std::copy(input.begin(), input.end(), out.input_ids.begin() + at);
       // an empty input is one pad_id token, which the padding fill already wrote

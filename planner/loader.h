@@ -5,11 +5,14 @@
 // Token conventions (the rule for every trainer; plan/plan.h LoadTensor names the tensors):
 // - Decoder-only model (no virtual stage has decoder layers): a sample is its input tokens
 //   followed by its target tokens, of which the first PlanMicroBatch::lengths[i] are kept (a
-//   sample the oversize policy truncated keeps its first tokens). input_ids are those tokens,
-//   pad_id on padding; position_ids restart at 0 for each sample, 0 on padding (as
-//   packing::row_tensors); labels[p] is the sample's token p + 1, ignore_index at each sample's last
-//   position and on padding. LossMode::Targets keeps a label only where the next token is a target
-//   token (index >= the sample's input length).
+//   sample the context length or the oversize policy truncated keeps its first tokens); a chunk of
+//   a sample split at the context length (SampleRef::offset o > 0) is its tokens [o, o + lengths[i])
+//   and is a sample of its own from here on. input_ids are those tokens, pad_id on padding;
+//   position_ids restart at 0 for each sample (and chunk), 0 on padding (as packing::row_tensors),
+//   so they stay below the plan's max_seq_len; labels[p] is the sample's (chunk's) token p + 1,
+//   ignore_index at its last position and on padding. LossMode::Targets keeps a label only where
+//   the next token is a target token (its index in the whole sample >= the input length, so a
+//   chunk that starts inside the target labels every next token).
 // - Encoder-decoder model: the encoder side is the input tokens, the first lengths[i] kept (an
 //   empty input is planned as one token: one pad_id). With t = target_lengths[i], the decoder side
 //   is decoder_input_ids = [decoder_start_id, target[0], ..., target[t - 2]] and decoder_labels =

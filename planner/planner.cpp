@@ -366,11 +366,14 @@ part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
 
 }  // namespace
 
-IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
-                               std::uint64_t iteration, const cm::CostModel& cost,
-                               const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
-                               part::PartitionCache* cache) {
-  check_planner_options(o);
+namespace {
+
+// plan_iteration of a batch within the context length; `positions` (optional) gives each sample's
+// position in the batch as the caller gave it, for messages.
+IterationResult plan_within_context(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                                    std::uint64_t iteration, const cm::CostModel& cost,
+                                    const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
+                                    part::PartitionCache* cache, const std::vector<std::uint32_t>* positions) {
   PACKPIPE_CHECK_ARG(!o.tied_embedding || cost.model().arch == cm::Architecture::DecoderOnly || vstages.size() == 1,
                      "a tied embedding is supported for decoder-only models (an encoder-decoder model ties three "
                      "weights across its pipeline); plan without tied_embedding (--tied-embedding)");
@@ -401,11 +404,15 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   if (!popt.describe_sample) {
     // A sample as the user knows it: its task and index in the dataset, not its place in the batch.
     popt.describe_sample = [&](std::uint32_t s) {
-      if (refs == nullptr) return fmt::format("iteration {}, sample {} of the global batch", iteration, s);
+      if (refs == nullptr) {
+        return fmt::format("iteration {}, sample {} of the global batch", iteration,
+                           positions != nullptr ? (*positions)[s] : s);
+      }
       const SampleRef& ref = (*refs)[s];
       const std::string task = ref.task < o.task_names.size() ? fmt::format("task '{}'", o.task_names[ref.task])
                                                               : fmt::format("task {}", ref.task);
-      return fmt::format("iteration {}, {}, dataset sample {}", iteration, task, ref.index);
+      return fmt::format("iteration {}, {}, dataset sample {}{}", iteration, task, ref.index,
+                         ref.offset > 0 ? fmt::format(" (its chunk from token {})", ref.offset) : std::string());
     };
   }
   part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
@@ -482,7 +489,12 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     }
     r.model_flops = batch_model_flops(cost.model(), vstages, kept);
   }
-  const part::BatchLengths trained = trained_lengths(lengths, split);
+  part::BatchLengths trained = trained_lengths(lengths, split);
+  for (const std::uint32_t s : split.dropped) {  // trains nothing
+    trained.input[s] = 0;
+    if (trained.encoder_decoder()) trained.target[s] = 0;
+    trained.loss[s] = 0;
+  }
 
   // 4. Instruction streams.
   t0 = std::chrono::steady_clock::now();
@@ -500,6 +512,8 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     po.loss_mode = o.loss_mode;
     po.global_loss_tokens = global_loss_tokens(trained, split);
     po.tied_embedding = o.tied_embedding;
+    po.max_seq_len = o.context.max_seq_len;
+    po.max_target_len = lengths.encoder_decoder() ? o.context.target_limit() : 0;
     pl::Plan plan = make_plan(best.schedules[k], best.replica_mbs[k], vstages, trained, &best.tables[k], po);
     plan.replica = static_cast<std::uint32_t>(k);
     if (o.validate) pl::validate_or_throw(plan);
@@ -509,6 +523,66 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   r.schedules = std::move(best.schedules);
   r.planning_ms = r.partition_ms + r.schedule_ms + r.candidates_ms + r.build_ms;
   r.partition = std::move(split);
+  r.trained = std::move(trained);
+  return r;
+}
+
+// Renumbers the samples of `r` (planned from the samples kept[0], kept[1], ... of a batch of
+// `size`) to their positions in that batch; the others are trained as 0 tokens.
+void renumber_samples(IterationResult& r, const std::vector<std::uint32_t>& kept, std::size_t size) {
+  auto ids = [&](std::vector<std::uint32_t>& v) {
+    for (auto& s : v) s = kept[s];
+  };
+  for (auto& plan : r.plans) {
+    for (auto& mb : plan.microbatches) ids(mb.samples);
+  }
+  part::Partition& p = r.partition;
+  for (auto& mb : p.microbatches) ids(mb.samples);
+  ids(p.order);
+  ids(p.truncated);
+  ids(p.dropped);
+  auto spread = [&](part::BatchLengths& b) {
+    const bool encdec = b.encoder_decoder();
+    part::BatchLengths out;
+    out.input.assign(size, 0);
+    if (encdec) out.target.assign(size, 0);
+    if (!b.loss.empty()) out.loss.assign(size, 0);
+    for (std::size_t k = 0; k < kept.size() && k < b.size(); ++k) {
+      out.input[kept[k]] = b.input[k];
+      if (encdec) out.target[kept[k]] = b.target[k];
+      if (!b.loss.empty()) out.loss[kept[k]] = b.loss[k];
+    }
+    b = std::move(out);
+  };
+  if (!p.lengths.input.empty()) spread(p.lengths);
+  spread(r.trained);
+}
+
+}  // namespace
+
+IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                               std::uint64_t iteration, const cm::CostModel& cost,
+                               const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
+                               part::PartitionCache* cache) {
+  check_planner_options(o);
+  check_context_length(o.context, cost.model().arch == cm::Architecture::EncoderDecoder);
+  if (!over_context_length(lengths, o.context)) {
+    return plan_within_context(lengths, refs, iteration, cost, vstages, o, cache, nullptr);
+  }
+  // Lengths given directly (plan_batch): truncate or drop to the context length first.
+  part::BatchLengths limited = lengths;
+  std::vector<SampleRef> limited_refs;
+  if (refs != nullptr) limited_refs = *refs;
+  std::vector<std::uint32_t> kept;
+  const ContextReport context =
+      limit_lengths(limited, refs != nullptr ? &limited_refs : nullptr, o.context, iteration, &kept);
+  PACKPIPE_CHECK_ARG(limited.size() > 0, "iteration {}: every sample of the global batch is over {} {} ({} '{}')",
+                     iteration, o.context.max_seq_len_option, o.context.max_seq_len, o.context.policy_option,
+                     seq_policy_name(o.context.policy));
+  IterationResult r = plan_within_context(limited, refs != nullptr ? &limited_refs : nullptr, iteration, cost, vstages,
+                                          o, cache, &kept);
+  if (context.dropped > 0) renumber_samples(r, kept, lengths.size());
+  r.context = context;
   return r;
 }
 

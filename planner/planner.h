@@ -13,6 +13,7 @@
 #include "partition/pipeline.h"
 #include "plan/builder.h"
 #include "plan/plan.h"
+#include "planner/context.h"
 #include "schedule/search.h"
 #include "schedule/stage_costs.h"
 
@@ -63,6 +64,10 @@ struct PlannerOptions {
   std::vector<std::string> task_names;
   // ---- what the plans tell a trainer ----
   pl::LossMode loss_mode = pl::LossMode::AllTokens;  ///< recorded in the plans (loss tokens: BatchLengths::loss)
+  /// The context length (planner/context.h), recorded in the plans (Plan::max_seq_len): applied by
+  /// batch_lengths where a batch is sampled, and by plan_iteration to lengths given directly
+  /// (truncate and drop), before the memory oversize policy (partition.oversize).
+  ContextLength context;
   bool tied_embedding = false;      ///< the embedding and the LM head share a weight (REDUCE_TIED)
   // ---- which schedules a trainer accepts ----
   bool allow_split_backward = true;  ///< false: never zero-bubble's separate input and weight gradients
@@ -103,8 +108,15 @@ struct IterationResult {
   std::uint64_t iteration = 0;
   std::uint64_t samples = 0;
   std::uint64_t tokens = 0;         ///< real tokens of the global batch (as trained: see plan_iteration)
-  std::uint64_t truncated = 0;      ///< samples the oversize policy truncated
-  std::uint64_t dropped = 0;        ///< samples the oversize policy dropped
+  std::uint64_t truncated = 0;      ///< samples the memory oversize policy truncated
+  std::uint64_t dropped = 0;        ///< samples the memory oversize policy dropped
+  /// What the context length did to the batch (PlannerOptions::context): applied by plan_iteration
+  /// to the lengths it was given, or by batch_lengths when the batch was sampled (EpochPlanner).
+  ContextReport context;
+  /// Each sample of the lengths given, as trained: after the context length and the memory
+  /// oversize policy (0 tokens and 0 loss tokens for a dropped sample): what the plans' micro-batches
+  /// record (PlanMicroBatch::lengths, target_lengths, loss_tokens), in batch order.
+  part::BatchLengths trained;
   double model_flops = 0;           ///< forward + backward FLOPs of the real samples (no padding, no recompute)
   part::Partition partition;        ///< packpipe's partition of the batch (every replica's micro-batches)
   std::vector<pl::Plan> plans;          ///< one per data-parallel replica (Plan::replica), in replica order
@@ -137,7 +149,9 @@ bool in_family(sched::ScheduleKind k, ScheduleFamily f);
 /// alone and options.partition.oversize is Error), naming the iteration and the sample as the user
 /// knows it: its task and index in the dataset when `refs` are given. Under the truncate and drop
 /// policies the plans, `samples` and `tokens` count what is trained (dropped samples out,
-/// truncated ones at their new length).
+/// truncated ones at their new length). The context length (options.context) applies first
+/// (limit_lengths: truncate or drop; a sample over it under split throws InvalidArgument); the
+/// micro-batches' samples stay positions in `lengths` as given, a dropped sample in none of them.
 IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<part::VirtualStage>& vstages, const PlannerOptions& options,

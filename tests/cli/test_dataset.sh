@@ -4,6 +4,7 @@
 set -euo pipefail
 pp=$1
 fx=$2/megatron-small
+root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -70,6 +71,30 @@ assert [t["name"] for t in j["tasks"]] == ["define", "example", "synonyms"], j
 assert j["samples"] == 144, j
 PY
 "$pp" dataset sample "$tmp/split/manifest.json" --global-batch-tokens 1024 --batches 3 --json > /dev/null
+# sample --max-seq-len: each batch as planning sees it (planner::batch_lengths), besides the sampled one
+for pol in truncate drop split; do
+  "$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 16384 --batches 4 --max-seq-len 256 \
+    --seq-policy $pol --json > "$tmp/ctx.json" || fail "dataset sample --seq-policy $pol"
+  $py - "$tmp/ctx.json" $pol <<'PY' || fail "dataset sample --seq-policy $pol"
+import json, sys
+j, pol = json.load(open(sys.argv[1])), sys.argv[2]
+assert (j["max_seq_len"], j["seq_policy"]) == (256, pol)
+for b in j["batches"]:
+    assert b["seq_max_sample_tokens"] <= 256 < b["max_sample_tokens"], b
+    if pol == "truncate":
+        assert b["seq_samples"] == b["samples"] and b["seq_truncated"] > 0 and b["seq_tokens"] < b["tokens"]
+    elif pol == "drop":
+        assert b["seq_samples"] == b["samples"] - b["seq_dropped"] and b["seq_dropped"] > 0
+    else:
+        assert b["seq_tokens"] == b["tokens"] and b["seq_samples"] == b["samples"] - b["seq_split"] + b["seq_chunks"]
+PY
+done
+"$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 16384 --batches 1 --max-seq-len 256 \
+  --max-target-len 32 --encoder-decoder > "$tmp/ctx.txt" || fail "dataset sample --encoder-decoder"
+grep -q "within the context length: [0-9]* samples" "$tmp/ctx.txt" || fail "sample text: $(cat "$tmp/ctx.txt")"
+if "$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 16384 --max-seq-len 256 \
+     --max-target-len 32 2> "$tmp/err.txt"; then fail "--max-target-len without --encoder-decoder"; fi
+grep -q -- "--max-target-len 32 is for encoder-decoder models" "$tmp/err.txt" || fail "message: $(cat "$tmp/err.txt")"
 "$pp" dataset verify "$tmp/split/manifest.json" > /dev/null || fail "verify manifest"
 
 # bad JSON lines name the line

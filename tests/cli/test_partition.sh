@@ -93,6 +93,37 @@ PYEOF
   done
 done
 
+# The context length: partition --manifest sees the batch `plan` plans for the same options (chunks
+# named by their first token in messages); a lengths file refuses it.
+for pol in truncate drop split; do
+  ctx="--max-seq-len 512 --seq-policy $pol"
+  "$BIN" plan --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --seed 4 --iterations 2 \
+    --no-baselines $SHAPE $ctx --json > "$T/plan.json"
+  "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --seed 4 --batch-index 1 \
+    $SHAPE $ctx --json > "$T/part.json"
+  $PY - "$T/plan.json" "$T/part.json" $pol <<'PYEOF' || fail "partition --manifest and plan disagree under --seq-policy $pol"
+import json, sys
+plan, part, pol = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+it = plan["iterations"][1]
+assert sum(mb["tokens"] for mb in part["microbatches"]) == it["tokens"]
+assert part["samples"] == it["samples"]
+assert (part["max_seq_len"], part["seq_policy"]) == (512, pol)
+for k in ("seq_truncated", "seq_dropped", "seq_split", "seq_chunks"):
+    assert part[k] == it[k], (k, part[k], it[k])
+assert part[{"truncate": "seq_truncated", "drop": "seq_dropped", "split": "seq_split"}[pol]] > 0, part
+assert all(mb["padded_len"] <= 512 for mb in part["microbatches"] if mb["layout"] == "padded")
+PYEOF
+done
+"$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --seed 4 $SHAPE \
+  --max-seq-len 512 --seq-policy split > "$T/part.txt"
+grep -q "^context length 512 (split): 0 samples truncated, 0 dropped, [1-9][0-9]* split into" "$T/part.txt" \
+  || fail "partition context text: $(cat "$T/part.txt")"
+if "$BIN" partition "$T/gpt.txt" $SHAPE --max-seq-len 512 2> "$T/err.txt"; then fail "--max-seq-len on a lengths file"; fi
+grep -q "apply to a batch sampled from a dataset" "$T/err.txt" || fail "lengths file message: $(cat "$T/err.txt")"
+if "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --model t5-11b \
+     --stages 8 --memory-mb 80000 --max-seq-len 512 --seq-policy split 2> "$T/err.txt"; then fail "t5 split accepted"; fi
+grep -q -- "--seq-policy 'split' is for decoder-only models" "$T/err.txt" || fail "t5 split message: $(cat "$T/err.txt")"
+
 # Oversize: error names the sample and its length; drop and truncate count it.
 printf "100\n1000000\n50\n" > "$T/big.txt"
 if "$BIN" partition "$T/big.txt" $SHAPE 2> "$T/err.txt"; then fail "oversize accepted"; fi

@@ -95,6 +95,63 @@ done
   --oversize drop > "$tmp/text.txt" || fail "--oversize drop text"
 grep -q "oversize samples: 0 truncated, [1-9][0-9]* dropped" "$tmp/text.txt" || fail "text report: $(cat "$tmp/text.txt")"
 
+# --max-seq-len: every policy plans the demo (samples up to ~3,000 tokens) within the context length:
+# the plans record it and validate, every sample's length is within it, the report counts what it
+# did; split keeps every token (chunks named by their offsets); the same run twice gives the same file.
+plain=(--manifest "$root/data/demo/manifest.json" --global-batch-tokens 32768 --iterations 3 --stages 4
+       --layers-per-stage 4 --no-baselines)
+ctx=("${plain[@]}" --max-seq-len 1024)
+"$pp" plan "${plain[@]}" --json > "$tmp/ctx_none.json" || fail "no context length"
+"$pp" plan "${ctx[@]}" --json | $py -c 'import json, sys; assert json.load(sys.stdin)["config"]["seq_policy"] == "truncate"' \
+  || fail "truncate is not the default --seq-policy"
+for pol in truncate drop split; do
+  "$pp" plan "${ctx[@]}" --seq-policy $pol --validate --out "$tmp/ctx_$pol.plan" --json > "$tmp/ctx_$pol.json" \
+    || fail "--seq-policy $pol"
+  "$pp" plan validate "$tmp/ctx_$pol.plan" > /dev/null || fail "--seq-policy $pol plans do not validate"
+  for i in 0 1 2; do
+    "$pp" plan inspect "$tmp/ctx_$pol.plan" --iteration $i --json > "$tmp/ctx_${pol}_$i.json" || fail "inspect $pol"
+  done
+  $py - "$tmp/ctx_$pol.json" $pol "$tmp/ctx_none.json" "$tmp"/ctx_${pol}_?.json <<'PY' || fail "--seq-policy $pol report"
+import json, sys
+j, pol, plain = json.load(open(sys.argv[1])), sys.argv[2], json.load(open(sys.argv[3]))
+c, t = j["config"], j["total"]
+assert (c["max_seq_len"], c["seq_policy"]) == (1024, pol), c
+assert "max_target_len" not in c  # decoder-only
+counts = {k: t["seq_" + k] for k in ("truncated", "dropped", "split")}
+key = {"truncate": "truncated", "drop": "dropped", "split": "split"}[pol]
+assert counts[key] > 0 and sum(counts.values()) == counts[key], counts
+assert (t["seq_chunks"] > t["seq_split"]) == (pol == "split")
+assert all(sum(i["seq_" + k] for i in j["iterations"]) == counts[k] for k in counts)
+assert "max_seq_len" not in plain["config"] and "seq_truncated" not in plain["total"]
+assert all(not k.startswith("seq_") for i in plain["iterations"] for k in i)
+# split keeps every token of the same batches; truncate and drop train fewer
+assert (t["tokens"] == plain["total"]["tokens"]) == (pol == "split"), (t["tokens"], plain["total"]["tokens"])
+offsets = 0
+for path in sys.argv[4:]:
+    p = json.load(open(path))
+    assert p["max_seq_len"] == 1024 and p["version"] == 4
+    for mb in p["microbatches"]:
+        assert max(mb["lengths"]) <= 1024, mb["lengths"]
+        offsets += sum(1 for r in mb["refs"] if len(r) == 3)
+assert (offsets > 0) == (pol == "split"), offsets
+PY
+done
+"$pp" plan "${ctx[@]}" --seq-policy split --out "$tmp/ctx_again.plan" > "$tmp/ctx.txt" || fail "split again"
+cmp "$tmp/ctx_split.plan" "$tmp/ctx_again.plan" || fail "split plans differ between runs"
+grep -q "context length 1024 (split): 0 samples truncated, 0 dropped, [1-9][0-9]* split into [1-9][0-9]* chunks" \
+  "$tmp/ctx.txt" || fail "context text report: $(cat "$tmp/ctx.txt")"
+"$pp" plan inspect "$tmp/ctx_again.plan" --iteration 0 > "$tmp/inspect.txt" || fail "inspect text"
+grep -q "^context length: 1024 tokens$" "$tmp/inspect.txt" || fail "inspect text: $(head -3 "$tmp/inspect.txt")"
+# Encoder-decoder: the decoder side's limit; split is refused naming the option, before any output.
+"$pp" plan --manifest "$root/data/demo/manifest.json" --model t5-770m --global-batch-tokens 16384 --iterations 1 \
+  --stages 2 --no-baselines --max-seq-len 1024 --max-target-len 64 --seq-policy drop --validate --json \
+  > "$tmp/t5ctx.json" || fail "t5 context length"
+$py -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert (j["config"]["max_seq_len"], j["config"]["max_target_len"]) == (1024, 64) and j["total"]["seq_dropped"] > 0
+' "$tmp/t5ctx.json" || fail "t5 context report"
+
 # Option ranges: refused with the option named, before anything is planned or written.
 bad() {  # bad PATTERN ARGS...
   local pat=$1; shift
@@ -111,6 +168,10 @@ bad "--stages must be in \[1, 65536\], found 2147483647" --stages 2147483647
 bad "= 4000 layers, more than the 32 layers of 'gpt-6.7b'" --stages 4 --layers-per-stage 1000
 bad "--round-multiple must be in" --round-multiple 0
 bad "--oversize: squash not in" --oversize squash
+bad "--seq-policy: cut not in" --max-seq-len 64 --seq-policy cut
+bad "--max-seq-len must be in \[0, 4294967295\]" --max-seq-len 4294967296
+bad "--max-target-len 64 is for encoder-decoder models" --max-seq-len 1024 --max-target-len 64
+bad "--seq-policy 'split' is for decoder-only models" --model t5-770m --stages 2 --max-seq-len 512 --seq-policy split
 # Two outputs on one file (the report would overwrite the plans), and a --model file as an output.
 bad "--out '$tmp/bad.plan' and --report '$tmp/./bad.plan' are the same file" --report "$tmp/./bad.plan"
 echo '{"name": "m", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}' > "$tmp/model.json"

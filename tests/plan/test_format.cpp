@@ -1,5 +1,6 @@
 // Plan serialization: exact round trips (binary and JSON), clear errors on truncated or corrupt
 // input, and the multi-iteration plan file read by iteration.
+#include <algorithm>
 #include <random>
 
 #include <unistd.h>
@@ -33,11 +34,56 @@ Plan random_plan_of(std::mt19937_64& rng) {
   const char* kind = kinds[rng() % 3];
   Plan p = syn::random_plan(kind, S, C, N, rng(), false, encdec);
   if (rng() % 2) {  // sample refs and packed rows on some micro-batches
+    // decoder-only plans: some refs are chunks of split samples (format 4), each its own dataset sample here
+    const bool chunks = !encdec && rng() % 2 == 0;
     for (auto& mb : p.microbatches) {
-      for (auto s : mb.samples) mb.refs.push_back(SampleRef{s % 7, 1000000000000ull + s});
+      for (auto s : mb.samples) {
+        mb.refs.push_back(SampleRef{s % 7, 1000000000000ull + s, chunks && s % 3 == 1 ? 512u * s + 1 : 0u});
+      }
     }
   }
+  if (rng() % 2) {  // a context length every sample is within (format 4)
+    std::uint32_t longest = 0, longest_target = 0;
+    for (const auto& mb : p.microbatches) {
+      for (auto l : mb.lengths) longest = std::max(longest, l);
+      for (auto l : mb.target_lengths) longest_target = std::max(longest_target, l);
+    }
+    p.max_seq_len = longest + static_cast<std::uint32_t>(rng() % 3);
+    if (encdec) p.max_target_len = longest_target;
+  }
   return p;
+}
+
+// The header of an uncompressed blob `b` rewritten for its body as it is now: `version`, the body
+// sizes and the checksum.
+void reheader(std::vector<std::uint8_t>& b, std::uint16_t version) {
+  auto put = [&](std::size_t at, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b[at + i] = static_cast<std::uint8_t>(v >> (8 * i));
+  };
+  const std::uint64_t body = b.size() - 32;
+  put(4, version, 2);
+  put(8, body, 8);
+  put(16, body, 8);
+  put(24, XXH64(b.data() + 32, body, 0), 8);
+}
+
+// The blob of `p` as format 3 wrote it: the body without format 4's trailer (two zero varints and
+// no offsets), version 3. `p` has no context length and no chunks.
+std::vector<std::uint8_t> as_format3(const Plan& p) {
+  std::vector<std::uint8_t> b = encode_plan(p);
+  REQUIRE(b.size() > 35);
+  REQUIRE(std::vector<std::uint8_t>(b.end() - 3, b.end()) == std::vector<std::uint8_t>{0, 0, 0});
+  b.resize(b.size() - 3);
+  reheader(b, 3);
+  return b;
+}
+
+// `text` with its first `from` replaced by `to` (which must be there).
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  return text;
 }
 
 std::vector<std::uint8_t> bytes_of(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
@@ -70,6 +116,91 @@ TEST_CASE("plan format: JSON round trips are exact and agree with the binary for
     REQUIRE(plan_to_json(q) == j);
     REQUIRE(encode_plan(q) == encode_plan(p));
     CHECK(plan_to_json(p, -1) == plan_to_json(q, -1));
+  }
+}
+
+TEST_CASE("plan format 4: the context length and chunk offsets round-trip; formats 1-3 still read",
+          "[interface][regression]") {
+  Plan p = syn::random_plan("1f1b", 2, 1, 6, 9);
+  for (auto& mb : p.microbatches) {
+    mb.refs.assign(mb.samples.size(), SampleRef{1, 77, 0});
+  }
+  // One dataset sample split into consecutive chunks across the micro-batches.
+  std::uint32_t at = 0, longest = 0;
+  for (auto& mb : p.microbatches) {
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+      mb.refs[i].offset = at;
+      at += mb.lengths[i];
+      longest = std::max(longest, mb.lengths[i]);
+    }
+  }
+  p.max_seq_len = longest;
+  REQUIRE(validate(p).ok());
+  const auto blob = encode_plan(p);
+  const Plan q = decode_plan(blob.data(), blob.size());
+  CHECK(q == p);
+  CHECK(q.max_seq_len == longest);
+  CHECK(q.microbatches.back().refs.back().offset == p.microbatches.back().refs.back().offset);
+  const std::string j = plan_to_json(p);
+  CHECK(j.find("\"max_seq_len\": " + std::to_string(longest)) != std::string::npos);
+  CHECK(j.find("\"max_target_len\"") == std::string::npos);  // decoder-only: none written
+  CHECK(plan_from_json(j) == p);
+  CHECK(plan_to_json(plan_from_json(j)) == j);
+
+  // A format-3 blob (no trailer) reads as a plan with no context length and no offsets.
+  Plan whole = syn::random_plan("zero-bubble", 3, 1, 5, 4);
+  for (auto& mb : whole.microbatches) {
+    for (auto s : mb.samples) mb.refs.push_back(SampleRef{0, s});
+  }
+  const auto v3 = as_format3(whole);
+  const Plan r = decode_plan(v3.data(), v3.size(), "v3.plan");
+  CHECK(r == whole);
+  CHECK(r.max_seq_len == 0);
+  // Format 3 JSON takes neither field, nor a ref of three entries.
+  std::string js = plan_to_json(whole, -1);
+  const auto version = js.find("\"version\":4");
+  REQUIRE(version != std::string::npos);
+  js.replace(version, 11, "\"version\":3");
+  CHECK(plan_from_json(js) == whole);
+  auto with = [&](const std::string& from, const std::string& to) { return replaced(js, from, to); };
+  REQUIRE_THROWS_WITH(plan_from_json(with("\"iteration\":", "\"max_seq_len\":8,\"iteration\":"), "v3.json"),
+                      Catch::Matchers::Contains("/max_seq_len") && Catch::Matchers::Contains("format 4 has"));
+  const auto first_ref = js.find("\"refs\":[[");
+  REQUIRE(first_ref != std::string::npos);
+  std::string three = js;
+  three.insert(three.find(']', first_ref), ",5");  // the first ref gets an offset
+  REQUIRE_THROWS_WITH(plan_from_json(three, "v3.json"),
+                      Catch::Matchers::Contains("/refs/0") && Catch::Matchers::Contains("expected [task, index], found 3"));
+  // Format 4 reads it.
+  three.replace(three.find("\"version\":3"), 11, "\"version\":4");
+  const Plan chunked = plan_from_json(three, "v4.json");
+  CHECK(chunked.microbatches.front().refs.front().offset == 5);
+  // A corrupt trailer is an error naming the field.
+  std::vector<std::uint8_t> bad = encode_plan(whole);
+  REQUIRE(bad.back() == 0);  // has_offsets
+  bad.back() = 2;
+  REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan", false),
+                      Catch::Matchers::Contains("x.plan") && Catch::Matchers::Contains("field 'has_offsets'") &&
+                          Catch::Matchers::Contains("expected 0 or 1, found 2"));
+  // Canonical: offsets that are all 0 are not written (the same plan would re-encode otherwise).
+  bad.back() = 1;
+  std::size_t refs = 0;
+  for (const auto& mb : whole.microbatches) refs += mb.refs.size();
+  bad.insert(bad.end(), refs, 0);
+  reheader(bad, kPlanFormatVersion);
+  REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan"),
+                      Catch::Matchers::Contains("field 'has_offsets'") && Catch::Matchers::Contains("every offset is 0"));
+  // format 1-2 files still read (tests/data and the fuzz corpus hold them)
+  const std::string corpus = std::string(PACKPIPE_SOURCE_DIR) + "/tests/fuzz/corpus/plan/";
+  for (const char* f : {"cli_dp2_replicas.plans", "file_interleaved_encdec.plans", "gpipe_2x3.plan"}) {
+    const PlanFileReader old(corpus + f);
+    for (std::size_t i = 0; i < old.size(); ++i) {
+      const Plan o = old.read(i);
+      CHECK(o.max_seq_len == 0);
+      for (const auto& mb : o.microbatches) {
+        for (const auto& ref : mb.refs) CHECK(ref.offset == 0);
+      }
+    }
   }
 }
 
@@ -141,13 +272,7 @@ TEST_CASE("plan format: JSON errors name the field and expected versus found", "
   const Plan p = syn::random_plan("gpipe", 2, 1, 2, 4);
   std::string j = plan_to_json(p, -1);
   REQUIRE_THROWS_WITH(plan_from_json("{", "j.json"), Catch::Matchers::Contains("j.json") && Catch::Matchers::Contains("malformed JSON"));
-  auto replace = [&](const std::string& from, const std::string& to) {
-    std::string s = j;
-    const auto at = s.find(from);
-    REQUIRE(at != std::string::npos);
-    s.replace(at, from.size(), to);
-    return s;
-  };
+  auto replace = [&](const std::string& from, const std::string& to) { return replaced(j, from, to); };
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"op\":\"FWD\"", "\"op\":\"FORWARD\""), "j.json"),
                       Catch::Matchers::Contains("/op") && Catch::Matchers::Contains("FORWARD"));
   REQUIRE_THROWS_WITH(plan_from_json(replace("\"ranks\":2", "\"ranks\":\"two\""), "j.json"),

@@ -468,6 +468,47 @@ TEST_CASE("validator: every field a runtime or trainer reads is checked (mutatio
       if (!good.microbatches[0].refs.empty()) {
         refused("a dataset sample in two micro-batches", [](Plan& p) { p.microbatches[1].refs[0] = p.microbatches[0].refs[0]; });
       }
+      // The context length and the chunks of samples split at it (format 4).
+      const auto named = [](Plan& p) {  // every sample a dataset sample of its own
+        for (auto& mb : p.microbatches) {
+          mb.refs.clear();
+          for (auto s : mb.samples) mb.refs.push_back(SampleRef{0, s});
+        }
+      };
+      refused("a sample over the plan's context length", [](Plan& p) {
+        std::uint32_t longest = 0;
+        for (const auto& mb : p.microbatches) {
+          for (auto l : mb.lengths) longest = std::max(longest, l);
+        }
+        p.max_seq_len = longest - 1;
+      });
+      if (!encdec) {
+        refused("a decoder limit in a decoder-only plan", [](Plan& p) { p.max_target_len = 4096; });
+        refused("two chunks of one dataset sample that overlap", [&](Plan& p) {
+          named(p);
+          REQUIRE(p.microbatches[0].lengths[0] > 1);
+          p.microbatches[0].refs[0] = SampleRef{5, 5, 0};
+          p.microbatches[1].refs[0] = SampleRef{5, 5, p.microbatches[0].lengths[0] - 1};
+        });
+        Plan chunks = good;  // the same chunks one token apart are fine
+        named(chunks);
+        chunks.microbatches[0].refs[0] = SampleRef{5, 5, 0};
+        chunks.microbatches[1].refs[0] = SampleRef{5, 5, chunks.microbatches[0].lengths[0]};
+        const auto blob = encode_plan(chunks);
+        CHECK(validate(decode_plan(blob.data(), blob.size())).ok());
+      } else {
+        refused("a decoder side over max_target_len", [](Plan& p) {
+          std::uint32_t longest = 0;
+          for (const auto& mb : p.microbatches) {
+            for (auto l : mb.target_lengths) longest = std::max(longest, l);
+          }
+          p.max_target_len = longest - 1;
+        });
+        refused("a chunk of an encoder-decoder sample", [&](Plan& p) {
+          named(p);
+          p.microbatches[0].refs[0].offset = 3;
+        });
+      }
       // Tables against the streams.
       refused("a loss weight off by one unit in the last place", [](Plan& p) {
         p.microbatches[0].loss_weight = std::nextafter(p.microbatches[0].loss_weight, 2.0);
@@ -569,6 +610,22 @@ TEST_CASE("validator: the replicas of one iteration agree and share no sample", 
       v[2].microbatches[0].refs[0] = v[0].microbatches[0].refs[0];
     });
   }
+  // Chunks of one dataset sample may sit in several replicas, one token once.
+  auto chunk = [](std::vector<Plan>& v, std::uint32_t offset) {
+    for (auto& p : v) {
+      for (auto& mb : p.microbatches) {
+        mb.refs.clear();
+        for (auto s : mb.samples) mb.refs.push_back(SampleRef{0, s});
+      }
+    }
+    v[0].microbatches[0].refs[0] = SampleRef{9, 9, 0};
+    v[2].microbatches[0].refs[0] = SampleRef{9, 9, offset};
+  };
+  std::vector<Plan> apart = good;
+  chunk(apart, apart[0].microbatches[0].lengths[0]);
+  for (const auto& x : validate_replicas(apart)) FAIL(to_string(x));
+  REQUIRE(good[0].microbatches[0].lengths[0] > 1);
+  refused("chunks of one dataset sample overlapping across replicas", [&](std::vector<Plan>& v) { chunk(v, 1); });
   refused("a replica of another iteration", [](std::vector<Plan>& v) { v[1].iteration = 7; });
   refused("global tokens unlike the replicas' tokens", [](std::vector<Plan>& v) { for (auto& p : v) p.global_tokens += 1; });
   refused("another pipeline", [](std::vector<Plan>& v) { v[2].ranks = 3; });

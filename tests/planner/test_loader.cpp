@@ -21,6 +21,7 @@
 #include "dataloader/zstd_seekable.h"
 #include "packing/rows.h"
 #include "plan/format.h"
+#include "planner/context.h"
 #include "planner/epoch.h"
 #include "planner/loader.h"
 #include "tests/support/synthetic.h"
@@ -195,21 +196,24 @@ Reference reference(const pl::Plan& plan, std::size_t m, const TokenOptions& t) 
       const auto& [in, tg] = synthetic().samples[mb.refs[k].task][mb.refs[k].index];
       const std::uint32_t len = mb.lengths[k];
       if (!encdec) {
+        // tokens [o, o + len) of input then target (o > 0: a chunk of a sample split at the context length)
+        const std::size_t o = mb.refs[k].offset;
         Tokens whole = in;
         whole.insert(whole.end(), tg.begin(), tg.end());
-        REQUIRE(len <= whole.size());
+        REQUIRE(o + len <= whole.size());
         for (std::uint32_t p = 0; p < len; ++p) {
-          x.input_ids[pos + p] = whole[p];
+          x.input_ids[pos + p] = whole[o + p];
           x.position_ids[pos + p] = p;
-          const bool labelled = p + 1 < len && (plan.loss_mode == pl::LossMode::AllTokens || p + 1 >= in.size());
+          const bool labelled = p + 1 < len && (plan.loss_mode == pl::LossMode::AllTokens || o + p + 1 >= in.size());
           if (labelled) {
-            x.labels[pos + p] = whole[p + 1];
+            x.labels[pos + p] = whole[o + p + 1];
             ++x.loss_tokens;
           }
         }
         pos += len;
         continue;
       }
+      REQUIRE(mb.refs[k].offset == 0);
       const Tokens encoder = in.empty() ? Tokens{t.pad_id} : in;
       REQUIRE(len <= encoder.size());
       for (std::uint32_t p = 0; p < len; ++p) {
@@ -406,6 +410,57 @@ TEST_CASE("loader: a truncated decoder-only sample keeps its first tokens and th
   }
 }
 
+TEST_CASE("loader: the context length's chunks, truncations and drops follow the token rule", "[interface]") {
+  // The long task's samples (8,000 tokens, the input ending at 3,000, 500 and 6,000) over a context
+  // length of 700: chunks that start inside the input, straddle the boundary and start inside the
+  // target; every position below 700; the loss tokens the plan counts are the labels assembled.
+  for (const SeqPolicy policy : {SeqPolicy::Split, SeqPolicy::Truncate, SeqPolicy::Drop}) {
+    for (const pl::LossMode loss : {pl::LossMode::AllTokens, pl::LossMode::Targets}) {
+      for (const Rows rows : {Rows::Padded, Rows::Packing}) {
+        INFO(seq_policy_name(policy) << ", loss " << pl::loss_mode_name(loss) << ", rows " << static_cast<int>(rows));
+        PlannerOptions o = options(rows, loss);
+        o.context.max_seq_len = 700;
+        o.context.policy = policy;
+        EpochPlanner p(*synthetic().data, gpt(), o, spec(10000, true));
+        const auto its = drain(p);
+        ContextReport total;
+        std::uint64_t chunks_seen = 0;
+        for (const auto& it : its) {
+          total.truncated += it.context.truncated;
+          total.dropped += it.context.dropped;
+          total.split += it.context.split;
+          total.chunks += it.context.chunks;
+          CHECK(it.result.context == it.context);
+          for (const auto& plan : it.result.plans) {
+            CHECK(plan.max_seq_len == 700);
+            for (const auto& mb : plan.microbatches) {
+              for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+                CHECK(mb.lengths[i] <= 700);
+                chunks_seen += mb.refs[i].offset > 0 ? 1 : 0;
+              }
+            }
+          }
+        }
+        const std::uint64_t long_samples = 3;  // 8,000 tokens each; every other sample is under 100
+        CHECK(total.truncated == (policy == SeqPolicy::Truncate ? long_samples : 0));
+        CHECK(total.dropped == (policy == SeqPolicy::Drop ? long_samples : 0));
+        CHECK(total.split == (policy == SeqPolicy::Split ? long_samples : 0));
+        CHECK(total.chunks == (policy == SeqPolicy::Split ? long_samples * 12 : 0));  // ceil(8000 / 700)
+        CHECK(chunks_seen == (policy == SeqPolicy::Split ? long_samples * 11 : 0));
+        check_iterations(its, TokenOptions{});
+        for (const auto& it : its) {
+          for (const auto& plan : it.result.plans) {
+            for (std::size_t m = 0; m < plan.microbatches.size(); ++m) {
+              const RowLayout layout = microbatch_layout(plan, m);
+              for (const auto pos : layout.position_ids) CHECK(pos < 700);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("loader: assembly errors name the iteration, the micro-batch and the sample", "[negative]") {
   EpochPlanner p(*synthetic().data, gpt(), options(Rows::Packing, pl::LossMode::AllTokens), spec());
   PlannedIteration it;
@@ -442,7 +497,13 @@ TEST_CASE("loader: assembly errors name the iteration, the micro-batch and the s
   x.microbatches[0].padded_len += 2000;
   x.microbatches[0].lengths[0] += 1000;
   REQUIRE_THROWS_WITH(assemble_microbatch(data, x, 0, 0),
-                      Contains(where + ", sample 0") && Contains("is longer than the sample's"));
+                      Contains(where + ", sample 0") && Contains(") run past the sample's"));
+
+  x = plan;  // a chunk whose tokens end past its sample
+  x.microbatches[0].refs[0].offset = 100000;
+  REQUIRE_THROWS_WITH(assemble_microbatch(data, x, 0, 0),
+                      Contains(where + ", sample 0") && Contains("its chunk from token 100000") &&
+                          Contains("planned tokens [100000, ") && Contains("run past the sample's"));
 
   x = plan;
   x.microbatches[0].padded_len = 1;

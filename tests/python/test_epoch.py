@@ -58,7 +58,8 @@ def test_iterates_in_order_with_the_sampled_lengths(gpt, text):
     for it in its:
         assert isinstance(it, packpipe.PlannedIteration) and isinstance(it.result, packpipe.IterationResult)
         assert it.result.iteration == it.iteration and it.blobs == []
-        assert it.refs.dtype.names == ("task", "index") and np.all(it.refs["task"] == 0)
+        assert it.refs.dtype.names == ("task", "index", "offset") and np.all(it.refs["task"] == 0)
+        assert np.all(it.refs["offset"] == 0)  # whole samples: no context length
         idx = it.refs["index"]
         # decoder-only: a sample is one sequence of its input and target tokens
         assert it.input_lengths.dtype == np.uint32 and len(it.target_lengths) == 0
@@ -103,7 +104,7 @@ def test_encoder_decoder_manifest(tmp_path, megatron):
     assert [it.iteration for it in its] == [0, 1, 2]
     for it in its:
         assert len(it.target_lengths) == len(it.input_lengths) == len(it.refs) > 0
-        for (task, index), i, t in zip(it.refs.tolist(), it.input_lengths, it.target_lengths):
+        for (task, index, _), i, t in zip(it.refs.tolist(), it.input_lengths, it.target_lengths):
             inp, tgt = mt.lengths(task)
             assert (i, t) == (max(inp[index], 1), max(tgt[index], 1))  # an empty side counts one token
         b = packpipe.plan_batch(t5, it.input_lengths, it.target_lengths, shape=shape, iteration=it.iteration,
@@ -216,3 +217,28 @@ def test_early_break_and_exit_do_not_hang(megatron):
                        env={**os.environ})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "done"
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop", "split"])
+def test_context_length_plans_agree_with_the_cli_and_plan_batch(tmp_path, gpt, policy):
+    """One rule under a context length: plan_epoch, the CLI's plan file and plan_batch of the iteration's
+    lengths (within the context length already) give the same plans."""
+    cli = os.environ.get("PACKPIPE_CLI")
+    assert cli, "PACKPIPE_CLI is not set (run through ctest)"
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json")
+    out = tmp_path / "ctx.plans"
+    subprocess.run([cli, "plan", "--manifest", demo, "--model", "gpt-1.3b", "--stages", "4", "--layers-per-stage", "4",
+                    "--memory-mb", "36000", "--global-batch-tokens", "16384", "--seed", "11", "--iterations", "3",
+                    "--loss", "targets", "--no-baselines", "--max-seq-len", "512", "--seq-policy", policy,
+                    "--out", str(out)], check=True, capture_output=True)
+    reader = packpipe.PlanFileReader(str(out))
+    ds = packpipe.MultiTaskDataset(demo)
+    kw = dict(shape=SHAPE, global_batch_tokens=16384, seed=11, loss="targets", max_seq_len=512, seq_policy=policy)
+    its = list(packpipe.plan_epoch(gpt, ds, iterations=3, encode=True, **kw))
+    assert len(reader) == len(its) == 3
+    for it in its:
+        assert it.blobs[0] == reader.read(it.iteration).to_bytes()
+        b = packpipe.plan_batch(gpt, it.input_lengths, shape=SHAPE, seed=11, loss="targets", max_seq_len=512,
+                                seq_policy=policy, iteration=it.iteration, loss_tokens=it.loss_tokens, refs=it.refs)
+        assert [p.to_bytes() for p in b.plans] == it.blobs
+        assert b.seq_truncated == b.seq_dropped == b.seq_split == 0  # the lengths are within it already

@@ -62,16 +62,19 @@ def reference(ds, plan, m, *, ignore_index=-100, pad_id=0, decoder_start_id=0):
             n = mb["lengths"][k]
             out["position_ids"][r, at:at + n] = np.arange(n)
             if not encdec:
-                tokens = np.concatenate([inp, tgt])[:n]  # a truncated sample keeps its first tokens
+                # a truncated sample keeps its first tokens; a chunk of a split sample is its tokens from its offset
+                o = mb["offsets"][k]
+                tokens = np.concatenate([inp, tgt])[o:o + n]
                 assert len(tokens) == n
                 labels = np.full(n, ignore_index, np.int64)
                 labels[:-1] = tokens[1:]
                 if plan.loss_mode == "targets":
-                    labels[:max(len(inp) - 1, 0)] = ignore_index  # only where the next token is a target
+                    labels[:max(len(inp) - 1 - o, 0)] = ignore_index  # only where the next token is a target
                 out["input_ids"][r, at:at + n] = tokens
                 out["labels"][r, at:at + n] = labels
                 loss += int(np.count_nonzero(labels != ignore_index))
             else:
+                assert mb["offsets"][k] == 0  # encoder-decoder samples are never split
                 encoder = inp if len(inp) else np.array([pad_id], np.int64)
                 out["input_ids"][r, at:at + n] = encoder[:n]
                 t = mb["target_lengths"][k]
@@ -300,3 +303,73 @@ def test_clear_errors(demo, gpt, tmp_path):
     good = next(packpipe.plan_epoch(gpt, demo, shape=SHAPE, global_batch_tokens=300)).result.plans[0]
     with pytest.raises(ValueError, match="is this the plan's dataset"):
         packpipe.assemble_microbatch(other, good, 0, 0)
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop", "split"])
+@pytest.mark.parametrize("loss", ["all", "targets"])
+def test_context_length_keeps_every_position_below_it(gpt, policy, loss):
+    """The whole demo (samples up to ~3,000 tokens) at max_seq_len=1024: every plan's lengths and every
+    position a loader emits stay below 1024, and the tensors follow the token rule (a chunk of a split
+    sample is its tokens from its offset, labelled within the chunk)."""
+    ds = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    kw = dict(shape=SHAPE, global_batch_tokens=32768, loss=loss, iterations=3, seed=5, max_seq_len=1024,
+              seq_policy=policy, validate=True)
+    its = list(packpipe.plan_epoch(gpt, ds, **kw))
+    over = {"truncate": 0, "drop": 0, "split": 0}
+    for it in its:
+        over["truncate"] += it.result.seq_truncated
+        over["drop"] += it.result.seq_dropped
+        over["split"] += it.result.seq_split
+        assert it.input_lengths.max() <= 1024 and (it.sample_lengths >= it.input_lengths).all()
+        assert len(it.sample_lengths) == len(it.input_lengths) == len(it.refs) == len(it.trained_input_lengths)
+        np.testing.assert_array_equal(it.trained_input_lengths, it.input_lengths)  # memory fits: nothing cut
+        np.testing.assert_array_equal(it.trained_loss_tokens, it.loss_tokens)
+        if policy == "split":
+            # the chunks of a sample: consecutive offsets from 0, covering the whole sample
+            ends = {}
+            for (task, index, offset), n, whole in zip(it.refs.tolist(), it.input_lengths, it.sample_lengths):
+                assert offset == ends.get((task, index), 0)
+                ends[(task, index)] = offset + int(n)
+                assert ends[(task, index)] <= whole
+            assert all(ends[k] == ds.lengths(k[0])[0][k[1]] + ds.lengths(k[0])[1][k[1]] for k in ends)
+        else:
+            assert (it.refs["offset"] == 0).all()
+        if policy == "drop":
+            assert len(it.result.seq_dropped_refs) == it.result.seq_dropped == len(it.result.seq_dropped_samples)
+            for task, index, _ in it.result.seq_dropped_refs.tolist():
+                inp, tgt = ds.lengths(task)
+                assert inp[index] + tgt[index] > 1024
+        for plan in it.result.plans:
+            assert plan.max_seq_len == 1024 and plan.max_target_len == 0
+            trained = [n for mb in plan.microbatches for n in mb["lengths"]]
+            assert max(trained) <= 1024
+    assert over[policy] > 0 and sum(over.values()) == over[policy]
+    loader = packpipe.RankLoader(ds, packpipe.plan_epoch(gpt, ds, **kw), rank=None)
+    positions = 0
+    for it in loader:
+        check_loads(ds, it.plan, it.loads)
+        for t in it.loads:
+            if t.position_ids is not None:
+                assert t.position_ids.max() < 1024
+                positions += t.position_ids.size
+        for m in range(len(it.plan.microbatches)):
+            assert packpipe.microbatch_layout(it.plan, m)["position_ids"].max() < 1024
+    assert positions > 0
+
+
+def test_context_length_of_an_encoder_decoder_model(t5):
+    ds = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    kw = dict(shape=SHAPE, global_batch_tokens=32768, iterations=2, seed=5, max_seq_len=1024, max_target_len=64)
+    loader = packpipe.RankLoader(ds, packpipe.plan_epoch(t5, ds, **kw), rank=None)
+    cut = 0
+    for it in loader:
+        assert (it.plan.max_seq_len, it.plan.max_target_len) == (1024, 64)
+        for mb in it.plan.microbatches:
+            assert max(mb["lengths"]) <= 1024 and max(mb["target_lengths"]) <= 64
+        check_loads(ds, it.plan, it.loads)
+    for it in packpipe.plan_epoch(t5, ds, **kw):
+        cut += it.result.seq_truncated
+        assert (it.trained_target_lengths <= 64).all() and (it.sample_target_lengths >= it.target_lengths).all()
+    assert cut > 0
+    with pytest.raises(ValueError, match="seq_policy 'split' is for decoder-only models"):
+        packpipe.plan_epoch(t5, ds, **dict(kw, seq_policy="split"))

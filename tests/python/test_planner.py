@@ -219,12 +219,15 @@ def test_plan_batch_refs_name_a_sample_that_does_not_fit():
     ([(0, 1), (0, 2), (-2, 2), (0, 3)], r"refs\[2\] task must not be negative, found -2"),
     ([(2**32, 1)] * 4, r"refs\[0\] task must be at most 4294967295, found 4294967296"),
     ([(0, 1.0)] * 4, r"refs\[0\] index must be an integer, found 1.0 of type float"),
-    ([(0, 1, 2)] * 4, r"refs\[0\] must be a \(task, index\) pair of integers, found \(0, 1, 2\)"),
+    ([(0, 1, 2, 3)] * 4, r"refs\[0\] must be a \(task, index\) pair or a \(task, index, offset\) triple of "
+                         r"integers, found \(0, 1, 2, 3\)"),
+    ([(0, 1, -2)] * 4, r"refs\[0\] offset must not be negative, found -2"),
     (np.zeros(4, dtype=[("task", "<u8"), ("index", "<u8")]),
-     r"refs must be a structured array with fields task \(uint32\) and index \(uint64\).*found dtype "
-     r"\[\('task', '<u8'\), \('index', '<u8'\)\]"),
-    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<i8")]), r"fields task \(uint32\) and index \(uint64\)"),
-    (np.arange(4, dtype=np.uint64), r"or a sequence of \(task, index\) pairs; found an array of dtype uint64 and "
+     r"refs must be a structured array with fields task \(uint32\), index \(uint64\) and optionally offset "
+     r"\(uint32\).*found dtype \[\('task', '<u8'\), \('index', '<u8'\)\]"),
+    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<i8")]), r"fields task \(uint32\), index \(uint64\)"),
+    (np.zeros(4, dtype=[("task", "<u4"), ("index", "<u8"), ("offset", "<i4")]), r"optionally offset \(uint32\)"),
+    (np.arange(4, dtype=np.uint64), r"or \(task, index, offset\) triples; found an array of dtype uint64 and "
                                     r"shape \(4,\)"),
     (np.zeros((4, 1), dtype=REF_DTYPE), "refs must be one-dimensional, found 2 dimensions"),
     ("0123", "found '0123' of type str"),
@@ -233,3 +236,60 @@ def test_plan_batch_refs_name_a_sample_that_does_not_fit():
 def test_plan_batch_refuses_bad_refs(refs, message):
     with pytest.raises(ValueError, match=message):
         packpipe.plan_batch(gpt(), [100, 200, 300, 400], refs=refs)
+
+
+def test_plan_batch_context_length_truncates_or_drops_lengths_given_directly():
+    lengths = np.array([300, 2000, 40, 5000, 7], dtype=np.uint32)
+    loss = np.array([299, 1000, 39, 4999, 6], dtype=np.uint32)
+    refs = [(0, k) for k in range(5)]
+    shape = PipelineShape(stages=4, layers_per_stage=4)
+    r = packpipe.plan_batch(gpt(), lengths, shape=shape, loss_tokens=loss, refs=refs, max_seq_len=1024,
+                            seq_policy="drop", validate=True)
+    assert (r.seq_dropped, r.seq_truncated, r.seq_split, r.seq_chunks) == (2, 0, 0, 0)
+    assert r.seq_dropped_samples.tolist() == [1, 3]
+    assert r.seq_dropped_refs[["task", "index"]].tolist() == [(0, 1), (0, 3)]
+    assert r.samples == 3 and r.tokens == 347
+    # samples stay positions in input_lengths; the dropped ones are in no micro-batch
+    ids = sorted(s for p in r.plans for mb in p.microbatches for s in mb["samples"])
+    assert ids == [0, 2, 4]
+    assert all(mb["refs"] == [refs[s] for s in mb["samples"]] for p in r.plans for mb in p.microbatches)
+    assert r.trained_input_lengths.tolist() == [300, 0, 40, 0, 7]
+    assert r.trained_loss_tokens.tolist() == [299, 0, 39, 0, 6]
+    assert all(p.max_seq_len == 1024 for p in r.plans)
+
+    t = packpipe.plan_batch(gpt(), lengths, shape=shape, loss_tokens=loss, max_seq_len=1024, validate=True)
+    assert (t.seq_truncated, t.seq_dropped) == (2, 0) and t.samples == 5
+    assert t.trained_input_lengths.tolist() == [300, 1024, 40, 1024, 7]
+    # one loss token per token cut (never below 0)
+    assert t.trained_loss_tokens.tolist() == [299, 1000 - 976, 39, 4999 - 3976, 6]
+    assert len(t.trained_target_lengths) == 0 and len(t.seq_dropped_refs) == 0
+    plain = packpipe.plan_batch(gpt(), lengths, shape=shape)
+    assert plain.plans[0].max_seq_len == 0 and plain.seq_truncated == 0
+    assert plain.trained_input_lengths.tolist() == lengths.tolist()
+
+    with pytest.raises(ValueError, match=r"iteration 0: sample 1 has 2000 tokens, more than max_seq_len 1024; "
+                                         r"seq_policy 'split' cuts samples into chunks where a global batch is "
+                                         r"sampled"):
+        packpipe.plan_batch(gpt(), lengths, shape=shape, max_seq_len=1024, seq_policy="split")
+    # split within the context length changes nothing; chunks given directly keep their offsets
+    s = packpipe.plan_batch(gpt(), [1024, 976], shape=shape, max_seq_len=1024, seq_policy="split",
+                            refs=[(0, 1, 0), (0, 1, 1024)], validate=True)
+    assert sorted(o for p in s.plans for mb in p.microbatches for o in mb["offsets"]) == [0, 1024]
+    t5 = packpipe.CostModel("t5-770m", "A100-80GB")
+    e = packpipe.plan_batch(t5, [2000, 30], [100, 300], shape=PipelineShape(stages=2), max_seq_len=1024,
+                            max_target_len=128)
+    assert e.seq_truncated == 2 and e.trained_input_lengths.tolist() == [1024, 30]
+    assert e.trained_target_lengths.tolist() == [100, 128] and e.plans[0].max_target_len == 128
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_seq_len=-1), "max_seq_len must not be negative, found -1"),
+    (dict(max_seq_len=2**32), "max_seq_len must be at most 4294967295"),
+    (dict(max_seq_len=1.5), "max_seq_len must be an integer"),
+    (dict(max_target_len=-3), "max_target_len must not be negative"),
+    (dict(max_seq_len=64, seq_policy="cut"), r"unknown sequence policy 'cut' \(expected truncate, drop, split\)"),
+    (dict(max_seq_len=64, max_target_len=16), "max_target_len 16 is for encoder-decoder models"),
+])
+def test_context_length_arguments_are_checked(kw, message):
+    with pytest.raises(ValueError, match=message):
+        packpipe.plan_batch(gpt(), [100, 200], shape=PipelineShape(stages=4, layers_per_stage=4), **kw)

@@ -883,6 +883,13 @@ class Plan:
     @property
     def tied_embedding(self) -> bool:
         """Whether the embedding and the LM head share a weight (REDUCE_TIED)."""
+    @property
+    def max_seq_len(self) -> int:
+        """The context length planned for (0: none): every microbatches[m]["lengths"] entry is at most it;
+        position ids restart at 0 for each sample and chunk, so they stay below it."""
+    @property
+    def max_target_len(self) -> int:
+        """Encoder-decoder plans: the decoder side's limit (0: none)."""
     def world_rank(self, replica: int, rank: int) -> int:
         """World rank of pipeline rank `rank` of replica `replica`."""
     @property
@@ -911,7 +918,9 @@ class Plan:
         """Tensor shapes (rows, seq, hidden, enc_seq, dtype, bytes)."""
     @property
     def microbatches(self) -> List[Dict[str, Any]]:
-        """Micro-batches (rows, lengths, tokens, loss_weight, samples, refs, row_offsets, recompute)."""
+        """Micro-batches (rows, lengths, tokens, loss_weight, samples, refs as (task, index) pairs, offsets (per
+        ref, where a chunk of a split sample starts in its tokens; 0 for a whole sample), row_offsets,
+        recompute)."""
     @property
     def streams(self) -> List[List[Instruction]]:
         """Per rank, a list of Instruction objects (copies)."""
@@ -1068,6 +1077,35 @@ class IterationResult:
     def dropped(self) -> int:
         """Samples the oversize policy dropped."""
     @property
+    def seq_truncated(self) -> int:
+        """Samples the context length (max_seq_len) truncated."""
+    @property
+    def seq_dropped(self) -> int:
+        """Samples the context length dropped (seq_policy='drop'): in no micro-batch."""
+    @property
+    def seq_split(self) -> int:
+        """Samples the context length split into chunks (seq_policy='split')."""
+    @property
+    def seq_chunks(self) -> int:
+        """Samples of the global batch the split samples became."""
+    @property
+    def seq_dropped_samples(self) -> npt.NDArray[np.uint32]:
+        """Positions of the samples the context length dropped, in the batch as given (plan_batch:
+        input_lengths; plan_epoch: the sampled global batch)."""
+    @property
+    def seq_dropped_refs(self) -> np.ndarray:
+        """The dropped samples' refs (PlannedIteration.refs' dtype; empty without refs)."""
+    @property
+    def trained_input_lengths(self) -> npt.NDArray[np.uint32]:
+        """Per sample of the batch planned, the tokens trained: after the context length and the memory
+        oversize policy, 0 for a dropped sample; what Plan.microbatches[m]["lengths"] record, in batch order."""
+    @property
+    def trained_target_lengths(self) -> npt.NDArray[np.uint32]:
+        """Decoder tokens trained per sample (encoder-decoder; empty for decoder-only models)."""
+    @property
+    def trained_loss_tokens(self) -> npt.NDArray[np.uint32]:
+        """Loss tokens trained per sample (0 for a dropped sample)."""
+    @property
     def model_flops(self) -> float:
         """Forward + backward FLOPs of the real samples (no padding, no recompute)."""
     @property
@@ -1129,13 +1167,34 @@ class PlannedIteration:
         """The batch's index in its epoch."""
     @property
     def input_lengths(self) -> np.ndarray:
-        """uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them."""
+        """uint32 input lengths (decoder-only: whole samples), in batch order, as planning saw them: after the
+        context length (max_seq_len: a split sample is one entry per chunk, a dropped one has none), before the
+        memory oversize policy. What was trained: trained_input_lengths; before the context length:
+        sample_lengths."""
     @property
     def target_lengths(self) -> np.ndarray:
-        """uint32 target lengths (encoder-decoder; empty for decoder-only models)."""
+        """uint32 target lengths as planning saw them (encoder-decoder; empty for decoder-only models)."""
     @property
     def refs(self) -> np.ndarray:
-        """Each sample's (task, index) in the dataset: a structured array with fields task and index."""
+        """Each entry's sample in the dataset: a structured array with fields task (u4), index (u8) and offset
+        (u4: where a chunk of a sample split at the context length starts in its tokens; 0 for a whole sample)."""
+    @property
+    def trained_input_lengths(self) -> npt.NDArray[np.uint32]:
+        """Tokens each entry of input_lengths trains: after the context length and the memory oversize
+        policy, 0 for a dropped sample; what Plan.microbatches[m]["lengths"] record."""
+    @property
+    def trained_target_lengths(self) -> npt.NDArray[np.uint32]:
+        """Decoder tokens each entry trains (encoder-decoder; empty for decoder-only models)."""
+    @property
+    def trained_loss_tokens(self) -> npt.NDArray[np.uint32]:
+        """Loss tokens each entry trains (0 for a dropped sample)."""
+    @property
+    def sample_lengths(self) -> npt.NDArray[np.uint32]:
+        """Per entry of input_lengths, its dataset sample's length before the context length (a chunk: its
+        whole sample's; decoder-only: input + target)."""
+    @property
+    def sample_target_lengths(self) -> npt.NDArray[np.uint32]:
+        """Per entry, its dataset sample's target length before the context length (encoder-decoder)."""
     @property
     def result(self) -> IterationResult:
         """The IterationResult."""
@@ -1168,12 +1227,18 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                loss_tokens: Optional[_Lengths] = None, loss: str = "all", tied_embedding: bool = False,
                dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False,
-               refs: Optional[Union[np.ndarray, Sequence[Tuple[int, int]]]] = None) -> IterationResult:
+               refs: Optional[Union[np.ndarray, Sequence[Tuple[int, ...]]]] = None,
+               max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate") -> IterationResult:
     """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
 
     A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
-    its dataset (a structured array with fields task u4 and index u8, as PlannedIteration.refs, or
-    (task, index) pairs), recorded in Plan.microbatches[m]["refs"]; None: no refs."""
+    its dataset (a structured array with fields task u4, index u8 and optionally offset u4, as
+    PlannedIteration.refs, or (task, index) pairs or (task, index, offset) triples), recorded in
+    Plan.microbatches[m]["refs"] (and "offsets"); None: no refs. max_seq_len: the context length (0: none;
+    encoder-decoder: the encoder side, max_target_len the decoder side, 0: max_seq_len); seq_policy
+    'truncate' keeps a longer sample's first tokens, 'drop' leaves it out (IterationResult.seq_dropped_samples:
+    positions in input_lengths), before the memory oversize policy; 'split' needs the samples' tokens
+    (plan_epoch) and raises ValueError for a sample over the context length."""
 
 def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: PipelineShape = ...,
                options: PartitionOptions = ..., global_batch_tokens: int = 0, global_batch_samples: int = 0,
@@ -1182,8 +1247,16 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                baseline_mbs: List[int] = ..., threads: int = 0, depth: int = 0, encode: bool = False,
                compress: bool = False, loss: str = "all", tied_embedding: bool = False, dtype: str = "bf16",
                split_backward: bool = True, schedule_family: str = "any",
-               schedule_fallback: bool = False) -> EpochPlanner:
-    """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order."""
+               schedule_fallback: bool = False, max_seq_len: int = 0, max_target_len: int = 0,
+               seq_policy: str = "truncate") -> EpochPlanner:
+    """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order.
+
+    max_seq_len: the context length, every sample's tokens at most this (0: none; encoder-decoder: the
+    encoder side, max_target_len the decoder side, 0: max_seq_len), recorded in the plans
+    (Plan.max_seq_len). seq_policy: 'truncate' (keep the first tokens), 'drop' (leave the sample out,
+    IterationResult.seq_dropped_refs) or 'split' (decoder-only: consecutive chunks of at most max_seq_len
+    tokens, each a sample of its own, as Megatron's --seq-length; refs carry each chunk's offset). Applied
+    where each global batch is sampled, before the memory oversize policy (PartitionOptions.oversize)."""
 
 # ---- measurements of executed plans --------------------------------------------------------------
 
