@@ -13,6 +13,10 @@ calibration: the small GPT trained twice side by side (iteration by iteration al
             analytic model with no profile: one loader keeps it, the other is calibrated by
             packpipe.torch.Calibrator after --calibrate-after measured iterations and re-plans; after
             the boundary, the median |predicted - measured| / measured iteration time of each.
+warmup:     the cost of PlanLoader's default calibration (calibrate="auto"): it beside a loader that
+            plans with a calibration from its first iteration, the same --iterations alternating step
+            by step; the extra time of the steps up to the fit over the whole run, and the time spent
+            in the loader's calibration work.
 throughput: the small GPT trained for real on the same global batches with packpipe's plans (dynamic
             micro-batches, schedule search) and with the Megatron baselines, fixed micro-batches
             padded to their longest sample and packed rows, each at every micro-batch size of the
@@ -37,6 +41,7 @@ import torch.distributed as dist
 import packpipe
 import packpipe.torch as pt
 from packpipe import _check
+from packpipe.torch import data as pt_data
 from packpipe.torch import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +64,12 @@ def setup(a, tmp):
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
                            max_positions=4096)
     return cfg, models.cost_model(cfg, tmp), packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+
+
+def progress(text):
+    """One line of progress on rank 0's stderr (long runs: minutes per round)."""
+    if dist.get_rank() == 0:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def timed(fn):
@@ -193,13 +204,13 @@ def baseline_configs(a, data):
     out = []
     for k in a.grid:
         out.append((f"fixed (mbs {k})", "fixed", dict(one_f, options=packpipe.PartitionOptions(method="fixed", mbs=k))))
-    for f in (1, 2, 4):
+    for f in a.budgets:
         out.append((f"tokens (budget {f * cap})", "tokens",
                     dict(one_f, options=packpipe.PartitionOptions(method="tokens", tokens=f * cap))))
     for k in a.grid:
         out.append((f"packing (capacity {cap} x {k} rows)", "packing",
                     dict(one_f, options=packpipe.PartitionOptions(method="packing", mbs=k, capacity=cap))))
-    for f in (1, 2, 4):
+    for f in a.budgets:
         out.append((f"wlb (capacity {f * cap})", "wlb",
                     dict(one_f, options=packpipe.PartitionOptions(method="wlb", capacity=f * cap))))
     return out
@@ -251,6 +262,7 @@ def throughput(a, groups, tmp):
             rep = cal.observe(it, r)
             report = rep or report
         runner.close()
+        progress(f"calibration: side {c + 1}/{len(configs)} ({name}) measured")
     calibrated = packpipe.CalibratedCostModel(base, packpipe.Calibration.from_json(report.calibration_json, "fit"))
     calibration_s = time.perf_counter() - t0
     # 2. The measured sides, planned with the calibrated model.
@@ -271,6 +283,7 @@ def throughput(a, groups, tmp):
             ms = timed(lambda: [r["runner"].run(it) for it in r["its"]])
             if rnd > 0:
                 r["ms"].append(ms)
+            progress(f"round {rnd}/{a.rounds}{' (warm-up)' if rnd == 0 else ''}: {name} {ms:.0f} ms")
     out = {"mode": "throughput", "workload": a.workload, "iterations": a.iterations, "rounds": a.rounds,
            "ranks": groups.pp, "dp": groups.dp, "global_batch_tokens": a.tokens,
            "calibration": {"summary": report.summary(), "seconds": calibration_s,
@@ -367,9 +380,74 @@ def calibration(a, groups, tmp):
     return out
 
 
+def warmup(a, groups, tmp):
+    """What calibrating by default costs: a loader with calibrate="auto" (unmeasured warm-up steps,
+    measured steps, the fit, re-planning) beside one that plans with a calibration from its first
+    iteration (fitted beforehand on other batches), the same iterations alternating step by step."""
+    cfg, base, data = setup(a, tmp)
+    shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
+    common = dict(replica=groups.replica, rank=groups.pipeline_rank, shape=shape, global_batch_tokens=a.tokens,
+                  seed=a.seed, dtype="fp32", split_backward=False, schedule="search",
+                  options=packpipe.PartitionOptions(method="dp"))
+    # The side calibrated from the start: a calibration fitted by the same default rule on epoch 1.
+    settings = dict(pt_data.AUTO_CALIBRATION)
+    pilot = pt.PlanLoader(data, cost_model=base, epoch=1, calibrate="auto",
+                          iterations=settings["warmup"] + settings["fit_after"], **common)
+    pilot_its = list(pilot)
+    runner = runner_for(cfg, pilot_its, groups)
+    for it in pilot_its:
+        runner.run(it)
+    runner.close()
+    (report,) = pilot.calibration_reports
+    calibrated = packpipe.CalibratedCostModel(base, packpipe.Calibration.from_json(report.calibration_json, "pilot"))
+    progress(f"pilot calibration: {report.summary()}")
+    sides = {"auto": pt.PlanLoader(data, cost_model=base, iterations=a.iterations, calibrate="auto", **common),
+             "calibrated": pt.PlanLoader(data, cost_model=calibrated, iterations=a.iterations, calibrate=False,
+                                         **common)}
+    state = {name: {"iter": iter(ld), "runner": None, "ms": [], "observe_ms": 0.0} for name, ld in sides.items()}
+    fit_at = settings["warmup"] + settings["fit_after"]  # the auto side's plans are calibrated from this step
+    for i in range(a.iterations):
+        for name in (("auto", "calibrated") if i % 2 == 0 else ("calibrated", "auto")):
+            sd = state[name]
+            it = next(sd["iter"])
+            if sd["runner"] is None:
+                sd["runner"] = runner_for(cfg, [it], groups)
+            observer = getattr(it, "_observer", None)
+            if observer is not None:  # time the loader's own calibration work inside the step
+                def timed_observer(iteration, result, _f=observer, _sd=sd):
+                    t0 = time.perf_counter()
+                    out = _f(iteration, result)
+                    _sd["observe_ms"] += (time.perf_counter() - t0) * 1e3
+                    return out
+                it._observer = timed_observer
+            sd["ms"].append(timed(lambda: sd["runner"].run(it)))
+        if (i + 1) % 10 == 0:
+            progress(f"warmup: {i + 1}/{a.iterations} iterations")
+    for sd in state.values():
+        sd["runner"].close()
+    auto, cal = state["auto"], state["calibrated"]
+    t_auto, t_cal = sum(auto["ms"]), sum(cal["ms"])
+    head_auto, head_cal = sum(auto["ms"][:fit_at + 1]), sum(cal["ms"][:fit_at + 1])
+    rest_auto, rest_cal = sum(auto["ms"][fit_at + 1:]), sum(cal["ms"][fit_at + 1:])
+    obs = torch.tensor([auto["observe_ms"]], dtype=torch.float64)
+    dist.all_reduce(obs, op=dist.ReduceOp.MAX)
+    reports = sides["auto"].calibration_reports
+    return {"mode": "warmup", "workload": a.workload, "iterations": a.iterations, "ranks": groups.pp,
+            "dp": groups.dp, "global_batch_tokens": a.tokens, "auto_settings": settings,
+            "auto_ms": auto["ms"], "calibrated_ms": cal["ms"], "total_auto_ms": t_auto, "total_calibrated_ms": t_cal,
+            "warmup_steps_auto_ms": head_auto, "warmup_steps_calibrated_ms": head_cal,
+            "after_auto_ms": rest_auto, "after_calibrated_ms": rest_cal,
+            "calibration_work_ms_slowest_rank": float(obs),
+            # what the default costs: the extra time of the steps up to and including the fit, over the run
+            "warmup_cost_fraction": (head_auto - head_cal) / t_cal,
+            "total_ratio_auto_over_calibrated": t_auto / t_cal,
+            "fit": reports[0].summary() if reports else None,
+            "pilot_fit": report.summary()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["overhead", "throughput", "calibration"])
+    ap.add_argument("mode", choices=["overhead", "throughput", "calibration", "warmup"])
     ap.add_argument("--workload", choices=["short", "demo"], default="short",
                     help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens)")
     i = _check.arg_int
@@ -380,6 +458,8 @@ def main():
     ap.add_argument("--layers", type=i(1, 2 ** 16), default=4)
     ap.add_argument("--vocab", type=i(1, 2 ** 31 - 1), default=2048)
     ap.add_argument("--grid", type=i(1, 2 ** 31), nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
+    ap.add_argument("--budgets", type=i(1, 2 ** 20), nargs="+", default=[1, 2, 4],
+                    help="throughput: token budgets and WLB capacities, in multiples of the longest sample's power of 2")
     ap.add_argument("--seed", type=i(0, 2 ** 63 - 1), default=5)
     ap.add_argument("--calibrate-after", type=i(1, _check.MAX_COUNT), default=20,
                     help="calibration: measured iterations before the fit")
@@ -406,7 +486,8 @@ def main():
     world = dist.get_world_size()
     pp = a.pp or world
     groups = pt.ProcessGroups.create(pp, world // pp)
-    out = {"overhead": overhead, "throughput": throughput, "calibration": calibration}[a.mode](a, groups, tmp)
+    out = {"overhead": overhead, "throughput": throughput, "calibration": calibration,
+           "warmup": warmup}[a.mode](a, groups, tmp)
     out["torch"] = torch.__version__
     out["threads_per_rank"] = torch.get_num_threads()
     if dist.get_rank() == 0:
