@@ -243,6 +243,8 @@ def throughput(a, groups, tmp):
     cfg, base, data = setup(a, tmp)
     packpipe_kw = {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")}
     configs = [("packpipe", "packpipe", packpipe_kw)] + baseline_configs(a, data)
+    if a.only:  # packpipe and the baseline settings whose name holds one of the given texts
+        configs = [c for c in configs if c[0] == "packpipe" or any(t in c[0] for t in a.only)]
     # 1. Calibration: every side's plans of other batches (side c plans epoch 1 + c) run with the
     # base model; one fit over all of their steps (rank 0 fits, every rank gets the same file).
     t0 = time.perf_counter()
@@ -458,6 +460,9 @@ def main():
     ap.add_argument("--layers", type=i(1, 2 ** 16), default=4)
     ap.add_argument("--vocab", type=i(1, 2 ** 31 - 1), default=2048)
     ap.add_argument("--grid", type=i(1, 2 ** 31), nargs="+", default=[2, 4, 8], help="baseline micro-batch sizes")
+    ap.add_argument("--only", nargs="+", default=[],
+                    help="throughput: only the baseline settings whose name contains one of these texts "
+                         "(e.g. 'packing (capacity 128 x 2' wlb); packpipe always runs")
     ap.add_argument("--budgets", type=i(1, 2 ** 20), nargs="+", default=[1, 2, 4],
                     help="throughput: token budgets and WLB capacities, in multiples of the longest sample's power of 2")
     ap.add_argument("--seed", type=i(0, 2 ** 63 - 1), default=5)
