@@ -255,7 +255,7 @@ void define_plan(py::module_& m) {
                              });
   def_ints(plan_cls, "instructions", &stream_array, py::arg("rank"),
            "Rank's stream as a numpy structured array (opcode u1; mb, stage, peer, in, in2, out, shape i4, -1 = absent)");
-  plan_cls.def("validate",
+  def_ints(plan_cls, "validate",
            [](const pl::Plan& p, bool count_buffers) {
              pl::ValidateOptions o;
              o.count_buffers = count_buffers;
@@ -266,8 +266,8 @@ void define_plan(py::module_& m) {
              }
              return report_dict(p, rep);
            },
-           py::arg("count_buffers") = false, "Every check of the validator; a dict with ok, violations and peaks")
-      .def("validate_or_throw",
+           py::arg("count_buffers") = false, "Every check of the validator; a dict with ok, violations and peaks");
+  plan_cls.def("validate_or_throw",
            [](const pl::Plan& p) {
              py::gil_scoped_release release;
              pl::validate_or_throw(p);
@@ -275,9 +275,7 @@ void define_plan(py::module_& m) {
            "Raises RuntimeError listing the first violations");
   def_ints(plan_cls, "to_json", [](const pl::Plan& p, int indent, std::int64_t rank) { return pl::plan_to_json(p, indent, rank); },
            py::arg("indent") = 1, py::arg("rank") = -1);
-  plan_cls.def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
-                  py::arg("text"))
-      .def("to_bytes",
+  def_ints(plan_cls, "to_bytes",
            [](const pl::Plan& p, bool compress) {
              pl::EncodeOptions o;
              o.compress = compress;
@@ -288,7 +286,9 @@ void define_plan(py::module_& m) {
              }
              return to_bytes(b);
            },
-           py::arg("compress") = false, "The binary form")
+           py::arg("compress") = false, "The binary form");
+  plan_cls.def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
+                  py::arg("text"))
       .def_static("from_bytes",
                   [](const py::bytes& b) {
                     const std::string s = b;
@@ -353,9 +353,9 @@ void define_plan(py::module_& m) {
            "16 hex digits identifying the plans the file holds (loader states carry it)");
 
   py::reinterpret_borrow<py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>>(m.attr("PlanFileWriter"))
-      .def(py::init([](const std::string& path, bool compress) {
+      .def(py::init([](const std::string& path, const BoolArg& compress) {
              pl::EncodeOptions o;
-             o.compress = compress;
+             o.compress = bool_of(compress, "compress");
              return std::make_shared<pl::PlanFileWriter>(path, o);
            }),
            py::arg("path"), py::arg("compress") = false,

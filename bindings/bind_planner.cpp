@@ -433,8 +433,8 @@ void declare_planner(py::module_& m) {
 void define_planner(py::module_& m) {
   define_results(m);
   const part::PipelineShape four = four_stage_shape();
-  m.def(
-      "plan_batch",
+  def_ints(
+      m, "plan_batch",
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
@@ -488,8 +488,8 @@ void define_planner(py::module_& m) {
       "side, 0: max_seq_len); seq_policy: 'truncate' (keep the first tokens) or 'drop' (in no micro-batch; "
       "IterationResult.seq_dropped_samples), applied before the memory oversize policy; 'split' needs the samples' "
       "tokens (plan_epoch). Out-of-range sizes and unknown names raise ValueError naming the argument.");
-  m.def(
-      "plan_epoch",
+  def_ints(
+      m, "plan_epoch",
       [](const std::shared_ptr<cm::CostModel>& cost, const dl::MultiTaskDataset& data, const part::PipelineShape& shape,
          const part::PartitionOptions& options, const py::object& global_batch_tokens,
          const py::object& global_batch_samples, const py::object& seed, const std::string& split,

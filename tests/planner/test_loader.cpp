@@ -703,36 +703,38 @@ struct OwnData {
 
 }  // namespace
 
-TEST_CASE("rank loader: a token file truncated under a live loader is an Error naming it, never SIGBUS",
+TEST_CASE("rank loader: a token or index file truncated under a live loader is an Error naming it, never SIGBUS",
           "[negative][regression]") {
   const PlannerOptions o = options(Rows::Packing, pl::LossMode::AllTokens);
-  for (const bool compressed : {false, true}) {
-    for (const bool from_file : {false, true}) {
-      CAPTURE(compressed, from_file);
-      OwnData own(compressed);
-      EpochPlanner reference(*own.data, gpt(), o, own.spec());
-      const auto its = drain(reference);
-      REQUIRE(its.size() >= 8);
-      write_plans(own.dir.file("epoch.plans"), its);
-      RankLoaderOptions lo;
-      lo.depth = 1;
-      auto loader = from_file ? std::make_unique<RankLoader>(*own.data, own.dir.file("epoch.plans"), 0, 0, lo)
-                              : std::make_unique<RankLoader>(
-                                    *own.data, std::make_unique<EpochPlanner>(*own.data, gpt(), o, own.spec()), lo);
-      RankIteration it;
-      REQUIRE(loader->next(it));  // training has started
-      REQUIRE(std::filesystem::file_size(own.bin) > 4096);
-      std::filesystem::resize_file(own.bin, 100);  // another process truncates the tokens
-      // Iterations assembled before the truncation may still come; then the error, naming the file.
-      std::string error;
-      try {
-        while (loader->next(it)) {
-        }
-      } catch (const packpipe::Error& e) {
-        error = e.what();
+  for (int c = 0; c < 8; ++c) {
+    const bool compressed = (c & 1) != 0, from_file = (c & 2) != 0, index = (c & 4) != 0;
+    CAPTURE(compressed, from_file, index);
+    OwnData own(compressed);
+    EpochPlanner reference(*own.data, gpt(), o, own.spec());
+    const auto its = drain(reference);
+    REQUIRE(its.size() >= 8);
+    write_plans(own.dir.file("epoch.plans"), its);
+    RankLoaderOptions lo;
+    lo.depth = 1;
+    auto loader = from_file ? std::make_unique<RankLoader>(*own.data, own.dir.file("epoch.plans"), 0, 0, lo)
+                            : std::make_unique<RankLoader>(
+                                  *own.data, std::make_unique<EpochPlanner>(*own.data, gpt(), o, own.spec()), lo);
+    RankIteration it;
+    REQUIRE(loader->next(it));  // training has started
+    REQUIRE(std::filesystem::file_size(own.bin) > 4096);
+    // Another process truncates the tokens (past their first page), or the index (to nothing: all of
+    // it is on one page).
+    const std::string victim = index ? own.dir.file("text.idx") : own.bin;
+    std::filesystem::resize_file(victim, index ? 0 : 100);
+    // Iterations assembled before the truncation may still come; then the error, naming the file.
+    std::string error;
+    try {
+      while (loader->next(it)) {
       }
-      CHECK_THAT(error, Contains(own.bin) && Contains("truncated"));
+    } catch (const packpipe::Error& e) {
+      error = e.what();
     }
+    CHECK_THAT(error, Contains(victim) && Contains("truncated"));
   }
 }
 

@@ -34,16 +34,17 @@ class IndexedDataset:
         """Tokens [offset, offset + length) of sequence idx (length -1: to the end)."""
     @property
     def sizes(self) -> np.ndarray:
-        """int32 tokens per sequence (view)."""
+        """int32 tokens per sequence (a read-only view of the copy made at open)."""
     @property
     def pointers(self) -> np.ndarray:
-        """int64 byte offset of each sequence in the .bin (view)."""
+        """int64 byte offset of each sequence in the .bin (a read-only copy, read through the guard of the
+        mapped .idx: RuntimeError naming it if another process truncated it)."""
     @property
     def doc_idx(self) -> np.ndarray:
-        """int64 first sequence of each document, plus the end (view)."""
+        """int64 first sequence of each document, plus the end (a read-only copy, as pointers)."""
     @property
     def modes(self) -> Optional[np.ndarray]:
-        """int8 mode per sequence (multimodal datasets), else None."""
+        """int8 mode per sequence (multimodal datasets; a read-only copy, as pointers), else None."""
     @property
     def dtype(self) -> np.dtype:
         """Token dtype."""

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from packpipe import _check
 from packpipe.torch import attention as attn
 
 IGNORE_INDEX = -100
@@ -125,6 +126,8 @@ class Attention(nn.Module):
                 memory: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Self-attention of rows x [rows, n, hidden] (the decoder side with decoder=True), or with
         `memory` [rows, m, hidden] cross-attention of the decoder rows to the encoder rows."""
+        causal = _check.boolean("Attention.forward", "causal", causal)
+        decoder = _check.boolean("Attention.forward", "decoder", decoder)
         rows, n, h = x.shape
         src = x if memory is None else memory
         q = self.q(x).view(rows, n, self.heads, -1).transpose(1, 2)
@@ -164,6 +167,7 @@ class EncoderBlock(nn.Module):
         self.mlp = MLP(hidden, ffn)
 
     def forward(self, x, batch, causal: bool = True):
+        causal = _check.boolean("EncoderBlock.forward", "causal", causal)
         x = x + self.attn(self.norm1(x), batch, causal)
         return x + self.mlp(self.norm2(x))
 
@@ -244,7 +248,8 @@ class MaskedBatch:
         self._cross = cross_mask
 
     def attention_mask(self, causal: bool = True, decoder: bool = False):
-        return self._masks[decoder]
+        _check.boolean("MaskedBatch.attention_mask", "causal", causal)
+        return self._masks[_check.boolean("MaskedBatch.attention_mask", "decoder", decoder)]
 
     def cross_attention_mask(self):
         return self._cross
@@ -313,6 +318,7 @@ class GPTStage(nn.Module):
 
     def set_selective_recompute(self, on: bool) -> None:
         """Recompute the attention cores in backward (the runner's 'selective' recompute mode)."""
+        on = _check.boolean("GPTStage.set_selective_recompute", "on", on)
         for layer in self.layers:
             layer.attn.checkpoint_core = on
 
@@ -393,6 +399,7 @@ class T5Stage(nn.Module):
 
     def set_selective_recompute(self, on: bool) -> None:
         """Recompute the attention cores in backward (the runner's 'selective' recompute mode)."""
+        on = _check.boolean("T5Stage.set_selective_recompute", "on", on)
         for layer in list(self.encoder) + list(self.decoder):
             layer.attn.checkpoint_core = on
             if hasattr(layer, "cross"):
