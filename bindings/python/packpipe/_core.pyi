@@ -891,6 +891,10 @@ class Plan:
     @property
     def max_target_len(self) -> int:
         """Encoder-decoder plans: the decoder side's limit (0: none)."""
+    @property
+    def dataset(self) -> Optional[Dict[str, Any]]:
+        """The dataset its sample refs index (loaders refuse another): None when unknown, else fingerprint (16 hex
+        digits, MultiTaskDataset.fingerprint()) and tasks ([{name, samples}] in task order, None if not recorded)."""
     def world_rank(self, replica: int, rank: int) -> int:
         """World rank of pipeline rank `rank` of replica `replica`."""
     @property
@@ -975,6 +979,9 @@ class PlanFileReader:
         """Iterations the writer declared (0: none declared)."""
     def fingerprint(self) -> str:
         """16 hex digits identifying the plans the file holds."""
+    @property
+    def dataset(self) -> Optional[Dict[str, Any]]:
+        """The dataset the plans index, as Plan.dataset (None: the file records none; loaders read it unchecked)."""
 
 class PlanFileWriter:
     """Writes plans to one file, one iteration at a time."""
