@@ -920,23 +920,23 @@ TEST_CASE("an .idx truncated under a live dataset is an Error naming it, never S
   REQUIRE(packpipe::file_size(idx) > 4 * 4096);
   std::vector<std::uint32_t> lengths(S);
   for (std::uint64_t i = 0; i < S; ++i) lengths[i] = ds.length(i);
-  const auto truncated = Contains(idx) && Contains("truncated");
+  // (a Catch matcher combination holds its parts by reference: each is built in its own CHECK)
   SECTION("to nothing") {
     std::filesystem::resize_file(idx, 0);  // another process truncates the index
     // The sizes were copied at open: lengths, sampling and planning go on.
     for (std::uint64_t i = 0; i < S; ++i) REQUIRE(ds.length(i) == lengths[i]);
-    CHECK_THAT(error_of([&] { (void)ds.read(S / 2); }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.checked_pointer(0); }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.pointers()[1]; }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.modes()[0]; }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.verify(); }), truncated);
+    CHECK_THAT(error_of([&] { (void)ds.read(S / 2); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.checked_pointer(0); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.pointers()[1]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.modes()[0]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.verify(); }), Contains(idx) && Contains("truncated"));
   }
   SECTION("to its first page") {
     std::filesystem::resize_file(idx, 4096);
     CHECK(ds.length(S - 1) == lengths[S - 1]);
-    CHECK_THAT(error_of([&] { (void)ds.read(S - 1); }), truncated);
-    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), truncated);
+    CHECK_THAT(error_of([&] { (void)ds.read(S - 1); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), Contains(idx) && Contains("truncated"));
   }
   SECTION("a paired-sequences task reads documents and modes through the same guard") {
     const MultiTaskDataset mt = [&] {
@@ -953,10 +953,9 @@ TEST_CASE("an .idx truncated under a live dataset is an Error naming it, never S
     }();
     REQUIRE(mt.input_length(packpipe::SampleRef{0, 399}) == 3);
     std::filesystem::resize_file(dir.file("pairs.idx"), 0);
-    const auto pairs = Contains(dir.file("pairs.idx")) && Contains("truncated");
-    CHECK_THAT(error_of([&] { (void)mt.input_length(packpipe::SampleRef{0, 399}); }), pairs);
+    CHECK_THAT(error_of([&] { (void)mt.input_length(packpipe::SampleRef{0, 399}); }), Contains(dir.file("pairs.idx")) && Contains("truncated"));
     std::vector<std::uint8_t> in, tg;
-    CHECK_THAT(error_of([&] { mt.read_sample(packpipe::SampleRef{0, 0}, in, tg); }), pairs);
+    CHECK_THAT(error_of([&] { mt.read_sample(packpipe::SampleRef{0, 0}, in, tg); }), Contains(dir.file("pairs.idx")) && Contains("truncated"));
   }
 }
 

@@ -36,11 +36,11 @@ def keyword(call, name):
 
 
 # name -> a call with value v of the bool parameter the name ends with: "(name)", or a property's
-# name for a setter ("(arg0)"). Every parameter shown as builtins.bool is here
+# name for a setter ("(arg1)"). Every parameter shown as builtins.bool is here
 # (test_every_checked_bool_is_swept), and the bools taken as objects.
 CASES = {
     "FitOptions.__init__(regions)": lambda w, v: packpipe.FitOptions(regions=v),
-    "FitOptions.regions(arg0)": lambda w, v: setattr(packpipe.FitOptions(), "regions", v),
+    "FitOptions.regions(arg1)": lambda w, v: setattr(packpipe.FitOptions(), "regions", v),
     "CostModel.stage_cost(has_embedding)": lambda w, v: w.gpt.stage_cost(encoder_layers=1, seq=128, has_embedding=v),
     "CostModel.stage_cost(has_postprocess)":
         lambda w, v: w.gpt.stage_cost(encoder_layers=1, seq=128, has_postprocess=v),
@@ -57,7 +57,7 @@ CASES = {
     "check_outputs(probe)": lambda w, v: packpipe.check_outputs({"--out": str(w.tmp / "probe.json")}, probe=v),
     "microbatch_layout(decoder)": lambda w, v: packpipe.microbatch_layout(w.plan, 0, decoder=v),
     "PartitionOptions.__init__(pack_windows)": lambda w, v: packpipe.PartitionOptions(pack_windows=v),
-    "PartitionOptions.pack_windows(arg0)": lambda w, v: setattr(packpipe.PartitionOptions(), "pack_windows", v),
+    "PartitionOptions.pack_windows(arg1)": lambda w, v: setattr(packpipe.PartitionOptions(), "pack_windows", v),
     "Plan.validate(count_buffers)": lambda w, v: w.plan.validate(count_buffers=v),
     "Plan.to_bytes(compress)": lambda w, v: w.plan.to_bytes(compress=v),
     "PlanFileWriter.__init__(compress)": lambda w, v: packpipe.PlanFileWriter(str(w.tmp / "c.plans"), compress=v),
@@ -68,13 +68,13 @@ CASES = {
     "runtime.ExecutorOptions.__init__(check_agreement)":
         lambda w, v: packpipe.runtime.ExecutorOptions(check_agreement=v),
     "runtime.ExecutorOptions.__init__(record)": lambda w, v: packpipe.runtime.ExecutorOptions(record=v),
-    "runtime.ExecutorOptions.validate(arg0)": lambda w, v: setattr(packpipe.runtime.ExecutorOptions(), "validate", v),
-    "runtime.ExecutorOptions.check_agreement(arg0)":
+    "runtime.ExecutorOptions.validate(arg1)": lambda w, v: setattr(packpipe.runtime.ExecutorOptions(), "validate", v),
+    "runtime.ExecutorOptions.check_agreement(arg1)":
         lambda w, v: setattr(packpipe.runtime.ExecutorOptions(), "check_agreement", v),
-    "runtime.ExecutorOptions.record(arg0)": lambda w, v: setattr(packpipe.runtime.ExecutorOptions(), "record", v),
+    "runtime.ExecutorOptions.record(arg1)": lambda w, v: setattr(packpipe.runtime.ExecutorOptions(), "record", v),
     # taken as objects
-    "Measurement.embedding(arg0)": lambda w, v: setattr(packpipe.Measurement(), "embedding", v),
-    "Measurement.postprocess(arg0)": lambda w, v: setattr(packpipe.Measurement(), "postprocess", v),
+    "Measurement.embedding(arg1)": lambda w, v: setattr(packpipe.Measurement(), "embedding", v),
+    "Measurement.postprocess(arg1)": lambda w, v: setattr(packpipe.Measurement(), "postprocess", v),
 }
 CASES.update({f"plan_batch({p})": keyword(plan_batch, p)
               for p in ("validate", "baselines", "tied_embedding", "split_backward", "schedule_fallback")})
@@ -86,7 +86,7 @@ CASES.update({f"plan_epoch({p})": keyword(plan_epoch, p)
 def argument(case):
     """The argument a case's error must name: the parameter, or the property a setter sets."""
     qual, param = re.fullmatch(r"(.+)\((\w+)\)", case).groups()
-    return qual.rsplit(".", 1)[1] if param == "arg0" else param
+    return qual.rsplit(".", 1)[1] if param in ("arg0", "arg1") else param
 
 
 def test_every_checked_bool_is_swept():

@@ -105,6 +105,9 @@ CASES = {
         lambda w, v: pt.PipelineRunner(w.stage, models.gpt_loss, None, pp=1, dp=1, check_loss=v),
     "runner.LocalPipeline.__init__(synchronize)": lambda w, v: pt.LocalPipeline(w.stage, models.gpt_loss, synchronize=v),
     "runner.LocalPipeline.__init__(check_loss)": lambda w, v: pt.LocalPipeline(w.stage, models.gpt_loss, check_loss=v),
+    "models.GPTConfig.__init__(tied_embedding)": lambda w, v: models.GPTConfig(tied_embedding=v),
+    "calibrate.CalibrationReport.__init__(transfers_fitted)":
+        lambda w, v: pt.CalibrationReport(iteration=0, measurements=0, iterations=0, transfers_fitted=v),
 }
 DEFAULTS = bool_parameters()
 

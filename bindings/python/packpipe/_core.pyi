@@ -1236,8 +1236,12 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False,
                refs: Optional[Union[np.ndarray, Sequence[Tuple[int, ...]]]] = None,
-               max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate") -> IterationResult:
+               max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate",
+               dataset: Optional[MultiTaskDataset] = None) -> IterationResult:
     """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
+
+    dataset: the MultiTaskDataset that refs index (each ref is checked against it); recorded in the plans
+    (Plan.dataset) so that loaders refuse another dataset, as plan_epoch's plans are. None: unknown.
 
     A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
     its dataset (a structured array with fields task u4, index u8 and optionally offset u4, as

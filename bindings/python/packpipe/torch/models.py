@@ -37,6 +37,19 @@ from packpipe.torch import attention as attn
 IGNORE_INDEX = -100
 
 
+def _check_config(where: str, cfg, positive) -> None:
+    """The shape fields of a model config: `positive` at least 1, ffn and seed at least 0, heads dividing
+    hidden, dtype a torch floating dtype."""
+    for name in positive:
+        _check.integer(where, name, getattr(cfg, name), 1, 2**31 - 1)
+    _check.integer(where, "ffn", cfg.ffn, 0, 2**31 - 1)
+    _check.integer(where, "seed", cfg.seed, 0, 2**63 - 1)
+    if cfg.hidden % cfg.heads != 0:
+        raise ValueError(f"{where}: heads must divide hidden, found hidden {cfg.hidden} and heads {cfg.heads}")
+    if not isinstance(cfg.dtype, torch.dtype) or not cfg.dtype.is_floating_point:
+        raise TypeError(f"{where}: dtype must be a torch floating dtype, found {cfg.dtype!r}")
+
+
 @dataclasses.dataclass
 class GPTConfig:
     """Shape of the reference GPT."""
@@ -49,6 +62,11 @@ class GPTConfig:
     tied_embedding: bool = False
     seed: int = 0
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        """Checks every field where it enters (TypeError / ValueError naming it), never at the first forward."""
+        _check_config("GPTConfig", self, ("vocab_size", "hidden", "layers", "heads", "max_positions"))
+        _check.boolean("GPTConfig", "tied_embedding", self.tied_embedding)
 
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
@@ -72,6 +90,11 @@ class T5Config:
     max_positions: int = 4096
     seed: int = 0
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        """Checks every field where it enters (TypeError / ValueError naming it), never at the first forward."""
+        _check_config("T5Config", self, ("vocab_size", "hidden", "encoder_layers", "decoder_layers", "heads",
+                                         "max_positions"))
 
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
