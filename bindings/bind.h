@@ -27,6 +27,12 @@ namespace part = ::packpipe::partition;
 // integer casters, whose refusal of -1, 2**64 or 2.7 is a TypeError listing every overload instead
 // of a message naming the argument. tests/python/test_integer_arguments.py checks that no bound
 // function is left with a native integer parameter, and sweeps bad values through every one.
+//
+// Bool arguments the same way: as BoolArg (def_ints, shown as builtins.bool) or pybind11::object,
+// converted by bool_arg. pybind11's own bool caster takes 0, 1, 2.5 and None as truth values
+// (convert mode) and refuses "no" with its signature dump; bool_arg takes True, False and numpy
+// bools and refuses anything else naming the argument. tests/python/test_bool_arguments.py checks
+// that no bound function or property is left with a native bool parameter, and sweeps every one.
 
 /// A Python integer argument `arg` as an unsigned value at most `max`: ValueError (naming the
 /// argument, the value and the limit) for a negative, too large or non-integer value (a float, a
@@ -54,6 +60,18 @@ T signed_arg(const pybind11::handle& value, const char* arg) {
 /// (1, "yes", None), never a truth-value cast. Defined in bind_partition.cpp.
 bool bool_arg(const pybind11::handle& value, const char* arg);
 
+/// A bool argument as Python gave it, whatever its type: a bound function takes it in place of a C++
+/// bool (def_ints does so for every bool parameter), so that pybind11 never casts it by its truth
+/// value, and converts it with bool_arg (or bool_of), which names the argument. Shown as
+/// `builtins.bool` in signatures (the type bool, spelled apart from pybind11's own caster's).
+struct BoolArg {
+  pybind11::object value;
+  static constexpr auto py_name() { return pybind11::detail::const_name("builtins.bool"); }
+};
+
+/// bool_arg of a BoolArg.
+inline bool bool_of(const BoolArg& v, const char* name) { return bool_arg(v.value, name); }
+
 /// A list of integers argument `arg` (a sequence of Python or numpy integers), each in [lo, hi]:
 /// ValueError naming the argument and the element. Defined in bind_partition.cpp.
 std::vector<std::int64_t> int_list_arg(const pybind11::handle& value, const char* arg, std::int64_t lo,
@@ -65,6 +83,7 @@ std::vector<std::int64_t> int_list_arg(const pybind11::handle& value, const char
 /// `typing.SupportsIndex` in signatures (an int, or a numpy integer).
 struct IntArg {
   pybind11::object value;
+  static constexpr auto py_name() { return pybind11::detail::const_name("typing.SupportsIndex"); }
 };
 
 /// The C++ integer `T` of the integer argument `v` named `name`: the range of T (the C++ library
@@ -81,18 +100,24 @@ T int_of(const pybind11::handle& v, const char* name) {
 namespace detail {
 
 template <typename T>
-inline constexpr bool kCheckedInt = std::is_integral_v<std::decay_t<T>> && !std::is_same_v<std::decay_t<T>, bool>;
+inline constexpr bool kCheckedBool = std::is_same_v<std::decay_t<T>, bool>;
+template <typename T>
+inline constexpr bool kCheckedInt = std::is_integral_v<std::decay_t<T>> && !kCheckedBool<T>;
 
-/// A parameter of type A as the wrapper takes it: IntArg for an integer, A otherwise.
+/// A parameter of type A as the wrapper takes it: IntArg for an integer, BoolArg for a bool, A otherwise.
 template <typename A>
-using Checked = std::conditional_t<kCheckedInt<A>, IntArg, A>;
+using Checked = std::conditional_t<kCheckedInt<A>, IntArg, std::conditional_t<kCheckedBool<A>, BoolArg, A>>;
 
 template <typename A>
 decltype(auto) unwrap(Checked<A>& v, const std::vector<std::string>& names, std::size_t i) {
-  if constexpr (kCheckedInt<A>) {
+  if constexpr (kCheckedInt<A> || kCheckedBool<A>) {
     thread_local std::string fallback;
     const char* name = i < names.size() ? names[i].c_str() : (fallback = "argument " + std::to_string(i + 1)).c_str();
-    return int_of<std::decay_t<A>>(v.value, name);
+    if constexpr (kCheckedBool<A>) {
+      return bool_arg(v.value, name);
+    } else {
+      return int_of<std::decay_t<A>>(v.value, name);
+    }
   } else {
     return std::forward<A>(v);
   }
@@ -162,9 +187,10 @@ auto kept(const E& e) {
 
 /// Defines `name` on `scope` (a py::class_: a method, its first parameter self; or a py::module_) as
 /// `f` (a lambda, a function or a member function pointer) with every integer parameter taken as an
-/// IntArg and converted by int_of, named after its py::arg: -1 for an unsigned parameter, 2**64,
-/// 2**70, True or 2.7 raise ValueError naming the argument and its range, never pybind11's
-/// "incompatible function arguments".
+/// IntArg and converted by int_of, and every bool parameter taken as a BoolArg and converted by
+/// bool_arg, named after its py::arg: -1 for an unsigned parameter, 2**64, 2**70, True or 2.7 for
+/// an integer, 1, "no" or None for a bool raise ValueError naming the argument, never pybind11's
+/// "incompatible function arguments" nor a truth-value cast.
 template <typename Scope, typename F, typename... Extra>
 Scope& def_ints(Scope& scope, const char* name, F f, const Extra&... extra) {
   auto c = detail::callable(std::move(f));
@@ -193,19 +219,23 @@ T count_arg(const pybind11::handle& value, const char* arg) {
 }
 
 /// A read/write property `name` of the member `m`: an integer is set through count_arg (never
-/// negative, never wrapped), another type as pybind11 converts it; then `check` (a C++ check of the
-/// whole object; none when null) runs on a copy, so a refused value leaves the object as it was.
+/// negative, never wrapped), a bool through bool_arg, another type as pybind11 converts it; then
+/// `check` (a C++ check of the whole object; none when null) runs on a copy, so a refused value
+/// leaves the object as it was.
 template <typename Obj, typename T>
 void def_field(pybind11::class_<Obj>& cls, const char* name, T Obj::*m, const char* doc,
                void (*check)(const Obj&) = nullptr) {
-  constexpr bool kCount = std::is_integral_v<T> && !std::is_same_v<T, bool>;
-  using Arg = std::conditional_t<kCount, pybind11::handle, T>;
+  constexpr bool kBool = std::is_same_v<T, bool>;
+  constexpr bool kCount = std::is_integral_v<T> && !kBool;
+  using Arg = std::conditional_t<kCount, pybind11::handle, std::conditional_t<kBool, BoolArg, T>>;
   cls.def_property(
       name, [m](const Obj& o) { return o.*m; },
       [m, name, check](Obj& o, const Arg& v) {
         Obj c = o;
         if constexpr (kCount) {
           c.*m = count_arg<T>(v, name);
+        } else if constexpr (kBool) {
+          c.*m = bool_of(v, name);
         } else {
           c.*m = v;
         }
@@ -346,15 +376,21 @@ void define_io(pybind11::module_& m);
 
 namespace pybind11::detail {
 
-/// Takes any object: int_of converts it (naming the argument) once the call has begun.
-template <>
-struct type_caster<packpipe::bindings::IntArg> {
-  PYBIND11_TYPE_CASTER(packpipe::bindings::IntArg, const_name("typing.SupportsIndex"));
+/// Takes any object into an argument wrapper (IntArg, BoolArg), shown as the wrapper's py_name():
+/// the bound function converts it (int_of, bool_arg: naming the argument) once the call has begun.
+template <typename Arg>
+struct object_arg_caster {
+  PYBIND11_TYPE_CASTER(Arg, Arg::py_name());
   bool load(handle src, bool) {
     value.value = reinterpret_borrow<object>(src);
     return static_cast<bool>(src);
   }
-  static handle cast(const packpipe::bindings::IntArg& v, return_value_policy, handle) { return v.value.inc_ref(); }
+  static handle cast(const Arg& v, return_value_policy, handle) { return v.value.inc_ref(); }
 };
+
+template <>
+struct type_caster<packpipe::bindings::IntArg> : object_arg_caster<packpipe::bindings::IntArg> {};
+template <>
+struct type_caster<packpipe::bindings::BoolArg> : object_arg_caster<packpipe::bindings::BoolArg> {};
 
 }  // namespace pybind11::detail

@@ -41,7 +41,7 @@ void def_layout(MeasurementClass& cls, const char* name, T cm::StageLayout::*f, 
       name, [f](const cm::Measurement& m) { return m.layout.*f; },
       [f, name](cm::Measurement& m, const py::handle& v) {
         if constexpr (std::is_same_v<T, bool>) {
-          m.layout.*f = v.cast<bool>();
+          m.layout.*f = bool_arg(v, name);
         } else {
           m.layout.*f = count_arg<T>(v, name);
         }
@@ -153,12 +153,12 @@ void define_measurement(py::module_& m) {
 void define_fit_options(py::module_& m) {
   auto cls = py::reinterpret_borrow<OptionsClass>(m.attr("FitOptions"));
   cls.def(py::init([](const py::object& min_region_points, double outlier_mads, const py::object& max_iterations,
-                      bool regions, double transfer_quantile) {
+                      const BoolArg& regions, double transfer_quantile) {
             cm::FitOptions o;
             o.min_region_points = count_arg<std::int64_t>(min_region_points, "min_region_points");
             o.outlier_mads = outlier_mads;
             o.max_iterations = count_arg<int>(max_iterations, "max_iterations");
-            o.regions = regions;
+            o.regions = bool_of(regions, "regions");
             o.transfer_quantile = transfer_quantile;
             cm::check_fit_options(o);
             return o;

@@ -217,7 +217,7 @@ void define_costmodel(py::module_& m) {
           },
           py::arg("encoder_layers") = 0, py::arg("decoder_layers") = 0, py::arg("has_embedding") = false,
           py::arg("has_postprocess") = false, py::arg("tp") = 1, py::arg("dp") = 1, py::arg("zero") = 0);
-  cost.def(
+  def_ints(cost,
           "p2p_ms", [](const cm::CostModel& self, double bytes, bool inter_node) { return self.comm().p2p_ms(bytes, inter_node); },
           py::arg("bytes"), py::arg("inter_node") = false);
   def_ints(cost,

@@ -66,6 +66,19 @@ py::array sequence_array(const dl::IndexedDataset& ds, py::handle self, std::uin
   return out;
 }
 
+/// A read-only array of an index array of the dataset `self`: a view of one in memory, a copy (through
+/// the guard) of one in the mapped `.idx`, which numpy could not read safely once another process
+/// truncated the file.
+template <typename T>
+py::array index_array(const dl::UnalignedArray<T>& a, py::handle self) {
+  if (!a.guarded()) return view_array(py::dtype::of<T>(), a.size(), a.bytes(), self);
+  std::vector<T> copy(a.size());
+  a.copy(0, a.size(), copy.data());
+  py::array out = owned_array(std::move(copy));
+  out.attr("flags").attr("writeable") = false;
+  return out;
+}
+
 /// Keeps an assembled batch and the dataset object alive for the arrays that view them.
 struct BatchOwner {
   std::shared_ptr<dl::AssembledBatch> batch;
@@ -173,21 +186,18 @@ void define_indexed_dataset(py::module_& m) {
            py::arg("idx"), py::arg("offset") = 0, py::arg("length") = -1,
            "Tokens [offset, offset + length) of sequence idx (length -1: to the end).");
   ds.def_property_readonly("sizes", [](py::object self) {
-        const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int32"), d.size(), d.sizes().bytes(), self);
+        return index_array(self.cast<const dl::IndexedDataset&>().sizes(), self);
       })
       .def_property_readonly("pointers", [](py::object self) {
-        const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int64"), d.size(), d.pointers().bytes(), self);
+        return index_array(self.cast<const dl::IndexedDataset&>().pointers(), self);
       })
       .def_property_readonly("doc_idx", [](py::object self) {
-        const auto& d = self.cast<const dl::IndexedDataset&>();
-        return view_array(py::dtype("int64"), d.num_documents() + 1, d.doc_idx().bytes(), self);
+        return index_array(self.cast<const dl::IndexedDataset&>().doc_idx(), self);
       })
       .def_property_readonly("modes", [](py::object self) -> py::object {
         const auto& d = self.cast<const dl::IndexedDataset&>();
         if (!d.has_modes()) return py::none();
-        return view_array(py::dtype("int8"), d.size(), d.modes(), self);
+        return index_array(d.modes(), self);
       })
       .def_property_readonly("dtype", [](const dl::IndexedDataset& d) { return numpy_dtype(d.dtype()); })
       .def_property_readonly("prefix", &dl::IndexedDataset::prefix)
@@ -208,8 +218,9 @@ void define_indexed_dataset(py::module_& m) {
 /// IndexedDatasetBuilder: writing a dataset from arrays.
 void define_dataset_builder(py::module_& m) {
   auto b = py::reinterpret_borrow<py::class_<dl::IndexedDatasetBuilder>>(m.attr("IndexedDatasetBuilder"));
-  b.def(py::init([](const std::string& prefix, py::object dtype, bool multimodal) {
-          return std::make_unique<dl::IndexedDatasetBuilder>(prefix, dtype_from_py(dtype), multimodal);
+  b.def(py::init([](const std::string& prefix, py::object dtype, const BoolArg& multimodal) {
+          return std::make_unique<dl::IndexedDatasetBuilder>(prefix, dtype_from_py(dtype),
+                                                             bool_of(multimodal, "multimodal"));
         }),
         py::arg("prefix"), py::arg("dtype") = py::dtype("int32"), py::arg("multimodal") = false);
   def_ints(b, "add_item",

@@ -126,8 +126,8 @@ void define_io(py::module_& m) {
       "one of `inputs` (the files the job reads: same inode through links and relative paths) or the same file "
       "as one of `outputs` (the job's other outputs: a {name: path} dict or paths); RuntimeError when it cannot "
       "write (a directory, a missing folder, another writer of the same path)");
-  m.def(
-      "check_outputs",
+  def_ints(
+      m, "check_outputs",
       [](const py::object& outputs, const py::object& inputs, bool probe) {
         const auto outs = outputs_arg(outputs, "output");
         const std::vector<std::string> in = paths_arg(inputs, "inputs");

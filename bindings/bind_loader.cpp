@@ -139,7 +139,7 @@ void define_rank_loader(py::module_& m) {
                     const py::object& plan_file, const py::object& first_iteration, const py::object& iterations,
                     const py::object& replica, const py::object& rank, const py::object& depth,
                     const py::object& ignore_index, const py::object& pad_id, const py::object& decoder_start_id,
-                    const py::object& allow_incomplete) {
+                    const BoolArg& allow_incomplete) {
           PACKPIPE_CHECK_ARG((epoch != nullptr) != !plan_file.is_none(),
                              "RankLoader: give exactly one of planner (an EpochPlanner from plan_epoch) and plan_file");
           planner::RankLoaderOptions o;
@@ -149,7 +149,7 @@ void define_rank_loader(py::module_& m) {
           o.tokens = planner::TokenOptions{signed_arg<std::int64_t>(ignore_index, "ignore_index"),
                                            signed_arg<std::int64_t>(pad_id, "pad_id"),
                                            signed_arg<std::int64_t>(decoder_start_id, "decoder_start_id")};
-          o.allow_incomplete = bool_arg(allow_incomplete, "allow_incomplete");
+          o.allow_incomplete = bool_of(allow_incomplete, "allow_incomplete");
           const auto first = count_arg<std::uint64_t>(first_iteration, "first_iteration");
           const auto count = count_arg<std::uint64_t>(iterations, "iterations");
           auto out = std::make_shared<PyRankLoader>();
@@ -225,8 +225,8 @@ void declare_loader(py::module_& m) {
 void define_loader(py::module_& m) {
   define_loaded(m);
   define_rank_loader(m);
-  m.def(
-      "microbatch_layout",
+  def_ints(
+      m, "microbatch_layout",
       [](const std::shared_ptr<pl::Plan>& plan, const py::object& mb, bool decoder) {
         PACKPIPE_CHECK_ARG(plan != nullptr, "plan must not be None");
         const auto m_ = count_arg<std::size_t>(mb, "mb");

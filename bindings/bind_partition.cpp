@@ -151,7 +151,7 @@ void define_options(py::module_& m) {
   auto cls = py::reinterpret_borrow<OptionsClass>(m.attr("PartitionOptions"));
   cls.def(py::init([](const std::string& method, const py::object& mbs, const py::object& tokens,
                       const py::object& round_multiple, const std::string& recompute, const std::string& oversize,
-                      const std::string& cost_basis, const std::string& order, bool pack_windows,
+                      const std::string& cost_basis, const std::string& order, const BoolArg& pack_windows,
                       const py::object& threads, const py::object& layouts, const std::string& layout,
                       const py::object& capacity) {
             part::PartitionOptions o;
@@ -163,7 +163,7 @@ void define_options(py::module_& m) {
             o.oversize = part::oversize_policy_from_name(oversize);
             o.basis = part::cost_basis_from_name(cost_basis);
             o.order = part::enc_dec_order_from_name(order);
-            o.pack_windows = pack_windows;
+            o.pack_windows = bool_of(pack_windows, "pack_windows");
             o.threads = count_arg<int>(threads, "threads");
             o.layouts = layout_set_arg(layouts);
             o.layout = layout_from_name(layout);
@@ -334,9 +334,12 @@ std::vector<std::int64_t> int_list_arg(const py::handle& value, const char* arg,
 }
 
 bool bool_arg(const py::handle& value, const char* arg) {
-  const std::string type = py::str(py::type::of(value).attr("__name__"));
-  PACKPIPE_CHECK_ARG(PyBool_Check(value.ptr()) || type == "bool_", "{} must be True or False, found {} of type {}",
-                     arg, std::string(py::repr(value)), type);
+  const py::handle cls = py::type::of(value);
+  const std::string type = py::str(cls.attr("__name__"));
+  // numpy's bool scalar: numpy.bool_ (numpy.bool from numpy 2)
+  const bool numpy_bool = py::str(cls.attr("__module__")).cast<std::string>() == "numpy" && (type == "bool_" || type == "bool");
+  PACKPIPE_CHECK_ARG(PyBool_Check(value.ptr()) || numpy_bool, "{} must be True or False, found {} of type {}", arg,
+                     std::string(py::repr(value)), type);
   return PyObject_IsTrue(value.ptr()) == 1;
 }
 

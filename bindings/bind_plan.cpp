@@ -144,6 +144,22 @@ py::dict report_dict(const pl::Plan& p, const pl::ValidationReport& rep) {
   return d;
 }
 
+/// The dataset a plan's refs index: None when unknown, else {"fingerprint": 16 hex digits, "tasks":
+/// [{"name", "samples"}, ...] in task order, or None when not recorded}.
+py::object dataset_object(const pl::DatasetIdentity& d) {
+  if (!d.known()) return py::none();
+  py::dict out;
+  out["fingerprint"] = fmt::format("{:016x}", d.fingerprint);
+  if (d.tasks == nullptr) {
+    out["tasks"] = py::none();
+  } else {
+    py::list tasks;
+    for (const auto& t : *d.tasks) tasks.append(py::dict(py::arg("name") = t.name, py::arg("samples") = t.samples));
+    out["tasks"] = tasks;
+  }
+  return out;
+}
+
 py::bytes to_bytes(const std::vector<std::uint8_t>& b) {
   return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
 }
@@ -209,7 +225,11 @@ void define_plan(py::module_& m) {
                              "The context length planned for (0: none): every microbatches[m]['lengths'] entry is at "
                              "most it, and position ids restart at 0 for each sample and chunk")
       .def_property_readonly("max_target_len", [](const pl::Plan& p) { return p.max_target_len; },
-                             "Encoder-decoder plans: the decoder side's limit (0: none)");
+                             "Encoder-decoder plans: the decoder side's limit (0: none)")
+      .def_property_readonly("dataset", [](const pl::Plan& p) { return dataset_object(p.dataset); },
+                             "The dataset its sample refs index (loaders refuse another): None when unknown, else a "
+                             "dict with fingerprint (16 hex digits, MultiTaskDataset.fingerprint()) and tasks "
+                             "([{name, samples}] in task order, None when not recorded)");
   def_ints(plan_cls, "world_rank", &pl::Plan::world_rank, py::arg("replica"), py::arg("rank"),
            "World rank of pipeline rank `rank` of replica `replica`: replica * ranks + rank");
   plan_cls.def_property_readonly("makespan_ms", [](const pl::Plan& p) { return p.makespan_ms; })
@@ -255,7 +275,7 @@ void define_plan(py::module_& m) {
                              });
   def_ints(plan_cls, "instructions", &stream_array, py::arg("rank"),
            "Rank's stream as a numpy structured array (opcode u1; mb, stage, peer, in, in2, out, shape i4, -1 = absent)");
-  plan_cls.def("validate",
+  def_ints(plan_cls, "validate",
            [](const pl::Plan& p, bool count_buffers) {
              pl::ValidateOptions o;
              o.count_buffers = count_buffers;
@@ -266,8 +286,8 @@ void define_plan(py::module_& m) {
              }
              return report_dict(p, rep);
            },
-           py::arg("count_buffers") = false, "Every check of the validator; a dict with ok, violations and peaks")
-      .def("validate_or_throw",
+           py::arg("count_buffers") = false, "Every check of the validator; a dict with ok, violations and peaks");
+  plan_cls.def("validate_or_throw",
            [](const pl::Plan& p) {
              py::gil_scoped_release release;
              pl::validate_or_throw(p);
@@ -275,9 +295,7 @@ void define_plan(py::module_& m) {
            "Raises RuntimeError listing the first violations");
   def_ints(plan_cls, "to_json", [](const pl::Plan& p, int indent, std::int64_t rank) { return pl::plan_to_json(p, indent, rank); },
            py::arg("indent") = 1, py::arg("rank") = -1);
-  plan_cls.def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
-                  py::arg("text"))
-      .def("to_bytes",
+  def_ints(plan_cls, "to_bytes",
            [](const pl::Plan& p, bool compress) {
              pl::EncodeOptions o;
              o.compress = compress;
@@ -288,7 +306,9 @@ void define_plan(py::module_& m) {
              }
              return to_bytes(b);
            },
-           py::arg("compress") = false, "The binary form")
+           py::arg("compress") = false, "The binary form");
+  plan_cls.def_static("from_json", [](const std::string& s) { return std::make_shared<pl::Plan>(pl::plan_from_json(s)); },
+                  py::arg("text"))
       .def_static("from_bytes",
                   [](const py::bytes& b) {
                     const std::string s = b;
@@ -350,12 +370,15 @@ void define_plan(py::module_& m) {
       .def_property_readonly("expected_iterations", &pl::PlanFileReader::expected_iterations,
                              "iterations the writer declared (0: none declared)")
       .def("fingerprint", [](const pl::PlanFileReader& r) { return fmt::format("{:016x}", r.fingerprint()); },
-           "16 hex digits identifying the plans the file holds (loader states carry it)");
+           "16 hex digits identifying the plans the file holds (loader states carry it)")
+      .def_property_readonly("dataset", [](const pl::PlanFileReader& r) { return dataset_object(r.dataset()); },
+                             "The dataset the plans index, as Plan.dataset (None: the file records none, e.g. an "
+                             "older file; loaders then read it unchecked)");
 
   py::reinterpret_borrow<py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>>(m.attr("PlanFileWriter"))
-      .def(py::init([](const std::string& path, bool compress) {
+      .def(py::init([](const std::string& path, const BoolArg& compress) {
              pl::EncodeOptions o;
-             o.compress = compress;
+             o.compress = bool_of(compress, "compress");
              return std::make_shared<pl::PlanFileWriter>(path, o);
            }),
            py::arg("path"), py::arg("compress") = false,
@@ -367,7 +390,7 @@ void define_plan(py::module_& m) {
            },
            py::arg("plan"),
            "Append a plan; ValueError at once (nothing written) unless it is the next replica of the last "
-           "iteration or replica 0 of the next iteration")
+           "iteration or replica 0 of the next iteration, and of the dataset of the plans before (the file records it)")
       .def("close", &pl::PlanFileWriter::close)
       .def_property_readonly("plans_written", &pl::PlanFileWriter::plans_written)
       .def("__enter__", [](const std::shared_ptr<pl::PlanFileWriter>& w) { return w; })

@@ -21,6 +21,7 @@
 #include "dataloader/multitask.h"
 #include "dataloader/sampler.h"
 #include "planner/epoch.h"
+#include "planner/loader.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -433,15 +434,16 @@ void declare_planner(py::module_& m) {
 void define_planner(py::module_& m) {
   define_results(m);
   const part::PipelineShape four = four_stage_shape();
-  m.def(
-      "plan_batch",
+  def_ints(
+      m, "plan_batch",
       [](const std::shared_ptr<cm::CostModel>& cost, const py::object& input_lengths, const py::object& target_lengths,
          const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
          const py::object& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
          bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs,
-         const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy) {
+         const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy,
+         const py::object& dataset) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         b.loss = lengths_arg(loss_tokens, "loss_tokens");
@@ -449,9 +451,25 @@ void define_planner(py::module_& m) {
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
         const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
         const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
-        const planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
-                                                          baseline_mbs, trainer,
-                                                          context_args(max_seq_len, max_target_len, seq_policy));
+        planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
+                                                    baseline_mbs, trainer,
+                                                    context_args(max_seq_len, max_target_len, seq_policy));
+        if (!dataset.is_none()) {
+          PACKPIPE_CHECK_ARG(py::isinstance<dl::MultiTaskDataset>(dataset),
+                             "dataset must be a MultiTaskDataset (the one refs index) or None, found {}",
+                             std::string(py::str(py::type::of(dataset).attr("__name__"))));
+          PACKPIPE_CHECK_ARG(sample_refs.has_value(), "dataset is given without refs: give each sample's refs into it");
+          o.dataset = planner::dataset_identity(dataset.cast<const dl::MultiTaskDataset&>());
+          const auto& tasks = o.dataset.task_list();
+          for (std::size_t k = 0; k < sample_refs->size(); ++k) {
+            const SampleRef& r = (*sample_refs)[k];
+            PACKPIPE_CHECK_ARG(r.task < tasks.size() && r.index < tasks[r.task].samples,
+                               "refs[{}] = ({}, {}) is not a sample of dataset '{}': expected a task below {} and an "
+                               "index below its sample count ({})",
+                               k, r.task, r.index, dataset.cast<const dl::MultiTaskDataset&>().manifest().path,
+                               tasks.size(), r.task < tasks.size() ? tasks[r.task].samples : 0);
+          }
+        }
         const auto iter = count_arg<std::uint64_t>(iteration, "iteration");
         planner::check_planner_options(o);  // ValueError naming the argument before anything is planned
         const PyPartitionCache::Use use(cache.get(), cost);
@@ -470,14 +488,15 @@ void define_planner(py::module_& m) {
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("refs") = py::none(), py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0,
-      py::arg("seq_policy") = "truncate",
+      py::arg("seq_policy") = "truncate", py::arg("dataset") = py::none(),
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
       "A micro-batch's samples are positions in the input_lengths passed (0 .. len - 1). refs: each sample's "
       "(task, index) in its dataset, one per input_lengths entry, recorded in Plan.microbatches[m]['refs'] and "
       "naming samples in errors: a structured array with fields task (u4) and index (u8), as "
-      "PlannedIteration.refs, or a sequence of (task, index) pairs; None: no refs. "
+      "PlannedIteration.refs, or a sequence of (task, index) pairs; None: no refs. dataset: the MultiTaskDataset the refs index (checked against it), "
+      "recorded in the plans (Plan.dataset) so that loaders refuse another, as plan_epoch's are; None: unknown. "
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
       "loss_tokens: per sample, the tokens that carry loss (default: decoder-only n - 1, encoder-decoder the "
       "target); loss: 'all' or 'targets' (recorded in the plans); tied_embedding: the embedding and the LM head "
@@ -488,8 +507,8 @@ void define_planner(py::module_& m) {
       "side, 0: max_seq_len); seq_policy: 'truncate' (keep the first tokens) or 'drop' (in no micro-batch; "
       "IterationResult.seq_dropped_samples), applied before the memory oversize policy; 'split' needs the samples' "
       "tokens (plan_epoch). Out-of-range sizes and unknown names raise ValueError naming the argument.");
-  m.def(
-      "plan_epoch",
+  def_ints(
+      m, "plan_epoch",
       [](const std::shared_ptr<cm::CostModel>& cost, const dl::MultiTaskDataset& data, const part::PipelineShape& shape,
          const part::PartitionOptions& options, const py::object& global_batch_tokens,
          const py::object& global_batch_samples, const py::object& seed, const std::string& split,

@@ -600,18 +600,20 @@ void define_runtime(py::module_& m) {
           "Why the pipeline was aborted ('' if it was not)");
 
   auto opts = py::reinterpret_borrow<py::class_<rt::ExecutorOptions>>(r.attr("ExecutorOptions"));
-  opts.def(py::init([](double timeout_s, bool validate, bool check_agreement, bool record) {
+  opts.def(py::init([](double timeout_s, const BoolArg& validate, const BoolArg& check_agreement,
+                       const BoolArg& record) {
              PACKPIPE_CHECK_ARG(timeout_s >= 0 && timeout_s <= rt::kMaxTimeoutS, "timeout_s must be in [0, {}] (0: forever), found {}", rt::kMaxTimeoutS,
                                 timeout_s);
-             return rt::ExecutorOptions{timeout_s, validate, check_agreement, record};
+             return rt::ExecutorOptions{timeout_s, bool_of(validate, "validate"),
+                                        bool_of(check_agreement, "check_agreement"), bool_of(record, "record")};
            }),
            py::kw_only(), py::arg("timeout_s") = 300.0, py::arg("validate") = true, py::arg("check_agreement") = true,
            py::arg("record") = true, "Options; timeout_s 0 waits forever")
-      .def_readwrite("timeout_s", &rt::ExecutorOptions::timeout_s, "Seconds every wait may take (0: forever)")
-      .def_readwrite("validate", &rt::ExecutorOptions::validate, "Refuse an invalid plan before running it")
-      .def_readwrite("check_agreement", &rt::ExecutorOptions::check_agreement,
-                     "Exchange plan fingerprints with the pipeline neighbours at ITER_BEGIN")
-      .def_readwrite("record", &rt::ExecutorOptions::record, "Record each instruction's start and end");
+      .def_readwrite("timeout_s", &rt::ExecutorOptions::timeout_s, "Seconds every wait may take (0: forever)");
+  def_field(opts, "validate", &rt::ExecutorOptions::validate, "Refuse an invalid plan before running it");
+  def_field(opts, "check_agreement", &rt::ExecutorOptions::check_agreement,
+            "Exchange plan fingerprints with the pipeline neighbours at ITER_BEGIN");
+  def_field(opts, "record", &rt::ExecutorOptions::record, "Record each instruction's start and end");
   def_repr(opts, {"timeout_s", "validate", "check_agreement", "record"});
 
   auto rec = py::reinterpret_borrow<py::class_<rt::RankRecord>>(r.attr("RankRecord"));

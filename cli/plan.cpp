@@ -27,6 +27,7 @@
 #include "partition/partition.h"
 #include "plan/format.h"
 #include "planner/epoch.h"
+#include "planner/loader.h"
 #include "plan/trace.h"
 #include "schedule/schedules.h"
 
@@ -214,13 +215,15 @@ planner::EpochSpec epoch_spec(const PlanCliOptions& o, const dl::MultiTaskDatase
 }
 
 /// The --out plan file (null without --out), marked to hold `expected` iterations, so that a file
-/// that holds fewer reads as incomplete.
-std::unique_ptr<pl::PlanFileWriter> open_plan_file(const PlanCliOptions& o, std::uint64_t expected) {
+/// that holds fewer reads as incomplete, and to index `data` (loaders refuse it over another dataset).
+std::unique_ptr<pl::PlanFileWriter> open_plan_file(const PlanCliOptions& o, const dl::MultiTaskDataset& data,
+                                                   std::uint64_t expected) {
   if (o.out.empty()) return nullptr;
   pl::EncodeOptions wo;
   wo.compress = o.compress;
   auto writer = std::make_unique<pl::PlanFileWriter>(o.out, wo);
   if (expected > 0) writer->expect_iterations(0, expected);
+  writer->set_dataset(planner::dataset_identity(data));
   return writer;
 }
 
@@ -265,7 +268,7 @@ Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, co
   eo.encode = !o.out.empty();
   eo.encoding.compress = o.compress;
   planner::EpochPlanner epoch(data, cost, po, epoch_spec(o, data), eo);
-  const std::unique_ptr<pl::PlanFileWriter> writer = open_plan_file(o, epoch.iterations());
+  const std::unique_ptr<pl::PlanFileWriter> writer = open_plan_file(o, data, epoch.iterations());
   Progress progress("planning", epoch.iterations());
   Planned out;
   out.threads = eo.threads;

@@ -72,6 +72,14 @@ void add_plan_file_commands(CLI::App& plan) {
       std::string map;
       for (std::size_t v = 0; v < p.stage_rank.size(); ++v) map += fmt::format("{}{}->{}", v ? " " : "", v, p.stage_rank[v]);
       std::printf("stage -> rank: %s\n", map.c_str());
+      if (p.dataset.known()) {  // the dataset its sample refs index (loaders refuse another)
+        std::string tasks;
+        for (const auto& t : p.dataset.task_list()) {
+          tasks += fmt::format("{}{} ({} samples)", tasks.empty() ? "" : ", ", t.name, t.samples);
+        }
+        std::printf("dataset: fingerprint %016llx%s%s\n", static_cast<unsigned long long>(p.dataset.fingerprint),
+                    tasks.empty() ? "" : ", tasks ", tasks.c_str());
+      }
       if (p.max_seq_len > 0 || p.max_target_len > 0) {
         std::printf("context length: %u tokens%s\n", p.max_seq_len,
                     p.max_target_len > 0 ? fmt::format(", decoder {}", p.max_target_len).c_str() : "");

@@ -37,6 +37,7 @@ struct Slot {
 Slot g_slots[kSlots];
 struct sigaction g_previous {};
 std::once_flag g_install_once;
+std::atomic<bool> g_installed{false};  // fast path of install_handler: every guarded copy asks
 thread_local sigjmp_buf* t_guard = nullptr;
 
 void write_stderr(const char* s) {
@@ -73,6 +74,7 @@ void on_sigbus(int sig, siginfo_t* info, void* ctx) {
 }
 
 void install_handler() {
+  if (g_installed.load(std::memory_order_acquire)) return;
   std::call_once(g_install_once, [] {
     struct sigaction sa {};
     sa.sa_sigaction = on_sigbus;
@@ -80,6 +82,7 @@ void install_handler() {
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGBUS, &sa, &g_previous);
   });
+  g_installed.store(true, std::memory_order_release);
 }
 
 void register_mapping(const std::uint8_t* data, std::uint64_t size, const std::string& path) {

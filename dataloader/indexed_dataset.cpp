@@ -52,6 +52,33 @@ T load(const std::uint8_t* p) {
   return v;
 }
 
+/// The bytes an index is parsed from: a buffer in memory, or a mapped file (`file`) whose every read,
+/// at the parse and through the views made here, goes through its SIGBUS guard.
+struct Bytes {
+  const std::uint8_t* data = nullptr;
+  std::uint64_t size = 0;
+  const MappedFile* file = nullptr;
+
+  /// Copies [off, off + n) (inside the buffer) to out.
+  void copy(std::uint64_t off, std::uint64_t n, void* out) const {
+    if (file != nullptr) {
+      file->read(off, n, out);
+    } else if (n > 0) {
+      std::memcpy(out, data + off, n);
+    }
+  }
+  template <typename T>
+  T at(std::uint64_t off) const {
+    T v;
+    copy(off, sizeof(T), &v);
+    return v;
+  }
+  template <typename T>
+  UnalignedArray<T> array(std::uint64_t off, std::uint64_t count) const {
+    return UnalignedArray<T>(data + off, count, file);
+  }
+};
+
 /// a * b + c for sizes read from a file; throws Error naming the file and what overflowed.
 std::uint64_t size_expr(std::uint64_t a, std::uint64_t b, std::uint64_t c, const std::string& name,
                         const char* what) {
@@ -62,19 +89,19 @@ std::uint64_t size_expr(std::uint64_t a, std::uint64_t b, std::uint64_t c, const
   return r;
 }
 
-IndexView parse_mmidx(const std::uint8_t* data, std::uint64_t size, const std::string& name,
-                      ModesPolicy policy) {
+IndexView parse_mmidx(const Bytes& b, const std::string& name, ModesPolicy policy) {
+  const std::uint64_t size = b.size;
   PACKPIPE_CHECK(size >= kMmidxHeader,
                  "{}: truncated MMIDIDX header: expected at least {} bytes, found {}", name,
                  kMmidxHeader, size);
   IndexView v;
   v.format = IndexFormat::MMIDIDX;
-  v.version = load<std::uint64_t>(data + 9);
+  v.version = b.at<std::uint64_t>(9);
   PACKPIPE_CHECK(v.version == 1, "{}: unsupported MMIDIDX version at offset 9: expected 1, found {}",
                  name, v.version);
-  v.dtype = dtype_from_code(data[17], name + " at offset 17");
-  const std::uint64_t S = load<std::uint64_t>(data + 18);
-  const std::uint64_t D = load<std::uint64_t>(data + 26);
+  v.dtype = dtype_from_code(b.at<std::uint8_t>(17), name + " at offset 17");
+  const std::uint64_t S = b.at<std::uint64_t>(18);
+  const std::uint64_t D = b.at<std::uint64_t>(26);
   PACKPIPE_CHECK(D >= 1,
                  "{}: document index length at offset 26: expected at least 1 (doc_idx starts "
                  "with 0), found 0",
@@ -108,17 +135,19 @@ IndexView parse_mmidx(const std::uint8_t* data, std::uint64_t size, const std::s
   }
   v.num_sequences = S;
   v.num_documents = D - 1;
-  v.sizes = UnalignedArray<std::int32_t>(data + kMmidxHeader, S);
-  v.pointers = UnalignedArray<std::int64_t>(data + kMmidxHeader + 4 * S, S);
-  v.doc_idx = UnalignedArray<std::int64_t>(data + doc_off, D);
-  v.modes = modes ? reinterpret_cast<const std::int8_t*>(data + base) : nullptr;
-  PACKPIPE_CHECK(v.doc_idx[0] == 0, "{}: doc_idx[0] at offset {}: expected 0, found {}", name, doc_off,
-                 v.doc_idx[0]);
-  PACKPIPE_CHECK(v.doc_idx[D - 1] == static_cast<std::int64_t>(S),
+  v.sizes = b.array<std::int32_t>(kMmidxHeader, S);
+  v.pointers = b.array<std::int64_t>(kMmidxHeader + 4 * S, S);
+  v.doc_idx = b.array<std::int64_t>(doc_off, D);
+  v.has_modes = modes;
+  if (modes) v.modes = b.array<std::int8_t>(base, S);
+  const std::int64_t first_doc = v.doc_idx[0], last_doc = v.doc_idx[D - 1];
+  PACKPIPE_CHECK(first_doc == 0, "{}: doc_idx[0] at offset {}: expected 0, found {}", name, doc_off, first_doc);
+  PACKPIPE_CHECK(last_doc == static_cast<std::int64_t>(S),
                  "{}: doc_idx[{}] at offset {}: expected {} (the sequence count), found {}", name,
-                 D - 1, doc_off + 8 * (D - 1), S, v.doc_idx[D - 1]);
-  PACKPIPE_CHECK(S == 0 || v.pointers[0] == 0, "{}: pointers[0] at offset {}: expected 0, found {}",
-                 name, kMmidxHeader + 4 * S, v.pointers[0]);
+                 D - 1, doc_off + 8 * (D - 1), S, last_doc);
+  const std::int64_t first_pointer = S == 0 ? 0 : v.pointers[0];
+  PACKPIPE_CHECK(first_pointer == 0, "{}: pointers[0] at offset {}: expected 0, found {}",
+                 name, kMmidxHeader + 4 * S, first_pointer);
   return v;
 }
 
@@ -316,27 +345,46 @@ constexpr std::size_t kCopyChunk = 1024 * 1024;
 
 }  // namespace
 
-IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
-                      ModesPolicy modes) {
+namespace {
+
+IndexView parse_bytes(const Bytes& b, const std::string& name, ModesPolicy modes) {
+  const std::uint64_t size = b.size;
   PACKPIPE_CHECK(size > 0, "{}: truncated header: expected at least {} bytes, found 0", name,
                  kMmidxHeader);
-  PACKPIPE_CHECK(data != nullptr, "{}: no data for {} bytes", name, size);
-  if (size >= sizeof(kMmidxMagic) && std::memcmp(data, kMmidxMagic, sizeof(kMmidxMagic)) == 0) {
-    return parse_mmidx(data, size, name, modes);
-  }
-  if (size >= sizeof(kTntMagic) && std::memcmp(data, kTntMagic, sizeof(kTntMagic)) == 0) {
-    return parse_tntidx(data, size, name, modes);
-  }
+  PACKPIPE_CHECK(b.data != nullptr, "{}: no data for {} bytes", name, size);
+  std::uint8_t head[sizeof(kMmidxMagic)] = {};
   const std::uint64_t shown = std::min<std::uint64_t>(size, sizeof(kMmidxMagic));
+  b.copy(0, shown, head);
+  if (shown == sizeof(kMmidxMagic) && std::memcmp(head, kMmidxMagic, sizeof(kMmidxMagic)) == 0) {
+    return parse_mmidx(b, name, modes);
+  }
+  if (shown >= sizeof(kTntMagic) && std::memcmp(head, kTntMagic, sizeof(kTntMagic)) == 0) {
+    if (b.file == nullptr) return parse_tntidx(b.data, size, name, modes);
+    // The legacy format is converted on parse (O(S)): from one guarded copy of the whole file.
+    std::vector<std::uint8_t> copy(size);
+    b.copy(0, size, copy.data());
+    return parse_tntidx(copy.data(), size, name, modes);
+  }
   const bool prefix_of_magic =
-      (shown < sizeof(kMmidxMagic) && std::memcmp(data, kMmidxMagic, shown) == 0) ||
-      (shown < sizeof(kTntMagic) && std::memcmp(data, kTntMagic, shown) == 0);
+      (shown < sizeof(kMmidxMagic) && std::memcmp(head, kMmidxMagic, shown) == 0) ||
+      (shown < sizeof(kTntMagic) && std::memcmp(head, kTntMagic, shown) == 0);
   if (prefix_of_magic) {
     PACKPIPE_THROW(Error, "{}: truncated header: expected at least {} bytes, found {}", name,
                    kMmidxHeader, size);
   }
   PACKPIPE_THROW(Error, "{}: bad magic at offset 0: expected 'MMIDIDX\\0\\0' or 'TNTIDX\\0\\0', found '{}'",
-                 name, escape_bytes(data, shown));
+                 name, escape_bytes(head, shown));
+}
+
+}  // namespace
+
+IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
+                      ModesPolicy modes) {
+  return parse_bytes(Bytes{data, size, nullptr}, name, modes);
+}
+
+IndexView parse_index(const MappedFile& file, ModesPolicy modes) {
+  return parse_bytes(Bytes{file.data(), file.size(), &file}, file.path(), modes);
 }
 
 // ---- IndexedDataset ----------------------------------------------------------------------------
@@ -345,8 +393,17 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : IndexedDataset(prefi
 
 IndexedDataset::IndexedDataset(const std::string& prefix, const Options& options) : prefix_(prefix) {
   const std::string idx_path = prefix + ".idx";
-  idx_file_ = MappedFile(idx_path);
-  index_ = parse_index(idx_file_.data(), idx_file_.size(), idx_path, options.modes);
+  idx_file_ = std::make_unique<MappedFile>(idx_path);
+  index_ = parse_index(*idx_file_, options.modes);
+  if (!index_.pointers.guarded()) {
+    idx_file_.reset();  // TNTIDX: converted into memory on parse; nothing is read from the map again
+  } else {
+    // The sizes, read by every length query (sampling, planning), are copied once (4 bytes a
+    // sequence) with one guarded copy; the size pass below reads the copy.
+    index_.owned_sizes.resize(index_.num_sequences);
+    index_.sizes.copy(0, index_.num_sequences, index_.owned_sizes.data());
+    index_.sizes = UnalignedArray<std::int32_t>(index_.owned_sizes.data(), index_.num_sequences);
+  }
   const std::string plain = prefix + ".bin";
   if (file_exists(plain)) {
     bin_ = open_plain_bin(plain);
@@ -409,11 +466,18 @@ std::uint32_t IndexedDataset::length(std::uint64_t i) const {
 std::uint64_t IndexedDataset::checked_pointer(std::uint64_t i) const {
   const std::int64_t item = static_cast<std::int64_t>(itemsize());
   const std::int64_t len = length(i);
-  const std::int64_t ptr = index_.pointers[i];
+  // pointers[i - 1] and pointers[i] in one guarded copy (the map's reads each cost a guard)
+  std::int64_t ptrs[2] = {0, 0};
+  if (i > 0) {
+    index_.pointers.copy(i - 1, 2, ptrs);
+  } else {
+    index_.pointers.copy(0, 1, ptrs + 1);
+  }
+  const std::int64_t ptr = ptrs[1];
   std::int64_t expected = 0;
   if (i > 0) {
     const std::int64_t prev_len = index_.sizes[i - 1];
-    const std::int64_t prev_ptr = index_.pointers[i - 1];
+    const std::int64_t prev_ptr = ptrs[0];
     PACKPIPE_CHECK(prev_len >= 0, "{}.idx: sequence {}: size expected >= 0, found {}", prefix_, i - 1,
                    prev_len);
     PACKPIPE_CHECK(!__builtin_add_overflow(prev_ptr, prev_len * item, &expected),

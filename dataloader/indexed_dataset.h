@@ -39,30 +39,50 @@ inline ModesPolicy modes_policy_from_name(const std::string& name) {
 /// Read-only array of little-endian T at any address. MMIDIDX arrays start at byte 34 of the
 /// file, so int32/int64 elements in the mapped `.idx` are not naturally aligned; element access
 /// goes through memcpy (one plain load on x86-64 / arm64) instead of a misaligned T*.
+///
+/// An array that lies in a mapped file (`file` given) reads every element through the file's SIGBUS
+/// guard (MappedFile::read): a file truncated by another process after it was mapped is an Error
+/// naming it, never a crash. An array in memory the process owns reads with plain loads.
 template <typename T>
 class UnalignedArray {
  public:
   UnalignedArray() = default;
-  UnalignedArray(const void* data, std::uint64_t count)
-      : bytes_(static_cast<const std::uint8_t*>(data)), count_(count) {}
-  /// Element i; no bounds check (callers check against size()).
+  /// `count` elements at `data`; `file`, when given, is the mapping that holds them (it must outlive
+  /// the array and stay at its address).
+  UnalignedArray(const void* data, std::uint64_t count, const MappedFile* file = nullptr)
+      : bytes_(static_cast<const std::uint8_t*>(data)), count_(count), file_(file) {}
+  /// Element i; no bounds check (callers check against size()). Throws Error naming the file if the
+  /// mapping was truncated under it.
   T operator[](std::uint64_t i) const {
     T v;
-    std::memcpy(&v, bytes_ + i * sizeof(T), sizeof(T));
+    copy(i, 1, &v);
     return v;
+  }
+  /// Copies elements [first, first + n) to `out` (first + n <= size(), unchecked); guarded as operator[].
+  void copy(std::uint64_t first, std::uint64_t n, T* out) const {
+    if (file_ != nullptr) {
+      file_->read(static_cast<std::uint64_t>(bytes_ - file_->data()) + first * sizeof(T), n * sizeof(T), out);
+    } else if (n > 0) {
+      std::memcpy(out, bytes_ + first * sizeof(T), n * sizeof(T));
+    }
   }
   std::uint64_t size() const { return count_; }
   bool empty() const { return count_ == 0; }
-  /// First byte of the array (count * sizeof(T) bytes), possibly unaligned.
+  /// True if the elements lie in a mapped file (read through its guard), false if in owned memory.
+  bool guarded() const { return file_ != nullptr; }
+  /// First byte of the array (count * sizeof(T) bytes), possibly unaligned. Reading it directly is
+  /// unguarded: only for an array that is not guarded().
   const std::uint8_t* bytes() const { return bytes_; }
 
  private:
   const std::uint8_t* bytes_ = nullptr;
   std::uint64_t count_ = 0;
+  const MappedFile* file_ = nullptr;
 };
 
-/// Header facts and validated array views of one `.idx`, parsed from bytes owned elsewhere.
-/// Move-only: for TNTIDX the views point into the owned_* vectors.
+/// Header facts and validated array views of one `.idx`, parsed from bytes owned elsewhere (a
+/// buffer, or a mapped file whose arrays are read through its guard). Move-only: the views may
+/// point into the owned_* vectors (TNTIDX, converted on parse; the sizes IndexedDataset copies).
 struct IndexView {
   IndexView() = default;
   IndexView(IndexView&&) = default;
@@ -78,7 +98,8 @@ struct IndexView {
   UnalignedArray<std::int32_t> sizes;     ///< S tokens per sequence (MMIDIDX: points into the bytes)
   UnalignedArray<std::int64_t> pointers;  ///< S byte offsets into `.bin`
   UnalignedArray<std::int64_t> doc_idx;   ///< num_documents + 1 sequence indices
-  const std::int8_t* modes = nullptr;     ///< S modes, or nullptr
+  UnalignedArray<std::int8_t> modes;      ///< S modes, or empty
+  bool has_modes = false;                 ///< the file carries the modes array (MMIDIDX)
   /// TNTIDX arrays are converted on parse (int64 sizes, element offsets); they live here.
   std::vector<std::int32_t> owned_sizes;
   std::vector<std::int64_t> owned_pointers;
@@ -90,6 +111,10 @@ struct IndexView {
 /// error messages. Throws Error on any mismatch. Never reads outside [data, data + size).
 IndexView parse_index(const std::uint8_t* data, std::uint64_t size, const std::string& name,
                       ModesPolicy modes = ModesPolicy::Auto);
+/// parse_index of a mapped `.idx`, every read through the file's SIGBUS guard, at the parse and
+/// through the views it returns (MMIDIDX arrays stay in the map; `file` must outlive the view and
+/// stay at its address). A file truncated while it is read is an Error naming it.
+IndexView parse_index(const MappedFile& file, ModesPolicy modes = ModesPolicy::Auto);
 
 /// Zero-copy view of the tokens of one sequence.
 struct TokenSpan {
@@ -104,10 +129,13 @@ struct VerifyProblem {
   std::string message;  ///< names the index/offset and expected versus found
 };
 
-/// A read-only Megatron indexed dataset. Opening maps `.idx` and `.bin` (or opens `.bin.zst`) and
-/// checks the header, the file sizes and the last pointer; it reads no per-sequence data. Every
+/// A read-only Megatron indexed dataset. Opening maps `.idx` and `.bin` (or opens `.bin.zst`),
+/// checks the header, the file sizes and the last pointer, and copies the sizes (4 bytes a
+/// sequence) in the pass that checks them; pointers, doc_idx and modes stay in the map. Every
 /// access checks the pointer and size of the sequence it touches, so a corrupt index gives an
-/// Error, never a wrong or out-of-bounds read. Thread-safe for concurrent reads.
+/// Error, never a wrong or out-of-bounds read, and every read of a mapped file (index or tokens,
+/// views aside) goes through the SIGBUS guard, so a file truncated under a live dataset is an
+/// Error naming it. Thread-safe for concurrent reads.
 class IndexedDataset {
  public:
   struct Options {
@@ -135,15 +163,17 @@ class IndexedDataset {
   std::uint64_t num_documents() const { return index_.num_documents; }
   /// Sum of all sequence lengths (from the `.bin` size; O(1)).
   std::uint64_t num_tokens() const;
-  bool has_modes() const { return index_.modes != nullptr; }
+  bool has_modes() const { return index_.has_modes; }
   bool compressed() const { return compressed_; }
 
-  /// Raw, unchecked arrays (valid while the dataset lives): S sizes, S pointers,
-  /// num_documents() + 1 doc_idx, S modes or null. Use length()/checked_pointer() for checked access.
+  /// The index arrays as stored, values unchecked (valid while the dataset lives): S sizes (a copy
+  /// in memory), S pointers, num_documents() + 1 doc_idx, S modes or none (read in the map through
+  /// its guard: an Error naming the `.idx` if it was truncated). Use length()/checked_pointer() for
+  /// checked access.
   const UnalignedArray<std::int32_t>& sizes() const { return index_.sizes; }
   const UnalignedArray<std::int64_t>& pointers() const { return index_.pointers; }
   const UnalignedArray<std::int64_t>& doc_idx() const { return index_.doc_idx; }
-  const std::int8_t* modes() const { return index_.modes; }
+  const UnalignedArray<std::int8_t>& modes() const { return index_.modes; }
 
   /// Length of sequence i in tokens; throws OutOfRange if i >= size(), Error if it is negative.
   std::uint32_t length(std::uint64_t i) const;
@@ -167,7 +197,7 @@ class IndexedDataset {
 
  private:
   std::string prefix_;
-  MappedFile idx_file_;
+  std::unique_ptr<MappedFile> idx_file_;  ///< on the heap: the guarded views hold its address
   IndexView index_;
   std::unique_ptr<BinReader> bin_;
   bool compressed_ = false;

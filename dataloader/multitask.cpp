@@ -30,8 +30,9 @@ struct MultiTaskDataset::Task {
 
   /// First sequence of document d of `ds` after checking it holds exactly `expected` sequences.
   std::uint64_t document_sequence(const IndexedDataset& ds, std::uint64_t d, std::int64_t expected) const {
-    const auto& doc = ds.doc_idx();
-    const std::int64_t first = doc[d], last = doc[d + 1];
+    std::int64_t range[2];
+    ds.doc_idx().copy(d, 2, range);  // guarded, as every read of the mapped index
+    const std::int64_t first = range[0], last = range[1];
     const auto S = static_cast<std::int64_t>(ds.size());
     PACKPIPE_CHECK(first >= 0 && last >= first && last <= S,
                    "{}.idx: document {} spans sequences [{}, {}) (expected a range within [0, {}]); task '{}'",
@@ -61,11 +62,13 @@ struct MultiTaskDataset::Task {
       }
       case TaskLayout::PairedSequences: {
         const std::uint64_t a = document_sequence(ds, j, 2);
-        if (const std::int8_t* modes = ds.modes()) {
-          PACKPIPE_CHECK(modes[a] == 0 && modes[a + 1] == 1,
+        if (ds.has_modes()) {
+          std::int8_t m[2];
+          ds.modes().copy(a, 2, m);  // guarded, as every read of the mapped index
+          PACKPIPE_CHECK(m[0] == 0 && m[1] == 1,
                          "{}.idx: document {} has sequence modes ({}, {}) (expected 0 then 1 for input and "
                          "target); task '{}'",
-                         ds.prefix(), j, int(modes[a]), int(modes[a + 1]), name);
+                         ds.prefix(), j, int(m[0]), int(m[1]), name);
         }
         return {&ds, a, &ds, a + 1};
       }

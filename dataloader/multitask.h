@@ -30,7 +30,8 @@ class MultiTaskDataset : public SampleSource {
   /// Samples: Sequence = one per sequence over the concatenated shards; PairedPrefixes = document
   /// i of inputs with document i of targets (one sequence each); PairedSequences = the two
   /// sequences of document i (modes 0 then 1 if present). Per-document shape is checked at access
-  /// (Error naming file and document); lengths come from the mapped `.idx` arrays.
+  /// (Error naming file and document); lengths come from the `.idx` arrays, read as IndexedDataset
+  /// reads them (a `.idx` truncated under a live dataset is an Error naming it, never SIGBUS).
   explicit MultiTaskDataset(const Manifest& manifest);
   /// A one-task dataset of one prefix, layout Sequence.
   static MultiTaskDataset from_prefix(const std::string& prefix);

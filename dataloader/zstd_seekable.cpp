@@ -73,12 +73,18 @@ std::uint64_t SeekTable::frame_of(std::uint64_t offset) const {
   return static_cast<std::uint64_t>(it - d_off.begin()) - 1;
 }
 
-SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const std::string& name) {
+namespace {
+
+// The seek table of a file of `size` bytes from `tail`, its last `tail_size` bytes: the whole file, or
+// at least the seek table (error offsets are the file's).
+SeekTable parse_tail(const std::uint8_t* tail, std::uint64_t tail_size, std::uint64_t size, const std::string& name) {
+  const std::uint64_t base = size - tail_size;  // file offset of tail[0]
+  auto at = [&](std::uint64_t off) { return tail + (off - base); };
   PACKPIPE_CHECK(size >= kSkippableHeaderBytes + kFooterBytes,
                  "{}: file is {} bytes, too short for a zstd seekable seek table (at least {} bytes)"
                  " (truncated file?)",
                  name, size, kSkippableHeaderBytes + kFooterBytes);
-  const std::uint8_t* footer = data + size - kFooterBytes;
+  const std::uint8_t* footer = at(size - kFooterBytes);
   const std::uint32_t magic = load_u32(footer + 5);
   PACKPIPE_CHECK(magic == kSeekableMagic,
                  "{}: bad seekable magic at byte offset {}: expected 0x{:08X}, found 0x{:08X} "
@@ -99,13 +105,15 @@ SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const s
                  "{}: seek table of {} frames needs {} bytes but the file has only {} (truncated "
                  "file or corrupt frame count)",
                  name, frames, t.table_bytes, size);
+  PACKPIPE_CHECK(t.table_bytes <= tail_size, "{}: the seek table changed while it was read (is another process "
+                 "writing the file?)", name);
   const std::uint64_t table_start = size - t.table_bytes;
-  const std::uint32_t skip_magic = load_u32(data + table_start);
+  const std::uint32_t skip_magic = load_u32(at(table_start));
   PACKPIPE_CHECK(skip_magic == kSkippableMagic,
                  "{}: bad skippable magic of the seek table at byte offset {}: expected 0x{:08X}, "
                  "found 0x{:08X} (frame count {} in the footer may be corrupt)",
                  name, table_start, kSkippableMagic, skip_magic, frames);
-  const std::uint32_t frame_size_field = load_u32(data + table_start + 4);
+  const std::uint32_t frame_size_field = load_u32(at(table_start + 4));
   PACKPIPE_CHECK(frame_size_field == payload,
                  "{}: seek table Frame_Size at byte offset {}: expected {} for {} frames, found {}",
                  name, table_start + 4, payload, frames, frame_size_field);
@@ -118,7 +126,7 @@ SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const s
   bool uniform = frames > 0;
   std::uint32_t first_d = 0;
   for (std::uint64_t f = 0; f < frames; ++f) {
-    const std::uint8_t* e = data + t.entries_offset + f * entry;
+    const std::uint8_t* e = at(t.entries_offset + f * entry);
     const std::uint32_t csize = load_u32(e);
     const std::uint32_t dsize = load_u32(e + 4);
     PACKPIPE_CHECK(csize > 0, "{}: seek table entry of frame {} (byte offset {}): compressed size 0",
@@ -142,6 +150,27 @@ SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const s
                  name, t.c_off[frames], t.table_bytes, t.c_off[frames] + t.table_bytes, size);
   t.frame_size = uniform ? first_d : 0;
   return t;
+}
+
+}  // namespace
+
+SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const std::string& name) {
+  return parse_tail(data, size, size, name);
+}
+
+SeekTable parse_seek_table(const MappedFile& file) {
+  // Footer first (it gives the table's size), then the table: two guarded copies, nothing else read.
+  const std::uint64_t size = file.size();
+  std::uint64_t want = std::min(size, kSkippableHeaderBytes + kFooterBytes);
+  if (size >= kSkippableHeaderBytes + kFooterBytes) {
+    std::uint8_t footer[kFooterBytes];
+    file.read(size - kFooterBytes, kFooterBytes, footer);
+    const std::uint64_t entry = (footer[4] & kChecksumFlag) != 0 ? 12 : 8;
+    want = std::min(size, kSkippableHeaderBytes + load_u32(footer) * entry + kFooterBytes);
+  }
+  std::vector<std::uint8_t> tail(want);
+  file.read(size - want, want, tail.data());
+  return parse_tail(tail.data(), want, size, file.path());
 }
 
 void decompress_frame(const std::uint8_t* buffer, const SeekTable& t, std::uint64_t f,
@@ -270,7 +299,7 @@ class ZstdBinReader final : public BinReader {
  public:
   ZstdBinReader(const std::string& path, std::size_t cache_frames)
       : file_(path),
-        table_(detail::parse_seek_table(file_.data(), file_.size(), file_.path())),
+        table_(detail::parse_seek_table(file_)),
         cache_frames_(cache_frames) {}
 
   std::uint64_t size() const override { return table_.decompressed_bytes(); }
@@ -412,7 +441,7 @@ std::uint64_t zstd_seekable_compress(const std::string& in_path, const std::stri
 std::uint64_t zstd_seekable_decompress(const std::string& in_path, const std::string& out_path) {
   check_output_is_not_input(out_path, {in_path}, "decompressed output");
   MappedFile file(in_path);
-  const SeekTable table = detail::parse_seek_table(file.data(), file.size(), file.path());
+  const SeekTable table = detail::parse_seek_table(file);
   AtomicOutput out(out_path);
   file.advise(0, file.size(), true);
   std::vector<std::uint8_t> buf;
@@ -432,7 +461,7 @@ std::unique_ptr<BinReader> open_zstd_bin(const std::string& path, std::size_t ca
 
 ZstdSeekableInfo zstd_seekable_info(const std::string& path) {
   MappedFile file(path);
-  const SeekTable table = detail::parse_seek_table(file.data(), file.size(), file.path());
+  const SeekTable table = detail::parse_seek_table(file);
   ZstdSeekableInfo info;
   info.compressed_bytes = table.compressed_bytes();
   info.decompressed_bytes = table.decompressed_bytes();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <limits>
 
@@ -28,12 +29,15 @@ constexpr char kFileMagic[4] = {'P', 'P', 'L', 'F'};
 constexpr char kIndexMagic[4] = {'P', 'P', 'L', 'I'};
 constexpr std::size_t kHeaderSize = 32;
 constexpr std::size_t kFileHeaderSize = 8;
-// Plan file footer (format 2), after the index: count, index offset, first iteration, distinct
-// iterations held, iterations declared by the writer (0: none declared), flags (bit 0: complete),
-// XXH64 of the index and the footer's first 48 bytes, reserved, 'PPLI', footer version.
+// Plan file footer (formats 2 and 3), after the index and (format 3, flag bit 1) the dataset record:
+// count, index offset, first iteration, distinct iterations held, iterations declared by the writer
+// (0: none declared), flags (bit 0: complete, bit 1: dataset), XXH64 of the bytes from the index to
+// the footer's first 48 bytes, 'PPLI', footer version (the file's).
 constexpr std::size_t kFooterSize = 64;
-constexpr std::uint16_t kPlanFileVersion = 2;
+constexpr std::uint16_t kPlanFileVersion = 3;
+constexpr std::uint16_t kOldestPlanFileVersion = 2;  // format 2: no dataset record
 constexpr std::uint64_t kFlagComplete = 1;
+constexpr std::uint64_t kFlagDataset = 2;
 constexpr std::uint16_t kFlagZstd = 1;
 constexpr std::uint64_t kMaxBody = std::uint64_t{1} << 32;  // 4 GiB: far above any plan
 
@@ -129,11 +133,15 @@ class In {
     }
     return static_cast<std::size_t>(c);
   }
-  double f64(const char* field) {
+  std::uint64_t fixed64(const char* field) {
     need(8, field);
     std::uint64_t u = 0;
     for (int i = 0; i < 8; ++i) u |= static_cast<std::uint64_t>(d_[p_ + i]) << (8 * i);
     p_ += 8;
+    return u;
+  }
+  double f64(const char* field) {
+    const std::uint64_t u = fixed64(field);
     double d;
     std::memcpy(&d, &u, 8);
     return d;
@@ -295,10 +303,12 @@ void encode_body(const Plan& p, Out& o) {
     return std::any_of(mb.refs.begin(), mb.refs.end(), [](const SampleRef& r) { return r.offset != 0; });
   });
   o.u8(offsets ? 1 : 0);
-  if (!offsets) return;
-  for (const auto& mb : p.microbatches) {
-    for (const auto& r : mb.refs) o.var(r.offset);
+  if (offsets) {
+    for (const auto& mb : p.microbatches) {
+      for (const auto& r : mb.refs) o.var(r.offset);
+    }
   }
+  o.le(p.dataset.fingerprint, 8);  // format 5: the dataset the refs index (0: unknown)
 }
 
 /// The layout a format-1 or -2 plan implies: rows packed under a block mask when it gives row
@@ -496,6 +506,7 @@ Plan decode_body(In& in, std::uint16_t version) {
     // Canonical: the flag is set exactly when some offset is not 0 (decode -> encode is byte-identical).
     if (offsets == 1 && !any) in.fail("has_offsets", "expected 0: no ref is a chunk (every offset is 0)");
   }
+  if (version >= 5) p.dataset.fingerprint = in.fixed64("dataset");
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;
 }
@@ -684,6 +695,7 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
   j["memory_limit_bytes"] = p.memory_limit_bytes;
   if (p.max_seq_len > 0) j["max_seq_len"] = p.max_seq_len;
   if (p.max_target_len > 0) j["max_target_len"] = p.max_target_len;
+  if (p.dataset.known()) j["dataset"] = fmt::format("{:016x}", p.dataset.fingerprint);
   j["static_bytes"] = p.static_bytes;
   j["buffer_slots"] = p.buffer_slots;
   Json shapes = Json::array();
@@ -849,7 +861,7 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
   in.only(j, "", {"format", "version", "iteration", "schedule", "ranks", "vstages", "stage_rank", "dp", "replica",
                   "global_tokens", "makespan_ms", "memory_limit_bytes", "static_bytes", "buffer_slots", "shapes",
                   "microbatches", "streams", "timeline", "stages", "dtype", "loss_mode", "global_loss_tokens",
-                  "tied_embedding", "rank_layout", "max_seq_len", "max_target_len"});
+                  "tied_embedding", "rank_layout", "max_seq_len", "max_target_len", "dataset"});
   p.iteration = in.u64(in.at(j, "", "iteration"), "/iteration");
   for (auto [key, field] :
        {std::pair{"max_seq_len", &Plan::max_seq_len}, std::pair{"max_target_len", &Plan::max_target_len}}) {
@@ -857,6 +869,18 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     const std::string ptr = std::string("/") + key;
     if (version < 4) in.fail(ptr, "a format-1 to -3 plan has no context length (format 4 has)");
     p.*field = static_cast<std::uint32_t>(in.u64(j[key], ptr, 0xFFFFFFFFull));
+  }
+  if (j.contains("dataset")) {
+    if (version < 5) in.fail("/dataset", "a format-1 to -4 plan names no dataset (format 5 does)");
+    // Canonical: 16 lower-case hex digits, never all 0 (an unknown dataset is written as no field).
+    const std::string hex = in.str(j["dataset"], "/dataset");
+    std::uint64_t f = 0;
+    const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), f, 16);
+    if (ec != std::errc() || end != hex.data() + hex.size() || f == 0 || fmt::format("{:016x}", f) != hex) {
+      in.fail("/dataset", fmt::format("expected the dataset's fingerprint, 16 lower-case hex digits not all 0, "
+                                      "found \"{}\"", hex));
+    }
+    p.dataset.fingerprint = f;
   }
   p.schedule = in.str(in.at(j, "", "schedule"), "/schedule");
   p.ranks = static_cast<std::uint32_t>(in.u64(in.at(j, "", "ranks"), "/ranks", 1u << 24));
@@ -1049,10 +1073,48 @@ void PlanFileWriter::expect_iterations(std::uint64_t first_iteration, std::uint6
 
 void PlanFileWriter::discard() noexcept { out_.reset(); }
 
+namespace {
+
+// Why plans of dataset `add` cannot join a file of dataset `have` (empty: they can; an unknown
+// dataset joins any file).
+std::string dataset_conflict(const DatasetIdentity& have, const DatasetIdentity& add) {
+  if (!have.known() || !add.known()) return {};
+  if (add.fingerprint != have.fingerprint) {
+    return fmt::format("it indexes dataset {:016x}, the file's plans dataset {:016x}", add.fingerprint,
+                       have.fingerprint);
+  }
+  if (have.tasks != nullptr && add.tasks != nullptr && *have.tasks != *add.tasks) {
+    return fmt::format("dataset {:016x} is given with other tasks than before", add.fingerprint);
+  }
+  return {};
+}
+
+// `have` after plans of `add` joined it (dataset_conflict(have, add) is empty).
+void adopt_dataset(DatasetIdentity& have, const DatasetIdentity& add) {
+  if (!add.known()) return;
+  if (!have.known()) {
+    have = add;
+  } else if (have.tasks == nullptr) {
+    have.tasks = add.tasks;
+  }
+}
+
+}  // namespace
+
+void PlanFileWriter::set_dataset(const DatasetIdentity& dataset) {
+  const std::string why = dataset_conflict(dataset_, dataset);
+  PACKPIPE_CHECK_ARG(why.empty(), "plan file '{}': set_dataset: {} (a plan file indexes one dataset)", path_, why);
+  adopt_dataset(dataset_, dataset);
+}
+
 void PlanFileWriter::append(const Plan& plan) {
   PACKPIPE_CHECK_ARG(plan.dp == 0 || plan.replica < plan.dp, "plan file '{}': iteration {}: replica {} of a plan of {} "
                      "replicas", path_, plan.iteration, plan.replica, plan.dp);
+  const std::string why = dataset_conflict(dataset_, plan.dataset);
+  PACKPIPE_CHECK_ARG(why.empty(), "plan file '{}': iteration {} replica {}: {} (a plan file indexes one dataset: "
+                     "write the plans of another dataset to another file)", path_, plan.iteration, plan.replica, why);
   append_encoded(plan.iteration, plan.replica, encode_plan(plan, options_));
+  adopt_dataset(dataset_, plan.dataset);
 }
 
 void PlanFileWriter::append_encoded(std::uint64_t iteration, std::uint32_t replica,
@@ -1116,13 +1178,22 @@ void PlanFileWriter::close() {
   for (std::size_t i = 0; i < index_.size(); ++i) distinct += i == 0 || index_[i].iteration != index_[i - 1].iteration;
   const std::uint64_t first = index_.empty() ? first_expected_ : index_.front().iteration;
   const bool complete = expected_ == 0 || (distinct == expected_ && first == first_expected_);
+  if (dataset_.known()) {  // the dataset record (format 3)
+    o.le(dataset_.fingerprint, 8);
+    const auto& tasks = dataset_.task_list();
+    o.var(tasks.size());
+    for (const auto& t : tasks) {
+      o.str(t.name);
+      o.var(t.samples);
+    }
+  }
   const std::size_t foot = o.b.size();
   o.le(index_.size(), 8);
   o.le(offset_, 8);
   o.le(first, 8);
   o.le(distinct, 8);
   o.le(expected_, 8);
-  o.le(complete ? kFlagComplete : 0, 8);
+  o.le((complete ? kFlagComplete : 0) | (dataset_.known() ? kFlagDataset : 0), 8);
   o.le(XXH64(o.b.data(), foot + 48, 0), 8);
   o.b.insert(o.b.end(), kIndexMagic, kIndexMagic + 4);
   o.le(kPlanFileVersion, 4);
@@ -1156,6 +1227,7 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
     json_ = true;
     const Plan p = plan_from_json(std::string(reinterpret_cast<const char*>(data), size), w);
     entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    dataset_ = p.dataset;
     single_ = true;
     first_iteration_ = p.iteration;
     iterations_ = 1;
@@ -1166,6 +1238,7 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
   if (std::memcmp(data, kPlanMagic, 4) == 0) {
     const Plan p = decode_plan(data, size, w);
     entries_.push_back(Entry{p.iteration, 0, size, p.replica});
+    dataset_ = p.dataset;
     single_ = true;
     first_iteration_ = p.iteration;
     iterations_ = 1;
@@ -1178,32 +1251,51 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
                  "{}: offset {}: field 'footer': expected at least {} bytes, found {} (truncated, or the writer was not "
                  "closed)", w, size, kFileHeaderSize + kFooterSize, size);
   const auto version = rd_le(data + 4, 2);
-  PACKPIPE_CHECK(version == kPlanFileVersion,
-                 "{}: offset 4: field 'version': expected plan file format {}, found {}{}", w, kPlanFileVersion, version,
+  PACKPIPE_CHECK(version >= kOldestPlanFileVersion && version <= kPlanFileVersion,
+                 "{}: offset 4: field 'version': expected plan file format {} to {}, found {}{}", w,
+                 kOldestPlanFileVersion, kPlanFileVersion, version,
                  version == 1 ? " (format 1 has no index checksum or completeness record: plan the epoch again to "
                                 "rewrite it)"
-                              : "");
+                 : version > kPlanFileVersion ? " (written by a newer packpipe?)"
+                                              : "");
   const std::uint8_t* foot = data + size - kFooterSize;
-  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0 && rd_le(foot + 60, 4) == kPlanFileVersion,
+  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0 && rd_le(foot + 60, 4) == version,
                  "{}: offset {}: field 'footer magic': expected 'PPLI' version {}, found {} (truncated, or the writer "
-                 "was not closed)", w, size - kFooterSize + 56, kPlanFileVersion, show_magic(foot + 56, 4));
+                 "was not closed)", w, size - kFooterSize + 56, version, show_magic(foot + 56, 4));
   const std::uint64_t count = rd_le(foot, 8);
   const std::uint64_t index_offset = rd_le(foot + 8, 8);
-  const std::uint64_t index_end = size - kFooterSize;
-  PACKPIPE_CHECK(index_offset >= kFileHeaderSize && index_offset <= index_end && (index_end - index_offset) % 24 == 0 &&
-                     (index_end - index_offset) / 24 == count,
-                 "{}: offset {}: field 'index': expected {} entries of 24 bytes between offset {} and {}, found an index "
-                 "at offset {} for {} plans", w, size - kFooterSize, count, index_offset, index_end, index_offset, count);
-  const std::uint64_t sum = XXH64(data + index_offset, static_cast<std::size_t>(index_end - index_offset) + 48, 0);
+  const std::uint64_t foot_at = size - kFooterSize;
+  const std::uint64_t flags = rd_le(foot + 40, 8);
+  const std::uint64_t known_flags = kFlagComplete | (version >= 3 ? kFlagDataset : 0);
+  PACKPIPE_CHECK((flags & ~known_flags) == 0, "{}: offset {}: field 'flags': unknown bits 0x{:x}", w,
+                 size - kFooterSize + 40, flags & ~known_flags);
+  const bool has_dataset = (flags & kFlagDataset) != 0;
+  // The index, then (flag bit 1) the dataset record, then the footer: nothing else between them.
+  PACKPIPE_CHECK(index_offset >= kFileHeaderSize && index_offset <= foot_at && count <= (foot_at - index_offset) / 24 &&
+                     (has_dataset ? foot_at - index_offset > 24 * count : foot_at - index_offset == 24 * count),
+                 "{}: offset {}: field 'index': expected {} entries of 24 bytes from offset {}{} up to the footer at {}, "
+                 "found an index at offset {} for {} plans", w, size - kFooterSize, count, index_offset,
+                 has_dataset ? ", then the dataset record," : "", foot_at, index_offset, count);
+  const std::uint64_t index_end = index_offset + 24 * count;
+  const std::uint64_t sum = XXH64(data + index_offset, static_cast<std::size_t>(foot_at - index_offset) + 48, 0);
   PACKPIPE_CHECK(!verify_ || sum == rd_le(foot + 48, 8),
                  "{}: offset {}: field 'index checksum': expected XXH64 0x{:016x} of the index and footer, found "
                  "0x{:016x} (corrupt or edited)", w, size - kFooterSize + 48, sum, rd_le(foot + 48, 8));
+  if (has_dataset) {
+    In in(data + index_end, static_cast<std::size_t>(foot_at - index_end), w, static_cast<std::size_t>(index_end));
+    dataset_.fingerprint = in.fixed64("dataset.fingerprint");
+    if (!dataset_.known()) in.fail("dataset.fingerprint", "expected a dataset's fingerprint, found 0 (flag bit 1 set)");
+    auto tasks = std::make_shared<std::vector<DatasetTask>>(in.count("dataset.tasks", 2));
+    for (auto& t : *tasks) {
+      t.name = in.str("dataset.task.name");
+      t.samples = in.var("dataset.task.samples");
+    }
+    if (in.left() != 0) in.fail("dataset", fmt::format("expected the footer, found {} more bytes", in.left()));
+    if (!tasks->empty()) dataset_.tasks = std::move(tasks);
+  }
   first_iteration_ = rd_le(foot + 16, 8);
   iterations_ = rd_le(foot + 24, 8);
   expected_iterations_ = rd_le(foot + 32, 8);
-  const std::uint64_t flags = rd_le(foot + 40, 8);
-  PACKPIPE_CHECK((flags & ~kFlagComplete) == 0, "{}: offset {}: field 'flags': unknown bits 0x{:x}", w,
-                 size - kFooterSize + 40, flags & ~kFlagComplete);
   complete_ = (flags & kFlagComplete) != 0;
   entries_.resize(count);
   std::uint64_t expect_offset = kFileHeaderSize, distinct = 0, group = 0, replicas = 0;
@@ -1318,6 +1410,12 @@ Plan PlanFileReader::read(std::size_t i) const {
     PACKPIPE_CHECK(p.iteration == e.iteration && p.replica == e.replica,
                    "{}: the index entry says iteration {} replica {}, the plan is iteration {} replica {} (the index "
                    "was edited or points at another plan)", what, e.iteration, e.replica, p.iteration, p.replica);
+  }
+  if (p.dataset.known() && dataset_.known() && !single_) {
+    PACKPIPE_CHECK(p.dataset.fingerprint == dataset_.fingerprint,
+                   "{}: the plan indexes dataset {:016x}, the file records dataset {:016x} (the file was edited or put "
+                   "together from plans of several datasets)", what, p.dataset.fingerprint, dataset_.fingerprint);
+    p.dataset = dataset_;  // with the file's tasks
   }
   return p;
 }

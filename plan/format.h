@@ -5,10 +5,12 @@
 //   magic "PPLN" | u16 version | u16 flags (bit 0: body zstd-compressed) | u64 body size
 //   (uncompressed) | u64 stored size | u64 XXH64 of the stored body bytes
 // followed by the body (varints and f64, see docs/design/007-instructions.md).
-// Plan file (format 2): "PPLF" u16 version u16 flags(0) | blobs back to back | index (per plan: u64
-// iteration, u64 offset, u64 size) | 64-byte footer: plan count, index offset, first iteration,
-// iterations held, iterations declared, flags (bit 0: complete), XXH64 of the index and the
-// footer's first 48 bytes, reserved, "PPLI", footer version.
+// Plan file (format 3): "PPLF" u16 version u16 flags(0) | blobs back to back | index (per plan: u64
+// iteration, u64 offset, u64 size) | dataset (flag bit 1 only: u64 fingerprint, varint task count,
+// per task varint name length, name, varint samples) | 64-byte footer: plan count, index offset,
+// first iteration, iterations held, iterations declared, flags (bit 0: complete, bit 1: dataset),
+// XXH64 of the bytes from the index to the footer's first 48 bytes, "PPLI", footer version.
+// Format 2 (no dataset) is still read.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,9 @@ namespace packpipe::plan {
 /// max_target_len) and the token offset of each sample ref (SampleRef::offset: chunks of samples
 /// split at the context length). Older plans are still read (format 1 without the trainer's fields:
 /// Plan::stages empty; formats 1-2 with layouts implied by row_offsets; formats 1-3 with no context
-/// length and every offset 0).
-constexpr std::uint16_t kPlanFormatVersion = 4;
+/// length and every offset 0); 5 adds the fingerprint of the dataset whose samples the refs name
+/// (Plan::dataset; older plans: unknown, which loaders accept without a check).
+constexpr std::uint16_t kPlanFormatVersion = 5;
 
 struct EncodeOptions {
   bool compress = false;  ///< zstd-compress the body
@@ -66,6 +69,8 @@ Plan plan_from_json(const std::string& json, const std::string& what = "plan JSO
 ///
 /// The writer refuses at once what PlanFileReader would refuse to open: iterations are consecutive
 /// (from the declared first one), and each holds the same replicas 0, 1, ... in order.
+/// The file records the dataset its plans index (their Plan::dataset, or set_dataset()): one per
+/// file, so a plan of another dataset is refused.
 /// A PlanFileReader of the same path (in this process or another) keeps reading the file it opened:
 /// close() renames a new file into place, and the reader's mapping holds the old one until the
 /// reader is destroyed; a reader opened after close() reads the new file.
@@ -76,17 +81,24 @@ class PlanFileWriter {
   /// Declares that the file will hold iterations [first_iteration, first_iteration + count);
   /// close() marks the file complete only if it does. Call before the first append.
   void expect_iterations(std::uint64_t first_iteration, std::uint64_t count);
+  /// Records the dataset the plans index (for append_encoded, whose blobs the writer does not
+  /// read; append() takes it from the plans). Throws InvalidArgument, recording nothing, when the
+  /// file already records another one (another fingerprint, or other tasks).
+  void set_dataset(const DatasetIdentity& dataset);
+  /// The dataset recorded so far (unknown until a plan or set_dataset() gives one).
+  const DatasetIdentity& dataset() const { return dataset_; }
   ~PlanFileWriter();
   PlanFileWriter(const PlanFileWriter&) = delete;
   PlanFileWriter& operator=(const PlanFileWriter&) = delete;
   /// Appends `plan` (its iteration number goes to the index). Throws InvalidArgument, writing
   /// nothing, for a plan out of order: an iteration that is not the last one or the next one (the
   /// declared first one for the first plan), a replica that is not the next of its iteration (0
-  /// for a new one), or a new iteration after one with fewer or more replicas than the first.
-  /// Throws Error on I/O failure.
+  /// for a new one), a new iteration after one with fewer or more replicas than the first, or a
+  /// plan of another dataset than the file records (set_dataset). Throws Error on I/O failure.
   void append(const Plan& plan);
   /// Appends an already encoded plan (encode_plan's output of replica `replica` of `iteration`;
-  /// e.g. from a worker thread); refuses as append().
+  /// e.g. from a worker thread); refuses as append(), but reads no dataset from the blob: give the
+  /// plans' dataset with set_dataset().
   void append_encoded(std::uint64_t iteration, std::uint32_t replica, const std::vector<std::uint8_t>& blob);
   /// Writes the index and footer and renames the file into place; idempotent. Throws
   /// InvalidArgument (the file does not appear) when the last iteration holds fewer replicas than
@@ -109,6 +121,7 @@ class PlanFileWriter {
   std::vector<Entry> index_;
   std::uint64_t replicas_ = 0;       ///< plans per iteration (0 until the first iteration ends)
   std::uint64_t last_replicas_ = 0;  ///< plans of the last iteration so far
+  DatasetIdentity dataset_;          ///< written at close() when known
 };
 
 /// Reads a plan file by iteration without reading the others (the file is memory-mapped; only the
@@ -129,7 +142,8 @@ class PlanFileReader {
   /// Position of the first plan of `iteration` (replica 0), or -1. O(log n): files are written in
   /// iteration order, the replicas of one iteration one after another.
   std::int64_t find(std::uint64_t iteration) const;
-  /// Decodes the i-th plan (0 <= i < size(); OutOfRange otherwise).
+  /// Decodes the i-th plan (0 <= i < size(); OutOfRange otherwise). A plan that names its dataset
+  /// gets the file's record of it (with the tasks); Error when the file records another one.
   Plan read(std::size_t i) const;
   /// Decodes the plan of `iteration` for data-parallel `replica`; OutOfRange naming the available
   /// range if absent.
@@ -151,6 +165,10 @@ class PlanFileReader {
   const std::string& path() const { return path_; }
   /// True for a plan file (PPLF), false for a single binary or JSON plan.
   bool is_plan_file() const { return !single_; }
+  /// The dataset the plans index: a plan file's record (format 3), a single plan's own; unknown
+  /// for a file that records none (format 2, or plans that named none), which loaders accept
+  /// without a check.
+  const DatasetIdentity& dataset() const { return dataset_; }
   /// 64-bit identity of the plans this file delivers: XXH64 of every plan's iteration, size and
   /// stored body checksum (the whole text of a JSON plan). Another file, or the same path planned
   /// again differently, differs (loader states carry it). Reads one 32-byte header per plan.
@@ -175,6 +193,7 @@ class PlanFileReader {
   std::uint64_t first_iteration_ = 0;
   std::uint64_t iterations_ = 0;
   std::uint64_t expected_iterations_ = 0;
+  DatasetIdentity dataset_;
   std::vector<Entry> entries_;
 };
 

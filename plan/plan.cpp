@@ -35,6 +35,11 @@ std::string to_string(const TensorShape& s) {
   return out;
 }
 
+const std::vector<DatasetTask>& DatasetIdentity::task_list() const {
+  static const std::vector<DatasetTask> none;
+  return tasks != nullptr ? *tasks : none;
+}
+
 bool PlanMicroBatch::operator==(const PlanMicroBatch& o) const {
   return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && layout == o.layout && rows == o.rows &&
          padded_len == o.padded_len && padded_dec_len == o.padded_dec_len && tokens == o.tokens &&
@@ -71,7 +76,8 @@ bool Plan::operator==(const Plan& o) const {
          buffer_slots == o.buffer_slots && streams == o.streams && makespan_ms == o.makespan_ms &&
          same_ops(timeline, o.timeline) && stages == o.stages && dtype == o.dtype && loss_mode == o.loss_mode &&
          global_loss_tokens == o.global_loss_tokens && tied_embedding == o.tied_embedding &&
-         rank_layout == o.rank_layout && max_seq_len == o.max_seq_len && max_target_len == o.max_target_len;
+         rank_layout == o.rank_layout && max_seq_len == o.max_seq_len && max_target_len == o.max_target_len &&
+         dataset.fingerprint == o.dataset.fingerprint;
 }
 
 }  // namespace packpipe::plan

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,27 @@ constexpr OpKind compute_kind(Opcode op) {
                                         : OpKind::BackwardWeight;
 }
 
+/// One task of the dataset a plan's sample refs index, as a plan file records it.
+struct DatasetTask {
+  std::string name;
+  std::uint64_t samples = 0;  ///< the task's sample count (its refs' indexes are below it)
+  bool operator==(const DatasetTask& o) const { return name == o.name && samples == o.samples; }
+};
+
+/// The dataset a plan's sample refs index: what every loader checks before it loads tokens
+/// (planner::check_dataset). The fingerprint is the dataset's own identity
+/// (dataloader::MultiTaskDataset::fingerprint: its tasks in order, files, counts, sampled lengths,
+/// weights and split); the tasks say what differs when another dataset is given. A plan (format 5)
+/// stores the fingerprint, a plan file (format 3) the fingerprint and the tasks, once.
+struct DatasetIdentity {
+  std::uint64_t fingerprint = 0;  ///< 0: unknown (an older plan, or refs given without their dataset)
+  /// The tasks in task order, shared by every plan of an epoch; null: not recorded.
+  std::shared_ptr<const std::vector<DatasetTask>> tasks;
+  bool known() const { return fingerprint != 0; }
+  /// The recorded tasks; empty when none are recorded.
+  const std::vector<DatasetTask>& task_list() const;
+};
+
 /// One iteration's plan.
 struct Plan {
   std::uint64_t iteration = 0;
@@ -193,6 +215,9 @@ struct Plan {
   /// Encoder-decoder plans: the decoder side's limit (format 4; 0: none): every target_lengths[i]
   /// is at most it. 0 in decoder-only plans.
   std::uint32_t max_target_len = 0;
+  /// The dataset its sample refs index (format 5; unknown in older plans and in plans without refs
+  /// or whose refs came without their dataset). Plans compare equal by its fingerprint.
+  DatasetIdentity dataset;
 
   std::size_t microbatch_count() const { return microbatches.size(); }
   /// Index of (mb, v) in the per-(micro-batch, stage) tables.

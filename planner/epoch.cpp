@@ -14,6 +14,7 @@
 #include "common/background_queue.h"
 #include "common/errors.h"
 #include "planner/detail/rethrow.h"
+#include "planner/loader.h"
 
 namespace packpipe::planner {
 
@@ -142,6 +143,7 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
   if (options_.task_names.empty()) {
     for (const auto& t : data_.manifest().tasks) options_.task_names.push_back(t.name);
   }
+  options_.dataset = dataset_identity(data_);  // the plans' refs index this dataset
   // The exact iteration count: arithmetic for sample-count batches, a dry run of a sampler for
   // token budgets (batch boundaries only, no assembly: millions of samples a second). Plan files
   // record it, so a file that holds fewer iterations than its run was to plan is marked incomplete.

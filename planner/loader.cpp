@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <iterator>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -126,8 +128,77 @@ RowLayout microbatch_layout(const pl::Plan& plan, std::size_t m, bool decoder) {
   return out;
 }
 
+// ---- the dataset a plan indexes ---------------------------------------------------------------
+
+pl::DatasetIdentity dataset_identity(const dl::MultiTaskDataset& data) {
+  auto tasks = std::make_shared<std::vector<pl::DatasetTask>>();
+  tasks->reserve(data.num_tasks());
+  for (std::size_t t = 0; t < data.num_tasks(); ++t) {
+    tasks->push_back(pl::DatasetTask{data.manifest().tasks[t].name, data.task_size(t)});
+  }
+  pl::DatasetIdentity id;
+  id.fingerprint = data.fingerprint();
+  id.tasks = std::move(tasks);
+  return id;
+}
+
+namespace {
+
+// "3 tasks [a, b, c]", the names cut after 12 (a manifest may hold thousands).
+std::string task_names(const std::vector<pl::DatasetTask>& tasks) {
+  std::string names;
+  for (std::size_t t = 0; t < tasks.size() && t < 12; ++t) names += fmt::format("{}'{}'", t ? ", " : "", tasks[t].name);
+  if (tasks.size() > 12) names += fmt::format(", ... ({} more)", tasks.size() - 12);
+  return fmt::format("{} task{} [{}]", tasks.size(), tasks.size() == 1 ? "" : "s", names);
+}
+
+// What differs between the tasks a plan records and a dataset's, planned versus found.
+std::string dataset_difference(const std::vector<pl::DatasetTask>& planned, const std::vector<pl::DatasetTask>& found) {
+  if (planned.empty()) return fmt::format("the plan records its dataset's fingerprint only; found {}", task_names(found));
+  auto names = [](const std::vector<pl::DatasetTask>& tasks) {
+    std::vector<std::string> n;
+    for (const auto& t : tasks) n.push_back(t.name);
+    return n;
+  };
+  const std::vector<std::string> a = names(planned), b = names(found);
+  if (a != b) {
+    std::vector<std::string> sa = a, sb = b;
+    std::sort(sa.begin(), sa.end());
+    std::sort(sb.begin(), sb.end());
+    std::string what = sa == sb ? "the tasks are in another order" : "other tasks";
+    std::vector<std::string> missing, extra;
+    std::set_difference(sa.begin(), sa.end(), sb.begin(), sb.end(), std::back_inserter(missing));
+    std::set_difference(sb.begin(), sb.end(), sa.begin(), sa.end(), std::back_inserter(extra));
+    if (!missing.empty()) what += fmt::format(" (planned task '{}' is missing", missing.front());
+    if (!extra.empty()) what += fmt::format("{}'{}' was not planned", missing.empty() ? " (task " : "; task ", extra.front());
+    if (!missing.empty() || !extra.empty()) what += ")";
+    return fmt::format("{}: planned {}, found {}", what, task_names(planned), task_names(found));
+  }
+  for (std::size_t t = 0; t < planned.size(); ++t) {
+    if (planned[t].samples != found[t].samples) {
+      return fmt::format("task {} ('{}') held {} samples when planned, found {}", t, planned[t].name,
+                         planned[t].samples, found[t].samples);
+    }
+  }
+  return fmt::format("the same {} with the same sample counts, but other data behind them (a dataset file, its token "
+                     "counts or lengths, a task's layout or weight, the split or the samples per epoch differ)",
+                     task_names(planned));
+}
+
+}  // namespace
+
+void check_dataset(const pl::DatasetIdentity& planned, const dl::MultiTaskDataset& data, const std::string& what) {
+  if (!planned.known() || planned.fingerprint == data.fingerprint()) return;
+  PACKPIPE_THROW(InvalidArgument,
+                 "{} was planned from another dataset than '{}': {} (dataset fingerprint: planned {:016x}, found "
+                 "{:016x}). Give the manifest it was planned from, or plan again over this one",
+                 what, data.manifest().path, dataset_difference(planned.task_list(), dataset_identity(data).task_list()),
+                 planned.fingerprint, data.fingerprint());
+}
+
 LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Plan& plan, std::size_t m,
                                   std::uint32_t stage, const TokenOptions& tokens) {
+  check_dataset(plan.dataset, data, fmt::format("iteration {}: the plan", plan.iteration));
   const bool encdec = has_decoder(plan);
   const std::vector<std::uint64_t> offsets = checked_rows(plan, m, encdec);
   PACKPIPE_CHECK_RANGE(stage < plan.stages.size(), "iteration {}: virtual stage {} is out of range (the plan has {})",
@@ -326,6 +397,7 @@ RankLoader::RankLoader(const dl::MultiTaskDataset& data, const std::string& plan
   check_loader_depth(options.depth);
   impl_->reader = std::make_unique<pl::PlanFileReader>(plan_file);
   const pl::PlanFileReader& file = *impl_->reader;
+  check_dataset(file.dataset(), data, fmt::format("plan file '{}'", plan_file));
   if (!options.allow_incomplete) {
     file.require_complete("pass allow_incomplete=True (PlanLoader, RankLoader; RankLoaderOptions::allow_incomplete in C++)");
   }
@@ -346,6 +418,7 @@ RankLoader::RankLoader(const dl::MultiTaskDataset& data, const std::string& plan
   impl_->count = take;
   if (take > 0) {
     const pl::Plan head = file.read_iteration(impl_->file_iterations.front(), 0);
+    check_dataset(head.dataset, data, fmt::format("plan file '{}'", plan_file));  // a file that records none
     check_loader_options(options, head.dp, head.ranks);
   }
   start();

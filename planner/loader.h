@@ -61,6 +61,17 @@ struct RowLayout {
 /// decoder side the plan lacks, or rows that do not match the lengths.
 RowLayout microbatch_layout(const pl::Plan& plan, std::size_t mb, bool decoder = false);
 
+/// What plans record of `data` (Plan::dataset, a plan file's dataset record): its fingerprint
+/// (dl::MultiTaskDataset::fingerprint) and its tasks' names and sample counts in task order.
+pl::DatasetIdentity dataset_identity(const dl::MultiTaskDataset& data);
+
+/// Throws InvalidArgument unless `planned` (what a plan or a plan file records) is unknown or is
+/// `data`'s identity: the message names `what` (the plan file, or the plan's iteration), `data`'s
+/// manifest and what differs, planned versus found (the tasks' names or order, a task's sample
+/// count, or, when those agree, the fingerprint of the data behind them). Every loader calls it
+/// before it loads tokens for a plan: refs into another dataset would load other tokens than planned.
+void check_dataset(const pl::DatasetIdentity& planned, const dl::MultiTaskDataset& data, const std::string& what);
+
 /// The tensors one LOAD_MB brings: int64, row-major [rows, seq] (decoder tensors [rows, dec_seq]);
 /// a tensor the stage does not load is empty.
 struct LoadedTensors {
@@ -74,8 +85,9 @@ struct LoadedTensors {
 
 /// Assembles the tensors virtual stage `stage` loads for micro-batch `mb` of `plan` (StageSpec::loads)
 /// from the tokens of the micro-batch's samples (PlanMicroBatch::refs) in `data`, by the conventions
-/// at the top of this file. Throws OutOfRange for `mb` or `stage`; InvalidArgument naming the
-/// iteration, the micro-batch and the sample for a format-1 plan, a plan without sample refs, a ref
+/// at the top of this file. Throws OutOfRange for `mb` or `stage`; InvalidArgument for a plan of
+/// another dataset (check_dataset), and naming the iteration, the micro-batch and the sample for a
+/// format-1 plan, a plan without sample refs, a ref
 /// the dataset does not hold, a planned length longer than the sample's tokens, or lengths that do
 /// not fit the rows; Error when the assembled loss tokens differ from the plan's. Thread-safe.
 LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Plan& plan, std::size_t mb,
@@ -115,8 +127,10 @@ class RankLoader {
   RankLoader(const dl::MultiTaskDataset& data, std::unique_ptr<EpochPlanner> planner, RankLoaderOptions options);
   /// Reads the plans (iteration, options.replica) of `plan_file` (plan/format.h) from iteration
   /// `first_iteration` on, `count` iterations (0: to the end of the file). Throws Error for a bad
-  /// file or an incomplete one (unless options.allow_incomplete), InvalidArgument for a first
-  /// iteration the file does not hold, a replica or rank the first plan does not have, or depth 0.
+  /// file or an incomplete one (unless options.allow_incomplete), InvalidArgument for a file
+  /// planned from another dataset than `data` (check_dataset; a file that records none is read
+  /// unchecked), a first iteration the file does not hold, a replica or rank the first plan does
+  /// not have, or depth 0.
   RankLoader(const dl::MultiTaskDataset& data, const std::string& plan_file, std::uint64_t first_iteration,
              std::uint64_t count, RankLoaderOptions options);
   /// Stops the background work and joins (at most the iteration in flight finishes); never hangs.

@@ -516,6 +516,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     po.max_target_len = lengths.encoder_decoder() ? o.context.target_limit() : 0;
     pl::Plan plan = make_plan(best.schedules[k], best.replica_mbs[k], vstages, trained, &best.tables[k], po);
     plan.replica = static_cast<std::uint32_t>(k);
+    if (refs != nullptr) plan.dataset = o.dataset;
     if (o.validate) pl::validate_or_throw(plan);
     r.plans.push_back(std::move(plan));
   }

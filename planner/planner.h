@@ -62,6 +62,9 @@ struct PlannerOptions {
   /// Task names by SampleRef::task, naming a dataset sample in messages (e.g. one that does not
   /// fit); empty: tasks by number.
   std::vector<std::string> task_names;
+  /// The dataset the sample refs index, recorded in the plans that have refs (Plan::dataset;
+  /// EpochPlanner sets its dataset's); unknown: refs given without their dataset.
+  pl::DatasetIdentity dataset;
   // ---- what the plans tell a trainer ----
   pl::LossMode loss_mode = pl::LossMode::AllTokens;  ///< recorded in the plans (loss tokens: BatchLengths::loss)
   /// The context length (planner/context.h), recorded in the plans (Plan::max_seq_len): applied by

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/mapped_file.h"
+
 namespace packpipe::dataloader::detail {
 
 inline constexpr std::uint32_t kSkippableMagic = 0x184D2A5E;
@@ -37,6 +39,9 @@ struct SeekTable {
 /// Parses and validates the seek table at the end of buffer [data, data + size); `name` (the file
 /// path) starts every error message. Throws packpipe::Error. Touches only the table bytes.
 SeekTable parse_seek_table(const std::uint8_t* data, std::uint64_t size, const std::string& name);
+/// parse_seek_table of a mapped file: copies the footer, then the table, through the file's SIGBUS
+/// guard (a file truncated under it is an Error naming it) and parses the copy.
+SeekTable parse_seek_table(const MappedFile& file);
 
 /// Decompresses frame f from its compressed bytes `src` (exactly c_off[f+1] - c_off[f] of them, e.g.
 /// a guarded copy out of the mapped file) into dst (exactly d_off[f+1] - d_off[f] bytes) with this

@@ -61,6 +61,31 @@ $py -c "import json,sys; j=json.load(open(sys.argv[1])); assert (j['iteration'],
   --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/again.plan" --no-baselines --threads 1 > /dev/null
 cmp "$tmp/demo.plan" "$tmp/again.plan" || fail "plans differ between runs"
 
+# The file records the dataset it was planned from (loaders refuse another): its fingerprint and
+# tasks, which do not depend on where the data lies.
+"$pp" plan inspect "$tmp/demo.plan" > "$tmp/inspect.txt"
+grep -Eq "^dataset: fingerprint [0-9a-f]{16}, tasks define \([0-9]+ samples\), synonyms \([0-9]+ samples\), translate" \
+  "$tmp/inspect.txt" || fail "inspect does not show the dataset"
+grep -q "man_text ([0-9]* samples)$" "$tmp/inspect.txt" || fail "inspect does not show every task"
+"$pp" plan inspect "$tmp/demo.plan" --json > "$tmp/inspect.json"
+grep -Eq '"dataset": "[0-9a-f]{16}"' "$tmp/inspect.json" || fail "inspect --json: no dataset"
+cp -r "$root/data/demo" "$tmp/moved"
+"$pp" plan --manifest "$tmp/moved/manifest.json" --global-batch-tokens 32768 --iterations 3 \
+  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/moved.plan" --no-baselines --threads 1 > /dev/null
+cmp "$tmp/demo.plan" "$tmp/moved.plan" || fail "the same data elsewhere gives other plans"
+$py - "$tmp/moved/manifest.json" <<'PY' || fail "reordered manifest"
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["tasks"][0], m["tasks"][1] = m["tasks"][1], m["tasks"][0]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+"$pp" plan --manifest "$tmp/moved/manifest.json" --global-batch-tokens 32768 --iterations 3 \
+  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/reordered.plan" --no-baselines --threads 1 > /dev/null
+"$pp" plan inspect "$tmp/reordered.plan" > "$tmp/reordered.txt"
+grep -q "^dataset: fingerprint .*, tasks synonyms (" "$tmp/reordered.txt" || fail "a reordered manifest's plans name its order"
+[[ "$(grep "^dataset:" "$tmp/inspect.txt" | cut -d, -f1)" != "$(grep "^dataset:" "$tmp/reordered.txt" | cut -d, -f1)" ]] \
+  || fail "a reordered manifest has the same fingerprint"
+
 # Bad input: a sample that no micro-batch can hold names itself as the user knows it (iteration,
 # task, index in the dataset) and the option that handles it; a model state over the memory limit
 # says that no sample can fit.
@@ -129,7 +154,7 @@ assert (t["tokens"] == plain["total"]["tokens"]) == (pol == "split"), (t["tokens
 offsets = 0
 for path in sys.argv[4:]:
     p = json.load(open(path))
-    assert p["max_seq_len"] == 1024 and p["version"] == 4
+    assert p["max_seq_len"] == 1024 and p["version"] >= 4
     for mb in p["microbatches"]:
         assert max(mb["lengths"]) <= 1024, mb["lengths"]
         offsets += sum(1 for r in mb["refs"] if len(r) == 3)

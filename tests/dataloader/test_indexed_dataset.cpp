@@ -15,6 +15,7 @@
 #include "common/errors.h"
 #include "common/mapped_file.h"
 #include "dataloader/indexed_dataset.h"
+#include "dataloader/multitask.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/temp_dir.h"
 
@@ -888,4 +889,99 @@ TEST_CASE("datasets move and report their prefix", "[interface]") {
   CHECK(b.length(3) == len);
   CHECK(b.itemsize() == 2);
   CHECK(b.bin().path() == prefix + ".bin");
+}
+
+namespace {
+
+/// The message of the packpipe::Error that `f` throws ("" if it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const packpipe::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("an .idx truncated under a live dataset is an Error naming it, never SIGBUS", "[negative][regression]") {
+  TempDir dir;
+  const std::string prefix = dir.file("t");
+  const std::string idx = prefix + ".idx";
+  std::mt19937_64 rng(11);
+  // Documents of one or two sequences with modes: every index array spans several pages.
+  packpipe::test::write_documents(prefix, DType::UInt16, packpipe::test::random_documents(rng, 3000, 2, 30, 30000),
+                                  true);
+  const IndexedDataset ds(prefix);
+  REQUIRE(ds.has_modes());
+  const std::uint64_t S = ds.size();
+  REQUIRE(packpipe::file_size(idx) > 4 * 4096);
+  std::vector<std::uint32_t> lengths(S);
+  for (std::uint64_t i = 0; i < S; ++i) lengths[i] = ds.length(i);
+  // (a Catch matcher combination holds its parts by reference: each is built in its own CHECK)
+  SECTION("to nothing") {
+    std::filesystem::resize_file(idx, 0);  // another process truncates the index
+    // The sizes were copied at open: lengths, sampling and planning go on.
+    for (std::uint64_t i = 0; i < S; ++i) REQUIRE(ds.length(i) == lengths[i]);
+    CHECK_THAT(error_of([&] { (void)ds.read(S / 2); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.checked_pointer(0); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.pointers()[1]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.modes()[0]; }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.verify(); }), Contains(idx) && Contains("truncated"));
+  }
+  SECTION("to its first page") {
+    std::filesystem::resize_file(idx, 4096);
+    CHECK(ds.length(S - 1) == lengths[S - 1]);
+    CHECK_THAT(error_of([&] { (void)ds.read(S - 1); }), Contains(idx) && Contains("truncated"));
+    CHECK_THAT(error_of([&] { (void)ds.doc_idx()[ds.num_documents()]; }), Contains(idx) && Contains("truncated"));
+  }
+  SECTION("a paired-sequences task reads documents and modes through the same guard") {
+    const MultiTaskDataset mt = [&] {
+      Manifest m;
+      m.path = "test.json";
+      TaskSpec t;
+      t.name = "pairs";
+      t.layout = TaskLayout::PairedSequences;
+      t.prefixes = {dir.file("pairs")};
+      m.tasks = {t};
+      // modes 0 then 1 in each document, checked at every access
+      packpipe::test::write_documents(dir.file("pairs"), DType::UInt16, Documents(400, {{1, 2, 3}, {4, 5}}), true);
+      return MultiTaskDataset(m);
+    }();
+    REQUIRE(mt.input_length(packpipe::SampleRef{0, 399}) == 3);
+    std::filesystem::resize_file(dir.file("pairs.idx"), 0);
+    CHECK_THAT(error_of([&] { (void)mt.input_length(packpipe::SampleRef{0, 399}); }), Contains(dir.file("pairs.idx")) && Contains("truncated"));
+    std::vector<std::uint8_t> in, tg;
+    CHECK_THAT(error_of([&] { mt.read_sample(packpipe::SampleRef{0, 0}, in, tg); }), Contains(dir.file("pairs.idx")) && Contains("truncated"));
+  }
+}
+
+TEST_CASE("a legacy TNTIDX index is read into memory at open: truncating it later loses nothing", "[regression]") {
+  TempDir dir;
+  const std::string from = fixture("megatron-small/wordnet_legacy_tntidx_int32");
+  const std::string prefix = dir.file("legacy");
+  std::filesystem::copy_file(from + ".idx", prefix + ".idx");
+  std::filesystem::copy_file(from + ".bin", prefix + ".bin");
+  const IndexedDataset ds(prefix);
+  REQUIRE(ds.format() == IndexFormat::TNTIDX);
+  std::vector<std::vector<std::uint8_t>> before;
+  for (std::uint64_t i = 0; i < ds.size(); ++i) before.push_back(ds.read(i));
+  std::filesystem::resize_file(prefix + ".idx", 0);
+  for (std::uint64_t i = 0; i < ds.size(); ++i) REQUIRE(ds.read(i) == before[i]);
+  CHECK(ds.doc_idx()[ds.num_documents()] == static_cast<std::int64_t>(ds.size()));
+  CHECK(ds.verify().empty());
+}
+
+TEST_CASE("index arrays: the sizes are a copy in memory, the rest reads the map through its guard", "[interface]") {
+  const IndexedDataset ds(fixture("megatron-small/wordnet_modes_uint16"));
+  CHECK_FALSE(ds.sizes().guarded());
+  CHECK(ds.pointers().guarded());
+  CHECK(ds.doc_idx().guarded());
+  CHECK(ds.modes().guarded());
+  std::vector<std::int64_t> p(ds.size());
+  ds.pointers().copy(0, ds.size(), p.data());
+  for (std::uint64_t i = 0; i < ds.size(); ++i) REQUIRE(p[i] == static_cast<std::int64_t>(ds.checked_pointer(i)));
 }

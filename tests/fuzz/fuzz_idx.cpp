@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         sum += static_cast<std::uint64_t>(v.sizes[i]) + static_cast<std::uint64_t>(v.pointers[i]);
       }
       for (std::uint64_t k = 0; k < v.doc_idx.size(); ++k) sum += static_cast<std::uint64_t>(v.doc_idx[k]);
-      if (v.modes != nullptr) {
+      if (v.has_modes) {
         for (std::uint64_t i = 0; i < v.num_sequences; ++i) sum += static_cast<std::uint64_t>(v.modes[i]);
       }
       if (v.doc_idx.size() != v.num_documents + 1) __builtin_trap();

@@ -16,6 +16,7 @@
 #include "tests/support/synthetic_plans.h"
 #include "plan/format.h"
 #include "plan/validator.h"
+#include "tests/support/old_plan_formats.h"
 #include "tests/support/temp_dir.h"
 
 using namespace packpipe::plan;
@@ -67,10 +68,10 @@ void reheader(std::vector<std::uint8_t>& b, std::uint16_t version) {
   put(24, XXH64(b.data() + 32, body, 0), 8);
 }
 
-// The blob of `p` as format 3 wrote it: the body without format 4's trailer (two zero varints and
+// The blob of `p` as format 3 wrote it: format 4's body without its trailer (two zero varints and
 // no offsets), version 3. `p` has no context length and no chunks.
 std::vector<std::uint8_t> as_format3(const Plan& p) {
-  std::vector<std::uint8_t> b = encode_plan(p);
+  std::vector<std::uint8_t> b = packpipe::test::plan_blob_v4(p);
   REQUIRE(b.size() > 35);
   REQUIRE(std::vector<std::uint8_t>(b.end() - 3, b.end()) == std::vector<std::uint8_t>{0, 0, 0});
   b.resize(b.size() - 3);
@@ -158,7 +159,7 @@ TEST_CASE("plan format 4: the context length and chunk offsets round-trip; forma
   CHECK(r.max_seq_len == 0);
   // Format 3 JSON takes neither field, nor a ref of three entries.
   std::string js = plan_to_json(whole, -1);
-  const auto version = js.find("\"version\":4");
+  const auto version = js.find("\"version\":5");
   REQUIRE(version != std::string::npos);
   js.replace(version, 11, "\"version\":3");
   CHECK(plan_from_json(js) == whole);
@@ -176,7 +177,7 @@ TEST_CASE("plan format 4: the context length and chunk offsets round-trip; forma
   const Plan chunked = plan_from_json(three, "v4.json");
   CHECK(chunked.microbatches.front().refs.front().offset == 5);
   // A corrupt trailer is an error naming the field.
-  std::vector<std::uint8_t> bad = encode_plan(whole);
+  std::vector<std::uint8_t> bad = packpipe::test::plan_blob_v4(whole);
   REQUIRE(bad.back() == 0);  // has_offsets
   bad.back() = 2;
   REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan", false),
@@ -187,7 +188,7 @@ TEST_CASE("plan format 4: the context length and chunk offsets round-trip; forma
   std::size_t refs = 0;
   for (const auto& mb : whole.microbatches) refs += mb.refs.size();
   bad.insert(bad.end(), refs, 0);
-  reheader(bad, kPlanFormatVersion);
+  reheader(bad, 4);
   REQUIRE_THROWS_WITH(decode_plan(bad.data(), bad.size(), "x.plan"),
                       Catch::Matchers::Contains("field 'has_offsets'") && Catch::Matchers::Contains("every offset is 0"));
   // format 1-2 files still read (tests/data and the fuzz corpus hold them)
@@ -567,4 +568,163 @@ TEST_CASE("plan file writer: refuses at once what no reader opens", "[negative][
   CHECK(before.read(0) == first);
   CHECK(before.size() == 2);
   CHECK(PlanFileReader(path).read(0).iteration == 7);
+}
+
+namespace {
+
+// A plan whose sample refs index a dataset of fingerprint `fingerprint` with `tasks`.
+Plan plan_of_dataset(std::uint64_t iteration, std::uint64_t fingerprint,
+                     const std::shared_ptr<const std::vector<DatasetTask>>& tasks) {
+  Plan p = syn::random_plan("1f1b", 2, 1, 3, iteration);
+  p.iteration = iteration;
+  for (auto& mb : p.microbatches) {
+    for (auto s : mb.samples) mb.refs.push_back(SampleRef{s % 2, s});
+  }
+  p.dataset.fingerprint = fingerprint;
+  p.dataset.tasks = tasks;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("plan format 5: the dataset's fingerprint round-trips; format 4 reads as unknown", "[interface][regression]") {
+  using Catch::Matchers::Contains;
+  const auto tasks = std::make_shared<const std::vector<DatasetTask>>(std::vector<DatasetTask>{{"qa", 100}});
+  const Plan p = plan_of_dataset(4, 0x0123456789abcdefull, tasks);
+  for (const bool compress : {false, true}) {
+    EncodeOptions o;
+    o.compress = compress;
+    const auto b = encode_plan(p, o);
+    const Plan q = decode_plan(b.data(), b.size());
+    CHECK(q == p);
+    CHECK(q.dataset.fingerprint == p.dataset.fingerprint);
+    CHECK(q.dataset.tasks == nullptr);  // a plan stores the fingerprint; a plan file the tasks, once
+    CHECK(encode_plan(q, o) == b);
+  }
+  Plan other = p;
+  other.dataset.fingerprint ^= 1;
+  CHECK(other != p);  // plans of two datasets differ
+
+  const std::string j = plan_to_json(p, -1);
+  CHECK(j.find("\"dataset\":\"0123456789abcdef\"") != std::string::npos);
+  CHECK(plan_from_json(j) == p);
+  CHECK(plan_to_json(plan_from_json(j), -1) == j);
+  Plan unknown = p;
+  unknown.dataset = {};
+  CHECK(plan_to_json(unknown).find("\"dataset\"") == std::string::npos);  // unknown: no field
+  for (const char* bad : {"\"0123456789ABCDEF\"", "\"0000000000000000\"", "\"123456789abcdef\"", "\"0x23456789abcdef\"",
+                          "17"}) {
+    CAPTURE(bad);
+    REQUIRE_THROWS_WITH(plan_from_json(replaced(j, "\"0123456789abcdef\"", bad), "d.json"),
+                        Contains("d.json") && Contains("field '/dataset'"));
+  }
+  REQUIRE_THROWS_WITH(plan_from_json(replaced(j, "\"version\":5", "\"version\":4"), "v4.json"),
+                      Contains("field '/dataset'") && Contains("format 5 does"));
+
+  // A format-4 blob reads as the same plan with the dataset unknown; its JSON as well.
+  const auto v4 = packpipe::test::plan_blob_v4(p);
+  const Plan r = decode_plan(v4.data(), v4.size(), "v4.plan");
+  CHECK_FALSE(r.dataset.known());
+  CHECK(r == unknown);
+  CHECK(plan_from_json(replaced(plan_to_json(unknown, -1), "\"version\":5", "\"version\":4")) == unknown);
+  // Eight bytes behind a format-4 body are not a fingerprint there: the body must end.
+  std::vector<std::uint8_t> longer = encode_plan(p);
+  reheader(longer, 4);
+  REQUIRE_THROWS_WITH(decode_plan(longer.data(), longer.size(), "x.plan"),
+                      Contains("x.plan") && Contains("expected the end of the body, found 8 more bytes"));
+}
+
+TEST_CASE("plan file format 3: the file records its plans' dataset once; plans of another are refused",
+          "[interface][negative][regression]") {
+  using Catch::Matchers::Contains;
+  TempDir dir;
+  const auto tasks =
+      std::make_shared<const std::vector<DatasetTask>>(std::vector<DatasetTask>{{"qa", 48}, {"text", 30}});
+  const std::string path = dir.file("d.plans");
+  {
+    PlanFileWriter w(path);
+    w.expect_iterations(0, 3);
+    w.append(plan_of_dataset(0, 0xfeed, tasks));
+    const Plan foreign = plan_of_dataset(1, 0xbeef, tasks);
+    REQUIRE_THROWS_AS(w.append(foreign), packpipe::InvalidArgument);
+    REQUIRE_THROWS_WITH(w.append(foreign), Contains("d.plans") && Contains("iteration 1 replica 0") &&
+                                               Contains("indexes dataset 000000000000beef, the file's plans dataset "
+                                                        "000000000000feed"));
+    CHECK(w.plans_written() == 1);  // nothing refused was written
+    REQUIRE_THROWS_WITH(w.set_dataset(foreign.dataset), Contains("set_dataset") && Contains("000000000000beef"));
+    Plan renamed = plan_of_dataset(1, 0xfeed, std::make_shared<const std::vector<DatasetTask>>(
+                                                  std::vector<DatasetTask>{{"qa", 48}, {"prose", 30}}));
+    REQUIRE_THROWS_WITH(w.append(renamed), Contains("other tasks"));
+    Plan anonymous = plan_of_dataset(1, 0, nullptr);  // refs given without their dataset: it joins
+    w.append(anonymous);
+    w.append(plan_of_dataset(2, 0xfeed, nullptr));
+    CHECK(w.dataset().fingerprint == 0xfeed);
+    w.close();
+  }
+  const PlanFileReader r(path);
+  REQUIRE(r.dataset().fingerprint == 0xfeed);
+  CHECK(r.dataset().task_list() == *tasks);
+  CHECK(r.read(0).dataset.task_list() == *tasks);  // a plan read gets the file's tasks
+  CHECK_FALSE(r.read(1).dataset.known());          // a plan that names none stays so
+  CHECK(r.read(2).dataset.task_list() == *tasks);
+
+  // Canonical: the plans read, written again, make the same bytes.
+  {
+    PlanFileWriter w(dir.file("again.plans"));
+    w.expect_iterations(0, 3);
+    for (std::size_t i = 0; i < r.size(); ++i) w.append(r.read(i));
+    w.close();
+  }
+  const std::string bytes = packpipe::test::read_file(path);
+  CHECK(packpipe::test::read_file(dir.file("again.plans")) == bytes);
+
+  // The record is covered by the checksum; a forger who reseals it is caught at the plan.
+  const std::size_t foot = bytes.size() - 64;
+  const std::size_t record = static_cast<std::size_t>(get_le(bytes, foot + 8)) + 24 * 3;
+  REQUIRE(get_le(bytes, record) == 0xfeed);
+  std::string b = bytes;
+  put_le(b, record, 0xbeef);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("checksum"));
+  reseal(b);
+  const PlanFileReader forged = open_bytes(b);
+  REQUIRE_THROWS_WITH(forged.read(0), Contains("f.plans") && Contains("the plan indexes dataset 000000000000feed, "
+                                                                      "the file records dataset 000000000000beef"));
+  // The flag and the record go together.
+  b = bytes;
+  b[foot + 40] = static_cast<char>(b[foot + 40] & ~2);
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'index'"));
+  b = bytes;
+  b[foot + 40] = static_cast<char>(b[foot + 40] | 4);
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'flags'") && Contains("unknown bits 0x4"));
+  b = bytes;
+  b[record + 8] = 120;  // task count: more than the record holds
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'dataset.tasks'"));
+  put_le(b, record, 0);
+  b[record + 8] = 2;
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'dataset.fingerprint'") && Contains("found 0"));
+}
+
+TEST_CASE("plan file format 2 (no dataset record, format-4 plans) is still read", "[interface][regression]") {
+  const auto tasks = std::make_shared<const std::vector<DatasetTask>>(std::vector<DatasetTask>{{"qa", 48}});
+  std::vector<Plan> plans;
+  for (std::uint64_t it = 0; it < 3; ++it) plans.push_back(plan_of_dataset(it, 0xfeed, tasks));
+  const std::string old = packpipe::test::plan_file_v2(plans);
+  const PlanFileReader r = open_bytes(old);
+  CHECK_FALSE(r.dataset().known());
+  CHECK(r.complete());
+  REQUIRE(r.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    Plan want = plans[i];
+    want.dataset = {};
+    CHECK(r.read(i) == want);
+  }
+  // Format 2 has no dataset flag.
+  std::string b = old;
+  b[b.size() - 64 + 40] = 3;
+  reseal(b);
+  REQUIRE_THROWS_WITH(open_bytes(b), Catch::Matchers::Contains("unknown bits 0x2"));
 }

@@ -24,6 +24,7 @@
 #include "planner/context.h"
 #include "planner/epoch.h"
 #include "planner/loader.h"
+#include "tests/support/old_plan_formats.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/temp_dir.h"
 
@@ -325,13 +326,14 @@ void check_same(const LoadedTensors& a, const LoadedTensors& b) {
   CHECK(a.decoder_labels == b.decoder_labels);
 }
 
-/// The loads of `rank` (every rank for -1) of `plan`, assembled directly.
-std::vector<LoadedTensors> direct_loads(const pl::Plan& plan, std::int64_t rank, const TokenOptions& t = {}) {
+/// The loads of `rank` (every rank for -1) of `plan`, assembled directly from `data`.
+std::vector<LoadedTensors> direct_loads(const pl::Plan& plan, std::int64_t rank, const TokenOptions& t = {},
+                                        const dl::MultiTaskDataset& data = *synthetic().data) {
   std::vector<LoadedTensors> out;
   for (std::size_t r = 0; r < plan.streams.size(); ++r) {
     if (rank >= 0 && r != static_cast<std::size_t>(rank)) continue;
     for (const auto& ins : plan.streams[r]) {
-      if (ins.op == pl::Opcode::LoadMb) out.push_back(assemble_microbatch(*synthetic().data, plan, ins.mb, ins.stage, t));
+      if (ins.op == pl::Opcode::LoadMb) out.push_back(assemble_microbatch(data, plan, ins.mb, ins.stage, t));
     }
   }
   return out;
@@ -703,36 +705,38 @@ struct OwnData {
 
 }  // namespace
 
-TEST_CASE("rank loader: a token file truncated under a live loader is an Error naming it, never SIGBUS",
+TEST_CASE("rank loader: a token or index file truncated under a live loader is an Error naming it, never SIGBUS",
           "[negative][regression]") {
   const PlannerOptions o = options(Rows::Packing, pl::LossMode::AllTokens);
-  for (const bool compressed : {false, true}) {
-    for (const bool from_file : {false, true}) {
-      CAPTURE(compressed, from_file);
-      OwnData own(compressed);
-      EpochPlanner reference(*own.data, gpt(), o, own.spec());
-      const auto its = drain(reference);
-      REQUIRE(its.size() >= 8);
-      write_plans(own.dir.file("epoch.plans"), its);
-      RankLoaderOptions lo;
-      lo.depth = 1;
-      auto loader = from_file ? std::make_unique<RankLoader>(*own.data, own.dir.file("epoch.plans"), 0, 0, lo)
-                              : std::make_unique<RankLoader>(
-                                    *own.data, std::make_unique<EpochPlanner>(*own.data, gpt(), o, own.spec()), lo);
-      RankIteration it;
-      REQUIRE(loader->next(it));  // training has started
-      REQUIRE(std::filesystem::file_size(own.bin) > 4096);
-      std::filesystem::resize_file(own.bin, 100);  // another process truncates the tokens
-      // Iterations assembled before the truncation may still come; then the error, naming the file.
-      std::string error;
-      try {
-        while (loader->next(it)) {
-        }
-      } catch (const packpipe::Error& e) {
-        error = e.what();
+  for (int c = 0; c < 8; ++c) {
+    const bool compressed = (c & 1) != 0, from_file = (c & 2) != 0, index = (c & 4) != 0;
+    CAPTURE(compressed, from_file, index);
+    OwnData own(compressed);
+    EpochPlanner reference(*own.data, gpt(), o, own.spec());
+    const auto its = drain(reference);
+    REQUIRE(its.size() >= 8);
+    write_plans(own.dir.file("epoch.plans"), its);
+    RankLoaderOptions lo;
+    lo.depth = 1;
+    auto loader = from_file ? std::make_unique<RankLoader>(*own.data, own.dir.file("epoch.plans"), 0, 0, lo)
+                            : std::make_unique<RankLoader>(
+                                  *own.data, std::make_unique<EpochPlanner>(*own.data, gpt(), o, own.spec()), lo);
+    RankIteration it;
+    REQUIRE(loader->next(it));  // training has started
+    REQUIRE(std::filesystem::file_size(own.bin) > 4096);
+    // Another process truncates the tokens (past their first page), or the index (to nothing: all of
+    // it is on one page).
+    const std::string victim = index ? own.dir.file("text.idx") : own.bin;
+    std::filesystem::resize_file(victim, index ? 0 : 100);
+    // Iterations assembled before the truncation may still come; then the error, naming the file.
+    std::string error;
+    try {
+      while (loader->next(it)) {
       }
-      CHECK_THAT(error, Contains(own.bin) && Contains("truncated"));
+    } catch (const packpipe::Error& e) {
+      error = e.what();
     }
+    CHECK_THAT(error, Contains(victim) && Contains("truncated"));
   }
 }
 
@@ -789,4 +793,87 @@ TEST_CASE("rank loader: an incomplete plan file is refused unless its prefix is 
   RankLoader prefix(data, file, 0, 0, lo);
   CHECK(prefix.iterations() == 2);
   CHECK(drain(prefix).size() == 2);
+}
+
+TEST_CASE("rank loader: a plan file is refused over another dataset than it was planned from, naming what differs",
+          "[negative][regression]") {
+  const dl::Manifest demo = dl::load_manifest(std::string(PACKPIPE_SOURCE_DIR) + "/data/demo/manifest.json");
+  const dl::MultiTaskDataset planned(demo);
+  EpochSpec s;
+  s.sampler = dl::sampler_config(demo);
+  s.sampler.global_batch_tokens = 2000;
+  s.iterations = 3;
+  EpochPlanner source(planned, gpt(), options(Rows::Packing, pl::LossMode::AllTokens), s);
+  const auto its = drain(source);
+  REQUIRE(its.size() == 3);
+  packpipe::test::TempDir dir;
+  const std::string file = dir.file("demo.plans");
+  write_plans(file, its);
+  CHECK(pl::PlanFileReader(file).dataset().fingerprint == planned.fingerprint());
+  RankLoaderOptions lo;
+  lo.rank = -1;
+
+  // The manifest it was planned from, opened again as a trainer opens it: loads.
+  const dl::MultiTaskDataset same(demo);
+  RankLoader ok(same, file, 0, 0, lo);
+  CHECK(drain(ok).size() == its.size());
+
+  // The error of a loader of the file over `m`, named `name`.
+  auto refusal = [&](dl::Manifest m, const std::string& name) {
+    m.path = name;
+    const dl::MultiTaskDataset other(m);
+    try {
+      RankLoader l(other, file, 0, 0, lo);
+    } catch (const packpipe::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string head = "plan file '" + file + "' was planned from another dataset than '";
+  dl::Manifest reordered = demo;
+  std::swap(reordered.tasks[0], reordered.tasks[1]);
+  CHECK_THAT(refusal(reordered, "reordered.json"),
+             Contains(head + "reordered.json'") && Contains("the tasks are in another order") &&
+                 Contains("planned 6 tasks ['define', 'synonyms', 'translate'") &&
+                 Contains("found 6 tasks ['synonyms', 'define', 'translate'") &&
+                 Contains(fmt::format("planned {:016x}", planned.fingerprint())));
+  dl::Manifest dropped = demo;
+  dropped.tasks.pop_back();
+  CHECK_THAT(refusal(dropped, "dropped.json"), Contains(head + "dropped.json'") &&
+                                                  Contains("planned task 'man_text' is missing") &&
+                                                  Contains("found 5 tasks"));
+  dl::Manifest replaced = demo;  // task 'translate' over another dataset, of other lengths and another count
+  replaced.tasks[2].prefixes = demo.tasks[1].prefixes;
+  replaced.tasks[2].target_prefixes = demo.tasks[1].target_prefixes;
+  REQUIRE(planned.task_size(2) != planned.task_size(1));
+  CHECK_THAT(refusal(replaced, "replaced.json"),
+             Contains(head + "replaced.json'") &&
+                 Contains(fmt::format("task 2 ('translate') held {} samples when planned, found {}",
+                                      planned.task_size(2), planned.task_size(1))));
+  dl::Manifest rebuilt = demo;  // 'man_explain' rebuilt with other lengths: the same names and counts
+  std::swap(rebuilt.tasks[4].prefixes, rebuilt.tasks[4].target_prefixes);
+  CHECK_THAT(refusal(rebuilt, "rebuilt.json"),
+             Contains(head + "rebuilt.json'") && Contains("with the same sample counts, but other data"));
+
+  // Every plan names its dataset: one assembled by hand against another is refused too.
+  const dl::MultiTaskDataset other(reordered);
+  const pl::Plan first = pl::PlanFileReader(file).read(0);
+  REQUIRE_THROWS_AS(assemble_microbatch(other, first, 0, 0), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(assemble_microbatch(other, first, 0, 0),
+                      Contains("iteration 0: the plan was planned from another dataset") &&
+                          Contains("the tasks are in another order"));
+
+  // An older file (format 2 of format-4 plans: no dataset recorded) loads unchecked, as before.
+  std::vector<pl::Plan> plans;
+  for (const auto& it : its) plans.push_back(it.result.plans[0]);
+  packpipe::test::write_file(dir.file("old.plans"), packpipe::test::plan_file_v2(plans));
+  REQUIRE_FALSE(pl::PlanFileReader(dir.file("old.plans")).dataset().known());
+  RankLoader old(same, dir.file("old.plans"), 0, 0, lo);
+  const auto got = drain(old);
+  REQUIRE(got.size() == its.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto want = direct_loads(plans[i], -1, {}, same);
+    REQUIRE(got[i].loads.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) check_same(got[i].loads[k], want[k]);
+  }
 }

@@ -38,8 +38,10 @@ def manifest(tmp_path, megatron):
 
 
 def without_refs(plan):
-    """A plan's JSON without the dataset names of its samples (plan_batch has no dataset to name them)."""
+    """A plan's JSON without the dataset names of its samples and the dataset's identity (plan_batch without
+    refs has no dataset to name them)."""
     j = json.loads(plan.to_json())
+    j.pop("dataset", None)
     for mb in j["microbatches"]:
         mb.pop("refs", None)
     return j
@@ -82,8 +84,10 @@ def test_equals_plan_batch_for_the_same_iteration(gpt, text):
         assert b.partition.objective_ms == it.result.partition.objective_ms
         # With the iteration's refs, plan_batch gives the same plans, refs included.
         named = packpipe.plan_batch(gpt, it.input_lengths, it.target_lengths, shape=SHAPE, options=opts, seed=3,
-                                    iteration=it.iteration, refs=it.refs)
+                                    iteration=it.iteration, refs=it.refs, dataset=text)
         assert [json.loads(p.to_json()) for p in named.plans] == [json.loads(p.to_json()) for p in it.result.plans]
+        assert named.plans[0].dataset == it.result.plans[0].dataset
+        assert named.plans[0].dataset["fingerprint"] == text.fingerprint()
     assert it.iteration == 2
 
 
@@ -239,6 +243,7 @@ def test_context_length_plans_agree_with_the_cli_and_plan_batch(tmp_path, gpt, p
     for it in its:
         assert it.blobs[0] == reader.read(it.iteration).to_bytes()
         b = packpipe.plan_batch(gpt, it.input_lengths, shape=SHAPE, seed=11, loss="targets", max_seq_len=512,
-                                seq_policy=policy, iteration=it.iteration, loss_tokens=it.loss_tokens, refs=it.refs)
+                                seq_policy=policy, iteration=it.iteration, loss_tokens=it.loss_tokens, refs=it.refs,
+                                dataset=ds)
         assert [p.to_bytes() for p in b.plans] == it.blobs
         assert b.seq_truncated == b.seq_dropped == b.seq_split == 0  # the lengths are within it already

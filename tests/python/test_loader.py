@@ -301,8 +301,17 @@ def test_clear_errors(demo, gpt, tmp_path):
                                                                           plan.microbatches[0]["padded_len"])
     other = packpipe.MultiTaskDataset(str(DEMO / "demo_man_text"))  # a plan's refs into another dataset
     good = next(packpipe.plan_epoch(gpt, demo, shape=SHAPE, global_batch_tokens=300)).result.plans[0]
-    with pytest.raises(ValueError, match="is this the plan's dataset"):
+    with pytest.raises(ValueError, match=r"the plan was planned from another dataset than .*demo_man_text.*other tasks"):
         packpipe.assemble_microbatch(other, good, 0, 0)
+    # a plan that records no dataset (refs given without it): each ref is still checked against the one given
+    anonymous = packpipe.plan_batch(gpt, [10, 20], shape=SHAPE, refs=[(5, 0), (5, 1)]).plans[0]
+    assert anonymous.dataset is None
+    with pytest.raises(ValueError, match="is this the plan's dataset"):
+        packpipe.assemble_microbatch(other, anonymous, 0, 0)
+    with pytest.raises(ValueError, match=r"refs\[0\] = \(5, 0\) is not a sample of dataset"):
+        packpipe.plan_batch(gpt, [10, 20], shape=SHAPE, refs=[(5, 0), (5, 1)], dataset=other)
+    with pytest.raises(ValueError, match="dataset is given without refs"):
+        packpipe.plan_batch(gpt, [10, 20], shape=SHAPE, dataset=other)
 
 
 @pytest.mark.parametrize("policy", ["truncate", "drop", "split"])

@@ -1,7 +1,7 @@
-"""Nothing lost on the training path: a token file truncated under a live loader is a RuntimeError
-naming it (never SIGBUS), an incomplete plan file is trained only when asked for, a plan file writer
-refuses at once what no reader opens, and the identities that loader states carry (the dataset's
-and the plan file's fingerprints) tell other manifests and other plans apart."""
+"""Nothing lost on the training path: a token or index file truncated under a live loader is a
+RuntimeError naming it (never SIGBUS), an incomplete plan file is trained only when asked for, a
+plan file writer refuses at once what no reader opens, and the identities that loader states carry
+(the dataset's and the plan file's fingerprints) tell other manifests and other plans apart."""
 import json
 import os
 import pathlib
@@ -43,7 +43,8 @@ def run_isolated(code):
 
 
 @pytest.mark.parametrize("source", ["planner", "plan_file"])
-def test_a_bin_truncated_under_a_live_rank_loader_is_an_error_naming_it(tmp_path, source):
+@pytest.mark.parametrize("victim", ["bin", "idx"])
+def test_a_file_truncated_under_a_live_rank_loader_is_an_error_naming_it(tmp_path, source, victim):
     manifest = demo_copy(tmp_path)
     rc, out = run_isolated(f"""
         import glob, os, packpipe
@@ -62,7 +63,7 @@ def test_a_bin_truncated_under_a_live_rank_loader_is_an_error_naming_it(tmp_path
         else:
             loader = packpipe.RankLoader(ds, packpipe.plan_epoch(gpt, ds, **kw), depth=1, rank=None)
         next(loader)  # training has started
-        for f in glob.glob(os.path.join(os.path.dirname({manifest!r}), "*.bin")):
+        for f in glob.glob(os.path.join(os.path.dirname({manifest!r}), "*.{victim}")):
             os.truncate(f, 0)  # as another process would
         try:
             for it in loader:
@@ -73,7 +74,56 @@ def test_a_bin_truncated_under_a_live_rank_loader_is_an_error_naming_it(tmp_path
             print("NO ERROR")
         """)
     assert rc == 0, out  # no signal
-    assert "ERROR:" in out and ".bin" in out and "truncated" in out, out
+    assert "ERROR:" in out and f".{victim}'" in out and "truncated" in out, out
+
+
+def test_an_idx_truncated_under_a_live_torch_plan_loader_is_an_error_naming_it(tmp_path):
+    pytest.importorskip("torch")
+    manifest = demo_copy(tmp_path)
+    rc, out = run_isolated(f"""
+        import glob, os, packpipe, packpipe.torch as pt
+        loader = pt.PlanLoader({manifest!r}, cost_model=packpipe.CostModel("gpt-350m", "A100-40GB"), dtype="fp32",
+                               shape=packpipe.PipelineShape(stages=2), global_batch_tokens=2000, iterations=12,
+                               rank=None, depth=1, calibrate=False)
+        batches = iter(loader)
+        next(batches)  # training has started
+        for f in glob.glob(os.path.join(os.path.dirname({manifest!r}), "*.idx")):
+            os.truncate(f, 0)
+        try:
+            for it in batches:
+                pass
+        except RuntimeError as e:
+            print("ERROR:", e)
+        else:
+            print("NO ERROR")
+        """)
+    assert rc == 0, out
+    assert "ERROR:" in out and ".idx'" in out and "truncated" in out, out
+
+
+def test_an_idx_truncated_under_a_live_dataset_keeps_its_lengths_and_names_it_for_the_rest(tmp_path):
+    manifest = demo_copy(tmp_path)
+    prefix = os.path.join(os.path.dirname(manifest), "demo_man_text")
+    rc, out = run_isolated(f"""
+        import os, packpipe
+        ds = packpipe.IndexedDataset({prefix!r})
+        sizes = ds.sizes.copy()
+        os.truncate({prefix + ".idx"!r}, 0)
+        assert (ds.sizes == sizes).all() and len(ds) == len(sizes)  # the sizes are a copy made at open
+        for name in ("pointers", "doc_idx"):
+            try:
+                getattr(ds, name)
+            except RuntimeError as e:
+                print("ERROR:", name, e)
+        try:
+            ds.get(len(ds) - 1)
+        except RuntimeError as e:
+            print("ERROR: get", e)
+        """)
+    assert rc == 0, out
+    for what in ("pointers", "doc_idx", "get"):
+        assert f"ERROR: {what} " in out, out
+    assert out.count(".idx'") >= 3 and "truncated" in out, out
 
 
 def test_a_bin_truncated_under_a_prefetcher_is_an_error_and_delivered_batches_keep_their_tokens(tmp_path):

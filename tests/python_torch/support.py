@@ -24,11 +24,13 @@ DEMO = ROOT / "data" / "demo"
 CPU_DEVICE = dict(torch_models.CPU_DEVICE, name="cpu-test")
 
 
-def short_manifest(directory, tasks=("define", "synonyms", "translate")):
-    """A manifest of the demo's short paired tasks (input and target), in `directory`."""
+def short_manifest(directory, tasks=("define", "synonyms", "translate"), files=None):
+    """A manifest of the demo's short paired tasks (input and target), in `directory`; `files` maps a
+    task to the demo task whose files it reads instead of its own."""
     import json
-    m = {"version": 1, "tasks": [{"name": t, "inputs": str(DEMO / f"demo_{t}_inputs_document"),
-                                  "targets": str(DEMO / f"demo_{t}_targets_document")} for t in tasks]}
+    src = dict(zip(tasks, tasks), **(files or {}))
+    m = {"version": 1, "tasks": [{"name": t, "inputs": str(DEMO / f"demo_{src[t]}_inputs_document"),
+                                  "targets": str(DEMO / f"demo_{src[t]}_targets_document")} for t in tasks]}
     path = pathlib.Path(directory) / "short.json"
     path.write_text(json.dumps(m))
     return str(path)

@@ -1,6 +1,9 @@
 """PlanLoader states restore only into a loader that delivers the same samples: the state's fingerprint
-covers the manifest's identity (task names, order, files, weights) and the plan file's plans; an
-incomplete plan file is read only with allow_incomplete=True."""
+covers the manifest's identity (task names, order, files, weights) and the plan file's plans; a plan
+file loads only over the manifest it was planned from; an incomplete plan file is read only with
+allow_incomplete=True."""
+import re
+
 import pytest
 
 import packpipe
@@ -60,3 +63,23 @@ def test_an_incomplete_plan_file_needs_allow_incomplete(tmp_path):
     with pytest.raises(RuntimeError, match="incomplete plan file.*allow_incomplete=True"):
         next(iter(pt.PlanLoader(ds, plan_file=path, rank=None)))
     assert [it.iteration for it in pt.PlanLoader(ds, plan_file=path, rank=None, allow_incomplete=True)] == [0, 1]
+
+
+def test_a_plan_file_loads_only_over_the_manifest_it_was_planned_from(tmp_path):
+    path = str(tmp_path / "short.plans")
+    with packpipe.PlanFileWriter(path) as w:
+        for it in planning_loader(tmp_path / "p", ("define", "synonyms", "translate")):
+            w.append(it.plan)
+    (tmp_path / "same").mkdir()
+    same = support.short_manifest(tmp_path / "same")
+    assert [it.iteration for it in pt.PlanLoader(same, plan_file=path, rank=None)] == [0, 1, 2, 3]
+    for name, tasks, files, what in (
+            ("reordered", ("synonyms", "define", "translate"), None, r"the tasks are in another order"),
+            ("dropped", ("define", "synonyms"), None, r"other tasks \(planned task 'translate' is missing\)"),
+            ("replaced", ("define", "synonyms", "translate"), {"translate": "synonyms"},
+             r"task 2 \('translate'\) held \d+ samples when planned, found \d+")):
+        (tmp_path / name).mkdir()
+        other = support.short_manifest(tmp_path / name, tasks, files)
+        with pytest.raises(ValueError, match=rf"plan file '{re.escape(path)}' was planned from another dataset than "
+                                             rf"'{re.escape(other)}': {what}"):
+            pt.PlanLoader(other, plan_file=path, rank=None)

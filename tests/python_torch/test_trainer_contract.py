@@ -287,3 +287,18 @@ def test_new_arguments_are_checked_where_they_enter(tmp_path):
     ]:
         with pytest.raises(exc, match=message):
             make()
+
+
+@pytest.mark.parametrize("cls, field, value, message", [
+    (models.GPTConfig, "layers", 0, r"GPTConfig: layers must be .*found 0"),
+    (models.GPTConfig, "hidden", 2.5, r"GPTConfig: hidden"),
+    (models.GPTConfig, "heads", 3, r"GPTConfig: heads must divide hidden, found hidden 64 and heads 3"),
+    (models.GPTConfig, "vocab_size", True, r"GPTConfig: vocab_size"),
+    (models.GPTConfig, "ffn", -1, r"GPTConfig: ffn"),
+    (models.GPTConfig, "dtype", torch.int64, r"GPTConfig: dtype must be a torch floating dtype"),
+    (models.T5Config, "decoder_layers", 0, r"T5Config: decoder_layers"),
+    (models.T5Config, "max_positions", -5, r"T5Config: max_positions"),
+])
+def test_model_configs_check_their_fields_where_they_enter(cls, field, value, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        cls(**{field: value})

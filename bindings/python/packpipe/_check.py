@@ -3,7 +3,8 @@ LocalPipeline, the launcher, ``packpipe profile``, the examples and benchmarks).
 
 Every check names the entry point and the argument and says what was expected and what was found:
 TypeError for a value of the wrong type (a bool is not an integer, a float is not an integer even
-when it is whole), ValueError for one out of range; nothing is coerced. The ``arg_*`` factories are
+when it is whole, an integer or a string is not a bool), ValueError for one out of range; nothing
+is coerced. The ``arg_*`` factories are
 the same checks as argparse ``type=`` functions, so a command line fails with an argparse error
 (exit 2, usage) before any work.
 """
@@ -52,10 +53,17 @@ def number(where: str, name: str, value: Any, lo: float, hi: float, *, lo_open: 
     return v
 
 
+def is_boolean(value: Any) -> bool:
+    """True for the values a bool argument takes: True, False and numpy bools."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
+
+
 def boolean(where: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
+    """`value` as a bool: True, False or a numpy bool; TypeError for anything else (1, 0, 2.5, 'no',
+    'False', None), never a truth-value cast."""
+    if not is_boolean(value):
         raise TypeError(f"{where}: {name} must be True or False, found {_found(value)}")
-    return value
+    return bool(value)
 
 
 def one_of(where: str, name: str, value: Any, choices: Iterable[str]) -> str:
@@ -124,8 +132,8 @@ def native_signature(fn: Callable) -> Dict[str, str]:
     parts.append(inner[start:])
     for p in parts:
         m = re.match(r"\s*(\w+): ([^=]+?)(?: = .*)?$", p)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
+        if m:  # builtins.bool: a bool the binding checks itself (BoolArg), a bool here
+            out[m.group(1)] = re.sub(r"\bbuiltins\.", "", m.group(2).strip())
     return out
 
 
@@ -135,7 +143,7 @@ def _has_type(value: Any, expected: str) -> bool:
     if expected == "str":
         return isinstance(value, str)
     if expected == "bool":
-        return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy.bool_ too
+        return is_boolean(value)
     if expected == "float":
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if expected == "int":

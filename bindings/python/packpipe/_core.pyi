@@ -34,16 +34,17 @@ class IndexedDataset:
         """Tokens [offset, offset + length) of sequence idx (length -1: to the end)."""
     @property
     def sizes(self) -> np.ndarray:
-        """int32 tokens per sequence (view)."""
+        """int32 tokens per sequence (a read-only view of the copy made at open)."""
     @property
     def pointers(self) -> np.ndarray:
-        """int64 byte offset of each sequence in the .bin (view)."""
+        """int64 byte offset of each sequence in the .bin (a read-only copy, read through the guard of the
+        mapped .idx: RuntimeError naming it if another process truncated it)."""
     @property
     def doc_idx(self) -> np.ndarray:
-        """int64 first sequence of each document, plus the end (view)."""
+        """int64 first sequence of each document, plus the end (a read-only copy, as pointers)."""
     @property
     def modes(self) -> Optional[np.ndarray]:
-        """int8 mode per sequence (multimodal datasets), else None."""
+        """int8 mode per sequence (multimodal datasets; a read-only copy, as pointers), else None."""
     @property
     def dtype(self) -> np.dtype:
         """Token dtype."""
@@ -890,6 +891,10 @@ class Plan:
     @property
     def max_target_len(self) -> int:
         """Encoder-decoder plans: the decoder side's limit (0: none)."""
+    @property
+    def dataset(self) -> Optional[Dict[str, Any]]:
+        """The dataset its sample refs index (loaders refuse another): None when unknown, else fingerprint (16 hex
+        digits, MultiTaskDataset.fingerprint()) and tasks ([{name, samples}] in task order, None if not recorded)."""
     def world_rank(self, replica: int, rank: int) -> int:
         """World rank of pipeline rank `rank` of replica `replica`."""
     @property
@@ -974,6 +979,9 @@ class PlanFileReader:
         """Iterations the writer declared (0: none declared)."""
     def fingerprint(self) -> str:
         """16 hex digits identifying the plans the file holds."""
+    @property
+    def dataset(self) -> Optional[Dict[str, Any]]:
+        """The dataset the plans index, as Plan.dataset (None: the file records none; loaders read it unchecked)."""
 
 class PlanFileWriter:
     """Writes plans to one file, one iteration at a time."""
@@ -1228,8 +1236,12 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False,
                refs: Optional[Union[np.ndarray, Sequence[Tuple[int, ...]]]] = None,
-               max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate") -> IterationResult:
+               max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate",
+               dataset: Optional[MultiTaskDataset] = None) -> IterationResult:
     """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
+
+    dataset: the MultiTaskDataset that refs index (each ref is checked against it); recorded in the plans
+    (Plan.dataset) so that loaders refuse another dataset, as plan_epoch's plans are. None: unknown.
 
     A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
     its dataset (a structured array with fields task u4, index u8 and optionally offset u4, as

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from packpipe import _check
+
 try:  # the varlen kernel, where installed (GPU machines)
     from flash_attn import flash_attn_varlen_func as _flash_varlen  # type: ignore
 except Exception:  # pragma: no cover - not on the development machine
@@ -190,6 +192,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causa
               decoder: bool = False) -> torch.Tensor:
     """Self-attention of micro-batch `batch` in its layout; q, k, v [rows, heads, seq, head_dim]
     (decoder=True: the decoder side of an encoder-decoder micro-batch). Returns the same shape."""
+    causal = _check.boolean("attention", "causal", causal)
+    decoder = _check.boolean("attention", "decoder", decoder)
     rows, heads, n, d = q.shape
     layout = getattr(batch, "layout", "padded")
     if layout == "packed":

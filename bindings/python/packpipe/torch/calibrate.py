@@ -48,6 +48,9 @@ class CalibrationReport:
     # False when the transfer fits were dropped: without them the re-simulated iterations were closer
     transfers_fitted: bool = True
 
+    def __post_init__(self):
+        _check.boolean("CalibrationReport", "transfers_fitted", self.transfers_fitted)
+
     def summary(self) -> str:
         ops = ", ".join(f"{k} {100 * v['before']:.1f}% -> {100 * v['after']:.1f}%" for k, v in self.ops.items())
         return (f"calibrated on iterations up to {self.iteration} ({self.measurements} op measurements over "

@@ -53,6 +53,7 @@ class MicroBatch:
 
     def __init__(self, layout: "_Layout", device, loaded: Optional[Dict[str, torch.Tensor]] = None,
                  stage: Optional[int] = None, labels_shifted: bool = True):
+        labels_shifted = _check.boolean("MicroBatch", "labels_shifted", labels_shifted)
         self._layout = layout
         self._device = device
         self._loaded = loaded or {}
@@ -168,6 +169,8 @@ class MicroBatch:
     def attention_mask(self, causal: bool = True, decoder: bool = False) -> torch.Tensor:
         """Boolean [rows, 1, n, n] (True: may attend): within a sample only, and causal if asked.
         A padding position attends to itself only, so no softmax row is empty."""
+        causal = _check.boolean("MicroBatch.attention_mask", "causal", causal)
+        decoder = _check.boolean("MicroBatch.attention_mask", "decoder", decoder)
         key = ("mask", causal, decoder)
         return self._layout.cached(key, self._device, lambda: _self_mask(
             self._layout.tensor("segment_ids", decoder, self._device), causal))
@@ -283,6 +286,8 @@ class Iteration:
     ``packpipe.RankIteration`` (RankLoader) is the native form this one wraps."""
 
     def __init__(self, native, encdec: bool, labels_shifted: bool = True, ignore_index: int = IGNORE_INDEX):
+        encdec = _check.boolean("Iteration", "encdec", encdec)
+        labels_shifted = _check.boolean("Iteration", "labels_shifted", labels_shifted)
         self._observer = None  # the loader's calibration: the runners hand it this step's result
         self.iteration: int = int(native.iteration)
         self.plan: packpipe.Plan = native.plan
@@ -367,31 +372,33 @@ AUTO_CALIBRATION = {"warmup": 2, "fit_after": 6}
 
 
 def _calibrate_settings(where: str, calibrate: Any, cost_model) -> Optional[Dict[str, Any]]:
-    """The Calibrator settings of PlanLoader(calibrate=) (None: no calibration)."""
+    """The Calibrator settings of PlanLoader(calibrate=) (None: no calibration). calibrate takes 'auto',
+    True, False (numpy bools too) or a dict of Calibrator settings; anything else (None, 1, 'yes') is
+    refused naming them."""
+    allowed = "calibrate must be 'auto', True, False or a dict of Calibrator settings"
     if isinstance(calibrate, str):
         if calibrate != "auto":
-            raise ValueError(f"{where}: calibrate must be 'auto', True, False or a dict of Calibrator settings, "
-                             f"found {calibrate!r}")
+            raise ValueError(f"{where}: {allowed}, found {calibrate!r}")
         # A model already tuned to its machine (a calibration, or measured profiles) is kept.
         tuned = cost_model is None or isinstance(cost_model, packpipe.CalibratedCostModel) or \
             "profiled" in cost_model.describe()
         return None if tuned else dict(AUTO_CALIBRATION)
-    if calibrate is False or calibrate is None:
-        return None
+    if not isinstance(calibrate, dict):
+        if not _check.is_boolean(calibrate):
+            raise TypeError(f"{where}: {allowed}, found {type(calibrate).__name__} {calibrate!r}")
+        if not calibrate:
+            return None
     if cost_model is None:
         raise ValueError(f"{where}: calibrate={calibrate!r} needs a loader that plans (cost_model): a plan file's "
                          "plans are fixed")
-    if calibrate is True:
+    if not isinstance(calibrate, dict):
         return dict(AUTO_CALIBRATION)
-    if isinstance(calibrate, dict):
-        allowed = {"fit_after", "refit_every", "warmup", "options", "save", "tp", "timeout_s", "inputs"}
-        unknown = sorted(set(calibrate) - allowed)
-        if unknown:
-            raise ValueError(f"{where}: calibrate: unknown Calibrator settings {unknown} (expected some of "
-                             f"{sorted(allowed)})")
-        return {**AUTO_CALIBRATION, **calibrate}
-    raise TypeError(f"{where}: calibrate must be 'auto', True, False or a dict of Calibrator settings, found "
-                    f"{type(calibrate).__name__}")
+    allowed_keys = {"fit_after", "refit_every", "warmup", "options", "save", "tp", "timeout_s", "inputs"}
+    unknown = sorted(set(calibrate) - allowed_keys)
+    if unknown:
+        raise ValueError(f"{where}: calibrate: unknown Calibrator settings {unknown} (expected some of "
+                         f"{sorted(allowed_keys)})")
+    return {**AUTO_CALIBRATION, **calibrate}
 
 
 def _is_encdec(plan: packpipe.Plan) -> bool:

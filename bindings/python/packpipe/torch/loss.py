@@ -14,6 +14,8 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from packpipe import _check
+
 IGNORE_INDEX = -100
 
 
@@ -108,6 +110,6 @@ def evaluate_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str, ch
     """``loss_fn(output, batch)``, refused (TypeError) unless a scalar tensor; with `check`, first
     :func:`check_summed_loss`. Returns the loss and whether the next micro-batch must still be checked
     (this one could not tell)."""
-    if check and check_summed_loss(loss_fn, output, batch, where):
+    if _check.boolean(where, "check", check) and check_summed_loss(loss_fn, output, batch, where):
         check = False
     return _scalar(loss_fn(output, batch), where), check

@@ -31,9 +31,23 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from packpipe import _check
 from packpipe.torch import attention as attn
 
 IGNORE_INDEX = -100
+
+
+def _check_config(where: str, cfg, positive) -> None:
+    """The shape fields of a model config: `positive` at least 1, ffn and seed at least 0, heads dividing
+    hidden, dtype a torch floating dtype."""
+    for name in positive:
+        _check.integer(where, name, getattr(cfg, name), 1, 2**31 - 1)
+    _check.integer(where, "ffn", cfg.ffn, 0, 2**31 - 1)
+    _check.integer(where, "seed", cfg.seed, 0, 2**63 - 1)
+    if cfg.hidden % cfg.heads != 0:
+        raise ValueError(f"{where}: heads must divide hidden, found hidden {cfg.hidden} and heads {cfg.heads}")
+    if not isinstance(cfg.dtype, torch.dtype) or not cfg.dtype.is_floating_point:
+        raise TypeError(f"{where}: dtype must be a torch floating dtype, found {cfg.dtype!r}")
 
 
 @dataclasses.dataclass
@@ -48,6 +62,11 @@ class GPTConfig:
     tied_embedding: bool = False
     seed: int = 0
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        """Checks every field where it enters (TypeError / ValueError naming it), never at the first forward."""
+        _check_config("GPTConfig", self, ("vocab_size", "hidden", "layers", "heads", "max_positions"))
+        _check.boolean("GPTConfig", "tied_embedding", self.tied_embedding)
 
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
@@ -71,6 +90,11 @@ class T5Config:
     max_positions: int = 4096
     seed: int = 0
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        """Checks every field where it enters (TypeError / ValueError naming it), never at the first forward."""
+        _check_config("T5Config", self, ("vocab_size", "hidden", "encoder_layers", "decoder_layers", "heads",
+                                         "max_positions"))
 
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
@@ -125,6 +149,8 @@ class Attention(nn.Module):
                 memory: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Self-attention of rows x [rows, n, hidden] (the decoder side with decoder=True), or with
         `memory` [rows, m, hidden] cross-attention of the decoder rows to the encoder rows."""
+        causal = _check.boolean("Attention.forward", "causal", causal)
+        decoder = _check.boolean("Attention.forward", "decoder", decoder)
         rows, n, h = x.shape
         src = x if memory is None else memory
         q = self.q(x).view(rows, n, self.heads, -1).transpose(1, 2)
@@ -164,6 +190,7 @@ class EncoderBlock(nn.Module):
         self.mlp = MLP(hidden, ffn)
 
     def forward(self, x, batch, causal: bool = True):
+        causal = _check.boolean("EncoderBlock.forward", "causal", causal)
         x = x + self.attn(self.norm1(x), batch, causal)
         return x + self.mlp(self.norm2(x))
 
@@ -244,7 +271,8 @@ class MaskedBatch:
         self._cross = cross_mask
 
     def attention_mask(self, causal: bool = True, decoder: bool = False):
-        return self._masks[decoder]
+        _check.boolean("MaskedBatch.attention_mask", "causal", causal)
+        return self._masks[_check.boolean("MaskedBatch.attention_mask", "decoder", decoder)]
 
     def cross_attention_mask(self):
         return self._cross
@@ -313,6 +341,7 @@ class GPTStage(nn.Module):
 
     def set_selective_recompute(self, on: bool) -> None:
         """Recompute the attention cores in backward (the runner's 'selective' recompute mode)."""
+        on = _check.boolean("GPTStage.set_selective_recompute", "on", on)
         for layer in self.layers:
             layer.attn.checkpoint_core = on
 
@@ -393,6 +422,7 @@ class T5Stage(nn.Module):
 
     def set_selective_recompute(self, on: bool) -> None:
         """Recompute the attention cores in backward (the runner's 'selective' recompute mode)."""
+        on = _check.boolean("T5Stage.set_selective_recompute", "on", on)
         for layer in list(self.encoder) + list(self.decoder):
             layer.attn.checkpoint_core = on
             if hasattr(layer, "cross"):

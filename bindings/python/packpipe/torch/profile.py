@@ -224,6 +224,7 @@ def profile(layers: Sequence[_Layer], mbs: Sequence[int], seqs: Sequence[int], d
     """Profile points (the profile file's point columns) of every layer kind, shape and recompute
     mode (recompute modes for transformer layers only; the embedding and head keep no activations
     to recompute)."""
+    progress = _check.boolean("profile", "progress", progress)
     jobs = []
     for layer in layers:
         modes = recompute if layer.kind in ("encoder", "decoder") else ("none",)

@@ -133,6 +133,8 @@ class TorchStageHandler(rt.StageHandler):
                  reduce_tied: Optional[Callable[[int, torch.Tensor], None]] = None,
                  synchronize: bool = False, check_loss: bool = True, where: str = "packpipe.torch"):
         super().__init__()
+        synchronize = _check.boolean("TorchStageHandler", "synchronize", synchronize)
+        check_loss = _check.boolean("TorchStageHandler", "check_loss", check_loss)
         self.check_loss = check_loss  # until a micro-batch showed loss_fn returns a sum (loss.check_summed_loss)
         self.where = where
         self.stages = stages
