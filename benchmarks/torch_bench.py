@@ -411,7 +411,12 @@ def warmup(a, groups, tmp):
     for i in range(a.iterations):
         for name in (("auto", "calibrated") if i % 2 == 0 else ("calibrated", "auto")):
             sd = state[name]
-            it = next(sd["iter"])
+            try:
+                it = next(sd["iter"])
+            except StopIteration:  # the epoch ended (the short workload has ~45 iterations): the next one
+                sides[name].set_epoch(sides[name].epoch + 1)
+                sd["iter"] = iter(sides[name])
+                it = next(sd["iter"])
             if sd["runner"] is None:
                 sd["runner"] = runner_for(cfg, [it], groups)
             observer = getattr(it, "_observer", None)

@@ -47,7 +47,9 @@ const std::vector<std::int64_t> kBaselineMbs = planner::PlannerOptions{}.baselin
 struct TrainerArgs {
   std::string loss = "all", dtype = "bf16", family = "any";
   bool tied_embedding = false, split_backward = true, fallback = false;
+  double min_gain = planner::PlannerOptions{}.min_gain;
   void apply(planner::PlannerOptions& o) const {
+    o.min_gain = min_gain;
     o.loss_mode = pl::loss_mode_from_name(loss);
     o.dtype = pl::dtype_from_name(dtype);
     o.family = planner::schedule_family_from_name(family);
@@ -443,14 +445,14 @@ void define_planner(py::module_& m) {
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
          bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs,
          const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy,
-         const py::object& dataset) {
+         const py::object& dataset, double min_gain) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         b.loss = lengths_arg(loss_tokens, "loss_tokens");
         PACKPIPE_CHECK_ARG(b.loss.empty() || b.loss.size() == b.input.size(),
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
         const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
-        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
+        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
                                                     baseline_mbs, trainer,
                                                     context_args(max_seq_len, max_target_len, seq_policy));
@@ -489,6 +491,7 @@ void define_planner(py::module_& m) {
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("refs") = py::none(), py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0,
       py::arg("seq_policy") = "truncate", py::arg("dataset") = py::none(),
+      py::arg("min_gain") = planner::PlannerOptions{}.min_gain,
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
       "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
@@ -497,6 +500,8 @@ void define_planner(py::module_& m) {
       "naming samples in errors: a structured array with fields task (u4) and index (u8), as "
       "PlannedIteration.refs, or a sequence of (task, index) pairs; None: no refs. dataset: the MultiTaskDataset the refs index (checked against it), "
       "recorded in the plans (Plan.dataset) so that loaders refuse another, as plan_epoch's are; None: unknown. "
+      "min_gain: packpipe's own partition is the plan only when simulated at least this fraction faster than the "
+      "best baseline's plan (in [0, 1); 0: the least makespan, whichever plan gives it). "
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
       "loss_tokens: per sample, the tokens that carry loss (default: decoder-only n - 1, encoder-decoder the "
       "target); loss: 'all' or 'targets' (recorded in the plans); tied_embedding: the embedding and the LM head "
@@ -517,7 +522,7 @@ void define_planner(py::module_& m) {
          const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
          bool tied_embedding, const std::string& dtype, bool split_backward, const std::string& schedule_family,
          bool schedule_fallback, const py::object& max_seq_len, const py::object& max_target_len,
-         const std::string& seq_policy) {
+         const std::string& seq_policy, double min_gain) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         planner::EpochSpec spec;
         spec.sampler = dl::sampler_config(data.manifest());
@@ -535,7 +540,7 @@ void define_planner(py::module_& m) {
         eo.encoding.compress = compress;
         auto out = std::make_shared<PyEpochPlanner>();
         out->cost = cost;
-        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback};
+        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs,
                                                     trainer, context_args(max_seq_len, max_target_len, seq_policy));
         py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
@@ -551,7 +556,7 @@ void define_planner(py::module_& m) {
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0, py::arg("seq_policy") = "truncate",
-      py::keep_alive<0, 2>(),
+      py::arg("min_gain") = planner::PlannerOptions{}.min_gain, py::keep_alive<0, 2>(),
       "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
       "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "
       "iterations planned ahead, 0 twice the threads). Exactly one of global_batch_tokens and global_batch_samples "

@@ -57,6 +57,7 @@ struct PlanCliOptions {
   std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};
   std::string layouts = "padded,packed";
   bool no_baselines = false, validate = false, compress = false, json = false;
+  double min_gain = planner::PlannerOptions{}.min_gain;
   std::string out, report, trace;
   int threads = 0;
   std::string dtype = "bf16", loss = "all", family = "any";
@@ -188,6 +189,7 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostM
   po.search.seed = o.seed;
   po.validate = o.validate;
   po.baselines = !o.no_baselines;
+  po.min_gain = o.min_gain;
   po.baseline_mbs = o.baseline_mbs;
   po.baseline_rows = o.baseline_rows;
   po.partition.layouts = layout_set_from_names(o.layouts);
@@ -310,6 +312,7 @@ Json config_json(const PlanCliOptions& o, const cm::CostModel& cost, const plann
               {"seed", o.seed},
               {"epoch", o.epoch},
               {"method", o.method},
+              {"min_gain", po.min_gain},
               {"layouts", layout_set_names(po.partition.layouts)},
               {"schedule", o.schedule},
               {"threads", threads}};
@@ -587,8 +590,9 @@ void print_report(const Json& j) {
                 b["setting"].get<std::string>().c_str());
   }
   if (t["packpipe"]["iterations_from_baselines"].get<std::uint64_t>() > 0) {
-    std::printf("  %llu of %zu iterations run a baseline's micro-batches (simulated faster than packpipe's partition)\n",
-                t["packpipe"]["iterations_from_baselines"].get<unsigned long long>(), n);
+    std::printf("  %llu of %zu iterations run a baseline's micro-batches (packpipe's partition was not %.0f%% faster)\n",
+                t["packpipe"]["iterations_from_baselines"].get<unsigned long long>(), n,
+                100 * j["config"]["min_gain"].get<double>());
   }
   const auto& p = t["planning_ms"];
   std::printf("\n  planning time per iteration: median %.2f ms, p90 %.2f ms, max %.2f ms (%.2f s wall for all)\n",
@@ -661,6 +665,11 @@ void register_plan_commands(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-baselines", o->no_baselines,
                 "Do not report the baselines (their plans stay candidates: packpipe is never slower than one)");
+  cmd->add_option("--min-gain", o->min_gain,
+                  "packpipe's own partition is the plan only when simulated at least this fraction faster than the "
+                  "best baseline's plan, which is the plan otherwise")
+      ->check(float_range(0, 0.999999, "0: the least simulated makespan, whichever plan gives it"))
+      ->capture_default_str();
   cmd->add_flag("--validate", o->validate, "Validate every plan (slower)");
   cmd->add_flag("--compress", o->compress, "zstd-compress the plans in the file");
   cmd->add_option("--out", o->out, "Write the plans of every iteration to this file");

@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -67,6 +68,9 @@ void partition_figures(const part::Partition& p, MethodFigures& f) {
 
 void check_planner_options(const PlannerOptions& o) {
   part::check_shape(o.shape);
+  PACKPIPE_CHECK_ARG(std::isfinite(o.min_gain) && o.min_gain >= 0 && o.min_gain < 1,
+                     "min_gain: packpipe's least gain over the best baseline is a fraction in [0, 1), found {}",
+                     o.min_gain);
   PACKPIPE_CHECK_ARG(pl::is_float(o.dtype), "dtype (--dtype): activations are fp16, bf16, fp32 or fp64, found {}",
                      pl::dtype_name(o.dtype));
   for (std::size_t i = 0; i < o.baseline_mbs.size(); ++i) {
@@ -450,7 +454,11 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     const std::uint64_t key = partition_key(bp);
     const auto same = scheduled_partitions.find(key);
     if (!o.baselines && same != scheduled_partitions.end()) continue;
-    const double bound = o.baselines || !best.figures.feasible ? kInfMs : best.figures.iteration_ms;
+    // What a baseline must beat: another baseline's makespan, or packpipe's own discounted by min_gain.
+    const double to_beat = !best.figures.feasible ? kInfMs
+                           : r.from_baseline      ? best.figures.iteration_ms
+                                                  : best.figures.iteration_ms / (1.0 - o.min_gain);
+    const double bound = o.baselines ? kInfMs : to_beat;
     Scheduled c = same != scheduled_partitions.end() ? same->second
                                                      : schedule_partition(bp, cost, vstages, o, iteration, bound, false);
     if (c.scheduled && o.baselines) scheduled_partitions.emplace(key, c);
@@ -460,7 +468,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     partition_figures(bp, f.figures);
     // A baseline's plan is a candidate when its layout is one the executor runs (layouts).
     if (candidates && has_layout(o.partition.layouts, b.layout) && c.scheduled && c.figures.feasible &&
-        (!best.figures.feasible || c.figures.iteration_ms < best.figures.iteration_ms)) {
+        c.figures.iteration_ms < to_beat) {
       best = std::move(c);
       split = std::move(bp);
       r.source = b.label();

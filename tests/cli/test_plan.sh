@@ -197,6 +197,22 @@ bad "--seq-policy: cut not in" --max-seq-len 64 --seq-policy cut
 bad "--max-seq-len must be in \[0, 4294967295\]" --max-seq-len 4294967296
 bad "--max-target-len 64 is for encoder-decoder models" --max-seq-len 1024 --max-target-len 64
 bad "--seq-policy 'split' is for decoder-only models" --model t5-770m --stages 2 --max-seq-len 512 --seq-policy split
+bad "--min-gain: must be in \[0, " --min-gain 1
+bad "--min-gain: must be in \[0, " --min-gain -0.1
+bad "--min-gain" --min-gain nan
+# --min-gain: packpipe's own partition only when that much faster than the best baseline (0: the least makespan).
+for g in 0 0.5; do
+  "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 4 --min-gain $g \
+    --json > "$tmp/gain_$g.json" || fail "--min-gain $g"
+done
+$py - "$tmp/gain_0.json" "$tmp/gain_0.5.json" <<'PY' || fail "--min-gain report"
+import json, sys
+free, cautious = (json.load(open(p)) for p in sys.argv[1:])
+assert free["config"]["min_gain"] == 0 and cautious["config"]["min_gain"] == 0.5
+n = len(free["iterations"])
+assert cautious["total"]["packpipe"]["iterations_from_baselines"] == n, cautious["total"]["packpipe"]
+assert free["total"]["packpipe"]["iterations_from_baselines"] < n
+PY
 # Two outputs on one file (the report would overwrite the plans), and a --model file as an output.
 bad "--out '$tmp/bad.plan' and --report '$tmp/./bad.plan' are the same file" --report "$tmp/./bad.plan"
 echo '{"name": "m", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}' > "$tmp/model.json"

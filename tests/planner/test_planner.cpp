@@ -324,18 +324,23 @@ TEST_CASE("never worse than a baseline: packpipe's plan is at most every baselin
     o.baseline_rows = {1, 2, 4};
     if (trial % 2 == 1) o.partition.layouts = packpipe::layout_bit(packpipe::Layout::Padded);
     if (trial % 7 == 6) o.schedule = "1f1b";
+    if (trial % 3 == 0) o.min_gain = 0;  // the least makespan of all, whichever plan gives it
     const auto vs = virtual_stages(cost.model(), o.shape);
     const BatchLengths b = random_batch(rng, 60 + static_cast<std::size_t>(rng() % 200), enc_dec);
     const IterationResult r = plan_iteration(b, nullptr, static_cast<std::uint64_t>(trial), cost, vs, o);
     INFO("trial " << trial << ", source " << r.source);
     REQUIRE(r.packpipe.feasible);
     REQUIRE(!r.baselines.empty());
+    int candidates = 0;
     for (const auto& bl : r.baselines) {
       // Baselines in layouts the executor runs are the plan's candidates (packing-mask is listed).
       if (!bl.figures.feasible || !packpipe::has_layout(o.partition.layouts, bl.baseline.layout)) continue;
       ++compared;
+      ++candidates;
       INFO(bl.baseline.label());
       CHECK(r.packpipe.iteration_ms <= bl.figures.iteration_ms);
+      // packpipe's own partition is the plan only when it is at least min_gain faster than each.
+      if (!r.from_baseline) CHECK(r.packpipe.iteration_ms <= (1 - o.min_gain) * bl.figures.iteration_ms * (1 + 1e-12));
     }
     from_baselines += r.from_baseline;
     CHECK(r.from_baseline == (r.source != "dp"));
@@ -355,6 +360,11 @@ TEST_CASE("never worse than a baseline: packpipe's plan is at most every baselin
     for (std::size_t k = 0; k < q.plans.size(); ++k) CHECK(encode_plan(q.plans[k]) == encode_plan(r.plans[k]));
     CHECK(q.source == r.source);
     CHECK(q.baselines.empty());
+    // A margin no partition clears: the plan is a baseline's whenever one is a feasible candidate.
+    PlannerOptions cautious = quiet;
+    cautious.min_gain = 0.95;
+    CHECK(plan_iteration(b, nullptr, static_cast<std::uint64_t>(trial), cost, vs, cautious).from_baseline ==
+          (candidates > 0));
   }
   CHECK(compared > 100);
   std::printf("never worse: %d feasible baselines compared, %d of 16 plans came from a baseline\n", compared,

@@ -2,7 +2,9 @@
 // the tied embedding's reduction, schedule filters and fallback; format-1 plans still read.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -248,6 +250,11 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
   bad.schedule = "search";
   bad.family = ScheduleFamily::ZeroBubble;
   REQUIRE_THROWS_WITH(check_planner_options(bad), Catch::Matchers::Contains("no schedule is allowed"));
+  for (const double g : {-0.1, 1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    PlannerOptions margin = options(4);
+    margin.min_gain = g;
+    REQUIRE_THROWS_WITH(check_planner_options(margin), Catch::Matchers::Contains("min_gain"));
+  }
 }
 
 TEST_CASE("trainer plans: format-1 files and JSON still read, without the trainer's tables", "[interface][regression]") {

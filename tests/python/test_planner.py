@@ -293,3 +293,28 @@ def test_plan_batch_context_length_truncates_or_drops_lengths_given_directly():
 def test_context_length_arguments_are_checked(kw, message):
     with pytest.raises(ValueError, match=message):
         packpipe.plan_batch(gpt(), [100, 200], shape=PipelineShape(stages=4, layers_per_stage=4), **kw)
+
+
+def test_min_gain_decides_between_packpipes_partition_and_the_best_baseline():
+    """packpipe's own partition is the plan only when simulated min_gain faster than every baseline's plan (the
+    baselines' plans are candidates either way, so the plan is never simulated slower than one)."""
+    cost = gpt()
+    shape = PipelineShape(stages=4, layers_per_stage=4)  # DynaPipe's GPT-6.7B: 16 layers
+    own = cautious = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        lengths = np.clip(rng.lognormal(5.3, 1.0, 150), 8, 4096).astype(np.uint32)
+        for g in (0.0, 0.02, 0.3):
+            r = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, min_gain=g, seed=seed)
+            candidates = [b.figures.iteration_ms for b in r.baselines
+                          if b.figures.feasible and b.layout != "packed-mask"]
+            assert candidates and r.packpipe.iteration_ms <= min(candidates) * (1 + 1e-12)
+            if not r.from_baseline:
+                assert r.packpipe.iteration_ms <= (1 - g) * min(candidates) * (1 + 1e-12), (seed, g)
+            own += not r.from_baseline and g == 0
+        cautious += packpipe.plan_batch(cost, lengths, shape=shape, min_gain=0.95, seed=seed).from_baseline
+    assert own > 0  # the margin is what turned those plans into a baseline's
+    assert cautious == 6
+    for bad in (-0.1, 1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="min_gain"):
+            packpipe.plan_batch(cost, [10, 20], shape=shape, min_gain=bad)
