@@ -113,11 +113,21 @@ class Monitor:
         self.store.set(f"hb/{self.rank}", repr(time.time()))
 
     def _aborted(self) -> str:
-        """The abort reason another rank published ('' if none); the flag is a counter, which
-        torch 1.13's stores can read without blocking (add 0)."""
-        if self.store.add("abort_flag", 0) > 0:
-            return self._get("abort") or "aborted (no reason recorded)"
-        return ""
+        """The abort reason another rank published ('' if none): the first claimant's, else any that
+        is written. The flag counts ranks whose reason is written (a counter, which torch 1.13's
+        stores read without blocking: add 0); a claimant that has not written its reason yet (slowed
+        by load, or dying) is waited for a moment, then passed over for another one's."""
+        if self.store.add("abort_flag", 0) <= 0:
+            return ""
+        claims = self.store.add("abort_claim", 0)
+        first = self._get("abort/1", timeout_s=1.0)
+        if first is not None:
+            return first
+        for k in range(2, claims + 1):
+            why = self._get(f"abort/{k}", timeout_s=0.05)
+            if why is not None:
+                return why
+        return "aborted (no reason recorded)"
 
     def _get(self, key: str, timeout_s: float = 0.2) -> Optional[str]:
         try:
@@ -146,8 +156,10 @@ class Monitor:
         """Tells every rank the pipeline is aborted (the first reason wins)."""
         self._set(why)
         try:
-            if self.store.add("abort_claim", 1) == 1:  # the first reason wins
-                self.store.set("abort", why)
+            # Each rank writes its own reason under its claim's number, then counts itself in the flag:
+            # a reader never waits on a claimant that died between its claim and its reason.
+            k = self.store.add("abort_claim", 1)
+            self.store.set(f"abort/{k}", why)
             self.store.add("abort_flag", 1)
         except Exception:
             pass
