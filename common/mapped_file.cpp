@@ -194,8 +194,8 @@ void MappedFile::check_unchanged() const {
   PACKPIPE_CHECK(::stat(path_.c_str(), &st) == 0, "'{}': the file is gone since it was opened: {}", path_,
                  std::strerror(errno));
   PACKPIPE_CHECK(static_cast<std::uint64_t>(st.st_size) == size_,
-                 "'{}': the file was {} bytes when opened and is {} bytes now; another process changed "
-                 "it while it was in use",
+                 "'{}': the file was {} bytes when opened and is {} bytes now; another process truncated "
+                 "or overwrote it while it was in use",
                  path_, size_, st.st_size);
 }
 

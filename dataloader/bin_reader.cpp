@@ -19,6 +19,9 @@ class PlainBinReader final : public BinReader {
                          "{}: read of {} bytes at offset {} is past the end ({} bytes)", file_.path(),
                          n, offset, file_.size());
     file_.read(offset, n, out);  // bounds-checked; a truncated file is an Error, not SIGBUS
+    // A file truncated into the page these bytes lie on reads zeros there, not SIGBUS: the copy is
+    // trusted only if the file still has the size it was opened with.
+    file_.check_unchanged();
   }
   const std::uint8_t* data() const override { return file_.data(); }
   const std::string& path() const override { return file_.path(); }

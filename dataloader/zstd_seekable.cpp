@@ -292,6 +292,7 @@ void decompress_guarded(const MappedFile& file, const SeekTable& table, std::uin
   thread_local std::vector<std::uint8_t> frame;
   frame.resize(table.c_off[f + 1] - table.c_off[f]);
   file.read(table.c_off[f], frame.size(), frame.data());
+  file.check_unchanged();  // truncated into the frame's page: zeros, not SIGBUS (named as truncation)
   detail::decompress_frame_bytes(frame.data(), table, f, dst, file.path());
 }
 

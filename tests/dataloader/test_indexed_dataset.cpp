@@ -985,3 +985,20 @@ TEST_CASE("index arrays: the sizes are a copy in memory, the rest reads the map 
   ds.pointers().copy(0, ds.size(), p.data());
   for (std::uint64_t i = 0; i < ds.size(); ++i) REQUIRE(p[i] == static_cast<std::int64_t>(ds.checked_pointer(i)));
 }
+
+TEST_CASE("a .bin truncated into a page that is read gives an Error naming it, never the page's zeros",
+          "[negative][regression]") {
+  // Reading a mapped file past its new end but within its new last page gives zeros, not SIGBUS:
+  // every token read checks that the file still has the size it was opened with.
+  TempDir dir;
+  const std::string prefix = dir.file("z");
+  std::mt19937_64 rng(5);
+  packpipe::test::write_documents(prefix, DType::UInt16, packpipe::test::random_documents(rng, 400, 1, 20, 200));
+  const IndexedDataset ds(prefix);
+  REQUIRE(packpipe::file_size(prefix + ".bin") > 4096);
+  std::uint64_t victim = 0;  // a sequence wholly inside the first page, past byte 100
+  while (victim < ds.size() && ds.checked_pointer(victim) < 100) ++victim;
+  REQUIRE(ds.checked_pointer(victim) + 2 * ds.length(victim) < 4096);
+  std::filesystem::resize_file(prefix + ".bin", 100);
+  CHECK_THAT(error_of([&] { (void)ds.read(victim); }), Contains(prefix + ".bin") && Contains("truncated"));
+}
