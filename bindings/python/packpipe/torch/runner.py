@@ -469,6 +469,11 @@ class PipelineRunner:
         self.handler.iteration = iteration
         try:
             rec = self.executor.run(plan)
+        except Exception:
+            # The pipeline failed: stay until every other rank has its error too (or is gone), a few
+            # seconds at most, so that this rank's exit never takes the reason away from a slower one.
+            self.monitor.linger()
+            raise
         finally:
             self.handler.iteration = None
         loss = loss_sum = None

@@ -164,6 +164,31 @@ class Monitor:
         except Exception:
             pass
 
+    def linger(self, timeout_s: float = 5.0) -> None:
+        """On a failed iteration, after this rank's error is composed: counts this rank as finished,
+        then waits (at most `timeout_s`) until every other rank has finished too or is gone, so that
+        this rank's exit (the rendezvous store may die with it) never takes the abort reason away
+        from a rank that has not read it yet."""
+        try:
+            self.store.add(f"done/{self.rank}", 1)
+        except Exception:
+            return  # the store is gone already: nothing to keep for anyone
+        end = time.monotonic() + timeout_s
+        pending = [r for r in self.peers if r != self.rank]
+        while pending and time.monotonic() < end:
+            still = []
+            for r in pending:
+                host, pid = self.peers[r]
+                try:
+                    finished = self.store.add(f"done/{r}", 0) > 0
+                except Exception:
+                    return
+                if not finished and not (host == self.host and not _alive(pid)):
+                    still.append(r)
+            pending = still
+            if pending:
+                time.sleep(0.05)
+
     def reason(self) -> str:
         with self._lock:
             return self._reason
