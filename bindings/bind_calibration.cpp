@@ -96,21 +96,30 @@ void define_measurement(py::module_& m) {
   def_value(cls, kMeasurementFields);
 
   auto it = py::reinterpret_borrow<IterationClass>(m.attr("IterationMeasurement"));
-  it.def(py::init([](const py::object& iteration, const py::object& replica, double measured_ms, double predicted_ms) {
+  it.def(py::init([](const py::object& iteration, const py::object& replica, double measured_ms, double predicted_ms,
+                      const std::string& schedule) {
            cm::IterationMeasurement x;
            x.iteration = count_arg<std::uint64_t>(iteration, "iteration");
            x.replica = count_arg<std::uint32_t>(replica, "replica");
            x.measured_ms = measured_ms;
            x.predicted_ms = predicted_ms;
+           PACKPIPE_CHECK_ARG(schedule.empty() || enum_find(kScheduleKindNames, schedule) != nullptr,
+                              "IterationMeasurement: schedule must be '' (unknown) or one of {}, found '{}'",
+                              enum_name_list(kScheduleKindNames), schedule);
+           x.schedule = schedule;
            return x;
          }),
          py::kw_only(), py::arg("iteration") = 0, py::arg("replica") = 0, py::arg("measured_ms") = 0.0,
-         py::arg("predicted_ms") = 0.0, "One iteration of one replica: measured makespan beside the planned one");
+         py::arg("predicted_ms") = 0.0, py::arg("schedule") = "",
+         "One iteration of one replica: measured makespan beside the planned one, and the plan's schedule kind ('': "
+         "unknown)");
   def_field(it, "iteration", &cm::IterationMeasurement::iteration, "iteration");
   def_field(it, "replica", &cm::IterationMeasurement::replica, "data-parallel replica");
   def_field(it, "measured_ms", &cm::IterationMeasurement::measured_ms, "first start to last end over its ranks");
   def_field(it, "predicted_ms", &cm::IterationMeasurement::predicted_ms, "the plan's makespan (0: unknown)");
-  def_value(it, {"iteration", "replica", "measured_ms", "predicted_ms"});
+  it.def_property_readonly("schedule", [](const cm::IterationMeasurement& x) { return x.schedule; },
+                           "the plan's schedule kind ('': unknown)");
+  def_value(it, {"iteration", "replica", "measured_ms", "predicted_ms", "schedule"});
 
   auto set = py::reinterpret_borrow<SetClass>(m.attr("MeasurementSet"));
   set.def(py::init([](const std::vector<cm::Measurement>& ops, const std::vector<cm::IterationMeasurement>& iterations,
@@ -213,7 +222,17 @@ void define_calibration_class(py::module_& m) {
                              "per op kind F, B, I, W: fitted, from, attention_gamma, global fit and regions (a, b, points, rejected, "
                              "error_before, error_after, ...)")
       .def_property_readonly("transfers", [](const cm::Calibration& c) { return file_part(c, "transfers"); },
-                             "per link (intra, inter): fitted, latency_ms, bytes_per_ms, points, sizes, errors");
+                             "per link (intra, inter): fitted, latency_ms, bytes_per_ms, points, sizes, errors")
+      .def_property_readonly("schedules", [](const cm::Calibration& c) { return file_part(c, "schedules"); },
+                             "fitted schedule kinds: schedule, factor (measured / simulated makespan), iterations, "
+                             "spread")
+      .def(
+          "schedule_factor", [](const cm::Calibration& c, const std::string& schedule) {
+            return c.schedule_factor(schedule_kind_from_name(schedule));
+          },
+          py::arg("schedule"),
+          "The factor the planner multiplies a schedule kind's simulated makespan by (a kind not fitted: the largest "
+          "fitted one; 1 without any)");
   def_repr(cls, {"measurements", "source"});
 
   auto cal = py::reinterpret_borrow<CalibratedClass>(m.attr("CalibratedCostModel"));

@@ -75,7 +75,8 @@ void define_measure(py::module_& m) {
       .def_readonly("ops", &planner::IterationCheck::ops, "compute ops re-simulated")
       .def_readonly("predicted_ms", &planner::IterationCheck::predicted_ms, "makespan of the measured order")
       .def_readonly("measured_ms", &planner::IterationCheck::measured_ms, "measured makespan (nan: unknown)")
-      .def_readonly("planned_ms", &planner::IterationCheck::planned_ms, "the plan's makespan (nan: unknown)");
+      .def_readonly("planned_ms", &planner::IterationCheck::planned_ms, "the plan's makespan (nan: unknown)")
+      .def_readonly("schedule", &planner::IterationCheck::schedule, "the plan's schedule kind ('': unknown)");
   def_repr(c, {"iteration", "replica", "ops", "predicted_ms", "measured_ms", "planned_ms"});
 
   auto r = py::reinterpret_borrow<ReportClass>(m.attr("ValidationReport"));
@@ -119,6 +120,16 @@ void define_measure(py::module_& m) {
       },
       py::arg("cost_model"), py::arg("measurements"),
       "The cost model's op times against every measurement, and each measured iteration re-simulated");
+  m.def(
+      "fit_schedule_factors",
+      [](const std::shared_ptr<cm::CostModel>& base, const cm::Calibration& calibration,
+         const cm::MeasurementSet& measurements) {
+        py::gil_scoped_release release;
+        return planner::fit_schedule_factors(base, calibration, measurements);
+      },
+      py::arg("base"), py::arg("calibration"), py::arg("measurements"),
+      "`calibration` (fitted over the uncalibrated `base`) with its schedule factors fitted: per schedule kind named "
+      "by at least 3 iteration lines, the median of measured / re-simulated makespan");
   m.def("validation_plot_json", &planner::validation_plot_json, py::arg("report"), py::arg("measurements"),
         "Predicted and measured pairs as JSON for a plot (packpipe-validation-plot v1)");
 }

@@ -78,6 +78,8 @@ Json run_calibrate(const CalibrateArgs& a) {
   const CostModelArgs costs = resolve(a.costs, set.header);
   const std::shared_ptr<const cm::CostModel> base = costs.make();
   cm::Calibration cal = cm::fit_calibration(*base, set.ops, fit);
+  // Iteration lines that name their schedule give the schedule factors (013).
+  if (!set.iterations.empty()) cal = planner::fit_schedule_factors(base, std::move(cal), set);
   const auto before = planner::op_errors(*base, set.ops);
   const cm::CalibratedCostModel calibrated(base, cal);
   const auto after = planner::op_errors(calibrated, set.ops);
@@ -112,6 +114,7 @@ Json run_calibrate(const CalibrateArgs& a) {
   }
   j["ops"] = ops;
   j["transfers"] = file["transfers"];
+  j["schedules"] = file["schedules"];
   return j;
 }
 
@@ -138,6 +141,11 @@ void print_calibrate(const Json& j) {
     std::printf("  %s-node transfers: %lld points, %lld sizes; latency %.4f ms, %.3f GB/s\n",
                 t["link"].get<std::string>().c_str(), t["points"].get<long long>(), t["sizes"].get<long long>(),
                 t["latency_ms"].get<double>(), t["bytes_per_ms"].get<double>() / 1e6);
+  }
+  for (const Json& f : j["schedules"]) {
+    std::printf("  schedule %s: measured %.3f x its simulated makespan (%lld iterations, spread %.1f%%)\n",
+                f["schedule"].get<std::string>().c_str(), f["factor"].get<double>(), f["iterations"].get<long long>(),
+                100 * f["spread"].get<double>());
   }
   std::printf("  (errors: median |predicted - measured| / measured per op; attn x: the attention part's cost "
               "relative to the model's, 1 + attention_gamma; transfers are upper bounds: see "

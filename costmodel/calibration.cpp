@@ -643,7 +643,25 @@ void check_calibration(const Calibration& c, const std::string& what) {
                      "{}: {}: a link without a fit has latency_ms and bytes_per_ms 0, found {} and {}", what, path,
                      t.latency_ms, t.bytes_per_ms);
     }
+    for (std::size_t k = 0; k < c.schedules.size(); ++k) {
+    const ScheduleFit& f = c.schedules[k];
+    const std::string path = fmt::format("/schedules/{}", k);
+    const auto* kind = enum_find(kScheduleKindNames, f.schedule);
+    PACKPIPE_CHECK(kind != nullptr, "{}: {}/schedule: expected one of {}, found \"{}\"", what, path,
+                   enum_name_list(kScheduleKindNames), f.schedule);
+    PACKPIPE_CHECK(k == 0 || static_cast<int>(kind->value) >
+                                 static_cast<int>(schedule_kind_from_name(c.schedules[k - 1].schedule)),
+                   "{}: {}/schedule: kinds are listed once each, in the order {}; found \"{}\" after \"{}\"", what,
+                   path, enum_name_list(kScheduleKindNames), f.schedule, c.schedules[k - 1].schedule);
+    PACKPIPE_CHECK(f.factor >= kMinScheduleFactor && f.factor <= kMaxScheduleFactor,
+                   "{}: {}/factor: expected in [{:g}, {:g}], found {}", what, path, kMinScheduleFactor,
+                   kMaxScheduleFactor, f.factor);
+    PACKPIPE_CHECK(f.iterations >= kMinScheduleIterations, "{}: {}/iterations: a fitted kind has at least {}, found {}",
+                   what, path, kMinScheduleIterations, f.iterations);
+    PACKPIPE_CHECK(std::isfinite(f.spread) && f.spread >= 0, "{}: {}/spread: expected >= 0, found {}", what, path,
+                   f.spread);
   }
+}
 }
 
 // ---- applying a calibration ----------------------------------------------------------------------
@@ -680,6 +698,15 @@ StageOpTimes Calibration::apply(const StageOpTimes& t, double tokens, double sha
                              : t.backward_weight_ms * scale;
   c.backward_weight_ms = std::min(c.backward_weight_ms, c.backward_ms);
   return c;
+}
+
+double Calibration::schedule_factor(ScheduleKind k) const {
+  double most = 0;
+  for (const ScheduleFit& f : schedules) {
+    if (f.schedule == schedule_kind_name(k)) return f.factor;
+    most = std::max(most, f.factor);
+  }
+  return schedules.empty() ? 1.0 : most;
 }
 
 double Calibration::stage_ms(double tokens, double forward_ms, double backward_ms, double share) const {
@@ -738,6 +765,11 @@ std::string Calibration::to_json() const {
                        {"error_after", t.error_after}});
   }
   j["transfers"] = ts;
+  OJson ss = OJson::array();
+  for (const ScheduleFit& f : schedules) {
+    ss.push_back(OJson{{"schedule", f.schedule}, {"factor", f.factor}, {"iterations", f.iterations}, {"spread", f.spread}});
+  }
+  j["schedules"] = ss;
   return j.dump(1) + "\n";
 }
 
@@ -801,6 +833,18 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     t.sizes = r.count(ts[k], path, "sizes");
     t.error_before = r.number(ts[k], path, "error_before");
     t.error_after = r.number(ts[k], path, "error_after");
+  }
+  if (j.contains("schedules")) {  // absent: a file written before schedule factors
+    const Json& ss = r.array(j, "", "schedules");
+    for (std::size_t k = 0; k < ss.size(); ++k) {
+      const std::string path = fmt::format("/schedules/{}", k);
+      ScheduleFit f;
+      f.schedule = r.text(ss[k], path, "schedule");
+      f.factor = r.number(ss[k], path, "factor");
+      f.iterations = r.count(ss[k], path, "iterations");
+      f.spread = r.number(ss[k], path, "spread");
+      c.schedules.push_back(std::move(f));
+    }
   }
   check_calibration(c, what);  // every invariant fit_calibration guarantees
   return c;
@@ -987,6 +1031,7 @@ std::string CalibratedCostModel::describe() const {
   for (const TransferFit& t : cal_.transfers) {
     if (t.fitted) fitted += (fitted.empty() ? "" : ", ") + std::string(t.inter_node ? "inter-node" : "intra-node");
   }
+  for (const ScheduleFit& f : cal_.schedules) fitted += (fitted.empty() ? "" : ", ") + f.schedule + fmt::format(" x{:.3f}", f.factor);
   return fmt::format("{}, calibrated by {} ({} fitted on {} measurements)", base_->describe(),
                      cal_.source.empty() ? std::string("a calibration") : cal_.source, fitted.empty() ? "nothing" : fitted,
                      cal_.measurements);

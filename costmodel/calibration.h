@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/schedule_kind.h"
 #include "costmodel/cost_model.h"
 #include "costmodel/measurements.h"
 #include "costmodel/stage_ops.h"
@@ -96,6 +97,25 @@ struct TransferFit {
   double error_after = 0;   ///< the same with the fitted line
 };
 
+/// The range of a schedule factor (ScheduleFit): a schedule kind measured at more than twice, or
+/// less than half, its re-simulated makespan is not a schedule's overhead but a wrong op fit.
+inline constexpr double kMinScheduleFactor = 0.5;
+inline constexpr double kMaxScheduleFactor = 2;
+/// Iterations of a kind a factor needs (fewer: the kind is not fitted).
+inline constexpr std::int64_t kMinScheduleIterations = 3;
+
+/// How one schedule kind runs on the machine against its simulation: the median over measured
+/// iterations of that kind of measured makespan / makespan re-simulated with the calibrated op and
+/// transfer times. What the op fits cannot see (an executor's per-schedule waits and dispatch, a
+/// transport's ordering) is in it; the planner multiplies the kind's simulated makespan by it
+/// (docs/design/013-calibration.md).
+struct ScheduleFit {
+  std::string schedule;       ///< a name of kScheduleKindNames
+  double factor = 1;          ///< in [kMinScheduleFactor, kMaxScheduleFactor]
+  std::int64_t iterations = 0;  ///< measured iterations of the kind fitted (at least kMinScheduleIterations)
+  double spread = 0;          ///< median |ratio - factor| / factor over them
+};
+
 /// What a calibration was fitted over: a calibration is refused over another base model.
 struct CalibrationBase {
   std::string model, device, description;
@@ -108,6 +128,8 @@ struct Calibration {
   FitOptions options;
   std::array<OpFit, 4> compute;        ///< F, B, I, W (MeasuredOp order)
   std::array<TransferFit, 2> transfers;  ///< intra-node, inter-node
+  /// Fitted schedule kinds, in kScheduleKindNames order (empty: none; see schedule_factor).
+  std::vector<ScheduleFit> schedules;
   std::int64_t measurements = 0;       ///< measurements it was fitted on
   std::string source;                  ///< the file it was loaded from (not saved)
 
@@ -118,6 +140,9 @@ struct Calibration {
   /// reweighted prediction. An op kind without a fit returns predicted_ms. InvalidArgument for a
   /// transfer op.
   double apply(MeasuredOp op, double tokens, double predicted_ms, double share) const;
+  /// The factor of schedule kind `k` (ScheduleFit): its own fit; for a kind not fitted, the
+  /// largest fitted factor (no kind is preferred without a measurement of it); 1 without any.
+  double schedule_factor(ScheduleKind k) const;
   /// Calibrated op times of a stage from its base op times: F and B by their fits; I and W by
   /// theirs, or, when not fitted, the calibrated backward split in the base ratio; W at most B.
   StageOpTimes apply(const StageOpTimes& base_ops, double tokens, double share) const;
@@ -141,7 +166,7 @@ struct Calibration {
 
 /// Every invariant fit_calibration guarantees (the fit checks its own result with it), checked by
 /// the file reader from_json, so no file breaks what a fit never writes: slopes and intercepts in range, a line through
-/// the origin with b 0, regions ascending and disjoint in tokens, splitting the op's points, a
+/// the origin with b 0, schedule factors of known, distinct kinds in order and in range, regions ascending and disjoint in tokens, splitting the op's points, a
 /// region below min_region_points on its op's global line, consistent point ranges and counts, and
 /// (013's promise) adjacent regions whose blend never makes the calibrated time fall as tokens grow
 /// (the check fit_calibration pools regions by). Throws Error naming `what` (the file), the field

@@ -67,6 +67,7 @@ struct Line {
     PACKPIPE_CHECK(v.is_boolean(), "{}: field '{}': expected true or false, found {}", where, key, found(v));
     return v.get<bool>();
   }
+  bool has(const char* key) const { return j.find(key) != j.end(); }
   std::string text(const char* key) const {
     const Json& v = at(key);
     PACKPIPE_CHECK(v.is_string(), "{}: field '{}': expected a string, found {}", where, key, found(v));
@@ -179,6 +180,9 @@ void check_iteration_measurement(const IterationMeasurement& it, std::string_vie
                        "{}: {} must be 0 (unknown) or in [{:g}, {:g}], found {}", where, name, kMinMeasuredMs,
                        kMaxMeasuredMs, ms);
   }
+  PACKPIPE_CHECK_ARG(it.schedule.empty() || enum_find(kScheduleKindNames, it.schedule) != nullptr,
+                     "{}: schedule must be empty (unknown) or one of {}, found '{}'", where,
+                     enum_name_list(kScheduleKindNames), it.schedule);
 }
 
 std::string measurement_line(const Measurement& m) {
@@ -214,6 +218,7 @@ std::string iteration_line(const IterationMeasurement& it) {
   j["replica"] = it.replica;
   j["measured_ms"] = it.measured_ms;
   j["predicted_ms"] = it.predicted_ms;
+  if (!it.schedule.empty()) j["schedule"] = it.schedule;
   return j.dump();
 }
 
@@ -275,12 +280,13 @@ MeasurementSet parse_measurements(std::string_view text, const std::string& what
     }
     const std::string op = l.text("op");
     if (op == "iteration") {
-      l.only({"op", "iteration", "replica", "measured_ms", "predicted_ms"});
+      l.only({"op", "iteration", "replica", "measured_ms", "predicted_ms", "schedule"});
       IterationMeasurement it;
       it.iteration = static_cast<std::uint64_t>(l.integer("iteration", 0, kMaxI64));
       it.replica = static_cast<std::uint32_t>(l.integer("replica", 0, kMaxU32));
       it.measured_ms = l.number("measured_ms");
       it.predicted_ms = l.number("predicted_ms");
+      if (l.has("schedule")) it.schedule = l.text("schedule");
       try {
         check_iteration_measurement(it, where);
       } catch (const InvalidArgument& e) {

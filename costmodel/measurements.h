@@ -7,7 +7,8 @@
 //    "rows":2,"seq":512,"dec_seq":0,"recompute":"none","bytes":0,"ms":12.5,"iteration":0,
 //    (varlen rows add "attention":[self, dec_self, cross], the sums of costmodel::AttentionWork)
 //    "replica":0,"rank":0,"stage":0,"mb":3,"index":17,"start_ms":40.1,"peer":-1}
-//   {"op":"iteration","iteration":0,"replica":0,"measured_ms":812.0,"predicted_ms":790.5}
+//   {"op":"iteration","iteration":0,"replica":0,"measured_ms":812.0,"predicted_ms":790.5,"schedule":"1f1b"}
+//   ("schedule", the plan's kind, may be absent: unknown)
 //
 // planner/measure.h makes them from a plan and the executor's records.
 #pragma once
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "common/schedule_kind.h"
 #include "costmodel/cost_model.h"
 
 namespace packpipe::costmodel {
@@ -73,6 +75,7 @@ struct IterationMeasurement {
   std::uint32_t replica = 0;
   double measured_ms = 0;
   double predicted_ms = 0;  ///< the plan's makespan_ms (0: unknown)
+  std::string schedule;     ///< the plan's schedule kind (kScheduleKindNames; empty: unknown)
 };
 
 /// What a measurement file says about itself (free text; empty when unknown).

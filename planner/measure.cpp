@@ -305,6 +305,7 @@ PlanMeasurements measurements_from(const pl::Plan& plan, const InstructionTimes&
     out.iteration.replica = plan.replica;
     out.iteration.measured_ms = ns_to_ms(last - origin);
     out.iteration.predicted_ms = plan.makespan_ms;
+    if (enum_find(kScheduleKindNames, plan.schedule) != nullptr) out.iteration.schedule = plan.schedule;
   }
   return out;
 }
@@ -370,6 +371,10 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
     if (line != lines.end()) {
       c.measured_ms = line->second->measured_ms;
       c.planned_ms = line->second->predicted_ms;
+      c.schedule = line->second->schedule;
+      if (!c.schedule.empty() && cost.calibration() != nullptr) {
+        c.predicted_ms *= cost.calibration()->schedule_factor(schedule_kind_from_name(c.schedule));
+      }
       if (c.measured_ms > 0) iter_rel.push_back((c.predicted_ms - c.measured_ms) / c.measured_ms);
     }
     rep.iterations.push_back(c);
@@ -380,6 +385,32 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
   rep.iteration_p90_abs = s.p90_abs;
   rep.iteration_bias = s.bias;
   return rep;
+}
+
+cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, cm::Calibration calibration,
+                                     const cm::MeasurementSet& set) {
+  calibration.schedules.clear();
+  const cm::CalibratedCostModel ops_only(std::move(base), calibration);
+  const ValidationReport rep = validate_measurements(ops_only, set);
+  std::array<std::vector<double>, kScheduleKinds> ratios;
+  for (const IterationCheck& c : rep.iterations) {
+    if (c.schedule.empty() || !(c.measured_ms > 0) || !(c.predicted_ms > 0)) continue;
+    ratios[static_cast<std::size_t>(schedule_kind_from_name(c.schedule))].push_back(c.measured_ms / c.predicted_ms);
+  }
+  for (std::size_t k = 0; k < kScheduleKinds; ++k) {
+    std::vector<double>& v = ratios[k];
+    if (static_cast<std::int64_t>(v.size()) < cm::kMinScheduleIterations) continue;
+    cm::ScheduleFit f;
+    f.schedule = kScheduleKindNames[k].name;
+    f.iterations = static_cast<std::int64_t>(v.size());
+    f.factor = std::clamp(median(v), cm::kMinScheduleFactor, cm::kMaxScheduleFactor);
+    std::vector<double> dev;
+    for (double r : v) dev.push_back(std::abs(r - f.factor) / f.factor);
+    f.spread = median(dev);
+    calibration.schedules.push_back(std::move(f));
+  }
+  cm::check_calibration(calibration, "fit_schedule_factors");
+  return calibration;
 }
 
 std::string validation_plot_json(const ValidationReport& report, const cm::MeasurementSet& set) {

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "costmodel/calibration.h"
 #include "costmodel/measurements.h"
 #include "plan/plan.h"
 
@@ -75,6 +77,7 @@ struct IterationCheck {
   double predicted_ms = 0;         ///< makespan of the measured per-rank order with the model's op times
   double measured_ms = std::numeric_limits<double>::quiet_NaN();  ///< from the iteration line (NaN: none)
   double planned_ms = std::numeric_limits<double>::quiet_NaN();   ///< the plan's makespan from that line
+  std::string schedule;            ///< the plan's schedule kind from that line (empty: unknown)
 };
 
 /// A cost model against measurements.
@@ -97,7 +100,18 @@ struct ValidationReport {
 /// are incomplete (a (micro-batch, stage) without its ops) or inconsistent (one (micro-batch,
 /// stage) with two shapes, a stage on a rank the simulator's placement v mod S does not give), and
 /// for two iteration lines of one (iteration, replica) that disagree, and for a set with no op measurements.
+/// With a calibration that has schedule factors, an iteration whose line names its schedule is
+/// predicted at the re-simulated makespan times its kind's factor (Calibration::schedule_factor).
 ValidationReport validate_measurements(const cm::CostModel& cost, const cm::MeasurementSet& set);
+
+/// `calibration` (fitted over `base`) with its schedule factors fitted to `set`: per schedule
+/// kind named by at least kMinScheduleIterations iteration lines with a measured makespan, the
+/// median of measured / re-simulated makespan (validate_measurements with the calibration's op and
+/// transfer times, any earlier schedule factors dropped), clamped to [kMinScheduleFactor,
+/// kMaxScheduleFactor]. Kinds with fewer iterations are left out (Calibration::schedule_factor).
+/// Throws as validate_measurements and CalibratedCostModel.
+cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, cm::Calibration calibration,
+                                     const cm::MeasurementSet& set);
 
 /// Predicted and measured pairs for a plot: JSON {"format": "packpipe-validation-plot",
 /// "version": 1, "cost_model", "ops": [{"op", "tokens": [...], ("bytes": [...] for transfers,)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "common/schedule_kind.h"
 #include "schedule/stage_costs.h"
 #include "schedule/simulator.h"
 
@@ -16,23 +17,13 @@ namespace packpipe::schedule {
 
 namespace pl = ::packpipe::plan;
 
-enum class ScheduleKind : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, Cyclic, WaitFreeCyclic, ZeroBubble };
+// The kinds and their names are in common/schedule_kind.h (a calibration names them too).
+using ::packpipe::kScheduleKindNames;
+using ::packpipe::kScheduleKinds;
+using ::packpipe::schedule_kind_from_name;
+using ::packpipe::schedule_kind_name;
+using ::packpipe::ScheduleKind;
 
-/// The one name table, in the order of all_schedule_kinds(): "gpipe", "1f1b", "interleaved-1f1b",
-/// "cyclic", "wait-free-cyclic", "zero-bubble".
-inline constexpr EnumName<ScheduleKind> kScheduleKindNames[] = {
-    {ScheduleKind::GPipe, "gpipe"},
-    {ScheduleKind::OneFOneB, "1f1b"},
-    {ScheduleKind::Interleaved1F1B, "interleaved-1f1b"},
-    {ScheduleKind::Cyclic, "cyclic"},
-    {ScheduleKind::WaitFreeCyclic, "wait-free-cyclic"},
-    {ScheduleKind::ZeroBubble, "zero-bubble"}};
-/// The kind's name in kScheduleKindNames.
-constexpr const char* schedule_kind_name(ScheduleKind k) { return enum_name(kScheduleKindNames, k); }
-/// The kind from its name; throws InvalidArgument listing the names.
-inline ScheduleKind schedule_kind_from_name(const std::string& name) {
-  return enum_from_name(kScheduleKindNames, name, "schedule");
-}
 /// Every kind, in the order of kScheduleKindNames.
 const std::vector<ScheduleKind>& all_schedule_kinds();
 /// Whether `k` can order `microbatches` micro-batches on `ranks` ranks with `chunks` virtual

@@ -97,7 +97,9 @@ class Pass {
   // incumbent.
   bool eval(ScheduleKind kind, const std::vector<std::uint32_t>& order, bool prune) {
     ++stats_.simulations;
-    const double bound = prune ? best.makespan : kInf;
+    // The simulated makespan times the kind's factor (SimProblem::kind_factor) is what is compared.
+    const double f = p_.factor(kind);
+    const double bound = prune ? best.makespan / f : kInf;
     const double limit = p_.memory_limit_bytes;
     double ms = kInf;
     if (prune && kind == ScheduleKind::ZeroBubble && builder_.exact_times()) {
@@ -114,6 +116,7 @@ class Pass {
       if (!res_.within_memory) return false;
       ms = res_.makespan_ms;
     }
+    ms *= f;
     finished[static_cast<std::size_t>(kind)] = 1;
     if (!(ms < best.makespan)) return false;
     best.have = true;
@@ -265,6 +268,7 @@ SimProblem with_table(const SimProblem& p, StageCostTable t, cm::Recompute rc) {
   q.ranks = p.ranks;
   q.transfer_ms = p.transfer_ms;
   q.memory_limit_bytes = p.memory_limit_bytes;
+  q.kind_factor = p.kind_factor;
   q.costs = std::move(t);
   return q;
 }
@@ -297,7 +301,7 @@ SearchResult finish(const SimProblem& p, const SearchOptions& o, Candidate c, Se
       for (const auto& ord : orders) {
         if (peaks[n++] != least) continue;
         builder.build(k, ord, o.schedule_options, ro);
-        const double ms = sim.makespan(ro);
+        const double ms = sim.makespan(ro) * p.factor(k);
         ++stats.simulations;
         if (ms < least_ms) {
           least_ms = ms;

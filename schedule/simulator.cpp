@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "costmodel/calibration.h"
 
 namespace packpipe::schedule {
 
@@ -76,7 +77,11 @@ SimProblem make_sim_problem(StageCostTable costs, std::int64_t ranks, const cm::
 SimProblem make_sim_problem(StageCostTable costs, const cm::CostModel& cost, const part::PipelineShape& shape) {
   const double limit = shape.memory_limit_mb > 0 ? shape.memory_limit_mb * 1e6 : cost.device().memory_gb * 1e9;
   const std::int64_t per_node = std::max<std::int64_t>(1, cost.device().gpus_per_node / std::max<std::int64_t>(1, shape.tp));
-  return make_sim_problem(std::move(costs), shape.stages, cost.comm(), per_node, limit);
+  SimProblem p = make_sim_problem(std::move(costs), shape.stages, cost.comm(), per_node, limit);
+  if (const cm::Calibration* cal = cost.calibration(); cal != nullptr) {
+    for (std::size_t k = 0; k < kScheduleKinds; ++k) p.kind_factor[k] = cal->schedule_factor(static_cast<ScheduleKind>(k));
+  }
+  return p;
 }
 
 Simulator::Simulator(const SimProblem& problem) : p_(problem) {
@@ -368,6 +373,17 @@ pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::str
   s.bubble_fraction = r.bubble_fraction;
   s.peak_bytes = r.peak_bytes;
   s.utilization = r.utilization;
+  const auto* kind = enum_find(kScheduleKindNames, name);
+  const double f = kind != nullptr ? problem.factor(kind->value) : 1.0;
+  if (f != 1.0) {
+    for (auto& rank_ops : s.ops) {
+      for (auto& op : rank_ops) {
+        op.start_ms *= f;
+        op.end_ms *= f;
+      }
+    }
+    s.makespan_ms *= f;
+  }
   return s;
 }
 
@@ -394,6 +410,8 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     b.critical_path_ms = std::max(b.critical_path_ms, path);
   }
   for (double w : work) b.rank_work_ms = std::max(b.rank_work_ms, w);
+  b.rank_work_ms *= p.least_factor();
+  b.critical_path_ms *= p.least_factor();
   return b;
 }
 

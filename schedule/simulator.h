@@ -4,10 +4,13 @@
 // makespan, the bubble fraction, each rank's peak memory and utilisation, and op start/end times.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "common/schedule_kind.h"
 #include "costmodel/cost_model.h"
 #include "schedule/stage_costs.h"
 
@@ -25,6 +28,22 @@ struct SimProblem {
   /// has the same size and time); 0 when v and v + 1 share a rank, and for the last stage.
   std::vector<double> transfer_ms;
   double memory_limit_bytes = 0;  ///< per rank; 0: unlimited
+  /// Per schedule kind, how much longer it runs than simulated on the machine that trains
+  /// (costmodel::Calibration::schedule_factor; 1 without one): a kind's makespan is the simulated
+  /// one times its factor, in the search, the schedules' timelines and the lower bounds.
+  std::array<double, kScheduleKinds> kind_factor = filled_factors(1.0);
+  double factor(ScheduleKind k) const { return kind_factor[static_cast<std::size_t>(k)]; }
+  /// The least factor of any kind (what scales a lower bound on every kind's makespan).
+  double least_factor() const {
+    double f = kind_factor[0];
+    for (double x : kind_factor) f = x < f ? x : f;
+    return f;
+  }
+  static constexpr std::array<double, kScheduleKinds> filled_factors(double x) {
+    std::array<double, kScheduleKinds> a{};
+    for (auto& v : a) v = x;
+    return a;
+  }
   std::int64_t microbatches() const { return costs.microbatches; }
   std::int64_t vstages() const { return costs.vstages; }
   std::int64_t rank_of(std::int64_t v) const { return v % ranks; }
@@ -37,7 +56,8 @@ struct SimProblem {
 SimProblem make_sim_problem(StageCostTable costs, std::int64_t ranks, const cm::CommModel& comm,
                             std::int64_t ranks_per_node, double memory_limit_bytes);
 /// A problem from the cost model and the pipeline shape (shape.memory_limit_mb, or the device's
-/// memory when 0; comm and gpus_per_node from the cost model's device).
+/// memory when 0; comm and gpus_per_node from the cost model's device; the schedule factors of a
+/// calibrated model's calibration).
 SimProblem make_sim_problem(StageCostTable costs, const cm::CostModel& cost, const part::PipelineShape& shape);
 
 /// A schedule before simulation: per-rank op orders and, for synchronous (barrier) schedules, the
@@ -98,12 +118,14 @@ class Simulator {
 };
 
 /// Simulates `order` and returns the Schedule (name, ops with times, makespan, bubble, peaks,
-/// utilisation); `mb_order` is recorded as Schedule::order. Throws as Simulator::run.
+/// utilisation); `mb_order` is recorded as Schedule::order. A `name` of a schedule kind has its
+/// times (ops, makespan) scaled by the problem's factor of that kind. Throws as Simulator::run.
 pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::string& name,
                   const std::vector<std::uint32_t>& mb_order);
 
 /// Lower bounds on any schedule's makespan: the busiest rank's total compute, and the longest
-/// single micro-batch critical path (every F, then every backward, plus transfers).
+/// single micro-batch critical path (every F, then every backward, plus transfers), each times the
+/// problem's least_factor().
 struct MakespanBounds {
   double rank_work_ms = 0;
   double critical_path_ms = 0;

@@ -111,6 +111,16 @@ std::string f_line(const std::string& replace_key = "", const std::string& value
   return line.substr(0, at + key.size()) + value + line.substr(end);
 }
 
+// Calibration::from_json of `text` (as "cal.json") is refused with a message holding every part.
+void check_calibration_error(const std::string& text, const std::vector<std::string>& parts) {
+  try {
+    cm::Calibration::from_json(text, "cal.json");
+    FAIL("accepted");
+  } catch (const packpipe::Error& e) {
+    for (const auto& p : parts) CHECK_THAT(e.what(), Contains(p));
+  }
+}
+
 void check_parse_error(const std::string& text, const std::vector<std::string>& parts) {
   try {
     cm::parse_measurements(text, "m.jsonl");
@@ -278,14 +288,7 @@ TEST_CASE("bad measurement files are refused naming the file, the line and the f
 TEST_CASE("bad calibration files are refused naming the file and the field", "[calibration][negative]") {
   const auto base = analytic();
   const std::string good = cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false)).to_json();
-  auto check = [](const std::string& text, const std::vector<std::string>& parts) {
-    try {
-      cm::Calibration::from_json(text, "cal.json");
-      FAIL("accepted");
-    } catch (const packpipe::Error& e) {
-      for (const auto& p : parts) CHECK_THAT(e.what(), Contains(p));
-    }
-  };
+  const auto check = check_calibration_error;
   auto replace = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     const auto at = s.find(from);
@@ -554,4 +557,62 @@ TEST_CASE("every fitted calibration passes its reader, falling regions pooled", 
   const cm::Calibration c = cm::fit_calibration(*base, ms, o);
   const cm::Calibration back = cm::Calibration::from_json(c.to_json(), "fit.json");
   CHECK(back.to_json() == c.to_json());
+}
+
+TEST_CASE("schedule factors: round trip, the rule for kinds not fitted, and bad files refused naming the field",
+          "[calibration][negative]") {
+  const auto base = analytic();
+  cm::Calibration c = cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false));
+  REQUIRE(c.schedules.empty());
+  CHECK(c.schedule_factor(packpipe::ScheduleKind::GPipe) == 1.0);  // none fitted: 1
+  c.schedules = {{"1f1b", 1.01, 6, 0.004}, {"wait-free-cyclic", 1.05, 4, 0.01}};
+  const std::string good = c.to_json();
+  const cm::Calibration d = cm::Calibration::from_json(good, "cal.json");
+  CHECK(d.to_json() == good);
+  REQUIRE(d.schedules.size() == 2);
+  CHECK(d.schedule_factor(packpipe::ScheduleKind::OneFOneB) == 1.01);
+  CHECK(d.schedule_factor(packpipe::ScheduleKind::WaitFreeCyclic) == 1.05);
+  // A kind never measured is not preferred: it takes the largest fitted factor.
+  CHECK(d.schedule_factor(packpipe::ScheduleKind::ZeroBubble) == 1.05);
+  CHECK_THAT(cm::CalibratedCostModel(base, d).describe(), Contains("wait-free-cyclic x1.050"));
+  // A file written before schedule factors has none.
+  std::string old = good;
+  const auto at = old.find(",\n \"schedules\"");
+  REQUIRE(at != std::string::npos);
+  old = old.substr(0, at) + "\n}\n";
+  CHECK(cm::Calibration::from_json(old, "old.json").schedules.empty());
+
+  const auto check = check_calibration_error;
+  auto with = [&](std::vector<cm::ScheduleFit> fits) {
+    cm::Calibration e = c;
+    e.schedules = std::move(fits);
+    // to_json writes what it is given; the reader checks it
+    return e.to_json();
+  };
+  check(with({{"2f2b", 1.0, 5, 0}}), {"cal.json", "/schedules/0/schedule", "found \"2f2b\"", "1f1b"});
+  check(with({{"1f1b", 1.0, 5, 0}, {"1f1b", 1.1, 5, 0}}), {"/schedules/1/schedule", "once each"});
+  check(with({{"wait-free-cyclic", 1.0, 5, 0}, {"1f1b", 1.1, 5, 0}}), {"/schedules/1/schedule", "in the order"});
+  check(with({{"1f1b", 2.5, 5, 0}}), {"/schedules/0/factor", "expected in [0.5, 2]", "found 2.5"});
+  check(with({{"1f1b", 0.1, 5, 0}}), {"/schedules/0/factor", "found 0.1"});
+  check(with({{"1f1b", 1.0, 2, 0}}), {"/schedules/0/iterations", "at least 3", "found 2"});
+  check(with({{"1f1b", 1.0, 5, -1}}), {"/schedules/0/spread", "found -1"});
+  std::string s = good;
+  s.replace(s.find("\"factor\": 1.01"), 14, "\"factor\": \"1\"");
+  check(s, {"cal.json", "/schedules/0", "factor"});
+
+  // Iteration lines carry the plan's schedule; a name that is not a kind is refused.
+  const std::string h = header() + "\n";
+  const cm::MeasurementSet ok = cm::parse_measurements(
+      h + f_line() + "\n" +
+          R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":"zero-bubble"})",
+      "m.jsonl");
+  REQUIRE(ok.iterations.size() == 1);
+  CHECK(ok.iterations[0].schedule == "zero-bubble");
+  CHECK(cm::parse_measurements(cm::measurements_to_jsonl(ok), "again").iterations[0].schedule == "zero-bubble");
+  check_parse_error(
+      h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":"fast"})",
+      {"m.jsonl line 2", "schedule must be empty (unknown) or one of", "found 'fast'"});
+  check_parse_error(
+      h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":3})",
+      {"m.jsonl line 2", "'schedule'", "expected a string"});
 }

@@ -141,3 +141,50 @@ def test_measurements_of_a_plan_executed_by_the_runtime():
         assert len(report.iterations) == 1 and report.iterations[0].ops == 3 * len(plan.microbatches) * plan.vstages
         plot = json.loads(packpipe.validation_plot_json(report, fixed))
         assert plot["format"] == "packpipe-validation-plot" and len(plot["iterations"]) == 1
+
+
+def test_schedule_factors_from_python():
+    """Iteration lines name their plan's schedule; fit_schedule_factors fits a kind measured at
+    least three times (measured / re-simulated makespan); the planner ranks schedules by it."""
+    assert packpipe.IterationMeasurement(schedule="1f1b").schedule == "1f1b"
+    assert packpipe.IterationMeasurement().schedule == ""
+    with pytest.raises(ValueError, match="schedule must be '' .*found 'fast'"):
+        packpipe.IterationMeasurement(schedule="fast")
+    ops, lines = [], []
+    plans = [plan_of(4, 1, kind, n=24, seed=seed)[0] for kind in ("zero-bubble", "1f1b") for seed in range(3)]
+    for k, plan in enumerate(plans):
+        records = rt.run_local(plan, [PayloadHandler() for _ in range(plan.ranks)], rt.ExecutorOptions(timeout_s=30))
+        s = packpipe.measurements_from(plan, [r.times for r in records], iteration=k)
+        assert [i.schedule for i in s.iterations] == [plan.schedule]
+        for m in s.ops:
+            if m.op in ("F", "B", "I", "W"):
+                m.ms = packpipe.predict_ms(CM, m)  # the model's own times: the op fit is the identity
+                ops.append(m)
+        lines.append(s.iterations[0])
+    raw = packpipe.validate_measurements(CM, packpipe.MeasurementSet(ops, lines))
+    factor = {"zero-bubble": 1.2, "1f1b": 1.05}
+    lines = [packpipe.IterationMeasurement(iteration=i.iteration, replica=i.replica, predicted_ms=i.predicted_ms,
+                                           measured_ms=c.predicted_ms * factor[i.schedule], schedule=i.schedule)
+             for i, c in zip(lines, raw.iterations)]
+    mset = packpipe.MeasurementSet(ops, lines)
+    text = mset.to_jsonl()
+    assert '"schedule":"zero-bubble"' in text
+    assert [i.schedule for i in packpipe.parse_measurements(text).iterations] == [i.schedule for i in lines]
+    cal = packpipe.fit_schedule_factors(CM, packpipe.fit_calibration(CM, mset), mset)
+    got = {f["schedule"]: f["factor"] for f in cal.schedules}
+    assert got.keys() == {"1f1b", "zero-bubble"}
+    assert got["zero-bubble"] == pytest.approx(1.2, rel=0.01) and got["1f1b"] == pytest.approx(1.05, rel=0.01)
+    assert cal.schedule_factor("gpipe") == got["zero-bubble"]  # never measured: the largest
+    again = packpipe.Calibration.from_json(cal.to_json(), "broadcast")
+    assert again.schedules == cal.schedules
+    model = packpipe.CalibratedCostModel(CM, again)
+    after = packpipe.validate_measurements(model, mset)
+    assert all(abs(c.predicted_ms / c.measured_ms - 1) < 0.01 for c in after.iterations)
+    assert [c.schedule for c in after.iterations] == [i.schedule for i in lines]
+    # planned with the factors: a zero-bubble plan's makespan is 1.2 x the uncalibrated one's
+    lens = np.random.default_rng(0).integers(16, 1000, size=64).astype(np.uint32)
+    shape = packpipe.PipelineShape(stages=2)
+    zb = packpipe.plan_batch(model, lens, shape=shape, schedule="zero-bubble").plans[0].makespan_ms
+    ident = packpipe.CalibratedCostModel(CM, packpipe.fit_calibration(CM, mset))
+    assert zb == pytest.approx(1.2 * packpipe.plan_batch(ident, lens, shape=shape, schedule="zero-bubble").plans[0].makespan_ms,
+                               rel=1e-9)

@@ -70,6 +70,11 @@ def test_calibration_on_real_cpu_runs_reduces_the_iteration_time_error(tmp_path)
     assert cal.cost_model is loader.cost_model and cal.cost_model is not cal.base
     fit = reports[0]
     assert fit.iteration_error_after < fit.iteration_error_before, fit.summary()
+    # Every iteration line names its plan's schedule, and the kind measured has its factor (013).
+    kinds = {i.schedule for i in cal.measurements.iterations}
+    assert kinds <= set(packpipe.schedule_names()) and "1f1b" in kinds, kinds
+    assert "1f1b" in fit.schedules and 0.5 <= fit.schedules["1f1b"] <= 2, fit.summary()
+    assert "schedule factors 1f1b x" in fit.summary()
     errors = {}
     for window, keep in (("fitted", lambda i: i <= boundary), ("after", lambda i: i > boundary)):
         errors[window] = [_median(_log_errors(m, cal.measurements, keep)) for m in (cal.base, cal.cost_model)]

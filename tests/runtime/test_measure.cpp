@@ -256,12 +256,79 @@ TEST_CASE("validate_measurements names incomplete and inconsistent iterations", 
   }
   REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, two), Contains("inconsistent") && Contains("two shapes"));
   cm::MeasurementSet lines = set;
-  lines.iterations = {{8, 0, 10.0, 9.0}, {8, 0, 12.0, 9.0}};
+  lines.iterations = {{8, 0, 10.0, 9.0, ""}, {8, 0, 12.0, 9.0, ""}};
   REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, lines),
                       Contains("iteration 8 replica 0: two iteration lines that disagree"));
-  lines.iterations = {{8, 0, 10.0, 9.0}, {8, 0, 10.0, 9.0}};  // the same line twice: one
+  lines.iterations = {{8, 0, 10.0, 9.0, ""}, {8, 0, 10.0, 9.0, ""}};  // the same line twice: one
   CHECK(planner::validate_measurements(*cost, lines).iterations_compared == 1);
   cm::MeasurementSet refused = set;
   refused.ops.front().tp = 3;
   REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, refused), Contains("measurement 0") && Contains("refuses"));
+}
+
+TEST_CASE("schedule factors: fitted per kind from the iteration lines, and the planner ranks schedules by them",
+          "[measure][calibration]") {
+  const auto cost = gpt();
+  // Three iterations under 1F1B and three under zero-bubble whose op times are the model's own
+  // (so the op fit is the identity and the re-simulation is exact), measured 1.3 x and 1.1 x
+  // their re-simulated makespans: what an executor's per-schedule waits would add.
+  cm::MeasurementSet set;
+  for (std::uint64_t it = 0; it < 6; ++it) {
+    const pl::Plan p = make_plan(*cost, it < 3 ? "1f1b" : "zero-bubble", 30 + it, 40);
+    planner::PlanMeasurements m = planner::measurements_from(p, times_of(run(p, 0)));
+    REQUIRE(m.has_iteration);
+    CHECK(m.iteration.schedule == p.schedule);
+    for (auto& x : m.ops) {
+      if (cm::is_compute(x.op)) {
+        x.ms = cm::predict_ms(*cost, x);
+        set.ops.push_back(x);
+      }
+    }
+    set.iterations.push_back(m.iteration);
+  }
+  const planner::ValidationReport raw = planner::validate_measurements(*cost, set);
+  REQUIRE(raw.iterations.size() == 6);
+  for (std::size_t k = 0; k < 6; ++k) {
+    set.iterations[k].measured_ms = raw.iterations[k].predicted_ms * (k < 3 ? 1.3 : 1.1);
+  }
+  const cm::Calibration ops_only = cm::fit_calibration(*cost, set.ops);
+  const cm::Calibration cal = planner::fit_schedule_factors(cost, ops_only, set);
+  REQUIRE(cal.schedules.size() == 2);
+  CHECK(cal.schedules[0].schedule == "1f1b");
+  CHECK(cal.schedules[0].factor == Approx(1.3).epsilon(0.01));
+  CHECK(cal.schedules[0].iterations == 3);
+  CHECK(cal.schedules[1].schedule == "zero-bubble");
+  CHECK(cal.schedules[1].factor == Approx(1.1).epsilon(0.01));
+  // never measured: the largest fitted factor
+  CHECK(cal.schedule_factor(packpipe::ScheduleKind::GPipe) == cal.schedules[0].factor);
+  // the file's reader takes it back; the calibrated model predicts each iteration with its factor
+  const cm::CalibratedCostModel calibrated(cost, cm::Calibration::from_json(cal.to_json(), "cal.json"));
+  const planner::ValidationReport after = planner::validate_measurements(calibrated, set);
+  for (const auto& c : after.iterations) {
+    INFO("iteration " << c.iteration << " (" << c.schedule << ")");
+    CHECK(std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.01);
+  }
+  // Fewer than 3 iterations of a kind: not fitted.
+  cm::MeasurementSet few = set;
+  few.iterations.resize(5);
+  const cm::Calibration partial = planner::fit_schedule_factors(cost, ops_only, few);
+  REQUIRE(partial.schedules.size() == 1);
+  CHECK(partial.schedules[0].schedule == "1f1b");
+
+  // The planner's search ranks schedules by the calibrated makespan: every kind but 1F1B twice as
+  // slow as simulated makes 1F1B the plan, its makespan the simulated one.
+  cm::Calibration slow = ops_only;
+  for (const char* k : {"gpipe", "1f1b", "cyclic", "wait-free-cyclic", "zero-bubble"}) {
+    slow.schedules.push_back({k, std::string(k) == "1f1b" ? 1.0 : 2.0, 3, 0});
+  }
+  cm::check_calibration(slow, "slow");
+  const cm::CalibratedCostModel slow_model(cost, slow);
+  const pl::Plan searched = make_plan(slow_model, "search", 41, 40);
+  CHECK(searched.schedule == "1f1b");
+  const pl::Plan plain = make_plan(*cost, "search", 41, 40);
+  CHECK(plain.schedule != "1f1b");  // without the factors, another kind wins this batch
+  // A named schedule's makespan carries its factor.
+  const pl::Plan zb = make_plan(slow_model, "zero-bubble", 41, 40);
+  const pl::Plan zb_plain = make_plan(*cost, "zero-bubble", 41, 40);
+  CHECK(zb.makespan_ms == Approx(2.0 * zb_plain.makespan_ms).epsilon(1e-6));
 }

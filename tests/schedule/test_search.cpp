@@ -2,6 +2,7 @@
 // candidates, memory limit, recompute fallback, lower bounds.
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 
@@ -259,4 +260,51 @@ TEST_CASE("search: never worse than the reference under memory limits, interleav
     // The winner re-simulated from its kind and order.
     CHECK(make_schedule(fast.kind, p, fast.best.order).makespan_ms == fast.best.makespan_ms);
   }
+}
+
+TEST_CASE("search: schedule factors scale each kind's makespan, and the search ranks by the scaled one",
+          "[interface]") {
+  std::mt19937_64 rng(23);
+  Setup s(rng, 4, 1, 12);
+  // Unscaled: the search's winner and every kind's own best.
+  const SearchResult plain = search_schedule(s.problem);
+  std::map<ScheduleKind, double> own;
+  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Cyclic,
+                         ScheduleKind::WaitFreeCyclic, ScheduleKind::ZeroBubble}) {
+    SearchOptions o;
+    o.schedules = {k};
+    own[k] = search_schedule(s.problem, o).best.makespan_ms;
+  }
+  // The winner's kind made 30% slower: the search now takes the best of the others when it is
+  // faster than 1.3 x the old winner, and every reported time is the scaled one.
+  SimProblem scaled = s.problem;
+  scaled.kind_factor[static_cast<std::size_t>(plain.kind)] = 1.3;
+  const SearchResult r = search_schedule(scaled);
+  double others = std::numeric_limits<double>::infinity();
+  for (const auto& [k, ms] : own) {
+    if (k != plain.kind) others = std::min(others, ms);
+  }
+  if (others < 1.3 * plain.best.makespan_ms) {
+    CHECK(r.kind != plain.kind);
+    CHECK(r.best.makespan_ms <= others * (1 + 1e-9));
+  } else {
+    CHECK(r.kind == plain.kind);
+    CHECK(r.best.makespan_ms == Approx(1.3 * plain.best.makespan_ms).epsilon(1e-9));
+  }
+  // A uniform factor changes no choice and scales every time, the timeline's included.
+  SimProblem uniform = s.problem;
+  uniform.kind_factor = SimProblem::filled_factors(1.25);
+  const SearchResult u = search_schedule(uniform);
+  CHECK(u.kind == plain.kind);
+  CHECK(u.best.order == plain.best.order);
+  CHECK(u.best.makespan_ms == Approx(1.25 * plain.best.makespan_ms).epsilon(1e-12));
+  double last_end = 0;
+  for (const auto& rank : u.best.ops) {
+    for (const auto& op : rank) last_end = std::max(last_end, op.end_ms);
+  }
+  CHECK(last_end == Approx(u.best.makespan_ms).epsilon(1e-12));
+  // Lower bounds hold for the scaled makespans (they take the least factor).
+  CHECK(makespan_lower_bounds(uniform).value() == Approx(1.25 * makespan_lower_bounds(s.problem).value()));
+  CHECK(makespan_lower_bounds(scaled).value() == Approx(makespan_lower_bounds(s.problem).value()));
+  CHECK(r.best.makespan_ms >= makespan_lower_bounds(scaled).value());
 }

@@ -349,8 +349,11 @@ class IterationMeasurement:
     """First start to last end over its ranks."""
     predicted_ms: float
     """The plan's makespan (0: unknown)."""
+    @property
+    def schedule(self) -> str:
+        """The plan's schedule kind ('': unknown)."""
     def __init__(self, *, iteration: int = 0, replica: int = 0, measured_ms: float = 0.0,
-                 predicted_ms: float = 0.0) -> None:
+                 predicted_ms: float = 0.0, schedule: str = "") -> None:
         """An iteration line."""
     def __eq__(self, other: object) -> bool:
         """Same fields."""
@@ -444,6 +447,11 @@ class Calibration:
     @property
     def transfers(self) -> List[Dict[str, Any]]:
         """Per link (intra, inter): fitted, latency_ms, bytes_per_ms, points, sizes, errors."""
+    @property
+    def schedules(self) -> List[Dict[str, Any]]:
+        """Fitted schedule kinds: schedule, factor (measured / simulated makespan), iterations, spread."""
+    def schedule_factor(self, schedule: str) -> float:
+        """The factor the planner multiplies a schedule kind's simulated makespan by (a kind not fitted: the largest fitted one; 1 without any)."""
 
 class CalibratedCostModel(CostModel):
     """A cost model with a calibration applied to its op times and transfers."""
@@ -1315,6 +1323,9 @@ class IterationCheck:
     @property
     def planned_ms(self) -> float:
         """The plan's makespan (nan: unknown)."""
+    @property
+    def schedule(self) -> str:
+        """The plan's schedule kind ('': unknown)."""
 
 class ValidationReport:
     """A cost model against measurements: per-op and per-iteration errors."""
@@ -1350,6 +1361,9 @@ def measurements_from(plan: Plan, times: Sequence[Optional[Union[np.ndarray, Seq
 
 def validate_measurements(cost_model: CostModel, measurements: MeasurementSet) -> ValidationReport:
     """The cost model's op times against every measurement, and each measured iteration re-simulated."""
+
+def fit_schedule_factors(base: CostModel, calibration: Calibration, measurements: MeasurementSet) -> Calibration:
+    """`calibration` (fitted over the uncalibrated `base`) with its schedule factors fitted: per schedule kind named by at least 3 iteration lines, the median of measured / re-simulated makespan."""
 
 def validation_plot_json(report: ValidationReport, measurements: MeasurementSet) -> str:
     """Predicted and measured pairs as JSON for a plot (packpipe-validation-plot v1)."""

@@ -51,11 +51,20 @@ class CalibrationReport:
     def __post_init__(self):
         _check.boolean("CalibrationReport", "transfers_fitted", self.transfers_fitted)
 
+    @property
+    def schedules(self) -> Dict[str, float]:
+        """The fitted schedule factors (measured / simulated makespan per schedule kind, 013)."""
+        if not self.calibration_json:
+            return {}
+        return {f["schedule"]: f["factor"] for f in json.loads(self.calibration_json).get("schedules", [])}
+
     def summary(self) -> str:
         ops = ", ".join(f"{k} {100 * v['before']:.1f}% -> {100 * v['after']:.1f}%" for k, v in self.ops.items())
+        sched = ", ".join(f"{k} x{v:.3f}" for k, v in self.schedules.items())
         return (f"calibrated on iterations up to {self.iteration} ({self.measurements} op measurements over "
                 f"{self.iterations} iterations): op error {ops}; iteration error "
                 f"{100 * self.iteration_error_before:.1f}% -> {100 * self.iteration_error_after:.1f}%"
+                + (f"; schedule factors {sched}" if sched else "")
                 + ("" if self.transfers_fitted else " (transfer fits dropped: the iterations fit better without them)"))
 
 
@@ -144,7 +153,8 @@ class Calibrator:
             # One iteration line per replica: the pipeline's measured makespan beside the plan's.
             got.iterations = [packpipe.IterationMeasurement(iteration=self.observed, replica=plan.replica,
                                                             measured_ms=result.measured_ms,
-                                                            predicted_ms=plan.makespan_ms)]
+                                                            predicted_ms=plan.makespan_ms,
+                                                            schedule=_schedule_name(plan))]
         self.measurements.append(got)
 
     def _join_pending(self) -> None:
@@ -171,7 +181,8 @@ class Calibrator:
             if not got.iterations:
                 got.iterations = [packpipe.IterationMeasurement(iteration=step, replica=replica,
                                                                 measured_ms=measured_ms,
-                                                                predicted_ms=plan.makespan_ms)]
+                                                                predicted_ms=plan.makespan_ms,
+                                                                schedule=_schedule_name(plan))]
             self.measurements.append(got)
         self._pending = []
 
@@ -285,16 +296,24 @@ def _rank() -> int:
 _FAILED = "#failed "  # what a rank sends instead of its measurements when it could not make them
 
 
+def _schedule_name(plan) -> str:
+    """The plan's schedule kind as an iteration line records it ('' for a name that is not one)."""
+    return plan.schedule if plan.schedule in packpipe.schedule_names() else ""
+
+
 def _fit_checked(base, mset, options):
-    """fit_calibration of `base` to `mset`, and its validation report. Transfer waits are upper
-    bounds (013): when the re-simulated iterations are closer without the transfer fits, they are
-    dropped (the base communication model kept). Returns (calibration, report, transfers kept)."""
-    cal = packpipe.fit_calibration(base, mset, options)
-    after = packpipe.validate_measurements(packpipe.CalibratedCostModel(base, cal), mset)
+    """fit_calibration of `base` to `mset` with its schedule factors, and its validation report.
+    Transfer waits are upper bounds (013): when the re-simulated iterations are closer without the
+    transfer fits, they are dropped (the base communication model kept). Returns (calibration,
+    report, transfers kept)."""
+    def fitted(cal):
+        cal = packpipe.fit_schedule_factors(base, cal, mset)
+        return cal, packpipe.validate_measurements(packpipe.CalibratedCostModel(base, cal), mset)
+
+    cal, after = fitted(packpipe.fit_calibration(base, mset, options))
     transfers = any(t["fitted"] for t in cal.transfers)
     if transfers and after.iterations_compared:
-        alt = _without_transfers(cal)
-        alt_after = packpipe.validate_measurements(packpipe.CalibratedCostModel(base, alt), mset)
+        alt, alt_after = fitted(_without_transfers(cal))
         if _iteration_error(alt_after) < _iteration_error(after):
             return alt, alt_after, False
     return cal, after, transfers
@@ -305,6 +324,7 @@ def _without_transfers(cal):
     j = json.loads(cal.to_json())
     for t in j["transfers"]:
         t.update(fitted=False, latency_ms=0.0, bytes_per_ms=0.0)
+    j["schedules"] = []  # fitted again over the model without the transfer fits
     return packpipe.Calibration.from_json(json.dumps(j), "the calibration without its transfer fits")
 
 
