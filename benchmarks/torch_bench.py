@@ -21,6 +21,10 @@ throughput: the small GPT trained for real on the same global batches with packp
             micro-batches, schedule search) and with the Megatron baselines, fixed micro-batches
             padded to their longest sample and packed rows, each at every micro-batch size of the
             grid, 1F1B; tokens/s measured beside the simulated (cost-model) tokens/s of the same plans.
+            Every side plans with one calibration, fitted on --calibrate-after steps of every side's
+            plans and, for each of --calibration-passes after the first, refitted with the steps of
+            plans made with it; per configuration also the median measured / planned makespan of its
+            steps (the model's error inside the pipeline) and the time outside the makespans.
 
 Every mode runs each configuration in each round, alternating, and reports medians over rounds.
 Iteration times are the slowest rank's (barrier, run, all-reduce MAX).
@@ -246,26 +250,34 @@ def throughput(a, groups, tmp):
     if a.only:  # packpipe and the baseline settings whose name holds one of the given texts
         configs = [c for c in configs if c[0] == "packpipe" or any(t in c[0] for t in a.only)]
     # 1. Calibration: every side's plans of other batches (side c plans epoch 1 + c) run with the
-    # base model; one fit over all of their steps (rank 0 fits, every rank gets the same file).
+    # base model, and one fit over all of their steps (rank 0 fits, every rank gets the same file);
+    # then, for each further pass, every side's plans made with that calibration run too and the
+    # fit is made again over every step so far: the plans measured are the kind that will run (a
+    # schedule's overhead on this machine can differ between the base model's plans and these).
     t0 = time.perf_counter()
     shape = packpipe.PipelineShape(stages=groups.pp, dp=groups.dp)
     common = dict(replica=groups.replica, rank=groups.pipeline_rank, shape=shape, global_batch_tokens=a.tokens,
                   seed=a.seed, dtype="fp32", split_backward=False, calibrate=False)
     anchor = pt.PlanLoader(data, cost_model=base, epoch=1, iterations=1, **common, **packpipe_kw)
     per_side = a.calibrate_after
-    cal = pt.Calibrator(anchor, fit_after=per_side * len(configs), warmup=0)
-    report = None
-    for c, (name, _, kw) in enumerate(configs):
-        its = list(pt.PlanLoader(data, cost_model=base, epoch=1 + c, iterations=per_side + 1, **common, **kw))
-        runner = runner_for(cfg, its, groups)
-        runner.run(its[0])  # warm-up: not measured
-        for it in its[1:]:
-            r = runner.run(it)
-            rep = cal.observe(it, r)
-            report = rep or report
-        runner.close()
-        progress(f"calibration: side {c + 1}/{len(configs)} ({name}) measured")
-    calibrated = packpipe.CalibratedCostModel(base, packpipe.Calibration.from_json(report.calibration_json, "fit"))
+    per_pass = per_side * len(configs)
+    cal = pt.Calibrator(anchor, fit_after=per_pass, refit_every=per_pass, warmup=0)
+    report, model = None, base
+    for p in range(a.calibration_passes):
+        for c, (name, _, kw) in enumerate(configs):
+            its = list(pt.PlanLoader(data, cost_model=model, epoch=1 + c + p * len(configs), iterations=per_side + 1,
+                                     **common, **kw))
+            runner = runner_for(cfg, its, groups)
+            runner.run(its[0])  # warm-up: not measured
+            for it in its[1:]:
+                r = runner.run(it)
+                rep = cal.observe(it, r)
+                report = rep or report
+            runner.close()
+            progress(f"calibration pass {p + 1}/{a.calibration_passes}: side {c + 1}/{len(configs)} ({name}) measured")
+        model = packpipe.CalibratedCostModel(base, packpipe.Calibration.from_json(report.calibration_json, "fit"))
+        progress(f"calibration pass {p + 1}: {report.summary()}")
+    calibrated = model
     calibration_s = time.perf_counter() - t0
     # 2. The measured sides, planned with the calibrated model.
     runs = {}
@@ -276,20 +288,27 @@ def throughput(a, groups, tmp):
                       "simulated_ms": sum(it.plan.makespan_ms for it in its), "ms": [],
                       "microbatches": [len(it.plan.microbatches) for it in its],
                       "layouts": sorted({m["layout"] for it in its for m in it.plan.microbatches}),
-                      "schedules": sorted({it.plan.schedule for it in its})}
+                      "schedules": sorted({it.plan.schedule for it in its}),
+                      "step_ratios": []}
     names = [n for n, _, _ in configs]
     for rnd in range(a.rounds + 1):  # round 0 warms up
         order = names if rnd % 2 == 0 else list(reversed(names))
         for name in order:
             r = runs[name]
-            ms = timed(lambda: [r["runner"].run(it) for it in r["its"]])
+            steps = []
+            ms = timed(lambda: steps.extend(r["runner"].run(it) for it in r["its"]))
             if rnd > 0:
                 r["ms"].append(ms)
+                # Each step's measured pipeline makespan (this rank's view) against its plan's:
+                # what the cost model missed inside the pipeline, apart from the work around it.
+                r["step_ratios"].extend(s.measured_ms / it.plan.makespan_ms for s, it in zip(steps, r["its"])
+                                        if s.measured_ms and it.plan.makespan_ms)
             progress(f"round {rnd}/{a.rounds}{' (warm-up)' if rnd == 0 else ''}: {name} {ms:.0f} ms")
     out = {"mode": "throughput", "workload": a.workload, "iterations": a.iterations, "rounds": a.rounds,
            "ranks": groups.pp, "dp": groups.dp, "global_batch_tokens": a.tokens,
            "calibration": {"summary": report.summary(), "seconds": calibration_s,
-                           "measured_iterations": per_side * len(configs)},
+                           "measured_iterations": per_pass * a.calibration_passes,
+                           "passes": a.calibration_passes},
            "configs": {}}
     for name in names:
         r = runs[name]
@@ -303,7 +322,12 @@ def throughput(a, groups, tmp):
                                 "simulated_tokens_per_s": r["tokens"] / (float(sim) / 1e3),
                                 "simulated_over_measured": (r["tokens"] / (float(sim) / 1e3)) / (r["tokens"] / (med / 1e3)),
                                 "microbatches": r["microbatches"], "layouts": r["layouts"],
-                                "schedules": r["schedules"]}
+                                "schedules": r["schedules"],
+                                "makespan_measured_over_planned": statistics.median(r["step_ratios"])
+                                if r["step_ratios"] else None,
+                                "outside_makespan_fraction": 1 - (sum(it.plan.makespan_ms for it in r["its"]) *
+                                                                  statistics.median(r["step_ratios"]) / med)
+                                if r["step_ratios"] else None}
     c = out["configs"]
     pp = c["packpipe"]
     families = sorted({v["family"] for k, v in c.items() if k != "packpipe"})
@@ -471,6 +495,8 @@ def main():
     ap.add_argument("--budgets", type=i(1, 2 ** 20), nargs="+", default=[1, 2, 4],
                     help="throughput: token budgets and WLB capacities, in multiples of the longest sample's power of 2")
     ap.add_argument("--seed", type=i(0, 2 ** 63 - 1), default=5)
+    ap.add_argument("--calibration-passes", type=i(1, 16), default=2,
+                    help="throughput: calibration passes (2: the first fit's plans are measured and fitted again)")
     ap.add_argument("--calibrate-after", type=i(1, _check.MAX_COUNT), default=20,
                     help="calibration: measured iterations before the fit")
     ap.add_argument("--warmup", type=i(0, _check.MAX_COUNT), default=1, help="calibration: first iterations not measured")

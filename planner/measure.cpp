@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -390,8 +391,22 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
 cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, cm::Calibration calibration,
                                      const cm::MeasurementSet& set) {
   calibration.schedules.clear();
+  // Only the iterations whose line names a schedule and holds a measured makespan are re-simulated.
+  std::set<std::pair<std::uint64_t, std::uint32_t>> named;
+  cm::MeasurementSet used;
+  used.header = set.header;
+  for (const auto& it : set.iterations) {
+    if (!it.schedule.empty() && it.measured_ms > 0) {
+      named.emplace(it.iteration, it.replica);
+      used.iterations.push_back(it);
+    }
+  }
+  for (const auto& m : set.ops) {
+    if (named.count({m.iteration, m.replica}) != 0) used.ops.push_back(m);
+  }
+  if (used.ops.empty()) return calibration;
   const cm::CalibratedCostModel ops_only(std::move(base), calibration);
-  const ValidationReport rep = validate_measurements(ops_only, set);
+  const ValidationReport rep = validate_measurements(ops_only, used);
   std::array<std::vector<double>, kScheduleKinds> ratios;
   for (const IterationCheck& c : rep.iterations) {
     if (c.schedule.empty() || !(c.measured_ms > 0) || !(c.predicted_ms > 0)) continue;

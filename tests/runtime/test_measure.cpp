@@ -308,6 +308,16 @@ TEST_CASE("schedule factors: fitted per kind from the iteration lines, and the p
     INFO("iteration " << c.iteration << " (" << c.schedule << ")");
     CHECK(std::abs(c.predicted_ms - c.measured_ms) / c.measured_ms < 0.01);
   }
+  // Ops of an iteration without a line (one rank of four recorded) are not re-simulated for the factors.
+  cm::MeasurementSet extra = set;
+  {
+    const pl::Plan p = make_plan(*cost, "1f1b", 99, 40);
+    for (const auto& x : planner::measurements_from(p, times_of(run(p, 0))).ops) {
+      if (x.rank == 1 && cm::is_compute(x.op)) extra.ops.push_back(x);
+    }
+  }
+  REQUIRE_THROWS_WITH(planner::validate_measurements(*cost, extra), Contains("incomplete"));
+  CHECK(planner::fit_schedule_factors(cost, ops_only, extra).to_json() == cal.to_json());
   // Fewer than 3 iterations of a kind: not fitted.
   cm::MeasurementSet few = set;
   few.iterations.resize(5);
