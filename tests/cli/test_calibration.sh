@@ -39,6 +39,9 @@ its = [l for l in lines[1:] if l["op"] == "iteration"]
 assert r["measurements"]["ops"] == len(ops) > 0, r["measurements"]
 assert len(its) == 3 and all(i["measured_ms"] > 0 and i["predicted_ms"] > 0 for i in its), its
 assert {o["op"] for o in ops} >= {"F", "send", "recv"}, {o["op"] for o in ops}
+# each iteration line names its plan's schedule kind (what the schedule factors are fitted by)
+kinds = {"gpipe", "1f1b", "interleaved-1f1b", "cyclic", "wait-free-cyclic", "zero-bubble"}
+assert all(i.get("schedule") in kinds for i in its), its
 PY
 
 # calibrate: the slope is the replay's scale, errors fall, the file is written
@@ -58,6 +61,15 @@ for k in "FIW":
     if k in f:
         # the base model is off by about 1 / 0.05 - 1; calibrated, a fraction of that whatever the load
         assert 3 < f[k]["error_before"] and f[k]["error_after"] < f[k]["error_before"] / 5, f[k]
+# schedule factors: a kind of at least 3 measured iterations is fitted, in range; the file holds them
+lines = [json.loads(l) for l in open(sys.argv[1].replace("cal.report.json", "m.jsonl"))]
+count = {}
+for l in lines[1:]:
+    if l["op"] == "iteration":
+        count[l["schedule"]] = count.get(l["schedule"], 0) + 1
+assert sorted(x["schedule"] for x in r["schedules"]) == sorted(k for k, n in count.items() if n >= 3), (r["schedules"], count)
+assert all(0.5 <= x["factor"] <= 2 and x["iterations"] == count[x["schedule"]] for x in r["schedules"]), r["schedules"]
+assert c["schedules"] == r["schedules"]
 PY
 "$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.txt.json" | grep -q "error before" || fail "calibrate text"
 # any order of the measurements: the same bytes
