@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -492,8 +493,23 @@ struct Reader {
     PACKPIPE_CHECK(v.is_array(), "{}: {}/{}: expected an array, found {}", what, path, key, v.type_name());
     return v;
   }
+  /// Refuses a field of `obj` outside `keys` (a misspelt field is an error, never ignored).
+  void only(const Json& obj, const std::string& path, std::initializer_list<const char*> keys) const {
+    PACKPIPE_CHECK(obj.is_object(), "{}: {}: expected an object, found {}", what, path.empty() ? "/" : path,
+                   obj.type_name());
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      bool known = false;
+      for (const char* k : keys) known = known || it.key() == k;
+      std::string expected;
+      for (const char* k : keys) expected += (expected.empty() ? "" : ", ") + std::string(k);
+      PACKPIPE_CHECK(known, "{}: {}/{}: unknown field (expected {})", what, path, it.key(), expected);
+    }
+  }
 
   RegionFit region(const Json& j, const std::string& path) const {
+    only(j, path, {"a", "b", "center_log2_tokens", "min_log2_tokens", "max_log2_tokens", "min_predicted_ms",
+                   "max_predicted_ms", "points", "rejected", "error_before", "error_after", "global_fallback",
+                   "through_origin"});
     RegionFit f;
     f.a = positive(j, path, "a");
     f.b = number(j, path, "b");
@@ -783,6 +799,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
   PACKPIPE_CHECK(version == kVersion, "{}: /version: expected {}, found {} (written by a newer packpipe?)", what,
                  kVersion, version);
   const Json& b = r.at(j, "", "base");
+  r.only(b, "/base", {"model", "device", "description", "fingerprint"});
   c.base.model = r.text(b, "/base", "model");
   c.base.device = r.text(b, "/base", "device");
   c.base.description = r.text(b, "/base", "description");
@@ -791,6 +808,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
                      c.base.fingerprint.find_first_not_of("0123456789abcdef") == std::string::npos,
                  "{}: /base/fingerprint: expected 16 lower-case hex digits, found \"{}\"", what, c.base.fingerprint);
   const Json& o = r.at(j, "", "options");
+  r.only(o, "/options", {"min_region_points", "outlier_mads", "max_iterations", "regions", "transfer_quantile"});
   c.options.min_region_points = r.count(o, "/options", "min_region_points");
   c.options.outlier_mads = r.number(o, "/options", "outlier_mads");
   c.options.max_iterations = static_cast<int>(std::min<std::int64_t>(r.count(o, "/options", "max_iterations"), 1 << 30));
@@ -804,6 +822,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     const std::string path = fmt::format("/compute/{}", k);
     OpFit& f = c.compute[k];
     f.op = static_cast<MeasuredOp>(k);
+    r.only(ops[k], path, {"op", "fitted", "from", "attention_gamma", "global", "regions"});
     const std::string op = r.text(ops[k], path, "op");
     PACKPIPE_CHECK(op == measured_op_name(f.op), "{}: {}/op: expected \"{}\", found \"{}\"", what, path,
                    measured_op_name(f.op), op);
@@ -823,6 +842,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     const std::string path = fmt::format("/transfers/{}", k);
     TransferFit& t = c.transfers[k];
     t.inter_node = k == 1;
+    r.only(ts[k], path, {"link", "fitted", "latency_ms", "bytes_per_ms", "points", "sizes", "error_before", "error_after"});
     const std::string link = r.text(ts[k], path, "link");
     PACKPIPE_CHECK(link == (k == 1 ? "inter" : "intra"), "{}: {}/link: expected \"{}\", found \"{}\"", what, path,
                    k == 1 ? "inter" : "intra", link);
@@ -839,6 +859,7 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     for (std::size_t k = 0; k < ss.size(); ++k) {
       const std::string path = fmt::format("/schedules/{}", k);
       ScheduleFit f;
+      r.only(ss[k], path, {"schedule", "factor", "iterations", "spread"});
       f.schedule = r.text(ss[k], path, "schedule");
       f.factor = r.number(ss[k], path, "factor");
       f.iterations = r.count(ss[k], path, "iterations");
@@ -846,6 +867,8 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
       c.schedules.push_back(std::move(f));
     }
   }
+  // (after the fields it needs, so a renamed one is named missing first)
+  r.only(j, "", {"format", "version", "base", "options", "measurements", "compute", "transfers", "schedules"});
   check_calibration(c, what);  // every invariant fit_calibration guarantees
   return c;
 }

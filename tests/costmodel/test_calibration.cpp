@@ -616,3 +616,23 @@ TEST_CASE("schedule factors: round trip, the rule for kinds not fitted, and bad 
       h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":3})",
       {"m.jsonl line 2", "'schedule'", "expected a string"});
 }
+
+TEST_CASE("a calibration file with a field its writer never writes is refused naming it", "[calibration][negative]") {
+  const auto base = analytic();
+  cm::Calibration c = cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false));
+  c.schedules = {{"1f1b", 1.01, 6, 0.004}};
+  const auto good = nlohmann::json::parse(c.to_json());
+  // every object of the file, a misspelt field added to each in turn
+  const std::vector<nlohmann::json::json_pointer> objects = {
+      nlohmann::json::json_pointer(""),           nlohmann::json::json_pointer("/base"),
+      nlohmann::json::json_pointer("/options"),   nlohmann::json::json_pointer("/compute/0"),
+      nlohmann::json::json_pointer("/compute/0/global"), nlohmann::json::json_pointer("/transfers/1"),
+      nlohmann::json::json_pointer("/schedules/0")};
+  for (const auto& at : objects) {
+    INFO(at.to_string());
+    nlohmann::json j = good;
+    j[at]["schedule_factor"] = 1.5;
+    check_calibration_error(j.dump(1), {"cal.json", at.to_string() + "/schedule_factor", "unknown field", "expected"});
+  }
+  CHECK(cm::Calibration::from_json(good.dump(1), "cal.json").to_json() == c.to_json());
+}
