@@ -26,7 +26,10 @@ using Json = nlohmann::json;
 using OJson = nlohmann::ordered_json;
 
 constexpr const char* kFormat = "packpipe-calibration";
-constexpr int kVersion = 1;
+// Version 2 adds schedule factors; a calibration without them is written as version 1, which
+// every reader opens. (A reader of version 1 alone refuses a file with factors instead of
+// planning without them.)
+constexpr int kVersion = 2;
 /// A calibrated time is never below this share of the fitted slope times the base prediction
 /// (keeps a negative intercept from making a small op's time negative).
 constexpr double kFloorShare = 0.1;
@@ -543,6 +546,33 @@ void check_fit_options(const FitOptions& o) {
                      "transfer_quantile (--transfer-quantile) must be in [0, 1], found {}", o.transfer_quantile);
 }
 
+namespace {
+
+// The schedule factors' part of check_calibration (also what CalibratedCostModel needs of a
+// Calibration built in code: the simulator stretches timelines by factors of at least 1).
+void check_schedule_fits(const Calibration& c, const std::string& what) {
+  for (std::size_t k = 0; k < c.schedules.size(); ++k) {
+    const ScheduleFit& f = c.schedules[k];
+    const std::string path = fmt::format("/schedules/{}", k);
+    const auto* kind = enum_find(kScheduleKindNames, f.schedule);
+    PACKPIPE_CHECK(kind != nullptr, "{}: {}/schedule: expected one of {}, found \"{}\"", what, path,
+                   enum_name_list(kScheduleKindNames), f.schedule);
+    PACKPIPE_CHECK(k == 0 || static_cast<int>(kind->value) >
+                                 static_cast<int>(schedule_kind_from_name(c.schedules[k - 1].schedule)),
+                   "{}: {}/schedule: kinds are listed once each, in the order {}; found \"{}\" after \"{}\"", what,
+                   path, enum_name_list(kScheduleKindNames), f.schedule, c.schedules[k - 1].schedule);
+    PACKPIPE_CHECK(f.factor >= kMinScheduleFactor && f.factor <= kMaxScheduleFactor,
+                   "{}: {}/factor: expected in [{:g}, {:g}], found {}", what, path, kMinScheduleFactor,
+                   kMaxScheduleFactor, f.factor);
+    PACKPIPE_CHECK(f.iterations >= kMinScheduleIterations, "{}: {}/iterations: a fitted kind has at least {}, found {}",
+                   what, path, kMinScheduleIterations, f.iterations);
+    PACKPIPE_CHECK(std::isfinite(f.spread) && f.spread >= 0, "{}: {}/spread: expected >= 0, found {}", what, path,
+                   f.spread);
+  }
+}
+
+}  // namespace
+
 void check_calibration(const Calibration& c, const std::string& what) {
   try {
     check_fit_options(c.options);
@@ -659,26 +689,10 @@ void check_calibration(const Calibration& c, const std::string& what) {
                      "{}: {}: a link without a fit has latency_ms and bytes_per_ms 0, found {} and {}", what, path,
                      t.latency_ms, t.bytes_per_ms);
     }
-    for (std::size_t k = 0; k < c.schedules.size(); ++k) {
-    const ScheduleFit& f = c.schedules[k];
-    const std::string path = fmt::format("/schedules/{}", k);
-    const auto* kind = enum_find(kScheduleKindNames, f.schedule);
-    PACKPIPE_CHECK(kind != nullptr, "{}: {}/schedule: expected one of {}, found \"{}\"", what, path,
-                   enum_name_list(kScheduleKindNames), f.schedule);
-    PACKPIPE_CHECK(k == 0 || static_cast<int>(kind->value) >
-                                 static_cast<int>(schedule_kind_from_name(c.schedules[k - 1].schedule)),
-                   "{}: {}/schedule: kinds are listed once each, in the order {}; found \"{}\" after \"{}\"", what,
-                   path, enum_name_list(kScheduleKindNames), f.schedule, c.schedules[k - 1].schedule);
-    PACKPIPE_CHECK(f.factor >= kMinScheduleFactor && f.factor <= kMaxScheduleFactor,
-                   "{}: {}/factor: expected in [{:g}, {:g}], found {}", what, path, kMinScheduleFactor,
-                   kMaxScheduleFactor, f.factor);
-    PACKPIPE_CHECK(f.iterations >= kMinScheduleIterations, "{}: {}/iterations: a fitted kind has at least {}, found {}",
-                   what, path, kMinScheduleIterations, f.iterations);
-    PACKPIPE_CHECK(std::isfinite(f.spread) && f.spread >= 0, "{}: {}/spread: expected >= 0, found {}", what, path,
-                   f.spread);
   }
+  check_schedule_fits(c, what);
 }
-}
+
 
 // ---- applying a calibration ----------------------------------------------------------------------
 
@@ -744,7 +758,7 @@ CommModel Calibration::apply(const CommModel& base_comm) const {
 std::string Calibration::to_json() const {
   OJson j;
   j["format"] = kFormat;
-  j["version"] = kVersion;
+  j["version"] = schedules.empty() ? 1 : kVersion;
   j["base"] = OJson{{"model", base.model},
                     {"device", base.device},
                     {"description", base.description},
@@ -796,8 +810,8 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
   const std::string format = r.text(j, "", "format");
   PACKPIPE_CHECK(format == kFormat, "{}: /format: expected \"{}\", found \"{}\"", what, kFormat, format);
   const std::int64_t version = r.count(j, "", "version");
-  PACKPIPE_CHECK(version == kVersion, "{}: /version: expected {}, found {} (written by a newer packpipe?)", what,
-                 kVersion, version);
+  PACKPIPE_CHECK(version >= 1 && version <= kVersion,
+                 "{}: /version: expected 1 to {}, found {} (written by a newer packpipe?)", what, kVersion, version);
   const Json& b = r.at(j, "", "base");
   r.only(b, "/base", {"model", "device", "description", "fingerprint"});
   c.base.model = r.text(b, "/base", "model");
@@ -856,6 +870,8 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
   }
   if (j.contains("schedules")) {  // absent: a file written before schedule factors
     const Json& ss = r.array(j, "", "schedules");
+    PACKPIPE_CHECK(version >= 2 || ss.empty(), "{}: /schedules: a version-1 file has no schedule factors (version 2 "
+                   "does), found {}", what, ss.size());
     for (std::size_t k = 0; k < ss.size(); ++k) {
       const std::string path = fmt::format("/schedules/{}", k);
       ScheduleFit f;
@@ -1043,6 +1059,11 @@ CalibratedCostModel::CalibratedCostModel(std::shared_ptr<const CostModel> base, 
                      "fitted over",
                      name, cal_.base.model, cal_.base.device, cal_.base.description, cal_.base.fingerprint,
                      base_->model().name, base_->device().name, base_->describe(), fp);
+  try {
+    check_schedule_fits(cal_, name);  // a Calibration built in code: factors the simulator can apply
+  } catch (const Error& e) {
+    throw InvalidArgument(std::string("CalibratedCostModel: ") + e.what());
+  }
   comm_ = cal_.apply(base_->comm());
 }
 

@@ -97,18 +97,19 @@ struct TransferFit {
   double error_after = 0;   ///< the same with the fitted line
 };
 
-/// The range of a schedule factor (ScheduleFit): a schedule kind measured at more than twice, or
-/// less than half, its re-simulated makespan is not a schedule's overhead but a wrong op fit.
-inline constexpr double kMinScheduleFactor = 0.5;
+/// The range of a schedule factor (ScheduleFit). What a schedule adds to its ops' times is never
+/// negative (a ratio below 1 is the op fits' error, fitted as 1), and a kind measured at more than
+/// twice its re-simulated makespan is not a schedule's overhead but a wrong op fit (not fitted).
+inline constexpr double kMinScheduleFactor = 1;
 inline constexpr double kMaxScheduleFactor = 2;
 /// Iterations of a kind a factor needs (fewer: the kind is not fitted).
 inline constexpr std::int64_t kMinScheduleIterations = 3;
 
 /// How one schedule kind runs on the machine against its simulation: the median over measured
 /// iterations of that kind of measured makespan / makespan re-simulated with the calibrated op and
-/// transfer times. What the op fits cannot see (an executor's per-schedule waits and dispatch, a
-/// transport's ordering) is in it; the planner multiplies the kind's simulated makespan by it
-/// (docs/design/013-calibration.md).
+/// transfer times (at least 1). What the op fits cannot see (an executor's per-schedule waits and
+/// dispatch, a transport's ordering) is in it; the planner ranks the kind's schedules by simulated
+/// makespan times it, and stretches their timelines' waits by it (docs/design/013-calibration.md).
 struct ScheduleFit {
   std::string schedule;       ///< a name of kScheduleKindNames
   double factor = 1;          ///< in [kMinScheduleFactor, kMaxScheduleFactor]

@@ -286,7 +286,11 @@ MeasurementSet parse_measurements(std::string_view text, const std::string& what
       it.replica = static_cast<std::uint32_t>(l.integer("replica", 0, kMaxU32));
       it.measured_ms = l.number("measured_ms");
       it.predicted_ms = l.number("predicted_ms");
-      if (l.has("schedule")) it.schedule = l.text("schedule");
+      if (l.has("schedule")) {
+        it.schedule = l.text("schedule");
+        PACKPIPE_CHECK(!it.schedule.empty(), "{}: field 'schedule': expected a schedule kind, found \"\" (leave the "
+                       "field out when the schedule is unknown)", where);
+      }
       try {
         check_iteration_measurement(it, where);
       } catch (const InvalidArgument& e) {

@@ -356,10 +356,12 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
   std::map<std::pair<std::uint64_t, std::uint32_t>, const cm::IterationMeasurement*> lines;
   for (const auto& it : set.iterations) {
     const auto [at, fresh] = lines.emplace(std::make_pair(it.iteration, it.replica), &it);
-    PACKPIPE_CHECK_ARG(fresh || (at->second->measured_ms == it.measured_ms && at->second->predicted_ms == it.predicted_ms),
+    PACKPIPE_CHECK_ARG(fresh || (at->second->measured_ms == it.measured_ms && at->second->predicted_ms == it.predicted_ms &&
+                                 at->second->schedule == it.schedule),
                        "iteration {} replica {}: two iteration lines that disagree (measured {} and {} ms, predicted {} "
-                       "and {} ms): measurements of two runs?", it.iteration, it.replica, at->second->measured_ms,
-                       it.measured_ms, at->second->predicted_ms, it.predicted_ms);
+                       "and {} ms, schedule '{}' and '{}'): measurements of two runs?", it.iteration, it.replica,
+                       at->second->measured_ms, it.measured_ms, at->second->predicted_ms, it.predicted_ms,
+                       at->second->schedule, it.schedule);
   }
   std::vector<double> iter_rel;
   for (const auto& [key, idx] : groups) {
@@ -418,7 +420,9 @@ cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, 
     cm::ScheduleFit f;
     f.schedule = kScheduleKindNames[k].name;
     f.iterations = static_cast<std::int64_t>(v.size());
-    f.factor = std::clamp(median(v), cm::kMinScheduleFactor, cm::kMaxScheduleFactor);
+    const double m = median(v);
+    if (!(m <= cm::kMaxScheduleFactor)) continue;  // not the schedule's overhead: the op fits are wrong
+    f.factor = std::max(m, cm::kMinScheduleFactor);
     std::vector<double> dev;
     for (double r : v) dev.push_back(std::abs(r - f.factor) / f.factor);
     f.spread = median(dev);

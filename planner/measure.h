@@ -107,8 +107,8 @@ ValidationReport validate_measurements(const cm::CostModel& cost, const cm::Meas
 /// `calibration` (fitted over `base`) with its schedule factors fitted to `set`: per schedule
 /// kind named by at least kMinScheduleIterations iteration lines with a measured makespan, the
 /// median of measured / re-simulated makespan (validate_measurements with the calibration's op and
-/// transfer times, any earlier schedule factors dropped), clamped to [kMinScheduleFactor,
-/// kMaxScheduleFactor]. Kinds with fewer iterations are left out (Calibration::schedule_factor);
+/// transfer times, any earlier schedule factors dropped), at least kMinScheduleFactor. Kinds with
+/// fewer iterations, or a median above kMaxScheduleFactor, are left out (Calibration::schedule_factor);
 /// the ops of iterations without such a line are not re-simulated.
 /// Throws as validate_measurements and CalibratedCostModel.
 cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, cm::Calibration calibration,

@@ -376,13 +376,24 @@ pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::str
   const auto* kind = enum_find(kScheduleKindNames, name);
   const double f = kind != nullptr ? problem.factor(kind->value) : 1.0;
   if (f != 1.0) {
+    // The schedule's own cost (f >= 1) is time between ops: every start is scaled, every op keeps
+    // its duration (what a replay sleeps and a report compares), so every dependency still holds.
+    double last = 0;
     for (auto& rank_ops : s.ops) {
       for (auto& op : rank_ops) {
+        const double d = op.end_ms - op.start_ms;
         op.start_ms *= f;
-        op.end_ms *= f;
+        op.end_ms = op.start_ms + d;
+        last = std::max(last, op.end_ms);
       }
     }
-    s.makespan_ms *= f;
+    s.makespan_ms = last;
+    double busy = 0;
+    for (std::size_t k = 0; k < r.busy_ms.size() && k < s.utilization.size(); ++k) {
+      busy += r.busy_ms[k];
+      s.utilization[k] = last > 0 ? r.busy_ms[k] / last : 0.0;
+    }
+    s.bubble_fraction = last > 0 ? 1.0 - busy / (static_cast<double>(problem.ranks) * last) : 0.0;
   }
   return s;
 }
@@ -410,8 +421,6 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     b.critical_path_ms = std::max(b.critical_path_ms, path);
   }
   for (double w : work) b.rank_work_ms = std::max(b.rank_work_ms, w);
-  b.rank_work_ms *= p.least_factor();
-  b.critical_path_ms *= p.least_factor();
   return b;
 }
 

@@ -29,16 +29,11 @@ struct SimProblem {
   std::vector<double> transfer_ms;
   double memory_limit_bytes = 0;  ///< per rank; 0: unlimited
   /// Per schedule kind, how much longer it runs than simulated on the machine that trains
-  /// (costmodel::Calibration::schedule_factor; 1 without one): a kind's makespan is the simulated
-  /// one times its factor, in the search, the schedules' timelines and the lower bounds.
+  /// (costmodel::Calibration::schedule_factor, at least 1; 1 without one): the search ranks a kind
+  /// by its simulated makespan times its factor, and `simulate` stretches its timeline's starts
+  /// by it.
   std::array<double, kScheduleKinds> kind_factor = filled_factors(1.0);
   double factor(ScheduleKind k) const { return kind_factor[static_cast<std::size_t>(k)]; }
-  /// The least factor of any kind (what scales a lower bound on every kind's makespan).
-  double least_factor() const {
-    double f = kind_factor[0];
-    for (double x : kind_factor) f = x < f ? x : f;
-    return f;
-  }
   static constexpr std::array<double, kScheduleKinds> filled_factors(double x) {
     std::array<double, kScheduleKinds> a{};
     for (auto& v : a) v = x;
@@ -118,14 +113,16 @@ class Simulator {
 };
 
 /// Simulates `order` and returns the Schedule (name, ops with times, makespan, bubble, peaks,
-/// utilisation); `mb_order` is recorded as Schedule::order. A `name` of a schedule kind has its
-/// times (ops, makespan) scaled by the problem's factor of that kind. Throws as Simulator::run.
+/// utilisation); `mb_order` is recorded as Schedule::order. For a `name` of a schedule kind whose
+/// factor f is not 1, every op starts at f x its simulated start and keeps its duration (the
+/// schedule's own cost is waiting), and the makespan, bubble and utilisation follow. Throws as
+/// Simulator::run.
 pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::string& name,
                   const std::vector<std::uint32_t>& mb_order);
 
 /// Lower bounds on any schedule's makespan: the busiest rank's total compute, and the longest
-/// single micro-batch critical path (every F, then every backward, plus transfers), each times the
-/// problem's least_factor().
+/// single micro-batch critical path (every F, then every backward, plus transfers). They hold for
+/// a kind's stretched schedule too (its factor is at least 1).
 struct MakespanBounds {
   double rank_work_ms = 0;
   double critical_path_ms = 0;

@@ -312,7 +312,9 @@ def measure_part(a, work: str, state: dict) -> dict:
         got = packpipe.measurements_from(it.plan, times)
         if not got.iterations:
             line = packpipe.IterationMeasurement(iteration=it.iteration, replica=0, measured_ms=res.measured_ms,
-                                                 predicted_ms=it.plan.makespan_ms)
+                                                 predicted_ms=it.plan.makespan_ms,
+                                                 schedule=it.plan.schedule
+                                                 if it.plan.schedule in packpipe.schedule_names() else "")
             got.iterations = [line]
         ratios.append(res.measured_ms / it.plan.makespan_ms)
         halves[0 if k < (len(timed) + 1) // 2 or len(timed) == 1 else 1].append(got)

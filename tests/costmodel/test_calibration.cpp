@@ -296,7 +296,7 @@ TEST_CASE("bad calibration files are refused naming the file and the field", "[c
     return s.replace(at, from.size(), to);
   };
   check(replace("\"packpipe-calibration\"", "\"packpipe-profile\""), {"cal.json", "/format", "packpipe-calibration"});
-  check(replace("\"version\": 1", "\"version\": 7"), {"cal.json", "/version", "expected 1, found 7"});
+  check(replace("\"version\": 1", "\"version\": 7"), {"cal.json", "/version", "expected 1 to 2, found 7"});
   check(replace("\"a\": ", "\"a\": -"), {"cal.json", "/compute/0/global/a", "expected a positive number"});
   check(replace("\"fingerprint\": \"", "\"fingerprint\": \"zz"), {"/base/fingerprint", "16 lower-case hex digits"});
   check(replace("\"outlier_mads\": 3.0", "\"outlier_mads\": 0.5"), {"/options", "outlier_mads"});
@@ -592,8 +592,18 @@ TEST_CASE("schedule factors: round trip, the rule for kinds not fitted, and bad 
   check(with({{"2f2b", 1.0, 5, 0}}), {"cal.json", "/schedules/0/schedule", "found \"2f2b\"", "1f1b"});
   check(with({{"1f1b", 1.0, 5, 0}, {"1f1b", 1.1, 5, 0}}), {"/schedules/1/schedule", "once each"});
   check(with({{"wait-free-cyclic", 1.0, 5, 0}, {"1f1b", 1.1, 5, 0}}), {"/schedules/1/schedule", "in the order"});
-  check(with({{"1f1b", 2.5, 5, 0}}), {"/schedules/0/factor", "expected in [0.5, 2]", "found 2.5"});
-  check(with({{"1f1b", 0.1, 5, 0}}), {"/schedules/0/factor", "found 0.1"});
+  check(with({{"1f1b", 2.5, 5, 0}}), {"/schedules/0/factor", "expected in [1, 2]", "found 2.5"});
+  check(with({{"1f1b", 0.9, 5, 0}}), {"/schedules/0/factor", "found 0.9"});
+  // Version 2 holds the factors; a version-1 file (what every reader of 1 opens) has none.
+  CHECK(nlohmann::json::parse(good)["version"] == 2);
+  CHECK(nlohmann::json::parse(cm::fit_calibration(*base, synthetic(*base, 1.2, 0.1, 0.01, false)).to_json())["version"] == 1);
+  {
+    auto v1 = nlohmann::json::parse(good);
+    v1["version"] = 1;
+    check(v1.dump(1), {"cal.json", "/schedules", "a version-1 file has no schedule factors"});
+    v1["version"] = 3;
+    check(v1.dump(1), {"cal.json", "/version", "expected 1 to 2, found 3"});
+  }
   check(with({{"1f1b", 1.0, 2, 0}}), {"/schedules/0/iterations", "at least 3", "found 2"});
   check(with({{"1f1b", 1.0, 5, -1}}), {"/schedules/0/spread", "found -1"});
   std::string s = good;
@@ -615,6 +625,9 @@ TEST_CASE("schedule factors: round trip, the rule for kinds not fitted, and bad 
   check_parse_error(
       h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":3})",
       {"m.jsonl line 2", "'schedule'", "expected a string"});
+  check_parse_error(
+      h + R"({"op":"iteration","iteration":0,"replica":0,"measured_ms":9.5,"predicted_ms":8,"schedule":""})",
+      {"m.jsonl line 2", "'schedule'", "leave the field out"});
 }
 
 TEST_CASE("a calibration file with a field its writer never writes is refused naming it", "[calibration][negative]") {
@@ -627,7 +640,9 @@ TEST_CASE("a calibration file with a field its writer never writes is refused na
       nlohmann::json::json_pointer(""),           nlohmann::json::json_pointer("/base"),
       nlohmann::json::json_pointer("/options"),   nlohmann::json::json_pointer("/compute/0"),
       nlohmann::json::json_pointer("/compute/0/global"), nlohmann::json::json_pointer("/transfers/1"),
-      nlohmann::json::json_pointer("/schedules/0")};
+      nlohmann::json::json_pointer("/schedules/0"),
+      nlohmann::json::json_pointer("/compute/0/regions/0")};
+  REQUIRE(!good["compute"][0]["regions"].empty());  // the fit has regions: each region object is checked
   for (const auto& at : objects) {
     INFO(at.to_string());
     nlohmann::json j = good;

@@ -88,8 +88,8 @@ def test_refusals_name_what_is_wrong(tmp_path):
         packpipe.CalibratedCostModel(other, cal)
     with pytest.raises(ValueError, match="already calibrated"):
         packpipe.fit_calibration(packpipe.CalibratedCostModel(CM, cal), synthetic())
-    with pytest.raises(RuntimeError, match="bytes: /version: expected 1, found 2"):
-        packpipe.Calibration.from_json(cal.to_json().replace('"version": 1', '"version": 2'), "bytes")
+    with pytest.raises(RuntimeError, match="bytes: /version: expected 1 to 2, found 3"):
+        packpipe.Calibration.from_json(cal.to_json().replace('"version": 1', '"version": 3'), "bytes")
     with pytest.raises(ValueError, match=r"outlier_mads \(--outlier-mads\) must be in"):
         packpipe.FitOptions(outlier_mads=0.5)
     o = packpipe.FitOptions()
@@ -184,7 +184,10 @@ def test_schedule_factors_from_python():
     # planned with the factors: a zero-bubble plan's makespan is 1.2 x the uncalibrated one's
     lens = np.random.default_rng(0).integers(16, 1000, size=64).astype(np.uint32)
     shape = packpipe.PipelineShape(stages=2)
-    zb = packpipe.plan_batch(model, lens, shape=shape, schedule="zero-bubble").plans[0].makespan_ms
+    zb = packpipe.plan_batch(model, lens, shape=shape, schedule="zero-bubble").plans[0]
     ident = packpipe.CalibratedCostModel(CM, packpipe.fit_calibration(CM, mset))
-    assert zb == pytest.approx(1.2 * packpipe.plan_batch(ident, lens, shape=shape, schedule="zero-bubble").plans[0].makespan_ms,
-                               rel=1e-9)
+    plain = packpipe.plan_batch(ident, lens, shape=shape, schedule="zero-bubble").plans[0]
+    # the timeline's starts are stretched 1.2x, every op keeps its duration
+    assert 1.1 * plain.makespan_ms < zb.makespan_ms <= 1.2 * plain.makespan_ms * (1 + 1e-9)
+    assert [round(e - s, 9) for r in zb.timeline for (_, _, _, s, e) in r] == \
+        [round(e - s, 9) for r in plain.timeline for (_, _, _, s, e) in r]

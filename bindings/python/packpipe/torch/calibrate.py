@@ -304,19 +304,23 @@ def _schedule_name(plan) -> str:
 def _fit_checked(base, mset, options):
     """fit_calibration of `base` to `mset` with its schedule factors, and its validation report.
     Transfer waits are upper bounds (013): when the re-simulated iterations are closer without the
-    transfer fits, they are dropped (the base communication model kept). Returns (calibration,
+    transfer fits, they are dropped (the base communication model kept). That choice is made on the
+    op and transfer fits alone (a schedule factor fitted to the same iterations would hide a transfer
+    fit's bias); the schedule factors are fitted after, over the model chosen. Returns (calibration,
     report, transfers kept)."""
-    def fitted(cal):
-        cal = packpipe.fit_schedule_factors(base, cal, mset)
-        return cal, packpipe.validate_measurements(packpipe.CalibratedCostModel(base, cal), mset)
+    def report(cal):
+        return packpipe.validate_measurements(packpipe.CalibratedCostModel(base, cal), mset)
 
-    cal, after = fitted(packpipe.fit_calibration(base, mset, options))
+    cal = packpipe.fit_calibration(base, mset, options)
     transfers = any(t["fitted"] for t in cal.transfers)
-    if transfers and after.iterations_compared:
-        alt, alt_after = fitted(_without_transfers(cal))
-        if _iteration_error(alt_after) < _iteration_error(after):
-            return alt, alt_after, False
-    return cal, after, transfers
+    if transfers:
+        after = report(cal)
+        if after.iterations_compared:
+            alt = _without_transfers(cal)
+            if _iteration_error(report(alt)) < _iteration_error(after):
+                cal, transfers = alt, False
+    cal = packpipe.fit_schedule_factors(base, cal, mset)
+    return cal, report(cal), transfers
 
 
 def _without_transfers(cal):
@@ -324,7 +328,6 @@ def _without_transfers(cal):
     j = json.loads(cal.to_json())
     for t in j["transfers"]:
         t.update(fitted=False, latency_ms=0.0, bytes_per_ms=0.0)
-    j["schedules"] = []  # fitted again over the model without the transfer fits
     return packpipe.Calibration.from_json(json.dumps(j), "the calibration without its transfer fits")
 
 
