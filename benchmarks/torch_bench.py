@@ -269,8 +269,10 @@ def throughput(a, groups, tmp):
                                      **common, **kw))
             runner = runner_for(cfg, its, groups)
             runner.run(its[0])  # warm-up: not measured
-            for it in its[1:]:
-                r = runner.run(it)
+            # Back to back, as the timed rounds run them (observing between steps would put the
+            # Calibrator's own work between them, and a schedule's cost across iterations with it).
+            results = [runner.run(it) for it in its[1:]]
+            for it, r in zip(its[1:], results):
                 rep = cal.observe(it, r)
                 report = rep or report
             runner.close()
