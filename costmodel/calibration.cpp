@@ -503,9 +503,9 @@ struct Reader {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       bool known = false;
       for (const char* k : keys) known = known || it.key() == k;
-      std::string expected;
-      for (const char* k : keys) expected += (expected.empty() ? "" : ", ") + std::string(k);
-      PACKPIPE_CHECK(known, "{}: {}/{}: unknown field (expected {})", what, path, it.key(), expected);
+      if (!known) {
+        PACKPIPE_THROW(Error, "{}: {}/{}: unknown field (expected {})", what, path, it.key(), fmt::join(keys, ", "));
+      }
     }
   }
 

@@ -417,11 +417,11 @@ cm::Calibration fit_schedule_factors(std::shared_ptr<const cm::CostModel> base, 
   for (std::size_t k = 0; k < kScheduleKinds; ++k) {
     std::vector<double>& v = ratios[k];
     if (static_cast<std::int64_t>(v.size()) < cm::kMinScheduleIterations) continue;
+    const double m = median(v);
+    if (!(m <= cm::kMaxScheduleFactor)) continue;  // not the schedule's overhead: the op fits are wrong
     cm::ScheduleFit f;
     f.schedule = kScheduleKindNames[k].name;
     f.iterations = static_cast<std::int64_t>(v.size());
-    const double m = median(v);
-    if (!(m <= cm::kMaxScheduleFactor)) continue;  // not the schedule's overhead: the op fits are wrong
     f.factor = std::max(m, cm::kMinScheduleFactor);
     std::vector<double> dev;
     for (double r : v) dev.push_back(std::abs(r - f.factor) / f.factor);
