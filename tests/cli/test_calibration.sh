@@ -68,7 +68,7 @@ for l in lines[1:]:
     if l["op"] == "iteration":
         count[l["schedule"]] = count.get(l["schedule"], 0) + 1
 assert sorted(x["schedule"] for x in r["schedules"]) == sorted(k for k, n in count.items() if n >= 3), (r["schedules"], count)
-assert all(0.5 <= x["factor"] <= 2 and x["iterations"] == count[x["schedule"]] for x in r["schedules"]), r["schedules"]
+assert all(x["iterations"] == count[x["schedule"]] for x in r["schedules"]), r["schedules"]
 assert c["schedules"] == r["schedules"]
 PY
 "$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.txt.json" | grep -q "error before" || fail "calibrate text"
