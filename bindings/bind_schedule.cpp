@@ -244,8 +244,9 @@ void define_schedule(py::module_& m) {
           "Build and simulate one schedule (gpipe, 1f1b, interleaved-1f1b, cyclic, wait-free-cyclic, zero-bubble)");
   def_ints(problem_cls, "search",
           [](const PyProblem& p, const py::object& seed, std::optional<std::vector<std::string>> schedules,
-             bool reference, int local_rounds) {
+             bool reference, int local_rounds, double margin) {
             sched::SearchOptions o;
+            o.margin = margin;  // checked by the search
             o.seed = unsigned_arg(seed, "seed", std::numeric_limits<std::uint64_t>::max());
             PACKPIPE_CHECK_ARG(local_rounds >= 0 && local_rounds <= 1000, "local_rounds must be in [0, 1000], found {}",
                                local_rounds);
@@ -266,8 +267,10 @@ void define_schedule(py::module_& m) {
             return r;
           },
           py::arg("seed") = py::int_(0), py::arg("schedules") = py::none(), py::arg("reference") = false,
-          py::arg("local_rounds") = 1,
-          "Search the schedule and micro-batch order (reference=True: the exhaustive DynaPipe-like search)");
+          py::arg("local_rounds") = 1, py::arg("margin") = 0.0,
+          "Search the schedule and micro-batch order (reference=True: the exhaustive DynaPipe-like search); "
+          "margin in [0, 1): another kind or order replaces 1F1B (interleaved 1F1B with chunks) over the given "
+          "order only when that much faster");
 
   m.def(
       "schedule_names",

@@ -290,6 +290,9 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
   const sched::ScheduleKind fixed_kind = named ? sched::schedule_kind_from_name(o.schedule) : sched::ScheduleKind::OneFOneB;
   sched::SearchOptions search_opts = o.search;
   search_opts.schedules = allowed_schedules(o);
+  // The model's error margin holds for the schedule too: another kind or order replaces the
+  // reference (1F1B, interleaved with chunks, over the given order) only when min_gain faster.
+  search_opts.margin = o.min_gain;
   out.figures.feasible = true;
   out.figures.iteration_ms = 0;
   for (std::size_t k = 0; k < replicas(split); ++k) {

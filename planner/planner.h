@@ -53,7 +53,9 @@ struct PlannerOptions {
   /// packpipe's own partition is the plan only when it is simulated at least this fraction faster
   /// than the best baseline's plan (in [0, 1)): a gain inside the cost model's error is not worth
   /// leaving the plan a user would run anyway (measured: a 0.2% simulated gain ran 5% slower, 014).
-  /// The plan is never simulated slower than a baseline's either way.
+  /// The plan is never simulated slower than a baseline's either way. The same margin holds for the
+  /// schedule search (SearchOptions::margin): another kind or order replaces 1F1B (interleaved 1F1B
+  /// with chunks) over the given order only when simulated at least min_gain faster.
   double min_gain = 0.02;
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< fixed: micro-batch sizes of the grid
   std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};         ///< packing: rows per micro-batch of the grid

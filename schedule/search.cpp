@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -53,6 +54,33 @@ std::vector<ScheduleKind> candidate_kinds(const SimProblem& p, const SearchOptio
   return out;
 }
 
+// What the search ranks a candidate's simulated makespan by: its kind's factor
+// (SimProblem::kind_factor), divided by 1 - margin unless it is the reference candidate (the
+// reference kind over the given order, 0..m-1) or the reference kind is not a candidate.
+class RankFactor {
+ public:
+  RankFactor(const SimProblem& p, const SearchOptions& o) : factor_(p.kind_factor), ref_(reference_kind(p)) {
+    const auto kinds = candidate_kinds(p, o);
+    if (o.margin > 0 && std::find(kinds.begin(), kinds.end(), ref_) != kinds.end()) penalty_ = 1.0 / (1.0 - o.margin);
+  }
+  double operator()(ScheduleKind k, const std::vector<std::uint32_t>& order) const {
+    const double f = factor_[static_cast<std::size_t>(k)];
+    if (penalty_ == 1.0 || (k == ref_ && is_identity(order))) return f;
+    return f * penalty_;
+  }
+
+ private:
+  static bool is_identity(const std::vector<std::uint32_t>& order) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (order[i] != i) return false;
+    }
+    return true;
+  }
+  std::array<double, kScheduleKinds> factor_;
+  ScheduleKind ref_;
+  double penalty_ = 1.0;
+};
+
 struct Candidate {
   bool have = false;
   double makespan = kInf;
@@ -89,7 +117,7 @@ double order_peak_bytes(const SimProblem& p, const RankOrder& o, double stop_abo
 class Pass {
  public:
   Pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats)
-      : p_(p), o_(o), sim_(p), builder_(p), stats_(stats) {}
+      : p_(p), o_(o), sim_(p), builder_(p), rank_(p, o), stats_(stats) {}
 
   // Evaluates (kind, order); with `prune`, stops once it passes the incumbent or the memory limit
   // (orders over the limit are rejected before simulating; zero-bubble is timed by its own greedy,
@@ -97,8 +125,8 @@ class Pass {
   // incumbent.
   bool eval(ScheduleKind kind, const std::vector<std::uint32_t>& order, bool prune) {
     ++stats_.simulations;
-    // The simulated makespan times the kind's factor (SimProblem::kind_factor) is what is compared.
-    const double f = p_.factor(kind);
+    // The simulated makespan times the candidate's rank factor (RankFactor) is what is compared.
+    const double f = rank_(kind, order);
     const double bound = prune ? best.makespan / f : kInf;
     const double limit = p_.memory_limit_bytes;
     double ms = kInf;
@@ -157,6 +185,7 @@ class Pass {
   const SearchOptions& o_;
   Simulator sim_;
   detail::OrderBuilder builder_;
+  RankFactor rank_;
   RankOrder ro_, cyclic_ro_;
   std::vector<std::vector<std::uint32_t>> spare_cycle_;
   std::vector<std::uint32_t> cyclic_order_;
@@ -295,13 +324,14 @@ SearchResult finish(const SimProblem& p, const SearchOptions& o, Candidate c, Se
       }
     }
     Simulator sim(p);
+    const RankFactor rank(p, o);
     double least_ms = kInf;
     std::size_t n = 0;
     for (ScheduleKind k : kinds) {
       for (const auto& ord : orders) {
         if (peaks[n++] != least) continue;
         builder.build(k, ord, o.schedule_options, ro);
-        const double ms = sim.makespan(ro) * p.factor(k);
+        const double ms = sim.makespan(ro) * rank(k, ord);
         ++stats.simulations;
         if (ms < least_ms) {
           least_ms = ms;
@@ -317,6 +347,10 @@ SearchResult finish(const SimProblem& p, const SearchOptions& o, Candidate c, Se
 }
 
 }  // namespace
+
+ScheduleKind reference_kind(const SimProblem& p) {
+  return p.vstages() > p.ranks ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+}
 
 std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& p, std::uint64_t seed) {
   const std::int64_t m = p.microbatches(), V = p.vstages();
@@ -423,7 +457,14 @@ std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& p)
   return out;
 }
 
+static void check_margin(const SearchOptions& o) {
+  PACKPIPE_CHECK_ARG(std::isfinite(o.margin) && o.margin >= 0 && o.margin < 1,
+                     "search margin (the least gain of another kind over the reference schedule) is a fraction in "
+                     "[0, 1), found {}", o.margin);
+}
+
 SearchResult reference_search(const SimProblem& problem, const SearchOptions& options) {
+  check_margin(options);
   SearchResult stats;
   Candidate c = reference_pass(problem, options, stats);
   if (c.have || !options.recompute_table) return finish(problem, options, std::move(c), std::move(stats));
@@ -439,6 +480,7 @@ SearchResult reference_search(const SimProblem& problem, const SearchOptions& op
 }
 
 SearchResult search_schedule(const SimProblem& problem, const SearchOptions& options) {
+  check_margin(options);
   SearchResult stats;
   bool ref_ok = false;
   Candidate c = fast_pass(problem, options, stats, ref_ok);

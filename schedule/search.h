@@ -27,7 +27,15 @@ struct SearchOptions {
   /// limit with the given table, both searches retry with Selective, then Full (as DynaPipe tries
   /// uniform modes); must return a table of the same shape.
   std::function<StageCostTable(cm::Recompute)> recompute_table;
+  /// In [0, 1): a candidate other than the reference (reference_kind: 1F1B, interleaved 1F1B with
+  /// chunks, over the given order 0..m-1) wins only when ranked at least this fraction faster than
+  /// the reference; ranking only (makespans are unchanged). 0: the least makespan wins. The planner
+  /// sets its min_gain.
+  double margin = 0;
 };
+
+/// The schedule a user runs by default for the problem's shape: interleaved 1F1B with chunks, else 1F1B.
+ScheduleKind reference_kind(const SimProblem& problem);
 
 struct SearchResult {
   pl::Schedule best;                  ///< the winner, simulated (ops with times)

@@ -297,10 +297,11 @@ def test_context_length_arguments_are_checked(kw, message):
 
 def test_min_gain_decides_between_packpipes_partition_and_the_best_baseline():
     """packpipe's own partition is the plan only when simulated min_gain faster than every baseline's plan (the
-    baselines' plans are candidates either way, so the plan is never simulated slower than one)."""
+    baselines' plans are candidates either way, so the plan is never simulated slower than one), and another
+    schedule replaces 1F1B only when min_gain faster."""
     cost = gpt()
     shape = PipelineShape(stages=4, layers_per_stage=4)  # DynaPipe's GPT-6.7B: 16 layers
-    own = cautious = 0
+    own = cautious = other_kind = reference = 0
     for seed in range(6):
         rng = np.random.default_rng(seed)
         lengths = np.clip(rng.lognormal(5.3, 1.0, 150), 8, 4096).astype(np.uint32)
@@ -312,9 +313,14 @@ def test_min_gain_decides_between_packpipes_partition_and_the_best_baseline():
             if not r.from_baseline:
                 assert r.packpipe.iteration_ms <= (1 - g) * min(candidates) * (1 + 1e-12), (seed, g)
             own += not r.from_baseline and g == 0
-        cautious += packpipe.plan_batch(cost, lengths, shape=shape, min_gain=0.95, seed=seed).from_baseline
+            other_kind += r.packpipe.schedule != "1f1b" and g == 0
+        c = packpipe.plan_batch(cost, lengths, shape=shape, min_gain=0.95, seed=seed)
+        cautious += c.from_baseline
+        # The margin holds for the schedule too: no kind is 95% faster than 1F1B, so 1F1B is kept.
+        reference += c.packpipe.schedule == "1f1b"
     assert own > 0  # the margin is what turned those plans into a baseline's
-    assert cautious == 6
+    assert other_kind > 0  # and another schedule into 1F1B
+    assert cautious == 6 and reference == 6
     for bad in (-0.1, 1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="min_gain"):
             packpipe.plan_batch(cost, [10, 20], shape=shape, min_gain=bad)

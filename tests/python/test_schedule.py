@@ -59,6 +59,21 @@ def test_search_is_deterministic_and_not_worse_than_reference(problem):
     assert only.schedule.name == "1f1b"
 
 
+def test_search_margin_keeps_1f1b_in_order_unless_another_candidate_is_that_much_faster(problem):
+    plain = problem.search(reference=True)
+    given = problem.simulate("1f1b")  # the reference: 1F1B over the micro-batches in their order
+    assert plain.schedule.makespan_ms < given.makespan_ms  # the margin has a choice to make
+    gain = 1 - plain.schedule.makespan_ms / given.makespan_ms
+    won = problem.search(reference=True, margin=gain * 0.9).schedule
+    assert won.name == plain.schedule.name and won.makespan_ms == plain.schedule.makespan_ms
+    kept = problem.search(reference=True, margin=min(gain * 1.1, 0.99)).schedule
+    assert kept.name == "1f1b" and kept.order == given.order and kept.makespan_ms == given.makespan_ms
+    assert problem.search(margin=0.0).schedule.order == problem.search().schedule.order
+    for bad in (-0.01, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="margin"):
+            problem.search(margin=bad)
+
+
 def test_chrome_trace_is_valid_json(problem):
     s = problem.simulate("1f1b")
     t = json.loads(s.chrome_trace())

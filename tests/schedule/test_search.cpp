@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "costmodel/analytic.h"
+#include "schedule/schedules.h"
 #include "schedule/search.h"
 
 using namespace packpipe::partition;
@@ -320,4 +321,67 @@ TEST_CASE("search: schedule factors scale each kind's makespan, and the search r
   // Every factor is at least 1, so the lower bounds hold unscaled.
   CHECK(makespan_lower_bounds(uniform).value() == makespan_lower_bounds(s.problem).value());
   CHECK(u.best.makespan_ms >= makespan_lower_bounds(uniform).value());
+}
+
+TEST_CASE("search: with a margin, only a candidate that much faster replaces 1F1B over the given order",
+          "[interface]") {
+  int replaced = 0, kept = 0;
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    std::mt19937_64 rng(seed);
+    const std::int64_t chunks = seed % 4 == 3 ? 2 : 1;
+    Setup s(rng, 4, chunks, chunks > 1 ? 8 + 4 * (seed % 2) : 8 + seed % 9);
+    const ScheduleKind ref = reference_kind(s.problem);
+    CHECK(ref == (chunks > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB));
+    // The reference candidate: the reference kind over the given order, as a user runs it.
+    const Schedule given = make_schedule(ref, s.problem);
+    const SearchResult plain = reference_search(s.problem);
+    const bool plain_is_reference = plain.kind == ref && plain.best.order == given.order;
+    // Margin 0 is the plain search, bit for bit.
+    SearchOptions zero;
+    zero.margin = 0;
+    CHECK(same_schedule(search_schedule(s.problem, zero).best, search_schedule(s.problem).best));
+    for (double m : {0.001, 0.01, 0.05, 0.2}) {
+      SearchOptions o;
+      o.margin = m;
+      const SearchResult r = reference_search(s.problem, o);
+      // The exhaustive search's rule, exactly: the reference stays unless the best other candidate
+      // is more than the margin faster.
+      const bool other_wins = !plain_is_reference && plain.best.makespan_ms < (1 - m) * given.makespan_ms;
+      if (other_wins) {
+        CHECK(r.best.makespan_ms == plain.best.makespan_ms);
+        ++replaced;
+      } else {
+        CHECK(r.kind == ref);
+        CHECK(r.best.order == given.order);
+        CHECK(r.best.makespan_ms == given.makespan_ms);
+        if (!plain_is_reference) ++kept;
+      }
+      // The fast search: anything but the reference is the margin faster than it (its first
+      // phase simulates the reference, unless something already reached the lower bound).
+      const SearchResult f = search_schedule(s.problem, o);
+      if (!(f.kind == ref && f.best.order == given.order)) {
+        CHECK(f.best.makespan_ms <= (1 - m) * given.makespan_ms * (1 + 1e-12));
+      }
+      CHECK(f.best.makespan_ms <= given.makespan_ms);
+      CHECK(f.best.makespan_ms >= makespan_lower_bounds(s.problem).value());
+    }
+    // A margin larger than any gain keeps the reference.
+    SearchOptions huge;
+    huge.margin = 0.9;
+    const SearchResult h = search_schedule(s.problem, huge);
+    CHECK(h.kind == ref);
+    CHECK(h.best.order == given.order);
+  }
+  // The sample holds both outcomes, so each branch above was checked.
+  CHECK(replaced > 0);
+  CHECK(kept > 0);
+  // Outside [0, 1) (or NaN) is refused, naming the option.
+  for (double bad : {-0.1, 1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    std::mt19937_64 rng(1);
+    Setup s(rng, 2, 1, 4);
+    SearchOptions o;
+    o.margin = bad;
+    CHECK_THROWS_WITH(search_schedule(s.problem, o), Catch::Matchers::Contains("margin"));
+    CHECK_THROWS_WITH(reference_search(s.problem, o), Catch::Matchers::Contains("margin"));
+  }
 }
