@@ -17,10 +17,11 @@ GPT = models.GPTConfig(vocab_size=96, hidden=16, layers=2, heads=2, dtype=torch.
 T5C = models.T5Config(vocab_size=96, hidden=16, encoder_layers=2, decoder_layers=2, heads=2, dtype=torch.float64)
 
 
-def batches(tmp_path, cfg, layouts, manifest=None):
+def batches(tmp_path, cfg, layouts, manifest=None, options=None):
     ld = pt.PlanLoader(manifest or support.short_manifest(tmp_path), cost_model=support.cost_model(cfg, tmp_path),
                        shape=packpipe.PipelineShape(stages=2), global_batch_tokens=700, seed=9, dtype="fp64",
-                       rank=None, iterations=3, calibrate=False, options=packpipe.PartitionOptions(layouts=layouts))
+                       rank=None, iterations=3, calibrate=False,
+                       options=options or packpipe.PartitionOptions(layouts=layouts))
     for it in ld:
         for mb in range(len(it.plan.microbatches)):
             yield it.microbatch(mb)
@@ -41,17 +42,23 @@ def run(fn, q, k, v, seed_grad):
     return y.detach(), [q.grad, k.grad, v.grad]
 
 
+def inputs(batch, g, heads=2, d=8):
+    """Random q, k, v [rows, heads, seq, d] of a micro-batch, its real positions, and an output gradient
+    only through the real positions (padding carries no loss)."""
+    rows, n = batch.rows, batch.seq
+    q, k, v = (torch.randn(rows, heads, n, d, dtype=torch.float64, generator=g) for _ in range(3))
+    real = batch.segment_ids > 0
+    seed_grad = torch.randn(rows, heads, n, d, dtype=torch.float64, generator=g) * real[:, None, :, None]
+    return q, k, v, real, seed_grad
+
+
 @pytest.mark.parametrize("layouts", [("packed",), ("padded",)])
 def test_self_attention_equals_the_dense_block_diagonal_reference(tmp_path, layouts):
     g = torch.Generator().manual_seed(1)
     seen = 0
     for batch in batches(tmp_path, GPT, layouts):
         assert batch.layout == layouts[0]
-        rows, n, heads, d = batch.rows, batch.seq, 2, 8
-        q, k, v = (torch.randn(rows, heads, n, d, dtype=torch.float64, generator=g) for _ in range(3))
-        real = batch.segment_ids > 0
-        # Gradients only through the real positions' outputs (padding carries no loss).
-        seed_grad = torch.randn(rows, heads, n, d, dtype=torch.float64, generator=g) * real[:, None, :, None]
+        q, k, v, real, seed_grad = inputs(batch, g)
         for causal in (True, False):
             out, grads = run(lambda q, k, v: attn.attention(q, k, v, batch, causal=causal), q, k, v, seed_grad)
             mask = batch.attention_mask(causal=causal)
@@ -103,3 +110,75 @@ def test_a_packed_row_is_grouped_by_length_without_a_quadratic_tensor(tmp_path):
             assert padded_work < batch.seq ** 2
         # HF's names for the boundaries of a packed row
         assert torch.equal(batch.cu_seq_lens_q, batch.cu_seqlens) and batch.max_length_k == int(lengths.max())
+
+
+def _math(q, k, v, mask):
+    """The definition, for references that must not go through a patched kernel."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) / (q.shape[-1] ** 0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def test_the_fused_kernel_paths_are_called_as_their_apis_define(tmp_path, monkeypatch):
+    """The GPU paths, on this CPU: PyTorch's scaled_dot_product_attention (absent from torch 1.13) and
+    flash-attn's flash_attn_varlen_func (absent without a GPU) are replaced by implementations of
+    their documented contracts (a boolean attn_mask is True where a query may attend; is_causal and
+    attn_mask are not given together; varlen takes [total, heads, d] tensors and int32 cu_seqlens
+    from 0 to total, with max_seqlen its longest sequence). Every layout then equals the dense
+    reference, values and gradients, so what reaches the kernels is what their APIs define."""
+    sdpa_calls, flash_calls = [], []
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+        assert not (is_causal and attn_mask is not None), "torch refuses is_causal with attn_mask"
+        assert attn_mask is None or attn_mask.dtype == torch.bool
+        sdpa_calls.append(is_causal)
+        if is_causal:
+            attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        return _math(q, k, v, attn_mask)
+
+    def flash(q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
+        assert q.dim() == 3 and q.shape == k.shape == v.shape
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
+        cu = cu_q.tolist()
+        assert cu[0] == 0 and cu[-1] == q.shape[0] and all(a < b for a, b in zip(cu, cu[1:]))
+        assert max_q == max(b - a for a, b in zip(cu, cu[1:]))
+        out = torch.empty_like(q)  # like the kernel: nothing is written outside the sequences
+        for a, b in zip(cu, cu[1:]):
+            qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))  # [heads, l, d]
+            mask = torch.ones(b - a, b - a, dtype=torch.bool).tril() if causal else None
+            out[a:b] = _math(qs, ks, vs, mask).transpose(0, 1)
+        flash_calls.append(len(cu) - 1)
+        return out
+
+    g = torch.Generator().manual_seed(4)
+    seen = 0
+    # packed-mask rows: DynaPipe's packing baseline, 2 rows of 128 tokens a micro-batch.
+    mask_rows = packpipe.PartitionOptions(method="packing", layout="packed-mask", mbs=2, capacity=128)
+    for layouts in (("packed",), ("padded",), ("packed-mask",)):
+        for batch in batches(tmp_path, GPT, layouts, options=mask_rows if layouts == ("packed-mask",) else None):
+            assert batch.layout == layouts[0]
+            q, k, v, real, seed_grad = inputs(batch, g)
+            for causal in (True, False):
+                mask = batch.attention_mask(causal=causal)
+                ref, ref_grads = run(lambda q, k, v: _math(q, k, v, mask), q, k, v, seed_grad)
+                with monkeypatch.context() as m:
+                    m.setattr(attn, "_SDPA", sdpa)
+                    m.setattr(attn, "_flash_varlen", None)
+                    out, grads = run(lambda q, k, v: attn.attention(q, k, v, batch, causal=causal), q, k, v,
+                                     seed_grad)
+                check(out, ref, grads, ref_grads, real)
+                if layouts == ("packed",):
+                    with monkeypatch.context() as m:
+                        m.setattr(attn, "_flash_varlen", flash)
+                        m.setattr(attn, "_flash_ok", lambda t: True)
+                        out, grads = run(lambda q, k, v: attn.attention(q, k, v, batch, causal=causal), q, k, v,
+                                         seed_grad)
+                    check(out, ref, grads, ref_grads, real)
+            seen += 1
+    assert seen >= 9
+    # Both kernels ran, SDPA both with a mask and causal without one; flash on multi-sample rows.
+    assert True in sdpa_calls and False in sdpa_calls
+    assert flash_calls and max(flash_calls) > 1
+    # Off a GPU in fp16/bf16, flash is never taken.
+    assert not attn._flash_ok(torch.zeros(1, dtype=torch.float16))

@@ -188,6 +188,11 @@ def _grouped(q, k, v, groups, causal: bool, key_groups=None) -> torch.Tensor:
     return out.index_copy(0, torch.cat(pos), torch.cat(vals))
 
 
+def _flash_ok(q: torch.Tensor) -> bool:
+    """Whether flash-attn's varlen kernel takes q: a CUDA tensor in fp16 or bf16."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causal: bool,
               decoder: bool = False) -> torch.Tensor:
     """Self-attention of micro-batch `batch` in its layout; q, k, v [rows, heads, seq, head_dim]
@@ -197,7 +202,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causa
     rows, heads, n, d = q.shape
     layout = getattr(batch, "layout", "padded")
     if layout == "packed":
-        if _flash_varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        if _flash_varlen is not None and _flash_ok(q):
             cu = (batch.decoder_cu_seqlens if decoder else batch.cu_seqlens).to(torch.int32)
             mx = batch.decoder_max_seqlen if decoder else batch.max_seqlen
             y = _flash_varlen(_flatten(q), _flatten(k), _flatten(v), cu, cu, mx, mx, causal=causal)
