@@ -342,15 +342,20 @@ def throughput(a, groups, tmp):
                                      "speedup_simulated": pp["simulated_tokens_per_s"] / c[mk]["simulated_tokens_per_s"]}
     for fam, b in out["best_measured"].items():
         # Round by round (the sides ran next to each other): the spread is the machine's noise.
-        paired = [bm / pm for bm, pm in zip(c[b["setting"]]["ms"], pp["ms"])]
+        other = c[b["setting"]]
+        paired = [(pp["tokens"] / pm) / (other["tokens"] / bm) for bm, pm in zip(other["ms"], pp["ms"])]
         b["speedup_paired_median"] = statistics.median(paired)
         b["speedup_paired_range"] = [min(paired), max(paired)]
-        b["same_microbatches"] = all(_microbatches(x) == _microbatches(y) for x, y in
-                                     zip(runs["packpipe"]["its"], runs[b["setting"]]["its"]))
-        b["same_schedules"] = pp["schedules"] == c[b["setting"]]["schedules"]
+        # The same plans: every rank's compute ops over the same micro-batches in the same order
+        # (checked on every rank, all must agree).
+        mine, theirs = runs["packpipe"]["its"], runs[b["setting"]]["its"]
+        same = torch.tensor([int(len(mine) == len(theirs) and
+                                 all(_execution(x) == _execution(y) for x, y in zip(mine, theirs)))])
+        dist.all_reduce(same, op=dist.ReduceOp.MIN)
+        b["same_plans"] = bool(same.item())
     best = out["best_measured"]["any"]
-    same = " (the same micro-batches under the same schedule: a tie by construction)" if (
-        best["same_microbatches"] and best["same_schedules"]) else ""
+    same = " (the same plans: the same micro-batches, ops and order on every rank, a tie by construction)" if (
+        best["same_plans"]) else ""
     out["headline"] = (f"packpipe {best['speedup_measured']:.3f}x the best baseline measured, {best['setting']} "
                        f"(simulated {best['speedup_simulated']:.3f}x; round by round median "
                        f"{best['speedup_paired_median']:.3f}x, range {best['speedup_paired_range'][0]:.3f}x to "
@@ -359,11 +364,13 @@ def throughput(a, groups, tmp):
     return out
 
 
-def _microbatches(it):
-    """An iteration's micro-batches as a comparable value: each one's samples (task, index, offset), rows
-    and layout, whatever the order they run in."""
-    return sorted((tuple(m["refs"]), tuple(m["offsets"]), tuple(m["row_offsets"]), m["layout"])
-                  for m in it.plan.microbatches)
+def _execution(it):
+    """An iteration's plan as a comparable value: per rank, its compute ops in stream order, each with
+    its micro-batch's samples (task, index, offset), row offsets, layout and recompute modes."""
+    keys = [(tuple(m["refs"]), tuple(m["offsets"]), tuple(m["row_offsets"]), m["layout"], tuple(m["recompute"]))
+            for m in it.plan.microbatches]
+    return [[(i.op, keys[i.mb], i.stage) for i in stream if i.is_compute and i.mb is not None]
+            for stream in it.plan.streams]
 
 
 def calibration(a, groups, tmp):

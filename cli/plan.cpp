@@ -668,7 +668,7 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--min-gain", o->min_gain,
                   "packpipe's own partition is the plan only when simulated at least this fraction faster than the "
                   "best baseline's plan, which is the plan otherwise; likewise another schedule or order replaces "
-                  "1F1B over the given order only when this much faster")
+                  "1F1B (interleaved with chunks) over the given order, when allowed, only when this much faster")
       ->check(float_range(0, 0.999999, "0: the least simulated makespan, whichever plan gives it"))
       ->capture_default_str();
   cmd->add_flag("--validate", o->validate, "Validate every plan (slower)");

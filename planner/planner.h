@@ -55,7 +55,8 @@ struct PlannerOptions {
   /// leaving the plan a user would run anyway (measured: a 0.2% simulated gain ran 5% slower, 014).
   /// The plan is never simulated slower than a baseline's either way. The same margin holds for the
   /// schedule search (SearchOptions::margin): another kind or order replaces 1F1B (interleaved 1F1B
-  /// with chunks) over the given order only when simulated at least min_gain faster.
+  /// with chunks) over the given order only when simulated at least min_gain faster, when that
+  /// kind is among the allowed schedules.
   double min_gain = 0.02;
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};  ///< fixed: micro-batch sizes of the grid
   std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};         ///< packing: rows per micro-batch of the grid

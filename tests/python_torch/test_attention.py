@@ -2,6 +2,8 @@
 attention in the layout (varlen segments for packed rows, dense rows for padded ones) equals dense
 attention under the block-diagonal masks at every real token, and so do the gradients of q, k and v
 (fp64, to 1e-10); no (sum l)^2 tensor is made for a packed row."""
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -180,5 +182,7 @@ def test_the_fused_kernel_paths_are_called_as_their_apis_define(tmp_path, monkey
     # Both kernels ran, SDPA both with a mask and causal without one; flash on multi-sample rows.
     assert True in sdpa_calls and False in sdpa_calls
     assert flash_calls and max(flash_calls) > 1
-    # Off a GPU in fp16/bf16, flash is never taken.
-    assert not attn._flash_ok(torch.zeros(1, dtype=torch.float16))
+    # Flash takes CUDA tensors in fp16 or bf16 only.
+    for cuda, dtype, ok in ((True, torch.float16, True), (True, torch.bfloat16, True), (True, torch.float32, False),
+                            (True, torch.float64, False), (False, torch.float16, False)):
+        assert attn._flash_ok(types.SimpleNamespace(is_cuda=cuda, dtype=dtype)) == ok
