@@ -340,6 +340,7 @@ def throughput(a, groups, tmp):
         out["best_measured"][fam] = {"setting": mk, "tokens_per_s": m,
                                      "speedup_measured": pp["tokens_per_s"] / m,
                                      "speedup_simulated": pp["simulated_tokens_per_s"] / c[mk]["simulated_tokens_per_s"]}
+    mine = [_execution(it) for it in runs["packpipe"]["its"]]
     for fam, b in out["best_measured"].items():
         # Round by round (the sides ran next to each other): the spread is the machine's noise.
         other = c[b["setting"]]
@@ -348,11 +349,10 @@ def throughput(a, groups, tmp):
         b["speedup_paired_range"] = [min(paired), max(paired)]
         # The same plans: every rank's compute ops over the same micro-batches in the same order
         # (checked on every rank, all must agree).
-        mine, theirs = runs["packpipe"]["its"], runs[b["setting"]]["its"]
-        same = torch.tensor([int(len(mine) == len(theirs) and
-                                 all(_execution(x) == _execution(y) for x, y in zip(mine, theirs)))])
-        dist.all_reduce(same, op=dist.ReduceOp.MIN)
-        b["same_plans"] = bool(same.item())
+        theirs = [_execution(it) for it in runs[b["setting"]]["its"]]
+        agree = torch.tensor([int(mine == theirs)])
+        dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+        b["same_plans"] = bool(agree.item())
     best = out["best_measured"]["any"]
     same = " (the same plans: the same micro-batches, ops and order on every rank, a tie by construction)" if (
         best["same_plans"]) else ""

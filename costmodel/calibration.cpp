@@ -693,7 +693,6 @@ void check_calibration(const Calibration& c, const std::string& what) {
   check_schedule_fits(c, what);
 }
 
-
 // ---- applying a calibration ----------------------------------------------------------------------
 
 double Calibration::apply(MeasuredOp op, double tokens, double predicted_ms, double share) const {

@@ -459,7 +459,7 @@ std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& p)
 
 static void check_margin(const SearchOptions& o) {
   PACKPIPE_CHECK_ARG(std::isfinite(o.margin) && o.margin >= 0 && o.margin < 1,
-                     "search margin (the least gain of another kind over the reference schedule) is a fraction in "
+                     "search margin (the least gain of another kind or order over the reference schedule) is a fraction in "
                      "[0, 1), found {}", o.margin);
 }
 
