@@ -54,6 +54,7 @@ py::dict model_dict(const cm::ModelSpec& m) {
   d["gated_mlp"] = m.gated_mlp;
   d["vocab"] = m.vocab;
   d["bytes_per_param"] = m.bytes_per_param;
+  d["attention"] = m.attention ? py::object(py::str(cm::attention_kernel_name(*m.attention))) : py::object(py::none());
   d["total_params"] = m.total_params();
   return d;
 }
@@ -94,6 +95,7 @@ py::dict device_dict(const cm::DeviceSpec& v) {
   d["inter_node_gbps"] = v.inter_node_gbps;
   d["inter_node_latency_us"] = v.inter_node_latency_us;
   d["gpus_per_node"] = v.gpus_per_node;
+  d["attention"] = cm::attention_kernel_name(v.attention);
   py::dict analytic;
   for (const auto& f : cm::kAnalyticFields) analytic[f.name] = v.analytic.*f.member;
   analytic[cm::kAnalyticTpCommunication] = v.analytic.tp_communication;
@@ -150,18 +152,29 @@ void define_costmodel(py::module_& m) {
 
   auto cost = py::reinterpret_borrow<py::class_<cm::CostModel, std::shared_ptr<cm::CostModel>>>(m.attr("CostModel"));
   cost.def(py::init([](const std::string& model, const std::string& device, const std::vector<std::string>& profiles,
-                       const std::string& calibration, const std::string& interpolation) {
+                       const std::string& calibration, const std::string& interpolation, const py::object& attention) {
              cm::CostModelConfig config{model, device, profiles, calibration};
              config.interpolation = cm::profile_interpolation_from_name(interpolation);
+             if (!attention.is_none()) {
+               PACKPIPE_CHECK_ARG(py::isinstance<py::str>(attention),
+                                  "CostModel: attention must be None or one of {}, found {}",
+                                  enum_name_list(cm::kAttentionKernelNames), py::repr(attention).cast<std::string>());
+               config.attention = attention.cast<std::string>();
+               cm::attention_kernel_from_name(config.attention);  // names the kernels for an unknown one
+             }
              py::gil_scoped_release release;
              return std::shared_ptr<cm::CostModel>(cm::make_cost_model(config));
            }),
            py::arg("model") = "gpt-6.7b", py::arg("device") = "A100-40GB",
            py::arg("profiles") = std::vector<std::string>{}, py::arg("calibration") = "", py::kw_only(),
-           py::arg("interpolation") = "fit",
+           py::arg("interpolation") = "fit", py::arg("attention") = py::none(),
            "Model and device presets or .json files; profiles (files or folders) select the profiled model, "
            "interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear'); calibration (a "
-           "file of `packpipe costmodel calibrate`) is applied over it")
+           "file of `packpipe costmodel calibrate`) is applied over it; attention the kernel the trainer runs "
+           "('eager' or 'flash'; None: the model file's, else the device's: flash on the GPU presets)")
+      .def_property_readonly(
+          "attention", [](const cm::CostModel& c) { return std::string(cm::attention_kernel_name(c.attention())); },
+          "The attention kernel the costs are for: 'flash' (no stored scores) or 'eager'")
       .def_property_readonly(
           "calibration",
           [](const cm::CostModel& self) -> py::object {
@@ -173,8 +186,10 @@ void define_costmodel(py::module_& m) {
           "query",
           [](const cm::CostModel& self, const std::string& kind, std::int64_t mbs, std::int64_t seq,
              std::int64_t dec_seq, std::int64_t tp, const std::string& recompute, std::int64_t layers,
-             const py::object& segments, const py::object& dec_segments) {
+             const py::object& segments, const py::object& dec_segments, const py::object& prefix) {
             cm::Query q = make_query(kind, mbs, seq, dec_seq, tp, recompute, layers);
+            PACKPIPE_CHECK_ARG(prefix.is_none() || !segments.is_none(),
+                               "prefix (the slices' kept tokens, one per segment) needs segments");
             if (!segments.is_none() || !dec_segments.is_none()) {
               PACKPIPE_CHECK_ARG(mbs == 1 && seq == 0 && dec_seq == 0,
                                  "segments (dec_segments) describe the whole packed row: leave out mbs, seq and "
@@ -182,7 +197,8 @@ void define_costmodel(py::module_& m) {
               const auto lim = std::numeric_limits<std::int64_t>::max();
               const cm::Query p = cm::packed_query(
                   self.model(), segments.is_none() ? std::vector<std::int64_t>{} : int_list_arg(segments, "segments", 0, lim),
-                  dec_segments.is_none() ? std::vector<std::int64_t>{} : int_list_arg(dec_segments, "dec_segments", 0, lim));
+                  dec_segments.is_none() ? std::vector<std::int64_t>{} : int_list_arg(dec_segments, "dec_segments", 0, lim),
+                  "segments", prefix.is_none() ? std::vector<std::int64_t>{} : int_list_arg(prefix, "prefix", 0, lim));
               q.seq = p.seq;
               q.dec_seq = p.dec_seq;
               q.attention = p.attention;
@@ -191,10 +207,11 @@ void define_costmodel(py::module_& m) {
           },
           py::arg("kind") = "encoder", py::arg("mbs") = 1, py::arg("seq") = 0, py::arg("dec_seq") = 0,
           py::arg("tp") = 1, py::arg("recompute") = "none", py::arg("layers") = 1, py::arg("segments") = py::none(),
-          py::arg("dec_segments") = py::none(),
+          py::arg("dec_segments") = py::none(), py::arg("prefix") = py::none(),
           "Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples padded to `seq` "
           "tokens, or (segments=[l1, l2, ...], dec_segments for encoder-decoder models) for one packed row of those "
-          "samples under varlen attention");
+          "samples under varlen attention; prefix=[p1, p2, ...] makes them slices that attend to p kept tokens of "
+          "their sample before them");
   def_ints(cost,
           "stage_cost",
           [](const cm::CostModel& self, std::int64_t encoder_layers, std::int64_t decoder_layers, bool has_embedding,
@@ -248,8 +265,9 @@ void define_costmodel(py::module_& m) {
   m.def(
       "write_profile",
       [](const std::string& path, const py::list& points, const std::string& model, const std::string& device,
-         const std::vector<std::string>& notes, const std::vector<std::string>& sources) {
+         const std::vector<std::string>& notes, const std::vector<std::string>& sources, const std::string& attention) {
         cm::Profile p;
+        if (!attention.empty()) p.attention = cm::attention_kernel_from_name(attention);
         p.model = model;
         p.device = device;
         p.notes = notes;
@@ -261,8 +279,10 @@ void define_costmodel(py::module_& m) {
       },
       py::arg("path"), py::arg("points"), py::arg("model") = "", py::arg("device") = "",
       py::arg("notes") = std::vector<std::string>{}, py::arg("sources") = std::vector<std::string>{},
+      py::arg("attention") = "",
       "Writes packpipe's profile file (atomically): points are tuples (kind, tp, rc, variant, mbs, seq, dec_seq, "
-      "fwd_ms, bwd_ms, stored_bytes, peak_bytes), times per layer in ms, memory in bytes, None = not measured");
+      "fwd_ms, bwd_ms, stored_bytes, peak_bytes), times per layer in ms, memory in bytes, None = not measured; "
+      "attention the kernel they were measured with ('eager' or 'flash'; empty: eager)");
   m.def(
       "read_profile",
       [](const std::vector<std::string>& paths) {
@@ -280,6 +300,7 @@ void define_costmodel(py::module_& m) {
         d["points"] = points;
         d["notes"] = p.notes;
         d["sources"] = p.sources;
+        d["attention"] = cm::attention_kernel_name(p.kernel());
         return d;
       },
       py::arg("paths"),

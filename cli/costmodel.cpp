@@ -42,6 +42,7 @@ Json model_json(const cm::ModelSpec& m) {
   j["gated_mlp"] = m.gated_mlp;
   j["vocab"] = m.vocab;
   j["bytes_per_param"] = m.bytes_per_param;
+  if (m.attention) j["attention"] = cm::attention_kernel_name(*m.attention);
   j["layer_params"] = m.layer_params(false);
   if (m.arch == cm::Architecture::EncoderDecoder) j["decoder_layer_params"] = m.layer_params(true);
   j["total_params"] = m.total_params();
@@ -61,6 +62,7 @@ Json device_json(const cm::DeviceSpec& d) {
               {"inter_node_gbps", d.inter_node_gbps},
               {"inter_node_latency_us", d.inter_node_latency_us},
               {"gpus_per_node", d.gpus_per_node},
+              {"attention", cm::attention_kernel_name(d.attention)},
               {"analytic", std::move(analytic)}};
 }
 
@@ -78,6 +80,8 @@ struct QueryOptions {
   std::int64_t enc_seq = 0;
   std::int64_t dec_seq = 0;
   std::vector<std::int64_t> segments, dec_segments;  ///< a packed varlen row of these samples
+  std::string attention;  ///< --attention: eager, flash; empty: the model's, else the device's
+  std::vector<std::int64_t> prefix;  ///< per segment: tokens of its sample before it (a slice's kept keys)
   std::int64_t layers = 1;
   std::int64_t dp = 1;
   int zero = 0;
@@ -88,6 +92,7 @@ Json run_query(const QueryOptions& o) {
   PACKPIPE_CHECK_ARG(o.seq == 0 || o.enc_seq == 0 || o.seq == o.enc_seq,
                      "--seq ({}) and --enc-seq ({}) disagree; give one of them", o.seq, o.enc_seq);
   cm::CostModelConfig config{o.model, o.device, o.profiles, o.calibration};
+  config.attention = o.attention;
   config.interpolation = cm::profile_interpolation_from_name(o.interpolation);
   const auto model = cm::make_cost_model(config);
   const cm::ModelSpec& m = model->model();
@@ -104,11 +109,13 @@ Json run_query(const QueryOptions& o) {
     PACKPIPE_CHECK_ARG(o.seq == 0 && o.enc_seq == 0 && o.dec_seq == 0 && o.mbs == 1,
                        "--segments (--dec-segments) describe the whole packed row: leave out --seq, --enc-seq, --dec-seq "
                        "and --mbs");
-    const cm::Query p = cm::packed_query(m, o.segments, o.dec_segments, "--segments");
+    const cm::Query p = cm::packed_query(m, o.segments, o.dec_segments, "--segments", o.prefix);
     q.seq = p.seq;
     q.dec_seq = p.dec_seq;
     q.attention = p.attention;
   }
+  PACKPIPE_CHECK_ARG(o.prefix.empty() || !o.segments.empty(),
+                     "--prefix needs --segments (the slices' lengths, one prefix each)");
   const bool needs_seq = !(m.arch == cm::Architecture::EncoderDecoder && q.kind == cm::LayerKind::PostProcess);
   PACKPIPE_CHECK_ARG(!needs_seq || q.seq > 0, "--seq (or --enc-seq) must be a positive length, found {}", q.seq);
   const cm::LayerCost c = model->query(q);
@@ -124,13 +131,15 @@ Json run_query(const QueryOptions& o) {
   j["model"] = m.name;
   j["device"] = model->device().name;
   j["cost_model"] = model->describe();
+  j["attention_kernel"] = cm::attention_kernel_name(model->attention());
   j["query"] = Json{{"kind", cm::layer_kind_name(q.kind)}, {"layers", q.num_layers}, {"tp", q.tp},
                     {"mbs", q.mbs},                        {"seq", q.seq},          {"dec_seq", q.dec_seq},
                     {"recompute", cm::recompute_name(q.recompute)},
                     {"layout", q.attention.varlen() ? "packed" : "padded"}};
   if (q.attention.varlen()) {
     j["query"]["attention"] = Json{{"self", q.attention.self}, {"dec_self", q.attention.dec_self},
-                                   {"cross", q.attention.cross}};
+                                   {"cross", q.attention.cross}, {"prefix", q.attention.prefix},
+                                   {"prefix_tokens", q.attention.prefix_tokens}};
   }
   j["forward_ms"] = c.forward_ms;
   j["backward_ms"] = c.backward_ms;
@@ -169,8 +178,13 @@ void print_query(const Json& j) {
     if (a["dec_self"].get<std::int64_t>() > 0) {
       layout += fmt::format(", sum d^2 {}, sum d l {}", a["dec_self"].get<std::int64_t>(), a["cross"].get<std::int64_t>());
     }
+    if (a.value("prefix_tokens", std::int64_t{0}) > 0) {
+      layout += fmt::format(", slices keeping {} prefix tokens, sum l p {}", a["prefix_tokens"].get<std::int64_t>(),
+                            a["prefix"].get<std::int64_t>());
+    }
     layout += ")";
   }
+  layout += fmt::format(", {} attention", j.value("attention_kernel", std::string("eager")));
   std::printf("  query       %lld x %s, tp %lld, mbs %lld, seq %lld%s, recompute %s, %s\n",
               static_cast<long long>(q["layers"].get<std::int64_t>()), q["kind"].get<std::string>().c_str(),
               static_cast<long long>(q["tp"].get<std::int64_t>()), static_cast<long long>(q["mbs"].get<std::int64_t>()),
@@ -203,6 +217,7 @@ Json show_json(const cm::CostModelConfig& config) {
   j["model"] = model_json(model->model());
   j["device"] = device_json(model->device());
   j["cost_model"] = model->describe();
+  j["attention_kernel"] = cm::attention_kernel_name(model->attention());
   const cm::CommModel& c = model->comm();
   j["comm"] = Json{{"intra_latency_ms", c.intra_latency_ms},
                    {"intra_bytes_per_ms", c.intra_bytes_per_ms},
@@ -235,6 +250,7 @@ void print_show(const Json& j) {
               d["hbm_gbps"].get<double>(), d["intra_node_gbps"].get<double>(), d["inter_node_gbps"].get<double>(),
               static_cast<long long>(d["gpus_per_node"].get<std::int64_t>()));
   std::printf("cost    %s\n", j["cost_model"].get<std::string>().c_str());
+  std::printf("kernel  %s attention\n", j.value("attention_kernel", std::string("eager")).c_str());
   auto join = [](const Json& a) {
     std::string s;
     for (const auto& x : a) s += (s.empty() ? "" : ", ") + x.get<std::string>();
@@ -260,6 +276,9 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--profile", config->profiles, "Profile file or folder (repeatable); none: the analytic model");
     sub->add_option("--calibration", config->calibration,
                     "Calibration file (`packpipe costmodel calibrate`) applied over the cost model");
+    sub->add_option("--attention", config->attention, "The attention kernel: " + enum_name_list(cm::kAttentionKernelNames) +
+                        " (default: the model file's, else the device's: flash on the GPU presets)")
+        ->check(one_of(cm::kAttentionKernelNames));
     sub->add_flag("--json", *json, "Print one JSON object");
     sub->callback([=] {
       const Json j = show_json(*config);
@@ -281,6 +300,9 @@ void register_costmodel_commands(CLI::App& app) {
                     "With --profile: " + enum_name_list(cm::kProfileInterpolationNames) +
                         " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule)")
         ->check(one_of(cm::kProfileInterpolationNames));
+    sub->add_option("--attention", o->attention, "The attention kernel: " + enum_name_list(cm::kAttentionKernelNames) +
+                        " (default: the model file's, else the device's: flash on the GPU presets)")
+        ->check(one_of(cm::kAttentionKernelNames));
     sub->add_option("--kind", o->kind, "Layer kind: " + enum_name_list(cm::kLayerKindNames) + " (default encoder)");
     sub->add_option("--layers", o->layers, "Number of consecutive layers (default 1)");
     sub->add_option("--tp", o->tp, "Tensor-parallel degree (default 1)");
@@ -291,6 +313,10 @@ void register_costmodel_commands(CLI::App& app) {
     sub->add_option("--segments", o->segments,
                     "A packed row (layout packed, varlen attention): the lengths of its samples, e.g. --segments 900 "
                     "40 7; replaces --mbs and --seq")
+        ->delimiter(',');
+    sub->add_option("--prefix", o->prefix,
+                    "With --segments: per segment, the tokens of its sample before it that it attends to (a slice's "
+                    "kept keys and values; 0 for a whole sample), e.g. --segments 4096 --prefix 28672")
         ->delimiter(',');
     sub->add_option("--dec-segments", o->dec_segments,
                     "Decoder lengths of the packed row's samples (encoder-decoder models, with --segments)")

@@ -269,6 +269,11 @@ void CostModelArgs::add_to(CLI::App* cmd, bool with_calibration) {
                       " (fit: packpipe's feature fits; linear: DynaPipe's multilinear rule, its exact cost basis)")
       ->check(one_of(costmodel::kProfileInterpolationNames))
       ->capture_default_str();
+  cmd->add_option("--attention", attention,
+                  "The attention kernel the trainer runs: " + enum_name_list(costmodel::kAttentionKernelNames) +
+                      " (flash: FlashAttention, cuDNN, fused SDPA, no stored scores; eager: the scores materialised); "
+                      "default: the model file's, else the device's (flash on the GPU presets)")
+      ->check(one_of(costmodel::kAttentionKernelNames));
 }
 
 std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
@@ -278,6 +283,7 @@ std::unique_ptr<costmodel::CostModel> CostModelArgs::make() const {
   c.profiles = profiles;
   c.calibration = calibration;
   c.interpolation = costmodel::profile_interpolation_from_name(interpolation);
+  c.attention = attention;
   return costmodel::make_cost_model(c);
 }
 

@@ -75,6 +75,7 @@ struct CostModelArgs {
   std::vector<std::string> profiles;
   std::string calibration;  ///< a calibration file (costmodel/calibration.h); empty: none
   std::string interpolation = "fit";  ///< --profile-interpolation: fit, or linear (DynaPipe's rule)
+  std::string attention;  ///< --attention: eager or flash; empty: the model's, else the device's
   /// Registers the options on `cmd` (this object must outlive the parse); without
   /// `with_calibration`, all but --calibration (a command that fits a calibration over the base model).
   void add_to(CLI::App* cmd, bool with_calibration = true);

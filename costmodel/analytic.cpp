@@ -39,9 +39,12 @@ inline double calibration_bytes(const Acts& x, double token_bytes, double score_
 }
 
 /// The activations of one layer of b rows of s tokens (d decoder tokens); `w` (varlen rows) replaces
-/// the dense rows' squares in the score terms by its sums.
+/// the dense rows' squares in the score terms by its sums. Under the flash kernel no score is stored:
+/// its place is the fp32 log-sum-exp of each query and head (4 a tokens b / t bytes, counted with
+/// the tensor-parallel pieces, so selective recompute has nothing to drop). A row's slices store the
+/// concatenated kept keys and values of their prefix (2 e k prefix_tokens / t).
 [[gnu::always_inline]] inline Acts layer_acts(const ModelSpec& m, LayerKind kind, double t, double b, double s,
-                                              double d, const AttentionWork& w) {
+                                              double d, const AttentionWork& w, bool flash = false) {
   const double e = static_cast<double>(m.bytes_per_param);
   const double h = static_cast<double>(m.hidden);
   const double a = static_cast<double>(m.heads);
@@ -56,15 +59,17 @@ inline double calibration_bytes(const Acts& x, double token_bytes, double score_
     x.parallel = s * b * e * (2 * q + 2 * kv + mlp_tensors * f) / t;  // 24 h / t for GPT
     x.input = e * s * b * h;
     x.token_h = s * b * h;
-    if (w.varlen()) {  // scores of each segment alone: a sum of l_i^2
-      const double ss = static_cast<double>(w.self);
-      x.scores = (2 * e + 1) * a * ss / t;
-      x.largest = e * std::max({b * s * (m.gated_mlp ? 2 : 1) * f, a * ss, b * s * (q + 2 * kv)}) / t;
-      x.score_count = a * ss / t;
+    const double kept = 2 * e * kv * static_cast<double>(w.prefix_tokens) / t;  // prefix keys and values
+    x.parallel += kept;
+    // score elements per GPU: each segment's square (and its slices' prefix rectangles)
+    const double ss = w.varlen() ? static_cast<double>(w.self + w.prefix) : s * s * b;
+    if (flash) {
+      x.parallel += 4 * a * s * b / t;  // fp32 log-sum-exp
+      x.largest = std::max({e * b * s * (m.gated_mlp ? 2 : 1) * f / t, e * b * s * (q + 2 * kv) / t, kept});
     } else {
-      x.scores = (2 * e + 1) * a * s * s * b / t;  // 5 a s^2 b / t
-      x.largest = e * b * std::max({s * (m.gated_mlp ? 2 : 1) * f, a * s * s, s * (q + 2 * kv)}) / t;
-      x.score_count = a * s * s * b / t;
+      x.scores = (2 * e + 1) * a * ss / t;  // 5 a s^2 b / t
+      x.largest = std::max(e * std::max({b * s * (m.gated_mlp ? 2 : 1) * f, a * ss, b * s * (q + 2 * kv)}) / t, kept);
+      x.score_count = a * ss / t;
     }
   } else {
     // self-attention, cross-attention (queries from d decoder tokens, keys / values from s
@@ -73,17 +78,16 @@ inline double calibration_bytes(const Acts& x, double token_bytes, double score_
     x.parallel = (d * b * e * (2 * q + 2 * kv + 2 * q + mlp_tensors * f) + s * b * e * 2 * kv) / t;
     x.input = e * d * b * h;
     x.token_h = d * b * h;
-    if (w.varlen()) {
-      const double dd = static_cast<double>(w.dec_self), ds = static_cast<double>(w.cross);
-      x.scores = (2 * e + 1) * a * (dd + ds) / t;
-      x.largest =
-          e * std::max({b * d * (m.gated_mlp ? 2 : 1) * f, a * std::max(dd, ds), b * d * (q + 2 * kv), b * s * 2 * kv}) / t;
-      x.score_count = a * (dd + ds) / t;
+    const double dd = w.varlen() ? static_cast<double>(w.dec_self) : b * d * d;
+    const double ds = w.varlen() ? static_cast<double>(w.cross) : b * d * s;
+    const double dense = e * std::max({b * d * (m.gated_mlp ? 2 : 1) * f, b * d * (q + 2 * kv), b * s * 2 * kv}) / t;
+    if (flash) {
+      x.parallel += 2 * 4 * a * d * b / t;  // fp32 log-sum-exp of the self- and the cross-attention
+      x.largest = dense;
     } else {
-      x.scores = (2 * e + 1) * a * b * (d * d + d * s) / t;
-      x.largest =
-          e * b * std::max({d * (m.gated_mlp ? 2 : 1) * f, a * d * std::max(d, s), d * (q + 2 * kv), s * 2 * kv}) / t;
-      x.score_count = a * b * (d * d + d * s) / t;
+      x.scores = (2 * e + 1) * a * (dd + ds) / t;
+      x.largest = std::max(dense, e * a * std::max(dd, ds) / t);
+      x.score_count = a * (dd + ds) / t;
     }
   }
   return x;
@@ -121,7 +125,8 @@ double layer_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t t
   PACKPIPE_CHECK_ARG(kind == LayerKind::Encoder || dec_seq > 0, "dec_seq must be positive for a decoder layer, found {}",
                      dec_seq);
   const Acts x = layer_acts(m, kind, static_cast<double>(tp), static_cast<double>(mbs), static_cast<double>(seq),
-                           static_cast<double>(dec_seq), AttentionWork{});
+                           static_cast<double>(dec_seq), AttentionWork{}, attention_kernel(m, DeviceSpec{}) ==
+                                                                               AttentionKernel::Flash);
   const double closed = stored_bytes(x, rc);
   if (calibration == nullptr) return closed;
   return closed + calibration_bytes(x, calibration->activation_token_bytes, calibration->activation_score_bytes,
@@ -137,13 +142,14 @@ AnalyticCostModel::AnalyticCostModel(ModelSpec model, DeviceSpec device, Analyti
   validate(device_);
   check_analytic_options(options_, "analytic options");
   comm_ = CommModel::from_device(device_);
+  kernel_ = attention_kernel(model_, device_);
   flop_per_ms_ = device_.peak_tflops * 1e9;
   hbm_per_ms_ = device_.hbm_gbps * 1e6;
 }
 
 std::string AnalyticCostModel::describe() const {
-  return fmt::format("analytic ({} on {}; max efficiency {}, overhead {} ms/layer)", model_.name, device_.name,
-                     options_.max_efficiency, options_.layer_overhead_ms);
+  return fmt::format("analytic ({} on {}; {} attention; max efficiency {}, overhead {} ms/layer)", model_.name,
+                     device_.name, attention_kernel_name(kernel_), options_.max_efficiency, options_.layer_overhead_ms);
 }
 
 double AnalyticCostModel::efficiency(double tokens, double width) const {
@@ -159,6 +165,7 @@ struct AnalyticCostModel::RowPlan {
   bool dec = false;          ///< a decoder layer
   bool comm = false;         ///< tensor-parallel all-reduces are added
   bool inter = false;        ///< they cross nodes
+  bool flash = false;        ///< the flash kernel (AttentionKernel::Flash): no stored scores
   std::int64_t tp = 1;
   double t = 1, s = 0, d = 0, h = 0, e = 0, v = 0;
   double tokens = 0;         ///< tokens of one sample the layer runs on
@@ -211,6 +218,7 @@ struct AnalyticCostModel::RowPlan {
   p.act_score = options_.activation_score_bytes;
   p.act_layer = options_.activation_layer_bytes;
   p.attn = q.attention;
+  p.flash = kernel_ == AttentionKernel::Flash;
   double width = 0;
   switch (q.kind) {
     case LayerKind::Encoder:
@@ -240,7 +248,7 @@ template <typename Plan>
   switch (p.kind) {
     case LayerKind::Encoder:
     case LayerKind::Decoder:
-      x = layer_acts(m, p.kind, p.t, b, p.s, p.d, p.attn);
+      x = layer_acts(m, p.kind, p.t, b, p.s, p.d, p.attn, p.flash);
       c.stored_bytes = stored_bytes(x, p.rc) + calibration_bytes(x, p.act_token, p.act_score, p.act_layer);
       c.peak_bytes = transient_bytes(x, p.rc);
       break;
@@ -285,17 +293,26 @@ template <typename Plan>
       const double tokens = p.tokens;
       const LayerFlops fl = p.fl.at(b, p.attn);
       const double eff = eff_of(b * tokens);
-      const double attn_ms = fl.attention / t / (flop_per_ms_ * eff * o.attention_efficiency);
+      // The attention products the kernel executes: eager the whole square at the GEMMs'
+      // efficiency (times attention_efficiency); flash the causal part at its own efficiency.
+      const double executed = executed_attention_flops(m, p.fl, b, p.attn, kernel_);
+      const double attn_ms =
+          p.flash ? executed / t /
+                        (flop_per_ms_ * o.flash_efficiency * (b * tokens) / (b * tokens + o.half_efficiency_tokens))
+                  : executed / t / (flop_per_ms_ * eff * o.attention_efficiency);
       const double score_traffic_ms = o.memory_traffic * x.scores / hbm_per_ms_;
-      const double compute =
-          fl.matmul / t / (flop_per_ms_ * eff) + attn_ms + o.memory_traffic * x.none() / hbm_per_ms_;
+      const double linear = fl.matmul / t / (flop_per_ms_ * eff) + o.memory_traffic * x.none() / hbm_per_ms_;
+      const double compute = linear + attn_ms;
       // Megatron without sequence parallelism: one all-reduce of the block output per attention
       // and MLP block forward (three blocks in a T5 decoder layer), one per block backward.
       const double comm = (dec ? 3.0 : 2.0) * all_reduce(e * b * tokens * h);
       c.forward_ms = smooth_max(o.layer_overhead_ms, compute) + comm;
-      c.backward_ms = smooth_max(o.layer_overhead_ms, o.backward_factor * compute) + comm;
+      const double back = p.flash ? o.backward_factor * linear + o.flash_backward_factor * attn_ms
+                                  : o.backward_factor * compute;
+      c.backward_ms = smooth_max(o.layer_overhead_ms, back) + comm;
       if (p.rc == Recompute::Full) c.recompute_ms = c.forward_ms;
-      if (p.rc == Recompute::Selective) {
+      // Selective recomputes the scores eager stored; flash stores none, so it recomputes nothing.
+      if (p.rc == Recompute::Selective && !p.flash) {
         c.recompute_ms = smooth_max(o.recompute_overhead_ms, attn_ms + score_traffic_ms);
       }
       c.boundary_bytes = e * b * tokens * h + (dec ? e * b * s * h : 0.0);

@@ -31,6 +31,8 @@ class AnalyticCostModel final : public CostModel {
   const CommModel& comm() const override { return comm_; }
   std::string describe() const override;
   const AnalyticOptions& options() const { return options_; }
+  /// The kernel the model runs on the device (attention_kernel(model, device)).
+  AttentionKernel attention() const override { return kernel_; }
   /// Achieved fraction of peak of a GEMM over `tokens` rows with per-GPU width `width`:
   /// max_efficiency * tokens / (tokens + half_tokens) * width / (width + half_width).
   double efficiency(double tokens, double width) const;
@@ -46,6 +48,7 @@ class AnalyticCostModel final : public CostModel {
   DeviceSpec device_;
   CommModel comm_;
   AnalyticOptions options_;
+  AttentionKernel kernel_ = AttentionKernel::Eager;  ///< attention_kernel(model, device)
   double flop_per_ms_ = 0;  ///< peak FLOP per millisecond
   double hbm_per_ms_ = 0;   ///< HBM bytes per millisecond
 };

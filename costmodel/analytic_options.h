@@ -19,6 +19,11 @@ struct AnalyticOptions {
   double layer_overhead_ms = 1.56;       ///< latency floor of one layer's forward or backward (host + launches)
   double recompute_overhead_ms = 0.6;    ///< latency floor of a selective (core-attention) recompute
   double backward_factor = 1.6;          ///< backward compute / forward compute
+  /// The flash kernel (AttentionKernel::Flash): its achieved fraction of peak on long rows
+  /// (FlashAttention-2 reports 50-73% of A100's forward peak, FlashAttention-3 75% of H100's), and
+  /// its backward FLOPs over its forward FLOPs (five products against two: the scores recomputed).
+  double flash_efficiency = 0.5;
+  double flash_backward_factor = 2.5;
   // Activation calibration: stored bytes per layer beyond the closed forms, as the profiles measure
   // them (the last profiled layer's live output shared over the layers, allocator rounding).
   double activation_token_bytes = 0.68;  ///< per token and hidden unit (b x tokens x h)
@@ -42,6 +47,8 @@ inline constexpr AnalyticField kAnalyticFields[] = {
     {"layer_overhead_ms", &AnalyticOptions::layer_overhead_ms},
     {"recompute_overhead_ms", &AnalyticOptions::recompute_overhead_ms},
     {"backward_factor", &AnalyticOptions::backward_factor},
+    {"flash_efficiency", &AnalyticOptions::flash_efficiency},
+    {"flash_backward_factor", &AnalyticOptions::flash_backward_factor},
     {"activation_token_bytes", &AnalyticOptions::activation_token_bytes},
     {"activation_score_bytes", &AnalyticOptions::activation_score_bytes},
     {"activation_layer_bytes", &AnalyticOptions::activation_layer_bytes},
@@ -49,7 +56,8 @@ inline constexpr AnalyticField kAnalyticFields[] = {
 /// The key of the flag in device files and reports.
 inline constexpr const char* kAnalyticTpCommunication = "tp_communication";
 
-/// Checks every field: efficiencies in (0, 1], backward_factor > 0, the others finite and >= 0.
+/// Checks every field: efficiencies in (0, 1], the backward factors finite and > 0, the others finite
+/// and >= 0.
 /// Throws InvalidArgument "`where`: '`prefix`field' must be ..., found v" (`where` names the device
 /// or its file, `prefix` is e.g. "analytic." for a field of a device file's "analytic" object).
 void check_analytic_options(const AnalyticOptions& o, const std::string& where, const std::string& prefix = "");

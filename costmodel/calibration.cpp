@@ -913,6 +913,8 @@ std::string cost_model_fingerprint(const CostModel& cm) {
                    d.gpus_per_node);
   s += fmt::format("comm {} {} {} {}\n", c.intra_latency_ms, c.intra_bytes_per_ms, c.inter_latency_ms,
                    c.inter_bytes_per_ms);
+  // The kernel (added only for flash, so fingerprints of eager models are those of before it existed).
+  if (cm.attention() == AttentionKernel::Flash) s += "attention flash\n";
   const bool encdec = m.arch == Architecture::EncoderDecoder;
   std::vector<StageLayout> layouts = {{1, 0, false, false}, {1, 0, true, false}, {1, 0, false, true}};
   if (encdec) layouts = {{1, 0, false, false}, {1, 0, true, false}, {0, 1, false, false}, {0, 1, true, true}};
@@ -989,7 +991,7 @@ Calibration fit_calibration(const CostModel& base, const std::vector<Measurement
     }
     const double p = op_time(t, m.op);
     const double tokens = shape_tokens(base.model(), m.shape());
-    const double share = attention_share(base.model(), m.layout, m.shape());
+    const double share = attention_share(base.model(), m.layout, m.shape(), base.attention());
     if (m.op == MeasuredOp::BackwardInput || m.op == MeasuredOp::BackwardWeight) {
       Halves& h = halves[std::make_tuple(m.iteration, m.replica, m.rank, m.stage, m.mb)];
       h.tokens = tokens;

@@ -216,6 +216,7 @@ class CalibratedCostModel : public CostModel {
   const ModelSpec& model() const override { return base_->model(); }
   const DeviceSpec& device() const override { return base_->device(); }
   const CommModel& comm() const override { return comm_; }
+  AttentionKernel attention() const override { return base_->attention(); }
   std::string describe() const override;
   const Calibration* calibration() const override { return &cal_; }
   double layer_param_bytes(LayerKind kind, std::int64_t tp) const override { return base_->layer_param_bytes(kind, tp); }

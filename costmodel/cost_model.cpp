@@ -40,11 +40,12 @@ void query_limits_failed(const Query& q, std::int64_t mbs) {
 void attention_work_failed(const Query& q) {
   const AttentionWork& a = q.attention;
   PACKPIPE_THROW(InvalidArgument,
-                 "attention sums (self {}, dec_self {}, cross {}) are impossible for {} row(s) of {} tokens and {} "
-                 "decoder tokens: each sum lies between the tokens it covers and the dense rows' (mbs x seq^2, "
-                 "mbs x dec_seq^2, mbs x dec_seq x seq), and the decoder sums are set exactly when there are decoder "
-                 "tokens",
-                 a.self, a.dec_self, a.cross, q.mbs, q.seq, q.dec_seq);
+                 "attention sums (self {}, dec_self {}, cross {}, prefix {}, prefix_tokens {}) are impossible for {} "
+                 "row(s) of {} tokens and {} decoder tokens: each sum lies between the tokens it covers and the dense "
+                 "rows' (mbs x seq^2, mbs x dec_seq^2, mbs x dec_seq x seq), the decoder sums are set exactly when "
+                 "there are decoder tokens, and the slices' sums are both 0 or 1 <= prefix_tokens <= prefix <= "
+                 "tokens x {} (decoder-only rows)",
+                 a.self, a.dec_self, a.cross, a.prefix, a.prefix_tokens, q.mbs, q.seq, q.dec_seq, kMaxQuerySeq);
 }
 
 void check_query_rows(const Query& q, std::int64_t count, const LayerCost* out) {
@@ -141,7 +142,8 @@ Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, s
 }
 
 Query packed_query(const ModelSpec& m, const std::vector<std::int64_t>& segments,
-                   const std::vector<std::int64_t>& dec_segments, const std::string& what) {
+                   const std::vector<std::int64_t>& dec_segments, const std::string& what,
+                   const std::vector<std::int64_t>& prefix) {
   const bool encdec = m.arch == Architecture::EncoderDecoder;
   PACKPIPE_CHECK_ARG(!segments.empty(), "{}: a packed row needs at least one segment", what);
   PACKPIPE_CHECK_ARG(encdec || dec_segments.empty(), "{}: model '{}' is decoder-only: no decoder lengths", what,
@@ -162,7 +164,31 @@ Query packed_query(const ModelSpec& m, const std::vector<std::int64_t>& segments
                        what, kMaxQuerySeq);
     q.attention.add(l, d);
   }
+  if (!prefix.empty()) {
+    PACKPIPE_CHECK_ARG(!encdec, "{}: slices (a prefix per segment) are for decoder-only models; model '{}' is "
+                       "encoder-decoder", what, m.name);
+    PACKPIPE_CHECK_ARG(prefix.size() == segments.size(),
+                       "{}: {} prefixes for {} segments; give one per segment (0 for a whole sample)", what,
+                       prefix.size(), segments.size());
+    for (std::size_t i = 0; i < prefix.size(); ++i) {
+      PACKPIPE_CHECK_ARG(prefix[i] >= 0 && prefix[i] <= kMaxQuerySeq - segments[i],
+                         "{}: segment {} keeps {} tokens before its {}; expected 0 to {} (prefix + segment at most {})",
+                         what, i, prefix[i], segments[i], kMaxQuerySeq - segments[i], kMaxQuerySeq);
+      q.attention.prefix += segments[i] * prefix[i];
+      q.attention.prefix_tokens += prefix[i];
+    }
+  }
   return q;
+}
+
+LayerCost add_prefix_cost(LayerCost base, const LayerCost& with, const LayerCost& without) {
+  auto more = [](double a, double b) { return a > b ? a - b : 0.0; };
+  base.forward_ms += more(with.forward_ms, without.forward_ms);
+  base.backward_ms += more(with.backward_ms, without.backward_ms);
+  base.recompute_ms += more(with.recompute_ms, without.recompute_ms);
+  base.stored_bytes += more(with.stored_bytes, without.stored_bytes);
+  base.peak_bytes += more(with.peak_bytes, without.peak_bytes);
+  return base;
 }
 
 DenseShape dense_equivalent(const ModelSpec& m, const Query& q) {

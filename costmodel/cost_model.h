@@ -68,7 +68,8 @@ inline constexpr std::int64_t kMaxQueryTp = std::int64_t{1} << 16;
 /// Whether the attention sums of a varlen query are possible for `mbs` rows of (seq, dec_seq)
 /// tokens: each sum at least the tokens it covers (every segment holds a token) and at most the
 /// dense rows' (mbs x seq^2, ...); the decoder sums zero without decoder tokens, and both set
-/// together with them.
+/// together with them; the slice sums (prefix, prefix_tokens) both zero, or, without decoder
+/// tokens, 1 <= prefix_tokens <= prefix <= tokens x kMaxQuerySeq.
 inline bool attention_work_ok(const Query& q, std::int64_t mbs) {
   const AttentionWork& a = q.attention;
   if (mbs <= 0 || q.seq < 0 || q.dec_seq < 0) return true;  // the models' own checks name these
@@ -77,7 +78,11 @@ inline bool attention_work_ok(const Query& q, std::int64_t mbs) {
   const bool dec_ok = q.dec_seq == 0 ? (a.dec_self == 0 && a.cross == 0)
                                      : (a.dec_self >= dec && a.dec_self <= dec * q.dec_seq && a.cross >= 0 &&
                                         a.cross <= dec * q.seq && (a.cross > 0) == (q.seq > 0));
-  return self_ok && dec_ok;
+  // Slices (decoder-only rows): every slice has a token and keeps at most kMaxQuerySeq before it.
+  const bool prefix_ok = a.prefix == 0 ? a.prefix_tokens == 0
+                                       : (q.dec_seq == 0 && a.prefix_tokens >= 1 && a.prefix >= a.prefix_tokens &&
+                                          a.prefix <= enc * kMaxQuerySeq);
+  return self_ok && dec_ok && prefix_ok;
 }
 
 /// Throws InvalidArgument naming the field, the value and the limit if a size of `q` (with mbs
@@ -182,6 +187,10 @@ class CostModel {
   virtual const DeviceSpec& device() const = 0;
   /// Communication model for stage boundaries and collectives.
   virtual const CommModel& comm() const = 0;
+  /// The attention kernel the answers are for (docs/design/015-long-context.md): the analytic
+  /// model's attention_kernel(model, device); a profiled model's, the one its profile was measured
+  /// with; a calibrated model's, its base's. The default: attention_kernel(model(), device()).
+  virtual AttentionKernel attention() const { return attention_kernel(model(), device()); }
   /// Human-readable description ("analytic", or the profile files loaded).
   virtual std::string describe() const = 0;
   /// The calibration applied to this model's stage op times and communication
@@ -216,8 +225,23 @@ Query shape_query(const ModelSpec& m, LayerKind kind, std::int64_t num_layers, s
 /// Throws InvalidArgument naming `what` and the segment for a length outside [1, kMaxQuerySeq],
 /// counts that disagree (or decoder lengths for a decoder-only model), no segment, or a row
 /// longer than kMaxQuerySeq.
+/// `prefix` (optional, one per segment; decoder-only models): the tokens of each segment's sample
+/// before it that it attends to, a slice's kept keys (docs/design/015-long-context.md); refused
+/// naming the segment for a count that differs, a negative one, or prefix + segment above kMaxQuerySeq.
 Query packed_query(const ModelSpec& m, const std::vector<std::int64_t>& segments,
-                   const std::vector<std::int64_t>& dec_segments, const std::string& what = "segments");
+                   const std::vector<std::int64_t>& dec_segments, const std::string& what = "segments",
+                   const std::vector<std::int64_t>& prefix = {});
+
+/// `q` without its slices' prefix: prefix and prefix_tokens 0, the rest as it is.
+inline Query without_prefix(const Query& q) {
+  Query r = q;
+  r.attention.prefix = 0;
+  r.attention.prefix_tokens = 0;
+  return r;
+}
+/// A measured answer `base` for a row without its prefix, plus what another model says the prefix
+/// adds (`with` - `without`, each field at least 0): how the profiled models price slices.
+LayerCost add_prefix_cost(LayerCost base, const LayerCost& with, const LayerCost& without);
 
 /// Dense rows with the tokens and attention sums of query `q` on the lengths its kind reads:
 /// `rows` rows of `seq` tokens with rows x seq = the tokens and rows x seq^2 = the self-attention

@@ -34,21 +34,37 @@ inline LayerKind layer_kind_from_name(const std::string& name) {
 /// Attention work of a micro-batch whose rows hold packed samples attended apart (varlen
 /// attention: cu_seqlens), as sums over its segments: `self` = sum of l_i^2 over the encoder (or
 /// whole-sample) segments, `dec_self` = sum of d_i^2 over the decoder segments, `cross` = sum of
-/// d_i x l_i (decoder queries against their own sample's encoder keys). All zero: dense attention
-/// over every row, as padded rows and rows packed under a block mask run it (mbs x seq^2,
-/// mbs x dec_seq^2 and mbs x dec_seq x seq). Nonzero: seq and dec_seq are the rows' tokens.
+/// d_i x l_i (decoder queries against their own sample's encoder keys). A slice of a sample (its
+/// tokens after p_i kept tokens of the same sample, docs/design/015-long-context.md) also attends
+/// to those p_i keys: `prefix` = sum of l_i x p_i and `prefix_tokens` = sum of p_i over the row's
+/// slices (0 without slices). All zero: dense attention over every row, as padded rows and rows
+/// packed under a block mask run it (mbs x seq^2, mbs x dec_seq^2 and mbs x dec_seq x seq).
+/// Nonzero: seq and dec_seq are the rows' tokens.
 struct AttentionWork {
   std::int64_t self = 0;
   std::int64_t dec_self = 0;
   std::int64_t cross = 0;
+  std::int64_t prefix = 0;
+  std::int64_t prefix_tokens = 0;
   /// Whether any sum is set (the micro-batch is packed with varlen attention).
-  bool varlen() const { return self != 0 || dec_self != 0 || cross != 0; }
+  bool varlen() const { return self != 0 || dec_self != 0 || cross != 0 || prefix != 0 || prefix_tokens != 0; }
   /// Adds one packed sample of `seq` encoder (or whole-sample) tokens and `dec` decoder tokens.
   void add(std::int64_t seq, std::int64_t dec) {
     self += seq * seq;
     dec_self += dec * dec;
     cross += dec * seq;
   }
+  /// Adds one slice of `len` tokens after `kept` tokens of its sample (decoder-only).
+  void add_slice(std::int64_t len, std::int64_t kept) {
+    self += len * len;
+    prefix += len * kept;
+    prefix_tokens += kept;
+  }
+  bool operator==(const AttentionWork& o) const {
+    return self == o.self && dec_self == o.dec_self && cross == o.cross && prefix == o.prefix &&
+           prefix_tokens == o.prefix_tokens;
+  }
+  bool operator!=(const AttentionWork& o) const { return !(*this == o); }
 };
 
 /// A micro-batch's shape as every cost function takes it: `rows` rows of `seq` tokens (`dec_seq`
@@ -95,12 +111,16 @@ struct FlopsShape {
     return f;
   }
   /// FLOPs of `b` rows whose attention is `w` (at(b) when w is not varlen): the GEMMs read the
-  /// tokens, the attention products the sums of w instead of the dense rows' squares.
+  /// tokens, the attention products the sums of w instead of the dense rows' squares; a slice counts
+  /// l^2 + 2 l p, its share of its sample's square, so a sliced sample's model FLOPs are the whole
+  /// one's (the kernel's executed work: executed_attention_flops).
   LayerFlops at(double b, const AttentionWork& w) const {
     LayerFlops f = at(b);
     if (!w.varlen()) return f;
     switch (kind) {
-      case LayerKind::Encoder: f.attention = 2.0 * 2.0 * static_cast<double>(w.self) * q; break;
+      case LayerKind::Encoder:
+        f.attention = 2.0 * 2.0 * (static_cast<double>(w.self) + 2.0 * static_cast<double>(w.prefix)) * q;
+        break;
       case LayerKind::Decoder:
         f.attention = 2.0 * 2.0 * static_cast<double>(w.dec_self) * q + 2.0 * 2.0 * static_cast<double>(w.cross) * q;
         break;
@@ -193,6 +213,36 @@ inline LayerFlops forward_flops(const ModelSpec& m, LayerKind kind, const MicroS
   }
   return detail::flops_shape_unchecked(m, kind, shape.seq, shape.dec_seq)
       .at(static_cast<double>(shape.rows), shape.attention);
+}
+
+/// Whether layers of `kind` attend causally to themselves: a decoder-only model's layers and a T5
+/// decoder's self-attention (not a T5 encoder, nor cross-attention).
+inline bool causal_self_attention(const ModelSpec& m, LayerKind kind) {
+  return kind == LayerKind::Decoder || (kind == LayerKind::Encoder && m.arch == Architecture::DecoderOnly);
+}
+
+/// Forward attention FLOPs (score and context products) the kernel `k` executes for one layer of
+/// `b` rows of shape `f` with attention `w` (dense rows when w is not varlen): Eager the whole
+/// square (rectangle, for slices: l (l + p)), Flash the causal part of causal self-attention
+/// (l^2 / 2 + l p; the masked blocks are skipped) and the whole square otherwise.
+inline double executed_attention_flops(const ModelSpec& m, const FlopsShape& f, double b, const AttentionWork& w,
+                                       AttentionKernel k) {
+  const bool flash = k == AttentionKernel::Flash;
+  // Written as FlopsShape::at writes the model FLOPs, so the eager kernel's dense and whole-sample
+  // rows give the same bits.
+  switch (f.kind) {
+    case LayerKind::Encoder: {
+      const double half = flash && causal_self_attention(m, f.kind) ? 0.5 : 1.0;
+      if (!w.varlen()) return 2.0 * 2.0 * b * f.s * f.s * f.q * half;
+      return 2.0 * 2.0 * (static_cast<double>(w.self) * half + static_cast<double>(w.prefix)) * f.q;
+    }
+    case LayerKind::Decoder: {
+      const double half = flash ? 0.5 : 1.0;
+      if (!w.varlen()) return 2.0 * 2.0 * b * f.d * f.d * f.q * half + 2.0 * 2.0 * b * f.d * f.s * f.q;
+      return 2.0 * 2.0 * static_cast<double>(w.dec_self) * f.q * half + 2.0 * 2.0 * static_cast<double>(w.cross) * f.q;
+    }
+    default: return 0;
+  }
 }
 
 /// Model FLOPs of one training iteration (forward + backward = 3 x forward, no recompute) over

@@ -73,13 +73,16 @@ struct Line {
     PACKPIPE_CHECK(v.is_string(), "{}: field '{}': expected a string, found {}", where, key, found(v));
     return v.get<std::string>();
   }
-  /// Varlen attention sums: [self, dec_self, cross], integers in [0, 2^62], not all zero.
+  /// Varlen attention sums: [self, dec_self, cross] or, for rows with slices, [self, dec_self, cross,
+  /// prefix, prefix_tokens], integers in [0, 2^62], not all zero.
   AttentionWork attention(const char* key) const {
     const Json& v = at(key);
-    PACKPIPE_CHECK(v.is_array() && v.size() == 3, "{}: field '{}': expected [self, dec_self, cross] (three integers), "
-                   "found {}", where, key, found(v));
-    std::int64_t x[3];
-    for (std::size_t i = 0; i < 3; ++i) {
+    PACKPIPE_CHECK(v.is_array() && (v.size() == 3 || v.size() == 5),
+                   "{}: field '{}': expected [self, dec_self, cross] or [self, dec_self, cross, prefix, prefix_tokens] "
+                   "(three or five integers), found {}",
+                   where, key, found(v));
+    std::int64_t x[5] = {0, 0, 0, 0, 0};
+    for (std::size_t i = 0; i < v.size(); ++i) {
       const Json& e = v[i];
       PACKPIPE_CHECK(e.is_number_integer() && (e.is_number_unsigned() ? e.get<std::uint64_t>() <= (std::uint64_t{1} << 62)
                                                                         : e.get<std::int64_t>() >= 0 &&
@@ -87,8 +90,8 @@ struct Line {
                      "{}: field '{}': entry {} must be an integer in [0, 2^62], found {}", where, key, i, found(e));
       x[i] = e.get<std::int64_t>();
     }
-    AttentionWork w{x[0], x[1], x[2]};
-    PACKPIPE_CHECK(w.varlen(), "{}: field '{}': all three sums are 0 (leave the field out for dense rows)", where, key);
+    AttentionWork w{x[0], x[1], x[2], x[3], x[4]};
+    PACKPIPE_CHECK(w.varlen(), "{}: field '{}': all the sums are 0 (leave the field out for dense rows)", where, key);
     return w;
   }
   void only(std::initializer_list<const char*> keys) const {
@@ -149,9 +152,11 @@ void check_measurement(const Measurement& m, std::string_view where) {
     q.dec_seq = m.dec_seq;
     q.attention = m.attention;
     PACKPIPE_CHECK_ARG(attention_work_ok(q, m.rows),
-                       "{} ({}): attention sums [{}, {}, {}] are impossible for {} row(s) of {} + {} tokens (each sum "
-                       "between the tokens it covers and the dense rows')",
-                       where, op, m.attention.self, m.attention.dec_self, m.attention.cross, m.rows, m.seq, m.dec_seq);
+                       "{} ({}): attention sums [{}, {}, {}, {}, {}] are impossible for {} row(s) of {} + {} tokens (each "
+                       "sum between the tokens it covers and the dense rows'; slices' prefix sums 0, or 1 <= "
+                       "prefix_tokens <= prefix)",
+                       where, op, m.attention.self, m.attention.dec_self, m.attention.cross, m.attention.prefix,
+                       m.attention.prefix_tokens, m.rows, m.seq, m.dec_seq);
   }
   const char* rc = recompute_name(m.recompute);
   PACKPIPE_CHECK_ARG(std::string_view(rc) != "?", "{} ({}): unknown recompute value {}", where, op,
@@ -196,7 +201,13 @@ std::string measurement_line(const Measurement& m) {
   j["rows"] = m.rows;
   j["seq"] = m.seq;
   j["dec_seq"] = m.dec_seq;
-  if (m.attention.varlen()) j["attention"] = {m.attention.self, m.attention.dec_self, m.attention.cross};
+  if (m.attention.varlen()) {
+    j["attention"] = {m.attention.self, m.attention.dec_self, m.attention.cross};
+    if (m.attention.prefix_tokens != 0) {
+      j["attention"].push_back(m.attention.prefix);
+      j["attention"].push_back(m.attention.prefix_tokens);
+    }
+  }
   j["recompute"] = recompute_name(m.recompute);
   j["bytes"] = m.bytes;
   j["ms"] = m.ms;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -78,6 +79,7 @@ DeviceSpec device(const char* name, double tflops, double mem_gb, double hbm, do
   d.inter_node_gbps = inter;
   d.inter_node_latency_us = 20;
   d.gpus_per_node = 8;
+  d.attention = AttentionKernel::Flash;  // what trainers run on these GPUs (015)
   return d;
 }
 
@@ -143,6 +145,30 @@ void reject_unknown(const nlohmann::json& j, const std::vector<std::string>& kno
   }
 }
 
+/// A key and its aliases given together are one field given twice: refused naming them.
+void refuse_aliases(const nlohmann::json& j, const std::vector<const char*>& keys, const std::string& name) {
+  std::vector<std::string> given;
+  for (const char* k : keys) {
+    if (j.contains(k)) given.emplace_back(k);
+  }
+  PACKPIPE_CHECK_ARG(given.size() <= 1, "{}: '{}' and '{}' name the same field; keep one", name, given.size() > 0 ? given[0] : "",
+                     given.size() > 1 ? given[1] : "");
+}
+
+/// The "attention" key of a model or device file, when given.
+std::optional<AttentionKernel> take_kernel(const nlohmann::json& j, const std::string& name) {
+  if (!j.contains("attention")) return std::nullopt;
+  const auto& v = j.at("attention");
+  PACKPIPE_CHECK_ARG(v.is_string(), "{}: 'attention' must be one of {} (the attention kernel), found {}", name,
+                     enum_name_list(kAttentionKernelNames), v.dump());
+  const std::string k = v.get<std::string>();
+  for (const auto& e : kAttentionKernelNames) {
+    if (k == e.name) return e.value;
+  }
+  PACKPIPE_THROW(InvalidArgument, "{}: 'attention' must be one of {} (the attention kernel), found '{}'", name,
+                 enum_name_list(kAttentionKernelNames), k);
+}
+
 /// The keys of the analytic model's constants in device files.
 std::vector<std::string> analytic_keys() {
   std::vector<std::string> keys;
@@ -153,10 +179,10 @@ std::vector<std::string> analytic_keys() {
 
 /// The range check of one numeric constant: empty when `v` is valid, else what it must be.
 std::string analytic_field_problem(const std::string& field, double v) {
-  if (field == "max_efficiency" || field == "attention_efficiency") {
+  if (field == "max_efficiency" || field == "attention_efficiency" || field == "flash_efficiency") {
     return v > 0 && v <= 1 ? std::string() : std::string("in (0, 1]");
   }
-  if (field == "backward_factor") return v > 0 && std::isfinite(v) ? std::string() : std::string("a finite number > 0");
+  if (field == "backward_factor" || field == "flash_backward_factor") return v > 0 && std::isfinite(v) ? std::string() : std::string("a finite number > 0");
   return v >= 0 && std::isfinite(v) ? std::string() : std::string("a finite number >= 0");
 }
 
@@ -200,8 +226,20 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   reject_unknown(j, std::vector<std::string>{"name", "arch", "num_layers", "encoder_layers", "decoder_layers", "encoder_num_layers",
                      "decoder_num_layers", "hidden", "hidden_size", "heads", "num_attn_heads",
                      "num_attention_heads", "kv_heads", "num_query_groups", "head_dim", "kv_channels",
-                     "ffn_hidden", "ffn_hidden_size", "gated_mlp", "vocab", "vocab_size", "bytes_per_param"},
+                     "ffn_hidden", "ffn_hidden_size", "gated_mlp", "vocab", "vocab_size", "bytes_per_param",
+                     "attention"},
                  name);
+  for (const auto& aliases : std::vector<std::vector<const char*>>{
+           {"encoder_layers", "encoder_num_layers"},
+           {"decoder_layers", "decoder_num_layers"},
+           {"hidden", "hidden_size"},
+           {"heads", "num_attn_heads", "num_attention_heads"},
+           {"kv_heads", "num_query_groups"},
+           {"head_dim", "kv_channels"},
+           {"ffn_hidden", "ffn_hidden_size"},
+           {"vocab", "vocab_size"}}) {
+    refuse_aliases(j, aliases, name);
+  }
   ModelSpec m;
   m.name = name;
   std::string arch;
@@ -210,6 +248,14 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   take(j, {"encoder_layers", "encoder_num_layers"}, m.encoder_layers, name);
   take(j, {"decoder_layers", "decoder_num_layers"}, m.decoder_layers, name);
   take(j, {"arch"}, arch, name);
+  const bool has_num = j.contains("num_layers");
+  const bool has_sides = m.encoder_layers != 0 || m.decoder_layers != 0 || j.contains("encoder_layers") ||
+                         j.contains("encoder_num_layers") || j.contains("decoder_layers") ||
+                         j.contains("decoder_num_layers");
+  PACKPIPE_CHECK_ARG(!(has_num && has_sides),
+                     "{}: 'num_layers' (a decoder-only model) and 'encoder_layers'/'decoder_layers' (an encoder-decoder "
+                     "model) are both given; keep the ones of the model's architecture",
+                     name);
   if (arch.empty()) {
     m.arch = (m.encoder_layers > 0 || m.decoder_layers > 0) ? Architecture::EncoderDecoder : Architecture::DecoderOnly;
   } else {
@@ -224,6 +270,12 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   m.kv_heads = m.heads;
   take(j, {"kv_heads", "num_query_groups"}, m.kv_heads, name);
   m.head_dim = m.heads > 0 ? m.hidden / m.heads : 0;
+  const bool head_dim_given = j.contains("head_dim") || j.contains("kv_channels");
+  PACKPIPE_CHECK_ARG(head_dim_given || m.heads <= 0 || m.hidden <= 0 || m.hidden % m.heads == 0,
+                     "{}: heads ({}) does not divide hidden ({}): the head width would be {} and {} hidden units "
+                     "left over; give 'head_dim' (kv_channels) when heads x head_dim differs from hidden",
+                     name, m.heads, m.hidden, m.heads > 0 ? m.hidden / m.heads : 0,
+                     m.heads > 0 ? m.hidden % m.heads : 0);
   take(j, {"head_dim", "kv_channels"}, m.head_dim, name);
   m.ffn_hidden = 4 * m.hidden;
   take(j, {"ffn_hidden", "ffn_hidden_size"}, m.ffn_hidden, name);
@@ -231,6 +283,7 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   m.vocab = 51200;
   take(j, {"vocab", "vocab_size"}, m.vocab, name);
   take(j, {"bytes_per_param"}, m.bytes_per_param, name);
+  m.attention = take_kernel(j, name);
   validate(m);
   return m;
 }
@@ -239,7 +292,7 @@ DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
   const auto j = parse(text, name);
   std::vector<std::string> known = {"name", "peak_tflops", "memory_gb", "hbm_gbps", "intra_node_gbps",
                                     "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us",
-                                    "gpus_per_node", "analytic"};
+                                    "gpus_per_node", "analytic", "attention"};
   const std::vector<std::string> constants = analytic_keys();
   known.insert(known.end(), constants.begin(), constants.end());
   reject_unknown(j, known, name);
@@ -256,6 +309,7 @@ DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
   take(j, {"inter_node_gbps"}, d.inter_node_gbps, name);
   take(j, {"inter_node_latency_us"}, d.inter_node_latency_us, name);
   take(j, {"gpus_per_node"}, d.gpus_per_node, name);
+  if (const auto k = take_kernel(j, name)) d.attention = *k;
   // The analytic model's constants: an "analytic" object, or flat keys beside the others.
   const nlohmann::json* nested = nullptr;
   if (j.contains("analytic")) {
@@ -319,6 +373,20 @@ void validate(const ModelSpec& m) {
   for (const auto& [field, v] : sizes) {
     PACKPIPE_CHECK_ARG(v > 0, "model '{}': {} must be positive, found {}", m.name, field, v);
   }
+  // Far above any real model, and low enough that every product the cost model forms of them
+  // (parameters, bytes, FLOPs) stays exact and in range.
+  const std::tuple<const char*, std::int64_t, std::int64_t> limits[] = {
+      {"num_layers", m.num_layers, kMaxModelLayers},         {"encoder_layers", m.encoder_layers, kMaxModelLayers},
+      {"decoder_layers", m.decoder_layers, kMaxModelLayers}, {"hidden", m.hidden, kMaxModelWidth},
+      {"heads", m.heads, kMaxModelHeads},                    {"kv_heads", m.kv_heads, kMaxModelHeads},
+      {"head_dim", m.head_dim, kMaxModelWidth},              {"ffn_hidden", m.ffn_hidden, kMaxModelFfn},
+      {"vocab", m.vocab, kMaxModelVocab}};
+  for (const auto& [field, v, limit] : limits) {
+    PACKPIPE_CHECK_ARG(v <= limit, "model '{}': {} must be at most {}, found {}", m.name, field, limit, v);
+  }
+  PACKPIPE_CHECK_ARG(m.bytes_per_param == 1 || m.bytes_per_param == 2 || m.bytes_per_param == 4 || m.bytes_per_param == 8,
+                     "model '{}': bytes_per_param must be 1, 2, 4 or 8 (fp8, fp16/bf16, fp32, fp64), found {}", m.name,
+                     m.bytes_per_param);
   PACKPIPE_CHECK_ARG(m.heads % m.kv_heads == 0, "model '{}': heads ({}) must be a multiple of kv_heads ({})", m.name,
                      m.heads, m.kv_heads);
 }

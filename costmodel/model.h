@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,30 @@ inline Architecture architecture_from_name(const std::string& name) {
   return enum_from_name(kArchitectureNames, name, "architecture");
 }
 
+/// The attention kernel a trainer runs, which decides what attention stores and costs
+/// (docs/design/015-long-context.md): Eager materialises the scores (Megatron's core attention,
+/// PyTorch's math path: Korthikanti et al.'s 5 a s^2 b bytes a layer, the full square's FLOPs);
+/// Flash never writes them (FlashAttention 2/3, cuDNN, PyTorch's flash and memory-efficient SDPA:
+/// a 4-byte log-sum-exp per query and head, causal blocks skipped).
+enum class AttentionKernel : std::uint8_t { Eager = 0, Flash = 1 };
+/// The one name table: "eager", "flash" (model, device and profile files, reports, Python).
+inline constexpr EnumName<AttentionKernel> kAttentionKernelNames[] = {{AttentionKernel::Eager, "eager"},
+                                                                      {AttentionKernel::Flash, "flash"}};
+/// The kernel's name in kAttentionKernelNames.
+constexpr const char* attention_kernel_name(AttentionKernel k) { return enum_name(kAttentionKernelNames, k); }
+/// Kernel from its name; throws InvalidArgument listing the names.
+inline AttentionKernel attention_kernel_from_name(const std::string& name) {
+  return enum_from_name(kAttentionKernelNames, name, "attention kernel");
+}
+
+/// Largest sizes a model may have (validate): far above any real model, low enough that every
+/// product the cost model forms of them stays exact in 64 bits.
+inline constexpr std::int64_t kMaxModelLayers = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxModelWidth = std::int64_t{1} << 20;  ///< hidden, head_dim
+inline constexpr std::int64_t kMaxModelHeads = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxModelFfn = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxModelVocab = std::int64_t{1} << 26;
+
 /// Transformer shape. Decoder-only models use `num_layers`; encoder-decoder models use
 /// `encoder_layers` and `decoder_layers`.
 struct ModelSpec {
@@ -37,6 +62,9 @@ struct ModelSpec {
   bool gated_mlp = false;         ///< SwiGLU / GeGLU: three MLP matrices instead of two
   std::int64_t vocab = 0;
   std::int64_t bytes_per_param = 2;  ///< fp16 / bf16 weights and activations
+  /// The attention kernel the model is trained with (a model file's "attention"); unset: the
+  /// device's (DeviceSpec::attention). See attention_kernel().
+  std::optional<AttentionKernel> attention;
 
   /// Layers of the whole model (encoder + decoder for encoder-decoder).
   std::int64_t total_layers() const;
@@ -61,7 +89,15 @@ struct DeviceSpec {
   std::int64_t gpus_per_node = 8;
   /// Constants of the analytic cost model for this device (the A100-fitted defaults on presets).
   AnalyticOptions analytic;
+  /// The attention kernel trainers run on this device: Flash on the GPU presets; a device file's
+  /// "attention", Eager when it has none (the formulas such files were written against).
+  AttentionKernel attention = AttentionKernel::Eager;
 };
+
+/// The kernel a model runs on a device: the model's when it names one, else the device's.
+inline AttentionKernel attention_kernel(const ModelSpec& m, const DeviceSpec& d) {
+  return m.attention.has_value() ? *m.attention : d.attention;
+}
 
 /// Names of the model presets ("gpt-1.3b", "gpt-6.7b", "gpt-13b", "llama-7b", "t5-770m", "t5-11b", ...).
 std::vector<std::string> model_preset_names();
@@ -80,7 +116,8 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name);
 /// others (not both for one field); missing ones keep the defaults. Throws InvalidArgument naming
 /// `name` and the field for an unknown key, a wrong type or a value out of range.
 DeviceSpec parse_device_json(const std::string& text, const std::string& name);
-/// Checks every size is positive and consistent; throws InvalidArgument naming the field.
+/// Checks every size is positive, within the kMaxModel* limits and consistent (bytes_per_param 1,
+/// 2, 4 or 8); throws InvalidArgument naming the field.
 void validate(const ModelSpec& m);
 /// As above for a device, its analytic constants included (check_analytic_options).
 void validate(const DeviceSpec& d);

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "common/errors.h"
+
 #include "costmodel/activation_fit.h"
 #include "costmodel/analytic.h"
 #include "costmodel/profiled.h"
@@ -14,6 +16,11 @@ namespace packpipe::costmodel {
 std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::string>& paths, const ModelSpec& model,
                                                     const DeviceSpec& device, ProfileInterpolation interpolation) {
   Profile profile = load_profiles(paths);
+  PACKPIPE_CHECK_ARG(!model.attention.has_value() || *model.attention == profile.kernel(),
+                     "model '{}' names {} attention, but the profiles were measured with {} attention: a profile "
+                     "answers for the kernel it measured (leave the kernel out, or profile with {})",
+                     model.name, attention_kernel_name(*model.attention), attention_kernel_name(profile.kernel()),
+                     attention_kernel_name(*model.attention));
   // The analytic fallback answers what the grids lack (the memory of kinds the profile does not
   // measure); its activation calibration is fitted to the profile's measured activations when
   // there are enough of them (docs/design/002-costmodel.md).
@@ -29,7 +36,10 @@ std::unique_ptr<CostModel> make_profiled_cost_model(const std::vector<std::strin
         fitted.activation_layer_bytes / 1e6, before.all.mean_abs_pct, after.all.mean_abs_pct));
     options = fitted;
   }
-  auto fallback = std::make_unique<AnalyticCostModel>(model, device, options);
+  // The grids answer for the kernel the profile was measured with, so the fallback does too.
+  ModelSpec measured = model;
+  measured.attention = profile.kernel();
+  auto fallback = std::make_unique<AnalyticCostModel>(measured, device, options);
   if (interpolation == ProfileInterpolation::Linear) {
     return std::make_unique<LinearProfiledCostModel>(std::move(profile), model, device, std::move(fallback));
   }

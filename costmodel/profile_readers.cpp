@@ -934,6 +934,20 @@ Profile parse_packpipe(const std::string& text, const std::string& file) {
     }
   };
   str_list("notes", p.notes);
+  if (j.contains("attention")) {
+    const auto& a = j["attention"];
+    PACKPIPE_CHECK(a.is_string(), "{}: 'attention' must be one of {} (the kernel the points were measured with), found {}",
+                   file, enum_name_list(kAttentionKernelNames), a.dump());
+    bool found = false;
+    for (const auto& e : kAttentionKernelNames) {
+      if (a.get<std::string>() == e.name) {
+        p.attention = e.value;
+        found = true;
+      }
+    }
+    PACKPIPE_CHECK(found, "{}: 'attention' must be one of {} (the kernel the points were measured with), found {}", file,
+                   enum_name_list(kAttentionKernelNames), a.dump());
+  }
   auto rows = [&](const char* key, std::size_t ncols) -> const nlohmann::json& {
     const auto& r = jget(j, key, "", file);
     PACKPIPE_CHECK(r.is_array(), "{}: '{}' must be an array of rows", file, key);
@@ -1030,6 +1044,14 @@ std::string read_whole(const std::string& path) {
 }  // namespace
 
 void Profile::merge(Profile other) {
+  if (!other.points.empty() && !points.empty()) {
+    PACKPIPE_CHECK_ARG(kernel() == other.kernel(),
+                       "profiles measured with different attention kernels cannot be merged: {} ({}) and {} ({})",
+                       sources.empty() ? std::string("the first") : sources.front(), attention_kernel_name(kernel()),
+                       other.sources.empty() ? std::string("the next") : other.sources.front(),
+                       attention_kernel_name(other.kernel()));
+  }
+  if (!attention.has_value() || points.empty()) attention = other.attention;
   if (model.empty()) model = std::move(other.model);
   if (device.empty()) device = std::move(other.device);
   points.insert(points.end(), other.points.begin(), other.points.end());
@@ -1200,6 +1222,7 @@ std::string write_packpipe_profile(const Profile& p) {
   j["model"] = p.model;
   j["device"] = p.device;
   j["units"] = {{"time", "ms"}, {"memory", "bytes"}};
+  j["attention"] = attention_kernel_name(p.kernel());
   j["sources"] = p.sources;
   j["notes"] = p.notes;
   j["point_columns"] = kPointColumns;

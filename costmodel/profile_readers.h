@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,9 +61,16 @@ struct Profile {
   std::vector<CommSample> comm;
   std::vector<std::string> sources;  ///< files (or in-memory names) read
   std::vector<std::string> notes;    ///< conversions and quirks worth telling the user
+  /// The attention kernel the points were measured with, where the source records it (packpipe's
+  /// own profiles, "attention"); unset: eager, as DynaPipe's, Aceso's, Metis', AIOB's and AICB's
+  /// Megatron runs measured it (docs/design/015-long-context.md).
+  std::optional<AttentionKernel> attention;
+  /// The kernel of the measurements: `attention`, or Eager when unrecorded.
+  AttentionKernel kernel() const { return attention.value_or(AttentionKernel::Eager); }
 
   /// Appends another profile (points, params, comm, sources, notes); keeps this model/device
-  /// unless empty.
+  /// unless empty. Throws InvalidArgument naming both sources when both hold points measured with
+  /// different attention kernels (one model cannot answer for two kernels).
   void merge(Profile other);
 };
 

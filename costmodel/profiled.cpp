@@ -691,6 +691,10 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, ModelSpec model, DeviceSpe
   I.device = std::move(device);
   I.fallback = std::move(fallback);
   const std::string sources = profile_sources(profile);
+  PACKPIPE_CHECK_ARG(I.fallback == nullptr || I.fallback->attention() == profile.kernel(),
+                     "the profile ({}) was measured with {} attention, its fallback answers for {}: give the fallback "
+                     "the profile's kernel (ModelSpec::attention), as make_profiled_cost_model does",
+                     sources, attention_kernel_name(profile.kernel()), attention_kernel_name(I.fallback->attention()));
   check_profile_for(profile, I.model);
   const auto merged = merge_points(profile.points);
   for (const auto& [key, cells] : merged) I.grids.push_back(build_grid(key, cells, I.model));
@@ -743,6 +747,7 @@ const ModelSpec& ProfiledCostModel::model() const { return impl_->model; }
 const DeviceSpec& ProfiledCostModel::device() const { return impl_->device; }
 const CommModel& ProfiledCostModel::comm() const { return impl_->comm; }
 const Profile& ProfiledCostModel::profile() const { return impl_->profile; }
+AttentionKernel ProfiledCostModel::attention() const { return impl_->profile.kernel(); }
 const std::vector<AlphaBetaFit>& ProfiledCostModel::comm_fits() const { return impl_->fits; }
 
 bool ProfiledCostModel::profiled(LayerKind kind, std::int64_t tp, Recompute rc) const {
@@ -1173,6 +1178,13 @@ bool ProfiledCostModel::Rows::corners(const Impl& I, const Query& q, const Grid&
 
 LayerCost ProfiledCostModel::query(const Query& q) const {
   const Impl& I = *impl_;
+  if (q.attention.prefix_tokens != 0 || q.attention.prefix != 0) {
+    // Slices: the profile answers the row without its kept prefix, the fallback (the profile's
+    // kernel) adds what the prefix costs (015).
+    PACKPIPE_CHECK_ARG(I.fallback != nullptr, "a row with slices needs the analytic fallback for the cost of its prefix");
+    const Query base = without_prefix(q);
+    return add_prefix_cost(query(base), I.fallback->query(q), I.fallback->query(base));
+  }
   RowPlan p;
   Rows::plan(I, q, p);
   if (p.g == nullptr) return I.fallback->query(q);
@@ -1185,6 +1197,15 @@ std::int64_t ProfiledCostModel::query_rows(const Query& q, std::int64_t count, L
   check_query_rows(q, count, out);
   if (count == 0) return 0;
   const Impl& I = *impl_;
+  if (q.attention.prefix_tokens != 0 || q.attention.prefix != 0) {
+    // A varlen row (slices are only in varlen rows) has one row: the query answers it.
+    try {
+      out[0] = query(q);
+    } catch (const InvalidArgument&) {
+      return 0;
+    }
+    return 1;
+  }
   RowPlan p;
   try {
     Rows::plan(I, q, p);  // checks row 0; later rows differ only in a larger mbs

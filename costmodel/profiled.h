@@ -65,6 +65,8 @@ class ProfiledCostModel final : public CostModel {
   /// alpha-beta fit of measured p2p samples when the profile has them.
   const CommModel& comm() const override;
   std::string describe() const override;
+  /// The kernel the profile was measured with (Profile::kernel()).
+  AttentionKernel attention() const override;
 
   /// The profile the tables were built from.
   const Profile& profile() const;

@@ -159,6 +159,10 @@ LinearProfiledCostModel::LinearProfiledCostModel(Profile profile, ModelSpec mode
   I.fallback = std::move(fallback);
   I.enc_dec = I.model.arch == Architecture::EncoderDecoder;
   validate(I.model);
+  PACKPIPE_CHECK_ARG(I.fallback == nullptr || I.fallback->attention() == profile.kernel(),
+                     "the profile was measured with {} attention, its fallback answers for {}: give the fallback the "
+                     "profile's kernel (ModelSpec::attention), as make_profiled_cost_model does",
+                     attention_kernel_name(profile.kernel()), attention_kernel_name(I.fallback->attention()));
   check_profile_for(profile, I.model);
   // Per (kind, tp, rc): the nodes of each quantity, repeats at their maximum (DynaPipe's sorted
   // lists, the last one kept). The peak node is the absolute peak, stored + transient.
@@ -240,6 +244,8 @@ const ModelSpec& LinearProfiledCostModel::model() const { return impl_->model; }
 const DeviceSpec& LinearProfiledCostModel::device() const { return impl_->device; }
 const CommModel& LinearProfiledCostModel::comm() const { return impl_->comm; }
 
+AttentionKernel LinearProfiledCostModel::attention() const { return impl_->profile.kernel(); }
+
 std::string LinearProfiledCostModel::describe() const {
   const auto& p = impl_->profile;
   return fmt::format("profiled, DynaPipe's linear interpolation ({} points in {} grids from {} file{}; fallback {})",
@@ -275,6 +281,11 @@ LengthUse LinearProfiledCostModel::lengths_used(LayerKind kind) const {
 
 LayerCost LinearProfiledCostModel::query(const Query& q) const {
   const Impl& I = *impl_;
+  if (q.attention.prefix_tokens != 0 || q.attention.prefix != 0) {
+    PACKPIPE_CHECK_ARG(I.fallback != nullptr, "a row with slices needs the analytic fallback for the cost of its prefix");
+    const Query base = without_prefix(q);
+    return add_prefix_cost(query(base), I.fallback->query(q), I.fallback->query(base));
+  }
   PACKPIPE_CHECK_ARG(q.mbs > 0, "mbs must be positive, found {}", q.mbs);
   PACKPIPE_CHECK_ARG(q.tp > 0, "tp must be positive, found {}", q.tp);
   PACKPIPE_CHECK_ARG(q.num_layers > 0, "num_layers must be positive, found {}", q.num_layers);

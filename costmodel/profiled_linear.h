@@ -45,6 +45,8 @@ class LinearProfiledCostModel final : public CostModel {
   const DeviceSpec& device() const override;
   const CommModel& comm() const override;
   std::string describe() const override;
+  /// The kernel the profile was measured with (Profile::kernel()).
+  AttentionKernel attention() const override;
   /// Parameter bytes of one layer of `kind` at `tp` as the profile measured them (NaN if not).
   double layer_param_bytes(LayerKind kind, std::int64_t tp) const override;
 

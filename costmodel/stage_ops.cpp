@@ -19,8 +19,25 @@ LayerFlops stage_forward_flops(const ModelSpec& m, const StageLayout& layout, co
   return s;
 }
 
-double attention_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape) {
-  const LayerFlops f = stage_forward_flops(m, layout, shape);
+LayerFlops stage_forward_flops(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape,
+                               AttentionKernel kernel) {
+  LayerFlops s;
+  auto add = [&](LayerKind kind, std::int64_t layers) {
+    if (layers <= 0) return;
+    const auto f = forward_flops(m, kind, shape);
+    const FlopsShape fs = flops_shape(m, kind, shape.seq, shape.dec_seq);
+    s.matmul += static_cast<double>(layers) * f.matmul;
+    s.attention +=
+        static_cast<double>(layers) * executed_attention_flops(m, fs, static_cast<double>(shape.rows), shape.attention, kernel);
+  };
+  add(LayerKind::Encoder, layout.encoder_layers);
+  add(LayerKind::Decoder, layout.decoder_layers);
+  if (layout.has_postprocess) add(LayerKind::PostProcess, 1);
+  return s;
+}
+
+double attention_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape, AttentionKernel kernel) {
+  const LayerFlops f = stage_forward_flops(m, layout, shape, kernel);
   return f.total() > 0 ? f.attention / f.total() : 0.0;
 }
 
@@ -34,7 +51,7 @@ StageOpTimes stage_op_times(const CostModel& cm, const LayerCost& stage, const S
   // Weight gradients redo the dense GEMMs once (dW = x^T dy); input gradients the GEMMs once
   // more plus twice the attention products, so the weight share of backward is
   // matmul / (2 (matmul + attention)) of the stage's forward FLOPs.
-  const LayerFlops f = stage_forward_flops(cm.model(), layout, shape);
+  const LayerFlops f = stage_forward_flops(cm.model(), layout, shape, cm.attention());
   const double w_share = f.total() > 0 ? f.matmul / (2.0 * f.total()) : 0.0;
   StageOpTimes t;
   t.forward_ms = stage.forward_ms;

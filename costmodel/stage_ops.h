@@ -19,13 +19,19 @@ struct StageOpTimes {
   double backward_weight_ms = 0;  ///< the weight-gradient half (BWD_W), at most backward_ms
 };
 
-/// Forward FLOPs of a stage (its encoder, decoder and post-process layers) for one micro-batch shape.
+/// Forward FLOPs of a stage (its encoder, decoder and post-process layers) for one micro-batch shape:
+/// model FLOPs (the dense convention of MFU) without a kernel; with one, the attention products it
+/// executes (executed_attention_flops: flash skips the causal half).
 LayerFlops stage_forward_flops(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
+LayerFlops stage_forward_flops(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape,
+                               AttentionKernel kernel);
 
-/// The attention share of a stage's forward FLOPs for a shape: attention / (matmul + attention), in
-/// [0, 1] (0 for a stage without layers). The coordinate of calibration's attention term (013):
-/// a packed varlen row has a smaller share than a padded row of the same tokens.
-double attention_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape);
+/// The attention share of a stage's executed forward FLOPs under `kernel` for a shape: attention /
+/// (matmul + attention), in [0, 1] (0 for a stage without layers). The coordinate of calibration's
+/// attention term (013): a packed varlen row has a smaller share than a padded row of the same
+/// tokens, and a flash kernel's causal rows half the eager kernel's attention.
+double attention_share(const ModelSpec& m, const StageLayout& layout, const MicroShape& shape,
+                       AttentionKernel kernel);
 
 /// Tokens of a micro-batch shape, the coordinate of calibration regions: rows x (seq + dec_seq),
 /// dec_seq counted for encoder-decoder models only (what stage_cost queries).

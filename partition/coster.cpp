@@ -68,6 +68,7 @@ Coster::Coster(const cm::CostModel& cost, const PipelineShape& shape, const std:
     : cost_(cost),
       calibrated_(cost.calibration() != nullptr),
       attention_share_(calibrated_ && cost.calibration()->uses_attention_share()),
+      kernel_(cost.attention()),
       shape_(shape), basis_(basis), limit_mb_(limit_mb) {
   if (shared != nullptr) {
     // Everything a shape's cost depends on besides the shape itself.
@@ -321,7 +322,9 @@ double Coster::calibration_delta(const std::vector<int>& comp, const cm::LayerCo
       const auto& kq = kinds_[static_cast<std::size_t>(k)];
       const cm::LayerFlops f = cm::forward_flops(cost_.model(), kq.kind, shape);
       matmul += layers * static_cast<double>(kq.layers) * f.matmul;
-      attention += layers * static_cast<double>(kq.layers) * f.attention;
+      attention += layers * static_cast<double>(kq.layers) *
+                   cm::executed_attention_flops(cost_.model(), cm::flops_shape(cost_.model(), kq.kind, shape.seq, shape.dec_seq),
+                                                static_cast<double>(shape.rows), shape.attention, kernel_);
     }
   }
   if (once != nullptr) {
@@ -331,7 +334,6 @@ double Coster::calibration_delta(const std::vector<int>& comp, const cm::LayerCo
     if (attention_share_) {
       const cm::LayerFlops f = cm::forward_flops(cost_.model(), cm::LayerKind::PostProcess, shape);
       matmul += f.matmul;
-      attention += f.attention;
     }
   }
   const double share = matmul + attention > 0 ? attention / (matmul + attention) : 0.0;

@@ -666,7 +666,7 @@ std::vector<std::int64_t> balanced_stage_layers(const cm::CostModel& cost, const
     const std::int64_t dec = encdec ? std::max<std::int64_t>(dec_seq, 1) : 0;
     const cm::MicroShape ms{rows, seq, dec, {}};
     const double t = cm::stage_time_ms(cost, cm::stage_cost(cost, l, shape.tp, ms, Recompute::None),
-                                       cm::shape_tokens(model, ms), cm::attention_share(model, l, ms));
+                                       cm::shape_tokens(model, ms), cm::attention_share(model, l, ms, cost.attention()));
     memo.emplace(key, t);
     return t;
   };

@@ -169,6 +169,7 @@ class Coster {
   const cm::CostModel& cost_;
   bool calibrated_ = false;  // cost_.calibration() is set: stage times through costmodel::stage_time_ms
   bool attention_share_ = false;  // the calibration has an attention term: deltas need the stage's share
+  cm::AttentionKernel kernel_ = cm::AttentionKernel::Eager;  // cost.attention(): the shares are of its executed FLOPs
   PipelineShape shape_;
   CostBasis basis_;
   bool encdec_;

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/errors.h"
+#include "tests/support/devices.h"
 #include "costmodel/analytic.h"
 #include "costmodel/cost_model.h"
 #include "costmodel/factory.h"
@@ -21,7 +22,7 @@ using namespace packpipe::costmodel;
 
 namespace {
 
-AnalyticCostModel gpt(const char* name = "gpt-6.7b") { return AnalyticCostModel(load_model(name), load_device("A100-40GB")); }
+AnalyticCostModel gpt(const char* name = "gpt-6.7b") { return AnalyticCostModel(load_model(name), packpipe::test::eager_device("A100-40GB")); }
 
 Query enc(std::int64_t mbs, std::int64_t seq, Recompute rc = Recompute::None, std::int64_t tp = 1) {
   Query q;
@@ -54,8 +55,8 @@ TEST_CASE("recompute and provenance names round-trip", "[interface]") {
 
 TEST_CASE("stored activations reproduce Korthikanti's closed forms", "[interface]") {
   const ModelSpec m = load_model("gpt-6.7b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
-  const AnalyticCostModel calibrated(m, load_device("A100-40GB"));
+  const AnalyticCostModel cm(m, packpipe::test::eager_device("A100-40GB"), closed_forms());
+  const AnalyticCostModel calibrated(m, packpipe::test::eager_device("A100-40GB"));
   const AnalyticOptions o;
   const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   for (std::int64_t t : {1, 2, 4, 8}) {
@@ -92,13 +93,13 @@ TEST_CASE("GQA and gated MLP change the stored activations as derived", "[interf
   // replicated 10 s h, Q K V context 2(2q + 2kv) s, gated MLP three f-wide tensors 2 * 3 f s.
   CHECK(layer_activation_bytes(m, LayerKind::Encoder, 1, 1, 1024, 0, Recompute::Selective) ==
         Approx(s * (10 * h + 2 * (2 * q + 2 * kv) + 2 * 3 * f)));
-  const AnalyticCostModel cm(m, load_device("H100-80GB"));
+  const AnalyticCostModel cm(m, packpipe::test::eager_device("H100-80GB"));
   CHECK(cm.query(enc(1, 1024)).forward_ms > 0);
 }
 
 TEST_CASE("T5 decoder layer: cross-attention memory and boundary with the encoder output", "[interface]") {
   const ModelSpec m = load_model("t5-11b");
-  const AnalyticCostModel cm(m, load_device("A100-40GB"), closed_forms());
+  const AnalyticCostModel cm(m, packpipe::test::eager_device("A100-40GB"), closed_forms());
   Query q;
   q.kind = LayerKind::Decoder;
   q.mbs = 2;
@@ -161,7 +162,7 @@ TEST_CASE("backward is about backward_factor x forward for large shapes; the flo
   CHECK(big.backward_ms / big.forward_ms == Approx(cm.options().backward_factor).epsilon(0.02));
   AnalyticOptions two;
   two.backward_factor = 2.0;
-  const AnalyticCostModel cm2(load_model("gpt-6.7b"), load_device("A100-40GB"), two);
+  const AnalyticCostModel cm2(load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"), two);
   const LayerCost big2 = cm2.query(enc(16, 2048));
   CHECK(big2.backward_ms / big2.forward_ms == Approx(2.0).epsilon(0.02));
   const LayerCost tiny = cm.query(enc(1, 16));
@@ -211,14 +212,14 @@ TEST_CASE("query rejects bad input naming the argument", "[negative]") {
   q = enc(1, 128);
   q.dec_seq = 16;
   REQUIRE_THROWS_WITH(cm.query(q), Catch::Matchers::Contains("dec_seq must be 0"));
-  const AnalyticCostModel t5(load_model("t5-770m"), load_device("V100-32GB"));
+  const AnalyticCostModel t5(load_model("t5-770m"), packpipe::test::eager_device("V100-32GB"));
   q = enc(1, 128);
   q.kind = LayerKind::Decoder;
   REQUIRE_THROWS_WITH(t5.query(q), Catch::Matchers::Contains("dec_seq (decoder length) must be positive"));
   AnalyticOptions bad;
   bad.max_efficiency = 1.5;
-  REQUIRE_THROWS_AS(AnalyticCostModel(load_model("gpt-1.3b"), load_device("A100-40GB"), bad), packpipe::InvalidArgument);
-  REQUIRE_THROWS_WITH(AnalyticCostModel(load_model("gpt-1.3b"), load_device("A100-40GB"), bad),
+  REQUIRE_THROWS_AS(AnalyticCostModel(load_model("gpt-1.3b"), packpipe::test::eager_device("A100-40GB"), bad), packpipe::InvalidArgument);
+  REQUIRE_THROWS_WITH(AnalyticCostModel(load_model("gpt-1.3b"), packpipe::test::eager_device("A100-40GB"), bad),
                       Catch::Matchers::Contains("max_efficiency"));
   REQUIRE_THROWS_WITH(make_cost_model({"gpt-99b", "A100-40GB", {}, ""}), Catch::Matchers::Contains("unknown model 'gpt-99b'"));
 }
@@ -278,14 +279,14 @@ TEST_CASE("stage composition sums layers and includes embedding and head where t
   REQUIRE_THROWS_WITH(stage_cost(cm, StageLayout{}, 1, 2, 1024, 0, Recompute::None),
                       Catch::Matchers::Contains("no layers"));
   // encoder-decoder stage: encoder and decoder layers together
-  const AnalyticCostModel t5(load_model("t5-770m"), load_device("A100-40GB"));
+  const AnalyticCostModel t5(load_model("t5-770m"), packpipe::test::eager_device("A100-40GB"));
   const LayerCost ct5 = stage_cost(t5, StageLayout{2, 2, true, true}, 1, 2, 512, 128, Recompute::Selective);
   CHECK(ct5.total_ms() > 0);
   CHECK(ct5.boundary_bytes == 0);
 }
 
 TEST_CASE("alpha-beta communication formulas", "[interface]") {
-  const DeviceSpec d = load_device("A100-40GB");
+  const DeviceSpec d = packpipe::test::eager_device("A100-40GB");
   const CommModel c = CommModel::from_device(d);
   CHECK(c.intra_latency_ms == Approx(d.intra_node_latency_us / 1e3));
   CHECK(c.intra_bytes_per_ms == Approx(d.intra_node_gbps * 1e6));
@@ -357,7 +358,7 @@ TEST_CASE("analytic model against DynaPipe's GPT-6.7B profile (A100-40GB)", "[re
 }
 
 TEST_CASE("queries above the size limits are refused, never computed in overflowing arithmetic", "[negative]") {
-  const AnalyticCostModel cm(load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const AnalyticCostModel cm(load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   Query q;
   q.kind = LayerKind::Encoder;
   q.mbs = 2147483647;
@@ -424,7 +425,7 @@ TEST_CASE("device files carry the analytic model's constants; bad ones name the 
   CHECK(f.analytic.backward_factor == 2.0);
   CHECK(f.analytic.max_efficiency == AnalyticOptions{}.max_efficiency);
   // Presets carry the defaults.
-  CHECK(load_device("H100-80GB").analytic.layer_overhead_ms == AnalyticOptions{}.layer_overhead_ms);
+  CHECK(packpipe::test::eager_device("H100-80GB").analytic.layer_overhead_ms == AnalyticOptions{}.layer_overhead_ms);
 
   auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
     const std::string path = dir.file(name);
@@ -445,4 +446,94 @@ TEST_CASE("device files carry the analytic model's constants; bad ones name the 
   refused("twice.json", "{" + base + R"(, "backward_factor": 2, "analytic": {"backward_factor": 2}})",
           "'backward_factor' is given twice");
   refused("object.json", "{" + base + R"(, "analytic": [1]})", "'analytic' must be an object");
+}
+
+TEST_CASE("flash kernel: no stored scores, a log-sum-exp per query, causal half the attention FLOPs",
+          "[interface]") {
+  const ModelSpec m = load_model("llama-7b");
+  const DeviceSpec flash_dev = load_device("H100-80GB");
+  const AnalyticCostModel flash(m, flash_dev);
+  const AnalyticCostModel eager(m, packpipe::test::eager_device("H100-80GB"));
+  REQUIRE(flash.attention() == AttentionKernel::Flash);
+  REQUIRE(eager.attention() == AttentionKernel::Eager);
+  const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
+  for (std::int64_t s : {2048, 8192, 32768}) {
+    const double sd = static_cast<double>(s);
+    const LayerCost f = flash.query(enc(1, s));
+    const LayerCost e = eager.query(enc(1, s));
+    // Korthikanti's 5 a s^2 bytes are the difference (up to the fp32 lse and the score calibration term).
+    const AnalyticOptions& o = flash_dev.analytic;
+    const double lse = 4 * a * sd;
+    CHECK(e.stored_bytes - f.stored_bytes ==
+          Approx(5 * a * sd * sd + o.activation_score_bytes * a * sd * sd - lse).epsilon(1e-9));
+    // stored grows linearly in s under flash: about 34 s h plus the calibration per token
+    const LayerCost f2 = flash.query(enc(2, s));
+    CHECK(f2.stored_bytes - f.stored_bytes == Approx(f.stored_bytes - o.activation_layer_bytes).epsilon(1e-9));
+    CHECK(f.stored_bytes < 40 * sd * h);
+    // selective recompute keeps what none keeps and recomputes nothing under flash
+    const LayerCost fs = flash.query(enc(1, s, Recompute::Selective));
+    CHECK(fs.stored_bytes == f.stored_bytes);
+    CHECK(fs.recompute_ms == 0);
+    CHECK(fs.forward_ms == f.forward_ms);
+    // no s x s tensor in the transient peak
+    CHECK(f.peak_bytes < e.peak_bytes);
+    CHECK(f.peak_bytes < 2 * 2 * sd * static_cast<double>(3 * m.ffn_hidden));
+  }
+  // executed attention: half the square for causal self-attention, the whole for a T5 encoder
+  const FlopsShape fs = flops_shape(m, LayerKind::Encoder, 4096);
+  CHECK(executed_attention_flops(m, fs, 1, {}, AttentionKernel::Flash) ==
+        Approx(0.5 * executed_attention_flops(m, fs, 1, {}, AttentionKernel::Eager)));
+  CHECK(executed_attention_flops(m, fs, 1, {}, AttentionKernel::Eager) == forward_flops(m, LayerKind::Encoder, 1, 4096).attention);
+  const ModelSpec t5 = load_model("t5-770m");
+  const FlopsShape te = flops_shape(t5, LayerKind::Encoder, 512);
+  CHECK(executed_attention_flops(t5, te, 2, {}, AttentionKernel::Flash) ==
+        executed_attention_flops(t5, te, 2, {}, AttentionKernel::Eager));
+  // the long row costs far less under flash (no score traffic, causal half)
+  CHECK(flash.query(enc(1, 32768)).total_ms() < 0.5 * eager.query(enc(1, 32768)).total_ms());
+}
+
+TEST_CASE("a slice's cost grows with its prefix; its kept keys and values are stored", "[interface]") {
+  const ModelSpec m = load_model("llama-7b");
+  for (const bool use_flash : {true, false}) {
+    const AnalyticCostModel cm(m, use_flash ? load_device("H100-80GB") : packpipe::test::eager_device("H100-80GB"));
+    auto slice = [&](std::int64_t len, std::int64_t kept) {
+      Query q = enc(1, len);
+      q.attention.add_slice(len, kept);
+      return cm.query(q);
+    };
+    double prev_time = 0, prev_stored = 0;
+    for (std::int64_t kept : {0, 1024, 4096, 16384, 65536}) {
+      const LayerCost c = slice(4096, kept);
+      CHECK(c.total_ms() > prev_time);
+      CHECK(c.stored_bytes > prev_stored);
+      prev_time = c.total_ms();
+      prev_stored = c.stored_bytes;
+    }
+    // what the kept prefix adds to stored: at least its keys and values (2 e kv p)
+    const double kv = static_cast<double>(m.kv_heads * m.head_dim);
+    CHECK(slice(4096, 16384).stored_bytes - slice(4096, 0).stored_bytes >= 2 * 2 * kv * 16384);
+    // A sample cut in two slices does the whole sample's model FLOPs
+    const FlopsShape f1 = flops_shape(m, LayerKind::Encoder, 3000), f2 = flops_shape(m, LayerKind::Encoder, 5000);
+    AttentionWork w1, w2;
+    w1.add_slice(3000, 0);
+    w2.add_slice(5000, 3000);
+    CHECK(f1.at(1, w1).attention + f2.at(1, w2).attention ==
+          Approx(forward_flops(m, LayerKind::Encoder, 1, 8000).attention));
+    // and executes less attention than the whole under eager (the upper blocks are skipped), the same under flash
+    const double whole = executed_attention_flops(m, flops_shape(m, LayerKind::Encoder, 8000), 1, {}, cm.attention());
+    const double parts = executed_attention_flops(m, f1, 1, w1, cm.attention()) +
+                         executed_attention_flops(m, f2, 1, w2, cm.attention());
+    if (use_flash) {
+      CHECK(parts == Approx(whole));
+    } else {
+      CHECK(parts < whole);
+    }
+  }
+  // impossible slice sums are refused
+  const AnalyticCostModel cm(m, load_device("H100-80GB"));
+  Query bad = enc(1, 100);
+  bad.attention.self = 100 * 100;
+  bad.attention.prefix = 5;
+  bad.attention.prefix_tokens = 10;  // more kept tokens than query x kept
+  REQUIRE_THROWS_WITH(cm.query(bad), Catch::Matchers::Contains("prefix_tokens"));
 }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "tests/support/devices.h"
 #include "costmodel/analytic.h"
 #include "costmodel/calibration.h"
 #include "costmodel/measurements.h"
@@ -23,7 +24,7 @@ using Catch::Matchers::Contains;
 namespace {
 
 std::shared_ptr<const cm::CostModel> analytic(const std::string& model = "gpt-1.3b") {
-  return std::make_shared<cm::AnalyticCostModel>(cm::load_model(model), cm::load_device("A100-40GB"));
+  return std::make_shared<cm::AnalyticCostModel>(cm::load_model(model), packpipe::test::eager_device("A100-40GB"));
 }
 
 // Synthetic measurements of F and B over many stage shapes: measured = a x model + b, with a
@@ -95,7 +96,7 @@ void check_recovered(const cm::CostModel& base, const std::vector<cm::Measuremen
   for (const auto& m : ms) {
     if (!cm::is_compute(m.op)) continue;
     const double p = cm::predict_ms(base, m);
-    CHECK(c.apply(m.op, m.tokens(), p, cm::attention_share(base.model(), m.layout, m.shape())) ==
+    CHECK(c.apply(m.op, m.tokens(), p, cm::attention_share(base.model(), m.layout, m.shape(), base.attention())) ==
           Approx(a * p + b).epsilon(0.01));
   }
 }
@@ -358,7 +359,7 @@ std::vector<cm::Measurement> attention_biased(const cm::CostModel& base, double 
           }
           m.index = index++;
           const double p = cm::predict_ms(base, m);
-          const double s = cm::attention_share(base.model(), m.layout, m.shape());
+          const double s = cm::attention_share(base.model(), m.layout, m.shape(), base.attention());
           m.ms = a * p * (1.0 + gamma * s) * (1.0 + eps(rng));
           out.push_back(m);
         }
@@ -395,7 +396,7 @@ TEST_CASE("calibration fits the attention part and the token-linear part as sepa
       }
     }
     const double p = cm::predict_ms(*base, m);
-    const double s = cm::attention_share(base->model(), m.layout, m.shape());
+    const double s = cm::attention_share(base->model(), m.layout, m.shape(), base->attention());
     INFO("pieces " << pieces << " share " << s);
     CHECK(cm::predict_ms(model, m) == Approx(0.8 * p * (1.0 + 1.5 * s)).epsilon(0.03));
   }
@@ -403,7 +404,7 @@ TEST_CASE("calibration fits the attention part and the token-linear part as sepa
   const cm::StageLayout l{3, 0, false, false};
   const cm::MicroShape dense{2, 2048, 0, {}};
   const cm::LayerCost st = cm::stage_cost(*base, l, 1, dense, cm::Recompute::None);
-  const double share = cm::attention_share(base->model(), l, dense);
+  const double share = cm::attention_share(base->model(), l, dense, base->attention());
   const auto ops = cm::stage_op_times(model, st, l, dense);
   CHECK(cm::stage_time_ms(model, st, cm::shape_tokens(base->model(), dense), share) ==
         Approx(ops.forward_ms + ops.backward_ms));
@@ -445,7 +446,7 @@ TEST_CASE("an identity calibration keeps every op time and stage time bit for bi
         const cm::LayerCost s = cm::stage_cost(*base, l, 1, rows, seq, 0, rc);
         const cm::MicroShape shape{rows, seq, 0, {}};
         const double tokens = cm::shape_tokens(base->model(), shape);
-        CHECK(cm::stage_time_ms(id, s, tokens, cm::attention_share(base->model(), l, shape)) == s.total_ms());
+        CHECK(cm::stage_time_ms(id, s, tokens, cm::attention_share(base->model(), l, shape, base->attention())) == s.total_ms());
         const auto a = cm::stage_op_times(*base, s, l, shape), b = cm::stage_op_times(id, s, l, shape);
         CHECK(a.forward_ms == b.forward_ms);
         CHECK(a.backward_ms == b.backward_ms);

@@ -64,6 +64,49 @@ TEST_CASE("model and device JSON files, and bad input", "[negative]") {
                       Catch::Matchers::Contains("found 0"));
 }
 
+TEST_CASE("model files: a key and its alias, both architectures, heads that do not divide, sizes out of range",
+          "[negative][regression]") {
+  auto refused = [](const std::string& text, const std::string& says) {
+    REQUIRE_THROWS_AS(parse_model_json(text, "m.json"), packpipe::InvalidArgument);
+    REQUIRE_THROWS_WITH(parse_model_json(text, "m.json"), Catch::Matchers::Contains("m.json") && Catch::Matchers::Contains(says));
+  };
+  // C: a key and its alias are one field given twice (one used to be dropped)
+  refused(R"({"num_layers": 2, "hidden": 256, "hidden_size": 512, "heads": 4})", "'hidden' and 'hidden_size'");
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 4, "num_attention_heads": 4})", "'heads' and 'num_attention_heads'");
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "vocab_size": 10})", "'vocab' and 'vocab_size'");
+  // B: num_layers beside encoder/decoder layers (num_layers used to be ignored)
+  refused(R"({"num_layers": 2, "encoder_layers": 2, "decoder_layers": 2, "hidden": 256, "heads": 4})",
+          "'num_layers' (a decoder-only model) and 'encoder_layers'");
+  // D: a head width that drops hidden units; bytes per parameter out of range
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 3})", "heads (3) does not divide hidden (256)");
+  CHECK(parse_model_json(R"({"num_layers": 2, "hidden": 256, "heads": 3, "head_dim": 64})", "m.json").head_dim == 64);
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 4, "bytes_per_param": 1000000000})", "bytes_per_param must be 1, 2, 4 or 8");
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 4, "bytes_per_param": 3})", "bytes_per_param must be 1, 2, 4 or 8");
+  // E: sizes whose products overflow (the optimizer state printed as 0 B)
+  refused(R"({"num_layers": 2, "hidden": 1000000000000000000, "heads": 4})", "hidden must be at most");
+  refused(R"({"num_layers": 2, "hidden": 256, "heads": 4, "ffn_hidden": 4611686018427387904})", "ffn_hidden must be at most");
+  refused(R"({"num_layers": 100000, "hidden": 256, "heads": 4})", "num_layers must be at most");
+  for (const auto& name : model_preset_names()) CHECK_NOTHROW(validate(load_model(name)));
+}
+
+TEST_CASE("model and device files name the attention kernel; presets run flash on GPUs", "[interface][negative]") {
+  for (const auto& name : device_preset_names()) CHECK(load_device(name).attention == AttentionKernel::Flash);
+  const DeviceSpec plain = parse_device_json(R"({"peak_tflops": 1, "memory_gb": 1, "hbm_gbps": 1, "intra_node_gbps": 1,
+                                                 "inter_node_gbps": 1})", "d.json");
+  CHECK(plain.attention == AttentionKernel::Eager);  // a file without the key keeps the formulas it was written for
+  const DeviceSpec flash = parse_device_json(R"({"peak_tflops": 1, "memory_gb": 1, "hbm_gbps": 1, "intra_node_gbps": 1,
+                                                 "inter_node_gbps": 1, "attention": "flash"})", "d.json");
+  CHECK(flash.attention == AttentionKernel::Flash);
+  const ModelSpec m = parse_model_json(R"({"num_layers": 2, "hidden": 256, "heads": 4, "attention": "eager"})", "m.json");
+  REQUIRE(m.attention.has_value());
+  CHECK(attention_kernel(m, flash) == AttentionKernel::Eager);  // the model's own wins
+  CHECK(attention_kernel(load_model("gpt-1.3b"), flash) == AttentionKernel::Flash);
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden": 256, "heads": 4, "attention": "sdpa"})", "m.json"),
+                      Catch::Matchers::Contains("m.json") && Catch::Matchers::Contains("'attention' must be one of eager, flash"));
+  REQUIRE_THROWS_WITH(parse_device_json(R"({"attention": 1})", "d.json"),
+                      Catch::Matchers::Contains("d.json") && Catch::Matchers::Contains("'attention' must be one of"));
+}
+
 TEST_CASE("flops_shape(kind, seq, dec).at(b) is forward_flops bit for bit", "[interface]") {
   // at() is the batch-query form of forward_flops; the two must round identically.
   std::size_t compared = 0, differing = 0;

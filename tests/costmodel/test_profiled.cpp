@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "tests/support/devices.h"
 #include "costmodel/activation_fit.h"
 #include "costmodel/analytic.h"
 #include "costmodel/flops.h"
@@ -88,7 +89,7 @@ class StubModel final : public CostModel {
 }  // namespace
 
 TEST_CASE("grid hits reproduce the profile and say Profiled", "[interface]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   CHECK(cm.profiled(LayerKind::Encoder, 1, Recompute::None));
   CHECK_FALSE(cm.profiled(LayerKind::Encoder, 16, Recompute::None));
   // "1,none,encoder,forward,2048,0,1,5.78", backward 9.65; stored 966.55 MB (README, reference doc)
@@ -114,7 +115,7 @@ TEST_CASE("grid hits reproduce the profile and say Profiled", "[interface]") {
 }
 
 TEST_CASE("between grid points: Interpolated, between the neighbours", "[interface]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   const auto lo = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
   const auto hi = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 4096));
   const auto mid = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 3072));
@@ -131,7 +132,7 @@ TEST_CASE("between grid points: Interpolated, between the neighbours", "[interfa
 }
 
 TEST_CASE("below the grid clamps, above it flags, beyond twice it refuses", "[boundary]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   // seq 8 < 16: the latency floor of the smallest profiled shape.
   const auto at16 = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 16));
   const auto at8 = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 8));
@@ -152,7 +153,7 @@ TEST_CASE("below the grid clamps, above it flags, beyond twice it refuses", "[bo
 }
 
 TEST_CASE("non-positive sizes and unprofiled axes", "[negative]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   REQUIRE_THROWS_AS(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 0, 16)), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, 0, 16)),
                       Catch::Matchers::Contains("mbs must be positive, found 0"));
@@ -168,16 +169,16 @@ TEST_CASE("non-positive sizes and unprofiled axes", "[negative]") {
   REQUIRE_THROWS_WITH(cm.query(make_query(LayerKind::Decoder, 1, Recompute::None, 1, 16, 16)),
                       Catch::Matchers::Contains("decoder-only"));
   // A profile of another model (here an encoder-decoder one), and an empty profile.
-  REQUIRE_THROWS_WITH(ProfiledCostModel(t5_profile(), load_model("gpt-6.7b"), load_device("A100-40GB")),
+  REQUIRE_THROWS_WITH(ProfiledCostModel(t5_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")),
                       Catch::Matchers::Contains("measured model 't5_11b'"));
-  REQUIRE_THROWS_AS(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+  REQUIRE_THROWS_AS(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")),
                     packpipe::InvalidArgument);
-  REQUIRE_THROWS_WITH(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+  REQUIRE_THROWS_WITH(ProfiledCostModel(Profile{}, load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")),
                       Catch::Matchers::Contains("no grid points"));
 }
 
 TEST_CASE("unprofiled discrete axes go to the fallback and say Analytic", "[interface]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"),
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"),
                              std::make_unique<StubModel>());
   const auto c = cm.query(make_query(LayerKind::Encoder, 16, Recompute::None, 1, 2048));
   CHECK(c.time_source == Provenance::Analytic);
@@ -193,7 +194,7 @@ TEST_CASE("unprofiled discrete axes go to the fallback and say Analytic", "[inte
 
 TEST_CASE("T5: decoder grid over (enc, dec), repeated encoder points resolve to the median", "[interface]") {
   const Profile p = t5_profile();
-  const ProfiledCostModel cm(p, load_model("t5-11b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(p, load_model("t5-11b"), packpipe::test::eager_device("A100-40GB"));
   std::vector<double> fwd;
   for (const auto& x : p.points) {
     if (x.kind == LayerKind::Encoder && x.seq == 16 && x.mbs == 1 && !std::isnan(x.fwd_ms)) fwd.push_back(x.fwd_ms);
@@ -216,7 +217,7 @@ TEST_CASE("T5: decoder grid over (enc, dec), repeated encoder points resolve to 
 }
 
 TEST_CASE("queries from many threads agree", "[stress]") {
-  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel cm(gpt_profile(), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   std::vector<double> expect;
   std::vector<Query> qs;
   for (std::int64_t b : {1, 3, 5, 16}) {
@@ -245,7 +246,7 @@ TEST_CASE("queries from many threads agree", "[stress]") {
 TEST_CASE("measured p2p replaces the device's link figures", "[interface]") {
   Profile p = load_profiles(aceso_files("profiled-time-eurosys", "gpt_13B", {1}, {0}));
   p.merge(load_profiles({fixture("aceso/profiler/profiled-time-eurosys/p2p_intra_node.csv")}));
-  const DeviceSpec dev = load_device("V100-32GB");
+  const DeviceSpec dev = packpipe::test::eager_device("V100-32GB");
   const ProfiledCostModel cm(p, load_model("gpt-13b"), dev);
   REQUIRE(cm.comm_fits().size() == 1);
   CHECK(cm.comm().intra_bytes_per_ms == cm.comm_fits()[0].bytes_per_ms);
@@ -259,8 +260,8 @@ TEST_CASE("packpipe profile file gives the same answers", "[regression]") {
   const Profile p = gpt_profile();
   packpipe::test::TempDir dir;
   packpipe::test::write_file(dir.file("gpt.json"), write_packpipe_profile(p));
-  const ProfiledCostModel a(p, load_model("gpt-6.7b"), load_device("A100-40GB"));
-  const ProfiledCostModel b(load_profiles({dir.file("gpt.json")}), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  const ProfiledCostModel a(p, load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
+  const ProfiledCostModel b(load_profiles({dir.file("gpt.json")}), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   for (std::int64_t s : {16, 100, 3000}) {
     const auto qa = a.query(make_query(LayerKind::Encoder, 4, Recompute::Selective, 3, s));
     const auto qb = b.query(make_query(LayerKind::Encoder, 4, Recompute::Selective, 3, s));
@@ -310,7 +311,7 @@ TEST_CASE("grid hits reproduce every measured median on the five fixture grids",
   using Key = std::tuple<LayerKind, std::int64_t, Recompute, std::int64_t, std::int64_t, std::int64_t>;
   for (const auto& [model, profile] : goal_profiles()) {
     INFO(model);
-    const ProfiledCostModel cm(profile, load_model(model), load_device("A100-40GB"));
+    const ProfiledCostModel cm(profile, load_model(model), packpipe::test::eager_device("A100-40GB"));
     // Medians of repeated measurements, computed here independently of the model.
     std::map<Key, std::array<std::vector<double>, 4>> values;
     for (const auto& p : profile.points) {
@@ -375,7 +376,7 @@ TEST_CASE("a grid that the features describe exactly is interpolated exactly", "
       p.points.push_back(x);
     }
   }
-  const ProfiledCostModel cm(p, m, load_device("A100-40GB"));
+  const ProfiledCostModel cm(p, m, packpipe::test::eager_device("A100-40GB"));
   for (const auto& [b, s] : std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 768}, {5, 1500}, {7, 300}, {2, 2000}}) {
     INFO("mbs " << b << " seq " << s);
     const LayerCost c = cm.query(make_query(LayerKind::Encoder, 1, Recompute::None, b, s));
@@ -413,7 +414,7 @@ TEST_CASE("leave-one-out on the Aceso grids: mbs 2 and 4 from their neighbours",
 
 TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[interface]") {
   const auto cm = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv")},
-                                           load_model("gpt-6.7b"), load_device("A100-40GB"));
+                                           load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   const auto hit = cm->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 2048));
   CHECK(hit.time_source == Provenance::Profiled);
   CHECK(hit.forward_ms == Approx(5.78));
@@ -425,7 +426,7 @@ TEST_CASE("make_profiled_cost_model: analytic fallback for unprofiled axes", "[i
   // Post-process memory is not in the activation grid: the analytic model answers it.
   CHECK(cm->query(make_query(LayerKind::PostProcess, 1, Recompute::None, 1, 2048)).memory_source == Provenance::Analytic);
   CHECK(cm->describe().find("fallback analytic") != std::string::npos);
-  REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), load_device("A100-40GB")),
+  REQUIRE_THROWS_AS(make_profiled_cost_model({fixture("aceso/README.txt")}, load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")),
                     packpipe::Error);
 }
 
@@ -461,7 +462,7 @@ TEST_CASE("analytic activations: within 3% of DynaPipe's profiled ones once cali
   CHECK(fit.activation_layer_bytes == Approx(calibrated.activation_layer_bytes).epsilon(0.02));
   CHECK(fit.max_efficiency == closed.max_efficiency);  // the other constants are kept
   // The analytic model's queries store what the report measures.
-  const AnalyticCostModel a(gpt, load_device("A100-40GB"));
+  const AnalyticCostModel a(gpt, packpipe::test::eager_device("A100-40GB"));
   Query q = make_query(LayerKind::Encoder, 1, Recompute::Selective, 4, 1024);
   q.num_layers = 3;
   CHECK(a.query(q).stored_bytes ==
@@ -475,7 +476,7 @@ TEST_CASE("analytic activations: within 3% of DynaPipe's profiled ones once cali
 
 TEST_CASE("make_profiled_cost_model fits the fallback's activation calibration to the profile", "[interface]") {
   const auto cm = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                           load_model("t5-11b"), load_device("A100-40GB"));
+                                           load_model("t5-11b"), packpipe::test::eager_device("A100-40GB"));
   const auto& notes = dynamic_cast<const ProfiledCostModel&>(*cm).profile().notes;
   CHECK(std::any_of(notes.begin(), notes.end(),
                     [](const std::string& n) { return n.find("activation calibration fitted on 427") != std::string::npos; }));
@@ -484,9 +485,9 @@ TEST_CASE("make_profiled_cost_model fits the fallback's activation calibration t
 TEST_CASE("T5: recompute modes the profile lacks come from its profiled forward, not the analytic model", "[interface]") {
   const ModelSpec m = load_model("t5-11b");
   const auto model = make_profiled_cost_model(
-      {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")}, m, load_device("A100-40GB"));
+      {fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")}, m, packpipe::test::eager_device("A100-40GB"));
   const auto& cm = dynamic_cast<const ProfiledCostModel&>(*model);
-  const AnalyticCostModel analytic(m, load_device("A100-40GB"));
+  const AnalyticCostModel analytic(m, packpipe::test::eager_device("A100-40GB"));
   for (LayerKind kind : {LayerKind::Encoder, LayerKind::Decoder, LayerKind::PostProcess}) {
     CHECK(cm.profiled(kind, 1, Recompute::None));
     for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
@@ -535,7 +536,7 @@ TEST_CASE("T5: recompute modes the profile lacks come from its profiled forward,
   CHECK(pf.recompute_ms == 0);
   // GPT measures every mode: nothing is derived.
   const auto gpt = make_profiled_cost_model({fixture(kDyn + "gpt_6.7b_timing.csv")}, load_model("gpt-6.7b"),
-                                            load_device("A100-40GB"));
+                                            packpipe::test::eager_device("A100-40GB"));
   CHECK_FALSE(dynamic_cast<const ProfiledCostModel&>(*gpt).derived(LayerKind::Encoder, 1, Recompute::Full));
   CHECK(gpt->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 4, 512)).time_source == Provenance::Profiled);
 }
@@ -545,7 +546,7 @@ TEST_CASE("linear interpolation: DynaPipe's rule on the raw grid, refusing what 
   const auto model = make_profiled_cost_model(
       {fixture(kDyn + "gpt_6.7b_timing.csv"), fixture(kDyn + "gpt_6.7b_activation.csv"),
        fixture(kDyn + "gpt_6.7b_model_state.csv")},
-      gpt, load_device("A100-40GB"), ProfileInterpolation::Linear);
+      gpt, packpipe::test::eager_device("A100-40GB"), ProfileInterpolation::Linear);
   CHECK(model->describe().find("DynaPipe's linear interpolation") != std::string::npos);
   // Grid nodes: "1,none,encoder,forward,512,0,2,2.52" and backward 4.43; stored 230.01 MB, peak
   // 912.32 MB (absolute; the transient is the rest).
@@ -576,7 +577,7 @@ TEST_CASE("linear interpolation: DynaPipe's rule on the raw grid, refusing what 
   // measured at 3.37 .. 3.54 ms), and the modes the profile lacks are derived node by node.
   const ModelSpec t5 = load_model("t5-11b");
   const auto lin5 = make_profiled_cost_model({fixture(kDyn + "t5_11b_timing.csv"), fixture(kDyn + "t5_11b_activation.csv")},
-                                             t5, load_device("A100-40GB"), ProfileInterpolation::Linear);
+                                             t5, packpipe::test::eager_device("A100-40GB"), ProfileInterpolation::Linear);
   const LayerCost e = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::None, 1, 512, 128));
   CHECK(e.backward_ms == Approx(3.54));
   const LayerCost ef = lin5->query(make_query(LayerKind::Encoder, 1, Recompute::Full, 1, 512, 128));
@@ -601,7 +602,7 @@ TEST_CASE("derived recompute modes against the ones GPT-6.7B measures", "[regres
                                         [](const ProfilePoint& p) { return p.rc != Recompute::None; }),
                          none_only.points.end());
   const ModelSpec m = load_model("gpt-6.7b");
-  const DeviceSpec d = load_device("A100-40GB");
+  const DeviceSpec d = packpipe::test::eager_device("A100-40GB");
   const ProfiledCostModel derived(none_only, m, d, std::make_unique<AnalyticCostModel>(m, d));
   const ProfiledCostModel measured(full, m, d);
   const Query sel = make_query(LayerKind::Encoder, 1, Recompute::Selective, 1, 2048);

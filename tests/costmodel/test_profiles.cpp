@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "tests/support/devices.h"
 #include "costmodel/model.h"
 #include "costmodel/profile_readers.h"
 #include "costmodel/profiled.h"
@@ -484,7 +485,7 @@ std::string edited_timing(const std::string& path, const std::function<std::stri
 }
 
 ProfiledCostModel gpt_from(const std::vector<std::string>& paths) {
-  return ProfiledCostModel(load_profiles(paths), load_model("gpt-6.7b"), load_device("A100-40GB"));
+  return ProfiledCostModel(load_profiles(paths), load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
 }
 
 }  // namespace
@@ -537,7 +538,7 @@ TEST_CASE("profiles that would cost a shape at 0 ms or NaN are refused, naming w
   SECTION("a profile of another model") {
     REQUIRE_THROWS_WITH(
         ProfiledCostModel(load_profiles({fixture("dynapipe/derived_from_cost_models_pkl/t5_11b_timing.csv")}),
-                          load_model("gpt-6.7b"), load_device("A100-40GB")),
+                          load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")),
         Contains("measured model 't5_11b'") && Contains("'gpt-6.7b'"));
   }
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "tests/support/devices.h"
 #include "costmodel/analytic.h"
 #include "costmodel/profiled.h"
 #include "costmodel/profile_readers.h"
@@ -48,12 +49,12 @@ cm::Query dense(cm::LayerKind kind, std::int64_t mbs, std::int64_t seq, std::int
 
 std::vector<std::unique_ptr<cm::CostModel>> gpt_models() {
   std::vector<std::unique_ptr<cm::CostModel>> out;
-  out.push_back(std::make_unique<cm::AnalyticCostModel>(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB")));
+  out.push_back(std::make_unique<cm::AnalyticCostModel>(cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB")));
   const std::vector<std::string> files = {fixture(kDyn + "gpt_6.7b_timing.csv"),
                                           fixture(kDyn + "gpt_6.7b_activation.csv")};
-  out.push_back(cm::make_profiled_cost_model(files, cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"),
+  out.push_back(cm::make_profiled_cost_model(files, cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"),
                                              cm::ProfileInterpolation::Fit));
-  out.push_back(cm::make_profiled_cost_model(files, cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"),
+  out.push_back(cm::make_profiled_cost_model(files, cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"),
                                              cm::ProfileInterpolation::Linear));
   return out;
 }
@@ -131,7 +132,7 @@ TEST_CASE("varlen: attention follows the sums, and more work never costs less", 
 }
 
 TEST_CASE("varlen: the analytic model charges attention by the sums exactly", "[interface]") {
-  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   // 4 x 512 tokens as one dense sequence of 2048 against four segments: the linear parts are the
   // same, so the stored bytes differ by the score terms only (proportional to the sums).
   const cm::LayerCost one = m.query(dense(cm::LayerKind::Encoder, 1, 2048));
@@ -150,7 +151,7 @@ TEST_CASE("varlen: the analytic model charges attention by the sums exactly", "[
 }
 
 TEST_CASE("varlen: encoder-decoder rows charge self-, decoder- and cross-attention by their sums", "[interface]") {
-  const cm::AnalyticCostModel t5(cm::load_model("t5-11b"), cm::load_device("A100-40GB"));
+  const cm::AnalyticCostModel t5(cm::load_model("t5-11b"), packpipe::test::eager_device("A100-40GB"));
   // Equal segments against padded rows, decoder layers included.
   for (const cm::LayerKind k : {cm::LayerKind::Encoder, cm::LayerKind::Decoder, cm::LayerKind::PostProcess}) {
     const cm::LayerCost d = t5.query(dense(k, 3, 256, 64));
@@ -166,7 +167,7 @@ TEST_CASE("varlen: encoder-decoder rows charge self-, decoder- and cross-attenti
 }
 
 TEST_CASE("varlen: impossible attention sums are refused naming them", "[negative]") {
-  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   cm::Query q = varlen(cm::LayerKind::Encoder, {100, 100});
   q.attention.self = 100;  // below the tokens (every segment holds a token)
   REQUIRE_THROWS_WITH(m.query(q), Catch::Matchers::Contains("attention sums"));
@@ -184,7 +185,7 @@ TEST_CASE("varlen: impossible attention sums are refused naming them", "[negativ
 }
 
 TEST_CASE("varlen: stage op times and calibration tokens read the shape", "[interface]") {
-  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  const cm::AnalyticCostModel m(cm::load_model("gpt-6.7b"), packpipe::test::eager_device("A100-40GB"));
   const cm::StageLayout layout{4, 0, true, false};
   cm::MicroShape packed{1, 1024, 0, {}};
   for (int i = 0; i < 4; ++i) packed.attention.add(256, 0);

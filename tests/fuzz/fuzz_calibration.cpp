@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const cm::StageOpTimes t = cm::stage_op_times(model, layout, 1, shape, cm::Recompute::None);
       if (!(t.backward_weight_ms <= t.backward_ms)) __builtin_trap();
       (void)cm::stage_time_ms(model, cm::stage_cost(*gpt(), layout, 1, rows, seq, 0, cm::Recompute::None),
-                              cm::shape_tokens(gpt()->model(), shape), cm::attention_share(gpt()->model(), layout, shape));
+                              cm::shape_tokens(gpt()->model(), shape), cm::attention_share(gpt()->model(), layout, shape, gpt()->attention()));
     }
   }
   (void)model.comm().p2p_ms(1 << 20, true);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 
+#include "tests/support/devices.h"
 #include "costmodel/analytic.h"
 #include "costmodel/calibration.h"
 #include "partition/partition.h"
@@ -72,7 +73,7 @@ std::vector<Case> cases() {
     Case c;
     const bool t5 = k == 2;
     c.base = std::make_shared<cm::AnalyticCostModel>(cm::load_model(t5 ? "t5-770m" : "gpt-1.3b"),
-                                                     cm::load_device("A100-40GB"));
+                                                     packpipe::test::eager_device("A100-40GB"));
     c.options.shape.stages = t5 ? 2 : 4;
     c.options.shape.layers_per_stage = t5 ? 6 : 4;
     c.options.shape.dp = k == 1 ? 2 : 1;
@@ -106,6 +107,7 @@ TEST_CASE("an identity calibration gives bit-identical plans to the uncalibrated
 
 TEST_CASE("a calibrated model changes the partitioner's and the simulator's times alike", "[calibration]") {
   for (const Case& c : cases()) {
+    INFO("case: " << c.base->model().name << " dp " << c.options.shape.dp << " method " << partition_method_name(c.options.partition.method));
     // twice every op and every transfer: every predicted time doubles, no decision changes
     const cm::CalibratedCostModel twice(c.base, linear(*c.base, 2.0, 0.0, false, true));
     const auto vs = virtual_stages(c.base->model(), c.options.shape);

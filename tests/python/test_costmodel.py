@@ -6,7 +6,8 @@ import packpipe
 
 
 def test_query_properties():
-    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    cm = packpipe.CostModel("gpt-6.7b", "A100-40GB", attention="eager")  # Korthikanti's stored scores
+    assert cm.attention == "eager"
     assert "analytic" in cm.describe()
     assert cm.model["hidden"] == 4096 and cm.device["peak_tflops"] == 312
     small = cm.query(kind="encoder", mbs=1, seq=1024)
@@ -27,6 +28,21 @@ def test_query_properties():
         assert key in d
     assert d["time_source"] == "analytic"
     four = cm.query(mbs=1, seq=1024, layers=4)
+    # the GPU presets run the flash kernel: no stored scores, so selective recompute saves nothing
+    flash = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    assert flash.attention == "flash" and flash.device["attention"] == "flash"
+    fr = {m: flash.query(mbs=2, seq=2048, recompute=m) for m in ("none", "selective", "full")}
+    assert fr["none"].stored_bytes == fr["selective"].stored_bytes > fr["full"].stored_bytes
+    assert fr["none"].stored_bytes < rc["none"].stored_bytes and fr["none"].total_ms < rc["none"].total_ms
+    # a slice attends to the kept tokens before it: its cost grows with them
+    s = [flash.query(segments=[1024], prefix=[p]).total_ms for p in (0, 4096, 16384)]
+    assert s[0] < s[1] < s[2]
+    with pytest.raises(ValueError, match="attention must be None or one of eager, flash"):
+        packpipe.CostModel("gpt-6.7b", "A100-40GB", attention=1)
+    with pytest.raises(ValueError, match="eager, flash"):
+        packpipe.CostModel("gpt-6.7b", "A100-40GB", attention="sdpa")
+    with pytest.raises(ValueError, match="prefix"):
+        flash.query(seq=128, prefix=[4])
     assert four.forward_ms == pytest.approx(4 * small.forward_ms)
 
 

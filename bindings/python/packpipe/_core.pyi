@@ -214,18 +214,23 @@ class StaticMemory:
 class CostModel:
     """Cost model: analytic, or from profiles when given."""
     def __init__(self, model: str = "gpt-6.7b", device: str = "A100-40GB", profiles: List[str] = ...,
-                 calibration: str = "", *, interpolation: str = "fit") -> None:
+                 calibration: str = "", *, interpolation: str = "fit", attention: Optional[str] = None) -> None:
         """Model and device presets or .json files; profiles (files or folders) select the profiled model,
         interpolated by packpipe's fits ('fit') or DynaPipe's multilinear rule ('linear'); calibration (a
-        file) is applied over it."""
+        file) is applied over it; attention the kernel the trainer runs ('eager' or 'flash'; None: the model
+        file's, else the device's: flash on the GPU presets)."""
+    @property
+    def attention(self) -> str:
+        """The attention kernel the costs are for: 'flash' (no stored scores) or 'eager'."""
     @property
     def calibration(self) -> Optional["Calibration"]:
         """The Calibration applied (a copy), or None."""
     def query(self, kind: str = "encoder", mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
               recompute: str = "none", layers: int = 1, segments: Optional[Sequence[int]] = None,
-              dec_segments: Optional[Sequence[int]] = None) -> LayerCost:
+              dec_segments: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None) -> LayerCost:
         """Time and memory of `layers` layers of `kind` for one micro-batch of `mbs` samples padded to `seq`, or
-        for one packed row of `segments` (and `dec_segments`) under varlen attention."""
+        for one packed row of `segments` (and `dec_segments`) under varlen attention; `prefix` (one per segment)
+        makes them slices attending to that many kept tokens of their sample before them."""
     def stage_cost(self, encoder_layers: int = 0, decoder_layers: int = 0, has_embedding: bool = False,
                    has_postprocess: bool = False, mbs: int = 1, seq: int = 0, dec_seq: int = 0, tp: int = 1,
                    recompute: str = "none") -> LayerCost:
@@ -254,11 +259,11 @@ def static_memory(params: float, dp: int = 1, zero: int = 0) -> StaticMemory:
     """Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO stage `zero`."""
 
 def write_profile(path: str, points: List[Tuple[Any, ...]], model: str = "", device: str = "",
-                  notes: List[str] = ..., sources: List[str] = ...) -> None:
-    """Write packpipe's profile file atomically (points: kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, stored_bytes, peak_bytes)."""
+                  notes: List[str] = ..., sources: List[str] = ..., attention: str = "") -> None:
+    """Write packpipe's profile file atomically (points: kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, stored_bytes, peak_bytes; attention: the kernel measured, empty: eager)."""
 
 def read_profile(paths: List[str]) -> Dict[str, Any]:
-    """Profiles in any format packpipe reads, merged: model, device, points, notes, sources."""
+    """Profiles in any format packpipe reads, merged: model, device, points, notes, sources, attention (the kernel measured)."""
 
 def profile_leave_one_out(paths: List[str], model: str) -> Dict[str, Any]:
     """Leave-one-out errors (MAPE, percent) of the profiled model on the profiles' own points."""

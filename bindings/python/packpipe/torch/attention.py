@@ -193,6 +193,19 @@ def _flash_ok(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
 
 
+def kernel(device, dtype: torch.dtype) -> str:
+    """The attention kernel :func:`attention` runs for tensors of `dtype` on `device`, as packpipe's
+    cost model names it: 'flash' (no stored scores: flash-attn's varlen kernel, or PyTorch's fused
+    scaled_dot_product_attention on a GPU) or 'eager' (the scores materialised: the explicit
+    matmul-softmax on CPU and on torch 1.13)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "eager"
+    if _flash_varlen is not None and dtype in (torch.float16, torch.bfloat16):
+        return "flash"
+    return "flash" if _SDPA is not None else "eager"
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causal: bool,
               decoder: bool = False) -> torch.Tensor:
     """Self-attention of micro-batch `batch` in its layout; q, k, v [rows, heads, seq, head_dim]

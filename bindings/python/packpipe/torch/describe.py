@@ -229,7 +229,8 @@ class ModuleCostModel(packpipe.CostModel):
 
 
 def cost_model(model: nn.Module, device: Union[str, Dict[str, Any]], *, profiles: Sequence[str] = (),
-               calibration: str = "", directory: Optional[str] = None, **fields) -> ModuleCostModel:
+               calibration: str = "", directory: Optional[str] = None, attention: Optional[str] = None,
+               **fields) -> ModuleCostModel:
     """packpipe's cost model of `model` on `device` (a preset name such as "H100-80GB", a device
     .json file, or a dict of the device file's fields such as packpipe.torch.models.CPU_DEVICE):
     the model file from :func:`describe_model` (``fields`` are its keyword arguments: layers=,
@@ -237,10 +238,20 @@ def cost_model(model: nn.Module, device: Union[str, Dict[str, Any]], *, profiles
     CostModel takes them. The files are written into `directory` when given (kept there), else
     into a temporary folder removed once read. Warns when the parameters of the module's layers and
     token embedding are far from what the model file implies (the memory estimate's basis: a
-    wrong layer count or width shows there)."""
+    wrong layer count or width shows there). `attention` is the kernel the trainer runs ('eager' or
+    'flash'); None: what packpipe.torch.attention runs for the module's parameters (their device and
+    dtype: flash on a GPU with flash-attn or a fused SDPA, eager on CPU), written into the model file.
+    With `profiles` it must be the kernel they were measured with."""
     spec = describe_model(model, **fields)
     module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     dtype = fields.get("dtype") or {p.dtype for p in module.parameters() if p.is_floating_point()}.pop()
+    if attention is None:
+        if not profiles:
+            from packpipe.torch.attention import kernel
+            params = [p for p in module.parameters() if p.is_floating_point()]
+            spec["attention"] = kernel(params[0].device if params else "cpu", dtype)
+    else:
+        spec["attention"] = _check.one_of("cost_model", "attention", attention, ("eager", "flash"))
 
     def build(d):
         model_file, device_file = cost_model_files(spec, device, d)

@@ -389,7 +389,8 @@ def main(argv: Optional[List[str]] = None) -> int:
              f"{seconds:.1f} s", f"layer: {a.layer or 'reference ' + a.model}"]
     outputs = {"--out": a.out, "--model-out": a.model_out}
     packpipe.check_outputs(outputs, inputs, probe=False)  # again: the files may have changed while measuring
-    packpipe.write_profile(a.out, points, model=name, device=device_name, notes=notes)
+    from packpipe.torch.attention import kernel
+    packpipe.write_profile(a.out, points, model=name, device=device_name, notes=notes, attention=kernel(device, dtype))
     summary = {"profile": a.out, "points": len(points), "seconds": seconds, "device": device_name, "dtype": a.dtype}
     if a.model_out:
         packpipe.write_file_atomic(a.model_out, spec, inputs=inputs, outputs={"--out": a.out}, what="--model-out")
