@@ -241,12 +241,19 @@ void define_loader(py::module_& m) {
         d["position_ids"] = owned_array(std::move(l.position_ids), shape);
         d["segment_ids"] = owned_array(std::move(l.segment_ids), shape);
         d["max_seqlen"] = l.max_seqlen;
+        d["cu_seqlens_k"] = owned_array(std::move(l.cu_seqlens_k));
+        d["max_seqlen_k"] = l.max_seqlen_k;
+        d["prefix"] = owned_array(std::move(l.prefix));
+        d["continues"] = owned_array(std::move(l.continues));
         return d;
       },
       py::arg("plan"), py::arg("mb"), py::arg("decoder") = false,
       "The rows of micro-batch `mb` of a plan (its encoder or whole-sample side; decoder=True: its decoder side) "
       "as packpipe.row_tensors gives them: a dict with cu_seqlens (int32, padding as its own segment), "
-      "position_ids and segment_ids (int32 [rows, seq]) and max_seqlen.");
+      "position_ids and segment_ids (int32 [rows, seq]; a slice's positions continue from its prefix), max_seqlen "
+      "(at least every segment), the keys' side cu_seqlens_k and max_seqlen_k (a slice's kept prefix, then its "
+      "own tokens), and per sample entry its prefix (uint32) and whether it continues in a later micro-batch "
+      "(uint8).");
   def_ints(m,
       "assemble_microbatch",
       [](const dl::MultiTaskDataset& data, const std::shared_ptr<pl::Plan>& plan, const py::object& mb,

@@ -117,8 +117,6 @@ void define_shape(py::module_& m) {
       py::name("__repr__"), py::is_method(cls));
 }
 
-const char* layout_name_of(Layout l) { return layout_name(l); }
-Layout layout_of_name(const std::string& name) { return layout_from_name(name); }
 
 }  // namespace
 
@@ -137,6 +135,14 @@ LayoutSet layout_set_arg(const py::object& value) {
   return set;
 }
 
+// A layout name or None (the method's default).
+std::optional<Layout> optional_layout(const py::object& value) {
+  if (value.is_none()) return std::nullopt;
+  PACKPIPE_CHECK_ARG(py::isinstance<py::str>(value), "layout must be None or one of {}, found {}",
+                     enum_name_list(kLayoutNames), py::repr(value).cast<std::string>());
+  return layout_from_name(value.cast<std::string>());
+}
+
 py::tuple layout_set_list(LayoutSet set) {
   py::list out;
   for (const auto& e : kLayoutNames) {
@@ -152,8 +158,8 @@ void define_options(py::module_& m) {
   cls.def(py::init([](const std::string& method, const py::object& mbs, const py::object& tokens,
                       const py::object& round_multiple, const std::string& recompute, const std::string& oversize,
                       const std::string& cost_basis, const std::string& order, const BoolArg& pack_windows,
-                      const py::object& threads, const py::object& layouts, const std::string& layout,
-                      const py::object& capacity) {
+                      const py::object& threads, const py::object& layouts, const py::object& layout,
+                      const py::object& capacity, const std::string& slicing, const py::object& min_slice_tokens) {
             part::PartitionOptions o;
             o.method = part::partition_method_from_name(method);
             o.microbatch_size = count_arg<std::int64_t>(mbs, "mbs");
@@ -166,20 +172,23 @@ void define_options(py::module_& m) {
             o.pack_windows = bool_of(pack_windows, "pack_windows");
             o.threads = count_arg<int>(threads, "threads");
             o.layouts = layout_set_arg(layouts);
-            o.layout = layout_from_name(layout);
+            o.layout = optional_layout(layout);
             o.capacity = count_arg<std::uint64_t>(capacity, "capacity");
+            o.slicing = part::slice_policy_from_name(slicing);
+            o.min_slice_tokens = count_arg<std::uint32_t>(min_slice_tokens, "min_slice_tokens");
             return o;
           }),
           py::kw_only(), py::arg("method") = "dp", py::arg("mbs") = 0, py::arg("tokens") = 0,
           py::arg("round_multiple") = 8, py::arg("recompute") = "auto", py::arg("oversize") = "error",
           py::arg("cost_basis") = "auto", py::arg("order") = "auto", py::arg("pack_windows") = false,
-          py::arg("threads") = 0, py::arg("layouts") = py::make_tuple("padded", "packed"), py::arg("layout") = "packed",
-          py::arg("capacity") = 0,
+          py::arg("threads") = 0, py::arg("layouts") = py::make_tuple("padded", "packed"), py::arg("layout") = py::none(),
+          py::arg("capacity") = 0, py::arg("slicing") = "auto", py::arg("min_slice_tokens") = 64,
           "How a global batch is cut into micro-batches (the CLI's --method, --mbs, --tokens, --round-multiple, "
           "--recompute, --oversize, --cost-basis, --order, --pack-windows, --threads, --layouts, --layout, "
-          "--capacity). Names are checked when set (ValueError listing the valid ones); ranges when used.");
+          "--capacity, --slicing, --min-slice-tokens). Names are checked when set (ValueError listing the valid "
+          "ones); ranges when used.");
   def_named(cls, "method", &part::PartitionOptions::method, &part::partition_method_name,
-            &part::partition_method_from_name, "dp, dynapipe, fixed, tokens or packing");
+            &part::partition_method_from_name, "dp, dynapipe, fixed, tokens, packing, wlb or slicing");
   def_field(cls, "mbs", &part::PartitionOptions::microbatch_size, "fixed / packing: samples (rows) per micro-batch");
   def_field(cls, "tokens", &part::PartitionOptions::token_budget, "tokens: padded tokens per micro-batch");
   def_field(cls, "round_multiple", &part::PartitionOptions::round_multiple,
@@ -187,7 +196,8 @@ void define_options(py::module_& m) {
   def_named(cls, "recompute", &part::PartitionOptions::recompute, &part::recompute_policy_name,
             &part::recompute_policy_from_name, "activation recompute allowed: auto, none, selective or full");
   def_named(cls, "oversize", &part::PartitionOptions::oversize, &part::oversize_policy_name,
-            &part::oversize_policy_from_name, "a sample that cannot fit alone: error, truncate or drop");
+            &part::oversize_policy_from_name,
+            "a sample that cannot fit alone: error, truncate, drop or slice (decoder-only: cut into slices that fit)");
   def_named(cls, "cost_basis", &part::PartitionOptions::basis, &part::cost_basis_name, &part::cost_basis_from_name,
             "how micro-batch time and memory are computed: auto, stages or dynapipe");
   def_named(cls, "order", &part::PartitionOptions::order, &part::enc_dec_order_name, &part::enc_dec_order_from_name,
@@ -200,12 +210,22 @@ void define_options(py::module_& m) {
       "layouts", [](const part::PartitionOptions& o) { return layout_set_list(o.layouts); },
       [](part::PartitionOptions& o, const py::object& v) { o.layouts = layout_set_arg(v); },
       "dp: the layouts its micro-batches may take, a tuple of 'padded' and/or 'packed' (varlen attention)");
-  def_named(cls, "layout", &part::PartitionOptions::layout, &layout_name_of, &layout_of_name,
-            "packing: 'packed' (rows flattened under varlen attention) or 'packed-mask' (dense rows, block mask)");
+  cls.def_property(
+      "layout",
+      [](const part::PartitionOptions& o) {
+        return o.layout ? py::object(py::str(layout_name(*o.layout))) : py::object(py::none());
+      },
+      [](part::PartitionOptions& o, const py::object& v) { o.layout = optional_layout(v); },
+      "packing: 'packed' (rows flattened under varlen attention, the default) or 'packed-mask' (dense rows, block "
+      "mask); fixed: 'padded' (the default) or 'packed' (a micro-batch's samples flattened into one varlen row, HF's "
+      "DataCollatorWithFlattening); None: the method's default (refused when set for another method)");
   def_field(cls, "capacity", &part::PartitionOptions::capacity,
-            "packing / wlb: tokens per row (0: the longest sample's)");
+            "packing / wlb: tokens per row (0: the longest sample's); slicing: the slice length");
+  def_named(cls, "slicing", &part::PartitionOptions::slicing, &part::slice_policy_name, &part::slice_policy_from_name,
+            "dp, decoder-only: 'auto' (long samples may be cut into slices that pipeline) or 'off'");
+  def_field(cls, "min_slice_tokens", &part::PartitionOptions::min_slice_tokens, "the shortest slice, tokens");
   def_value(cls, {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
-                  "pack_windows", "threads", "layouts", "layout", "capacity"});
+                  "pack_windows", "threads", "layouts", "layout", "capacity", "slicing", "min_slice_tokens"});
   // The repr round-trips through eval: layouts as a tuple of names (not "[n items]").
   cls.attr("__repr__") = py::cpp_function(
       [](const py::handle& self) {
@@ -213,8 +233,10 @@ void define_options(py::module_& m) {
                                              "cost_basis", "order", "pack_windows", "threads"});
         const auto& o = self.cast<const part::PartitionOptions&>();
         out.pop_back();
-        return out + ", layouts=" + std::string(py::repr(layout_set_list(o.layouts))) + ", layout='" +
-               layout_name(o.layout) + "', capacity=" + std::to_string(o.capacity) + ")";
+        return out + ", layouts=" + std::string(py::repr(layout_set_list(o.layouts))) + ", layout=" +
+               (o.layout ? "'" + std::string(layout_name(*o.layout)) + "'" : std::string("None")) +
+               ", capacity=" + std::to_string(o.capacity) + ", slicing='" + part::slice_policy_name(o.slicing) +
+               "', min_slice_tokens=" + std::to_string(o.min_slice_tokens) + ")";
       },
       py::name("__repr__"), py::is_method(cls));
 }
@@ -232,9 +254,20 @@ void define_results(py::module_& m) {
       .def_property_readonly(
           "attention",
           [](const part::MicroBatch& b) {
-            return py::make_tuple(b.attention.self, b.attention.dec_self, b.attention.cross);
+            return py::make_tuple(b.attention.self, b.attention.dec_self, b.attention.cross, b.attention.prefix,
+                                  b.attention.prefix_tokens);
           },
-          "packed: the attention sums (sum of l^2, sum of d^2, sum of d x l) the cost model charged; else (0, 0, 0)")
+          "packed: the attention sums (sum of l^2, sum of d^2, sum of d x l, sum of l x p and sum of p over its "
+          "slices' kept prefixes) the cost model charged; else zeros")
+      .def_property_readonly(
+          "spans",
+          [](const part::MicroBatch& b) {
+            py::list out;
+            for (const auto& sp : b.spans) out.append(py::make_tuple(sp.begin, sp.length));
+            return out;
+          },
+          "slices: per sample in `samples`, (begin, length), the tokens of the sample it holds (a slice attends to "
+          "the begin tokens before it, kept from earlier micro-batches); empty: every sample whole")
       .def_readonly("padded_len", &part::MicroBatch::padded_len,
                     "tokens every row is padded to (encoder, or the whole sample)")
       .def_readonly("padded_dec_len", &part::MicroBatch::padded_dec_len,
@@ -256,6 +289,9 @@ void define_results(py::module_& m) {
        [](const py::object& self) { return views_of(self.cast<const part::Partition&>().microbatches, self); },
        "the micro-batches (MicroBatch, views into this result), in the order of the sample order used")
       .def_readonly("ranks", &part::Partition::ranks, "micro-batch indices per data-parallel rank, ascending")
+      .def_readonly("alternatives", &part::Partition::alternatives,
+                    "dp: other partitions of the batch that fit (other micro-batch counts, sliced or not), which the "
+                    "planner simulates too (the objective is the 1F1B bound)")
       .def_readonly("rank_time_ms", &part::Partition::rank_time_ms, "sum of time_ms per data-parallel rank")
       .def_property_readonly("order", view_of(&part::Partition::order), "sample order the windows were cut from")
       .def_readonly("objective_ms", &part::Partition::objective_ms,

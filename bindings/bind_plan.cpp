@@ -98,6 +98,12 @@ py::dict mb_dict(const pl::Plan& p, std::size_t m) {
   d["loss_tokens"] = mb.loss_tokens;
   d["lengths"] = mb.lengths;
   d["target_lengths"] = mb.target_lengths;
+  // Slices: per entry its prefix and the micro-batch of the previous slice (None: none); empty lists
+  // without a later slice here.
+  d["prefix"] = mb.prefix;
+  py::list prev;
+  for (const auto x : mb.prev) prev.append(x == pl::kNoSlice ? py::object(py::none()) : py::object(py::int_(x)));
+  d["prev"] = prev;
   return d;
 }
 

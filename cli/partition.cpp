@@ -37,7 +37,9 @@ struct PartitionCliOptions {
   std::int64_t mbs = 0;
   std::uint64_t tokens = 0;
   std::int64_t round_multiple = 8;
-  std::string layouts = "padded,packed", layout = "packed";
+  std::string layouts = "padded,packed", layout;  ///< layout empty: the method's default
+  std::string slicing = "auto";
+  std::uint32_t min_slice_tokens = 64;
   std::uint64_t capacity = 0;
   bool pack_windows = false, compare = false, json = false;
 };
@@ -157,7 +159,9 @@ Json run_partition(const PartitionCliOptions& o) {
   po.basis = part::cost_basis_from_name(o.basis);
   po.pack_windows = o.pack_windows;
   po.layouts = layout_set_from_names(o.layouts);
-  po.layout = layout_from_name(o.layout);
+  if (!o.layout.empty()) po.layout = layout_from_name(o.layout);
+  po.slicing = part::slice_policy_from_name(o.slicing);
+  po.min_slice_tokens = o.min_slice_tokens;
   po.capacity = o.capacity;
   po.order = part::enc_dec_order_from_name(o.order);
   po.threads = o.threads;
@@ -310,8 +314,15 @@ void register_partition_commands(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "Recompute policy: " + enum_name_list(part::kRecomputePolicyNames))
       ->check(one_of(part::kRecomputePolicyNames));
   cmd->add_option("--oversize", o->oversize,
-                  "A sample that cannot fit alone: " + enum_name_list(part::kOversizePolicyNames))
+                  "A sample that cannot fit alone: " + enum_name_list(part::kOversizePolicyNames) +
+                      " (slice, decoder-only: cut into slices that pipeline, trained as the whole sample)")
       ->check(one_of(part::kOversizePolicyNames));
+  cmd->add_option("--slicing", o->slicing,
+                  "dp, decoder-only: " + enum_name_list(part::kSlicePolicyNames) +
+                      " (auto: long samples may be cut into slices that pipeline, when that is faster)")
+      ->check(one_of(part::kSlicePolicyNames))
+      ->capture_default_str();
+  cmd->add_option("--min-slice-tokens", o->min_slice_tokens, "The shortest slice, tokens")->capture_default_str();
   o->context.add_to(cmd);
   cmd->add_option("--cost-basis", o->basis, "Cost basis: " + enum_name_list(part::kCostBasisNames))
       ->check(one_of(part::kCostBasisNames));
@@ -320,9 +331,11 @@ void register_partition_commands(CLI::App& app) {
                   "dp: layouts its micro-batches may take, padded and/or packed (varlen attention), comma-separated")
       ->capture_default_str();
   cmd->add_option("--layout", o->layout,
-                  "packing: packed (rows flattened under varlen attention) or packed-mask (dense rows, block mask)")
-      ->capture_default_str();
-  cmd->add_option("--capacity", o->capacity, "packing / wlb: tokens per row (0: the longest sample's)");
+                  "packing: packed (rows flattened under varlen attention, the default) or packed-mask (dense rows, "
+                  "block mask); fixed: padded (the default) or packed (each micro-batch's samples flattened into one "
+                  "varlen row, HF's DataCollatorWithFlattening)");
+  cmd->add_option("--capacity", o->capacity,
+                  "packing / wlb: tokens per row (0: the longest sample's); slicing: the slice length");
   cmd->add_option("--order", o->order,
                   "dp, encoder-decoder sample order: " + enum_name_list(part::kEncDecOrderNames) +
                       " (auto: the better of sorted and path; sorted: DynaPipe's)")

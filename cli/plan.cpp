@@ -52,6 +52,8 @@ struct PlanCliOptions {
   std::string method = "dp";
   std::string recompute = "auto";
   std::string oversize = "error";
+  std::string slicing = "auto";
+  std::uint32_t min_slice_tokens = 64;
   std::int64_t round_multiple = 8;
   std::vector<std::int64_t> baseline_mbs = {1, 2, 4, 8, 16, 32, 64};
   std::vector<std::int64_t> baseline_rows = {1, 2, 4, 8, 16};
@@ -184,6 +186,8 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostM
   po.partition.round_multiple = o.round_multiple;
   po.partition.oversize = part::oversize_policy_from_name(o.oversize);
   po.partition.oversize_option = "--oversize";
+  po.partition.slicing = part::slice_policy_from_name(o.slicing);
+  po.partition.min_slice_tokens = o.min_slice_tokens;
   po.context = o.context.context();
   po.schedule = o.schedule;
   po.search.seed = o.seed;
@@ -653,8 +657,17 @@ void register_plan_commands(CLI::App& app) {
                 "The embedding and the LM head share a weight: plans sum its gradient (REDUCE_TIED)");
   cmd->add_option("--oversize", o->oversize,
                   "A sample that cannot fit in memory even alone: " + enum_name_list(part::kOversizePolicyNames) +
-                      " (error: stop, naming it)")
+                      " (error: stop, naming it; slice, decoder-only: cut it into slices that pipeline, trained as the "
+                      "whole sample)")
       ->check(one_of(part::kOversizePolicyNames))
+      ->capture_default_str();
+  cmd->add_option("--slicing", o->slicing,
+                  "Decoder-only: " + enum_name_list(part::kSlicePolicyNames) +
+                      " (auto: packpipe may cut long samples into slices that pipeline through the stages, with "
+                      "exact attention, when that is faster; off: never unless --oversize slice)")
+      ->check(one_of(part::kSlicePolicyNames))
+      ->capture_default_str();
+  cmd->add_option("--min-slice-tokens", o->min_slice_tokens, "The shortest slice, tokens (at least 1)")
       ->capture_default_str();
   o->context.add_to(cmd);
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the fixed baseline's grid tries");

@@ -39,6 +39,8 @@ RowTensors row_tensors(const Packing& packing, const std::uint32_t* lengths, std
     if (used < width) {  // padding is a segment of its own, so attention never mixes it in
       offset += static_cast<std::int64_t>(width - used);
       t.cu_seqlens.push_back(static_cast<std::int32_t>(offset));
+      // flash-attn sizes its grid by max_seqlen: it must cover every segment cu_seqlens describes.
+      t.max_seqlen = std::max(t.max_seqlen, static_cast<std::int32_t>(width - used));
     }
   }
   return t;

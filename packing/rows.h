@@ -14,7 +14,9 @@ struct RowTensors {
   std::vector<std::int32_t> cu_seqlens;    ///< cumulative sample boundaries over all rows, padding as its own segment
   std::vector<std::int32_t> position_ids;  ///< rows x padded_len; restart at 0 for every sample, 0 on padding
   std::vector<std::int32_t> segment_ids;   ///< rows x padded_len; 1, 2, ... per sample within a row, 0 on padding
-  std::int32_t max_seqlen = 0;             ///< longest sample (flash-attention's max_seqlen)
+  /// The longest segment cu_seqlens describes, a padding segment included: flash-attention's
+  /// max_seqlen, which must be at least every segment's length (the kernel sizes its grid by it).
+  std::int32_t max_seqlen = 0;
 };
 
 /// Tensors for the rows of `packing` over sample `lengths`, each row padded to `padded_len`

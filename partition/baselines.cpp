@@ -11,7 +11,7 @@ namespace packpipe::partition {
 
 std::string Baseline::family() const {
   switch (method) {
-    case PartitionMethod::Fixed: return "fixed";
+    case PartitionMethod::Fixed: return layout == Layout::Packed ? "fixed-packed" : "fixed";
     case PartitionMethod::Tokens: return "tokens";
     case PartitionMethod::Packing: return layout == Layout::PackedMask ? "packing-mask" : "packing";
     case PartitionMethod::Wlb: return "wlb";
@@ -21,12 +21,14 @@ std::string Baseline::family() const {
 
 std::string Baseline::label() const {
   switch (method) {
-    case PartitionMethod::Fixed: return fmt::format("fixed (mbs {})", microbatch_size);
+    case PartitionMethod::Fixed: return fmt::format("{} (mbs {})", family(), microbatch_size);
     case PartitionMethod::Tokens: return fmt::format("tokens (budget {})", token_budget);
     case PartitionMethod::Packing:
       return fmt::format("{} (capacity {} x {} row{})", family(), capacity, microbatch_size,
                          microbatch_size == 1 ? "" : "s");
     case PartitionMethod::Wlb: return fmt::format("wlb (capacity {})", capacity);
+    case PartitionMethod::Slicing:
+      return fmt::format("slicing (slices of {} x {} row{})", capacity, microbatch_size, microbatch_size == 1 ? "" : "s");
     default: return family();
   }
 }
@@ -37,7 +39,8 @@ PartitionOptions Baseline::options(const PartitionOptions& base) const {
   o.microbatch_size = microbatch_size;
   o.token_budget = token_budget;
   o.capacity = capacity;
-  if (method == PartitionMethod::Packing) o.layout = layout;
+  o.layout.reset();
+  if (method == PartitionMethod::Packing || method == PartitionMethod::Fixed) o.layout = layout;
   o.pack_windows = false;
   o.count_multiple = 1;
   return o;
@@ -76,6 +79,14 @@ std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineG
       out.push_back({PartitionMethod::Packing, r, 0, c, Layout::Packed});
     }
     for (const std::uint64_t f : {1u, 2u, 4u}) out.push_back({PartitionMethod::Wlb, 0, 0, f * c, Layout::Packed});
+    // HF's DataCollatorWithFlattening: a fixed number of samples flattened into one varlen row.
+    for (const std::int64_t b : options.microbatch_sizes) out.push_back({PartitionMethod::Fixed, b, 0, 0, Layout::Packed});
+    // Seq1F1B-like fixed-length slicing (decoder-only): slices of C / 8, C / 4, C / 2 tokens.
+    if (!lengths.encoder_decoder() && options.slicing) {
+      for (const std::uint64_t f : {8u, 4u, 2u}) {
+        if (c / f >= options.min_slice_tokens) out.push_back({PartitionMethod::Slicing, 1, 0, c / f, Layout::Packed});
+      }
+    }
   }
   // DynaPipe's packing (dense rows under a block mask), always listed: the comparison of 2023. It is
   // a candidate for the plan only where the executor runs packed-mask rows (planner).

@@ -588,6 +588,12 @@ Choice Coster::choose(std::int64_t rows, std::int64_t le, std::int64_t ld, Recom
   return choose_with(policy, first_auto, [&](cm::Recompute rc) -> const RcCost& { return get(rows, le, ld, rc); });
 }
 
+double Coster::max_static_mb() const {
+  double most = 0;
+  for (const double b : static_bytes_) most = std::max(most, b);
+  return most / kMB;
+}
+
 RcCost Coster::get_varlen(const cm::MicroShape& shape, cm::Recompute rc) {
   evaluated_ += 1;
   const auto nk = kinds_.size();

@@ -88,6 +88,14 @@ void check_options(const PartitionOptions& o) {
     PACKPIPE_CHECK_ARG(o.microbatch_size >= 1, "method '{}' needs a micro-batch size (mbs / --mbs) of at least 1, "
                        "found {}", partition_method_name(o.method), o.microbatch_size);
   }
+  if (o.method == PartitionMethod::Slicing) {
+    PACKPIPE_CHECK_ARG(o.capacity >= 1, "method 'slicing' needs the slice length in tokens (capacity / --capacity) of at "
+                       "least 1, found {}", o.capacity);
+  }
+  PACKPIPE_CHECK_ARG(o.min_slice_tokens >= 1, "min_slice_tokens (the shortest slice) must be at least 1, found {}",
+                     o.min_slice_tokens);
+  PACKPIPE_CHECK_ARG(std::string_view(slice_policy_name(o.slicing)) != "?", "slicing: unknown value {}",
+                     static_cast<int>(o.slicing));
   if (o.method == PartitionMethod::Tokens) {
     PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method 'tokens' needs a token budget per micro-batch (tokens / --tokens) "
                        "of at least 1, found {}", o.token_budget);
@@ -97,9 +105,20 @@ void check_options(const PartitionOptions& o) {
                      "layouts (--layouts) of the dp method: one or both of padded and packed, found {} (packed-mask "
                      "rows come from --pack-windows and the packing baseline)",
                      layout_set_names(o.layouts));
-  PACKPIPE_CHECK_ARG(o.layout == Layout::Packed || o.layout == Layout::PackedMask,
-                     "layout (--layout) of the packing baseline: packed or packed-mask, found {}",
-                     std::string(layout_name(o.layout)));
+  if (o.layout.has_value()) {
+    const Layout l = *o.layout;
+    PACKPIPE_CHECK_ARG(o.method != PartitionMethod::Packing || l == Layout::Packed || l == Layout::PackedMask,
+                       "layout (--layout) of the packing method: packed or packed-mask, found {}",
+                       std::string(layout_name(l)));
+    PACKPIPE_CHECK_ARG(o.method != PartitionMethod::Fixed || l == Layout::Padded || l == Layout::Packed,
+                       "layout (--layout) of the fixed method: padded (Megatron) or packed (a micro-batch's samples "
+                       "flattened into one varlen row, as HF's DataCollatorWithFlattening), found {}",
+                       std::string(layout_name(l)));
+    PACKPIPE_CHECK_ARG(o.method == PartitionMethod::Packing || o.method == PartitionMethod::Fixed,
+                       "layout (--layout) applies to the packing and fixed methods; method '{}' {}",
+                       partition_method_name(o.method),
+                       o.method == PartitionMethod::DP ? "takes layouts (--layouts)" : "sets its own layout");
+  }
   PACKPIPE_CHECK_ARG(o.capacity <= (std::uint64_t{1} << 32),
                      "capacity (--capacity) must be at most 2^32 tokens, found {}", o.capacity);
   PACKPIPE_CHECK_ARG(o.count_multiple >= 1 && o.count_multiple <= kMaxPipelineSize,
@@ -562,12 +581,28 @@ Choice finalize_packed(const Work& w, Coster& coster, MicroBatch& mb, RecomputeP
   std::int64_t enc = 0, dec = 0;
   std::uint64_t tokens = 0;
   cm::AttentionWork a;
-  for (auto s : mb.samples) {
-    const auto [e, d] = packed_sample(w, s);
-    enc += e;
-    dec += d;
-    a.add(e, d);
-    tokens += w.input[s] + (w.encdec() ? w.target[s] : 0u);
+  if (mb.has_slices()) {
+    // Slices (decoder-only): each entry's tokens after the kept ones before it.
+    PACKPIPE_CHECK_ARG(!w.encdec(), "slices are for decoder-only samples; the model is encoder-decoder");
+    PACKPIPE_CHECK_ARG(mb.spans.size() == mb.samples.size(), "{} spans for {} samples", mb.spans.size(),
+                       mb.samples.size());
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+      const Span& sp = mb.spans[i];
+      PACKPIPE_CHECK_ARG(sp.length >= 1 && std::uint64_t{sp.begin} + sp.length <= w.input[mb.samples[i]],
+                         "sample {}: tokens [{}, {}) are not within its {} tokens", mb.samples[i], sp.begin,
+                         std::uint64_t{sp.begin} + sp.length, w.input[mb.samples[i]]);
+      enc += sp.length;
+      a.add_slice(sp.length, sp.begin);
+      tokens += sp.length;
+    }
+  } else {
+    for (auto s : mb.samples) {
+      const auto [e, d] = packed_sample(w, s);
+      enc += e;
+      dec += d;
+      a.add(e, d);
+      tokens += w.input[s] + (w.encdec() ? w.target[s] : 0u);
+    }
   }
   mb.row_offsets = {0, static_cast<std::uint32_t>(mb.samples.size())};
   mb.padded_len = enc;
@@ -663,6 +698,9 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
                        static_cast<int>(mb.layout));
     // Rows given without a layout are rows under a block mask, as before layouts existed.
     if (mb.layout == Layout::Padded && !mb.row_offsets.empty()) mb.layout = Layout::PackedMask;
+    PACKPIPE_CHECK_ARG(!mb.has_slices() || mb.layout == Layout::Packed,
+                       "micro-batch {} holds slices in layout {}; slices are entries of packed (varlen) micro-batches", m,
+                       layout_name(mb.layout));
     Choice c;
     std::uint64_t in_tok = 0, tg_tok = 0;
     if (mb.layout == Layout::Packed) {
@@ -704,7 +742,11 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
   p.input_efficiency = ratio(p.input_tokens, p.padded_input_tokens);
   p.target_efficiency = ratio(p.target_tokens, p.padded_target_tokens);
   p.efficiency = ratio(p.input_tokens + p.target_tokens, p.padded_input_tokens + p.padded_target_tokens);
-  p.ranks = assign_ranks(times, shape.dp);
+  const bool sliced = std::any_of(p.microbatches.begin(), p.microbatches.end(),
+                                  [](const MicroBatch& mb) { return mb.has_slices(); });
+  p.ranks = sliced ? assign_ranks(times, shape.dp,
+                                  slice_edges(p.microbatches, std::vector<std::uint32_t>(w.input, w.input + w.count)))
+                   : assign_ranks(times, shape.dp);
   p.rank_time_ms.assign(p.ranks.size(), 0.0);
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     for (auto m : p.ranks[r]) p.rank_time_ms[r] += times[m];
@@ -717,8 +759,9 @@ std::string sample_name(const PartitionOptions& o, std::uint32_t s) {
 }
 
 // The Work view of lengths (`target` null for decoder-only) under the options' rounding.
-Work make_work(const std::uint32_t* input, const std::uint32_t* target, const PartitionOptions& o) {
+Work make_work(const std::uint32_t* input, const std::uint32_t* target, std::size_t count, const PartitionOptions& o) {
   Work w;
+  w.count = count;
   w.input = input;
   w.target = target;
   w.round = o.round_multiple;
@@ -814,7 +857,7 @@ struct Lengths {
   std::vector<std::uint32_t> in, tg;
   Work w;
   Lengths(const BatchLengths& lengths, bool encdec, const PartitionOptions& o) : in(lengths.input), tg(lengths.target) {
-    w = make_work(in.data(), encdec ? tg.data() : nullptr, o);
+    w = make_work(in.data(), encdec ? tg.data() : nullptr, in.size(), o);
   }
   Lengths(const Lengths&) = delete;
   Lengths& operator=(const Lengths&) = delete;
@@ -835,6 +878,7 @@ struct Run {
   std::unique_ptr<Coster> coster2;
   Lengths len;
   std::vector<std::uint32_t> ids, truncated, dropped;  ///< samples kept (batch order), truncated, dropped
+  std::vector<char> must_slice;                         ///< OversizePolicy::Slice: samples that cannot fit alone
   std::size_t windows_built = 0;                        ///< window values of every table built
 
   Run(const BatchLengths& lengths, const cm::CostModel& cost_, const PipelineShape& shape_,
@@ -918,9 +962,10 @@ std::vector<char> fits_alone(Run& r) {
   const std::string name = sample_name(r.options, s);
   PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", name, len, why);
   PACKPIPE_THROW(InvalidArgument,
-                 "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate or drop, more "
+                 "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate, drop{}, more "
                  "stages or tp, or a larger memory limit",
-                 name, len, r.limit, recompute_policy_name(r.options.recompute), r.options.oversize_option);
+                 name, len, r.limit, recompute_policy_name(r.options.recompute), r.options.oversize_option,
+                 r.encdec ? "" : " or slice (cut into slices that pipeline, trained as the whole sample)");
 }
 
 // OversizePolicy::Truncate: cuts sample `s` (both sides) to the largest cap that fits alone.
@@ -958,6 +1003,15 @@ void handle_oversize(Run& r) {
     switch (r.options.oversize) {
       case OversizePolicy::Error: refuse_oversize(r, s);
       case OversizePolicy::Drop: r.dropped.push_back(s); break;
+      case OversizePolicy::Slice:
+        // Kept whole in ids; the methods that can slice cut it (the others cannot fit it).
+        PACKPIPE_CHECK_ARG(!r.encdec, "{} does not fit in {} MB alone, and {} slice applies to decoder-only models "
+                           "(an encoder attends both ways, a T5 decoder to the whole encoder output); use truncate or "
+                           "drop", sample_name(r.options, s), r.limit, r.options.oversize_option);
+        if (r.must_slice.empty()) r.must_slice.assign(alone.size(), 0);
+        r.must_slice[s] = 1;
+        r.ids.push_back(s);
+        break;
       case OversizePolicy::Truncate:
         truncate_to_fit(r, s);
         r.truncated.push_back(s);
@@ -1012,12 +1066,33 @@ void split_to_multiple(std::vector<MicroBatch>& mbs, std::int64_t m) {
   }
 }
 
+// One search's outcome offered to the dp method: its micro-batches become the result when their
+// objective is lower (the result's go to `others`, first), else they join `others` (first); its
+// alternatives join `others` after.
+void take_candidate(Run& r, bool feasible, double objective, std::vector<MicroBatch> mbs,
+                    std::vector<std::pair<double, std::vector<MicroBatch>>> alternatives, Partition& result, bool& done,
+                    std::vector<std::pair<double, std::vector<MicroBatch>>>& others) {
+  for (auto& alt : alternatives) others.push_back(std::move(alt));
+  if (!feasible) return;
+  if (done && !(objective < result.objective_ms)) {
+    others.emplace(others.begin(), objective, std::move(mbs));
+    return;
+  }
+  if (done) others.emplace(others.begin(), result.objective_ms, std::move(result.microbatches));
+  Partition p = r.finish(std::move(mbs));
+  p.order = r.ids;
+  p.tau_evaluations = result.tau_evaluations;
+  result = std::move(p);
+  done = true;
+}
+
 // PartitionMethod::DP: every order under each budget in turn; the best objective of the first
 // budget with a feasible partition (on equal objectives the first order is kept).
 Partition partition_dp(Run& r) {
   const double avail = r.coster.dynapipe_available_mb();
   Partition result;
   bool done = false;
+  std::vector<std::pair<double, std::vector<MicroBatch>>> others;  // the candidates not chosen
   const bool padded = has_layout(r.options.layouts, Layout::Padded);
   const std::vector<std::vector<std::uint32_t>> orders = padded ? dp_orders(r) : std::vector<std::vector<std::uint32_t>>{};
   for (double budget : padded ? dp_budgets(r) : std::vector<double>{}) {
@@ -1052,16 +1127,41 @@ Partition partition_dp(Run& r) {
     if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budgets.front(), avail);
     detail::BalancedOutcome b = detail::balanced_search(r.len.w, r.ids, r.coster, r.shape, r.options.recompute,
                                         r.options.count_multiple);
-    if (b.feasible && (!done || b.objective < result.objective_ms)) {
-      Partition p = r.finish(std::move(b.microbatches));
-      p.order = r.ids;
-      p.tau_evaluations = result.tau_evaluations;
-      result = std::move(p);
-      done = true;
+    take_candidate(r, b.feasible, b.objective, std::move(b.microbatches), std::move(b.alternatives), result, done,
+                   others);
+  }
+  // Slices (decoder-only, packed): split long, pack short; kept when their objective is lower, and
+  // the only way for samples that cannot fit alone (OversizePolicy::Slice).
+  const bool may_slice = !r.encdec && has_layout(r.options.layouts, Layout::Packed) && !r.ids.empty() &&
+                         (r.options.slicing == SlicePolicy::Auto || !r.must_slice.empty());
+  if (may_slice) {
+    detail::SlicedOutcome sl =
+        detail::sliced_search(r.len.w, r.ids, r.must_slice, r.coster, r.shape, r.options.recompute,
+                              r.options.count_multiple, r.options.min_slice_tokens, r.options.slicing == SlicePolicy::Auto);
+    take_candidate(r, sl.feasible, sl.objective, std::move(sl.microbatches), std::move(sl.alternatives), result, done,
+                   others);
+  }
+  if (!done && !r.must_slice.empty()) {
+    for (std::uint32_t s = 0; s < r.must_slice.size(); ++s) {
+      PACKPIPE_CHECK_ARG(r.must_slice[s] == 0,
+                         "{} (length {}) does not fit in {} MB alone, nor when cut into slices of at least {} tokens "
+                         "that fit one micro-batch each and together on every stage; use more stages or tp, a larger "
+                         "memory limit, or {} truncate or drop",
+                         sample_name(r.options, s), r.len.in[s], r.limit, r.options.min_slice_tokens,
+                         r.options.oversize_option);
     }
   }
   PACKPIPE_CHECK_ARG(done || r.ids.empty(), "no partition fits in {} MB", r.limit);
   if (r.ids.empty()) result = r.finish({});
+  // The other candidates in the order gathered: the other layout's or family's best, then each
+  // search's fewer-and-larger and other counts (deterministic).
+  for (auto& [objective, mbs] : others) {
+    if (result.alternatives.size() >= kMaxAlternatives) break;
+    if (mbs.empty()) continue;
+    Partition p = r.finish(std::move(mbs));
+    p.order = r.ids;
+    result.alternatives.push_back(std::move(p));
+  }
   return result;
 }
 
@@ -1111,12 +1211,15 @@ Partition partition_dynapipe(Run& r) {
   return result;
 }
 
-// PartitionMethod::Fixed: `microbatch_size` samples at a time in batch order.
+// PartitionMethod::Fixed: `microbatch_size` samples at a time in batch order, padded rows or (layout
+// packed) one flattened varlen row.
 Partition partition_fixed(Run& r) {
   const auto size = static_cast<std::size_t>(r.options.microbatch_size);
+  const Layout layout = method_layout(r.options);
   std::vector<MicroBatch> mbs;
   for (std::size_t k = 0; k < r.ids.size(); k += size) {
     MicroBatch mb;
+    mb.layout = layout;
     const std::size_t e = std::min(r.ids.size(), k + size);
     mb.samples.assign(r.ids.begin() + static_cast<std::ptrdiff_t>(k), r.ids.begin() + static_cast<std::ptrdiff_t>(e));
     mbs.push_back(std::move(mb));
@@ -1161,8 +1264,17 @@ Partition partition_packing(Run& r) {
   std::vector<MicroBatch> mbs =
       r.ids.empty() ? std::vector<MicroBatch>{}
                     : detail::packing_baseline(r.len.w, r.ids, r.options.microbatch_size, r.options.capacity,
-                                               r.options.layout);
+                                               method_layout(r.options));
   Partition result = r.finish(std::move(mbs));
+  result.order = r.ids;
+  return result;
+}
+
+// PartitionMethod::Slicing: fixed-length slices (Seq1F1B-like), packed into rows of the slice length.
+Partition partition_slicing(Run& r) {
+  PACKPIPE_CHECK_ARG(!r.encdec, "method 'slicing' is for decoder-only models; model '{}' is encoder-decoder",
+                     r.cost.model().name);
+  Partition result = r.finish(detail::slicing_baseline(r.len.w, r.ids, r.options.capacity));
   result.order = r.ids;
   return result;
 }
@@ -1184,6 +1296,7 @@ Partition run_method(Run& r) {
     case PartitionMethod::Tokens: return partition_tokens(r);
     case PartitionMethod::Packing: return partition_packing(r);
     case PartitionMethod::Wlb: return partition_wlb(r);
+    case PartitionMethod::Slicing: return partition_slicing(r);
   }
   return {};
 }
@@ -1219,6 +1332,11 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   result.dropped = std::move(r.dropped);
   result.lengths.input = std::move(r.len.in);
   if (encdec) result.lengths.target = std::move(r.len.tg);
+  for (auto& alt : result.alternatives) {  // the same batch, cut otherwise
+    alt.truncated = result.truncated;
+    alt.dropped = result.dropped;
+    alt.lengths = result.lengths;
+  }
   return result;
 }
 
@@ -1233,7 +1351,7 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   const double limit = resolve_limit(cost, shape);
   Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
   set_basis_limits(coster, shape);
-  const Work w = make_work(lengths.input.data(), encdec ? lengths.target.data() : nullptr, options);
+  const Work w = make_work(lengths.input.data(), encdec ? lengths.target.data() : nullptr, lengths.size(), options);
   for (std::size_t m = 0; m < microbatches.size(); ++m) {
     for (auto s : microbatches[m].samples) {
       PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {} but the batch has {}", m, s,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,24 @@ enum class PartitionMethod {
              ///< THD run them; or packed-mask, dense rows under a block mask)
   Wlb,       ///< WLB-LLM's attention-balanced packing: ceil(tokens / capacity) packed varlen micro-batches,
              ///< samples by descending FLOPs (linear + attention) onto the least-loaded one with room
+  Slicing,   ///< fixed-length slicing (Seq1F1B-like, decoder-only): every sample over `capacity` tokens cut
+             ///< into slices of `capacity` tokens (the last shorter), the pieces packed best-fit into rows of
+             ///< `capacity` tokens, `microbatch_size` rows a packed micro-batch, in the slices' order
 };
-/// The one name table: "dp", "dynapipe", "fixed", "tokens", "packing", "wlb".
+/// The one name table: "dp", "dynapipe", "fixed", "tokens", "packing", "wlb", "slicing".
 inline constexpr EnumName<PartitionMethod> kPartitionMethodNames[] = {
     {PartitionMethod::DP, "dp"},         {PartitionMethod::DynaPipe, "dynapipe"}, {PartitionMethod::Fixed, "fixed"},
-    {PartitionMethod::Tokens, "tokens"}, {PartitionMethod::Packing, "packing"},   {PartitionMethod::Wlb, "wlb"}};
+    {PartitionMethod::Tokens, "tokens"}, {PartitionMethod::Packing, "packing"},   {PartitionMethod::Wlb, "wlb"},
+    {PartitionMethod::Slicing, "slicing"}};
+
+/// Whether the dp method may cut long samples into slices (docs/design/015-long-context.md).
+enum class SlicePolicy { Auto, Off };
+/// The one name table: "auto" (decoder-only models: slices are candidates beside whole samples), "off".
+inline constexpr EnumName<SlicePolicy> kSlicePolicyNames[] = {{SlicePolicy::Auto, "auto"}, {SlicePolicy::Off, "off"}};
+constexpr const char* slice_policy_name(SlicePolicy p) { return enum_name(kSlicePolicyNames, p); }
+inline SlicePolicy slice_policy_from_name(const std::string& name) {
+  return enum_from_name(kSlicePolicyNames, name, "slice policy");
+}
 /// The method's name in kPartitionMethodNames.
 constexpr const char* partition_method_name(PartitionMethod m) { return enum_name(kPartitionMethodNames, m); }
 /// Method from its name; throws InvalidArgument listing the names.
@@ -53,11 +67,15 @@ inline RecomputePolicy recompute_policy_from_name(const std::string& name) {
   return enum_from_name(kRecomputePolicyNames, name, "recompute policy");
 }
 
-/// What to do with a sample that does not fit in memory even alone.
-enum class OversizePolicy { Error, Truncate, Drop };
-/// The one name table: "error", "truncate", "drop".
-inline constexpr EnumName<OversizePolicy> kOversizePolicyNames[] = {
-    {OversizePolicy::Error, "error"}, {OversizePolicy::Truncate, "truncate"}, {OversizePolicy::Drop, "drop"}};
+/// What to do with a sample that does not fit in memory even alone. Slice (decoder-only models):
+/// cut it into slices that each fit one micro-batch and that fit together on every stage
+/// (docs/design/015-long-context.md).
+enum class OversizePolicy { Error, Truncate, Drop, Slice };
+/// The one name table: "error", "truncate", "drop", "slice".
+inline constexpr EnumName<OversizePolicy> kOversizePolicyNames[] = {{OversizePolicy::Error, "error"},
+                                                                    {OversizePolicy::Truncate, "truncate"},
+                                                                    {OversizePolicy::Drop, "drop"},
+                                                                    {OversizePolicy::Slice, "slice"}};
 /// The policy's name in kOversizePolicyNames.
 constexpr const char* oversize_policy_name(OversizePolicy p) { return enum_name(kOversizePolicyNames, p); }
 /// Policy from its name; throws InvalidArgument listing the names.
@@ -130,8 +148,10 @@ struct PartitionOptions {
   /// (varlen micro-batches balanced by cost); with both, the better objective wins. Other layouts
   /// are refused (packed-mask rows come from `pack_windows` and the packing baseline).
   LayoutSet layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
-  /// packing: the micro-batches' layout, packed (varlen) or packed-mask (dense rows).
-  Layout layout = Layout::Packed;
+  /// packing: the micro-batches' layout, packed (varlen, the default) or packed-mask (dense rows);
+  /// fixed: padded (the default, Megatron) or packed (the samples of a micro-batch flattened into one
+  /// varlen row: HF's DataCollatorWithFlattening). Unset for the other methods (refused when set).
+  std::optional<Layout> layout;
   /// packing / wlb: tokens per row (input + target for encoder-decoder samples); 0: the longest
   /// sample's. A capacity below the longest sample is refused.
   std::uint64_t capacity = 0;
@@ -141,6 +161,12 @@ struct PartitionOptions {
   std::int64_t decoder_extra_tokens = 2;  ///< added to the longest target before rounding (BOS/EOS)
   RecomputePolicy recompute = RecomputePolicy::Auto;
   OversizePolicy oversize = OversizePolicy::Error;
+  /// dp, decoder-only models: Auto lets the packed search cut a sample heavier than its micro-batches
+  /// into slices (split long, pack short) when that lowers the objective; Off never does (slices
+  /// then come only from OversizePolicy::Slice). Encoder-decoder models never slice.
+  SlicePolicy slicing = SlicePolicy::Auto;
+  /// The shortest slice (tokens) the dp method and OversizePolicy::Slice cut (at least 1).
+  std::uint32_t min_slice_tokens = 64;
   CostBasis basis = CostBasis::Auto;
   EncDecOrder order = EncDecOrder::Auto;
   bool pack_windows = false;          ///< dp / dynapipe: pack each window's samples if cheaper
@@ -162,16 +188,18 @@ struct PartitionOptions {
 };
 
 /// A baseline a user would run: a method and its setting. Families: "fixed" (padded, Megatron),
-/// "tokens" (padded token-budget micro-batches), "packing" (rows of a capacity flattened under
-/// varlen attention: HF flattening, Megatron THD), "packing-mask" (the same rows dense under a
-/// block mask: DynaPipe's packing), "wlb" (WLB-LLM's attention-balanced packing).
+/// "fixed-packed" (a fixed number of samples flattened into one varlen row: HF's
+/// DataCollatorWithFlattening), "tokens" (padded token-budget micro-batches), "packing" (rows of a
+/// capacity flattened under varlen attention: HF flattening, Megatron THD), "packing-mask" (the same
+/// rows dense under a block mask: DynaPipe's packing), "wlb" (WLB-LLM's attention-balanced packing),
+/// "slicing" (fixed-length slices, Seq1F1B-like, decoder-only).
 struct Baseline {
   PartitionMethod method = PartitionMethod::Fixed;
   std::int64_t microbatch_size = 0;  ///< fixed: samples; packing: rows per micro-batch
   std::uint64_t token_budget = 0;    ///< tokens: padded tokens per micro-batch
   std::uint64_t capacity = 0;        ///< packing: tokens per row; wlb: tokens per micro-batch
   Layout layout = Layout::Padded;    ///< its micro-batches' layout
-  /// "fixed", "tokens", "packing", "packing-mask" or "wlb".
+  /// "fixed", "fixed-packed", "tokens", "packing", "packing-mask", "wlb" or "slicing".
   std::string family() const;
   /// The setting as a user reads it, e.g. "packing (capacity 4096 x 2 rows)".
   std::string label() const;
@@ -191,17 +219,28 @@ struct BaselineGridOptions {
   /// 0: the batch's. A run sets its dataset's, so every batch lists the same settings.
   std::uint64_t longest = 0;
   std::uint64_t longest_target = 0;  ///< encoder-decoder: the longest target (0: the batch's)
+  /// Decoder-only, with packed layouts: list fixed-length slicing (Seq1F1B-like) at slices of C / 8,
+  /// C / 4 and C / 2 tokens (at least min_slice_tokens).
+  bool slicing = true;
+  std::uint64_t min_slice_tokens = 64;
 };
 
 /// The baselines of one batch: fixed at each micro-batch size; tokens at budgets of 1, 2, 4, 8 and
 /// 16 times the longest padded sample; packing at capacity C (the least power of two that holds
 /// the longest sample) with each row count (flattened rows: C x 2r rows covers 2C x r); wlb at
-/// capacities C, 2C and 4C; packing-mask at capacity C with each row count. Deterministic, in
-/// that order.
+/// capacities C, 2C and 4C; fixed-packed at each micro-batch size; slicing (decoder-only) at slices
+/// of C / 8, C / 4 and C / 2; packing-mask at capacity C with each row count. The packed families
+/// only when the executor runs packed rows. Deterministic, in that order.
 std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineGridOptions& options);
 
 /// Largest round_multiple accepted (padded lengths stay far below the cost model's bounds).
 constexpr std::int64_t kMaxRoundMultiple = std::int64_t{1} << 16;
+
+/// The layout a fixed or packing partition's micro-batches take under `o` (o.layout, else the
+/// method's default: packed for packing, padded for fixed).
+inline Layout method_layout(const PartitionOptions& o) {
+  return o.layout.value_or(o.method == PartitionMethod::Packing ? Layout::Packed : Layout::Padded);
+}
 
 /// Result of partitioning one global batch.
 struct Partition {
@@ -226,7 +265,16 @@ struct Partition {
   BatchLengths lengths;                  ///< the batch as partitioned: input and target lengths after truncation
   std::vector<std::uint32_t> dropped;    ///< sample ids dropped (OversizePolicy::Drop)
   std::int64_t tau_evaluations = 0;  ///< min-sum DP runs (one per cap tried)
+  /// dp: other partitions of the batch that fit (the layout or family not chosen, then fewer and
+  /// larger, more and smaller, and other micro-batch counts of the packed and sliced searches), at
+  /// most kMaxAlternatives. The
+  /// objective is the 1F1B bound; schedules that fill bubbles can run another of them faster, so the
+  /// planner simulates them too and keeps the fastest as packpipe's plan.
+  std::vector<Partition> alternatives;
 };
+
+/// The most alternatives a dp partition carries (Partition::alternatives).
+constexpr std::size_t kMaxAlternatives = 8;
 
 /// Partitions `lengths` into micro-batches for `shape` (virtual stages `vstages`, from
 /// virtual_stages(cost.model(), shape)) under `options`. Every sample lands in exactly one
@@ -253,8 +301,13 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
                              const PartitionOptions& options, CostBasis basis);
 
 /// Splits micro-batch costs across `dp` ranks by longest-processing-time (largest first, onto
-/// the least-loaded rank, ties to the lower index); each rank's list ascending. Deterministic.
+/// the least-loaded rank, ties to the lower index); each rank's list ascending. Deterministic. A
+/// rank may receive none (fewer micro-batches than ranks).
 std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp);
+/// As above for micro-batches that slice links join (slice_edges): each group of linked
+/// micro-batches goes to one rank as a whole (a sample's slices need each other's keys and values).
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
+                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
 
 /// Encoder-decoder sample order: (input, target) descending, then (if `improve`) 2-opt and
 /// Or-opt moves on the open L1 path over (input, target) until no move shortens it. Ties by

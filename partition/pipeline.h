@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/layout.h"
@@ -78,9 +79,23 @@ struct BatchLengths {
   std::size_t size() const { return input.size(); }
 };
 
+/// The tokens [begin, begin + length) of a sample that one entry of a micro-batch holds: a slice
+/// when they are not the whole sample (docs/design/015-long-context.md). A slice attends to the
+/// sample's `begin` tokens before it (kept from earlier micro-batches) and its positions continue
+/// from `begin`.
+struct Span {
+  std::uint32_t begin = 0;
+  std::uint32_t length = 0;
+  bool operator==(const Span& o) const { return begin == o.begin && length == o.length; }
+};
+
 /// A micro-batch: some samples of the global batch, their layout, padded shape and recompute mode.
 struct MicroBatch {
   std::vector<std::uint32_t> samples;      ///< indices into BatchLengths, in row order
+  /// Slices (layout Packed, decoder-only): per entry of `samples`, the tokens it holds; empty: every
+  /// sample whole. A sliced sample's entries sit in micro-batches of increasing index, its spans
+  /// back to back from token 0 (the micro-batch order is the slices' forward order).
+  std::vector<Span> spans;
   std::vector<std::uint32_t> row_offsets;  ///< packed rows as CSR offsets into samples (rows + 1 entries); empty: one row per sample
   Layout layout = Layout::Padded;          ///< Padded: no row_offsets; Packed: one row of every sample; PackedMask: rows
   std::int64_t padded_len = 0;             ///< every row padded to this many tokens (encoder, or whole sample); Packed: the row's tokens
@@ -98,6 +113,15 @@ struct MicroBatch {
   }
   /// The shape the cost model is asked about.
   cm::MicroShape shape() const { return {rows(), padded_len, padded_dec_len, attention}; }
+  /// Whether an entry holds part of a sample only.
+  bool has_slices() const { return !spans.empty(); }
 };
+
+/// The slice links of micro-batches in index order: (prev, next) for every two micro-batches that
+/// hold consecutive slices of one sample (the schedule's SimProblem::slice_edges), sorted and
+/// without repeats; empty without slices. Throws InvalidArgument naming the sample when its spans
+/// do not cover it back to back in increasing micro-batch order (`lengths`: each sample's tokens).
+std::vector<std::pair<std::uint32_t, std::uint32_t>> slice_edges(const std::vector<MicroBatch>& mbs,
+                                                                 const std::vector<std::uint32_t>& lengths);
 
 }  // namespace packpipe::partition

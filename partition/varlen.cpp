@@ -140,6 +140,43 @@ Assignment lpt(const Work& w, const std::vector<std::uint32_t>& order, const Lin
   return a;
 }
 
+// Tapered: as lpt, but the first `edge` and the last `edge` bins take a share of a middle bin's load
+// growing (j + 1) / (edge + 1) towards the middle (ratios of load to share decide): micro-batches
+// small enough to fill and drain a pipeline quickly, large ones to hide in its steady state (the
+// schedules' constructive orders put the small ones at the ends).
+Assignment tapered_lpt(const Work& w, const std::vector<std::uint32_t>& order, const Linear& lin, std::int64_t k,
+                       std::int64_t edge) {
+  Assignment a;
+  a.bins.resize(static_cast<std::size_t>(k));
+  a.sums.resize(static_cast<std::size_t>(k));
+  std::vector<double> share(static_cast<std::size_t>(k), 1.0), load(static_cast<std::size_t>(k), lin.fixed);
+  for (std::int64_t j = 0; j < edge && j < k / 2; ++j) {
+    const double f = static_cast<double>(j + 1) / static_cast<double>(edge + 1);
+    share[static_cast<std::size_t>(j)] = f;
+    share[static_cast<std::size_t>(k - 1 - j)] = f;
+  }
+  for (const auto s : order) {
+    std::size_t b = 0;
+    for (std::size_t j = 1; j < load.size(); ++j) {
+      if (load[j] / share[j] < load[b] / share[b]) b = j;
+    }
+    const auto g = packed_sample(w, s);
+    a.bins[b].push_back(s);
+    a.sums[b].add(g);
+    load[b] += lin.weight(g);
+  }
+  std::vector<std::vector<std::uint32_t>> bins;
+  std::vector<Sums> sums;
+  for (std::size_t b = 0; b < a.bins.size(); ++b) {  // a bin left empty (more bins than samples) is dropped
+    if (a.bins[b].empty()) continue;
+    bins.push_back(std::move(a.bins[b]));
+    sums.push_back(a.sums[b]);
+  }
+  a.bins = std::move(bins);
+  a.sums = std::move(sums);
+  return a;
+}
+
 // The objective of micro-batch times `t` on `shape`.
 double objective_of(const PipelineShape& shape, const std::vector<double>& t) {
   double mx = 0, sum = 0;
@@ -157,23 +194,46 @@ struct Exact {
   double objective = kInf;
 };
 
-Exact exact_costs(Coster& coster, const PipelineShape& shape, const Assignment& a, RecomputePolicy policy) {
+// Exact costs of bins given as their shapes (empty bins do not fit); `each(b, choice)` sees every
+// fitting bin's choice.
+template <typename Bins, typename Each>
+Exact exact_bin_costs(Coster& coster, const PipelineShape& shape, const Bins& bins, RecomputePolicy policy,
+                      Each&& each) {
   Exact e;
-  e.time.reserve(a.bins.size());
-  for (std::size_t b = 0; b < a.bins.size(); ++b) {
-    if (a.bins[b].empty()) {
+  e.time.reserve(bins.size());
+  for (std::size_t b = 0; b < bins.size(); ++b) {
+    if (bins[b].first) {
       e.fits = false;
       return e;
     }
-    const Choice c = coster.choose_varlen(a.sums[b].shape(), policy);
+    const Choice c = coster.choose_varlen(bins[b].second, policy);
     if (!c.fits) {
       e.fits = false;
       return e;
     }
     e.time.push_back(c.time_ms);
+    each(b, c);
   }
   e.objective = objective_of(shape, e.time);
   return e;
+}
+
+Exact exact_costs(Coster& coster, const PipelineShape& shape, const Assignment& a, RecomputePolicy policy) {
+  std::vector<std::pair<bool, cm::MicroShape>> bins;
+  for (std::size_t b = 0; b < a.bins.size(); ++b) bins.emplace_back(a.bins[b].empty(), a.sums[b].shape());
+  return exact_bin_costs(coster, shape, bins, policy, [](std::size_t, const Choice&) {});
+}
+
+// The slowest micro-batch of times `t` and the two fastest others (ties by index).
+std::pair<std::size_t, std::vector<std::size_t>> slowest_and_fastest(const std::vector<double>& t) {
+  const std::size_t hi = static_cast<std::size_t>(std::max_element(t.begin(), t.end()) - t.begin());
+  std::vector<std::size_t> others;
+  for (std::size_t b = 0; b < t.size(); ++b) {
+    if (b != hi) others.push_back(b);
+  }
+  std::sort(others.begin(), others.end(), [&](std::size_t x, std::size_t y) { return t[x] != t[y] ? t[x] < t[y] : x < y; });
+  if (others.size() > 2) others.resize(2);
+  return {hi, others};
 }
 
 // Moves and swaps of samples between the slowest micro-batch and the fastest ones while the
@@ -189,16 +249,7 @@ void refine(const Work& w, Coster& coster, const PipelineShape& shape, Recompute
     return c.fits;
   };
   while (budget > 0) {
-    const std::size_t hi = static_cast<std::size_t>(std::max_element(e.time.begin(), e.time.end()) - e.time.begin());
-    // The other micro-batches, fastest first (ties by index).
-    std::vector<std::size_t> others;
-    for (std::size_t b = 0; b < k; ++b) {
-      if (b != hi) others.push_back(b);
-    }
-    std::sort(others.begin(), others.end(), [&](std::size_t x, std::size_t y) {
-      return e.time[x] != e.time[y] ? e.time[x] < e.time[y] : x < y;
-    });
-    if (others.size() > 2) others.resize(2);
+    const auto [hi, others] = slowest_and_fastest(e.time);
     auto& from = a.bins[hi];
     // Whether moving `out` (a sample of the slowest bin) to bin `to`, and `in` (one of bin `to`'s, or
     // none) back, lowers the objective; if so it is done.
@@ -290,6 +341,16 @@ BalancedOutcome balanced_search(const Work& w, const std::vector<std::uint32_t>&
   Assignment best_a;
   Exact best_e;
   int feasible = 0, tries = 0;
+  auto to_mbs = [](std::vector<std::vector<std::uint32_t>>& bins) {
+    std::vector<MicroBatch> mbs;
+    for (auto& bin : bins) {
+      MicroBatch mb;
+      mb.layout = Layout::Packed;
+      mb.samples = std::move(bin);
+      mbs.push_back(std::move(mb));
+    }
+    return mbs;
+  };
   for (const auto& [obj, k, lin] : est) {
     if (feasible >= kFeasible || tries >= kTries) break;
     ++tries;
@@ -298,18 +359,42 @@ BalancedOutcome balanced_search(const Work& w, const std::vector<std::uint32_t>&
     if (!e.fits) continue;
     ++feasible;
     if (e.objective < best_e.objective) {
+      if (best_a.bins.size() > 0) out.alternatives.emplace_back(best_e.objective, to_mbs(best_a.bins));
       best_a = std::move(a);
       best_e = std::move(e);
+    } else {
+      out.alternatives.emplace_back(e.objective, to_mbs(a.bins));
     }
   }
   if (feasible == 0) return out;
-  refine(w, coster, shape, policy, best_a, best_e, 64);
-  for (auto& bin : best_a.bins) {
-    MicroBatch mb;
-    mb.layout = Layout::Packed;
-    mb.samples = std::move(bin);
-    out.microbatches.push_back(std::move(mb));
+  std::stable_sort(out.alternatives.begin(), out.alternatives.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  // Fewer, larger micro-batches (and more, smaller ones) than the bound prefers, first among the
+  // alternatives: a schedule that fills bubbles pays less for a large micro-batch than (S - 1) x its
+  // time, and fewer micro-batches cost less overhead; the planner's simulation decides.
+  const auto k_best = static_cast<std::int64_t>(best_a.bins.size());
+  std::vector<std::pair<double, std::vector<MicroBatch>>> scaled;
+  const std::int64_t edge = shape.stages - 1;
+  for (const double f : {1.0, 0.7, 0.5}) {  // tapered: small micro-batches to fill and drain with
+    const std::int64_t k = up(std::max<std::int64_t>(k_lo, std::llround(static_cast<double>(k_best) * f)));
+    if (edge < 1 || k < 2 * edge + 1 || k > n) continue;
+    Assignment a = tapered_lpt(w, order, marginal(coster, all, k), k, edge);
+    if (static_cast<std::int64_t>(a.bins.size()) < k_lo) continue;
+    Exact e = exact_costs(coster, shape, a, policy);
+    if (e.fits) scaled.emplace_back(e.objective, to_mbs(a.bins));
   }
+  for (const double f : {0.5, 0.7, 1.4}) {
+    const std::int64_t k = up(std::max<std::int64_t>(k_lo, std::llround(static_cast<double>(k_best) * f)));
+    if (k == k_best || k > n) continue;
+    const Linear lin = marginal(coster, all, k);
+    Assignment a = lpt(w, order, lin, k);
+    Exact e = exact_costs(coster, shape, a, policy);
+    if (e.fits) scaled.emplace_back(e.objective, to_mbs(a.bins));
+  }
+  out.alternatives.insert(out.alternatives.begin(), std::make_move_iterator(scaled.begin()),
+                          std::make_move_iterator(scaled.end()));
+  refine(w, coster, shape, policy, best_a, best_e, 64);
+  out.microbatches = to_mbs(best_a.bins);
   out.objective = best_e.objective;
   out.feasible = true;
   return out;
@@ -365,6 +450,290 @@ std::vector<MicroBatch> wlb_baseline(const Work& w, const cm::ModelSpec& model, 
     kept.push_back(std::move(mb));
   }
   return kept;
+}
+
+}  // namespace packpipe::partition::detail
+
+namespace packpipe::partition::detail {
+
+namespace {
+
+// One entry of a sliced assignment: tokens [begin, begin + length) of a sample; `cut` when the
+// sample is sliced (then the entry never moves: its micro-batch is fixed by its slice order).
+struct Piece {
+  std::uint32_t sample = 0, begin = 0, length = 0;
+  bool cut = false;
+};
+
+// Tokens and attention sums of packed pieces.
+struct PieceSums {
+  std::int64_t tokens = 0;
+  cm::AttentionWork attn;
+  void add(const Piece& p) {
+    tokens += p.length;
+    attn.add_slice(p.length, p.begin);
+  }
+  void remove(const Piece& p) {
+    const auto l = static_cast<std::int64_t>(p.length), b = static_cast<std::int64_t>(p.begin);
+    tokens -= l;
+    attn.self -= l * l;
+    attn.prefix -= l * b;
+    attn.prefix_tokens -= b;
+  }
+  cm::MicroShape shape() const { return {1, tokens, 0, attn}; }
+};
+
+// The linearised weight of l tokens after p kept ones: token l + attention (l^2 + kappa l p), where
+// kappa converts the prefix's work to the self units the fit measured (the kernel executes l (l + p)
+// of the square under eager, l^2 / 2 + l p under flash: kappa 1 and 2).
+struct PieceWeight {
+  double token = 1, attention = 0, kappa = 1;
+  double operator()(double l, double p) const { return token * l + attention * (l * l + kappa * l * p); }
+};
+
+// Slice boundaries of a sample of `len` tokens into at most `n` slices of at least `min_slice` tokens
+// (the last may be shorter when the sample is): the least cap C on the slices' weights for which
+// the greedy cut (each slice the longest under C) needs at most n, by bisection; returns the pieces.
+std::vector<Piece> cut_sample(std::uint32_t s, std::uint32_t len, std::int64_t n, std::uint32_t min_slice,
+                              const PieceWeight& wt) {
+  auto greedy = [&](double cap, std::vector<Piece>* out) {
+    std::int64_t count = 0;
+    std::uint32_t at = 0;
+    while (at < len) {
+      const double p = at, left = len - at;
+      // the longest l with wt(l, p) <= cap: a t l^2 + (token + a kappa p) l - cap <= 0
+      double l;
+      const double a = wt.attention, b = wt.token + wt.attention * wt.kappa * p;
+      if (a > 0) {
+        l = (-b + std::sqrt(b * b + 4 * a * cap)) / (2 * a);
+      } else {
+        l = b > 0 ? cap / b : left;
+      }
+      std::uint32_t take = static_cast<std::uint32_t>(std::clamp(std::floor(l), 1.0, left));
+      take = std::max(take, std::min<std::uint32_t>(min_slice, len - at));
+      if (len - at - take < min_slice) take = len - at;  // no slice shorter than min_slice after it
+      if (out != nullptr) out->push_back({s, at, take, true});
+      at += take;
+      ++count;
+    }
+    return count;
+  };
+  double lo = 0, hi = wt(len, 0) * 1.0000001;
+  for (int it = 0; it < 60; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (greedy(mid, nullptr) <= n) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  std::vector<Piece> out;
+  greedy(hi, &out);
+  if (out.size() == 1) out[0].cut = false;
+  return out;
+}
+
+struct PieceAssignment {
+  std::vector<std::vector<Piece>> bins;
+  std::vector<PieceSums> sums;
+  bool sliced = false;
+};
+
+// Exact costs of an assignment: times and fit (each micro-batch, and every chain together).
+Exact exact_piece_costs(Coster& coster, const PipelineShape& shape, const PieceAssignment& a, RecomputePolicy policy) {
+  std::vector<std::pair<bool, cm::MicroShape>> bins;
+  for (std::size_t b = 0; b < a.bins.size(); ++b) bins.emplace_back(a.bins[b].empty(), a.sums[b].shape());
+  std::vector<MicroBatch> mbs(a.bins.size());
+  Exact e = exact_bin_costs(coster, shape, bins, policy, [&](std::size_t b, const Choice& c) {
+    MicroBatch& mb = mbs[b];
+    for (const Piece& p : a.bins[b]) {
+      mb.samples.push_back(p.sample);
+      mb.spans.push_back({p.begin, p.length});
+    }
+    mb.stored_mb = c.stored_mb;
+    mb.peak_mb = c.peak_mb;
+  });
+  if (e.fits && !chains_fit(mbs, coster)) {
+    e.fits = false;
+    e.objective = kInf;
+  }
+  return e;
+}
+
+// Moves and swaps of whole (not sliced) samples between the slowest micro-batch and the two
+// fastest while the objective falls (at most `budget` trial costings).
+void refine_pieces(Coster& coster, const PipelineShape& shape, RecomputePolicy policy, PieceAssignment& a, Exact& e,
+                   int budget) {
+  const std::size_t k = a.bins.size();
+  if (k < 2) return;
+  while (budget > 0) {
+    const auto [hi, others] = slowest_and_fastest(e.time);
+    bool improved = false;
+    for (const std::size_t to : others) {
+      auto& from = a.bins[hi];
+      for (std::size_t i = 0; i < from.size() && !improved && budget > 0; ++i) {
+        if (from[i].cut || from.size() < 2) continue;
+        PieceSums fs = a.sums[hi], ts = a.sums[to];
+        fs.remove(from[i]);
+        ts.add(from[i]);
+        budget -= 2;
+        const Choice cf = coster.choose_varlen(fs.shape(), policy), ct = coster.choose_varlen(ts.shape(), policy);
+        if (!cf.fits || !ct.fits) continue;
+        std::vector<double> t = e.time;
+        t[hi] = cf.time_ms;
+        t[to] = ct.time_ms;
+        const double obj = objective_of(shape, t);
+        if (!(obj < e.objective * (1 - 1e-9))) continue;
+        a.bins[to].push_back(from[i]);
+        from.erase(from.begin() + static_cast<std::ptrdiff_t>(i));
+        a.sums[hi] = fs;
+        a.sums[to] = ts;
+        e.time = std::move(t);
+        e.objective = obj;
+        improved = true;
+      }
+      if (improved) break;
+    }
+    if (!improved) return;
+  }
+}
+
+}  // namespace
+
+SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids, const std::vector<char>& must,
+                            Coster& coster, const PipelineShape& shape, RecomputePolicy policy,
+                            std::int64_t count_multiple, std::uint32_t min_slice, bool optional) {
+  SlicedOutcome out;
+  if (w.encdec() || ids.empty()) return out;
+  const std::uint32_t ms = std::max<std::uint32_t>(1, min_slice);
+  const std::int64_t m = std::max<std::int64_t>(1, count_multiple);
+  auto up = [&](std::int64_t k) { return (k + m - 1) / m * m; };
+  const auto n = static_cast<std::int64_t>(ids.size());
+  Sums all;
+  std::int64_t cut_room = 0;  // the most slices the samples could be cut into beyond one each
+  bool any_must = false;
+  for (const auto s : ids) {
+    all.add(packed_sample(w, s));
+    cut_room += std::max<std::int64_t>(0, static_cast<std::int64_t>(w.input[s] / ms) - 1);
+    any_must = any_must || (s < must.size() && must[s] != 0);
+  }
+  if (cut_room == 0) return out;
+  const std::int64_t k_lo = up(std::max<std::int64_t>(1, shape.dp));
+  const std::int64_t k_hi = std::min(n + cut_room, 4 * n + 256);
+  std::vector<std::int64_t> counts;
+  for (std::int64_t k = k_lo; k <= k_hi;) {
+    counts.push_back(k);
+    k = up(std::max(k + 1, static_cast<std::int64_t>(std::ceil(static_cast<double>(k) * 1.25))));
+  }
+  const double kappa = coster.kernel() == cm::AttentionKernel::Flash ? 2.0 : 1.0;
+  // Per count: the assignment and its estimate.
+  struct Option {
+    double estimate;
+    std::int64_t k;
+    PieceAssignment a;
+  };
+  std::vector<Option> options;
+  for (const std::int64_t k : counts) {
+    const Linear lin = marginal(coster, all, k);
+    const PieceWeight wt{lin.token, lin.attention, kappa};
+    double total = 0;
+    std::vector<std::pair<double, std::uint32_t>> by_weight;
+    for (const auto s : ids) {
+      const double x = wt(w.input[s], 0);
+      total += x;
+      by_weight.emplace_back(x, s);
+    }
+    std::sort(by_weight.begin(), by_weight.end(),
+              [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    const double target = total / static_cast<double>(k);
+    PieceAssignment a;
+    a.bins.resize(static_cast<std::size_t>(k));
+    a.sums.resize(static_cast<std::size_t>(k));
+    std::vector<double> load(static_cast<std::size_t>(k), lin.fixed);
+    std::vector<std::uint32_t> whole;
+    // Slices first, heaviest sample first, each on the least-loaded micro-batch after its previous.
+    for (const auto& [x, s] : by_weight) {
+      const bool forced = s < must.size() && must[s] != 0;
+      const std::int64_t most = std::min<std::int64_t>(k, std::max<std::int64_t>(1, w.input[s] / ms));
+      std::int64_t pieces = static_cast<std::int64_t>(std::ceil(x / std::max(target, 1e-300)));
+      if (forced) pieces = std::max<std::int64_t>(pieces, 2);
+      pieces = std::min(pieces, most);
+      const bool slice = most >= 2 && (forced || (optional && x > target * 1.1 && pieces >= 2));
+      if (!slice) {
+        whole.push_back(s);
+        continue;
+      }
+      const std::vector<Piece> cut = cut_sample(s, w.input[s], pieces, ms, wt);
+      std::int64_t prev = -1;
+      const auto P = static_cast<std::int64_t>(cut.size());
+      for (std::int64_t j = 0; j < P; ++j) {
+        std::int64_t best = -1;
+        for (std::int64_t b = prev + 1; b <= k - (P - j); ++b) {
+          if (best < 0 || load[static_cast<std::size_t>(b)] < load[static_cast<std::size_t>(best)]) best = b;
+        }
+        PACKPIPE_ASSERT(best >= 0);
+        const Piece& pc = cut[static_cast<std::size_t>(j)];
+        a.bins[static_cast<std::size_t>(best)].push_back(pc);
+        a.sums[static_cast<std::size_t>(best)].add(pc);
+        load[static_cast<std::size_t>(best)] += wt(pc.length, pc.begin);
+        prev = best;
+      }
+      a.sliced = a.sliced || P > 1;
+    }
+    if (!a.sliced) continue;
+    // Whole samples by least load (heaviest first; ties to the lower index).
+    for (const auto s : whole) {
+      const std::size_t b = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      const Piece pc{s, 0, w.input[s], false};
+      a.bins[b].push_back(pc);
+      a.sums[b].add(pc);
+      load[b] += wt(pc.length, 0);
+    }
+    std::vector<double> t(load.begin(), load.end());
+    options.push_back({objective_of(shape, t), k, std::move(a)});
+  }
+  if (options.empty()) return out;
+  std::stable_sort(options.begin(), options.end(), [](const Option& x, const Option& y) { return x.estimate < y.estimate; });
+  constexpr int kFeasible = 3, kTries = 10;
+  PieceAssignment best_a;
+  Exact best_e;
+  int feasible = 0, tries = 0;
+  auto to_mbs = [](const PieceAssignment& a) {
+    std::vector<MicroBatch> mbs;
+    for (const auto& bin : a.bins) {
+      MicroBatch mb;
+      mb.layout = Layout::Packed;
+      for (const Piece& p : bin) {
+        mb.samples.push_back(p.sample);
+        mb.spans.push_back({p.begin, p.length});
+      }
+      mbs.push_back(std::move(mb));
+    }
+    return mbs;
+  };
+  for (auto& o : options) {
+    // A sample that cannot fit alone needs a feasible count whatever the estimates say.
+    if (feasible >= kFeasible || (tries >= kTries && (!any_must || feasible > 0))) break;
+    ++tries;
+    Exact e = exact_piece_costs(coster, shape, o.a, policy);
+    if (!e.fits) continue;
+    ++feasible;
+    if (e.objective < best_e.objective) {
+      if (!best_a.bins.empty()) out.alternatives.emplace_back(best_e.objective, to_mbs(best_a));
+      best_a = std::move(o.a);
+      best_e = std::move(e);
+    } else {
+      out.alternatives.emplace_back(e.objective, to_mbs(o.a));
+    }
+  }
+  if (feasible == 0) return out;
+  std::stable_sort(out.alternatives.begin(), out.alternatives.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  refine_pieces(coster, shape, policy, best_a, best_e, 64);
+  out.microbatches = to_mbs(best_a);
+  out.objective = best_e.objective;
+  out.feasible = true;
+  return out;
 }
 
 }  // namespace packpipe::partition::detail

@@ -161,10 +161,13 @@ class Builder {
                                       : 0.0;
       out.refs.clear();
       if (opt_.sample_refs != nullptr) {
-        for (std::uint32_t s : out.samples) {
+        for (std::size_t i = 0; i < out.samples.size(); ++i) {
+          const std::uint32_t s = out.samples[i];
           PACKPIPE_CHECK_ARG(s < opt_.sample_refs->size(), "build_plan: micro-batch {} names sample {} of {} refs", m,
                              s, opt_.sample_refs->size());
           out.refs.push_back((*opt_.sample_refs)[s]);
+          // A slice starts prefix tokens into its sample (a chunk's offset stays in front).
+          out.refs.back().offset += out.prefix_of(i);
         }
       }
       for (std::int64_t v = 0; v < V_; ++v) {

@@ -309,6 +309,24 @@ void encode_body(const Plan& p, Out& o) {
     }
   }
   o.le(p.dataset.fingerprint, 8);  // format 5: the dataset the refs index (0: unknown)
+  // Format 6: slices. A flag, then per micro-batch a flag and, when set, every entry's prefix and
+  // previous micro-batch + 1 (0: none).
+  const bool slices = p.has_slices();
+  o.u8(slices ? 1 : 0);
+  if (slices) {
+    for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+      const auto& mb = p.microbatches[m];
+      PACKPIPE_CHECK_ARG(!mb.has_slices() || (mb.prefix.size() == mb.samples.size() && mb.prev.size() == mb.samples.size()),
+                         "encode_plan: micro-batch {} has {} prefixes and {} previous slices for {} samples", m,
+                         mb.prefix.size(), mb.prev.size(), mb.samples.size());
+      o.u8(mb.has_slices() ? 1 : 0);
+      if (!mb.has_slices()) continue;
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        o.var(mb.prefix[i]);
+        o.var(mb.prev[i] == kNoSlice ? 0 : static_cast<std::uint64_t>(mb.prev[i]) + 1);
+      }
+    }
+  }
 }
 
 /// The layout a format-1 or -2 plan implies: rows packed under a block mask when it gives row
@@ -507,6 +525,32 @@ Plan decode_body(In& in, std::uint16_t version) {
     if (offsets == 1 && !any) in.fail("has_offsets", "expected 0: no ref is a chunk (every offset is 0)");
   }
   if (version >= 5) p.dataset.fingerprint = in.fixed64("dataset");
+  if (version >= 6) {
+    const std::uint8_t slices = in.u8("has_slices");
+    if (slices > 1) in.fail("has_slices", fmt::format("expected 0 or 1, found {}", slices));
+    bool any = false;
+    for (auto& mb : p.microbatches) {
+      if (slices == 0) break;
+      const std::uint8_t has = in.u8("microbatch.has_slices");
+      if (has > 1) in.fail("microbatch.has_slices", fmt::format("expected 0 or 1, found {}", has));
+      if (has == 0) continue;
+      in.need(2ull * mb.samples.size(), "microbatch.slices");
+      mb.prefix.resize(mb.samples.size());
+      mb.prev.resize(mb.samples.size());
+      bool linked = false;
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        mb.prefix[i] = in.u32("microbatch.prefix");
+        const std::uint64_t pv = in.var("microbatch.prev");
+        if (pv > 0xFFFFFFFFull) in.fail("microbatch.prev", fmt::format("expected at most 2^32, found {}", pv));
+        mb.prev[i] = pv == 0 ? kNoSlice : static_cast<std::uint32_t>(pv - 1);
+        linked = linked || pv != 0 || mb.prefix[i] != 0;
+      }
+      // Canonical: a micro-batch's flag is set exactly when one of its entries is a later slice.
+      if (!linked) in.fail("microbatch.has_slices", "expected 0: no entry has a prefix or a previous slice");
+      any = true;
+    }
+    if (slices == 1 && !any) in.fail("has_slices", "expected 0: no micro-batch holds a later slice");
+  }
   if (in.left() != 0) in.fail("end", fmt::format("expected the end of the body, found {} more bytes", in.left()));
   return p;
 }
@@ -738,6 +782,12 @@ std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
       o["lengths"] = mb.lengths;
       if (!mb.target_lengths.empty()) o["target_lengths"] = mb.target_lengths;
     }
+    if (mb.has_slices()) {
+      o["prefix"] = mb.prefix;
+      Json prev = Json::array();
+      for (const auto x : mb.prev) prev.push_back(x == kNoSlice ? Json(nullptr) : Json(x));
+      o["prev"] = std::move(prev);
+    }
     mbs.push_back(std::move(o));
   }
   j["microbatches"] = std::move(mbs);
@@ -918,7 +968,8 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     const std::string ptr = "/microbatches/" + std::to_string(m);
     const Json& o = mbs[m];
     in.only(o, ptr, {"rows", "padded_len", "padded_dec_len", "tokens", "loss_weight", "samples", "refs", "row_offsets",
-                     "layout", "recompute", "stored_bytes", "peak_bytes", "loss_tokens", "lengths", "target_lengths"});
+                     "layout", "recompute", "stored_bytes", "peak_bytes", "loss_tokens", "lengths", "target_lengths",
+                     "prefix", "prev"});
     PlanMicroBatch mb;
     mb.rows = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "rows"), ptr + "/rows", 0xFFFFFFFFull));
     mb.padded_len = static_cast<std::uint32_t>(in.u64(in.at(o, ptr, "padded_len"), ptr + "/padded_len", 0xFFFFFFFFull));
@@ -957,6 +1008,18 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
     if (o.contains("lengths")) mb.lengths = in.u_list<std::uint32_t>(o["lengths"], ptr + "/lengths", mb.samples.size());
     if (o.contains("target_lengths")) {
       mb.target_lengths = in.u_list<std::uint32_t>(o["target_lengths"], ptr + "/target_lengths", mb.samples.size());
+    }
+    if (o.contains("prefix") || o.contains("prev")) {
+      if (version < 6) in.fail(ptr + "/prefix", "a format-1 to -5 plan has no slices (format 6 has)");
+      mb.prefix = in.u_list<std::uint32_t>(in.at(o, ptr, "prefix"), ptr + "/prefix", mb.samples.size());
+      const Json& prev = in.arr(in.at(o, ptr, "prev"), ptr + "/prev", mb.samples.size());
+      bool linked = false;
+      for (std::size_t i = 0; i < prev.size(); ++i) {
+        const std::string pp = ptr + "/prev/" + std::to_string(i);
+        mb.prev.push_back(prev[i].is_null() ? kNoSlice : static_cast<std::uint32_t>(in.u64(prev[i], pp, 0xFFFFFFFEull)));
+        linked = linked || mb.prev.back() != kNoSlice || mb.prefix[i] != 0;
+      }
+      if (!linked) in.fail(ptr + "/prefix", "no entry has a prefix or a previous slice: leave out prefix and prev");
     }
     const Json& rc = in.arr(in.at(o, ptr, "recompute"), ptr + "/recompute", V);
     const auto st = in.u_list<std::uint64_t>(in.at(o, ptr, "stored_bytes"), ptr + "/stored_bytes", V);

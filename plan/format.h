@@ -36,7 +36,7 @@ namespace packpipe::plan {
 /// Plan::stages empty; formats 1-2 with layouts implied by row_offsets; formats 1-3 with no context
 /// length and every offset 0); 5 adds the fingerprint of the dataset whose samples the refs name
 /// (Plan::dataset; older plans: unknown, which loaders accept without a check).
-constexpr std::uint16_t kPlanFormatVersion = 5;
+constexpr std::uint16_t kPlanFormatVersion = 6;
 
 struct EncodeOptions {
   bool compress = false;  ///< zstd-compress the body

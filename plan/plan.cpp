@@ -44,7 +44,43 @@ bool PlanMicroBatch::operator==(const PlanMicroBatch& o) const {
   return samples == o.samples && refs == o.refs && row_offsets == o.row_offsets && layout == o.layout && rows == o.rows &&
          padded_len == o.padded_len && padded_dec_len == o.padded_dec_len && tokens == o.tokens &&
          loss_weight == o.loss_weight && lengths == o.lengths && target_lengths == o.target_lengths &&
-         loss_tokens == o.loss_tokens;
+         loss_tokens == o.loss_tokens && prefix == o.prefix && prev == o.prev;
+}
+
+bool Plan::has_slices() const {
+  for (const auto& mb : microbatches) {
+    if (mb.has_slices()) return true;
+  }
+  return false;
+}
+
+SliceLinks slice_links(const Plan& plan) {
+  SliceLinks l;
+  const std::size_t n = plan.microbatches.size();
+  l.prev.resize(n);
+  l.next.resize(n);
+  for (std::size_t m = 0; m < n; ++m) {
+    l.prev[m].assign(plan.microbatches[m].samples.size(), EntryRef{});
+    l.next[m].assign(plan.microbatches[m].samples.size(), EntryRef{});
+  }
+  for (std::size_t m = 0; m < n; ++m) {
+    const PlanMicroBatch& mb = plan.microbatches[m];
+    if (!mb.has_slices() || mb.prev.size() != mb.samples.size()) continue;
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+      const std::uint32_t p = mb.prev[i];
+      if (p == kNoSlice || p >= n || p == m) continue;
+      const auto& ps = plan.microbatches[p].samples;
+      for (std::size_t k = 0; k < ps.size(); ++k) {
+        if (ps[k] != mb.samples[i]) continue;
+        if (!l.next[p][k].valid()) {
+          l.prev[m][i] = EntryRef{p, static_cast<std::uint32_t>(k)};
+          l.next[p][k] = EntryRef{static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(i)};
+        }
+        break;
+      }
+    }
+  }
+  return l;
 }
 
 std::size_t Plan::instruction_count() const {

@@ -83,8 +83,22 @@ struct PlanMicroBatch {
   /// Tokens of this micro-batch that carry loss (Plan::loss_mode; format 2, else 0): its labels
   /// (decoder-only) or decoder labels (encoder-decoder) other than ignore_index.
   std::uint64_t loss_tokens = 0;
+  /// Slices (format 6; docs/design/015-long-context.md), per sample in `samples` order, or both
+  /// empty when the micro-batch holds no slice after a first one. prefix[i]: tokens of the same
+  /// sample before this entry that it attends to (their keys and values kept from earlier
+  /// micro-batches; positions continue from it); 0 for a whole sample, a chunk or a first slice.
+  /// prev[i]: the micro-batch holding the previous slice of the sample (kNoSlice for none). Whether
+  /// an entry continues in a later micro-batch follows from the links (slice_next).
+  std::vector<std::uint32_t> prefix, prev;
+  /// Whether any entry is a slice after a first one (prefix and prev are filled).
+  bool has_slices() const { return !prev.empty(); }
+  /// prefix[i], or 0 without slices.
+  std::uint32_t prefix_of(std::size_t i) const { return prefix.empty() ? 0 : prefix[i]; }
   bool operator==(const PlanMicroBatch& o) const;
 };
+
+/// No previous slice (PlanMicroBatch::prev).
+inline constexpr std::uint32_t kNoSlice = 0xFFFFFFFFu;
 
 /// Which tokens carry loss. Values are part of the binary format.
 enum class LossMode : std::uint8_t {
@@ -220,6 +234,8 @@ struct Plan {
   DatasetIdentity dataset;
 
   std::size_t microbatch_count() const { return microbatches.size(); }
+  /// Whether any micro-batch holds a slice after a first one (format 6).
+  bool has_slices() const;
   /// Index of (mb, v) in the per-(micro-batch, stage) tables.
   std::size_t at(std::size_t mb, std::size_t v) const { return mb * vstages + v; }
   /// Total instructions over all ranks.
@@ -231,5 +247,23 @@ struct Plan {
   bool operator==(const Plan& o) const;
   bool operator!=(const Plan& o) const { return !(*this == o); }
 };
+
+/// One entry of a micro-batch: (micro-batch, index in its samples).
+struct EntryRef {
+  std::uint32_t mb = kNoSlice;
+  std::uint32_t entry = kNoSlice;
+  bool valid() const { return mb != kNoSlice; }
+};
+/// The slice links of a plan resolved to entries, per micro-batch and entry (empty per micro-batch
+/// without samples): `prev` the entry of the previous slice, `next` the entry of the next one
+/// (invalid: none). An entry's previous slice is the entry of micro-batch prev[i] with the same
+/// sample id (the first such); a link that names no such entry stays invalid (the validator reports
+/// it). O(entries).
+struct SliceLinks {
+  std::vector<std::vector<EntryRef>> prev, next;
+  /// Whether entry (mb, i) continues in a later micro-batch: its last token's label is the next token.
+  bool continues(std::size_t mb, std::size_t i) const { return next[mb][i].valid(); }
+};
+SliceLinks slice_links(const Plan& plan);
 
 }  // namespace packpipe::plan

@@ -56,6 +56,7 @@ class Checker {
     check_fields();
     check_tables();
     check_timeline();
+    check_slice_order();
     DryRunOptions dro;
     dro.count_buffers = o_.count_buffers;
     DryRun dry(p_, [this](const char* kind, std::int64_t rank, std::int64_t index, std::string msg) {
@@ -89,7 +90,7 @@ class Checker {
     const std::size_t before = rep_.violations.size();
     if (p.ranks == 0) add("header", -1, -1, "ranks: expected at least 1, found 0");
     if (p.vstages == 0) add("header", -1, -1, "vstages: expected at least 1, found 0");
-    if (p.microbatches.empty()) add("header", -1, -1, "microbatches: expected at least 1, found none");
+    // A replica without a sample has no micro-batch: its plan only reduces and steps.
     if (p.dp == 0) add("header", -1, -1, "dp: expected at least 1, found 0");
     if (p.replica >= p.dp && p.dp > 0) {
       add("header", -1, -1, fmt::format("replica: expected below dp {}, found {}", p.dp, p.replica));
@@ -185,6 +186,7 @@ class Checker {
                                         p.global_tokens));
     }
     check_contents();
+    check_slices();
     if (p.has_stage_specs()) check_trainer_tables();
     return true;
   }
@@ -345,11 +347,14 @@ class Checker {
     Spans spans;  // the tokens of each dataset sample the micro-batches train (format 2: lengths known)
     std::size_t with_dec = 0;
     double weights = 0;
+    const SliceLinks links = slice_links(p);
     for (std::size_t m = 0; m < N_; ++m) {
       const PlanMicroBatch& mb = p.microbatches[m];
-      for (const std::uint32_t s : mb.samples) {
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        const std::uint32_t s = mb.samples[i];
         const auto [it, fresh] = sample_mb.emplace(s, m);
-        if (!fresh) {
+        // A later slice shares its sample's id with the slices before it (check_slices checks the link).
+        if (!fresh && !links.prev[m][i].valid()) {
           add("header", -1, -1, fmt::format("micro-batch {}: sample {} is already in micro-batch {} (each sample is "
                                             "trained once)", m, s, it->second));
         }
@@ -587,6 +592,111 @@ class Checker {
     }
   }
   std::size_t timeline_violations_ = 0;
+
+  // Slices (format 6): the links between micro-batches that hold consecutive slices of one sample.
+  void check_slices() {
+    const Plan& p = p_;
+    if (!p.has_slices()) return;
+    const SliceLinks links = slice_links(p);
+    const bool encdec = std::any_of(p.microbatches.begin(), p.microbatches.end(),
+                                    [](const PlanMicroBatch& mb) { return mb.padded_dec_len > 0 || !mb.target_lengths.empty(); });
+    for (std::size_t m = 0; m < N_; ++m) {
+      const PlanMicroBatch& mb = p.microbatches[m];
+      if (!mb.has_slices()) continue;
+      auto bad = [&](std::string msg) { add("header", -1, -1, fmt::format("micro-batch {}: {}", m, msg)); };
+      if (mb.prefix.size() != mb.samples.size() || mb.prev.size() != mb.samples.size()) {
+        bad(fmt::format("{} prefixes and {} previous slices for {} samples", mb.prefix.size(), mb.prev.size(),
+                        mb.samples.size()));
+        continue;
+      }
+      if (mb.layout != Layout::Packed) {
+        bad(fmt::format("holds slices in layout {}; slices are entries of packed (varlen) micro-batches",
+                        layout_name(mb.layout)));
+      }
+      if (encdec) bad("holds slices in an encoder-decoder plan; only decoder-only samples are sliced");
+      for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+        const std::uint32_t pv = mb.prev[i], pre = mb.prefix[i];
+        const std::uint32_t len = i < mb.lengths.size() ? mb.lengths[i] : 0;
+        if (pv == kNoSlice) {
+          if (pre != 0) bad(fmt::format("sample {} keeps a prefix of {} tokens but names no previous slice", mb.samples[i], pre));
+          continue;
+        }
+        if (pv >= N_ || pv == m) {
+          bad(fmt::format("sample {}: previous slice in micro-batch {}: expected another micro-batch below {}",
+                          mb.samples[i], pv, N_));
+          continue;
+        }
+        const EntryRef from = links.prev[m][i];
+        if (!from.valid()) {
+          bad(fmt::format("sample {}: its previous slice should be in micro-batch {}, which holds no entry of sample {} "
+                          "that another slice does not already continue", mb.samples[i], pv, mb.samples[i]));
+          continue;
+        }
+        const PlanMicroBatch& pm = p.microbatches[from.mb];
+        const std::uint32_t plen = from.entry < pm.lengths.size() ? pm.lengths[from.entry] : 0;
+        const std::uint64_t want = std::uint64_t{pm.prefix_of(from.entry)} + plen;
+        if (pre != want) {
+          bad(fmt::format("sample {}: prefix {} tokens, expected {} (the previous slice's prefix {} plus its {} tokens, "
+                          "micro-batch {})", mb.samples[i], pre, want, pm.prefix_of(from.entry), plen, from.mb));
+        }
+        if (i < mb.refs.size() && from.entry < pm.refs.size()) {
+          const SampleRef& a = pm.refs[from.entry];
+          const SampleRef& b = mb.refs[i];
+          if (a.task != b.task || a.index != b.index || std::uint64_t{a.offset} + plen != b.offset) {
+            bad(fmt::format("sample {}: dataset sample {} does not continue {} ({} tokens) of micro-batch {}",
+                            mb.samples[i], ref_name(b), ref_name(a), plen, from.mb));
+          }
+        }
+        if (p.max_seq_len > 0 && std::uint64_t{pre} + len > p.max_seq_len) {
+          bad(fmt::format("sample {}: its slice reaches position {} (prefix {} + {} tokens), past max_seq_len {}",
+                          mb.samples[i], std::uint64_t{pre} + len, pre, len, p.max_seq_len));
+        }
+      }
+    }
+  }
+
+  // Slices in the streams: on every stage, the previous slice's forward before this one's, this
+  // one's backward (or input gradient) before the previous slice's (docs/design/015-long-context.md).
+  void check_slice_order() {
+    const Plan& p = p_;
+    if (!p.has_slices()) return;
+    const SliceLinks links = slice_links(p);
+    constexpr std::size_t kAbsent = SIZE_MAX;
+    for (std::size_t r = 0; r < S_; ++r) {
+      std::vector<std::size_t> fwd(N_ * V_, kAbsent), bwd(N_ * V_, kAbsent);
+      const auto& st = p.streams[r];
+      for (std::size_t i = 0; i < st.size(); ++i) {
+        const Instruction& ins = st[i];
+        if (!is_compute(ins.op) || ins.mb >= N_ || ins.stage >= V_) continue;
+        const std::size_t at = static_cast<std::size_t>(ins.mb) * V_ + ins.stage;
+        if (ins.op == Opcode::Forward && fwd[at] == kAbsent) fwd[at] = i;
+        if ((ins.op == Opcode::Backward || ins.op == Opcode::BackwardInput) && bwd[at] == kAbsent) bwd[at] = i;
+      }
+      for (std::size_t m = 0; m < N_; ++m) {
+        for (std::size_t e = 0; e < links.prev[m].size(); ++e) {
+          const EntryRef from = links.prev[m][e];
+          if (!from.valid()) continue;
+          for (std::size_t v = 0; v < V_; ++v) {
+            if (p.stage_rank[v] != r) continue;
+            const std::size_t a = from.mb * V_ + v, b = m * V_ + v;
+            if (fwd[a] != kAbsent && fwd[b] != kAbsent && fwd[b] < fwd[a]) {
+              add("order", static_cast<std::int64_t>(r), static_cast<std::int64_t>(fwd[b]),
+                  fmt::format("FWD of micro-batch {} stage {} comes before the FWD of micro-batch {}, which holds the "
+                              "previous slice of sample {} (its keys and values must exist first)",
+                              m, v, from.mb, p.microbatches[m].samples[e]));
+            }
+            if (bwd[a] != kAbsent && bwd[b] != kAbsent && bwd[a] < bwd[b]) {
+              add("order", static_cast<std::int64_t>(r), static_cast<std::int64_t>(bwd[a]),
+                  fmt::format("backward of micro-batch {} stage {} comes before the backward of micro-batch {}, which "
+                              "holds the next slice of sample {} (its gradients flow into the earlier slice's keys and "
+                              "values: backward runs in reverse slice order)",
+                              from.mb, v, m, p.microbatches[m].samples[e]));
+            }
+          }
+        }
+      }
+    }
+  }
 
   // Field ranges and per-instruction static rules.
   void check_fields() {

@@ -125,6 +125,31 @@ RowLayout microbatch_layout(const pl::Plan& plan, std::size_t m, bool decoder) {
   out.position_ids = std::move(t.position_ids);
   out.segment_ids = std::move(t.segment_ids);
   out.max_seqlen = t.max_seqlen;
+  out.cu_seqlens_k = out.cu_seqlens;
+  out.max_seqlen_k = out.max_seqlen;
+  out.prefix.assign(lengths.size(), 0);
+  out.continues.assign(lengths.size(), 0);
+  if (decoder || !plan.has_slices()) return out;
+  const pl::SliceLinks links = pl::slice_links(plan);
+  for (std::size_t i = 0; i < lengths.size(); ++i) out.continues[i] = links.continues(m, i) ? 1 : 0;
+  if (!mb.has_slices()) return out;
+  PACKPIPE_CHECK_ARG(mb.layout == Layout::Packed && offsets.size() == 2,
+                     "iteration {}, micro-batch {}: slices in layout {} ({} rows); slices are entries of one packed row",
+                     plan.iteration, m, layout_name(mb.layout), offsets.size() - 1);
+  // One packed row: entry i holds tokens cu_seqlens[i] .. cu_seqlens[i + 1] (a padding segment after
+  // the last entry, if any, keeps its own keys).
+  std::int32_t k = 0;
+  for (std::size_t i = 0; i + 1 < out.cu_seqlens.size(); ++i) {
+    const std::int32_t len = out.cu_seqlens[i + 1] - out.cu_seqlens[i];
+    const std::uint32_t pre = i < lengths.size() ? mb.prefix_of(i) : 0;
+    if (i < lengths.size()) out.prefix[i] = pre;
+    for (std::int32_t p = out.cu_seqlens[i]; p < out.cu_seqlens[i + 1]; ++p) {
+      out.position_ids[static_cast<std::size_t>(p)] += static_cast<std::int32_t>(pre);
+    }
+    k += len + static_cast<std::int32_t>(pre);
+    out.cu_seqlens_k[i + 1] = k;
+    out.max_seqlen_k = std::max(out.max_seqlen_k, len + static_cast<std::int32_t>(pre));
+  }
   return out;
 }
 
@@ -242,6 +267,8 @@ LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Pl
   const bool need_decoder = (loads & kDecoderLoads) != 0;
 
   std::vector<std::int64_t> input, target;
+  std::unique_ptr<pl::SliceLinks> links;
+  if (plan.has_slices()) links = std::make_unique<pl::SliceLinks>(pl::slice_links(plan));
   for (std::size_t r = 0; r < R; ++r) {
     std::size_t at = r * W, dec_at = r * D;  // where the row's next sample starts
     for (auto k = offsets[r]; k < offsets[r + 1]; ++k) {
@@ -256,22 +283,27 @@ LoadedTensors assemble_microbatch(const dl::MultiTaskDataset& data, const pl::Pl
       const std::uint32_t in = data.input_length(ref), tg = data.target_length(ref);
       const std::uint32_t len = mb.lengths[k];
       if (!encdec) {
-        // Tokens [o, o + len) of the sample's input then target tokens (o > 0: a chunk).
+        // Tokens [o, o + len) of the sample's input then target tokens (o > 0: a chunk, or a slice).
+        // A slice that continues in a later micro-batch also reads the next token: its last
+        // position's label (docs/design/015-long-context.md).
         const std::uint64_t o = ref.offset;
-        PACKPIPE_CHECK_ARG(o + len <= std::uint64_t{in} + tg,
-                           "iteration {}, micro-batch {}, {}: planned tokens [{}, {}) run past the sample's {} tokens "
+        const bool cont = links != nullptr && links->continues(m, k);
+        const std::uint32_t read = len + (cont ? 1u : 0u);
+        PACKPIPE_CHECK_ARG(o + read <= std::uint64_t{in} + tg,
+                           "iteration {}, micro-batch {}, {}: planned tokens [{}, {}){} run past the sample's {} tokens "
                            "(input {} + target {})",
-                           plan.iteration, m, sample_name(data, k, ref), o, o + len, std::uint64_t{in} + tg, in, tg);
-        out.loss_tokens += decoder_only_loss(len, in, ref.offset, plan.loss_mode);
+                           plan.iteration, m, sample_name(data, k, ref), o, o + len,
+                           cont ? " and the next slice's first" : "", std::uint64_t{in} + tg, in, tg);
+        out.loss_tokens += decoder_only_loss(read, in, ref.offset, plan.loss_mode);
         if (!need_encoder) continue;
         const std::uint32_t in_begin = std::min(ref.offset, in);
-        const auto in_end = static_cast<std::uint32_t>(std::min<std::uint64_t>(o + len, in));
+        const auto in_end = static_cast<std::uint32_t>(std::min<std::uint64_t>(o + read, in));
         const std::uint32_t tg_begin = static_cast<std::uint32_t>(std::max<std::uint64_t>(o, in) - in);
-        read_tokens(data, ref, in_begin, in_end - in_begin, tg_begin, len - (in_end - in_begin), input, target);
+        read_tokens(data, ref, in_begin, in_end - in_begin, tg_begin, read - (in_end - in_begin), input, target);
         input.insert(input.end(), target.begin(), target.end());  // the chunk as one sequence
-        if (!out.input_ids.empty()) std::copy(input.begin(), input.end(), out.input_ids.begin() + at);
+        if (!out.input_ids.empty()) std::copy(input.begin(), input.begin() + len, out.input_ids.begin() + at);
         if (!out.labels.empty()) {
-          for (std::uint32_t p = 0; p + 1 < len; ++p) {
+          for (std::uint32_t p = 0; p + 1 < read; ++p) {
             // Targets: where the next token is a target token (its index in the sample at least `in`).
             if (plan.loss_mode == pl::LossMode::AllTokens || o + p + 1 >= in) out.labels[at + p] = input[p + 1];
           }

@@ -51,12 +51,24 @@ struct TokenOptions {
 struct RowLayout {
   std::uint32_t rows = 0, seq = 0;
   std::vector<std::int32_t> cu_seqlens, position_ids, segment_ids;
+  /// The longest segment of cu_seqlens (padding segments included: flash-attn's contract).
   std::int32_t max_seqlen = 0;
+  /// The keys' side of each query segment (flash-attn varlen's cu_seqlens_k, max_seqlen_k): a slice
+  /// attends to its prefix's kept keys and then its own, prefix + length keys (bottom-right causal);
+  /// equal to cu_seqlens / max_seqlen without slices. Slices also continue their positions from
+  /// their prefix.
+  std::vector<std::int32_t> cu_seqlens_k;
+  std::int32_t max_seqlen_k = 0;
+  /// Per sample entry: its prefix (kept tokens before it) and whether it continues in a later
+  /// micro-batch (its last token's label is the next token), from the plan's slice links.
+  std::vector<std::uint32_t> prefix;
+  std::vector<std::uint8_t> continues;
 };
 
 /// The rows of micro-batch `mb` of a format-2 plan: its encoder (or whole-sample) side over
 /// PlanMicroBatch::lengths and padded_len, or with `decoder` its decoder side over target_lengths
-/// and padded_dec_len (encoder-decoder plans only), through packing::row_tensors. Throws
+/// and padded_dec_len (encoder-decoder plans only), through packing::row_tensors, with its slices'
+/// prefixes (positions continue, keys' cu_seqlens_k) from the plan's slice links. Throws
 /// OutOfRange for `mb`, InvalidArgument naming the iteration and micro-batch for a format-1 plan, a
 /// decoder side the plan lacks, or rows that do not match the lengths.
 RowLayout microbatch_layout(const pl::Plan& plan, std::size_t mb, bool decoder = false);

@@ -40,10 +40,22 @@ std::vector<part::MicroBatch> replica_microbatches(const part::Partition& p, std
 
 std::size_t replicas(const part::Partition& p) { return p.ranks.empty() ? 1 : p.ranks.size(); }
 
+/// The slice links of one replica's micro-batches (its list keeps their order), for the schedule.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> microbatch_slice_edges(const std::vector<part::MicroBatch>& mbs,
+                                                                            const part::Partition& split) {
+  const bool sliced = std::any_of(mbs.begin(), mbs.end(), [](const part::MicroBatch& mb) { return mb.has_slices(); });
+  if (!sliced) return {};
+  PACKPIPE_ASSERT(!split.lengths.input.empty());
+  return part::slice_edges(mbs, split.lengths.input);
+}
+
 /// A problem for one replica's micro-batches.
 sched::SimProblem replica_problem(const std::vector<part::MicroBatch>& mbs, const cm::CostModel& cost,
-                           const std::vector<part::VirtualStage>& vstages, const part::PipelineShape& shape) {
-  return sched::make_sim_problem(sched::stage_cost_table(cost, shape, vstages, mbs), cost, shape);
+                           const std::vector<part::VirtualStage>& vstages, const part::PipelineShape& shape,
+                           const part::Partition& split) {
+  sched::SimProblem p = sched::make_sim_problem(sched::stage_cost_table(cost, shape, vstages, mbs), cost, shape);
+  p.slice_edges = microbatch_slice_edges(mbs, split);
+  return p;
 }
 
 void account(const pl::Schedule& s, const part::PipelineShape& shape, double limit_bytes, MethodFigures& f) {
@@ -130,9 +142,9 @@ void simulate_method(const part::BatchLengths& lengths, const part::Partition& p
   for (std::size_t r = 0; r < replicas(p); ++r) {
     const auto mbs = replica_microbatches(p, r);
     if (mbs.empty()) continue;
-    const sched::SimProblem prob = replica_problem(mbs, cost, vstages, shape);
+    const sched::SimProblem prob = replica_problem(mbs, cost, vstages, shape, p);
     sched::ScheduleKind k = kind;
-    if (!sched::schedule_supports(k, shape.stages, shape.chunks, static_cast<std::int64_t>(mbs.size()))) {
+    if (!sched::schedule_supports(k, prob)) {
       k = sched::ScheduleKind::GPipe;  // e.g. interleaving with a partial group: fall back, as a user must
     }
     const pl::Schedule s = sched::make_schedule(k, prob);
@@ -144,6 +156,17 @@ std::uint32_t sample_loss_tokens(const part::BatchLengths& lengths, std::uint32_
   if (!lengths.loss.empty()) return lengths.loss[s];
   if (lengths.encoder_decoder()) return lengths.target[s];
   return lengths.input[s] > 0 ? lengths.input[s] - 1 : 0;
+}
+
+std::uint32_t slice_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s, std::uint32_t begin,
+                                std::uint32_t length) {
+  // A decoder-only sample's loss positions are the suffix [L - 1 - loss, L - 2] of its L tokens in
+  // either loss mode (every next token, or the target tokens after the input; truncation and chunks
+  // keep it a suffix): a slice trains those inside [begin, begin + length).
+  const std::int64_t L = lengths.input[s], loss = sample_loss_tokens(lengths, s);
+  const std::int64_t lo = std::max<std::int64_t>(L - 1 - loss, begin);
+  const std::int64_t hi = std::min<std::int64_t>(L - 1, std::int64_t{begin} + length);  // exclusive
+  return hi > lo ? static_cast<std::uint32_t>(hi - lo) : 0;
 }
 
 std::vector<pl::StageInfo> stage_infos(const std::vector<part::VirtualStage>& vstages, std::int64_t ranks) {
@@ -190,14 +213,52 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
     mb.padded_len = static_cast<std::uint32_t>(in.padded_len);
     mb.padded_dec_len = static_cast<std::uint32_t>(in.padded_dec_len);
     mb.tokens = in.tokens;
-    for (const std::uint32_t s : in.samples) {
+    PACKPIPE_CHECK_ARG(!in.has_slices() || in.spans.size() == in.samples.size(),
+                       "build_plan: micro-batch {} has {} spans for {} samples", m, in.spans.size(), in.samples.size());
+    for (std::size_t i = 0; i < in.samples.size(); ++i) {
+      const std::uint32_t s = in.samples[i];
       PACKPIPE_CHECK_ARG(s < lengths.size(), "build_plan: micro-batch {} names sample {} of a batch of {}", m, s,
                          lengths.size());
+      if (in.has_slices()) {
+        const part::Span sp = in.spans[i];
+        mb.lengths.push_back(sp.length);
+        mb.loss_tokens += slice_loss_tokens(lengths, s, sp.begin, sp.length);
+        continue;
+      }
       mb.lengths.push_back(lengths.input[s]);
       if (lengths.encoder_decoder()) mb.target_lengths.push_back(lengths.target[s]);
       mb.loss_tokens += sample_loss_tokens(lengths, s);
     }
     recompute[m] = in.recompute;
+  }
+  // Slices: each entry's prefix and the micro-batch (in this list) holding its sample's previous
+  // slice; micro-batches without a later slice keep empty tables.
+  std::map<std::uint32_t, std::pair<std::uint32_t, std::uint64_t>> last;  // sample -> (micro-batch, end)
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    const part::MicroBatch& in = mbs[m];
+    if (!in.has_slices()) continue;
+    pl::PlanMicroBatch& mb = out[m];
+    std::vector<std::uint32_t> prefix(in.samples.size(), 0), prev(in.samples.size(), pl::kNoSlice);
+    bool linked = false;
+    for (std::size_t i = 0; i < in.samples.size(); ++i) {
+      const part::Span sp = in.spans[i];
+      if (sp.begin == 0 && sp.length == lengths.input[in.samples[i]]) continue;  // a whole sample
+      prefix[i] = sp.begin;
+      if (sp.begin > 0) {
+        const auto it = last.find(in.samples[i]);
+        PACKPIPE_CHECK_ARG(it != last.end() && it->second.second == sp.begin,
+                           "build_plan: micro-batch {}: the slice of sample {} from token {} follows no slice ending "
+                           "there in an earlier micro-batch",
+                           m, in.samples[i], sp.begin);
+        prev[i] = it->second.first;
+        linked = true;
+      }
+      last[in.samples[i]] = {static_cast<std::uint32_t>(m), std::uint64_t{sp.begin} + sp.length};
+    }
+    if (linked) {
+      mb.prefix = std::move(prefix);
+      mb.prev = std::move(prev);
+    }
   }
   if (costs == nullptr) return pl::build_plan(schedule, std::move(out), recompute, stages, nullptr, options);
   PACKPIPE_CHECK_ARG(costs->microbatches == static_cast<std::int64_t>(mbs.size()) &&
@@ -229,11 +290,17 @@ part::BatchLengths trained_lengths(const part::BatchLengths& lengths, const part
 
 namespace {
 
-// Loss tokens of every sample some micro-batch trains (dropped samples carry none).
+// Loss tokens of every sample some micro-batch trains (dropped samples carry none; a sliced sample
+// counts once).
 std::uint64_t global_loss_tokens(const part::BatchLengths& trained, const part::Partition& split) {
   std::uint64_t n = 0;
+  std::vector<char> seen(trained.size(), 0);
   for (const auto& mb : split.microbatches) {
-    for (auto s : mb.samples) n += trained.loss[s];
+    for (auto s : mb.samples) {
+      if (s < seen.size() && seen[s]) continue;
+      if (s < seen.size()) seen[s] = 1;
+      n += trained.loss[s];
+    }
   }
   return n;
 }
@@ -298,20 +365,24 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
   for (std::size_t k = 0; k < replicas(split); ++k) {
     out.replica_mbs.push_back(replica_microbatches(split, k));
     const auto& mbs = out.replica_mbs.back();
-    if (mbs.empty()) {
-      PACKPIPE_CHECK_ARG(!own, "iteration {}: data-parallel replica {} of {} received no micro-batch ({} micro-batches "
-                         "in all); use a larger global batch or fewer data-parallel replicas (dp / --dp)",
-                         iteration, k, replicas(split), split.microbatches.size());
-      out.figures.feasible = false;
-      out.figures.why = fmt::format("data-parallel replica {} receives no micro-batch", k);
-      return out;
-    }
     out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
-    const sched::SimProblem prob = sched::make_sim_problem(out.tables.back(), cost, o.shape);
+    if (mbs.empty()) {
+      // A replica without a sample (fewer micro-batches, or slice groups, than replicas) still
+      // takes part in the step: its plan reduces zero gradients and steps (issue 30).
+      pl::Schedule empty;
+      empty.name = sched::schedule_kind_name(named ? fixed_kind : sched::ScheduleKind::OneFOneB);
+      empty.ranks = static_cast<std::uint32_t>(o.shape.stages);
+      empty.ops.resize(static_cast<std::size_t>(o.shape.stages));
+      empty.peak_bytes.assign(out.tables.back().static_bytes.begin(), out.tables.back().static_bytes.end());
+      account(empty, o.shape, 0, out.figures);
+      out.schedules.push_back(std::move(empty));
+      continue;
+    }
+    sched::SimProblem prob = sched::make_sim_problem(out.tables.back(), cost, o.shape);
+    prob.slice_edges = microbatch_slice_edges(mbs, split);
     if (sched::makespan_lower_bounds(prob).value() >= bound) return out;
     std::string why;
-    const bool fits = named && sched::schedule_supports(fixed_kind, o.shape.stages, o.shape.chunks,
-                                                        static_cast<std::int64_t>(mbs.size()), &why);
+    const bool fits = named && sched::schedule_supports(fixed_kind, prob, &why);
     if (named && !fits && !o.fallback) {
       const std::string msg = fmt::format("iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a "
                                           "fallback to the search, schedule_fallback=True / --schedule-fallback, to "
@@ -350,6 +421,8 @@ std::uint64_t partition_key(const part::Partition& p) {
     for (auto s : mb.samples) mix(s);
     mix(mb.row_offsets.size());
     for (auto x : mb.row_offsets) mix(x);
+    mix(mb.spans.size());
+    for (const auto& sp : mb.spans) mix(std::uint64_t{sp.begin} << 32 | sp.length);
     mix(static_cast<std::uint64_t>(mb.layout) << 8 | static_cast<std::uint64_t>(mb.recompute));
   }
   for (const auto& rank : p.ranks) {
@@ -368,6 +441,8 @@ part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
   g.round_multiple = o.partition.round_multiple;
   g.longest = o.baseline_longest;
   g.longest_target = o.baseline_longest_target;
+  g.slicing = o.partition.slicing == part::SlicePolicy::Auto || o.partition.oversize == part::OversizePolicy::Slice;
+  g.min_slice_tokens = o.partition.min_slice_tokens;
   return g;
 }
 
@@ -429,6 +504,19 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // 2. Schedule per data-parallel replica.
   t0 = std::chrono::steady_clock::now();
   Scheduled best = schedule_partition(split, cost, vstages, o, iteration, kInfMs, true);
+  // The dp method's other candidates (other micro-batch counts, sliced or not): its objective is
+  // the 1F1B bound, and a schedule that fills bubbles may run another of them faster. The fastest
+  // simulated is packpipe's plan (a candidate whose makespan lower bound cannot beat it is pruned).
+  std::vector<part::Partition> alternatives = std::move(split.alternatives);
+  split.alternatives.clear();
+  for (auto& alt : alternatives) {
+    if (!best.figures.feasible) break;
+    Scheduled c = schedule_partition(alt, cost, vstages, o, iteration, best.figures.iteration_ms, false);
+    if (c.scheduled && c.figures.feasible && c.figures.iteration_ms < best.figures.iteration_ms) {
+      best = std::move(c);
+      split = std::move(alt);
+    }
+  }
   r.schedule_note = best.note;
   r.schedule_ms = ms_since(t0);
 
@@ -490,8 +578,11 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     r.dropped = split.dropped.size();
     r.tokens = split.input_tokens + split.target_tokens;
     part::BatchLengths kept;
+    std::vector<char> seen(lengths.size(), 0);
     for (const auto& mb : split.microbatches) {
       for (auto s : mb.samples) {
+        if (seen[s]) continue;  // a sliced sample once
+        seen[s] = 1;
         kept.input.push_back(split.lengths.input.empty() ? lengths.input[s] : split.lengths.input[s]);
         if (lengths.encoder_decoder()) {
           kept.target.push_back(split.lengths.target.empty() ? lengths.target[s] : split.lengths.target[s]);

@@ -179,6 +179,11 @@ pl::Plan make_plan(const pl::Schedule& schedule, const std::vector<part::MicroBa
 /// Tokens of sample `s` that carry loss: lengths.loss[s] when given, else decoder-only n - 1 and
 /// encoder-decoder the target length.
 std::uint32_t sample_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s);
+/// Loss tokens of the slice of sample `s` holding its tokens [begin, begin + length): its share of
+/// sample_loss_tokens (decoder-only; the loss positions are a suffix of the sample's, so a sample's
+/// slices sum to the whole's, and a slice's last token carries a loss when the sample continues).
+std::uint32_t slice_loss_tokens(const part::BatchLengths& lengths, std::uint32_t s, std::uint32_t begin,
+                                std::uint32_t length);
 /// The batch as trained under `split` (the partition of `lengths`): the lengths after truncation
 /// (split.lengths; `lengths` when the partition keeps none) and each sample's loss tokens. A
 /// decoder-only sample truncated by k tokens keeps its first tokens and loses k loss tokens (never

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <queue>
 
 #include "common/errors.h"
 #include "schedule/detail/order_builder.h"
@@ -32,7 +33,8 @@ void reset(RankOrder& out, std::size_t S, bool cycles) {
   }
 }
 
-void build_gpipe(const SimProblem& p, const std::vector<std::uint32_t>& order, RankOrder& out) {
+void build_gpipe(const SimProblem& p, const std::vector<std::uint32_t>& order, const std::vector<std::uint32_t>& back,
+                 RankOrder& out) {
   const std::int64_t S = p.ranks, c = p.vstages() / p.ranks;
   for (std::int64_t r = 0; r < S; ++r) {
     auto& ops = out.ops[static_cast<std::size_t>(r)];
@@ -40,22 +42,49 @@ void build_gpipe(const SimProblem& p, const std::vector<std::uint32_t>& order, R
       for (std::uint32_t mb : order) ops.push_back(make_op(pl::OpKind::Forward, mb, k * S + r));
     }
     for (std::int64_t k = c - 1; k >= 0; --k) {
-      for (std::uint32_t mb : order) ops.push_back(make_op(pl::OpKind::Backward, mb, k * S + r));
+      for (std::uint32_t mb : back) ops.push_back(make_op(pl::OpKind::Backward, mb, k * S + r));
     }
   }
 }
 
-void build_1f1b(const SimProblem& p, const std::vector<std::uint32_t>& order, RankOrder& out) {
+// Megatron's 1F1B: min(S - r - 1, m) warm-up forwards, then a forward and a backward, then the
+// remaining backwards. Backwards follow `back` (the backward sequence: the order without slices);
+// before a backward whose forward has not run on this rank, the forwards up to it run first
+// (Seq1F1B: a sample's slices all go forward before its last slice goes back on the last stage).
+void build_1f1b(const SimProblem& p, const std::vector<std::uint32_t>& order, const std::vector<std::uint32_t>& back,
+                std::vector<std::int64_t>& pos, RankOrder& out) {
   const std::int64_t S = p.ranks, m = p.microbatches();
+  const bool slices = p.has_slices();
+  if (slices) {
+    pos.assign(static_cast<std::size_t>(m), 0);
+    for (std::int64_t k = 0; k < m; ++k) pos[order[static_cast<std::size_t>(k)]] = k;
+  }
   for (std::int64_t r = 0; r < S; ++r) {
     auto& ops = out.ops[static_cast<std::size_t>(r)];
     const std::int64_t w = warmup_forwards(ScheduleKind::OneFOneB, S, r, 1, m, 0);
-    for (std::int64_t k = 0; k < w; ++k) ops.push_back(make_op(pl::OpKind::Forward, order[k], r));
-    for (std::int64_t k = 0; k < m - w; ++k) {
-      ops.push_back(make_op(pl::OpKind::Forward, order[w + k], r));
-      ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+    if (!slices) {
+      for (std::int64_t k = 0; k < w; ++k) ops.push_back(make_op(pl::OpKind::Forward, order[k], r));
+      for (std::int64_t k = 0; k < m - w; ++k) {
+        ops.push_back(make_op(pl::OpKind::Forward, order[w + k], r));
+        ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+      }
+      for (std::int64_t k = m - w; k < m; ++k) ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+      continue;
     }
-    for (std::int64_t k = m - w; k < m; ++k) ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
+    std::int64_t f = 0;
+    for (; f < w; ++f) ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
+    for (std::int64_t b = 0; b < m; ++b) {
+      if (f < m) {
+        ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
+        ++f;
+      }
+      const std::uint32_t mb = back[static_cast<std::size_t>(b)];
+      while (f <= pos[mb]) {
+        ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
+        ++f;
+      }
+      ops.push_back(make_op(pl::OpKind::Backward, mb, r));
+    }
   }
 }
 
@@ -106,6 +135,15 @@ OrderBuilder::OrderBuilder(const SimProblem& problem)
       if (!(f > 0) || !(in > 0) || !(w > 0)) exact_ = false;
     }
   }
+  if (p_.has_slices()) {
+    slice_prev_.assign(static_cast<std::size_t>(m_), {});
+    slice_next_.assign(static_cast<std::size_t>(m_), {});
+    for (const auto& [a, b] : p_.slice_edges) {
+      PACKPIPE_CHECK_ARG(a < m_ && b < m_ && a != b, "slice edge ({}, {}): expected two micro-batches below {}", a, b, m_);
+      slice_next_[a].push_back(b);
+      slice_prev_[b].push_back(a);
+    }
+  }
   // Zero-bubble admission caps: 1F1B's in-flight count S - r; interleaved: Megatron's warm-up + 1
   // over c.
   cap_.resize(Su);
@@ -117,7 +155,7 @@ OrderBuilder::OrderBuilder(const SimProblem& problem)
 
 void OrderBuilder::check(ScheduleKind kind, const std::vector<std::uint32_t>& order) {
   std::string why;
-  PACKPIPE_CHECK_ARG(schedule_supports(kind, S_, c_, m_, &why), "{}", why);
+  PACKPIPE_CHECK_ARG(schedule_supports(kind, p_, &why), "{}", why);
   const auto m = static_cast<std::size_t>(m_);
   PACKPIPE_CHECK_ARG(order.size() == m, "order must list {} micro-batches, found {}", m, order.size());
   seen_.assign(m, 0);
@@ -126,16 +164,43 @@ void OrderBuilder::check(ScheduleKind kind, const std::vector<std::uint32_t>& or
                        i, order[i]);
     seen_[order[i]] = 1;
   }
+  PACKPIPE_CHECK_ARG(!p_.has_slices() || respects_slices(p_, order),
+                     "order puts a micro-batch before the one holding the previous slice of one of its samples (slices "
+                     "go forward in order; slice_order repairs an order)");
+}
+
+void OrderBuilder::reset_emitted() {
+  if (!p_.has_slices()) return;
+  f_emitted_.assign(static_cast<std::size_t>(m_ * V_), 0);
+  b_emitted_.assign(static_cast<std::size_t>(m_ * V_), 0);
+}
+
+bool OrderBuilder::forward_free(std::uint32_t mb, std::int64_t v) const {
+  if (slice_prev_.empty()) return true;
+  for (const std::uint32_t a : slice_prev_[mb]) {
+    if (!f_emitted_[static_cast<std::size_t>(a) * static_cast<std::size_t>(V_) + static_cast<std::size_t>(v)]) return false;
+  }
+  return true;
+}
+
+bool OrderBuilder::backward_free(std::uint32_t mb, std::int64_t v) const {
+  if (slice_next_.empty()) return true;
+  for (const std::uint32_t b : slice_next_[mb]) {
+    if (!b_emitted_[static_cast<std::size_t>(b) * static_cast<std::size_t>(V_) + static_cast<std::size_t>(v)]) return false;
+  }
+  return true;
 }
 
 void OrderBuilder::build(ScheduleKind kind, const std::vector<std::uint32_t>& order, const ScheduleOptions& options,
                          RankOrder& out) {
   check(kind, order);
+  reset_emitted();
   const auto Su = static_cast<std::size_t>(S_);
   reset(out, Su, kind == ScheduleKind::Cyclic || kind == ScheduleKind::WaitFreeCyclic);
+  const std::vector<std::uint32_t>& back = p_.has_slices() ? (back_ = backward_sequence(p_, order)) : order;
   switch (kind) {
-    case ScheduleKind::GPipe: build_gpipe(p_, order, out); break;
-    case ScheduleKind::OneFOneB: build_1f1b(p_, order, out); break;
+    case ScheduleKind::GPipe: build_gpipe(p_, order, back, out); break;
+    case ScheduleKind::OneFOneB: build_1f1b(p_, order, back, pos_, out); break;
     case ScheduleKind::Interleaved1F1B: {
       const std::int64_t g = options.group_size > 0 ? options.group_size : S_;
       PACKPIPE_CHECK_ARG(g >= S_ && m_ % g == 0,
@@ -207,6 +272,7 @@ void OrderBuilder::build_cyclic(const std::vector<std::uint32_t>& order, const S
     ++injected;
     ++in_flight;
   };
+  const bool slices = p_.has_slices();
   std::uint32_t cycle = 0;
   while (done < total_ops) {
     if (fq_[0].empty() && can_inject()) inject();
@@ -215,25 +281,44 @@ void OrderBuilder::build_cyclic(const std::vector<std::uint32_t>& order, const S
       auto& ops = out.ops[static_cast<std::size_t>(r)];
       auto& cyc = out.cycle[static_cast<std::size_t>(r)];
       for (std::int64_t v = r; v < V; v += S) {
-        auto& b = bq_[static_cast<std::size_t>(v)];
-        if (!b.empty()) {
-          const std::uint32_t pos = b.back();
-          b.pop_back();
+        // The head of each queue (smallest position) or, with slices, the first free one.
+        auto take = [&](std::vector<std::uint32_t>& q, bool forward) -> std::int64_t {
+          for (std::size_t k = q.size(); k-- > 0;) {
+            const std::uint32_t pos = q[k];
+            if (slices && !(forward ? forward_free(order[pos], v) : backward_free(order[pos], v))) continue;
+            q.erase(q.begin() + static_cast<std::ptrdiff_t>(k));
+            return pos;
+          }
+          return -1;
+        };
+        const std::int64_t bpos = take(bq_[static_cast<std::size_t>(v)], false);
+        if (bpos >= 0) {
+          const auto pos = static_cast<std::uint32_t>(bpos);
           ops.push_back(make_op(pl::OpKind::Backward, order[pos], v));
           cyc.push_back(cycle);
           produced_.push_back({1, pos, v});
         }
-        auto& f = fq_[static_cast<std::size_t>(v)];
-        if (!f.empty()) {
-          const std::uint32_t pos = f.back();
-          f.pop_back();
+        const std::int64_t fpos = take(fq_[static_cast<std::size_t>(v)], true);
+        if (fpos >= 0) {
+          const auto pos = static_cast<std::uint32_t>(fpos);
           ops.push_back(make_op(pl::OpKind::Forward, order[pos], v));
           cyc.push_back(cycle);
           produced_.push_back({0, pos, v});
         }
       }
     }
-    PACKPIPE_ASSERT(!produced_.empty());
+    if (produced_.empty()) {
+      // Slices: every queued op waits for a slice that has not entered yet (held back by the
+      // memory rule); let the next micro-batch in.
+      PACKPIPE_ASSERT(slices && injected < m);
+      inject();
+      continue;
+    }
+    for (const auto& e : produced_) {
+      const std::size_t at = static_cast<std::size_t>(order[e.pos]) * static_cast<std::size_t>(V) +
+                             static_cast<std::size_t>(e.v);
+      if (slices) (e.backward ? b_emitted_ : f_emitted_)[at] = 1;
+    }
     for (const auto& e : produced_) {
       const std::uint32_t pos = e.pos;
       const std::int64_t v = e.v;
@@ -281,6 +366,8 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   const StageCostTable& t = p_.costs;
   const auto Su = static_cast<std::size_t>(S);
   reset(out, Su, false);
+  reset_emitted();
+  open_.assign(Su, 0);
   fcand_.resize(Su);
   fcand_later_.resize(Su);
   icand_.resize(Su);
@@ -327,10 +414,15 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     const std::uint32_t mb = order[pos];
     const std::size_t i = t.at(mb, v);
     const double dur = t.op_ms(k, i);
+    if (k == pl::OpKind::Forward && !f_emitted_.empty()) f_emitted_[i] = 1;
+    if (k == pl::OpKind::BackwardInput && !b_emitted_.empty()) b_emitted_[i] = 1;
     double during = mem_[r] + t.peak_bytes[i];
     if (k == pl::OpKind::Forward) {
       during += t.stored_bytes[i];
       if (static_cast<std::int64_t>(v) < S) {  // admission on the rank's first chunk
+        if (!slice_prev_.empty()) {
+          open_[r] += static_cast<std::int64_t>(slice_next_[mb].size()) - static_cast<std::int64_t>(slice_prev_[mb].size());
+        }
         const std::size_t key = static_cast<std::size_t>(mb) * Su + r;
         ++holding_[r];
         reserved_[r] += mb_stored_[key];
@@ -356,6 +448,10 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   };
   auto admissible = [&](std::size_t r, std::uint32_t pos, std::uint32_t v) {
     if (static_cast<std::int64_t>(v) >= S) return true;  // a later chunk of an admitted micro-batch
+    // While a slice on this rank waits for its next slice (its activations stay until that one has
+    // gone back), anything is admitted: holding the next slice, or a micro-batch before it, back
+    // would deadlock.
+    if (!slice_prev_.empty() && open_[r] > 0) return true;
     if (holding_[r] == 0) return true;
     if (holding_[r] >= cap_[r]) return false;
     if (!memcap) return true;
@@ -368,9 +464,14 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
   // admission) and later chunks (always admissible).
   auto i_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v > b.v); };
   auto f_before = [](const Cand& a, const Cand& b) { return a.pos < b.pos || (a.pos == b.pos && a.v < b.v); };
-  auto first_ready = [](const std::vector<Cand>& l, double now) {
+  const bool slices = p_.has_slices();
+  auto first_ready = [&](const std::vector<Cand>& l, double now, bool forward) {
     std::size_t k = 0;
-    while (k < l.size() && l[k].arrive > now) ++k;
+    while (k < l.size() &&
+           (l[k].arrive > now || (slices && !(forward ? forward_free(order[l[k].pos], l[k].v)
+                                                      : backward_free(order[l[k].pos], l[k].v))))) {
+      ++k;
+    }
     return k;
   };
   auto take = [](std::vector<Cand>& l, std::size_t k) {
@@ -382,7 +483,7 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     if (busy_[r]) return;
     // 1. a ready input-gradient op
     auto& ic = icand_[r];
-    const std::size_t bi = first_ready(ic, now);
+    const std::size_t bi = first_ready(ic, now, false);
     if (bi < ic.size()) {
       const Cand cd = take(ic, bi);
       start(r, now, pl::OpKind::BackwardInput, cd.pos, cd.v);
@@ -392,13 +493,14 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     // forward before it; rank 0 injects the next micro-batch when it comes first.
     auto& f1 = fcand_later_[r];
     auto& f0 = fcand_[r];
-    const std::size_t b1 = first_ready(f1, now);
+    const std::size_t b1 = first_ready(f1, now, true);
     std::size_t b0 = f0.size();
     const bool admit = holding_[r] == 0 || holding_[r] < cap_[r];
-    if (admit) {
+    if (admit || slices) {  // a later slice is admitted over the cap (admissible)
       for (std::size_t k = 0; k < f0.size(); ++k) {
         if (b1 < f1.size() && !f_before(f0[k], f1[b1])) break;
-        if (f0[k].arrive <= now && admissible(r, f0[k].pos, f0[k].v)) {
+        if (f0[k].arrive <= now && admissible(r, f0[k].pos, f0[k].v) &&
+            (!slices || forward_free(order[f0[k].pos], f0[k].v))) {
           b0 = k;
           break;
         }
@@ -513,6 +615,88 @@ const std::vector<ScheduleKind>& all_schedule_kinds() {
     return v;
   }();
   return kinds;
+}
+
+bool schedule_supports(ScheduleKind k, const SimProblem& problem, std::string* why) {
+  if (!schedule_supports(k, problem.ranks, problem.vstages() / std::max<std::int64_t>(problem.ranks, 1),
+                         problem.microbatches(), why)) {
+    return false;
+  }
+  if (k == ScheduleKind::Interleaved1F1B && problem.has_slices()) {
+    if (why) {
+      *why = "interleaved-1f1b is not offered for micro-batches holding slices (its fixed table cannot run a slice's "
+             "backward before the previous slice's); use 1f1b, gpipe, cyclic or zero-bubble";
+    }
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// A stable topological sort of micro-batches 0..m-1 under `edges` (before, after), ties by `rank`
+// (smaller first). Throws when the edges form a cycle.
+std::vector<std::uint32_t> topo_sort(std::int64_t m, const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges,
+                                     bool reversed, const std::vector<std::int64_t>& rank) {
+  const auto M = static_cast<std::size_t>(m);
+  std::vector<std::int64_t> indeg(M, 0);
+  std::vector<std::vector<std::uint32_t>> after(M);
+  for (auto [a, b] : edges) {
+    PACKPIPE_CHECK_ARG(a < M && b < M && a != b, "slice edge ({}, {}): expected two micro-batches below {}", a, b, m);
+    if (reversed) std::swap(a, b);
+    after[a].push_back(b);
+    ++indeg[b];
+  }
+  using Item = std::pair<std::int64_t, std::uint32_t>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> ready;
+  for (std::size_t i = 0; i < M; ++i) {
+    if (indeg[i] == 0) ready.emplace(rank[i], static_cast<std::uint32_t>(i));
+  }
+  std::vector<std::uint32_t> out;
+  out.reserve(M);
+  while (!ready.empty()) {
+    const std::uint32_t x = ready.top().second;
+    ready.pop();
+    out.push_back(x);
+    for (const std::uint32_t y : after[x]) {
+      if (--indeg[y] == 0) ready.emplace(rank[y], y);
+    }
+  }
+  PACKPIPE_CHECK_ARG(out.size() == M, "the slice edges form a cycle among the micro-batches: no order runs them");
+  return out;
+}
+
+std::vector<std::int64_t> positions(std::int64_t m, const std::vector<std::uint32_t>& order) {
+  PACKPIPE_CHECK_ARG(order.size() == static_cast<std::size_t>(m), "order must list {} micro-batches, found {}", m,
+                     order.size());
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(m), -1);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    PACKPIPE_CHECK_ARG(order[k] < static_cast<std::size_t>(m) && pos[order[k]] < 0,
+                       "order is not a permutation of 0..{}: entry {} is {}", m - 1, k, order[k]);
+    pos[order[k]] = static_cast<std::int64_t>(k);
+  }
+  return pos;
+}
+
+}  // namespace
+
+bool respects_slices(const SimProblem& problem, const std::vector<std::uint32_t>& order) {
+  if (!problem.has_slices()) return true;
+  const std::vector<std::int64_t> pos = positions(problem.microbatches(), order);
+  for (const auto& [a, b] : problem.slice_edges) {
+    if (a >= pos.size() || b >= pos.size() || pos[a] >= pos[b]) return false;
+  }
+  return true;
+}
+
+std::vector<std::uint32_t> slice_order(const SimProblem& problem, const std::vector<std::uint32_t>& order) {
+  if (!problem.has_slices() || respects_slices(problem, order)) return order;
+  return topo_sort(problem.microbatches(), problem.slice_edges, false, positions(problem.microbatches(), order));
+}
+
+std::vector<std::uint32_t> backward_sequence(const SimProblem& problem, const std::vector<std::uint32_t>& order) {
+  if (!problem.has_slices()) return order;
+  return topo_sort(problem.microbatches(), problem.slice_edges, true, positions(problem.microbatches(), order));
 }
 
 bool schedule_supports(ScheduleKind k, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches,

@@ -32,6 +32,22 @@ const std::vector<ScheduleKind>& all_schedule_kinds();
 /// group deadlocks).
 bool schedule_supports(ScheduleKind k, std::int64_t ranks, std::int64_t chunks, std::int64_t microbatches,
                        std::string* why = nullptr);
+/// As above for `problem` (its ranks, chunks and micro-batches), and interleaved 1F1B is refused for
+/// a problem with slices (Megatron's table interleaves the micro-batches' chunks in a fixed order
+/// that cannot put a slice's backward before its previous slice's).
+bool schedule_supports(ScheduleKind k, const SimProblem& problem, std::string* why = nullptr);
+
+/// Whether `order` (a permutation of the micro-batches) puts every slice edge's prev before its next.
+bool respects_slices(const SimProblem& problem, const std::vector<std::uint32_t>& order);
+/// `order` as a valid forward order for the problem's slices: a stable topological sort of the
+/// slice edges, every micro-batch as early as its position in `order` allows (`order` itself when it
+/// is valid, and for a problem without slices). Deterministic; throws InvalidArgument when the
+/// edges form a cycle (no order can run them) or name a micro-batch out of range.
+std::vector<std::uint32_t> slice_order(const SimProblem& problem, const std::vector<std::uint32_t>& order);
+/// The order of backwards for the forward order `order`: each micro-batch after every micro-batch
+/// holding a later slice of one of its samples (a stable topological sort of the reversed edges by
+/// forward position, Seq1F1B's reversed slices); `order` itself without slices.
+std::vector<std::uint32_t> backward_sequence(const SimProblem& problem, const std::vector<std::uint32_t>& order);
 
 struct ScheduleOptions {
   std::int64_t max_in_flight = 0;  ///< cyclic: at most this many micro-batches in flight; 0: no cap
@@ -42,8 +58,11 @@ struct ScheduleOptions {
 /// Builds the per-rank op order of `kind` for micro-batches taken in `order` (a permutation of
 /// 0..m-1) into `out` (its buffers are reused; times are zero). Cyclic orders carry their cycles
 /// (barriers); wait-free cyclic is the same order without barriers. Cyclic and zero-bubble use
-/// the problem's costs (memory, and times for zero-bubble's greedy filling). Throws
-/// InvalidArgument when `order` is not a permutation or the kind does not support the shape.
+/// the problem's costs (memory, and times for zero-bubble's greedy filling). With slices every kind
+/// keeps the slice edges (forwards in order, backwards in the backward sequence; 1F1B runs more
+/// forwards when the next backward's forward has not run, as Seq1F1B does). Throws
+/// InvalidArgument when `order` is not a permutation, breaks a slice edge (slice_order repairs
+/// one) or the kind does not support the shape.
 void build_order(ScheduleKind kind, const SimProblem& problem, const std::vector<std::uint32_t>& order,
                  const ScheduleOptions& options, RankOrder& out);
 /// Convenience: a fresh RankOrder.

@@ -48,9 +48,10 @@ std::vector<ScheduleKind> candidate_kinds(const SimProblem& p, const SearchOptio
   std::vector<ScheduleKind> out;
   const auto& from = o.schedules.empty() ? all_schedule_kinds() : o.schedules;
   for (ScheduleKind k : from) {
-    if (schedule_supports(k, S, c, m)) out.push_back(k);
+    if (schedule_supports(k, p)) out.push_back(k);
   }
-  PACKPIPE_CHECK_ARG(!out.empty(), "no candidate schedule supports {} micro-batches on {} ranks x {} chunks", m, S, c);
+  PACKPIPE_CHECK_ARG(!out.empty(), "no candidate schedule supports {} micro-batches on {} ranks x {} chunks{}", m, S, c,
+                     p.has_slices() ? " with slices (interleaved 1F1B does not run them)" : "");
   return out;
 }
 
@@ -123,7 +124,10 @@ class Pass {
   // (orders over the limit are rejected before simulating; zero-bubble is timed by its own greedy,
   // bit-identical to the simulator, when exact_times()). Returns true when it became the new
   // incumbent.
-  bool eval(ScheduleKind kind, const std::vector<std::uint32_t>& order, bool prune) {
+  bool eval(ScheduleKind kind, const std::vector<std::uint32_t>& candidate, bool prune) {
+    // With slices every order is first made a valid forward order (slice_order: the candidate
+    // itself when it is one).
+    const std::vector<std::uint32_t>& order = p_.has_slices() ? (repaired_ = slice_order(p_, candidate)) : candidate;
     ++stats_.simulations;
     // The simulated makespan times the candidate's rank factor (RankFactor) is what is compared.
     const double f = rank_(kind, order);
@@ -191,6 +195,7 @@ class Pass {
   std::vector<std::uint32_t> cyclic_order_;
   bool have_cyclic_ = false, cyclic_fits_ = true, fits_ = true;
   std::vector<double> peak_;
+  std::vector<std::uint32_t> repaired_;
   SimResult res_;
   SearchResult& stats_;
 };
@@ -295,6 +300,7 @@ SimProblem with_table(const SimProblem& p, StageCostTable t, cm::Recompute rc) {
                      t.microbatches, t.vstages, p.microbatches(), p.vstages());
   SimProblem q;
   q.ranks = p.ranks;
+  q.slice_edges = p.slice_edges;
   q.transfer_ms = p.transfer_ms;
   q.memory_limit_bytes = p.memory_limit_bytes;
   q.kind_factor = p.kind_factor;
@@ -318,7 +324,7 @@ SearchResult finish(const SimProblem& p, const SearchOptions& o, Candidate c, Se
     double least = kInf;
     for (ScheduleKind k : kinds) {
       for (const auto& ord : orders) {
-        builder.build(k, ord, o.schedule_options, ro);
+        builder.build(k, ord, o.schedule_options, ro);  // reference_orders are valid with slices
         peaks.push_back(order_peak_bytes(p, ro));
         least = std::min(least, peaks.back());
       }
@@ -352,7 +358,32 @@ ScheduleKind reference_kind(const SimProblem& p) {
   return p.vstages() > p.ranks ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
 }
 
+namespace {
+
+// With slices, each order made a valid forward order (slice_order), duplicates removed.
+std::vector<std::vector<std::uint32_t>> repaired(const SimProblem& p, std::vector<std::vector<std::uint32_t>> orders) {
+  if (!p.has_slices()) return orders;
+  std::vector<std::vector<std::uint32_t>> out;
+  for (auto& o : orders) add_unique(out, slice_order(p, o));
+  return out;
+}
+
+std::vector<std::vector<std::uint32_t>> reference_orders_of(const SimProblem& p, std::uint64_t seed);
+std::vector<std::vector<std::uint32_t>> constructive_orders_of(const SimProblem& p);
+
+}  // namespace
+
 std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& p, std::uint64_t seed) {
+  return repaired(p, reference_orders_of(p, seed));
+}
+
+std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& p) {
+  return repaired(p, constructive_orders_of(p));
+}
+
+namespace {
+
+std::vector<std::vector<std::uint32_t>> reference_orders_of(const SimProblem& p, std::uint64_t seed) {
   const std::int64_t m = p.microbatches(), V = p.vstages();
   const StageCostTable& t = p.costs;
   std::vector<std::vector<std::uint32_t>> out;
@@ -431,7 +462,7 @@ std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& p, st
   return out;
 }
 
-std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& p) {
+std::vector<std::vector<std::uint32_t>> constructive_orders_of(const SimProblem& p) {
   const std::int64_t m = p.microbatches();
   const auto tot = total_time(p);
   std::vector<std::uint32_t> asc = identity(m);
@@ -456,6 +487,8 @@ std::vector<std::vector<std::uint32_t>> constructive_orders(const SimProblem& p)
   add_unique(out, ends_in(desc));  // long at both ends
   return out;
 }
+
+}  // namespace
 
 static void check_margin(const SearchOptions& o) {
   PACKPIPE_CHECK_ARG(std::isfinite(o.margin) && o.margin >= 0 && o.margin < 1,

@@ -51,7 +51,8 @@ struct SearchResult {
 /// above 20 micro-batches, else 4), the k! orders of k clusters of a deterministic k-means (Lloyd's,
 /// quantile initialisation) on (first-stage forward, last-stage forward, first-stage backward,
 /// last-stage backward) times, each cluster's members shuffled by a splitmix64 stream from `seed`;
-/// otherwise all m! permutations. Duplicates removed; at most 25 orders.
+/// otherwise all m! permutations. Duplicates removed; at most 25 orders. With slices each is made a
+/// valid forward order (slice_order), so some may coincide.
 std::vector<std::vector<std::uint32_t>> reference_orders(const SimProblem& problem, std::uint64_t seed);
 /// Constructive orders of the fast search: longest first, shortest first, short at both ends and
 /// long in the middle (hides long micro-batches in the steady phase), and its mirror.

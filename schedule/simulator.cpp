@@ -110,6 +110,45 @@ double Simulator::makespan(RankOrder& order, double abort_above_ms, bool abort_o
   return scratch_.aborted ? std::numeric_limits<double>::infinity() : scratch_.makespan_ms;
 }
 
+namespace {
+
+// Throws when an order breaks a slice edge: on a virtual stage, F(next) before F(prev), or the
+// backward of prev before that of next. `fpos`, `bpos`: scratch.
+void check_slice_order(const SimProblem& p, const RankOrder& order, std::vector<std::size_t>& fpos,
+                       std::vector<std::size_t>& bpos) {
+  const std::int64_t V = p.vstages(), M = p.microbatches();
+  constexpr std::size_t kAbsent = std::numeric_limits<std::size_t>::max();
+  fpos.assign(static_cast<std::size_t>(M * V), kAbsent);
+  bpos.assign(static_cast<std::size_t>(M * V), kAbsent);
+  for (const auto& ops : order.ops) {
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      const pl::ScheduledOp& op = ops[k];
+      if (op.mb >= M || op.vstage >= V) continue;  // refused by the simulation itself
+      const std::size_t i = static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(V) + op.vstage;
+      if (op.kind == pl::OpKind::Forward) fpos[i] = k;
+      if (op.kind == pl::OpKind::Backward || op.kind == pl::OpKind::BackwardInput) bpos[i] = k;
+    }
+  }
+  for (const auto& [prev, next] : p.slice_edges) {
+    PACKPIPE_CHECK_ARG(prev < M && next < M && prev != next,
+                       "slice edge ({}, {}): expected two micro-batches below {}", prev, next, M);
+    for (std::int64_t v = 0; v < V; ++v) {
+      const std::size_t a = static_cast<std::size_t>(prev) * static_cast<std::size_t>(V) + static_cast<std::size_t>(v);
+      const std::size_t b = static_cast<std::size_t>(next) * static_cast<std::size_t>(V) + static_cast<std::size_t>(v);
+      PACKPIPE_CHECK_ARG(fpos[a] == kAbsent || fpos[b] == kAbsent || fpos[a] < fpos[b],
+                         "rank {}: F{} on virtual stage {} comes before F{}, which holds the previous slice of one of "
+                         "its samples (slices go forward in order)",
+                         p.rank_of(v), next, v, prev);
+      PACKPIPE_CHECK_ARG(bpos[a] == kAbsent || bpos[b] == kAbsent || bpos[b] < bpos[a],
+                         "rank {}: the backward of micro-batch {} on virtual stage {} comes before that of micro-batch "
+                         "{}, which holds the next slice of one of its samples (slices go backward in reverse order)",
+                         p.rank_of(v), prev, v, next);
+    }
+  }
+}
+
+}  // namespace
+
 void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, bool abort_on_memory) {
   const StageCostTable& c = p_.costs;
   const std::int64_t V = p_.vstages();
@@ -127,6 +166,7 @@ void Simulator::run(RankOrder& order, SimResult& res, double abort_above_ms, boo
       if (!order.cycle[r].empty()) max_cycle = std::max(max_cycle, order.cycle[r].back());
     }
   }
+  if (p_.has_slices()) check_slice_order(p_, order, fpos_, bpos_);
   std::fill(f_in_.begin(), f_in_.end(), kUnknown);
   std::fill(g_in_.begin(), g_in_.end(), kUnknown);
   std::fill(f_done_.begin(), f_done_.end(), kUnknown);

@@ -39,6 +39,12 @@ struct SimProblem {
     for (auto& v : a) v = x;
     return a;
   }
+  /// Slices (docs/design/015-long-context.md): (prev, next) pairs of micro-batches holding
+  /// consecutive slices of one sample. On every virtual stage F(prev) runs before F(next), and the
+  /// backward (B, or I) of next before prev's: next's backward adds into the gradients of the keys
+  /// and values prev produced. Empty without slices.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> slice_edges;
+  bool has_slices() const { return !slice_edges.empty(); }
   std::int64_t microbatches() const { return costs.microbatches; }
   std::int64_t vstages() const { return costs.vstages; }
   std::int64_t rank_of(std::int64_t v) const { return v % ranks; }
@@ -89,8 +95,8 @@ class Simulator {
   /// early, with result.aborted, once simulated time (or a rank's clock plus the work it has not
   /// started) passes `abort_above_ms` or, when
   /// `abort_on_memory`, a rank exceeds the memory limit. Throws InvalidArgument naming the rank
-  /// and op for an op on the wrong rank, a repeated or missing op, or a deadlock (an op whose
-  /// inputs can never arrive). O(ops x ranks) time (a scan of the ranks per event; S is small).
+  /// and op for an op on the wrong rank, a repeated or missing op, a deadlock (an op whose
+  /// inputs can never arrive), or an order that breaks a slice edge (SimProblem::slice_edges). O(ops x ranks) time (a scan of the ranks per event; S is small).
   void run(RankOrder& order, SimResult& result, double abort_above_ms = std::numeric_limits<double>::infinity(),
            bool abort_on_memory = false);
   /// Makespan only (same rules); infinity when aborted.
@@ -109,6 +115,7 @@ class Simulator {
   std::vector<double> cycle_end_;
   std::vector<double> left_;     ///< per rank: work not started yet (early exit)
   std::vector<double> pending_;  ///< per rank: end of the running op, infinity when idle
+  std::vector<std::size_t> fpos_, bpos_;  ///< slices: per (mb, v) the position of F and of B/I in its rank's order
   SimResult scratch_;
 };
 

@@ -136,6 +136,11 @@ class Coster {
   Scratch& scratch() { return *memo_->scratch; }
   /// Rows (shape and recompute mode) evaluated so far by this coster.
   std::int64_t rows_evaluated() const { return evaluated_; }
+  /// The attention kernel of the cost model (a slice's attention work in self units: eager l^2 + l p,
+  /// flash l^2 + 2 l p; docs/design/015-long-context.md).
+  cm::AttentionKernel kernel() const { return kernel_; }
+  /// The largest static memory (parameters, gradients, optimizer state) of a rank, MB.
+  double max_static_mb() const;
 
  private:
   // Costs of rows .. rows + count - 1 at (le, ld, rc) into out[0, count).

@@ -15,6 +15,7 @@ struct Work {
   const std::uint32_t* target = nullptr;  ///< null for decoder-only
   std::int64_t round = 8;
   std::int64_t dec_extra = 2;
+  std::size_t count = 0;  ///< samples in the batch (input[0 .. count))
   bool encdec() const { return target != nullptr; }
   std::int64_t le_of(std::uint64_t max_input) const { return round_up(static_cast<std::int64_t>(max_input), round); }
   std::int64_t ld_of(std::uint64_t max_target) const {
@@ -51,6 +52,10 @@ struct BalancedOutcome {
   std::vector<MicroBatch> microbatches;
   double objective = 0;
   bool feasible = false;
+  /// The other counts costed exactly that fit, best objective first (candidates the planner
+  /// simulates: the objective is the 1F1B bound, and schedules that fill bubbles favour fewer,
+  /// larger micro-batches than it does).
+  std::vector<std::pair<double, std::vector<MicroBatch>>> alternatives;
 };
 
 /// The dp method's packed varlen micro-batches: for micro-batch counts k (multiples of
@@ -61,6 +66,41 @@ struct BalancedOutcome {
 /// between its slowest and fastest micro-batches, and returned. Deterministic. Defined in varlen.cpp.
 BalancedOutcome balanced_search(const Work& w, const std::vector<std::uint32_t>& ids, Coster& coster,
                                 const PipelineShape& shape, RecomputePolicy policy, std::int64_t count_multiple);
+
+/// What the sliced search found (docs/design/015-long-context.md): packed micro-batches whose
+/// entries carry spans, in the slices' order, and their objective; infeasible when no count fits
+/// or no sample is sliced.
+struct SlicedOutcome {
+  std::vector<MicroBatch> microbatches;
+  double objective = 0;
+  bool feasible = false;
+  std::vector<std::pair<double, std::vector<MicroBatch>>> alternatives;  ///< as BalancedOutcome's
+};
+
+/// The dp method's sliced candidates (split long, pack short), decoder-only: for micro-batch counts
+/// k, a sample heavier than the average micro-batch (every sample of `must`, which cannot fit one
+/// micro-batch alone) is cut into the fewest slices of at most that weight (the least max slice
+/// weight on the cost model's linearisation, the prefix's attention included: TeraPipe's rule),
+/// its slices placed heaviest sample first each on the least-loaded micro-batch after the previous
+/// slice's, the other samples by least load; the best estimated counts are costed exactly (each
+/// micro-batch fitting, and each sliced sample's micro-batches fitting together on a stage:
+/// check_chains), refined by moving whole samples, and the best returned. `optional`: slice heavy
+/// samples too (SlicePolicy::Auto), not only `must`. Deterministic. Defined in varlen.cpp.
+SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids, const std::vector<char>& must,
+                            Coster& coster, const PipelineShape& shape, RecomputePolicy policy,
+                            std::int64_t count_multiple, std::uint32_t min_slice, bool optional);
+
+/// Fixed-length slicing (Seq1F1B-like): every sample over `slice` tokens cut into slices of `slice`
+/// tokens (the last shorter), the pieces packed best-fit decreasing into rows of `slice` tokens, one
+/// packed micro-batch a row, in an order where every sample's slices come in order. Defined in
+/// slices.cpp.
+std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::uint32_t>& ids, std::uint64_t slice);
+
+/// Whether every sliced sample's micro-batches fit together on a stage (their stored activations
+/// all held until the sample's backward): the largest static memory plus the sum of their stored
+/// activations plus the largest transient peak within the limit (stage basis; the DynaPipe basis
+/// is not checked). `mbs` carry their costs (finalize). Defined in slices.cpp.
+bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster);
 
 /// (S - 1) tau / c + sum / d, computed in DynaPipe's order of operations.
 inline double objective(const PipelineShape& s, double tau, double sum) {

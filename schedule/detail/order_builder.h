@@ -48,6 +48,18 @@ class OrderBuilder {
   std::vector<double> mb_peak_;    ///< [mb * S + r]: largest transient peak of mb on rank r
   std::vector<double> rank_work_;  ///< per rank: every F, I and W duration of its virtual stages
   std::vector<std::uint8_t> seen_;
+  // Slices: the backward sequence of the order being built, forward positions, per micro-batch its
+  // slice predecessors and successors, and per (mb, v) whether its F / its B (or I) has been emitted.
+  std::vector<std::uint32_t> back_;
+  std::vector<std::int64_t> pos_;
+  std::vector<std::vector<std::uint32_t>> slice_prev_, slice_next_;
+  std::vector<std::uint8_t> f_emitted_, b_emitted_;
+  std::vector<std::int64_t> open_;  ///< zero-bubble, per rank: slice edges whose prev is admitted there and next is not
+  /// Slices: whether F(mb, v) may run (every previous slice's F on v has), and B/I(mb, v) (every
+  /// next slice's B/I on v has).
+  bool forward_free(std::uint32_t mb, std::int64_t v) const;
+  bool backward_free(std::uint32_t mb, std::int64_t v) const;
+  void reset_emitted();
 
   // Cyclic scratch.
   std::vector<std::vector<std::uint32_t>> fq_, bq_;

@@ -28,7 +28,7 @@ for it in r["iterations"]:
     assert len(p["peak_mb"]) == 4
     assert it["planning_ms"] >= it["partition_ms"]
 b = t["baselines"]
-assert set(b) == {"fixed", "tokens", "packing", "wlb", "packing-mask"}, b.keys()
+assert set(b) == {"fixed", "fixed-packed", "tokens", "packing", "wlb", "slicing", "packing-mask"}, b.keys()
 assert b["fixed"]["setting"] in ("fixed (mbs 1)", "fixed (mbs 4)"), b["fixed"]
 for name, f in b.items():
     if f["feasible"] and name != "packing-mask":  # packed-mask rows are not among --layouts: listed only
@@ -58,7 +58,7 @@ $py -c "import json,sys; j=json.load(open(sys.argv[1])); assert (j['iteration'],
 
 # Same inputs, same plans: byte-identical files.
 "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 32768 --iterations 3 \
-  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/again.plan" --no-baselines --threads 1 > /dev/null
+  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/again.plan" --no-baselines --threads 1 --baseline-mbs 1 4 > /dev/null
 cmp "$tmp/demo.plan" "$tmp/again.plan" || fail "plans differ between runs"
 
 # The file records the dataset it was planned from (loaders refuse another): its fingerprint and
@@ -71,7 +71,7 @@ grep -q "man_text ([0-9]* samples)$" "$tmp/inspect.txt" || fail "inspect does no
 grep -Eq '"dataset": "[0-9a-f]{16}"' "$tmp/inspect.json" || fail "inspect --json: no dataset"
 cp -r "$root/data/demo" "$tmp/moved"
 "$pp" plan --manifest "$tmp/moved/manifest.json" --global-batch-tokens 32768 --iterations 3 \
-  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/moved.plan" --no-baselines --threads 1 > /dev/null
+  --stages 4 --dp 2 --layers-per-stage 4 --out "$tmp/moved.plan" --no-baselines --threads 1 --baseline-mbs 1 4 > /dev/null
 cmp "$tmp/demo.plan" "$tmp/moved.plan" || fail "the same data elsewhere gives other plans"
 $py - "$tmp/moved/manifest.json" <<'PY' || fail "reordered manifest"
 import json, sys
@@ -96,7 +96,7 @@ if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 6
 fi
 grep -q "iteration [01], task '[a-z_]*', dataset sample [0-9]* (length [0-9]*) does not fit in 17000 MB" "$tmp/err.txt" \
   || fail "no dataset sample named: $(cat "$tmp/err.txt")"
-grep -q -- "--oversize truncate or drop" "$tmp/err.txt" || fail "no --oversize named: $(cat "$tmp/err.txt")"
+grep -q -- "--oversize truncate, drop or slice" "$tmp/err.txt" || fail "no --oversize named: $(cat "$tmp/err.txt")"
 if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 --iterations 1 \
      --memory-mb 20000 --layers-per-stage 8 2> "$tmp/err.txt" > /dev/null; then
   fail "an impossible memory limit was accepted"

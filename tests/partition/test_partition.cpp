@@ -88,7 +88,7 @@ PartitionOptions opts(PartitionMethod m) {
   o.microbatch_size = 4;
   o.token_budget = 4096;
   o.layouts = packpipe::layout_bit(packpipe::Layout::Padded);
-  o.layout = packpipe::Layout::PackedMask;  // the packing baseline as DynaPipe compares it
+  if (m == PartitionMethod::Packing) o.layout = packpipe::Layout::PackedMask;  // as DynaPipe compares it
   return o;
 }
 
@@ -752,7 +752,7 @@ TEST_CASE("an oversize sample is named as the caller knows it, with the option t
   o.oversize_option = "--oversize";
   REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o),
                       Contains("line 9 of lengths.txt (length 1000000) does not fit") &&
-                          Contains("use --oversize truncate or drop"));
+                          Contains("use --oversize truncate, drop or slice"));
   b.input = {100, 0};
   REQUIRE_THROWS_WITH(partition(b, gpt(), gpt_shape(), o), Contains("line 8 of lengths.txt has input length 0"));
 }

@@ -95,11 +95,15 @@ TEST_CASE("epoch planner: in order, every sampled batch once, the same bits what
     std::uint64_t tokens = 0;
     for (auto t : x[i].lengths.input) tokens += t;
     CHECK(x[i].result.tokens == tokens);
-    // Every sample of the batch in exactly one micro-batch of the partition.
-    std::vector<int> seen(x[i].lengths.size(), 0);
-    for (const auto& mb : x[i].result.partition.microbatches)
-      for (auto smp : mb.samples) ++seen[smp];
-    for (int c : seen) CHECK(c == 1);
+    // Every token of every sample of the batch in exactly one micro-batch of the partition (a sliced
+    // sample's spans cover it once).
+    std::vector<std::uint64_t> seen(x[i].lengths.size(), 0);
+    for (const auto& mb : x[i].result.partition.microbatches) {
+      for (std::size_t e = 0; e < mb.samples.size(); ++e) {
+        seen[mb.samples[e]] += mb.has_slices() ? mb.spans[e].length : x[i].lengths.input[mb.samples[e]];
+      }
+    }
+    for (std::size_t smp = 0; smp < seen.size(); ++smp) CHECK(seen[smp] == x[i].lengths.input[smp]);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <map>
 #include <set>
 
 #include "common/errors.h"
@@ -344,14 +345,22 @@ TEST_CASE("never worse than a baseline: packpipe's plan is at most every baselin
     }
     from_baselines += r.from_baseline;
     CHECK(r.from_baseline == (r.source != "dp"));
-    // The plan trains every sample once, in the layouts its micro-batches name.
-    std::multiset<std::uint32_t> seen;
+    // The plan trains every token of every sample once (a sliced sample over several micro-batches
+    // of one replica), in the layouts its micro-batches name.
+    std::map<std::uint32_t, std::uint64_t> tokens;
+    std::map<std::uint32_t, std::uint32_t> replica_of;
     for (const auto& p : r.plans) {
       CHECK(validate(p).ok());
-      for (const auto& mb : p.microbatches) seen.insert(mb.samples.begin(), mb.samples.end());
+      for (const auto& mb : p.microbatches) {
+        for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+          tokens[mb.samples[i]] += mb.lengths[i];
+          const auto [it, fresh] = replica_of.emplace(mb.samples[i], p.replica);
+          CHECK((fresh || it->second == p.replica));
+        }
+      }
     }
-    CHECK(seen.size() == b.size());
-    CHECK(std::set<std::uint32_t>(seen.begin(), seen.end()).size() == b.size());
+    CHECK(tokens.size() == b.size());
+    for (const auto& [smp, n] : tokens) CHECK(n == b.input[smp]);
     // Without a report the plan is the same (a pruned baseline could not have beaten it).
     PlannerOptions quiet = o;
     quiet.baselines = false;

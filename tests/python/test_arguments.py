@@ -48,7 +48,7 @@ def test_one_spelling_of_each_parameter():
     """zero (not zero_stage), memory_mb, mbs, tokens, cost_basis: the CLI's names, on the option classes."""
     shape_fields = {"stages", "chunks", "layers_per_stage", "dp", "tp", "zero", "memory_mb", "stage_layers"}
     option_fields = {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
-                     "pack_windows", "threads", "layouts", "layout", "capacity"}
+                     "pack_windows", "threads", "layouts", "layout", "capacity", "slicing", "min_slice_tokens"}
     assert set(parameters(_core.PipelineShape.__init__)) - {"self"} == shape_fields
     assert set(parameters(_core.PartitionOptions.__init__)) - {"self"} == option_fields
     for fn in (_core.partition, _core.plan_batch, _core.plan_epoch, _core.ScheduleProblem.__init__):
@@ -141,8 +141,6 @@ def _t5():
     (lambda: packpipe.plan_batch(gpt(), [100, 200], shape=packpipe.PipelineShape(stages=5)),
      r"do not divide into 5 virtual stages .*set layers_per_stage \(--layers-per-stage\) or an uneven split "
      r"\(stage_layers / --layer-split\)"),
-    (lambda: packpipe.plan_batch(gpt(), [100, 200], shape=packpipe.PipelineShape(stages=4, dp=4)),
-     r"received no micro-batch .*fewer data-parallel replicas \(dp / --dp\)"),
     (lambda: packpipe.plan_batch(gpt(), [100] * 2, shape=packpipe.PipelineShape(stages=4, chunks=2),
                                  schedule="interleaved-1f1b"),
      r"allow a fallback to the search, schedule_fallback=True / --schedule-fallback"),

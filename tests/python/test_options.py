@@ -115,7 +115,7 @@ def test_options_repr_round_trips_and_equality():
     o = PartitionOptions(method="tokens", tokens=4096)
     assert repr(o) == ("PartitionOptions(method='tokens', mbs=0, tokens=4096, round_multiple=8, recompute='auto', "
                        "oversize='error', cost_basis='auto', order='auto', pack_windows=False, threads=0, "
-                       "layouts=('padded', 'packed'), layout='packed', capacity=0)")
+                       "layouts=('padded', 'packed'), layout=None, capacity=0, slicing='auto', min_slice_tokens=64)")
     assert eval(repr(o), {"PartitionOptions": PartitionOptions}) == o
     assert o != PartitionOptions(method="tokens", tokens=4097)
     assert o != PartitionOptions()
@@ -123,9 +123,9 @@ def test_options_repr_round_trips_and_equality():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("method", "greedy", r"unknown partition method 'greedy' \(expected dp, dynapipe, fixed, tokens, packing, wlb\)"),
+    ("method", "greedy", r"unknown partition method 'greedy' \(expected dp, dynapipe, fixed, tokens, packing, wlb, slicing\)"),
     ("recompute", "some", r"unknown recompute policy 'some' \(expected auto, none, selective, full\)"),
-    ("oversize", "squash", r"unknown oversize policy 'squash' \(expected error, truncate, drop\)"),
+    ("oversize", "squash", r"unknown oversize policy 'squash' \(expected error, truncate, drop, slice\)"),
     ("cost_basis", "flops", r"unknown cost basis 'flops' \(expected auto, stages, dynapipe\)"),
     ("order", "tsp", r"unknown encoder-decoder order 'tsp' \(expected auto, sorted, path\)"),
     ("mbs", -1, "mbs must not be negative, found -1"),

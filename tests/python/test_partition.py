@@ -20,9 +20,21 @@ def lengths(n, seed, median=200.0, cap=2048):
     return np.clip(np.round(rng.lognormal(np.log(median), 1.0, n)), 1, cap).astype(np.uint32)
 
 
-def covered(result, n):
-    seen = np.concatenate([mb.samples for mb in result.microbatches] + [result.dropped])
-    return np.array_equal(np.sort(seen), np.arange(n))
+def covered(result, n, x=None):
+    """Every sample once, or (x: the lengths) every token of every sample once: a sliced sample's
+    spans cover it back to back from token 0, in micro-batch order."""
+    if x is None or not any(len(mb.spans) for mb in result.microbatches):
+        seen = np.concatenate([mb.samples for mb in result.microbatches] + [result.dropped])
+        return np.array_equal(np.sort(seen), np.arange(n))
+    at = {}
+    for mb in result.microbatches:
+        spans = mb.spans or [(0, int(x[s])) for s in mb.samples]
+        for s, (b, l) in zip(mb.samples, spans):
+            if at.get(int(s), 0) != b:
+                return False
+            at[int(s)] = b + l
+    at.update({int(s): int(x[s]) for s in result.dropped})
+    return sorted(at) == list(range(n)) and all(at[s] == int(x[s]) for s in at)
 
 
 FOUR = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
@@ -33,20 +45,25 @@ def test_every_method_covers_each_sample_once(method):
     x = lengths(150, 1)
     r = packpipe.partition(gpt(), x, shape=FOUR, options=PartitionOptions(method=method, mbs=2, tokens=4096))
     assert isinstance(r, packpipe.Partition)
-    assert covered(r, len(x))
+    assert covered(r, len(x), x)
     assert 0 < r.efficiency <= 1
     for mb in r.microbatches:
         assert isinstance(mb, packpipe.MicroBatch)
         assert mb.samples.dtype == np.uint32
         assert mb.recompute in ("none", "selective", "full")
         assert mb.rows == (len(mb.row_offsets) - 1 if len(mb.row_offsets) else len(mb.samples))
-        if mb.layout == "packed":  # one row of every sample back to back, attended apart (varlen)
+        if mb.layout == "packed" and mb.spans:  # slices: each attends to its prefix's kept keys too
+            lens = np.array([l for _, l in mb.spans], np.int64)
+            pre = np.array([b for b, _ in mb.spans], np.int64)
+            assert mb.rows == 1 and mb.padded_len == int(lens.sum())
+            assert mb.attention == (int((lens ** 2).sum()), 0, 0, int((lens * pre).sum()), int(pre.sum()))
+        elif mb.layout == "packed":  # one row of every sample back to back, attended apart (varlen)
             assert mb.rows == 1 and mb.padded_len == int(x[mb.samples].sum())
-            assert mb.attention == (int((x[mb.samples].astype(np.int64) ** 2).sum()), 0, 0)
+            assert mb.attention == (int((x[mb.samples].astype(np.int64) ** 2).sum()), 0, 0, 0, 0)
         else:
             assert mb.padded_len % 8 == 0
             assert mb.padded_len >= x[mb.samples].max() or len(mb.row_offsets) > 0
-            assert mb.attention == (0, 0, 0)
+            assert mb.attention == (0, 0, 0, 0, 0)
     if method in ("packing", "wlb"):
         assert all(mb.layout == "packed" for mb in r.microbatches)
     if method in ("fixed", "tokens", "dynapipe"):

@@ -129,7 +129,7 @@ def test_plan_batch_oversize_policy():
     lengths = np.array([300, 200, 900000, 150], dtype=np.uint32)
     shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
     with pytest.raises(ValueError, match=r"iteration 5, sample 2 of the global batch \(length 900000\) does not fit.*"
-                                         r"oversize truncate or drop"):
+                                         r"oversize truncate, drop or slice"):
         packpipe.plan_batch(gpt(), lengths, shape=shape, iteration=5, validate=True)
     d = packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(oversize="drop"), validate=True)
     assert d.dropped == 1 and d.truncated == 0 and d.samples == 3 and d.tokens == 650
@@ -273,8 +273,14 @@ def test_plan_batch_context_length_truncates_or_drops_lengths_given_directly():
         packpipe.plan_batch(gpt(), lengths, shape=shape, max_seq_len=1024, seq_policy="split")
     # split within the context length changes nothing; chunks given directly keep their offsets
     s = packpipe.plan_batch(gpt(), [1024, 976], shape=shape, max_seq_len=1024, seq_policy="split",
-                            refs=[(0, 1, 0), (0, 1, 1024)], validate=True)
+                            refs=[(0, 1, 0), (0, 1, 1024)], validate=True,
+                            options=PartitionOptions(slicing="off"))
     assert sorted(o for p in s.plans for mb in p.microbatches for o in mb["offsets"]) == [0, 1024]
+    # with slicing on, a chunk may be sliced too: its slices' offsets start at the chunk's
+    z = packpipe.plan_batch(gpt(), [1024, 976], shape=shape, max_seq_len=1024, seq_policy="split",
+                            refs=[(0, 1, 0), (0, 1, 1024)], validate=True)
+    offs = sorted(o for p in z.plans for mb in p.microbatches for o in mb["offsets"])
+    assert offs[0] == 0 and 1024 in offs and all(0 <= o < 2000 for o in offs)
     t5 = packpipe.CostModel("t5-770m", "A100-80GB")
     e = packpipe.plan_batch(t5, [2000, 30], [100, 300], shape=PipelineShape(stages=2), max_seq_len=1024,
                             max_target_len=128)

@@ -24,9 +24,10 @@ void set_le(std::vector<std::uint8_t>& b, std::size_t at, std::uint64_t v, int n
 std::vector<std::uint8_t> plan_blob_v4(const plan::Plan& plan) {
   plan::Plan p = plan;
   p.dataset = {};
+  if (p.has_slices()) throw std::runtime_error("plan_blob_v4: format 4 has no slices");
   std::vector<std::uint8_t> b = plan::encode_plan(p);
-  if (b.size() < 40) throw std::runtime_error("plan_blob_v4: blob too short");
-  b.resize(b.size() - 8);  // the fingerprint, 0
+  if (b.size() < 41) throw std::runtime_error("plan_blob_v4: blob too short");
+  b.resize(b.size() - 9);  // format 6's slice flag (0), then format 5's fingerprint (0)
   const std::uint64_t body = b.size() - 32;
   set_le(b, 4, 4, 2);
   set_le(b, 8, body, 8);

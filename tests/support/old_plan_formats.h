@@ -11,7 +11,7 @@
 namespace packpipe::test {
 
 /// The blob of `plan` as format 4 wrote it: encode_plan's (uncompressed) without format 5's dataset
-/// fingerprint, version 4. The plan's dataset is dropped (format 4 has none).
+/// fingerprint and format 6's slice flag, version 4 (a plan with slices is refused). The plan's dataset is dropped (format 4 has none).
 std::vector<std::uint8_t> plan_blob_v4(const plan::Plan& plan);
 
 /// The bytes of a plan file as format 2 wrote it (no dataset record) holding plan_blob_v4 of each

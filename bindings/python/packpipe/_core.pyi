@@ -551,7 +551,7 @@ class PipelineShape:
 class PartitionOptions:
     """How a global batch is cut into micro-batches (the CLI's partition flags)."""
     method: str
-    """dp, dynapipe, fixed, tokens, packing or wlb (--method)."""
+    """dp, dynapipe, fixed, tokens, packing, wlb or slicing (--method)."""
     mbs: int
     """fixed / packing: samples (rows) per micro-batch (--mbs)."""
     tokens: int
@@ -561,7 +561,8 @@ class PartitionOptions:
     recompute: str
     """Activation recompute allowed: auto, none, selective or full (--recompute)."""
     oversize: str
-    """A sample that cannot fit alone: error, truncate or drop (--oversize)."""
+    """A sample that cannot fit alone: error, truncate, drop or slice (decoder-only: cut into slices that pipeline,
+    trained as the whole sample) (--oversize)."""
     cost_basis: str
     """How micro-batch time and memory are computed: auto, stages or dynapipe (--cost-basis)."""
     order: str
@@ -572,14 +573,21 @@ class PartitionOptions:
     """Threads building the window table, 0: automatic (--threads); the result is the same."""
     layouts: Tuple[str, ...]
     """dp: the layouts its micro-batches may take, 'padded' and/or 'packed' (varlen attention) (--layouts)."""
-    layout: str
-    """packing: 'packed' (rows flattened, varlen attention) or 'packed-mask' (dense rows, block mask) (--layout)."""
+    layout: Optional[str]
+    """packing: 'packed' (rows flattened, varlen attention, the default) or 'packed-mask' (dense rows, block mask);
+    fixed: 'padded' (the default) or 'packed' (HF's DataCollatorWithFlattening); None: the method's default
+    (--layout)."""
     capacity: int
-    """packing / wlb: tokens per row, 0: the longest sample's (--capacity)."""
+    """packing / wlb: tokens per row, 0: the longest sample's; slicing: the slice length (--capacity)."""
+    slicing: str
+    """dp, decoder-only: 'auto' (long samples may be cut into slices that pipeline) or 'off' (--slicing)."""
+    min_slice_tokens: int
+    """The shortest slice, tokens (--min-slice-tokens)."""
     def __init__(self, *, method: str = "dp", mbs: int = 0, tokens: int = 0, round_multiple: int = 8,
                  recompute: str = "auto", oversize: str = "error", cost_basis: str = "auto", order: str = "auto",
                  pack_windows: bool = False, threads: int = 0, layouts: Sequence[str] = ("padded", "packed"),
-                 layout: str = "packed", capacity: int = 0) -> None:
+                 layout: Optional[str] = None, capacity: int = 0, slicing: str = "auto",
+                 min_slice_tokens: int = 64) -> None:
         """Options; an unknown name raises ValueError listing the valid ones, a negative count ValueError."""
     def __eq__(self, other: object) -> bool:
         """Same fields."""
@@ -603,8 +611,13 @@ class MicroBatch:
     def layout(self) -> str:
         """'padded' (one sample a row), 'packed' (one row, varlen attention) or 'packed-mask' (rows, block mask)."""
     @property
-    def attention(self) -> Tuple[int, int, int]:
-        """packed: the attention sums (sum l^2, sum d^2, sum d x l) the cost model charged; else (0, 0, 0)."""
+    def attention(self) -> Tuple[int, int, int, int, int]:
+        """packed: the attention sums (sum l^2, sum d^2, sum d x l, and over its slices sum l x p and sum p of
+        their kept prefixes) the cost model charged; else zeros."""
+    @property
+    def spans(self) -> List[Tuple[int, int]]:
+        """Slices: per sample in `samples`, (begin, length), the tokens of the sample it holds; empty: every
+        sample whole."""
     @property
     def padded_len(self) -> int:
         """Tokens every row is padded to (encoder, or the whole sample)."""
@@ -634,6 +647,10 @@ class Partition:
     @property
     def microbatches(self) -> List[MicroBatch]:
         """The micro-batches, in the order of the sample order used."""
+    @property
+    def alternatives(self) -> List["Partition"]:
+        """dp: other partitions of the batch that fit (other micro-batch counts, tapered, sliced or not), which the
+        planner simulates too (the objective is the 1F1B bound)."""
     @property
     def ranks(self) -> List[List[int]]:
         """Micro-batch indices per data-parallel rank, ascending."""
@@ -937,8 +954,9 @@ class Plan:
     @property
     def microbatches(self) -> List[Dict[str, Any]]:
         """Micro-batches (rows, lengths, tokens, loss_weight, samples, refs as (task, index) pairs, offsets (per
-        ref, where a chunk of a split sample starts in its tokens; 0 for a whole sample), row_offsets,
-        recompute)."""
+        ref, where a chunk of a split sample or a slice starts in its tokens; 0 for a whole sample), row_offsets,
+        recompute; slices: prefix (per entry, the kept tokens of its sample before it) and prev (the micro-batch
+        holding its previous slice, None for none), both empty without a later slice here)."""
     @property
     def streams(self) -> List[List[Instruction]]:
         """Per rank, a list of Instruction objects (copies)."""

@@ -1,0 +1,190 @@
+// Slices (docs/design/015-long-context.md): the links between micro-batches that hold consecutive
+// slices of a sample, the data-parallel split that keeps them together, the chains' memory, and the
+// fixed-length slicing baseline (Seq1F1B-like).
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <queue>
+
+#include "common/errors.h"
+#include "packing/packer.h"
+#include "partition/detail/work.h"
+
+namespace packpipe::partition {
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> slice_edges(const std::vector<MicroBatch>& mbs,
+                                                                 const std::vector<std::uint32_t>& lengths) {
+  // Per sliced sample, its (begin, micro-batch, length) pieces.
+  std::map<std::uint32_t, std::vector<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>>> pieces;
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    const MicroBatch& mb = mbs[m];
+    if (!mb.has_slices()) continue;
+    PACKPIPE_CHECK_ARG(mb.spans.size() == mb.samples.size(), "micro-batch {}: {} spans for {} samples", m,
+                       mb.spans.size(), mb.samples.size());
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+      const std::uint32_t s = mb.samples[i];
+      PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {}, the batch has {}", m, s, lengths.size());
+      const Span& sp = mb.spans[i];
+      if (sp.begin == 0 && sp.length == lengths[s]) continue;  // whole
+      pieces[s].emplace_back(sp.begin, static_cast<std::uint32_t>(m), sp.length);
+    }
+  }
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
+  for (auto& [s, v] : pieces) {
+    std::sort(v.begin(), v.end());
+    std::uint64_t at = 0;
+    for (std::size_t k = 0; k < v.size(); ++k) {
+      const auto [begin, m, len] = v[k];
+      PACKPIPE_CHECK_ARG(begin == at && len >= 1,
+                         "sample {}: its slices must cover its {} tokens back to back from token 0; micro-batch {} holds "
+                         "tokens [{}, {}) where token {} was expected",
+                         s, lengths[s], m, begin, std::uint64_t{begin} + len, at);
+      if (k > 0) {
+        const std::uint32_t prev = std::get<1>(v[k - 1]);
+        PACKPIPE_CHECK_ARG(prev < m, "sample {}: its slice from token {} is in micro-batch {}, not after micro-batch {} "
+                           "which holds the slice before it (slices go forward in micro-batch order)",
+                           s, begin, m, prev);
+        edges.emplace_back(prev, m);
+      }
+      at += len;
+    }
+    PACKPIPE_CHECK_ARG(at == lengths[s], "sample {}: its slices cover {} of its {} tokens", s, at, lengths[s]);
+  }
+  std::sort(edges.begin(), edges.end());
+  edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
+  return edges;
+}
+
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
+                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges) {
+  if (edges.empty()) return assign_ranks(time_ms, dp);
+  PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
+  const std::size_t n = time_ms.size();
+  // Groups of micro-batches joined by slice links (union-find, the least index as the root).
+  std::vector<std::size_t> root(n);
+  std::iota(root.begin(), root.end(), std::size_t{0});
+  auto find = [&](std::size_t x) {
+    while (root[x] != x) x = root[x] = root[root[x]];
+    return x;
+  };
+  for (const auto& [a, b] : edges) {
+    PACKPIPE_CHECK_ARG(a < n && b < n, "slice edge ({}, {}): micro-batches are below {}", a, b, n);
+    const std::size_t ra = find(a), rb = find(b);
+    if (ra != rb) root[std::max(ra, rb)] = std::min(ra, rb);
+  }
+  std::vector<double> group_time(n, 0.0);
+  std::vector<std::vector<std::uint32_t>> members(n);
+  for (std::size_t m = 0; m < n; ++m) {
+    const std::size_t g = find(m);
+    group_time[g] += time_ms[m];
+    members[g].push_back(static_cast<std::uint32_t>(m));
+  }
+  std::vector<std::size_t> groups;
+  for (std::size_t g = 0; g < n; ++g) {
+    if (!members[g].empty()) groups.push_back(g);
+  }
+  // LPT over the groups: largest first (ties by index) onto the least-loaded rank (ties lower).
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](std::size_t a, std::size_t b) { return group_time[a] > group_time[b]; });
+  const auto D = static_cast<std::size_t>(dp);
+  std::vector<std::vector<std::uint32_t>> out(D);
+  std::vector<double> load(D, 0.0);
+  for (const std::size_t g : groups) {
+    const std::size_t r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += group_time[g];
+    out[r].insert(out[r].end(), members[g].begin(), members[g].end());
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+namespace detail {
+
+bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster) {
+  if (coster.basis() != CostBasis::Stages) return true;
+  // Per sliced sample: the sum of its micro-batches' stored activations and their largest peak.
+  std::map<std::uint32_t, std::pair<double, double>> chain;
+  for (const MicroBatch& mb : mbs) {
+    if (!mb.has_slices()) continue;
+    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
+      auto& c = chain[mb.samples[i]];  // a whole sample's "chain" is its one micro-batch: it fits alone
+      c.first += mb.stored_mb;
+      c.second = std::max(c.second, mb.peak_mb);
+    }
+  }
+  const double room = coster.limit_mb() - coster.max_static_mb();
+  for (const auto& [s, c] : chain) {
+    if (c.first + c.second > room) return false;
+  }
+  return true;
+}
+
+std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::uint32_t>& ids, std::uint64_t slice) {
+  PACKPIPE_CHECK_ARG(!w.encdec(), "method 'slicing' cuts decoder-only samples; an encoder-decoder model's encoder "
+                     "attends both ways and its decoder to the whole encoder output");
+  PACKPIPE_CHECK_ARG(slice >= 1 && slice <= (std::uint64_t{1} << 32),
+                     "method 'slicing': the slice length (capacity / --capacity) must be in [1, 2^32], found {}", slice);
+  struct Piece {
+    std::uint32_t sample, begin, length;
+  };
+  std::vector<Piece> pieces;
+  for (const std::uint32_t s : ids) {
+    const std::uint32_t len = w.input[s];
+    for (std::uint64_t b = 0; b < len; b += slice) {
+      pieces.push_back({s, static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(std::min<std::uint64_t>(slice, len - b))});
+    }
+  }
+  std::vector<std::uint32_t> lens(pieces.size());
+  for (std::size_t k = 0; k < pieces.size(); ++k) lens[k] = pieces[k].length;
+  packing::PackOptions po;
+  po.algorithm = packing::Algorithm::BestFitDecreasing;
+  po.capacity = slice;
+  const packing::Packing p = packing::pack(lens.data(), lens.size(), po, nullptr);
+  const std::size_t rows = p.rows();
+  // The rows in an order where every sample's slices come in order: a stable topological sort of
+  // the rows (by index) under the links between each sample's consecutive pieces.
+  std::vector<std::size_t> row_of(pieces.size());
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::uint64_t k = p.row_offsets[r]; k < p.row_offsets[r + 1]; ++k) row_of[p.samples[k]] = r;
+  }
+  std::vector<std::vector<std::size_t>> after(rows);
+  std::vector<std::size_t> indeg(rows, 0);
+  for (std::size_t k = 1; k < pieces.size(); ++k) {
+    if (pieces[k].sample != pieces[k - 1].sample) continue;
+    const std::size_t a = row_of[k - 1], b = row_of[k];
+    PACKPIPE_ASSERT(a != b);  // a full slice fills its row
+    after[a].push_back(b);
+    ++indeg[b];
+  }
+  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (indeg[r] == 0) ready.push(r);
+  }
+  std::vector<MicroBatch> out;
+  bool sliced = false;
+  while (!ready.empty()) {
+    const std::size_t r = ready.top();
+    ready.pop();
+    MicroBatch mb;
+    mb.layout = Layout::Packed;
+    for (std::uint64_t k = p.row_offsets[r]; k < p.row_offsets[r + 1]; ++k) {
+      const Piece& pc = pieces[p.samples[k]];
+      mb.samples.push_back(pc.sample);
+      mb.spans.push_back({pc.begin, pc.length});
+      sliced = sliced || pc.length != w.input[pc.sample];
+    }
+    out.push_back(std::move(mb));
+    for (const std::size_t b : after[r]) {
+      if (--indeg[b] == 0) ready.push(b);
+    }
+  }
+  PACKPIPE_ASSERT(out.size() == rows);
+  if (!sliced) {
+    for (auto& mb : out) mb.spans.clear();
+  }
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace packpipe::partition
