@@ -159,12 +159,21 @@ def configs(a) -> list:
             out.append(("wlb capacity=longest", m, {"schedule": "1f1b", "schedule_fallback": True,
                                                     "options": packpipe.PartitionOptions(method=m)}))
             continue
+        if m == "slicing":  # Seq1F1B-like: fixed-length slices, sized by tokens
+            for k in a.slice_grid:
+                out.append((f"slicing capacity={k}", m, {"schedule": "1f1b", "schedule_fallback": True,
+                                                         "options": packpipe.PartitionOptions(method=m, capacity=k)}))
+            continue
         sizes = a.token_grid if m == "tokens" else a.grid
         for k in sizes:
             opts = packpipe.PartitionOptions(method=m, tokens=k) if m == "tokens" else \
                 packpipe.PartitionOptions(method=m, mbs=k)
             out.append((f"{m} {'tokens' if m == 'tokens' else 'mbs'}={k}", m,
                         {"schedule": "1f1b", "schedule_fallback": True, "options": opts}))
+            if m == "fixed":  # HF's DataCollatorWithFlattening: the same counts, packed
+                out.append((f"fixed-packed mbs={k}", m, {
+                    "schedule": "1f1b", "schedule_fallback": True,
+                    "options": packpipe.PartitionOptions(method=m, mbs=k, layout="packed")}))
     return out
 
 
@@ -349,6 +358,7 @@ def main() -> int:
                                                       "method PartitionOptions accepts but dp and dynapipe)")
     ap.add_argument("--grid", default="2,4,8", help="micro-batch sizes of the baselines")
     ap.add_argument("--token-grid", default="2048,4096,8192", help="token budgets of the 'tokens' baseline")
+    ap.add_argument("--slice-grid", default="256,512,1024", help="slice lengths (tokens) of the 'slicing' baseline")
     ap.add_argument("--measure-iterations", type=int, default=8)
     ap.add_argument("--cost-device", default="auto", help="device preset or file packpipe plans for (auto: this GPU's "
                                                           "preset, the CPU device file on a CPU)")
@@ -358,6 +368,7 @@ def main() -> int:
     a.methods = baseline_methods() if a.methods == "auto" else [m for m in a.methods.split(",") if m]
     a.grid = [int(x) for x in a.grid.split(",") if x]
     a.token_grid = [int(x) for x in a.token_grid.split(",") if x]
+    a.slice_grid = [int(x) for x in a.slice_grid.split(",") if x]
     if a.threads:
         torch.set_num_threads(a.threads)
     os.makedirs(a.workdir, exist_ok=True)

@@ -36,6 +36,18 @@ def short_manifest(directory, tasks=("define", "synonyms", "translate"), files=N
     return str(path)
 
 
+def long_manifest(directory):
+    """Manual-page text (50 to 2,000 tokens) beside short definitions: long samples to slice."""
+    import json
+    m = {"version": 1, "tasks": [
+        {"name": "man_text", "dataset": str(DEMO / "demo_man_text")},
+        {"name": "define", "inputs": str(DEMO / "demo_define_inputs_document"),
+         "targets": str(DEMO / "demo_define_targets_document")}]}
+    path = pathlib.Path(directory) / "long.json"
+    path.write_text(json.dumps(m))
+    return str(path)
+
+
 def cost_model(cfg, directory):
     """packpipe's cost model of a reference model config on a CPU-like device."""
     return torch_models.cost_model(cfg, str(directory), CPU_DEVICE)
@@ -62,14 +74,22 @@ def sample_tensors(dataset, task, index, length, target_length, encdec, loss, st
 
 
 def batch_samples(plans):
-    """(task, index, length, target_length) of every sample every replica's plan trains."""
-    out = []
+    """(task, index, length, target_length) of every sample every replica's plan trains; a sliced
+    sample (its id in several micro-batches of one plan) once, at its whole length."""
+    out, whole = [], {}
     for plan in plans:
+        count = {}
+        for mb in plan.microbatches:
+            for s in mb["samples"]:
+                count[int(s)] = count.get(int(s), 0) + 1
         for mb in plan.microbatches:
             tl = mb["target_lengths"] if len(mb["target_lengths"]) else [0] * len(mb["samples"])
-            for ref, n, t in zip(mb["refs"], mb["lengths"], tl):
-                out.append((int(ref[0]), int(ref[1]), int(n), int(t)))
-    return out
+            for s, ref, n, t in zip(mb["samples"], mb["refs"], mb["lengths"], tl):
+                if count[int(s)] > 1:
+                    whole.setdefault((plan.replica, int(s)), [int(ref[0]), int(ref[1]), 0, int(t)])[2] += int(n)
+                else:
+                    out.append((int(ref[0]), int(ref[1]), int(n), int(t)))
+    return out + [tuple(v) for v in whole.values()]
 
 
 def reference_loss(model, dataset, samples, encdec, loss, global_loss_tokens):

@@ -111,7 +111,11 @@ def test_a_packed_row_is_grouped_by_length_without_a_quadratic_tensor(tmp_path):
         if len(lengths) > 1:
             assert padded_work < batch.seq ** 2
         # HF's names for the boundaries of a packed row
-        assert torch.equal(batch.cu_seq_lens_q, batch.cu_seqlens) and batch.max_length_k == int(lengths.max())
+        # (the key side of a continuing slice also covers its prefix, kept from earlier slices)
+        keys = np.diff(batch.cu_seqlens_k.numpy())
+        assert torch.equal(batch.cu_seq_lens_q, batch.cu_seqlens) and batch.max_length_q == int(lengths.max())
+        assert torch.equal(batch.cu_seq_lens_k, batch.cu_seqlens_k) and batch.max_length_k == int(keys.max())
+        assert (keys >= lengths).all() and int((keys - lengths).sum()) == int(np.asarray(batch.prefix).sum())
 
 
 def _math(q, k, v, mask):

@@ -22,12 +22,19 @@ GPT4 = [
     {"model": "gpt", "pp": 2, "dp": 2, "schedule": "zero-bubble", "method": "dp", "dtype": "fp32", "iterations": 2},
     {"model": "t5", "pp": 4, "dp": 1, "schedule": "1f1b", "method": "dp", "loss": "targets", "iterations": 2},
     {"model": "t5", "pp": 2, "dp": 2, "schedule": "1f1b", "method": "packing", "mbs": 4, "loss": "targets"},
+    # slices of long samples (015): keys and values kept across micro-batches, backward in reverse
+    {"model": "gpt", "pp": 4, "dp": 1, "schedule": "1f1b", "method": "slicing", "capacity": 128, "manifest": "long",
+     "tokens": 1500, "sliced": True},
+    {"model": "gpt", "pp": 2, "dp": 2, "schedule": "1f1b", "method": "slicing", "capacity": 128, "manifest": "long",
+     "tokens": 2500, "sliced": True, "iterations": 2},
 ]
 GPT2 = [
     {"model": "gpt", "pp": 2, "dp": 1, "schedule": "1f1b", "method": "dp", "loss": "all", "iterations": 5},
     {"model": "gpt", "pp": 2, "dp": 1, "schedule": "interleaved-1f1b", "chunks": 2, "method": "fixed", "mbs": 2,
      "samples": 16},
     {"model": "gpt", "pp": 2, "dp": 1, "schedule": "cyclic", "method": "packing", "mbs": 3, "loss": "targets"},
+    {"model": "gpt", "pp": 2, "dp": 1, "schedule": "zero-bubble", "method": "slicing", "capacity": 128,
+     "manifest": "long", "tokens": 1500, "sliced": True},
 ]
 
 
@@ -42,8 +49,12 @@ def check(cases, results, world):
             assert got["grad"] <= tol, f"{name}: gradients differ by {got['grad']:.3g}"
             assert got["param"] <= tol, f"{name}: parameters differ by {got['param']:.3g}"
             assert got["schedules"][0] == case["schedule"], f"{name}: ran {got['schedules']}"
+
             for loss, ref in got["losses"]:
                 assert abs(loss - ref) <= tol * max(1.0, abs(ref)), f"{name}: loss {loss} against {ref}"
+    for k, case in enumerate(cases):
+        if case.get("sliced"):
+            assert any(outs[k]["sliced"] for _, (_, outs) in results.items()), f"{case}: no plan holds a slice"
     heads = [out for _, (_, outs) in results.items() for out in outs if out["losses"]]
     assert heads, "no rank reported a loss"
 

@@ -25,11 +25,21 @@ def _model(case):
     return cfg, models.T5(cfg), models.t5_loss, True
 
 
+def _manifest(case, tmp):
+    """The short paired tasks, or ("manifest": "long") manual-page text beside definitions."""
+    return support.long_manifest(tmp) if case.get("manifest") == "long" else support.short_manifest(tmp)
+
+
+def _options(case):
+    return packpipe.PartitionOptions(method=case.get("method", "dp"), mbs=case.get("mbs", 0),
+                                     capacity=case.get("capacity", 0))
+
+
 def _loader(case, cfg, tmp, groups, rank=None, replica=None):
     cm = support.cost_model(cfg, tmp)
-    manifest = support.short_manifest(tmp)
+    manifest = _manifest(case, tmp)
     shape = _shape(case)
-    options = packpipe.PartitionOptions(method=case.get("method", "dp"), mbs=case.get("mbs", 0))
+    options = _options(case)
     return pt.PlanLoader(manifest, cost_model=cm, replica=groups.replica if replica is None else replica,
                          rank=groups.pipeline_rank if rank is None else rank, iterations=case.get("iterations", 1),
                          shape=shape, options=options, **_batch_size(case), seed=11,
@@ -53,7 +63,9 @@ def equivalence_case(case):
     lr = 0.05
     ref_opt = torch.optim.SGD(full.parameters(), lr=lr)
     sink, runner, stages, first_grad, schedules, losses = {}, None, None, None, [], []
+    sliced = False
     for it in loader:
+        sliced = sliced or any(len(mb["prev"]) for mb in it.plan.microbatches)
         planned = next(epoch)
         assert planned.iteration == it.iteration
         plan = it.plan
@@ -82,14 +94,15 @@ def equivalence_case(case):
     runner.close()
     dist.barrier()
     return {"grad": first_grad, "param": param_err, "schedules": schedules, "losses": losses,
-            "microbatches": len(it.plan.microbatches), "rank": groups.world_rank}
+            "microbatches": len(it.plan.microbatches), "rank": groups.world_rank,
+            "sliced": sliced}
 
 
 def _epoch_args(case, cfg, tmp):
     cm = support.cost_model(cfg, tmp)
-    data = packpipe.MultiTaskDataset(support.short_manifest(tmp))
+    data = packpipe.MultiTaskDataset(_manifest(case, tmp))
     shape = _shape(case)
-    options = packpipe.PartitionOptions(method=case.get("method", "dp"), mbs=case.get("mbs", 0))
+    options = _options(case)
     return (cm, data), dict(shape=shape, options=options, **_batch_size(case), seed=11,
                             schedule=case["schedule"], schedule_fallback=True, loss=case.get("loss", "all"),
                             dtype=case.get("dtype", "fp64"), tied_embedding=case.get("tied", False),

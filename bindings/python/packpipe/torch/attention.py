@@ -14,6 +14,12 @@ the way the micro-batch's layout says (``batch.layout``, from the plan):
   charges it and as Megatron and DynaPipe run it); keys on padding are masked.
 * ``packed-mask``: dense attention over each row under the block-diagonal mask.
 
+A packed micro-batch may hold *slices* of long samples (docs/design/015-long-context.md): a slice
+attends to the keys and values its sample's earlier slices kept (flash-attn varlen with
+``cu_seqlens_q`` != ``cu_seqlens_k``, causal aligned bottom-right; on CPU one attention per slice),
+and a slice that continues keeps its own for the later ones. The runners attach what a micro-batch
+keeps (``packpipe.torch.slices``); a model of one's own gets slices through this same call.
+
 Every layout gives the result of attending each sample alone (up to rounding) at every real token;
 a padding position's output is zero (packed) or finite (padded rows) and carries no loss.
 ``cross_attention`` is the decoder-to-encoder attention of an encoder-decoder micro-batch: each
@@ -206,14 +212,78 @@ def kernel(device, dtype: torch.dtype) -> str:
     return "flash" if _SDPA is not None else "eager"
 
 
+def _bottom_right(lq: int, lk: int, device) -> torch.Tensor:
+    """Causal mask aligned to the bottom right (flash-attn's for lq queries over lk >= lq keys): query i
+    sees keys 0 .. lk - lq + i, the kept prefix and its own slice up to itself."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
+
+
+def _sliced(q, k, v, batch, sl, causal: bool) -> torch.Tensor:
+    """Self-attention of a packed micro-batch holding slices (015): entries that continue keep their
+    keys and values (one attention call of the stage = one layer), entries after a cut attend to the
+    kept prefix of their sample and then to their own tokens, causally aligned bottom-right; the other
+    entries as `attention` computes them."""
+    if not causal:
+        raise ValueError(f"micro-batch {batch.index}: slices are for causal (decoder-only) self-attention")
+    rows, heads, n, d = q.shape
+    call = sl.next_call()
+    qf, kf, vf = _flatten(q), _flatten(k), _flatten(v)
+    b = sl.bounds
+    special = [i for i in range(len(sl.samples)) if sl.prefix[i] > 0]
+    for i in range(len(sl.samples)):
+        if sl.continues[i]:
+            sl.keep(i, call, kf[b[i]:b[i + 1]], vf[b[i]:b[i + 1]])
+    if _flash_varlen is not None and _flash_ok(q):
+        # One kernel call: each entry's keys are its kept prefix's, then its own (cu_seqlens_k).
+        ks, vs = [], []
+        for i in range(len(sl.samples)):
+            if sl.prefix[i] > 0:
+                pk, pv = sl.prefix_kv(i, call)
+                ks.append(pk)
+                vs.append(pv)
+            ks.append(kf[b[i]:b[i + 1]])
+            vs.append(vf[b[i]:b[i + 1]])
+        cu_q = batch.cu_seqlens.to(torch.int32)
+        cu_k = batch.cu_seqlens_k.to(torch.int32)
+        y = _flash_varlen(qf, torch.cat(ks), torch.cat(vs), cu_q, cu_k, batch.max_seqlen, batch.max_seqlen_k,
+                          causal=True)
+        return _unflatten(y, rows, n)
+    # CPU (and GPUs without flash-attn): the entries without a prefix grouped as `attention` groups
+    # them, each entry after a cut one attention over its prefix and itself.
+    plain = [i for i in range(len(sl.samples)) if sl.prefix[i] == 0]
+    starts = np.asarray([b[i] for i in plain], dtype=np.int64)
+    lengths = np.asarray([b[i + 1] - b[i] for i in plain], dtype=np.int64)
+    out = _grouped(qf, kf, vf, _group(starts, lengths, q.device), causal) if plain else qf.new_zeros(qf.shape)
+    if not special:
+        return _unflatten(out, rows, n)
+    pos, vals = [], []
+    for i in special:
+        pk, pv = sl.prefix_kv(i, call)
+        kk = torch.cat([pk, kf[b[i]:b[i + 1]]])
+        vv = torch.cat([pv, vf[b[i]:b[i + 1]]])
+        qi = qf[b[i]:b[i + 1]].transpose(0, 1)[None]  # [1, heads, l, d]
+        y = _attend(qi, kk.transpose(0, 1)[None], vv.transpose(0, 1)[None],
+                    _bottom_right(qi.shape[2], kk.shape[0], q.device), False)
+        pos.append(torch.arange(b[i], b[i + 1], device=q.device))
+        vals.append(y[0].transpose(0, 1))
+    out = out.index_copy(0, torch.cat(pos), torch.cat(vals))
+    return _unflatten(out, rows, n)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causal: bool,
               decoder: bool = False) -> torch.Tensor:
     """Self-attention of micro-batch `batch` in its layout; q, k, v [rows, heads, seq, head_dim]
-    (decoder=True: the decoder side of an encoder-decoder micro-batch). Returns the same shape."""
+    (decoder=True: the decoder side of an encoder-decoder micro-batch). Returns the same shape.
+    A micro-batch holding slices of long samples (docs/design/015-long-context.md; the runners
+    attach them) attends each slice to the kept keys and values of its sample's earlier slices:
+    call attention once per layer, in the same order in every micro-batch of a stage."""
     causal = _check.boolean("attention", "causal", causal)
     decoder = _check.boolean("attention", "decoder", decoder)
     rows, heads, n, d = q.shape
     layout = getattr(batch, "layout", "padded")
+    sl = getattr(batch, "_slices", None)
+    if sl is not None and layout == "packed" and not decoder:
+        return _sliced(q, k, v, batch, sl, causal)
     if layout == "packed":
         if _flash_varlen is not None and _flash_ok(q):
             cu = (batch.decoder_cu_seqlens if decoder else batch.cu_seqlens).to(torch.int32)

@@ -132,6 +132,24 @@ class MicroBatch:
     def max_seqlen(self) -> int:
         return self._layout.max_seqlen(False)
 
+    @property
+    def cu_seqlens_k(self) -> torch.Tensor:
+        """The keys' side of each query segment (flash-attn varlen's ``cu_seqlens_k``): a slice of a long
+        sample attends to its kept prefix and then to its own tokens, prefix + length keys; without
+        slices, ``cu_seqlens``."""
+        return self._layout.tensor("cu_seqlens_k", False, self._device)
+
+    @property
+    def max_seqlen_k(self) -> int:
+        """The longest keys' segment (``max_seqlen_k``): ``max_seqlen`` without slices."""
+        return int(self._layout.native(False)["max_seqlen_k"])
+
+    @property
+    def prefix(self) -> np.ndarray:
+        """Per sample entry, in row order: the tokens of its sample before it that it attends to (a
+        slice after a cut; 0 otherwise). Positions continue from it."""
+        return np.asarray(self._layout.native(False)["prefix"], dtype=np.int64)
+
     # flash-attn and HF transformers spell the self-attention boundaries of a packed row so
     # (DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k).
     @property
@@ -140,7 +158,7 @@ class MicroBatch:
 
     @property
     def cu_seq_lens_k(self) -> torch.Tensor:
-        return self.cu_seqlens
+        return self.cu_seqlens_k
 
     @property
     def max_length_q(self) -> int:
@@ -148,7 +166,7 @@ class MicroBatch:
 
     @property
     def max_length_k(self) -> int:
-        return self.max_seqlen
+        return self.max_seqlen_k
 
     @property
     def decoder_position_ids(self) -> torch.Tensor:
@@ -252,7 +270,7 @@ class _Layout:
         t = self._cache.get(key)
         if t is None:
             a = self.native(decoder)[name]
-            t = torch.from_numpy(np.ascontiguousarray(a).astype(np.int64 if name != "cu_seqlens" else np.int32))
+            t = torch.from_numpy(np.ascontiguousarray(a).astype(np.int32 if name.startswith("cu_seqlens") else np.int64))
             t = t.to(device)
             self._cache[key] = t
         return t

@@ -36,6 +36,34 @@ from packpipe import _check
 from packpipe.torch.data import Iteration
 from packpipe.torch.loss import evaluate_loss
 from packpipe.torch.runner import StepResult, _observed, _op_times, _replica_tokens, check_step_arguments
+from packpipe.torch.slices import SliceKV, plan_has_slices
+
+
+def _any_replica(flag: bool, group) -> bool:
+    """Whether `flag` holds on some rank of `group` (one small all-reduce)."""
+    import torch.distributed as dist
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def _sum_gradients(module: torch.nn.Module, group) -> None:
+    """Sums every trainable parameter's gradient over `group` (zeros where a rank has none: a replica
+    without a sample, or a parameter its micro-batches did not reach), in one flattened all-reduce."""
+    import torch.distributed as dist
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    at = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[at:at + n].view_as(p.grad))
+        at += n
 
 
 @dataclasses.dataclass
@@ -125,34 +153,59 @@ class GradientAccumulation:
         if any(ins.op in ("BWD_I", "BWD_W") for ins in stream):
             raise ValueError("GradientAccumulation runs one backward per micro-batch; the plan splits them (plan with "
                              "split_backward=False, PlanLoader's default)")
-        scale = self._replicas(plan) / plan.global_loss_tokens
+        replicas = self._replicas(plan)
+        ddp = _is_ddp(self.model)
+        sliced = plan_has_slices(plan)
+        # Slices under DDP: a sample's forwards all run before its backwards (reverse order), which
+        # DDP's reducer (prepared by each forward for the next backward) cannot follow: every backward
+        # runs under no_sync, and the gradients are summed over the replicas by hand at the end.
+        manual = ddp and _any_replica(sliced or not plan.microbatches, self.model.process_group)
+        scale = (1 if manual else replicas) / plan.global_loss_tokens
         batches = iteration.microbatches(self.device)
-        n = len(batches)
         fwd: Dict[int, tuple] = {}
         bwd: Dict[int, tuple] = {}
         loss_sum = None
-        ddp = _is_ddp(self.model)
         clock = time.perf_counter_ns
+        store = SliceKV()
+        # The one-stage stream's order of forwards and backwards (with slices: a sample's slices go
+        # forward in order, then back in reverse; otherwise F0 B0 F1 B1 ...).
+        ops = [(ins.op, int(ins.mb)) for ins in stream if ins.op in ("FWD", "BWD")]
+        last_bwd = max((i for i, (op, _) in enumerate(ops) if op == "BWD"), default=-1)
+        losses: Dict[int, torch.Tensor] = {}
+        full_mode: Dict[int, bool] = {}
+        module = self.model.module if ddp else self.model
         start = clock()
-        for m, batch in enumerate(batches):
-            mode = plan.microbatches[m]["recompute"][0]
-            full = mode == "full" or (mode == "selective" and not hasattr(
-                self.model.module if ddp else self.model, "set_selective_recompute"))
-            sync = contextlib.nullcontext() if (not ddp or m == n - 1) else self.model.no_sync()
+        synced = ops[last_bwd][1] if last_bwd >= 0 and not manual else -1  # DDP reduces in its backward
+        for i, (op, m) in enumerate(ops):
+            batch = batches[m]
+            sync = contextlib.nullcontext() if (not ddp or m == synced) else self.model.no_sync()
             with sync:
                 t0 = clock()
-                if full:
-                    with torch.no_grad():
-                        loss = self._forward(batch, "none")
+                if op == "FWD":
+                    mode = plan.microbatches[m]["recompute"][0]
+                    holds = store.forward(batch, m, 0) is not None
+                    full = mode == "full" or (mode == "selective" and (holds or not hasattr(
+                        module, "set_selective_recompute")))
+                    full_mode[m] = full
+                    if full:
+                        with torch.no_grad():
+                            loss = self._forward(batch, "none")
+                    else:
+                        loss = self._forward(batch, mode)
+                    losses[m] = loss
+                    fwd[m] = (t0, clock())
+                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
                 else:
-                    loss = self._forward(batch, mode)
-                t1 = clock()
-                if full:
-                    loss = self._forward(batch, "none")
-                (loss * scale).backward()
-                t2 = clock()
-            fwd[m], bwd[m] = (t0, t1), (t1, t2)
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                    loss = losses.pop(m)
+                    if full_mode[m]:
+                        store.forward(batch, m, 0)
+                        loss = self._forward(batch, "none")
+                    roots, grads = store.roots(m, 0)
+                    torch.autograd.backward([loss * scale] + roots, [None] + grads)
+                    store.release(m, 0)
+                    bwd[m] = (t0, clock())
+        if manual:
+            _sum_gradients(module, self.model.process_group)
         t_step = clock()
         if self.optimizer is not None:
             self.optimizer.step()
@@ -177,7 +230,7 @@ class GradientAccumulation:
                 times[i] = (at, at)
         record = StepRecord(0, iteration.iteration, times, start, end)
         tokens, loss_tokens = _replica_tokens(plan)
-        total = float(loss_sum)
+        total = float(loss_sum) if loss_sum is not None else 0.0
         result = StepResult(iteration.iteration, total / plan.global_loss_tokens, tokens, loss_tokens,
                             (end - start) / 1e6, (end - start) / 1e6, plan.makespan_ms, [record],
                             _op_times(plan, [record]), None, total, int(plan.global_loss_tokens))

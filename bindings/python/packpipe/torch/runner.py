@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,6 +37,7 @@ from packpipe import _check
 from packpipe import runtime as rt
 from packpipe.torch.data import Iteration, MicroBatch
 from packpipe.torch.loss import evaluate_loss
+from packpipe.torch.slices import SliceKV, plan_has_slices
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -148,6 +150,7 @@ class TorchStageHandler(rt.StageHandler):
         self.host_buffers = self.device.type == "cpu"
         self.iteration: Optional[Iteration] = None
         self.state: Dict[tuple, dict] = {}
+        self.slices = SliceKV()  # keys and values of sliced samples, kept between micro-batches
         self.loss_sum: Optional[torch.Tensor] = None
         self.heads = 0
 
@@ -194,6 +197,8 @@ class TorchStageHandler(rt.StageHandler):
         if self.optimizer is None and (self._reduce_grad is not None or plan.tied_embedding):
             self._check_no_stale_gradients(plan)
         self.state.clear()
+        self.slices.clear()
+        self._sliced_plan = plan_has_slices(plan)
         self.head_stages = {v for v, spec in enumerate(plan.stages) if spec["head"]}
         self.loss_sum = None
         self.heads = 0
@@ -219,6 +224,7 @@ class TorchStageHandler(rt.StageHandler):
 
     def _run_forward(self, ctx, module, inp, loaded):
         batch = self._batch(ctx, loaded)
+        self.slices.forward(batch, ctx.mb, ctx.stage)  # slices: what the attention calls keep and read
         out = module(inp, batch)
         if ctx.stage in self.head_stages:
             loss, self.check_loss = evaluate_loss(self.loss_fn, out, batch, f"{self.where}: stage {ctx.stage}",
@@ -234,6 +240,10 @@ class TorchStageHandler(rt.StageHandler):
         loaded_t = loaded.obj if loaded is not None else None
         key = (ctx.mb, ctx.stage)
         mode = ctx.recompute
+        if mode == "selective" and self._holds_slices(ctx.mb):
+            # A checkpointed attention core would run the slices' attention calls again in backward,
+            # out of their order: a micro-batch with slices recomputes fully instead.
+            mode = "full"
         st = {"inp": inp, "loaded": loaded_t, "mode": mode}
         selective = mode == "selective" and hasattr(module, "set_selective_recompute")
         if mode == "none" or selective:
@@ -276,6 +286,13 @@ class TorchStageHandler(rt.StageHandler):
             st["mode"] = "none"
         return st
 
+    def _holds_slices(self, mb: int) -> bool:
+        lay = self.iteration.layout(mb)
+        if lay.encdec or lay.layout != "packed" or not self._sliced_plan:
+            return False
+        native = lay.native(False)
+        return bool(np.any(native["prefix"]) or np.any(native["continues"]))
+
     def backward(self, ctx, grad):
         st = self._outputs(ctx)
         out, inp = st["out"], st["inp"]
@@ -283,17 +300,26 @@ class TorchStageHandler(rt.StageHandler):
         if g is None and out.dim() != 0:
             raise RuntimeError(f"backward of micro-batch {ctx.mb} stage {ctx.stage}: no output gradient for a stage "
                                "without the loss")
+        # Slices: the keys and values this micro-batch kept go back too, with the gradients the later
+        # slices' backwards (already run: reverse order) gave their leaves.
+        roots, root_grads = self.slices.roots(ctx.mb, ctx.stage)
+        outs, grads = [out] + roots, [g] + root_grads
         split = ctx.op == "BWD_I"
         if split:
             st["grad"] = g  # kept for BWD_W: the plan frees the gradient's slot in between
-            if inp is not None and inp.requires_grad:
-                (gi,) = torch.autograd.grad(out, [inp], g, retain_graph=True)
-            else:
-                gi = None
+            st["roots"] = (roots, root_grads)
+            wanted = ([inp] if inp is not None and inp.requires_grad else []) + \
+                self.slices.used_leaves(ctx.mb, ctx.stage)
+            got = torch.autograd.grad(outs, wanted, grads, retain_graph=True, allow_unused=True) if wanted else ()
+            gi = got[0] if inp is not None and inp.requires_grad else None
+            for leaf, gl in zip(wanted[1 if gi is not None else 0:], got[1 if gi is not None else 0:]):
+                if gl is not None:  # the earlier slices' keys and values receive this slice's gradient
+                    leaf.grad = gl if leaf.grad is None else leaf.grad + gl
         else:
-            torch.autograd.backward(out, g)
+            torch.autograd.backward(outs, grads)
             gi = inp.grad if inp is not None else None
             self.state.pop((ctx.mb, ctx.stage), None)
+            self.slices.release(ctx.mb, ctx.stage)
         self._sync()
         if ctx.instruction.out is None:
             return None
@@ -307,14 +333,22 @@ class TorchStageHandler(rt.StageHandler):
         if st is None:
             raise RuntimeError(f"BWD_W of micro-batch {ctx.mb} stage {ctx.stage} without its BWD_I")
         params = [p for p in self._module(ctx).parameters() if p.requires_grad]
+        roots, root_grads = st.get("roots", ([], []))
         if params:
-            torch.autograd.backward(st["out"], st.get("grad"), inputs=params)
+            torch.autograd.backward([st["out"]] + roots, [st.get("grad")] + root_grads, inputs=params)
+        self.slices.release(ctx.mb, ctx.stage)
         self._sync()
 
     def reduce_grad(self, ctx):
         if self._reduce_grad is not None:
-            grads = [p.grad for p in self._module(ctx).parameters() if p.grad is not None]
-            self._reduce_grad(ctx.stage, grads)
+            # Every trainable parameter takes part, a zero gradient where this replica has none (a
+            # replica without a sample, or a parameter its micro-batches did not reach): the replicas'
+            # all-reduces must have the same size.
+            params = [p for p in self._module(ctx).parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self._reduce_grad(ctx.stage, [p.grad for p in params])
 
     def reduce_tied(self, ctx):
         weight = getattr(self._module(ctx), "tied_weight", None)
