@@ -993,6 +993,12 @@ void truncate_to_fit(Run& r, std::uint32_t s) {
 // Keeps the samples that fit alone in r.ids and applies the oversize policy to the others; then
 // sets the DynaPipe basis' limits for the methods.
 void handle_oversize(Run& r) {
+  if (r.options.method == PartitionMethod::Slicing) {
+    // Fixed-length slicing cuts every long sample: whether its slices fit is its micro-batches' check.
+    for (std::uint32_t s = 0; s < r.len.in.size(); ++s) r.ids.push_back(s);
+    set_basis_limits(r.coster, r.shape);
+    return;
+  }
   const std::vector<char> alone = fits_alone(r);
   r.ids.reserve(alone.size());
   for (std::uint32_t s = 0; s < alone.size(); ++s) {
@@ -1000,7 +1006,12 @@ void handle_oversize(Run& r) {
       r.ids.push_back(s);
       continue;
     }
-    switch (r.options.oversize) {
+    // Decoder-only with slicing on (the default), a sample that does not fit alone is sliced, not
+    // refused: the dp method cuts it into slices that fit (refused then only when none do).
+    const bool slice_it = r.options.oversize == OversizePolicy::Error && !r.encdec &&
+                          r.options.slicing == SlicePolicy::Auto && r.options.method == PartitionMethod::DP &&
+                          has_layout(r.options.layouts, Layout::Packed);
+    switch (slice_it ? OversizePolicy::Slice : r.options.oversize) {
       case OversizePolicy::Error: refuse_oversize(r, s);
       case OversizePolicy::Drop: r.dropped.push_back(s); break;
       case OversizePolicy::Slice:

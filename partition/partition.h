@@ -162,8 +162,9 @@ struct PartitionOptions {
   RecomputePolicy recompute = RecomputePolicy::Auto;
   OversizePolicy oversize = OversizePolicy::Error;
   /// dp, decoder-only models: Auto lets the packed search cut a sample heavier than its micro-batches
-  /// into slices (split long, pack short) when that lowers the objective; Off never does (slices
-  /// then come only from OversizePolicy::Slice). Encoder-decoder models never slice.
+  /// into slices (split long, pack short) when that lowers the objective, and cuts a sample that does
+  /// not fit alone under OversizePolicy::Error as Slice does (refused only when no slicing fits); Off
+  /// never does (slices then come only from OversizePolicy::Slice). Encoder-decoder models never slice.
   SlicePolicy slicing = SlicePolicy::Auto;
   /// The shortest slice (tokens) the dp method and OversizePolicy::Slice cut (at least 1).
   std::uint32_t min_slice_tokens = 64;

@@ -633,7 +633,8 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
     PieceAssignment a;
   };
   std::vector<Option> options;
-  for (const std::int64_t k : counts) {
+  // The assignment of count k (none when nothing is sliced).
+  auto assign = [&](std::int64_t k, Option& opt) -> bool {
     const Linear lin = marginal(coster, all, k);
     const PieceWeight wt{lin.token, lin.attention, kappa};
     double total = 0;
@@ -680,7 +681,7 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
       }
       a.sliced = a.sliced || P > 1;
     }
-    if (!a.sliced) continue;
+    if (!a.sliced) return false;
     // Whole samples by least load (heaviest first; ties to the lower index).
     for (const auto s : whole) {
       const std::size_t b = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
@@ -690,7 +691,12 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
       load[b] += wt(pc.length, 0);
     }
     std::vector<double> t(load.begin(), load.end());
-    options.push_back({objective_of(shape, t), k, std::move(a)});
+    opt = Option{objective_of(shape, t), k, std::move(a)};
+    return true;
+  };
+  for (const std::int64_t k : counts) {
+    Option o;
+    if (assign(k, o)) options.push_back(std::move(o));
   }
   if (options.empty()) return out;
   std::stable_sort(options.begin(), options.end(), [](const Option& x, const Option& y) { return x.estimate < y.estimate; });
@@ -729,6 +735,21 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
   if (feasible == 0) return out;
   std::stable_sort(out.alternatives.begin(), out.alternatives.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
+  // More and smaller micro-batches (finer slices), and fewer, first among the alternatives: the
+  // bound does not see the slices' dependencies nor how a schedule fills bubbles; the planner's
+  // simulation decides.
+  const auto k_best = static_cast<std::int64_t>(best_a.bins.size());
+  std::vector<std::pair<double, std::vector<MicroBatch>>> scaled;
+  for (const double f : {2.0, 1.5, 0.7}) {
+    const std::int64_t k = up(std::max<std::int64_t>(k_lo, std::llround(static_cast<double>(k_best) * f)));
+    if (k == k_best || k > k_hi) continue;
+    Option o;
+    if (!assign(k, o)) continue;
+    Exact e = exact_piece_costs(coster, shape, o.a, policy);
+    if (e.fits) scaled.emplace_back(e.objective, to_mbs(o.a));
+  }
+  out.alternatives.insert(out.alternatives.begin(), std::make_move_iterator(scaled.begin()),
+                          std::make_move_iterator(scaled.end()));
   refine_pieces(coster, shape, policy, best_a, best_e, 64);
   out.microbatches = to_mbs(best_a);
   out.objective = best_e.objective;

@@ -85,7 +85,7 @@ class Builder {
     PACKPIPE_CHECK_ARG(V_ >= 1, "build_plan: no virtual stages");
     PACKPIPE_CHECK_ARG(S_ >= 1 && static_cast<std::int64_t>(sched_.ops.size()) == S_,
                        "build_plan: schedule '{}' has {} ranks but {} op lists", sched_.name, S_, sched_.ops.size());
-    PACKPIPE_CHECK_ARG(N_ >= 1, "build_plan: no micro-batches");
+    // N_ may be 0: a data-parallel replica without a sample still reduces its (zero) gradients and steps.
     PACKPIPE_CHECK_ARG(sched_.microbatches == 0 || sched_.microbatches == N_,
                        "build_plan: schedule '{}' orders {} micro-batches, {} given", sched_.name,
                        sched_.microbatches, N_);

@@ -607,8 +607,9 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     po.dtype = o.dtype;
     po.dp = static_cast<std::uint32_t>(o.shape.dp);
     po.global_tokens = r.tokens;
-    po.memory_limit_bytes =
-        static_cast<std::uint64_t>(sched::make_sim_problem(best.tables[k], cost, o.shape).memory_limit_bytes);
+    // (the limit make_sim_problem sets; a replica without a micro-batch has no problem to make)
+    po.memory_limit_bytes = static_cast<std::uint64_t>(
+        o.shape.memory_limit_mb > 0 ? o.shape.memory_limit_mb * 1e6 : cost.device().memory_gb * 1e9);
     po.sample_refs = refs;
     po.keep_timeline = o.keep_timeline;
     po.loss_mode = o.loss_mode;

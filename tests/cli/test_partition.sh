@@ -129,7 +129,12 @@ grep -q -- "--seq-policy 'split' is for decoder-only models" "$T/err.txt" || fai
 printf "100\n1000000\n50\n" > "$T/big.txt"
 if "$BIN" partition "$T/big.txt" $SHAPE 2> "$T/err.txt"; then fail "oversize accepted"; fi
 grep -q "sample 1 at $T/big.txt:2 (length 1000000)" "$T/err.txt" || fail "oversize message: $(cat "$T/err.txt")"
-grep -q -- "--oversize truncate, drop or slice" "$T/err.txt" || fail "oversize message names no option: $(cat "$T/err.txt")"
+# a decoder-only sample that cannot fit alone is cut into slices by default; here even slices cannot fit
+grep -q -- "nor when cut into slices of at least 64 tokens.*--oversize truncate or drop" "$T/err.txt" \
+  || fail "oversize message names no option: $(cat "$T/err.txt")"
+# without slicing the message offers it
+if "$BIN" partition "$T/big.txt" $SHAPE --slicing off 2> "$T/err.txt"; then fail "oversize accepted, slicing off"; fi
+grep -q -- "even alone.*--oversize truncate, drop or slice" "$T/err.txt" || fail "slicing off message: $(cat "$T/err.txt")"
 "$BIN" partition "$T/big.txt" $SHAPE --oversize drop --json | $PY -c "import json,sys; assert json.load(sys.stdin)['dropped'] == [1]" || fail "drop"
 "$BIN" partition "$T/big.txt" $SHAPE --oversize truncate --json | $PY -c "import json,sys; assert json.load(sys.stdin)['truncated'] == [1]" || fail "truncate"
 

@@ -96,7 +96,7 @@ if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 6
 fi
 grep -q "iteration [01], task '[a-z_]*', dataset sample [0-9]* (length [0-9]*) does not fit in 17000 MB" "$tmp/err.txt" \
   || fail "no dataset sample named: $(cat "$tmp/err.txt")"
-grep -q -- "--oversize truncate, drop or slice" "$tmp/err.txt" || fail "no --oversize named: $(cat "$tmp/err.txt")"
+grep -q -- "--oversize truncate or drop" "$tmp/err.txt" || fail "no --oversize named: $(cat "$tmp/err.txt")"
 if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 65536 --iterations 1 \
      --memory-mb 20000 --layers-per-stage 8 2> "$tmp/err.txt" > /dev/null; then
   fail "an impossible memory limit was accepted"

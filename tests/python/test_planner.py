@@ -129,8 +129,19 @@ def test_plan_batch_oversize_policy():
     lengths = np.array([300, 200, 900000, 150], dtype=np.uint32)
     shape = PipelineShape(stages=4, layers_per_stage=4, memory_mb=36000)
     with pytest.raises(ValueError, match=r"iteration 5, sample 2 of the global batch \(length 900000\) does not fit.*"
-                                         r"oversize truncate, drop or slice"):
+                                         r"nor when cut into slices of at least 64 tokens.*oversize truncate or drop"):
         packpipe.plan_batch(gpt(), lengths, shape=shape, iteration=5, validate=True)
+    with pytest.raises(ValueError, match=r"sample 2 of the global batch \(length 900000\) does not fit.*even alone.*"
+                                         r"oversize truncate, drop or slice"):
+        packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(slicing="off"))
+    # a sample that fits only when cut is sliced by default, refused without slicing, and every token
+    # of it is planned once
+    fits_cut = np.array([300, 200, 60000, 150], dtype=np.uint32)
+    with pytest.raises(ValueError, match=r"sample 2 of the global batch \(length 60000\) does not fit"):
+        packpipe.plan_batch(gpt(), fits_cut, shape=shape, options=PartitionOptions(slicing="off"))
+    s = packpipe.plan_batch(gpt(), fits_cut, shape=shape, validate=True)
+    assert s.dropped == 0 and s.truncated == 0 and s.tokens == int(fits_cut.sum())
+    assert sum(1 for p in s.plans for mb in p.microbatches if len(mb["prev"])) >= 1
     d = packpipe.plan_batch(gpt(), lengths, shape=shape, options=PartitionOptions(oversize="drop"), validate=True)
     assert d.dropped == 1 and d.truncated == 0 and d.samples == 3 and d.tokens == 650
     assert list(d.partition.dropped) == [2]
