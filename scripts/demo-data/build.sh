@@ -8,6 +8,9 @@
 #   4. turns the JSON lines into Megatron indexed datasets under data/demo/ with packpipe.
 # Run from anywhere; paths are relative to the repository root. The same package versions
 # give a byte-identical JSONL.
+#
+# DEMO_TASKS=man_page builds only the long-document task instead: build-data/long.jsonl and
+# data/demo/demo_man_page.{bin,idx}, no manifest; every other file under data/demo/ is left alone.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -15,8 +18,24 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 
 out_dir=${DEMO_BUILD_DIR:-build-data}
-jsonl=$out_dir/demo.jsonl
-stats=$out_dir/demo.stats.json
+case ${DEMO_TASKS:-} in
+  "")
+    name=demo
+    tasks_arg=()
+    manifest_arg=(--manifest data/demo/manifest.json)
+    ;;
+  man_page)
+    name=long
+    tasks_arg=(--tasks man_page)
+    manifest_arg=()
+    ;;
+  *)
+    echo "demo-data: DEMO_TASKS='$DEMO_TASKS' (expected unset, empty or man_page)" >&2
+    exit 2
+    ;;
+esac
+jsonl=$out_dir/$name.jsonl
+stats=$out_dir/$name.stats.json
 
 # 1. Debian packages.
 pkgs=(manpages manpages-dev iso-codes groff-base)
@@ -50,7 +69,7 @@ done
 # 3. JSON lines.
 mkdir -p "$out_dir"
 start=$SECONDS
-node "$here/make_jsonl.mjs" "$jsonl" "$stats"
+node "$here/make_jsonl.mjs" ${tasks_arg[@]+"${tasks_arg[@]}"} "$jsonl" "$stats"
 echo "demo-data: $jsonl written in $((SECONDS - start)) s, sha256 $(sha256sum "$jsonl" | cut -d' ' -f1)"
 
 # 4. Megatron indexed datasets.
@@ -62,4 +81,7 @@ if [[ ! -x $PACKPIPE ]]; then
 fi
 mkdir -p data/demo
 "$PACKPIPE" dataset build --input "$jsonl" --output-prefix data/demo/demo --split-by-task \
-  --append-eod 50256 --manifest data/demo/manifest.json
+  --append-eod 50256 ${manifest_arg[@]+"${manifest_arg[@]}"}
+if [[ $name == long ]]; then
+  "$PACKPIPE" dataset verify data/demo/demo_man_page
+fi

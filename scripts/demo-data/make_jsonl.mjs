@@ -4,30 +4,64 @@
 // GPT-2 BPE ids (r50k_base), no EOD. Records are grouped by task in TASK_ORDER, each task in
 // source order. The output depends only on the installed packages: no clock, no Math.random.
 //
-// usage: node make_jsonl.mjs OUTPUT.jsonl [STATS.json]
+// usage: node make_jsonl.mjs [--tasks TASK,...] OUTPUT.jsonl [STATS.json]
+//   --tasks: the tasks to write (default: DEMO_TASKS below, the six tasks of demo.jsonl); the
+//   long-document task man_page is written only when named, e.g. --tasks man_page.
 import { writeFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import { lengthStats } from './lib.mjs';
 import { wordnetTasks } from './wordnet.mjs';
 import { isoCodesTasks } from './isocodes.mjs';
-import { manTasks } from './manpages.mjs';
+import { manTasks, manPageTask } from './manpages.mjs';
 
-const TASK_ORDER = ['define', 'synonyms', 'translate', 'man_summarize', 'man_explain', 'man_text'];
+// Every task, in output order, with the source module that makes it.
+const TASK_ORDER = ['define', 'synonyms', 'translate', 'man_summarize', 'man_explain', 'man_text', 'man_page'];
+const SOURCE = {
+  define: 'wordnet', synonyms: 'wordnet', translate: 'iso', man_summarize: 'man', man_explain: 'man',
+  man_text: 'man', man_page: 'man_page',
+};
+const DEMO_TASKS = TASK_ORDER.slice(0, 6);
+
+const USAGE = 'usage: node make_jsonl.mjs [--tasks TASK,...] OUTPUT.jsonl [STATS.json]';
+
+function parseArgs(argv) {
+  let tasks = DEMO_TASKS;
+  const rest = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === '--tasks' || a.startsWith('--tasks=')) {
+      const v = a === '--tasks' ? argv[++i] : a.slice('--tasks='.length);
+      const want = (v ?? '').split(',').filter((t) => t !== '');
+      const unknown = want.filter((t) => !TASK_ORDER.includes(t));
+      if (want.length === 0 || unknown.length) {
+        console.error(`make_jsonl: --tasks: unknown or no task '${unknown.join(',')}' (expected some of ${TASK_ORDER.join(',')})`);
+        process.exit(2);
+      }
+      tasks = TASK_ORDER.filter((t) => want.includes(t));
+    } else {
+      rest.push(a);
+    }
+  }
+  return { tasks, outPath: rest[0], statsPath: rest[1] };
+}
 
 async function main() {
-  const [outPath, statsPath] = process.argv.slice(2);
+  const { tasks, outPath, statsPath } = parseArgs(process.argv.slice(2));
   if (!outPath) {
-    console.error('usage: node make_jsonl.mjs OUTPUT.jsonl [STATS.json]');
+    console.error(USAGE);
     process.exit(2);
   }
-  const wn = wordnetTasks();
-  const iso = isoCodesTasks();
-  const man = await manTasks();
-  const byTask = { ...wn, ...iso, ...man };
+  // Only the sources the chosen tasks need are read.
+  const need = new Set(tasks.map((t) => SOURCE[t]));
+  const wn = need.has('wordnet') ? wordnetTasks() : null;
+  const iso = need.has('iso') ? isoCodesTasks() : null;
+  const man = need.has('man') ? await manTasks() : null;
+  const manPage = need.has('man_page') ? await manPageTask() : null;
+  const byTask = { ...wn, ...iso, ...man, ...manPage };
 
   const lines = [];
   const stats = { tasks: {}, records: 0, input_tokens: 0, target_tokens: 0 };
-  for (const task of TASK_ORDER) {
+  for (const task of tasks) {
     const recs = byTask[task];
     const st = { count: recs.length, input: lengthStats(recs.map((r) => r.input_ids.length)) };
     if (recs.length && recs[0].target_ids) st.target = lengthStats(recs.map((r) => r.target_ids.length));
@@ -48,11 +82,11 @@ async function main() {
     }
   }
   stats.total_tokens = stats.input_tokens + stats.target_tokens;
-  stats.sources = {
-    wordnet_synsets: wn.synsetCount,
-    man_pages: man.pageCount,
-    iso_codes_locales: iso.localesUsed.length,
-  };
+  stats.sources = {};
+  if (wn) stats.sources.wordnet_synsets = wn.synsetCount;
+  if (man) stats.sources.man_pages = man.pageCount;
+  if (iso) stats.sources.iso_codes_locales = iso.localesUsed.length;
+  if (manPage) stats.sources.man_page_pages = manPage.pageCount; // pages with h % 4 == 2
 
   mkdirSync(path.dirname(path.resolve(outPath)), { recursive: true });
   writeFileSync(outPath, lines.join('\n') + '\n');

@@ -1,6 +1,6 @@
-// Man-page tasks (Debian packages manpages, manpages-dev): `man_summarize`, `man_explain` and
-// the decoder-only `man_text`. Pages are rendered to plain text with groff (groff-base), so no
-// roff markup reaches the data.
+// Man-page tasks (Debian packages manpages, manpages-dev): `man_summarize`, `man_explain`, the
+// decoder-only `man_text` and, built only on request, the decoder-only long-document `man_page`.
+// Pages are rendered to plain text with groff (groff-base), so no roff markup reaches the data.
 import { readFileSync, lstatSync } from 'node:fs';
 import { execFileSync, spawn } from 'node:child_process';
 import { gunzipSync } from 'node:zlib';
@@ -114,12 +114,22 @@ function compactTables(lines) {
   return out;
 }
 
+// {name, sec} of a page file: /usr/share/man/man2/open.2.gz -> {name: 'open', sec: '2'}.
+export function pageKey(file) {
+  const base = file.split('/').pop().replace(/\.gz$/, '');
+  const dot = base.lastIndexOf('.');
+  return { name: base.slice(0, dot), sec: base.slice(dot + 1) };
+}
+
+// The hash that assigns pages to tasks (below): FNV-1a of "<name>.<sec>".
+function pageHash({ name, sec }) {
+  return fnv1a(`${name}.${sec}`);
+}
+
 // Splits rendered text into {name, sec, title, sections: [{title, lines: [{indent, text}]}]}.
 // Section headings are at column 0, subsection headings at column 3, body text at column 7.
 export function parsePage(file, rendered) {
-  const base = file.split('/').pop().replace(/\.gz$/, '');
-  const dot = base.lastIndexOf('.');
-  const page = { name: base.slice(0, dot), sec: base.slice(dot + 1), sections: [] };
+  const page = { ...pageKey(file), sections: [] };
   const raw = compactTables(rendered.split('\n').map(cleanLine));
   // Drop the running header (first non-empty line) and footer (last non-empty line).
   let a = 0;
@@ -296,7 +306,7 @@ function pageText(page) {
 }
 
 function textChunks(page) {
-  const rng = makeRng(fnv1a(`${page.name}.${page.sec}`));
+  const rng = makeRng(pageHash(page));
   const lines = pageText(page);
   const lineTokens = lines.map((l) => encode(l + '\n').length);
   const chunks = [];
@@ -319,9 +329,23 @@ function textChunks(page) {
   return chunks;
 }
 
+// man_page (decoder-only, long documents): the whole page as plain text (the same text
+// man_text cuts into chunks), cut at a line boundary to at most PAGE_MAX tokens, so that with
+// the EOD the dataset builder appends every document fits a context of 8192; pages under
+// PAGE_MIN tokens are dropped.
+const PAGE_MIN = 256;
+const PAGE_MAX = 8191;
+
+function wholePage(page) {
+  const lines = pageText(page);
+  const ids = encodeTruncated('', lines, PAGE_MAX);
+  if (ids.length < PAGE_MIN) return null;
+  return { task: 'man_page', input_ids: ids };
+}
+
 // Page assignment by h = FNV-1a("<name>.<sec>"), which keeps the token count modest and the
 // long-text tasks on disjoint pages: man_text uses pages with h % 4 == 0, man_summarize
-// pages with h % 2 == 1, man_explain every page.
+// pages with h % 2 == 1, man_page pages with h % 4 == 2, man_explain every page.
 
 export async function manTasks() {
   const files = listPages();
@@ -332,13 +356,29 @@ export async function manTasks() {
     if (rendered[i] === null) return;
     const page = parsePage(f, rendered[i]);
     pages++;
-    const h = fnv1a(`${page.name}.${page.sec}`);
+    const h = pageHash(page);
     if (h % 2 === 1) {
       const s = summarize(page);
       if (s) out.man_summarize.push(s);
     }
     out.man_explain.push(...explain(page));
     if (h % 4 === 0) out.man_text.push(...textChunks(page));
+  });
+  return { ...out, pageCount: pages };
+}
+
+// The long-document task alone (not part of manTasks, so the six-task demo.jsonl is unchanged):
+// only the pages with h % 4 == 2 are rendered.
+export async function manPageTask() {
+  const files = listPages().filter((f) => pageHash(pageKey(f)) % 4 === 2);
+  const rendered = await renderPages(files);
+  const out = { man_page: [] };
+  let pages = 0;
+  files.forEach((f, i) => {
+    if (rendered[i] === null) return;
+    pages++;
+    const doc = wholePage(parsePage(f, rendered[i]));
+    if (doc) out.man_page.push(doc);
   });
   return { ...out, pageCount: pages };
 }
