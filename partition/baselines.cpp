@@ -81,9 +81,10 @@ std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineG
     for (const std::uint64_t f : {1u, 2u, 4u}) out.push_back({PartitionMethod::Wlb, 0, 0, f * c, Layout::Packed});
     // HF's DataCollatorWithFlattening: a fixed number of samples flattened into one varlen row.
     for (const std::int64_t b : options.microbatch_sizes) out.push_back({PartitionMethod::Fixed, b, 0, 0, Layout::Packed});
-    // Seq1F1B-like fixed-length slicing (decoder-only): slices of C / 8, C / 4, C / 2 tokens.
+    // Seq1F1B-like fixed-length slicing (decoder-only): slices of C / 16 to C / 2 tokens (Seq1F1B
+    // cuts a sequence into 2 to 16 slices).
     if (!lengths.encoder_decoder() && options.slicing) {
-      for (const std::uint64_t f : {8u, 4u, 2u}) {
+      for (const std::uint64_t f : {16u, 8u, 4u, 2u}) {
         if (c / f >= options.min_slice_tokens) out.push_back({PartitionMethod::Slicing, 1, 0, c / f, Layout::Packed});
       }
     }

@@ -679,11 +679,43 @@ Choice finalize_rows(const Work& w, Coster& coster, MicroBatch& mb, std::size_t 
   return c;
 }
 
+// The shares of the activation memory that sliced samples' chains are fitted in for the planner's
+// variants (chain_variants): the rest is for the other micro-batches in flight; 0 recomputes every
+// slice that can be.
+constexpr double kChainRooms[] = {0.6, 0.0};
+
+// A sliced sample's micro-batches hold their activations together until its backward: where they
+// do not fit together, its micro-batches are recomputed in full, the cheapest first, when the
+// policy leaves the mode free (auto), and the partition is refused (require_fit) when they still do
+// not fit.
+void fit_chains(const Work& w, Coster& coster, std::vector<MicroBatch>& mbs, RecomputePolicy policy, int forced_rc,
+                bool require_fit, double room_fraction) {
+  std::vector<std::uint32_t> over = detail::chains_over(mbs, coster, room_fraction);
+  if (over.empty()) return;
+  if (policy == RecomputePolicy::Auto && forced_rc < 0) {
+    over = detail::relieve_chains(
+        mbs, coster,
+        [&](std::size_t b) {
+          MicroBatch copy = mbs[b];
+          return finalize_packed(w, coster, copy, policy, static_cast<int>(Recompute::Full));
+        },
+        room_fraction);
+  } else {
+    over = detail::chains_over(mbs, coster);
+  }
+  PACKPIPE_CHECK_ARG(!require_fit || over.empty(),
+                     "the slices of sample {} do not fit in {} MB together (each stage keeps their activations until the "
+                     "sample's backward) under recompute {}; use more stages or tp, a larger memory limit, or recompute "
+                     "auto or full",
+                     over.empty() ? 0 : over.front(), coster.limit_mb(), recompute_policy_name(policy));
+}
+
 // Padded shapes, recompute, costs and figures of given micro-batches. `forced_rc` >= 0 pins the
 // recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
 // `other` (optional): the second table builder's coster; a shape only it has costed is read there.
 Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, std::vector<MicroBatch> mbs,
-                   RecomputePolicy policy, int forced_rc, bool require_fit, Coster* other = nullptr) {
+                   RecomputePolicy policy, int forced_rc, bool require_fit, Coster* other = nullptr,
+                   double chain_room = 1.0) {
   if (other != nullptr) {
     other->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
   }
@@ -730,6 +762,9 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
     p.target_tokens += tg_tok;
     p.padded_input_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_len);
     p.padded_target_tokens += static_cast<std::uint64_t>(mb.rows()) * static_cast<std::uint64_t>(mb.padded_dec_len);
+  }
+  fit_chains(w, coster, mbs, policy, forced_rc, require_fit, chain_room);
+  for (const MicroBatch& mb : mbs) {
     p.max_time_ms = std::max(p.max_time_ms, mb.time_ms);
     p.sum_time_ms += mb.time_ms;
     times.push_back(mb.time_ms);
@@ -900,8 +935,32 @@ struct Run {
   std::int64_t le(std::uint32_t s) const { return len.w.le_of(len.in[s]); }
   std::int64_t ld(std::uint32_t s) const { return len.w.ld_of(encdec ? len.tg[s] : 0); }
   // Figures of `mbs` under the run's recompute policy (`forced_rc` >= 0 pins the mode).
-  Partition finish(std::vector<MicroBatch> mbs, int forced_rc = -1, Coster* other = nullptr) {
-    return finalize(len.w, coster, shape, std::move(mbs), options.recompute, forced_rc, true, other);
+  Partition finish(std::vector<MicroBatch> mbs, int forced_rc = -1, Coster* other = nullptr, double chain_room = 1.0) {
+    return finalize(len.w, coster, shape, std::move(mbs), options.recompute, forced_rc, true, other, chain_room);
+  }
+  // Sliced micro-batches `mbs` with their chains recomputed to leave room for the micro-batches a
+  // schedule keeps in flight beside them: variants at kChainRooms (none when nothing is sliced,
+  // the policy pins the mode, or a variant changes no mode), for the planner to simulate.
+  std::vector<Partition> chain_variants(const Partition& p) {
+    std::vector<Partition> out;
+    const bool sliced = std::any_of(p.microbatches.begin(), p.microbatches.end(),
+                                    [](const MicroBatch& mb) { return mb.has_slices(); });
+    if (!sliced || options.recompute != RecomputePolicy::Auto) return out;
+    auto modes = [](const Partition& x) {
+      std::vector<Recompute> m;
+      for (const MicroBatch& mb : x.microbatches) m.push_back(mb.recompute);
+      return m;
+    };
+    std::vector<std::vector<Recompute>> seen{modes(p)};
+    for (const double room : kChainRooms) {
+      Partition v = finish(p.microbatches, -1, nullptr, room);
+      v.order = p.order;
+      std::vector<Recompute> m = modes(v);
+      if (std::find(seen.begin(), seen.end(), m) != seen.end()) continue;
+      seen.push_back(std::move(m));
+      out.push_back(std::move(v));
+    }
+    return out;
   }
 };
 
@@ -1164,10 +1223,13 @@ Partition partition_dp(Run& r) {
   }
   PACKPIPE_CHECK_ARG(done || r.ids.empty(), "no partition fits in {} MB", r.limit);
   if (r.ids.empty()) result = r.finish({});
-  // The other candidates in the order gathered: the other layout's or family's best, then each
-  // search's fewer-and-larger and other counts (deterministic).
+  // The chosen micro-batches with their slices recomputed more, then the other candidates in the
+  // order gathered: the other layout's or family's best, then each search's fewer-and-larger and
+  // other counts (deterministic).
+  for (Partition& v : r.chain_variants(result)) result.alternatives.push_back(std::move(v));
+  const std::size_t most = result.alternatives.size() + kMaxAlternatives;
   for (auto& [objective, mbs] : others) {
-    if (result.alternatives.size() >= kMaxAlternatives) break;
+    if (result.alternatives.size() >= most) break;
     if (mbs.empty()) continue;
     Partition p = r.finish(std::move(mbs));
     p.order = r.ids;
@@ -1287,6 +1349,7 @@ Partition partition_slicing(Run& r) {
                      r.cost.model().name);
   Partition result = r.finish(detail::slicing_baseline(r.len.w, r.ids, r.options.capacity));
   result.order = r.ids;
+  result.alternatives = r.chain_variants(result);  // the same slices, more recomputed
   return result;
 }
 

@@ -220,8 +220,8 @@ struct BaselineGridOptions {
   /// 0: the batch's. A run sets its dataset's, so every batch lists the same settings.
   std::uint64_t longest = 0;
   std::uint64_t longest_target = 0;  ///< encoder-decoder: the longest target (0: the batch's)
-  /// Decoder-only, with packed layouts: list fixed-length slicing (Seq1F1B-like) at slices of C / 8,
-  /// C / 4 and C / 2 tokens (at least min_slice_tokens).
+  /// Decoder-only, with packed layouts: list fixed-length slicing (Seq1F1B-like) at slices of C / 16,
+  /// C / 8, C / 4 and C / 2 tokens (at least min_slice_tokens).
   bool slicing = true;
   std::uint64_t min_slice_tokens = 64;
 };
@@ -230,8 +230,8 @@ struct BaselineGridOptions {
 /// 16 times the longest padded sample; packing at capacity C (the least power of two that holds
 /// the longest sample) with each row count (flattened rows: C x 2r rows covers 2C x r); wlb at
 /// capacities C, 2C and 4C; fixed-packed at each micro-batch size; slicing (decoder-only) at slices
-/// of C / 8, C / 4 and C / 2; packing-mask at capacity C with each row count. The packed families
-/// only when the executor runs packed rows. Deterministic, in that order.
+/// of C / 16, C / 8, C / 4 and C / 2; packing-mask at capacity C with each row count. The packed
+/// families only when the executor runs packed rows. Deterministic, in that order.
 std::vector<Baseline> baseline_grid(const BatchLengths& lengths, const BaselineGridOptions& options);
 
 /// Largest round_multiple accepted (padded lengths stay far below the cost model's bounds).
@@ -266,11 +266,13 @@ struct Partition {
   BatchLengths lengths;                  ///< the batch as partitioned: input and target lengths after truncation
   std::vector<std::uint32_t> dropped;    ///< sample ids dropped (OversizePolicy::Drop)
   std::int64_t tau_evaluations = 0;  ///< min-sum DP runs (one per cap tried)
-  /// dp: other partitions of the batch that fit (the layout or family not chosen, then fewer and
-  /// larger, more and smaller, and other micro-batch counts of the packed and sliced searches), at
-  /// most kMaxAlternatives. The
-  /// objective is the 1F1B bound; schedules that fill bubbles can run another of them faster, so the
-  /// planner simulates them too and keeps the fastest as packpipe's plan.
+  /// dp: other partitions of the batch that fit (the chosen micro-batches with their slices
+  /// recomputed more, the layout or family not chosen, then fewer and larger, more and smaller, and
+  /// other micro-batch counts of the packed and sliced searches), at most kMaxAlternatives beyond
+  /// the recompute variants; slicing: its slices recomputed more. The objective is the 1F1B bound
+  /// and ignores what else a schedule keeps in flight beside a sliced sample; schedules that fill
+  /// bubbles can run another of them faster, so the planner simulates them too and keeps the
+  /// fastest (for packpipe's plan, and for a slicing baseline's).
   std::vector<Partition> alternatives;
 };
 

@@ -2,6 +2,7 @@
 // slices of a sample, the data-parallel split that keeps them together, the chains' memory, and the
 // fixed-length slicing baseline (Seq1F1B-like).
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <queue>
@@ -100,8 +101,11 @@ std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& 
 
 namespace detail {
 
-bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster) {
-  if (coster.basis() != CostBasis::Stages) return true;
+bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster) { return chains_over(mbs, coster).empty(); }
+
+std::vector<std::uint32_t> chains_over(const std::vector<MicroBatch>& mbs, const Coster& coster, double room_fraction) {
+  std::vector<std::uint32_t> over;
+  if (coster.basis() != CostBasis::Stages) return over;
   // Per sliced sample: the sum of its micro-batches' stored activations and their largest peak.
   std::map<std::uint32_t, std::pair<double, double>> chain;
   for (const MicroBatch& mb : mbs) {
@@ -112,11 +116,59 @@ bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster) {
       c.second = std::max(c.second, mb.peak_mb);
     }
   }
-  const double room = coster.limit_mb() - coster.max_static_mb();
+  const double room = (coster.limit_mb() - coster.max_static_mb()) * room_fraction;
   for (const auto& [s, c] : chain) {
-    if (c.first + c.second > room) return false;
+    if (c.first + c.second > room) over.push_back(s);
   }
-  return true;
+  return over;
+}
+
+std::vector<std::uint32_t> relieve_chains(std::vector<MicroBatch>& mbs, const Coster& coster,
+                                          const std::function<Choice(std::size_t)>& full, double room_fraction) {
+  std::vector<std::uint32_t> over = chains_over(mbs, coster, room_fraction);
+  if (over.empty()) return over;
+  const double room = (coster.limit_mb() - coster.max_static_mb()) * room_fraction;
+  for (const std::uint32_t s : over) {
+    std::vector<std::size_t> members;
+    for (std::size_t b = 0; b < mbs.size(); ++b) {
+      if (mbs[b].has_slices() && std::find(mbs[b].samples.begin(), mbs[b].samples.end(), s) != mbs[b].samples.end()) {
+        members.push_back(b);
+      }
+    }
+    // Candidates by added time per MB freed (ties by index): the cheapest relief first.
+    struct Cand {
+      double rate;
+      std::size_t b;
+      Choice c;
+    };
+    std::vector<Cand> cands;
+    for (const std::size_t b : members) {
+      if (mbs[b].recompute == Recompute::Full) continue;
+      const Choice c = full(b);
+      const double freed = mbs[b].stored_mb - c.stored_mb;
+      if (!c.fits || !(freed > 0)) continue;
+      cands.push_back({std::max(0.0, c.time_ms - mbs[b].time_ms) / freed, b, c});
+    }
+    std::sort(cands.begin(), cands.end(),
+              [](const Cand& x, const Cand& y) { return x.rate != y.rate ? x.rate < y.rate : x.b < y.b; });
+    auto total = [&] {
+      double stored = 0, peak = 0;
+      for (const std::size_t b : members) {
+        stored += mbs[b].stored_mb;
+        peak = std::max(peak, mbs[b].peak_mb);
+      }
+      return stored + peak;
+    };
+    for (const Cand& x : cands) {
+      if (total() <= room) break;
+      MicroBatch& mb = mbs[x.b];
+      mb.recompute = x.c.rc;
+      mb.time_ms = x.c.time_ms;
+      mb.stored_mb = x.c.stored_mb;
+      mb.peak_mb = x.c.peak_mb;
+    }
+  }
+  return chains_over(mbs, coster);
 }
 
 std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::uint32_t>& ids, std::uint64_t slice) {
@@ -141,8 +193,9 @@ std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::u
   po.capacity = slice;
   const packing::Packing p = packing::pack(lens.data(), lens.size(), po, nullptr);
   const std::size_t rows = p.rows();
-  // The rows in an order where every sample's slices come in order: a stable topological sort of
-  // the rows (by index) under the links between each sample's consecutive pieces.
+  // The rows in an order where every sample's slices come in order and, as Seq1F1B runs them, one
+  // after another: a topological sort of the rows under the links between each sample's
+  // consecutive pieces that takes a row the last one unlocked first, else the lowest ready index.
   std::vector<std::size_t> row_of(pieces.size());
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::uint64_t k = p.row_offsets[r]; k < p.row_offsets[r + 1]; ++k) row_of[p.samples[k]] = r;
@@ -162,9 +215,19 @@ std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::u
   }
   std::vector<MicroBatch> out;
   bool sliced = false;
+  std::vector<char> emitted(rows, 0);
+  std::vector<std::size_t> unlocked;  // rows the last emitted row made ready
   while (!ready.empty()) {
-    const std::size_t r = ready.top();
-    ready.pop();
+    std::size_t r;
+    if (!unlocked.empty()) {
+      r = *std::min_element(unlocked.begin(), unlocked.end());
+    } else {
+      r = ready.top();
+    }
+    if (!ready.empty() && ready.top() == r) ready.pop();
+    if (emitted[r]) continue;  // taken through `unlocked` while still queued
+    emitted[r] = 1;
+    unlocked.clear();
     MicroBatch mb;
     mb.layout = Layout::Packed;
     for (std::uint64_t k = p.row_offsets[r]; k < p.row_offsets[r + 1]; ++k) {
@@ -175,7 +238,10 @@ std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::u
     }
     out.push_back(std::move(mb));
     for (const std::size_t b : after[r]) {
-      if (--indeg[b] == 0) ready.push(b);
+      if (--indeg[b] == 0) {
+        ready.push(b);
+        unlocked.push_back(b);
+      }
     }
   }
   PACKPIPE_ASSERT(out.size() == rows);

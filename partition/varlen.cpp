@@ -82,8 +82,13 @@ Linear marginal(Coster& coster, const Sums& all, std::int64_t k) {
   auto work_of = [](const cm::MicroShape& s) {
     return static_cast<double>(s.attention.self + s.attention.dec_self + s.attention.cross);
   };
+  // (scaled from p0's sums after clamping: a batch whose sum of squares exceeds what one dense
+  // micro-batch of the mean tokens holds, a long sample among short ones, is clamped in p0, and
+  // scaling the unclamped sums would clamp again to the same value and measure no slope)
   const double f = work_of(p0) * 2 <= static_cast<double>(p0.seq * p0.seq) ? 2.0 : 0.5;
-  const cm::MicroShape p2 = probe_shape(e0, d0, s0 * f, ds0 * f, c0 * f);
+  const auto a0 = p0.attention;
+  const cm::MicroShape p2 = probe_shape(e0, d0, static_cast<double>(a0.self) * f, static_cast<double>(a0.dec_self) * f,
+                                        static_cast<double>(a0.cross) * f);
   const double t0 = coster.get_varlen(p0, cm::Recompute::None).time_ms;
   const double t1 = coster.get_varlen(p1, cm::Recompute::None).time_ms;
   const double t2 = coster.get_varlen(p2, cm::Recompute::None).time_ms;
@@ -249,7 +254,9 @@ void refine(const Work& w, Coster& coster, const PipelineShape& shape, Recompute
     return c.fits;
   };
   while (budget > 0) {
-    const auto [hi, others] = slowest_and_fastest(e.time);
+    const auto order = slowest_and_fastest(e.time);
+    const std::size_t hi = order.first;  // a named copy: lambdas cannot capture structured bindings in C++17
+    const std::vector<std::size_t>& others = order.second;
     auto& from = a.bins[hi];
     // Whether moving `out` (a sample of the slowest bin) to bin `to`, and `in` (one of bin `to`'s, or
     // none) back, lowers the objective; if so it is done.
@@ -539,7 +546,10 @@ struct PieceAssignment {
   bool sliced = false;
 };
 
-// Exact costs of an assignment: times and fit (each micro-batch, and every chain together).
+// Exact costs of an assignment: times and fit (each micro-batch, and every chain together). Each
+// micro-batch takes the fastest mode that fits alone; under RecomputePolicy::Auto, the micro-batches
+// of a sample whose slices do not fit together are then recomputed in full (a chain holds all its
+// slices' activations until its backward) before the assignment is refused.
 Exact exact_piece_costs(Coster& coster, const PipelineShape& shape, const PieceAssignment& a, RecomputePolicy policy) {
   std::vector<std::pair<bool, cm::MicroShape>> bins;
   for (std::size_t b = 0; b < a.bins.size(); ++b) bins.emplace_back(a.bins[b].empty(), a.sums[b].shape());
@@ -550,10 +560,20 @@ Exact exact_piece_costs(Coster& coster, const PipelineShape& shape, const PieceA
       mb.samples.push_back(p.sample);
       mb.spans.push_back({p.begin, p.length});
     }
+    mb.recompute = c.rc;
+    mb.time_ms = c.time_ms;
     mb.stored_mb = c.stored_mb;
     mb.peak_mb = c.peak_mb;
   });
-  if (e.fits && !chains_fit(mbs, coster)) {
+  if (!e.fits) return e;
+  std::vector<std::uint32_t> over = chains_over(mbs, coster);
+  if (!over.empty() && policy == RecomputePolicy::Auto) {
+    over = relieve_chains(mbs, coster,
+                          [&](std::size_t b) { return coster.choose_varlen(bins[b].second, RecomputePolicy::Full); });
+    for (std::size_t b = 0; b < mbs.size(); ++b) e.time[b] = mbs[b].time_ms;
+    e.objective = objective_of(shape, e.time);
+  }
+  if (!over.empty()) {
     e.fits = false;
     e.objective = kInf;
   }

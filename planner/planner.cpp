@@ -509,10 +509,13 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // simulated is packpipe's plan (a candidate whose makespan lower bound cannot beat it is pruned).
   std::vector<part::Partition> alternatives = std::move(split.alternatives);
   split.alternatives.clear();
+  // (When the plan's own micro-batches do not fit the schedule's memory, a feasible alternative, such
+  // as the same slices recomputed more, replaces them.)
   for (auto& alt : alternatives) {
-    if (!best.figures.feasible) break;
-    Scheduled c = schedule_partition(alt, cost, vstages, o, iteration, best.figures.iteration_ms, false);
-    if (c.scheduled && c.figures.feasible && c.figures.iteration_ms < best.figures.iteration_ms) {
+    const bool feasible = best.scheduled && best.figures.feasible;
+    Scheduled c = schedule_partition(alt, cost, vstages, o, iteration, feasible ? best.figures.iteration_ms : kInfMs,
+                                     false);
+    if (c.scheduled && c.figures.feasible && (!feasible || c.figures.iteration_ms < best.figures.iteration_ms)) {
       best = std::move(c);
       split = std::move(alt);
     }
@@ -552,6 +555,20 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     const double bound = o.baselines ? kInfMs : to_beat;
     Scheduled c = same != scheduled_partitions.end() ? same->second
                                                      : schedule_partition(bp, cost, vstages, o, iteration, bound, false);
+    // A slicing baseline's same slices with more of them recomputed: its fastest is its figure.
+    if (same == scheduled_partitions.end()) {
+      std::vector<part::Partition> alts = std::move(bp.alternatives);
+      bp.alternatives.clear();
+      for (part::Partition& alt : alts) {
+        const double beat = c.scheduled && c.figures.feasible ? std::min(bound, c.figures.iteration_ms) : bound;
+        Scheduled a = schedule_partition(alt, cost, vstages, o, iteration, beat, false);
+        if (a.scheduled && a.figures.feasible && (!c.scheduled || !c.figures.feasible ||
+                                                  a.figures.iteration_ms < c.figures.iteration_ms)) {
+          c = std::move(a);
+          bp = std::move(alt);
+        }
+      }
+    }
     if (c.scheduled && o.baselines) scheduled_partitions.emplace(key, c);
     if (!o.baselines) scheduled_partitions.emplace(key, Scheduled{});
     f.scheduled = c.scheduled;

@@ -49,8 +49,9 @@ void build_gpipe(const SimProblem& p, const std::vector<std::uint32_t>& order, c
 
 // Megatron's 1F1B: min(S - r - 1, m) warm-up forwards, then a forward and a backward, then the
 // remaining backwards. Backwards follow `back` (the backward sequence: the order without slices);
-// before a backward whose forward has not run on this rank, the forwards up to it run first
-// (Seq1F1B: a sample's slices all go forward before its last slice goes back on the last stage).
+// with slices each backward comes after one more forward and the forwards up to w past it (Seq1F1B:
+// a sample's slices all go forward, and the warm-up's count after them, before its last slice goes
+// back; then one forward per backward).
 void build_1f1b(const SimProblem& p, const std::vector<std::uint32_t>& order, const std::vector<std::uint32_t>& back,
                 std::vector<std::int64_t>& pos, RankOrder& out) {
   const std::int64_t S = p.ranks, m = p.microbatches();
@@ -71,15 +72,14 @@ void build_1f1b(const SimProblem& p, const std::vector<std::uint32_t>& order, co
       for (std::int64_t k = m - w; k < m; ++k) ops.push_back(make_op(pl::OpKind::Backward, order[k], r));
       continue;
     }
+    // Before each backward, one more forward and every forward up to w past its micro-batch: 1F1B
+    // itself without slices (B(k) after F(k + w)); with them, a sample's slices all go forward and
+    // w more while its last slice's gradient comes back, then one forward per backward as ever.
     std::int64_t f = 0;
-    for (; f < w; ++f) ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
     for (std::int64_t b = 0; b < m; ++b) {
-      if (f < m) {
-        ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
-        ++f;
-      }
       const std::uint32_t mb = back[static_cast<std::size_t>(b)];
-      while (f <= pos[mb]) {
+      const std::int64_t until = std::min(m - 1, std::max(pos[mb] + w, f));
+      while (f <= until) {
         ops.push_back(make_op(pl::OpKind::Forward, order[static_cast<std::size_t>(f)], r));
         ++f;
       }

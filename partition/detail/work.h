@@ -1,6 +1,7 @@
 // Internal: pieces of the partitioner shared between its translation units. Not a public header.
 #pragma once
 
+#include <functional>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -101,6 +102,17 @@ std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::u
 /// activations plus the largest transient peak within the limit (stage basis; the DynaPipe basis
 /// is not checked). `mbs` carry their costs (finalize). Defined in slices.cpp.
 bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster);
+/// The sliced samples whose micro-batches do not fit together (chains_fit's test) in
+/// `room_fraction` of the activation memory, ascending.
+std::vector<std::uint32_t> chains_over(const std::vector<MicroBatch>& mbs, const Coster& coster,
+                                       double room_fraction = 1.0);
+/// Recomputes in full, sample by sample, the micro-batches of each sliced sample that does not fit
+/// together in `room_fraction` of the activation memory, cheapest added time per MB freed first,
+/// until it fits (`full(b)`: micro-batch b's costs under full recompute; `mbs` carry their costs and
+/// modes; a fraction below 1 leaves room for the other micro-batches a schedule keeps in flight, 0
+/// recomputes every one it can). Returns chains_over (whole memory) afterwards.
+std::vector<std::uint32_t> relieve_chains(std::vector<MicroBatch>& mbs, const Coster& coster,
+                                          const std::function<Choice(std::size_t)>& full, double room_fraction = 1.0);
 
 /// (S - 1) tau / c + sum / d, computed in DynaPipe's order of operations.
 inline double objective(const PipelineShape& s, double tau, double sum) {
