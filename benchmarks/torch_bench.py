@@ -55,6 +55,8 @@ def manifest(workload, directory):
     demo = os.path.join(ROOT, "data", "demo")
     if workload == "demo":
         return os.path.join(demo, "manifest.json")
+    if workload == "long":  # the short tasks beside whole manual pages (257 to 8,190 tokens)
+        return os.path.join(demo, "long.json")
     tasks = ["define", "synonyms", "translate"]
     m = {"version": 1, "tasks": [{"name": t, "inputs": os.path.join(demo, f"demo_{t}_inputs_document"),
                                   "targets": os.path.join(demo, f"demo_{t}_targets_document")} for t in tasks]}
@@ -65,9 +67,10 @@ def manifest(workload, directory):
 
 def setup(a, tmp):
     """The small GPT's config, its cost model on the CPU device, and the workload's dataset."""
+    data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
-                           max_positions=4096)
-    return cfg, models.cost_model(cfg, tmp), packpipe.MultiTaskDataset(manifest(a.workload, tmp))
+                           max_positions=max(4096, _longest(data)))
+    return cfg, models.cost_model(cfg, tmp), data
 
 
 def progress(text):
@@ -217,6 +220,12 @@ def baseline_configs(a, data):
     for f in a.budgets:
         out.append((f"wlb (capacity {f * cap})", "wlb",
                     dict(one_f, options=packpipe.PartitionOptions(method="wlb", capacity=f * cap))))
+    # Seq1F1B-like: every sample over a length cut into slices of that length, packed, under 1F1B
+    for f in (a.slice_fractions if a.slice_fractions is not None else
+              ([16, 8, 4, 2] if a.workload == "long" else [])):
+        if cap // f >= 1:
+            out.append((f"slicing (slices of {cap // f})", "slicing",
+                        dict(one_f, options=packpipe.PartitionOptions(method="slicing", capacity=cap // f))))
     return out
 
 
@@ -507,8 +516,9 @@ def warmup(a, groups, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["overhead", "throughput", "calibration", "warmup"])
-    ap.add_argument("--workload", choices=["short", "demo"], default="short",
-                    help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens)")
+    ap.add_argument("--workload", choices=["short", "demo", "long"], default="short",
+                    help="short: the demo's paired tasks (10-130 tokens); demo: every task (up to 3,000 tokens); "
+                         "long: the paired tasks beside whole manual pages (data/demo/long.json, up to 8,190 tokens)")
     i = _check.arg_int
     ap.add_argument("--iterations", type=i(1, _check.MAX_COUNT), default=6)
     ap.add_argument("--rounds", type=i(1, 10 ** 6), default=3)
@@ -522,6 +532,9 @@ def main():
                          "(e.g. 'packing (capacity 128 x 2' wlb); packpipe always runs")
     ap.add_argument("--budgets", type=i(1, 2 ** 20), nargs="+", default=[1, 2, 4],
                     help="throughput: token budgets and WLB capacities, in multiples of the longest sample's power of 2")
+    ap.add_argument("--slice-fractions", type=i(1, 2 ** 20), nargs="+", default=None,
+                    help="throughput: the slicing baseline's slice lengths, as divisors of the longest sample's "
+                         "power of 2 (default: 16 8 4 2 on the long workload, none otherwise)")
     ap.add_argument("--seed", type=i(0, 2 ** 63 - 1), default=5)
     ap.add_argument("--calibration-passes", type=i(1, 16), default=2,
                     help="throughput: calibration passes (2: the first fit's plans are measured and fitted again)")

@@ -91,7 +91,11 @@ struct QueryOptions {
 Json run_query(const QueryOptions& o) {
   PACKPIPE_CHECK_ARG(o.seq == 0 || o.enc_seq == 0 || o.seq == o.enc_seq,
                      "--seq ({}) and --enc-seq ({}) disagree; give one of them", o.seq, o.enc_seq);
-  cm::CostModelConfig config{o.model, o.device, o.profiles, o.calibration};
+  cm::CostModelConfig config;
+  config.model = o.model;
+  config.device = o.device;
+  config.profiles = o.profiles;
+  config.calibration = o.calibration;
   config.attention = o.attention;
   config.interpolation = cm::profile_interpolation_from_name(o.interpolation);
   const auto model = cm::make_cost_model(config);

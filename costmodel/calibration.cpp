@@ -867,7 +867,12 @@ Calibration Calibration::from_json(const std::string& text, const std::string& w
     t.error_before = r.number(ts[k], path, "error_before");
     t.error_after = r.number(ts[k], path, "error_after");
   }
-  if (j.contains("schedules")) {  // absent: a file written before schedule factors
+  // Version 2 is written only with fitted schedule kinds (a calibration without any is version 1).
+  PACKPIPE_CHECK(version < 2 || (j.contains("schedules") && j["schedules"].is_array() && !j["schedules"].empty()),
+                 "{}: /schedules: a version-2 file lists at least one fitted schedule kind (one without any is "
+                 "version 1), found {}",
+                 what, !j.contains("schedules") ? std::string("none") : j["schedules"].dump());
+  if (j.contains("schedules")) {
     const Json& ss = r.array(j, "", "schedules");
     PACKPIPE_CHECK(version >= 2 || ss.empty(), "{}: /schedules: a version-1 file has no schedule factors (version 2 "
                    "does), found {}", what, ss.size());

@@ -48,6 +48,8 @@ def main(argv=None):
     ap.add_argument("--manifest", default=os.path.join(HERE, "..", "data", "demo", "short.json"))
     ap.add_argument("--out-dir", required=True, help="where the calibration and the profile are written")
     a = ap.parse_args(argv)
+    if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
+        ap.error(f"--out-dir {a.out_dir}: expected a directory (or a path to create), found a file")
     torch.set_num_threads(1)
     os.makedirs(a.out_dir, exist_ok=True)
     shape = packpipe.PipelineShape(stages=1, memory_mb=8)

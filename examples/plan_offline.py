@@ -18,6 +18,7 @@ import torch
 
 import packpipe
 import packpipe.torch as pt
+from packpipe import _check
 from packpipe.torch.models import CPU_DEVICE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default=os.path.join(HERE, "..", "data", "demo", "short.json"))
     ap.add_argument("--out", required=True, help="the plan file to write")
-    ap.add_argument("--iterations", type=int, default=4, help="iterations to plan (0: the whole epoch)")
+    ap.add_argument("--iterations", type=_check.arg_int(0, _check.MAX_COUNT), default=4, help="iterations to plan (0: the whole epoch)")
     ap.add_argument("--cli", default="", help="plan with this packpipe command instead of plan_epoch")
     ap.add_argument("--no-train", action="store_true", help="only plan")
     a = ap.parse_args(argv)

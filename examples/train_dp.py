@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import packpipe
 import packpipe.torch as pt
+from packpipe import _check
 from packpipe.torch.models import CPU_DEVICE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,10 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default=os.path.join(HERE, "..", "data", "demo", "short.json"))
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=3, help="iterations per epoch (0: the whole epoch)")
-    ap.add_argument("--global-batch-tokens", type=int, default=2048)
-    ap.add_argument("--memory-mb", type=float, default=8,
+    ap.add_argument("--epochs", type=_check.arg_int(1, 10 ** 6), default=2)
+    ap.add_argument("--iterations", type=_check.arg_int(0, _check.MAX_COUNT), default=3, help="iterations per epoch (0: the whole epoch)")
+    ap.add_argument("--global-batch-tokens", type=_check.arg_int(1, _check.MAX_COUNT), default=2048)
+    ap.add_argument("--memory-mb", type=_check.arg_float(0, 1e12), default=8,
                     help="memory per device (MB) the plans keep to: tiny here, so that this tiny model's batches take "
                          "several micro-batches; 0: the device's")
     a = ap.parse_args(argv)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import packpipe
 import packpipe.torch as pt
+from packpipe import _check
 from packpipe.torch.models import CPU_DEVICE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +32,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default=os.path.join(HERE, "..", "data", "demo", "short.json"))
-    ap.add_argument("--pp", type=int, default=2, help="pipeline stages")
-    ap.add_argument("--iterations", type=int, default=4, help="iterations (0: the whole epoch)")
-    ap.add_argument("--global-batch-tokens", type=int, default=2048)
+    ap.add_argument("--pp", type=_check.arg_int(1, _check.MAX_PIPELINE), default=2, help="pipeline stages")
+    ap.add_argument("--iterations", type=_check.arg_int(0, _check.MAX_COUNT), default=4, help="iterations (0: the whole epoch)")
+    ap.add_argument("--global-batch-tokens", type=_check.arg_int(1, _check.MAX_COUNT), default=2048)
     ap.add_argument("--plan-file", default="", help="read the plans from this file (examples/plan_offline.py) "
                                                      "instead of planning on every rank")
     a = ap.parse_args(argv)

@@ -7,6 +7,11 @@
 namespace packpipe::planner {
 
 void check_context_length(const ContextLength& c, bool encoder_decoder) {
+  PACKPIPE_CHECK_ARG(encoder_decoder || c.max_seq_len != 1,
+                     "{} 1 leaves no token to train: a decoder-only sample's tokens are trained on the token after "
+                     "each, so a context of 1 token has no label (every iteration would have 0 loss tokens); give at "
+                     "least 2, or 0 for no context length",
+                     c.max_seq_len_option);
   PACKPIPE_CHECK_ARG(encoder_decoder || c.max_target_len == 0,
                      "{} {} is for encoder-decoder models (their decoder side); a decoder-only model trains input and "
                      "target as one sequence, limited by {}",

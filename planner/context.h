@@ -52,7 +52,8 @@ struct ContextLength {
   std::uint32_t target_limit() const { return max_target_len > 0 ? max_target_len : max_seq_len; }
 };
 
-/// Checks `c` for a model (InvalidArgument naming the option): max_target_len only for an
+/// Checks `c` for a model (InvalidArgument naming the option): a decoder-only max_seq_len of 1 (no token
+/// would have a label) is refused; max_target_len only for an
 /// encoder-decoder model (a decoder-only one trains input and target as one sequence), split only for
 /// a decoder-only one (an encoder-decoder sample's input and target belong together).
 void check_context_length(const ContextLength& c, bool encoder_decoder);

@@ -1083,7 +1083,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.build_dir = a.build_dir or os.path.join(ROOT, "build" if a.dry_run else "build-device")
     a.budget = a.budget or (600.0 if a.dry_run else 450.0)
     a.out = a.out or tempfile.mkdtemp(prefix="packpipe-device-report-")
-    os.makedirs(a.out, exist_ok=True)
+    where = "$OUT" if a.out == os.environ.get("OUT") else "--out"
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        ap.error(f"{where} {a.out}: expected a report folder (or a path to create), found a file")
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"{where} {a.out}: cannot create the report folder: {e.strerror}")
     if any(os.path.exists(os.path.join(a.build_dir, f)) and os.path.samefile(a.out, a.build_dir) for f in ("",)):
         ap.error("--out must not be the build folder")
     ctx = Context(a)

@@ -581,7 +581,18 @@ TEST_CASE("schedule factors: round trip, the rule for kinds not fitted, and bad 
   const auto at = old.find(",\n \"schedules\"");
   REQUIRE(at != std::string::npos);
   old = old.substr(0, at) + "\n}\n";
-  CHECK(cm::Calibration::from_json(old, "old.json").schedules.empty());
+  {
+    auto v1 = nlohmann::json::parse(old);
+    v1["version"] = 1;
+    CHECK(cm::Calibration::from_json(v1.dump(1), "old.json").schedules.empty());
+  }
+  // Version 2 without the key, or with none fitted (its writer writes version 1 then), is refused.
+  check_calibration_error(old, {"cal.json", "/schedules", "at least one fitted schedule kind", "found none"});
+  {
+    auto empty = nlohmann::json::parse(good);
+    empty["schedules"] = nlohmann::json::array();
+    check_calibration_error(empty.dump(1), {"cal.json", "/schedules", "version 1", "found []"});
+  }
 
   const auto check = check_calibration_error;
   auto with = [&](std::vector<cm::ScheduleFit> fits) {

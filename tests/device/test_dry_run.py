@@ -197,6 +197,21 @@ def check_configure_args(a, dc, tmp):
     shutil.rmtree(ctx.work)
 
 
+def check_out_a_file(a, tmp):
+    """$OUT or --out naming a file: a usage error naming it, exit 2, the file untouched (no traceback)."""
+    path = os.path.join(tmp, "a-file")
+    with open(path, "w") as f:
+        f.write("x")
+    env = dict(os.environ, DEVICE_CHECK_PYTHON=a.python, OUT=path)
+    for extra, text in (([], f"$OUT {path}: expected a report folder"),
+                        (["--out", os.path.join(path, "sub")], "cannot create the report folder")):
+        r = subprocess.run([SCRIPT, "--dry-run", "--build-dir", a.build_dir, *extra], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    with open(path) as f:
+        assert f.read() == "x"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", required=True)
@@ -204,11 +219,12 @@ def main():
     a = ap.parse_args()
     dc = load_check()
     with tempfile.TemporaryDirectory(prefix="device-dry-") as tmp:
+        check_out_a_file(a, tmp)
         check_unpack_without_dpkg(dc, tmp)
         check_configure_args(a, dc, tmp)
         check_failure_and_budget(a, dc, tmp)
         check_full(a, dc, tmp)
-    print("device check dry run: 5 passed, 0 failed")
+    print("device check dry run: 6 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -160,3 +160,56 @@ def test_messages_name_what_to_set_as_python_and_the_cli_spell_it(call, message)
     with pytest.raises(ValueError, match=message) as e:
         call()
     assert not CPP_SPELLINGS.search(str(e.value)), str(e.value)
+
+
+class _Wrong:
+    def __repr__(self):
+        return "<wrong>"
+
+
+def test_an_argument_of_the_wrong_type_is_named_by_every_native_entry_point():
+    """Every function, constructor and static method of the core with one signature: an object of no
+    use in its first argument is a TypeError naming the function and that argument, never pybind11's
+    dump of the signature (a sweep, so that a new entry point is covered too)."""
+    checked = 0
+    entries = [(n, getattr(packpipe, n)) for n, v in vars(_core).items()
+               if not n.startswith("_") and type(v).__name__ == "builtin_function_or_method"]
+    for cname, cls in vars(_core).items():
+        if isinstance(cls, type) and not cname.startswith("_"):
+            entries.append((cname, cls))
+            entries += [(f"{cname}.{a}", getattr(cls, a)) for a, m in vars(cls).items() if isinstance(m, staticmethod)]
+    for where, fn in entries:
+        native = inspect.unwrap(fn.__init__ if isinstance(fn, type) else fn)
+        doc = (native.__doc__ or "").strip().splitlines()
+        if not doc or "(*args, **kwargs)" in doc[0]:  # overloaded: pybind's message lists the forms
+            continue
+        params = [p for p in parameters(native) if p != "self"]
+        if not params:
+            continue
+        with pytest.raises(TypeError) as e:
+            fn(_Wrong())
+        text = str(e.value)
+        assert "incompatible" not in text and "Invoked with" not in text, (where, text)
+        # the wrapper's message, or the binding's own check naming the argument
+        assert (text.startswith(f"{where}: {params[0]} must be ") and "found _Wrong <wrong>" in text) or \
+            text.startswith(f"{where}: missing argument") or text.startswith(f"{params[0]}: ") or \
+            "missing 1 required positional argument" in text or \
+            re.match(rf"{re.escape(where)}: takes 0 positional argument\(s\), found 1 \(keyword-only: {params[0]}", text), \
+            (where, text)
+        checked += 1
+    assert checked >= 20, checked
+    # keywords and methods of an instance
+    with pytest.raises(TypeError, match=r"^plan_epoch: seq_policy must be str, found NoneType None$"):
+        packpipe.plan_epoch(gpt(), _demo(),
+                            iterations=1, seq_policy=None)
+    problem = packpipe.ScheduleProblem(gpt(), [(1, 128), (1, 256)], shape=packpipe.PipelineShape(stages=2))
+    with pytest.raises(TypeError, match=r"^ScheduleProblem.search: margin must be float, found str 'x'$"):
+        problem.search(margin="x")
+    with pytest.raises(TypeError, match=r"^plan_epoch: unknown keyword argument 'bogus' \(the keywords are cost_model"):
+        packpipe.plan_epoch(gpt(), _demo(), bogus=1)
+    assert problem.search(margin=0.0).feasible  # the right types still reach the core
+
+
+def _demo():
+    import os
+    return packpipe.MultiTaskDataset(os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json"))

@@ -247,3 +247,26 @@ def test_context_length_plans_agree_with_the_cli_and_plan_batch(tmp_path, gpt, p
                                 dataset=ds)
         assert [p.to_bytes() for p in b.plans] == it.blobs
         assert b.seq_truncated == b.seq_dropped == b.seq_split == 0  # the lengths are within it already
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop", "split"])
+def test_a_context_of_one_token_is_refused_before_planning(tmp_path, gpt, policy):
+    """A decoder-only context length of 1 leaves no token with a label (0 loss tokens every iteration):
+    plan_epoch, plan_batch and the CLI refuse it by name, under every policy."""
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json")
+    ds = packpipe.MultiTaskDataset(demo)
+    with pytest.raises(ValueError, match=r"max_seq_len 1 leaves no token to train.*at least 2"):
+        packpipe.plan_epoch(gpt, ds, iterations=1, shape=SHAPE, global_batch_tokens=4096, max_seq_len=1,
+                            seq_policy=policy)
+    with pytest.raises(ValueError, match=r"max_seq_len 1 leaves no token to train"):
+        packpipe.plan_batch(gpt, [5, 9], shape=SHAPE, max_seq_len=1, seq_policy=policy)
+    # a context of 2 trains one token a sample
+    b = packpipe.plan_batch(gpt, [5, 9], shape=SHAPE, max_seq_len=2, seq_policy="truncate")
+    assert list(b.trained_loss_tokens) == [1, 1]
+    cli = os.environ.get("PACKPIPE_CLI")
+    assert cli, "PACKPIPE_CLI is not set (run through ctest)"
+    r = subprocess.run([cli, "plan", "--manifest", demo, "--model", "gpt-1.3b", "--stages", "4", "--iterations", "1",
+                        "--no-baselines", "--global-batch-tokens", "4096", "--max-seq-len", "1", "--seq-policy", policy, "--out",
+                        str(tmp_path / "x.plans")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--max-seq-len 1 leaves no token to train" in r.stderr, r.stderr
+    assert not (tmp_path / "x.plans").exists()

@@ -114,6 +114,26 @@ def test_resume_gives_what_an_uninterrupted_run_gives(tmp_path):
         other.load_state_dict(state)
 
 
+def test_one_state_for_the_job_restores_on_every_rank_and_replica(tmp_path):
+    """The usual checkpoint pattern: rank 0 (replica 0, pipeline rank 0) saves, every rank and replica
+    loads the same state, and each continues with what an uninterrupted run of its own delivers."""
+    shape = packpipe.PipelineShape(stages=2, dp=2)
+    saver = loader(tmp_path, GPT, iterations=4, shape=shape, replica=0, rank=0)
+    next(saver)
+    state = saver.state_dict()
+    for replica in (0, 1):
+        for rank in (0, 1):
+            whole = list(loader(tmp_path, GPT, iterations=4, shape=shape, replica=replica, rank=rank))
+            resumed = loader(tmp_path, GPT, iterations=4, shape=shape, replica=replica, rank=rank)
+            resumed.load_state_dict(state)
+            rest = list(resumed)
+            assert [it.iteration for it in rest] == [1, 2, 3]
+            for a, b in zip(whole[1:], rest):
+                assert a.plan == b.plan and a.plan.replica == replica
+    with pytest.raises(ValueError, match="other settings"):
+        loader(tmp_path, GPT, iterations=4, shape=packpipe.PipelineShape(stages=2, dp=1)).load_state_dict(state)
+
+
 def test_plan_file_and_planning_agree_and_ranks_get_their_loads(tmp_path):
     planned = list(loader(tmp_path, GPT, iterations=3))
     path = str(tmp_path / "plans.ppln")

@@ -111,3 +111,20 @@ def test_multi_node_torchrun_with_a_c10d_rendezvous():
     assert "rank 0: virtual stages [0], layers [(0, 2)]" in both and "rank 1: virtual stages [1]" in both
     assert len(losses(both)) == 10, both
     assert "calibration of ops B, F: calibrated on iterations up to 7" in both, both
+
+
+def test_the_examples_refuse_bad_arguments_by_name(tmp_path):
+    """A count out of range or an output directory that is a file: argparse's message naming the
+    argument, exit 2, before any training (not a traceback, and never exit 0 having trained nothing)."""
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    cases = [(["train_dp.py", "--epochs", "-1"], "argument --epochs: must be in [1,"),
+             (["train_dp.py", "--iterations", "x"], "argument --iterations: expected an integer"),
+             (["train_pipeline.py", "--pp", "0"], "argument --pp: must be in [1,"),
+             (["plan_offline.py", "--iterations", "-2"], "argument --iterations: must be in [0,"),
+             (["calibrate_own_model.py", "--out-dir", a_file], f"--out-dir {a_file}: expected a directory")]
+    for args, text in cases:
+        r = subprocess.run([PY, EXAMPLES / args[0]] + [str(x) for x in args[1:]], env=env(), capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert a_file.read_text() == "x"

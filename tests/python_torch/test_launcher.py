@@ -157,6 +157,11 @@ def test_the_benchmark_checks_its_arguments_and_output_before_starting(tmp_path)
     (["--nproc-per-node", "2", "--grace", "nan"], "argument --grace: must be a finite number"),
     (["--nproc-per-node", "2", "--timeout", "-1"], "argument --timeout: must be a finite number"),
     (["--nproc-per-node", "2", "--timeout", "inf"], "argument --timeout: must be a finite number"),
+    # torchrun's options for several machines: named, never taken for the script or its arguments
+    (["--nnodes", "2", "--nproc-per-node", "1"], r"--nnodes 2: this launcher starts the ranks of one machine.*torchrun"),
+    (["--nproc-per-node", "1", "--node-rank", "1"], r"--node-rank 1: this launcher starts the ranks of one machine"),
+    (["--nproc_per_node", "1", "--rdzv_endpoint", "host:29400"], r"--rdzv-endpoint host:29400: this launcher"),
+    (["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"], r"--nnodes 2, --rdzv-backend c10d: "),
 ])
 def test_the_launcher_range_checks_its_options(tmp_path, args, message):
     script = tmp_path / "never.py"

@@ -115,12 +115,11 @@ def keywords(where: str, given: Dict[str, Any], fn: Callable, exclude: Iterable[
             raise TypeError(f"{where}: {name} must be {expected}, found {_found(value)}")
 
 
-def native_signature(fn: Callable) -> Dict[str, str]:
-    """{parameter: annotated type} of a pybind11 function, from its signature line."""
+def signature_parts(fn: Callable) -> list:
+    """The parameter texts ("name: type = default", "*") of a pybind11 function's signature line."""
     line = (fn.__doc__ or "").strip().splitlines()[0]
     inner = line[line.index("(") + 1:line.rindex(")")]
-    out, depth, start = {}, 0, 0
-    parts = []
+    depth, start, parts = 0, 0, []
     for i, ch in enumerate(inner):  # split on top-level commas (defaults hold reprs with commas)
         if ch in "([{":
             depth += 1
@@ -130,7 +129,13 @@ def native_signature(fn: Callable) -> Dict[str, str]:
             parts.append(inner[start:i])
             start = i + 1
     parts.append(inner[start:])
-    for p in parts:
+    return [p.strip() for p in parts]
+
+
+def native_signature(fn: Callable) -> Dict[str, str]:
+    """{parameter: annotated type} of a pybind11 function, from its signature line."""
+    out = {}
+    for p in signature_parts(fn):
         m = re.match(r"\s*(\w+): ([^=]+?)(?: = .*)?$", p)
         if m:  # builtins.bool: a bool the binding checks itself (BoolArg), a bool here
             out[m.group(1)] = re.sub(r"\bbuiltins\.", "", m.group(2).strip())
@@ -146,9 +151,23 @@ def _has_type(value: Any, expected: str) -> bool:
         return is_boolean(value)
     if expected == "float":
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if expected == "int":
+    if expected in ("int", "typing.SupportsIndex"):
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    m = re.fullmatch(r"List\[(\w+)\]", expected)
+    if expected == "typing.SupportsFloat":
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if expected == "dict" or expected.startswith("Dict["):
+        return isinstance(value, dict)
+    if expected == "list":
+        return isinstance(value, list)
+    if expected == "bytes":
+        return isinstance(value, (bytes, bytearray, memoryview))
+    if expected.startswith("numpy.ndarray"):  # what numpy can read as numbers (pybind converts it)
+        import numpy as np
+        try:
+            return np.asarray(value).dtype.kind in "biuf"
+        except (TypeError, ValueError):
+            return False
+    m = re.fullmatch(r"List\[(.+)\]", expected)
     if m:
         return isinstance(value, (list, tuple)) and all(_has_type(x, m.group(1)) for x in value)
     m = re.fullmatch(r"Optional\[(.+)\]", expected)

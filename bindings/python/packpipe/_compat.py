@@ -10,7 +10,7 @@ import functools
 import sys
 import warnings
 
-from packpipe import _core
+from packpipe import _core, _errors
 
 REMOVAL = "the old form works in packpipe 0.1 only and is removed in packpipe 0.2"
 
@@ -78,12 +78,13 @@ def partition(*args, **kwargs):
         warn("partition(input_lengths, cost_model, ...)", "partition(cost_model, input_lengths, ...)")
         kwargs = merge("partition", kwargs, dict(zip(OLD_PARTITION_PARAMS, args)))
         args = ()
-    return _core.partition(*args, **fold_flat("partition", kwargs, _core.PipelineShape()))
+    return _errors.wrap(_core.partition, "partition")(*args, **fold_flat("partition", kwargs, _core.PipelineShape()))
 
 
 @functools.wraps(_core.plan_batch)
 def plan_batch(*args, **kwargs):
-    return _core.plan_batch(*args, **fold_flat("plan_batch", kwargs, _core.PipelineShape(stages=4)))
+    return _errors.wrap(_core.plan_batch, "plan_batch")(*args, **fold_flat("plan_batch", kwargs,
+                                                                           _core.PipelineShape(stages=4)))
 
 
 @functools.wraps(_core.static_memory)
@@ -91,7 +92,7 @@ def static_memory(*args, **kwargs):
     if "zero_stage" in kwargs:
         warn("static_memory(zero_stage=)", "static_memory(zero=)")
         kwargs = merge("static_memory", kwargs, {"zero": kwargs.pop("zero_stage")})
-    return _core.static_memory(*args, **kwargs)
+    return _errors.wrap(_core.static_memory, "static_memory")(*args, **kwargs)
 
 
 native_schedule_init = _core.ScheduleProblem.__init__

@@ -578,7 +578,10 @@ class PlanLoader:
 
     # ---- configuration identity (a resume must use the same settings) ----
     def _config(self) -> str:
-        d = {"plan_file": self.plan_file, "replica": self.replica, "rank": self.rank, "first": self._first,
+        """The job's settings, as a fingerprint: the same on every rank and replica of one job (a state
+        saved on one rank restores on every other: where an epoch is, and the calibration, are the
+        job's), different for anything that changes what is delivered."""
+        d = {"plan_file": self.plan_file, "first": self._first,
              "stop": self._stop, "labels": self.labels,
              "tokens": self._tokens, "kwargs": {k: repr(v) for k, v in sorted(self._kwargs.items())},
              "cost_model": self._base_cost_model.describe() if self._base_cost_model is not None else None,
@@ -589,7 +592,8 @@ class PlanLoader:
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is: its epoch, the next iteration it delivers, its settings' fingerprint,
-        and the calibration it plans with (None: the cost model it was given)."""
+        and the calibration it plans with (None: the cost model it was given). It is the job's: saved
+        on rank 0, it restores on every rank and replica, each taking its own share."""
         return {"epoch": self.epoch, "next_iteration": self._next, "config": self._config(),
                 "calibration": self._calibration}
 

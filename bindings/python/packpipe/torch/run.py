@@ -199,9 +199,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timeout", type=_check.arg_float(0, _check.MAX_TIMEOUT_S, "0: never"), default=0.0,
                     help="stop the job after this many seconds, starting the ranks included (0: never)")
     ap.add_argument("--standalone", action="store_true", help="accepted for torchrun compatibility (always true)")
+    # torchrun's options for several machines: parsed (so that their values are not taken for the
+    # script) and refused unless they describe this one machine
+    multi = ap.add_argument_group("several machines (torchrun's options; this launcher starts one machine's ranks)")
+    multi.add_argument("--nnodes", help="accepted as 1 (or 1:1); more machines: use torchrun")
+    multi.add_argument("--node-rank", "--node_rank", dest="node_rank", help="accepted as 0")
+    for name in ("--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--master-addr"):
+        multi.add_argument(name, name.replace("-", "_").replace("__", "--"), dest=name[2:].replace("-", "_"),
+                           help="refused: use torchrun")
     ap.add_argument("script", help="the training script")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = ap.parse_args(argv)
+    several = [f"--nnodes {a.nnodes}"] if a.nnodes not in (None, "1", "1:1") else []
+    several += [f"--node-rank {a.node_rank}"] if a.node_rank not in (None, "0") else []
+    several += [f"--{n.replace('_', '-')} {getattr(a, n)}" for n in ("rdzv_endpoint", "rdzv_backend", "rdzv_id",
+                                                                      "master_addr") if getattr(a, n) is not None]
+    if several:
+        ap.error(f"{', '.join(several)}: this launcher starts the ranks of one machine (torchrun --standalone); "
+                 f"for several machines run torchrun with a c10d rendezvous on each (docs/guide.md, section 8)")
     return launch([a.script] + a.args, a.nproc, port=a.port or None, grace_s=a.grace, timeout_s=a.timeout)
 
 
