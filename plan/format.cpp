@@ -5,6 +5,13 @@
 #include <charconv>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 #include <zstd.h>
@@ -1114,8 +1121,58 @@ Plan plan_from_json(const std::string& text, const std::string& what) {
 // ------------------------------------------------------------------------------------------
 // Plan files
 
+namespace {
+
+// The files this process's PlanFileReaders have open, by (device, inode): a writer refuses to
+// replace one (a plan file being read is an input of whatever writes beside it).
+struct OpenPlanFiles {
+  std::mutex mutex;
+  std::map<std::pair<dev_t, ino_t>, std::vector<std::weak_ptr<const MappedFile>>> files;
+};
+OpenPlanFiles& open_plan_files() {
+  static OpenPlanFiles* registry = new OpenPlanFiles;  // never destroyed: readers may outlive statics
+  return *registry;
+}
+
+bool file_id(const std::string& path, std::pair<dev_t, ino_t>& id) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  id = {st.st_dev, st.st_ino};
+  return true;
+}
+
+void register_open(const std::string& path, const std::shared_ptr<const MappedFile>& map) {
+  std::pair<dev_t, ino_t> id;
+  if (!file_id(path, id)) return;
+  OpenPlanFiles& r = open_plan_files();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  auto& v = r.files[id];
+  v.erase(std::remove_if(v.begin(), v.end(), [](const auto& w) { return w.expired(); }), v.end());
+  v.push_back(map);
+}
+
+bool open_for_reading(const std::string& path) {
+  std::pair<dev_t, ino_t> id;
+  if (!file_id(path, id)) return false;
+  OpenPlanFiles& r = open_plan_files();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.files.find(id);
+  if (it == r.files.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [](const auto& w) { return !w.expired(); });
+}
+
+std::unique_ptr<AtomicFile> open_plan_output(const std::string& path) {
+  PACKPIPE_CHECK(!open_for_reading(path),
+                 "plan file '{}' is open for reading by a PlanFileReader (or a loader) of this process: writing it "
+                 "would replace the plans being read; write to another path, or let the reader go first",
+                 path);
+  return std::make_unique<AtomicFile>(path);
+}
+
+}  // namespace
+
 PlanFileWriter::PlanFileWriter(const std::string& path, const EncodeOptions& options)
-    : path_(path), options_(options), out_(std::make_unique<AtomicFile>(path)) {
+    : path_(path), options_(options), out_(open_plan_output(path)) {
   Out h;
   h.b.insert(h.b.end(), kFileMagic, kFileMagic + 4);
   h.le(kPlanFileVersion, 2);
@@ -1268,6 +1325,7 @@ void PlanFileWriter::close() {
 PlanFileReader::PlanFileReader(const std::string& path) : path_(path) {
   map_ = std::make_shared<MappedFile>(path);
   open(map_->data(), static_cast<std::size_t>(map_->size()));
+  register_open(path, map_);
 }
 
 PlanFileReader PlanFileReader::from_memory(const std::uint8_t* data, std::size_t size, const std::string& what,

@@ -71,7 +71,8 @@ Plan plan_from_json(const std::string& json, const std::string& what = "plan JSO
 /// (from the declared first one), and each holds the same replicas 0, 1, ... in order.
 /// The file records the dataset its plans index (their Plan::dataset, or set_dataset()): one per
 /// file, so a plan of another dataset is refused.
-/// A PlanFileReader of the same path (in this process or another) keeps reading the file it opened:
+/// A writer refuses (Error naming the path) a file that a PlanFileReader of this process has open: the
+/// plans being read are an input. A reader in another process keeps reading the file it opened:
 /// close() renames a new file into place, and the reader's mapping holds the old one until the
 /// reader is destroyed; a reader opened after close() reads the new file.
 class PlanFileWriter {

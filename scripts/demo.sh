@@ -23,6 +23,14 @@ echo
 echo "  report (JSON): $out/report.json"
 echo "  inspect a plan: $pp plan inspect $out/demo.plan --iteration 0 --rank 0"
 echo
+echo "== long-context mixture: the short tasks beside whole manual pages (data/demo/long.json, 257 to 8,190 tokens) =="
+# packpipe may cut a long page into slices that pipeline with exact attention (each slice attends to
+# the earlier ones' kept keys and values), packed beside short samples; the baselines include
+# Seq1F1B-like fixed-length slicing and varlen packing at the context length.
+"$pp" plan --manifest "$root/data/demo/long.json" --model gpt-6.7b --device A100-40GB --stages 4 \
+  --layers-per-stage 4 --global-batch-tokens 65536 --seed 1234 --iterations 16 --out "$out/long.plan" \
+  --report "$out/long-report.json" | sed -n '/simulated time of/,$p'
+echo
 echo "== packpipe run --replay: execute the plans with no model (ops at 1/100 of their planned duration) =="
 "$pp" run "$out/demo.plan" --replay --time-scale 0.01 --trace "$out/replay-trace.json"
 echo

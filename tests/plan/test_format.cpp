@@ -557,16 +557,22 @@ TEST_CASE("plan file writer: refuses at once what no reader opens", "[negative][
     w.close();
     CHECK(PlanFileReader(path).complete());
   }
-  // A reader of the path keeps the file it opened while a writer replaces it (rename).
-  const PlanFileReader before(path);
-  const Plan first = before.read(0);
+  // A reader of this process holds the path (the plans being read are an input): a writer is
+  // refused at once, by the file's identity (another spelling of the path too), and nothing changes.
+  {
+    const PlanFileReader before(path);
+    const Plan first = before.read(0);
+    REQUIRE_THROWS_WITH(PlanFileWriter(path), Contains("is open for reading by a PlanFileReader") && Contains(path));
+    REQUIRE_THROWS_WITH(PlanFileWriter(dir.file("./w.plans")), Contains("is open for reading"));
+    CHECK(before.read(0) == first);
+    CHECK(PlanFileReader(path).size() == 2);
+  }
+  // Once the reader is gone the path is an output like any other.
   {
     PlanFileWriter w(path);
     w.append(plan(7, 0, 1));
     w.close();
   }
-  CHECK(before.read(0) == first);
-  CHECK(before.size() == 2);
   CHECK(PlanFileReader(path).read(0).iteration == 7);
 }
 

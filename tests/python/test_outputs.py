@@ -121,3 +121,30 @@ def test_dataset_files_are_the_manifest_and_every_file_of_every_task(tmp_path):
             packpipe.write_file_atomic(f, "x", inputs=files)
     prefix = packpipe.dataset_files(packpipe.MultiTaskDataset(str(tmp_path / "demo" / "demo_man_text")))
     assert str(tmp_path / "demo" / "demo_man_text.idx") in prefix
+
+
+def test_a_plan_file_being_read_in_this_process_is_not_written_over(tmp_path):
+    """A live PlanFileReader (or a PlanLoader reading the file) holds its plan file: a PlanFileWriter
+    onto it, by any name (a symbolic link too), is refused at once naming the path, and the file keeps
+    its plans; once the reader is gone, the path is an output like any other."""
+    import gc
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")
+    ds = packpipe.MultiTaskDataset(str(DEMO / "manifest.json"))
+    path = tmp_path / "plans.ppln"
+    with packpipe.PlanFileWriter(str(path)) as w:
+        for it in packpipe.plan_epoch(cm, ds, iterations=4, shape=packpipe.PipelineShape(stages=2),
+                                      global_batch_tokens=4096):
+            for p in it.result.plans:
+                w.append(p)
+    (tmp_path / "link.ppln").symlink_to(path)
+    reader = packpipe.PlanFileReader(str(path))
+    for name in (path, tmp_path / "." / "plans.ppln", tmp_path / "link.ppln"):
+        with pytest.raises(RuntimeError, match=r"is open for reading by a PlanFileReader"):
+            packpipe.PlanFileWriter(str(name))
+    assert len(reader) == len(packpipe.PlanFileReader(str(path))) == 4
+    del reader
+    gc.collect()
+    with packpipe.PlanFileWriter(str(path)) as w:
+        w.append(next(iter(packpipe.plan_epoch(cm, ds, iterations=1, shape=packpipe.PipelineShape(stages=2),
+                                                   global_batch_tokens=4096))).result.plans[0])
+    assert len(packpipe.PlanFileReader(str(path))) == 1

@@ -10,7 +10,7 @@ stops them. SIGINT, SIGTERM and SIGHUP to the launcher, and its --timeout (which
 the first rank starts), stop every rank's process group (SIGTERM, then SIGKILL 2 s later); no rank
 outlives the launcher. At most MAX_NPROC ranks are started, and MAX_NPROC_PER_CORE per CPU core.
 It starts the ranks of one machine (torchrun --standalone); for several machines use torchrun with a
-c10d rendezvous (docs/guide.md, section 8). It works the same on every torch version; torchrun also works
+c10d rendezvous (docs/guide.md, section 9). It works the same on every torch version; torchrun also works
 (``python3 -m torch.distributed.run --standalone --nproc_per_node N --redirects 1 --tee 1`` on
 Debian's torch 1.13 with Python 3.11, whose launcher otherwise fails in ``to_map``).
 """
@@ -216,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                                       "master_addr") if getattr(a, n) is not None]
     if several:
         ap.error(f"{', '.join(several)}: this launcher starts the ranks of one machine (torchrun --standalone); "
-                 f"for several machines run torchrun with a c10d rendezvous on each (docs/guide.md, section 8)")
+                 f"for several machines run torchrun with a c10d rendezvous on each (docs/guide.md, section 9)")
     return launch([a.script] + a.args, a.nproc, port=a.port or None, grace_s=a.grace, timeout_s=a.timeout)
 
 
