@@ -51,3 +51,35 @@ def test_a_model_with_fewer_positions_trains_on_the_demo(tmp_path, policy):
         assert longer == 0
     else:
         assert longer > 0
+
+
+def test_the_context_length_is_read_from_the_module(tmp_path):
+    """pt.cost_model reads the module's position limit (a learned position table here, a config's
+    max_position_embeddings for HF models): PlanLoader plans with it when max_seq_len is left out,
+    and refuses a max_seq_len past it (or 0, no limit) naming the limit and where it was read."""
+    model = models.GPT(GPT)
+    cm = pt.cost_model(model, support.CPU_DEVICE)
+    assert cm.max_positions == POSITIONS and "positions" in cm.max_positions_from
+    data = packpipe.MultiTaskDataset(str(support.DEMO / "manifest.json"))
+    kw = dict(cost_model=cm, rank=None, iterations=2, shape=packpipe.PipelineShape(stages=1),
+              global_batch_tokens=2048, seed=5, calibrate=False)
+    longer = 0
+    for it in pt.PlanLoader(data, **kw):
+        assert it.plan.max_seq_len == POSITIONS
+        for m in range(len(it.plan.microbatches)):
+            assert int(it.microbatch(m).position_ids.max()) < POSITIONS
+            for (task, index) in it.plan.microbatches[m]["refs"]:
+                inp, tgt = data.lengths(task)
+                longer += int(inp[index] + tgt[index]) > POSITIONS
+    assert longer > 0  # the batches held samples longer than the model takes: truncated, not crashed
+    for bad in (POSITIONS + 1, 0):
+        with pytest.raises(ValueError, match=rf"max_seq_len {bad} .*beyond the model's {POSITIONS} positions "
+                                             rf"\(GPT\..*positions.*at most {POSITIONS}"):
+            pt.PlanLoader(data, max_seq_len=bad, **kw)
+    assert next(iter(pt.PlanLoader(data, max_seq_len=64, **kw))).plan.max_seq_len == 64
+
+    class HFConfig:
+        max_position_embeddings = 96
+
+    model.config = HFConfig()
+    assert pt.cost_model(model, support.CPU_DEVICE).max_positions == 96

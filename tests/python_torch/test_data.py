@@ -247,3 +247,11 @@ def test_a_loader_state_that_is_not_a_dict_is_refused(tmp_path):
     for bad in (None, [("epoch", 0)], "state"):
         with pytest.raises(TypeError, match="state must be the dict state_dict"):
             target.load_state_dict(bad)
+
+
+def test_a_layout_prints_what_it_holds(tmp_path):
+    it = next(iter(loader(tmp_path, GPT, iterations=1)))
+    for mb, info in enumerate(it.plan.microbatches):
+        text = repr(it.layout(mb))
+        assert text.startswith(f"Layout(iteration {it.iteration}, micro-batch {mb}: {info['layout']}, ")
+        assert f"{len(info['samples'])} samples, {info['loss_tokens']} loss tokens" in text and " object at " not in text

@@ -302,3 +302,32 @@ def test_data_parallel_and_a_pipeline_over_two_processes():
             assert out[path] <= TOL, (rank, path, out)
     # the replicas' shares of the batch's loss add up to the batch's loss (each is a part of it)
     assert 0 < results[0][1]["share"] and 0 < results[1][1]["share"]
+
+
+class _HFStyle(torch.nn.Module):
+    """A model written the Hugging Face way: forward(input_ids=..., position_ids=...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8).double()
+
+    def forward(self, input_ids=None, position_ids=None):
+        return self.embed(input_ids)
+
+
+def test_a_module_written_another_way_is_told_the_call_contract(tmp_path):
+    """module(hidden, batch) is the one call: an HF-style forward fails with a TypeError naming the
+    contract, what its forward takes and the wrapper it needs, under both runners."""
+    model = OwnLM()
+    manifest, plan, cm = settings(tmp_path, model)
+    it = next(iter(pt.PlanLoader(manifest, cost_model=cm, iterations=1, calibrate=False, **plan)))
+    with pytest.raises(TypeError, match=r"GradientAccumulation: packpipe calls every module as module\(hidden, batch\).*"
+                                        r"_HFStyle.forward takes \(input_ids, position_ids\).*HF-style model needs a "
+                                        r"small wrapper.*guide.md section 1"):
+        pt.GradientAccumulation(_HFStyle(), loss_fn).run(it)
+    # a module of the contract whose own code raises a TypeError keeps its own error
+    class Broken(torch.nn.Module):
+        def forward(self, hidden, batch):
+            raise TypeError("my own bug")
+    with pytest.raises(TypeError, match="^my own bug$"):
+        pt.GradientAccumulation(Broken(), loss_fn).run(it)

@@ -246,6 +246,14 @@ class _Layout:
         self._native: Dict[bool, Dict[str, Any]] = {}
         self._cache: Dict[Any, torch.Tensor] = {}
 
+    def __repr__(self) -> str:
+        sliced = sum(1 for p in self.native(False).get("prefix", []) if p) if not self.encdec else 0
+        return (f"Layout(iteration {self.plan.iteration}, micro-batch {self.mb}: {self.layout}, {self.rows} row"
+                f"{'s' if self.rows != 1 else ''} x {self.seq} tokens"
+                + (f" (decoder {self.dec_seq})" if self.encdec else "")
+                + f", {len(self.info['samples'])} samples, {self.loss_tokens} loss tokens"
+                + (f", {sliced} continuing a slice" if sliced else "") + ")")
+
     def not_loaded(self, name: str, stage: Optional[int], held: List[str]) -> str:
         """Why a MicroBatch has no `name` tensor: which stages load it, if any."""
         where = f"micro-batch {self.mb}" + (f" on stage {stage}" if stage is not None else "")
@@ -525,6 +533,17 @@ class PlanLoader:
                 raise ValueError("PlanLoader: dtype is required: the dtype of the activations between stages, the "
                                  "model's (e.g. dtype=torch.float32 or 'bf16'; next(model.parameters()).dtype); a cost "
                                  "model from packpipe.torch.cost_model(module, ...) supplies it")
+            limit = getattr(cost_model, "max_positions", None)
+            if limit is not None:  # the module's positions: the context length, and its ceiling
+                given = plan_epoch_kwargs.get("max_seq_len")
+                if given is None:
+                    plan_epoch_kwargs = dict(plan_epoch_kwargs, max_seq_len=limit)
+                elif isinstance(given, int) and not isinstance(given, bool) and not 0 < given <= limit:
+                    raise ValueError(
+                        f"{where}: max_seq_len {given} {'(no context length)' if given == 0 else ''} is beyond the "
+                        f"model's {limit} positions ({cost_model.max_positions_from}): position ids past it would "
+                        f"index outside the model; give max_seq_len of at most {limit}, or leave it out (the "
+                        f"model's limit)".replace("  ", " "))
             plan_epoch_kwargs = dict(plan_epoch_kwargs, dtype=_dtype_name(where, dtype), split_backward=split_backward)
             if "shape" not in plan_epoch_kwargs:  # one stage, a replica per process (plan_epoch's default: 4 stages)
                 plan_epoch_kwargs["shape"] = packpipe.PipelineShape(stages=1, dp=_world_size())

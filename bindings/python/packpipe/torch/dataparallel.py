@@ -34,7 +34,7 @@ import torch
 
 from packpipe import _check
 from packpipe.torch.data import Iteration
-from packpipe.torch.loss import evaluate_loss
+from packpipe.torch.loss import call_stage, evaluate_loss
 from packpipe.torch.runner import StepResult, _observed, _op_times, _replica_tokens, check_step_arguments
 from packpipe.torch.slices import SliceKV, plan_has_slices
 
@@ -136,7 +136,7 @@ class GradientAccumulation:
         if selective:
             module.set_selective_recompute(True)
         try:
-            out = self.model(None, batch)
+            out = call_stage(self.model, None, batch, "GradientAccumulation")
         finally:
             if selective:
                 module.set_selective_recompute(False)

@@ -97,6 +97,26 @@ def _token_embedding(model: nn.Module) -> Optional[nn.Embedding]:
     return min(embeddings, key=rank)[1] if embeddings else None
 
 
+def max_positions(model: nn.Module) -> Tuple[Optional[int], str]:
+    """The most positions `model` can take, and where that was read: a config's or the module's
+    max_position_embeddings / n_positions / max_positions / max_seq_len / block_size, else the rows of a
+    learned position embedding (an nn.Embedding named for positions: pos, wpe). (None, "") when it
+    does not say (rotary positions, say)."""
+    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    names = ("max_position_embeddings", "n_positions", "max_positions", "max_seq_len", "block_size")
+    for owner, label in ((getattr(model, "config", None), "config."), (model, "")):
+        for n in names:
+            v = getattr(owner, n, None) if owner is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v, f"{type(model).__name__}.{label}{n}"
+    token = _token_embedding(model)
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding) and m is not token and \
+                any(k in name.lower().rsplit(".", 1)[-1] for k in ("pos", "wpe")):
+            return int(m.num_embeddings), f"{type(model).__name__}.{name} (a position embedding of {m.num_embeddings} rows)"
+    return None, ""
+
+
 def _find_int(modules, names) -> Optional[int]:
     for m in modules:
         for n in names:
@@ -222,8 +242,11 @@ def cost_model_files(spec: Union[Dict[str, Any], str], device: Union[str, Dict[s
 
 class ModuleCostModel(packpipe.CostModel):
     """A packpipe.CostModel made from a torch module (:func:`cost_model`): also knows the module's
-    parameter dtype (PlanLoader's default activation dtype), its parameter count and the model file."""
+    parameter dtype (PlanLoader's default activation dtype), its position limit (PlanLoader's default
+    and largest max_seq_len), its parameter count and the model file."""
     torch_dtype: torch.dtype
+    max_positions: Optional[int]  # the module's position limit (PlanLoader's default max_seq_len), if it says
+    max_positions_from: str
     params: int
     spec: Dict[str, Any]
 
@@ -263,6 +286,7 @@ def cost_model(model: nn.Module, device: Union[str, Dict[str, Any]], *, profiles
         with tempfile.TemporaryDirectory(prefix="packpipe-model-") as d:
             cm = build(d)
     cm.torch_dtype = dtype
+    cm.max_positions, cm.max_positions_from = max_positions(module)
     cm.params = _params(module)
     cm.spec = spec
     # What the model file describes: the layers and the token embedding (not, e.g., learned positions).

@@ -9,7 +9,8 @@ with a clear error instead of training with wrong weights.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+import inspect
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -113,3 +114,36 @@ def evaluate_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str, ch
     if _check.boolean(where, "check", check) and check_summed_loss(loss_fn, output, batch, where):
         check = False
     return _scalar(loss_fn(output, batch), where), check
+
+
+_HF_NAMES = ("input_ids", "inputs_embeds", "attention_mask", "position_ids", "hidden_states")
+
+
+def call_stage(module: Callable, hidden: Any, batch, where: str) -> Any:
+    """``module(hidden, batch)``, the one call contract of packpipe's runners; a module written another
+    way (an HF-style ``forward(input_ids=..., position_ids=...)``, say) that fails the call with a
+    TypeError gets a TypeError naming the contract and what its forward takes (chained to the original)."""
+    try:
+        return module(hidden, batch)
+    except TypeError as e:
+        inner = module.module if type(module).__name__ == "DistributedDataParallel" else module
+        fwd = getattr(inner, "forward", inner)
+        try:
+            params = [p for p in inspect.signature(fwd).parameters.values()]
+        except (TypeError, ValueError):
+            raise e from None
+        names = [p.name for p in params]
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+        hf = [n for n in names if n in _HF_NAMES]
+        if not hf and (varargs or len(positional) >= 2):
+            raise  # it takes (hidden, batch): the TypeError is its own
+        raise TypeError(
+            f"{where}: packpipe calls every module as module(hidden, batch) (hidden: the previous stage's output, "
+            f"None on the first; batch: a packpipe.torch.MicroBatch), but {type(inner).__name__}.forward takes "
+            f"({', '.join(names)}) and failed: {e}. "
+            + ("An HF-style model needs a small wrapper whose forward(hidden, batch) calls it with "
+               "input_ids=batch.input_ids, position_ids=batch.position_ids and the varlen fields "
+               "(cu_seq_lens_q=batch.cu_seqlens, max_length_q=batch.max_seqlen, ...) and returns the logits; "
+               if hf else "")
+            + "docs/guide.md section 1 has the contract") from e

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from packpipe import _check
 from packpipe import runtime as rt
 from packpipe.torch.data import Iteration, MicroBatch
-from packpipe.torch.loss import evaluate_loss
+from packpipe.torch.loss import call_stage, evaluate_loss
 from packpipe.torch.slices import SliceKV, plan_has_slices
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -225,7 +225,7 @@ class TorchStageHandler(rt.StageHandler):
     def _run_forward(self, ctx, module, inp, loaded):
         batch = self._batch(ctx, loaded)
         self.slices.forward(batch, ctx.mb, ctx.stage)  # slices: what the attention calls keep and read
-        out = module(inp, batch)
+        out = call_stage(module, inp, batch, f"{self.where}: stage {ctx.stage}")
         if ctx.stage in self.head_stages:
             loss, self.check_loss = evaluate_loss(self.loss_fn, out, batch, f"{self.where}: stage {ctx.stage}",
                                                   self.check_loss)
