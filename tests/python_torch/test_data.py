@@ -255,3 +255,33 @@ def test_a_layout_prints_what_it_holds(tmp_path):
         text = repr(it.layout(mb))
         assert text.startswith(f"Layout(iteration {it.iteration}, micro-batch {mb}: {info['layout']}, ")
         assert f"{len(info['samples'])} samples, {info['loss_tokens']} loss tokens" in text and " object at " not in text
+
+
+def test_the_fields_each_client_takes(tmp_path):
+    """The guide's per-client forms on real micro-batches: HF's flattened packed form (seq_idx 0-based
+    int32 [1, tokens], cu_seq_lens_q/k over the one row without padding, max_length >= every segment),
+    Megatron's THD PackedSeqParams fields and loss_mask beside vocabulary-indexing labels; seq_idx
+    refuses a layout that is not HF's flattened form."""
+    packed = loader(tmp_path, GPT, iterations=1, options=packpipe.PartitionOptions(layouts=("packed",)))
+    it = next(iter(packed))
+    for mb in range(len(it.plan.microbatches)):
+        b = it.microbatch(mb)
+        assert b.layout == "packed" and b.rows == 1
+        tokens = b.input_ids.shape[1]
+        idx = b.seq_idx
+        assert idx.dtype == torch.int32 and tuple(idx.shape) == (1, tokens)
+        cu = b.cu_seq_lens_q.tolist()
+        assert cu[0] == 0 and cu[-1] == tokens  # no padding in HF's flattened form
+        for k in range(len(cu) - 1):
+            assert bool((idx[0, cu[k]:cu[k + 1]] == k).all())
+            assert b.max_length_q >= cu[k + 1] - cu[k]
+        # Megatron THD: PackedSeqParams(qkv_format="thd", cu_seqlens_q=, cu_seqlens_kv=, max_seqlen_q=, max_seqlen_kv=)
+        assert torch.equal(b.cu_seqlens, b.cu_seq_lens_q) and torch.equal(b.cu_seqlens_k, b.cu_seq_lens_k)
+        mask = b.loss_mask
+        assert mask.dtype == torch.float32 and int(mask.sum()) == b.loss_tokens
+        assert bool(((b.labels != -100) == (mask > 0)).all()) and int(b.labels.clamp(min=0).min()) >= 0
+    padded = next(iter(loader(tmp_path, GPT, iterations=1, options=packpipe.PartitionOptions(layouts=("padded",)))))
+    b = padded.microbatch(0)
+    with pytest.raises(ValueError, match=r"seq_idx is HF's flattened form.*padded.*layouts=\('packed',\)"):
+        b.seq_idx
+    assert int(b.loss_mask.sum()) == b.loss_tokens

@@ -169,6 +169,28 @@ class MicroBatch:
         return self.max_seqlen_k
 
     @property
+    def seq_idx(self) -> torch.Tensor:
+        """HF's ``seq_idx`` (``DataCollatorWithFlattening(return_seq_idx=True)``): int32 ``[1, tokens]``,
+        the 0-based index of the sample each token belongs to, over a packed micro-batch's one row (no
+        padding). Padded and packed-mask micro-batches are not HF's flattened form: ValueError (plan
+        with ``PartitionOptions(layouts=("packed",))`` for an HF varlen model)."""
+        if self.layout != "packed" or self.rows != 1:
+            raise ValueError(f"micro-batch {self.index}: seq_idx is HF's flattened form ([1, tokens], no padding): "
+                             f"a packed micro-batch of one row; this one is {self.layout} with {self.rows} rows "
+                             f"(plan with PartitionOptions(layouts=('packed',)) for an HF varlen model)")
+        return self._layout.cached(("seq_idx",), self._device,
+                                   lambda: (self.segment_ids - 1).to(torch.int32))
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """Megatron's ``loss_mask``: float32 ``[rows, seq]``, 1 where ``labels`` (``decoder_labels`` for
+        encoder-decoder micro-batches) carry loss, 0 elsewhere. Megatron's loss takes it beside labels
+        that index the vocabulary everywhere: ``labels.clamp(min=0)`` (packpipe marks no-loss positions
+        -100, as PyTorch's and HF's cross-entropy expect)."""
+        labels = self.decoder_labels if self.encoder_decoder else self.labels
+        return (labels != -100).to(torch.float32)
+
+    @property
     def decoder_position_ids(self) -> torch.Tensor:
         return self._layout.tensor("position_ids", True, self._device)
 
