@@ -47,6 +47,7 @@ import packpipe.torch as pt
 from packpipe import _check
 from packpipe.torch import data as pt_data
 from packpipe.torch import models
+from packpipe.torch.compare import longest_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -231,13 +232,7 @@ def baseline_configs(a, data):
 
 def _longest(data):
     """The longest sample of the workload (input + target tokens, as planned for the GPT)."""
-    longest = 1
-    for t in range(data.num_tasks):
-        inp, tgt = data.lengths(t)
-        n = np.asarray(inp, dtype=np.int64) + (np.asarray(tgt, dtype=np.int64) if len(tgt) else 0)
-        if n.size:
-            longest = max(longest, int(n.max()))
-    return longest
+    return longest_sample(data)
 
 
 def runner_for(cfg, its, groups):

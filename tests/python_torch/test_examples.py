@@ -128,3 +128,46 @@ def test_the_examples_refuse_bad_arguments_by_name(tmp_path):
                            text=True, timeout=120)
         assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert a_file.read_text() == "x"
+
+
+def test_the_measured_comparison_on_ones_own_model_over_two_ranks(tmp_path):
+    """examples/compare_own_model.py (packpipe.torch.compare) on 2 ranks: every family at its settings
+    trained on the same global batches, a table, and JSON whose verdict follows from its own figures."""
+    out = tmp_path / "cmp.json"
+    text = run(["-m", "packpipe.torch.run", "--nproc-per-node", "2", "--timeout", "300",
+                EXAMPLES / "compare_own_model.py", "--manifest", support.ROOT / "data" / "demo" / "short.json",
+                "--global-batch-tokens", "1024", "--iterations", "2", "--rounds", "2", "--grid", "1", "2",
+                "--budgets", "1", "--calibrate-steps", "2", "--json", out], timeout=300)
+    assert "the best baseline measured" in text and "on 2 rank(s), alternating" in text, text
+    import json
+    r = json.loads(out.read_text())
+    names = [s["name"] for s in r["sides"]]
+    assert names[0] == "packpipe" and {s["family"] for s in r["sides"][1:]} == {
+        "fixed", "fixed-packed", "tokens", "packing", "wlb"}
+    assert len({s["tokens"] for s in r["sides"]}) == 1  # the same global batches on every side
+    for s in r["sides"]:
+        assert len(s["ms"]) == 2 and s["tokens_per_s"] > 0
+    pp = r["sides"][0]
+    best = max(r["sides"][1:], key=lambda s: s["tokens_per_s"])
+    assert r["best"]["any"]["setting"] == best["name"]
+    assert abs(r["best"]["any"]["speedup"] - pp["tokens_per_s"] / best["tokens_per_s"]) < 1e-9
+    lo, hi = r["best"]["any"]["paired_range"]
+    assert lo <= r["best"]["any"]["paired_median"] <= hi and isinstance(r["best"]["any"]["same_plans"], bool)
+    assert r["ranks"] == 2 and r["calibration"]
+
+
+def test_compare_refuses_bad_settings_by_name():
+    import packpipe.torch as pt
+    from packpipe.torch.models import CPU_DEVICE
+    sys.path.insert(0, str(EXAMPLES))
+    from my_model import TinyLM, loss_fn
+    cm = pt.cost_model(TinyLM(layers=1), CPU_DEVICE)
+    manifest = str(support.ROOT / "data" / "demo" / "short.json")
+    import pytest
+    with pytest.raises(ValueError, match=r"compare: baselines: unknown family 'seq1f1b'"):
+        pt.compare(lambda: TinyLM(layers=1), loss_fn, manifest, cm, global_batch_tokens=512, baselines=("seq1f1b",),
+                   calibrate_steps=0)
+    with pytest.raises(ValueError, match=r"compare: iterations must be in \[1,"):
+        pt.compare(lambda: TinyLM(layers=1), loss_fn, manifest, cm, global_batch_tokens=512, iterations=0)
+    with pytest.raises(TypeError, match=r"compare: model_fn\(\) must return an nn.Module"):
+        pt.compare(lambda: 3, loss_fn, manifest, cm, global_batch_tokens=512, calibrate_steps=1)
