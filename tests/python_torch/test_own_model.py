@@ -8,6 +8,7 @@ import contextlib
 import copy
 import math
 import tempfile
+import types
 
 import pytest
 import torch
@@ -322,8 +323,8 @@ def test_a_module_written_another_way_is_told_the_call_contract(tmp_path):
     manifest, plan, cm = settings(tmp_path, model)
     it = next(iter(pt.PlanLoader(manifest, cost_model=cm, iterations=1, calibrate=False, **plan)))
     with pytest.raises(TypeError, match=r"GradientAccumulation: packpipe calls every module as module\(hidden, batch\).*"
-                                        r"_HFStyle.forward takes \(input_ids, position_ids\).*HF-style model needs a "
-                                        r"small wrapper.*guide.md section 1"):
+                                        r"_HFStyle.forward takes \(input_ids, position_ids\).*Wrap an HF-style model: "
+                                        r"packpipe.torch.HFCausalLM\(model\).*guide.md section 1"):
         pt.GradientAccumulation(_HFStyle(), loss_fn).run(it)
     # a module of the contract whose own code raises a TypeError keeps its own error
     class Broken(torch.nn.Module):
@@ -331,3 +332,56 @@ def test_a_module_written_another_way_is_told_the_call_contract(tmp_path):
             raise TypeError("my own bug")
     with pytest.raises(TypeError, match="^my own bug$"):
         pt.GradientAccumulation(Broken(), loss_fn).run(it)
+
+
+class _FakeHF(torch.nn.Module):
+    """The HF causal-LM calling convention, without transformers: keyword inputs, an output with
+    .logits; per-token (no attention), so every layout must give the same gradients. Records what it
+    was given."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(VOCAB, 8).double()
+        self.pos = torch.nn.Embedding(512, 8).double()
+        self.head = torch.nn.Linear(8, VOCAB).double()
+        self.seen = []
+
+    def forward(self, input_ids=None, position_ids=None, attention_mask=None, **kwargs):
+        self.seen.append((attention_mask is not None, sorted(kwargs)))
+        x = self.embed(torch.remainder(input_ids, VOCAB)) + self.pos(position_ids)
+        return types.SimpleNamespace(logits=self.head(torch.tanh(x)))
+
+
+def test_an_hf_style_model_trains_without_glue(tmp_path):
+    """pt.HFCausalLM: an HF-style model under GradientAccumulation with pt.summed_token_loss and HF's
+    unshifted labels: padded rows get the 2-D attention mask, packed rows the varlen keywords, and both
+    layouts give the same gradients (the loss weighted per token of the global batch, as HF's
+    num_items_in_batch); packed-mask micro-batches and a pipeline stage are refused by name."""
+    grads = {}
+    for layout in ("padded", "packed"):
+        fake = _FakeHF()
+        manifest, plan, cm = settings(tmp_path, OwnLM(), options=packpipe.PartitionOptions(layouts=(layout,)))
+        loader = pt.PlanLoader(manifest, cost_model=cm, iterations=1, calibrate=False, labels="unshifted", **plan)
+        it = next(iter(loader))
+        pt.GradientAccumulation(pt.HFCausalLM(fake), lambda logits, b: pt.summed_token_loss(
+            logits, b, labels=torch.remainder(b.labels, VOCAB).where(b.labels >= 0, b.labels))).run(it)
+        grads[layout] = [p.grad.clone() for p in fake.parameters()]
+        masks = {m for m, _ in fake.seen}
+        keys = {k for _, ks in fake.seen for k in ks}
+        if layout == "padded":
+            assert masks == {True} and not keys
+        else:
+            assert masks == {False} and keys == {"cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q",
+                                                 "seq_idx"}
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(grads["padded"], grads["packed"]))
+    manifest, plan, cm = settings(tmp_path, OwnLM(), options=packpipe.PartitionOptions(
+        method="packing", mbs=1, capacity=256, layout="packed-mask"))
+    plan["shape"] = packpipe.PipelineShape(stages=1, memory_mb=64)  # room for the block mask
+    it = next(iter(pt.PlanLoader(manifest, cost_model=cm, iterations=1, calibrate=False, **plan)))
+    with pytest.raises(ValueError, match=r"HFCausalLM: micro-batch 0 is packed-mask: HF models take no block mask"):
+        pt.HFCausalLM(_FakeHF())(None, it.microbatch(0))
+    with pytest.raises(ValueError, match=r"runs as one whole stage"):
+        pt.HFCausalLM(_FakeHF())(torch.zeros(1), it.microbatch(0))
+    with pytest.raises(TypeError, match=r"not an HF-style model"):
+        pt.HFCausalLM(OwnLM())

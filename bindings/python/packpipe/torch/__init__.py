@@ -41,8 +41,9 @@ from packpipe.torch.loss import check_summed_loss, summed_token_loss  # noqa: E4
 from packpipe.torch.describe import ModelDescriptionError, cost_model, describe_model  # noqa: E402
 from packpipe.torch.dataparallel import GradientAccumulation  # noqa: E402
 from packpipe.torch.compare import Comparison, compare  # noqa: E402
+from packpipe.torch.hf import HFCausalLM  # noqa: E402
 
 __all__ = ["Calibrator", "CalibrationReport", "IGNORE_INDEX", "Iteration", "MicroBatch", "PlanLoader", "LocalPipeline",
-           "Comparison", "compare", "PipelineRunner", "StepResult", "TorchStageHandler", "torch_dtype", "ProcessGroups", "TorchTransport",
+           "Comparison", "compare", "HFCausalLM", "PipelineRunner", "StepResult", "TorchStageHandler", "torch_dtype", "ProcessGroups", "TorchTransport",
            "GradientAccumulation", "summed_token_loss", "check_summed_loss", "cost_model", "describe_model",
            "ModelDescriptionError"]

@@ -142,8 +142,6 @@ def call_stage(module: Callable, hidden: Any, batch, where: str) -> Any:
             f"{where}: packpipe calls every module as module(hidden, batch) (hidden: the previous stage's output, "
             f"None on the first; batch: a packpipe.torch.MicroBatch), but {type(inner).__name__}.forward takes "
             f"({', '.join(names)}) and failed: {e}. "
-            + ("An HF-style model needs a small wrapper whose forward(hidden, batch) calls it with "
-               "input_ids=batch.input_ids, position_ids=batch.position_ids and the varlen fields "
-               "(cu_seq_lens_q=batch.cu_seqlens, max_length_q=batch.max_seqlen, ...) and returns the logits; "
-               if hf else "")
+            + ("Wrap an HF-style model: packpipe.torch.HFCausalLM(model) calls it with input_ids, position_ids "
+               "and the layout's fields and returns the logits; " if hf else "")
             + "docs/guide.md section 1 has the contract") from e
