@@ -479,6 +479,7 @@ Json run_sample(const SampleOptions& o) {
   cfg.split = dl::split_from_name(o.split);
   cfg.global_batch_tokens = o.batch_tokens;
   cfg.global_batch_samples = o.batch_samples;
+  cfg = planner::budget_of_trained_tokens(cfg, context, o.encoder_decoder);  // the budget counts what is trained
   dl::Sampler sampler(mt, cfg);
   sampler.set_epoch(o.epoch);
 

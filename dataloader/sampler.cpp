@@ -244,6 +244,9 @@ Sampler::Sampler(const SampleSource& source, SamplerConfig config)
   h = combine(h, config_.samples_per_epoch);
   h = combine(h, config_.global_batch_tokens);
   h = combine(h, config_.global_batch_samples);
+  if (config_.context_tokens > 0) {  // (absent without a context length: earlier states stay valid)
+    h = combine(combine(h, config_.context_tokens), static_cast<std::uint64_t>(config_.context_drops));
+  }
   h = combine(h, T);
   h = combine(h, source.fingerprint());  // the tasks' names, order, files and weights (a manifest's identity)
   for (std::size_t t = 0; t < T; ++t) h = combine(combine(h, source.task_size(t)), slots_[t]);
@@ -305,14 +308,18 @@ bool Sampler::next_batch(GlobalBatch& out) {
     }
   } else {
     const std::uint64_t budget = config_.global_batch_tokens;
+    const std::uint64_t L = config_.context_tokens;
+    std::uint64_t counted = 0;  // the budget's count: what is trained of each sample
     while (pos < epoch_size_) {
       const SampleRef r = at(pos);
       const std::uint64_t tok = source_->sample_tokens(r.task, r.index);
-      if (!b.samples.empty() && (tok > budget - b.tokens)) break;  // b.tokens <= budget here
+      const std::uint64_t trained = L > 0 && tok > L ? (config_.context_drops ? 0 : L) : tok;
+      if (!b.samples.empty() && (trained > budget - counted)) break;  // counted <= budget here
       b.samples.push_back(r);
       b.tokens += tok;
+      counted += trained;
       ++pos;
-      if (b.tokens > budget) break;  // a single oversize sample is a batch of its own
+      if (counted > budget) break;  // a single oversize sample is a batch of its own
     }
   }
   position_ = pos;

@@ -71,6 +71,12 @@ struct SamplerConfig {
   std::uint64_t samples_per_epoch = 0;    ///< with weights only; 0 means the sum of the split sizes
   std::uint64_t global_batch_tokens = 0;  ///< batch by token budget ...
   std::uint64_t global_batch_samples = 0; ///< ... or by sample count: exactly one is non-zero
+  /// A token budget counts the tokens trained (GlobalBatch::tokens stays the sampled tokens): with
+  /// context_tokens > 0, a sample over it counts context_tokens (truncated), or 0 with context_drops
+  /// (dropped); 0: every token counts (also a sample split into chunks, all trained). Decoder-only
+  /// samples (input + target, one sequence).
+  std::uint64_t context_tokens = 0;
+  bool context_drops = false;
 };
 
 /// Keyed bijection on [0, n): a 4-round Feistel network (splitmix64 round function) on the

@@ -41,7 +41,7 @@ def main(argv=None):
     ap.add_argument("--budgets", type=_check.arg_int(1, 2 ** 20), nargs="+", default=[1, 2, 4],
                     help="token budgets and WLB capacities, in multiples of the longest sample's power of 2")
     ap.add_argument("--calibrate-steps", type=_check.arg_int(0, _check.MAX_COUNT), default=6)
-    ap.add_argument("--memory-mb", type=_check.arg_float(0, 1e12), default=64,
+    ap.add_argument("--memory-mb", type=_check.arg_float(0, 1e12), default=0,
                     help="memory per device the plans keep to (MB; 0: the device's)")
     ap.add_argument("--json", help="also write the comparison as JSON here (rank 0)")
     a = ap.parse_args(argv)

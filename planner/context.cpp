@@ -23,6 +23,14 @@ void check_context_length(const ContextLength& c, bool encoder_decoder) {
                      seq_policy_name(SeqPolicy::Drop));
 }
 
+dl::SamplerConfig budget_of_trained_tokens(dl::SamplerConfig s, const ContextLength& c, bool encoder_decoder) {
+  if (!encoder_decoder && c.max_seq_len > 0 && c.policy != SeqPolicy::Split) {
+    s.context_tokens = c.max_seq_len;
+    s.context_drops = c.policy == SeqPolicy::Drop;
+  }
+  return s;
+}
+
 std::uint32_t decoder_only_loss(std::uint32_t len, std::uint32_t input, std::uint32_t offset, pl::LossMode mode) {
   if (len == 0) return 0;
   // The first position of the chunk whose next token carries loss: under Targets, the one before

@@ -13,10 +13,12 @@
 #include "common/enum_names.h"
 #include "common/sample_ref.h"
 #include "partition/pipeline.h"
+#include "dataloader/sampler.h"
 #include "plan/plan.h"
 
 namespace packpipe::planner {
 
+namespace dl = ::packpipe::dataloader;
 namespace part = ::packpipe::partition;
 namespace pl = ::packpipe::plan;
 
@@ -57,6 +59,11 @@ struct ContextLength {
 /// encoder-decoder model (a decoder-only one trains input and target as one sequence), split only for
 /// a decoder-only one (an encoder-decoder sample's input and target belong together).
 void check_context_length(const ContextLength& c, bool encoder_decoder);
+
+/// The sampler's token budget counts what `c` trains of each sample (decoder-only, truncate or drop:
+/// a sample over the context length counts max_seq_len tokens, or none; split trains every token):
+/// `s` with context_tokens and context_drops set so; unchanged otherwise.
+dl::SamplerConfig budget_of_trained_tokens(dl::SamplerConfig s, const ContextLength& c, bool encoder_decoder);
 
 /// What the context length did to one global batch.
 struct ContextReport {

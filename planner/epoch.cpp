@@ -79,7 +79,7 @@ dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec
 
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
                           bool encoder_decoder, pl::LossMode loss, const ContextLength& context) {
-  dl::Sampler s(data, spec.sampler);
+  dl::Sampler s(data, budget_of_trained_tokens(spec.sampler, context, encoder_decoder));
   s.set_epoch(spec.epoch);
   dl::GlobalBatch g;
   for (std::uint64_t k = 0; k <= index; ++k) {
@@ -118,6 +118,7 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
                      "and a global batch sample count (global_batch_samples / --global-batch-samples)");
   encdec_ = cost_.model().arch == cm::Architecture::EncoderDecoder;
   check_context_length(options_.context, encdec_);
+  spec_.sampler = budget_of_trained_tokens(spec_.sampler, options_.context, encdec_);
   vstages_ = part::virtual_stages(cost_.model(), options_.shape);
   if (options_.baselines_sized_by_data()) {
     // The baselines' rows hold the dataset's longest sample (a run's user fixes one capacity), as

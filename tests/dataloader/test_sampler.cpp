@@ -330,6 +330,35 @@ TEST_CASE("a sample above the token budget forms its own batch and is never drop
   REQUIRE(seen == 8);
 }
 
+TEST_CASE("under a context length the token budget counts what is trained", "[interface]") {
+  SyntheticSource src({{10, 10, 500, 10, 10, 10, 700, 10, 40, 40}});
+  for (const bool drops : {false, true}) {
+    SamplerConfig c = token_config(3, 60);
+    c.context_tokens = 30;
+    c.context_drops = drops;
+    Sampler s(src, c);
+    const auto batches = drain(s);
+    std::uint64_t seen = 0;
+    for (const auto& b : batches) {
+      seen += b.samples.size();
+      std::uint64_t counted = 0, raw = 0;
+      for (const auto& r : b.samples) {
+        const std::uint64_t n = src.sample_tokens(r.task, r.index);
+        counted += n > 30 ? (drops ? 0 : 30) : n;
+        raw += n;
+      }
+      CHECK(b.tokens == raw);  // the batch's tokens as sampled; the budget counted what is trained
+      CHECK(counted <= 60);    // no sample counts more than the context length: none is a batch alone
+    }
+    CHECK(seen == 10);  // every sample delivered (a dropped one is the planner's to leave out)
+    // The setting is part of the state's identity.
+    SamplerConfig other = c;
+    other.context_tokens = 31;
+    Sampler t(src, other);
+    CHECK_THROWS(t.restore(s.state()));
+  }
+}
+
 TEST_CASE("an empty split gives an empty epoch", "[boundary]") {
   SyntheticSource src({std::vector<std::uint32_t>(10, 1)});
   SamplerConfig c = token_config(1, 100);

@@ -270,3 +270,22 @@ def test_a_context_of_one_token_is_refused_before_planning(tmp_path, gpt, policy
                         str(tmp_path / "x.plans")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--max-seq-len 1 leaves no token to train" in r.stderr, r.stderr
     assert not (tmp_path / "x.plans").exists()
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_the_token_budget_counts_what_is_trained(gpt, policy):
+    """Under a context length the global batch's token budget counts the tokens trained (a truncated
+    sample its first max_seq_len, a dropped one none), so every batch but an epoch's last trains
+    within one context length of the budget, as many tokens as asked for."""
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json")
+    ds = packpipe.MultiTaskDataset(demo)
+    budget, L = 4096, 256
+    its = list(packpipe.plan_epoch(gpt, ds, iterations=6, shape=SHAPE, global_batch_tokens=budget, seed=3,
+                                   max_seq_len=L, seq_policy=policy))
+    dropped = 0
+    for it in its:
+        trained = int(np.sum(it.trained_input_lengths))
+        assert budget - L < trained <= budget, (it.iteration, trained)
+        dropped += it.result.seq_dropped
+    if policy == "drop":
+        assert dropped > 0  # the demo has samples over 256 tokens: dropped, and the budget refilled

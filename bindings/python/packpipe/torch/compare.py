@@ -68,6 +68,7 @@ class Comparison:
     iterations: int
     ranks: int
     calibration: Optional[str]
+    skipped: Dict[str, str] = dataclasses.field(default_factory=dict)  # setting -> why it could not plan
 
     def table(self) -> str:
         """The comparison as a text table (one line per setting, then the verdict)."""
@@ -82,6 +83,8 @@ class Comparison:
                      f"{b['paired_median']:.3f}x, range {b['paired_range'][0]:.3f}x to {b['paired_range'][1]:.3f}x; "
                      f"simulated {b['simulated_speedup']:.3f}x)"
                      + (": the same plans, a tie by construction" if b["same_plans"] else ""))
+        for name, why in self.skipped.items():
+            lines.append(f"{name}: not run, it cannot plan these batches: {why}")
         lines.append(f"{self.iterations} iterations x {self.rounds} rounds on {self.ranks} rank(s), alternating"
                      + (f"; every side planned with the calibration fitted first ({self.calibration})"
                         if self.calibration else "; uncalibrated cost model"))
@@ -91,7 +94,7 @@ class Comparison:
         return json.dumps({"sides": [dict(dataclasses.asdict(s), tokens_per_s=s.tokens_per_s, median_ms=s.median_ms)
                                      for s in self.sides],
                            "best": self.best, "rounds": self.rounds, "iterations": self.iterations,
-                           "ranks": self.ranks, "calibration": self.calibration}, indent=1)
+                           "ranks": self.ranks, "calibration": self.calibration, "skipped": self.skipped}, indent=1)
 
 
 def _world() -> int:
@@ -170,7 +173,9 @@ def compare(model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, dataset,
     rank of the initialised process group calls it: one replica each, DDP), on `iterations` global
     batches of `global_batch_tokens`, `rounds` timed rounds after a warm-up round. `calibrate_steps`
     of packpipe's own steps calibrate the cost model every side plans with first (0: plan with
-    `cost_model` as given). `memory_mb` is PipelineShape's (0: the device's). Returns a
+    `cost_model` as given). `memory_mb` is PipelineShape's (0: the device's). A baseline setting that
+    cannot plan the batches (a padded sample over the memory) is skipped and named in
+    ``Comparison.skipped``. Returns a
     :class:`Comparison` (``.table()``, ``.to_json()``), the same on every rank."""
     from packpipe.torch.data import PlanLoader
     from packpipe.torch.dataparallel import GradientAccumulation
@@ -225,10 +230,17 @@ def compare(model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, dataset,
     # 2. Every side's plans of the same global batches (epoch 0), and a trainer each.
     configs = [("packpipe", "packpipe", packpipe.PartitionOptions(method="dp"))] + \
         baseline_settings(dataset, baselines, grid, budgets)
-    runs = []
+    runs, skipped = [], {}
     for name, family, options in configs:
-        its = list(PlanLoader(dataset, cost_model=model_for_plans, iterations=iterations, calibrate=False,
-                              options=options, **common))
+        try:
+            its = list(PlanLoader(dataset, cost_model=model_for_plans, iterations=iterations, calibrate=False,
+                                  options=options, **common))
+        except ValueError as e:  # a baseline setting that cannot plan these batches (planning is the same
+            if family == "packpipe":  # on every rank, so every rank skips it)
+                raise
+            skipped[name] = str(e).split(" (", 1)[0]
+            say(f"{name}: skipped: {skipped[name]}")
+            continue
         # tokens over every replica; simulated time of the slowest replica (they run side by side)
         figures = torch.tensor([float(sum(it.tokens for it in its)), sum(it.plan.makespan_ms for it in its)],
                                dtype=torch.float64)
@@ -241,6 +253,8 @@ def compare(model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, dataset,
         runs.append({"side": Side(name, family, int(figures[0]), [], float(figures[1]),
                                   [len(it.plan.microbatches) for it in its]),
                      "its": its, "step": trainer()})
+    if len(runs) < 2:
+        raise ValueError(f"{where}: no baseline setting could plan these batches: {skipped}")
     # 3. Rounds, alternating order; round 0 warms up.
     for rnd in range(rounds + 1):
         order = runs if rnd % 2 == 0 else list(reversed(runs))
@@ -265,4 +279,4 @@ def compare(model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, dataset,
                      "paired_median": statistics.median(paired), "paired_range": [min(paired), max(paired)],
                      "simulated_speedup": o.simulated_ms / p.simulated_ms if p.simulated_ms else float("nan"),
                      "same_plans": bool(agree.item())}
-    return Comparison([r["side"] for r in runs], best, rounds, iterations, world, calibration)
+    return Comparison([r["side"] for r in runs], best, rounds, iterations, world, calibration, skipped)
