@@ -2,6 +2,7 @@
 RuntimeError naming it (never SIGBUS), an incomplete plan file is trained only when asked for, a
 plan file writer refuses at once what no reader opens, and the identities that loader states carry
 (the dataset's and the plan file's fingerprints) tell other manifests and other plans apart."""
+import gc
 import json
 import os
 import pathlib
@@ -181,11 +182,16 @@ def test_the_plan_file_writer_refuses_at_once_what_no_reader_opens(tmp_path):
         assert w.plans_written == 1
         w.append(p1)
     assert len(packpipe.PlanFileReader(str(path))) == 2
-    # A reader of the path keeps the file it opened while a writer replaces it (a rename).
+    # A reader of this process holds the path: a writer onto it is refused at once, nothing changes;
+    # once the reader is gone the path is an output again.
     before = packpipe.PlanFileReader(str(path))
+    with pytest.raises(RuntimeError, match="is open for reading by a PlanFileReader"):
+        packpipe.PlanFileWriter(str(path))
+    assert len(before) == 2 and before.read(1) == p1
+    del before
+    gc.collect()
     with packpipe.PlanFileWriter(str(path)) as w:
         w.append(p0)
-    assert len(before) == 2 and before.read(1) == p1
     assert len(packpipe.PlanFileReader(str(path))) == 1
 
 
