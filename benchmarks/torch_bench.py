@@ -70,7 +70,7 @@ def setup(a, tmp):
     """The small GPT's config, its cost model on the CPU device, and the workload's dataset."""
     data = packpipe.MultiTaskDataset(manifest(a.workload, tmp))
     cfg = models.GPTConfig(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=1,
-                           max_positions=max(4096, _longest(data)))
+                           max_positions=max(4096, longest_sample(data)))
     return cfg, models.cost_model(cfg, tmp), data
 
 
@@ -204,7 +204,7 @@ def baseline_configs(a, data):
     """The baselines a user would run, each at every setting of the benchmark's grid, 1F1B (the
     user's schedule): fixed micro-batch sizes (padded), token budgets (padded), varlen packing into
     rows of a capacity (HF flattening, Megatron THD), WLB-LLM's attention-balanced packing."""
-    longest = _longest(data)
+    longest = longest_sample(data)
     cap = 1
     while cap < longest:
         cap *= 2
@@ -228,11 +228,6 @@ def baseline_configs(a, data):
             out.append((f"slicing (slices of {cap // f})", "slicing",
                         dict(one_f, options=packpipe.PartitionOptions(method="slicing", capacity=cap // f))))
     return out
-
-
-def _longest(data):
-    """The longest sample of the workload (input + target tokens, as planned for the GPT)."""
-    return longest_sample(data)
 
 
 def runner_for(cfg, its, groups):
