@@ -29,7 +29,12 @@ from packpipe import _check
 
 def write_dataset(prefix, n, seed=3):
     rng = np.random.default_rng(seed)
-    sizes = np.clip(rng.lognormal(np.log(120.0), 1.1, n), 4, 4096).astype(np.int32)
+    return write_lengths(prefix, np.clip(rng.lognormal(np.log(120.0), 1.1, n), 4, 4096).astype(np.int32))
+
+
+def write_lengths(prefix, sizes):
+    """A Megatron dataset (MMIDIDX, uint16 tokens) of sequences of these lengths; returns its tokens."""
+    n = len(sizes)
     pointers = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1].astype(np.int64) * 2, out=pointers[1:])
     doc_idx = np.arange(n + 1, dtype=np.int64)

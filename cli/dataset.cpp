@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -465,7 +466,11 @@ struct SampleOptions {
   bool json = false;
 };
 
-Json run_sample(const SampleOptions& o) {
+/// Forms the batches `o` asks for and hands each to the caller as it is formed (memory independent of
+/// their number): `header` once (source, epoch, sizes, context length), `batch` per global batch in
+/// order, `state` once at the end (the sampler's state after the last batch shown).
+void run_sample(const SampleOptions& o, const std::function<void(const Json&)>& header,
+                const std::function<void(const Json&)>& batch, const std::function<void(const Json&)>& state) {
   const planner::ContextLength context = o.context.context();
   planner::check_context_length(context, o.encoder_decoder);
   const dl::MultiTaskDataset mt = is_manifest_path(o.source)
@@ -492,10 +497,10 @@ Json run_sample(const SampleOptions& o) {
     if (o.encoder_decoder) j["max_target_len"] = context.target_limit();
     j["seq_policy"] = planner::seq_policy_name(context.policy);
   }
-  Json batches = Json::array();
+  header(j);
   dl::GlobalBatch b;
   std::uint64_t n = 0;
-  while (n < o.batches && sampler.next_batch(b)) {
+  while ((o.batches == 0 || n < o.batches) && sampler.next_batch(b)) {
     std::map<std::string, std::uint64_t> per_task;
     std::uint64_t max_len = 0;
     for (const auto& r : b.samples) {
@@ -530,12 +535,21 @@ Json run_sample(const SampleOptions& o) {
       }
       bj["ranks"] = std::move(ranks);
     }
-    batches.push_back(std::move(bj));
+    batch(bj);
     ++n;
   }
-  j["batches"] = std::move(batches);
-  j["state"] = parse_ordered_json(sampler.state().to_json(), "sampler state");
-  return j;
+  state(parse_ordered_json(sampler.state().to_json(), "sampler state"));
+}
+
+/// `text` with every line after the first indented by `spaces` (a nested value of a dump(2)).
+std::string indent_lines(const std::string& text, int spaces) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out.append(static_cast<std::size_t>(spaces), ' ');
+  }
+  return out;
 }
 
 }  // namespace
@@ -556,11 +570,15 @@ void print_build(const Json& j) {
   if (j.contains("manifest")) std::printf("manifest: %s\n", j["manifest"].get<std::string>().c_str());
 }
 
-/// The text form of `dataset sample`'s result for `source`.
-void print_sample(const Json& j, const std::string& source) {
+/// The text form of `dataset sample`'s header for `source`.
+void print_sample_header(const Json& j, const std::string& source) {
   std::printf("%s: epoch %llu has %llu samples\n", source.c_str(), j["epoch"].get<unsigned long long>(),
               j["epoch_samples"].get<unsigned long long>());
-  for (const auto& b : j["batches"]) {
+}
+
+/// The text form of one batch of `dataset sample`.
+void print_sample_batch(const Json& b) {
+  {
     std::string tasks;
     for (auto it = b["tasks"].begin(); it != b["tasks"].end(); ++it) {
       tasks += fmt::format("{}{}={}", tasks.empty() ? "" : " ", it.key(), it.value().get<std::uint64_t>());
@@ -746,7 +764,8 @@ void add_sample_command(CLI::App* ds) {
   cmd->add_option("--global-batch-tokens", o->batch_tokens, "Token budget per global batch");
   cmd->add_option("--global-batch-samples", o->batch_samples, "Samples per global batch");
   cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
-  cmd->add_option("--batches", o->batches, "How many batches to show");
+  cmd->add_option("--batches", o->batches, "How many batches to show (0: every batch of the epoch; each is printed as "
+                                           "it is formed, so memory does not grow with the count)");
   cmd->add_option("--dp", o->dp, "Data-parallel ranks to shard each batch over");
   o->context.add_to(cmd);
   cmd->add_flag("--encoder-decoder", o->encoder_decoder,
@@ -754,9 +773,28 @@ void add_sample_command(CLI::App* ds) {
                 "(default: decoder-only, input + target as one sequence)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
-    const Json j = run_sample(*o);
-    if (o->json) return print_json(j);
-    print_sample(j, o->source);
+    if (!o->json) {
+      run_sample(
+          *o, [&](const Json& h) { print_sample_header(h, o->source); }, print_sample_batch, [](const Json&) {});
+      return;
+    }
+    // One JSON object, as print_json would write it, streamed: the header's fields, "batches" one by
+    // one, then "state".
+    auto first = std::make_shared<bool>(true);
+    run_sample(
+        *o,
+        [](const Json& h) {
+          std::string head = h.dump(2);
+          head.resize(head.size() - 2);  // without the closing "\n}"
+          std::printf("%s,\n  \"batches\": [", head.c_str());
+        },
+        [first](const Json& b) {
+          std::printf("%s\n    %s", *first ? "" : ",", indent_lines(b.dump(2), 4).c_str());
+          *first = false;
+        },
+        [first](const Json& st) {
+          std::printf("%s],\n  \"state\": %s\n}\n", *first ? "" : "\n  ", indent_lines(st.dump(2), 2).c_str());
+        });
   });
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include <xxhash.h>
 
@@ -78,10 +80,41 @@ struct MultiTaskDataset::Task {
   }
 };
 
+std::uint64_t free_memory_maps() {
+  std::uint64_t limit = 65530;  // the kernel's default
+  {
+    std::ifstream f("/proc/sys/vm/max_map_count");
+    std::uint64_t v = 0;
+    if (f >> v && v > 0) limit = v;
+  }
+  std::uint64_t used = 0;
+  {
+    std::ifstream f("/proc/self/maps");
+    std::string line;
+    while (std::getline(f, line)) ++used;
+  }
+  return limit > used ? limit - used : 0;
+}
+
+void check_memory_maps(const std::string& manifest, std::uint64_t prefixes, std::uint64_t free_maps,
+                       std::uint64_t headroom) {
+  const std::uint64_t need = 2 * prefixes;
+  PACKPIPE_CHECK(need + headroom <= free_maps,
+                 "manifest '{}': its {} dataset prefixes need {} memory maps (a .idx and a .bin each) and this "
+                 "process may open {} more under the kernel's limit (vm.max_map_count), keeping {} to spare; merge "
+                 "small datasets into fewer prefixes (packpipe dataset merge) or raise vm.max_map_count by at least {}",
+                 manifest, prefixes, need, free_maps, headroom, need + headroom - std::min(free_maps, need + headroom));
+}
+
 MultiTaskDataset::MultiTaskDataset(const Manifest& manifest) : manifest_(manifest) {
   PACKPIPE_CHECK_ARG(!manifest_.tasks.empty(), "manifest '{}': no tasks (expected at least one)", manifest_.path);
   PACKPIPE_CHECK_ARG(manifest_.tasks.size() <= 0xffffffffULL, "manifest '{}': {} tasks (expected < 2^32)",
                      manifest_.path, manifest_.tasks.size());
+  {
+    std::uint64_t prefixes = 0;
+    for (const TaskSpec& spec : manifest_.tasks) prefixes += spec.prefixes.size() + spec.target_prefixes.size();
+    check_memory_maps(manifest_.path, prefixes, free_memory_maps());  // before any file is opened
+  }
   for (std::size_t t = 0; t < manifest_.tasks.size(); ++t) {
     const TaskSpec& spec = manifest_.tasks[t];
     auto task = std::make_unique<Task>();

@@ -23,6 +23,16 @@ struct SampleView {
 /// epoch and, when every task gives one, the task weights. The caller sets seed, split and batch size.
 SamplerConfig sampler_config(const Manifest& manifest);
 
+/// Memory maps the process may still open: vm.max_map_count (/proc/sys/vm/max_map_count; 65530 if it
+/// cannot be read) less the maps it holds now (/proc/self/maps).
+std::uint64_t free_memory_maps();
+
+/// Throws Error before any file is opened when `prefixes` dataset prefixes (2 maps each, `.idx` and
+/// `.bin`) would not fit in `free_maps` with `headroom` maps to spare; the message names the
+/// manifest, the counts, the limit (vm.max_map_count) and the ways out.
+void check_memory_maps(const std::string& manifest, std::uint64_t prefixes, std::uint64_t free_maps,
+                       std::uint64_t headroom = 1024);
+
 class MultiTaskDataset : public SampleSource {
  public:
   /// Opens every prefix of the manifest; throws Error naming the task and file on a mismatch
@@ -32,6 +42,8 @@ class MultiTaskDataset : public SampleSource {
   /// sequences of document i (modes 0 then 1 if present). Per-document shape is checked at access
   /// (Error naming file and document); lengths come from the `.idx` arrays, read as IndexedDataset
   /// reads them (a `.idx` truncated under a live dataset is an Error naming it, never SIGBUS).
+  /// A manifest whose prefixes need more memory maps than the process may open is refused before
+  /// any is opened (check_memory_maps).
   explicit MultiTaskDataset(const Manifest& manifest);
   /// A one-task dataset of one prefix, layout Sequence.
   static MultiTaskDataset from_prefix(const std::string& prefix);

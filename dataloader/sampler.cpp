@@ -34,6 +34,17 @@ std::uint64_t epoch_key(std::uint64_t seed, std::uint64_t epoch) {
   return combine(combine(seed, kEpochTag), epoch);
 }
 
+// The check of a state: a digest of its fields, so a state whose position, batch index, epoch or
+// fingerprint was edited (or corrupted) without recomputing it is refused. Not a secret: it guards
+// against mistakes, as the fingerprint does, not against forgery.
+constexpr std::uint64_t kStateTag = 0x5354415445ULL;  // "STATE"
+
+std::uint64_t state_check(const SamplerState& s) {
+  std::uint64_t h = combine(combine(s.fingerprint, kStateTag), s.seed);
+  h = combine(combine(combine(h, s.epoch), s.position), s.batch_index);
+  return h == 0 ? 1 : h;  // 0 means "no check"
+}
+
 std::uint64_t task_key(std::uint64_t epoch_key, std::size_t task, std::uint64_t pass) {
   return combine(combine(combine(epoch_key, kTaskTag), task), pass);
 }
@@ -88,6 +99,7 @@ std::string SamplerState::to_json() const {
   j["batch_index"] = batch_index;
   // As a hex string: JSON readers that hold numbers in doubles would round a 64-bit hash.
   j["fingerprint"] = fmt::format("{:016x}", fingerprint);
+  if (check != 0) j["check"] = fmt::format("{:016x}", check);
   return j.dump();
 }
 
@@ -111,11 +123,10 @@ SamplerState SamplerState::from_json(const std::string& text) {
   s.epoch = field("epoch");
   s.position = field("position");
   s.batch_index = field("batch_index");
-  PACKPIPE_CHECK_ARG(j.contains("fingerprint"), "sampler state: missing field 'fingerprint'");
-  const auto& f = j["fingerprint"];
-  if (f.is_number_unsigned()) {
-    s.fingerprint = f.get<std::uint64_t>();
-  } else {
+  // 64-bit hashes as hex strings (an integer is accepted too).
+  auto hex_field = [&](const char* key) -> std::uint64_t {
+    const auto& f = j[key];
+    if (f.is_number_unsigned()) return f.get<std::uint64_t>();
     const std::string hex = f.is_string() ? f.get<std::string>() : std::string();
     bool ok = !hex.empty() && hex.size() <= 16;
     std::uint64_t v = 0;
@@ -125,8 +136,14 @@ SamplerState SamplerState::from_json(const std::string& text) {
       if (d < 0) ok = false;
       v = (v << 4) | static_cast<std::uint64_t>(d < 0 ? 0 : d);
     }
-    PACKPIPE_CHECK_ARG(ok, "sampler state: field 'fingerprint': expected up to 16 hex digits, found {}", f.dump());
-    s.fingerprint = v;
+    PACKPIPE_CHECK_ARG(ok, "sampler state: field '{}': expected up to 16 hex digits, found {}", key, f.dump());
+    return v;
+  };
+  PACKPIPE_CHECK_ARG(j.contains("fingerprint"), "sampler state: missing field 'fingerprint'");
+  s.fingerprint = hex_field("fingerprint");
+  if (j.contains("check")) {
+    s.check = hex_field("check");
+    PACKPIPE_CHECK_ARG(s.check != 0, "sampler state: field 'check' is 0 (expected the digest state() writes)");
   }
   return s;
 }
@@ -335,6 +352,7 @@ SamplerState Sampler::state() const {
   s.position = position_;
   s.batch_index = batch_index_;
   s.fingerprint = fingerprint_;
+  s.check = state_check(s);
   return s;
 }
 
@@ -353,10 +371,20 @@ void Sampler::restore(const SamplerState& state) {
                      "state is corrupt)",
                      state.batch_index, state.position);
   // The position must be where batch `batch_index` starts: a position moved by one would skip or
-  // repeat a sample. Sample-count batches are checked in O(1); token-budget batches by replaying
-  // the epoch's batch boundaries up to the position (O(position), once per restore).
+  // repeat a sample. A state with its check proves it in O(1) (state() wrote it at a boundary);
+  // sample-count batches are checked in O(1) anyway; a token-budget state without a check by
+  // replaying the epoch's batch boundaries up to the position (O(position), once per restore).
+  if (state.check != 0) {
+    PACKPIPE_CHECK_ARG(state.check == state_check(state),
+                       "sampler restore: the state's check {:016x} does not match its fields (epoch {}, position {}, "
+                       "batch_index {}): the state was edited or corrupted, and resuming would skip or repeat "
+                       "samples",
+                       state.check, state.epoch, state.position, state.batch_index);
+  }
   std::uint64_t expected = 0;
-  if (config_.global_batch_samples != 0) {
+  if (state.check != 0) {
+    expected = state.position;
+  } else if (config_.global_batch_samples != 0) {
     const std::uint64_t g = config_.global_batch_samples;
     const std::uint64_t batches = epoch_size_ / g + (epoch_size_ % g != 0);
     PACKPIPE_CHECK_ARG(state.batch_index <= batches,

@@ -105,7 +105,10 @@ struct SamplerState {
   std::uint64_t position = 0;     ///< next epoch position to deliver
   std::uint64_t batch_index = 0;  ///< index of the next batch within the epoch
   std::uint64_t fingerprint = 0;  ///< hash of config and task sizes; restore() checks it
-  /// JSON object with the fields above.
+  /// Digest of the fields above (0: none, a state written before it existed):
+  /// with it restore() takes O(tasks) whatever the position, without it it replays the batches.
+  std::uint64_t check = 0;
+  /// JSON object with the fields above ("check" only when non-zero).
   std::string to_json() const;
   /// Parses to_json() output; throws InvalidArgument naming the missing or bad field.
   static SamplerState from_json(const std::string& text);
@@ -144,7 +147,9 @@ class Sampler {
   /// Current position; restore() on a sampler with the same config and source resumes exactly here.
   SamplerState state() const;
   /// Resumes from a state of a sampler with the same config and source; throws InvalidArgument
-  /// if the fingerprint differs or the position is past the epoch.
+  /// if the fingerprint differs, the position is past the epoch or is not where batch batch_index
+  /// starts. O(tasks) when the state carries its check (every state() does); a state without one is
+  /// checked by replaying the epoch's batch boundaries up to its position.
   void restore(const SamplerState& state);
 
  private:

@@ -61,22 +61,6 @@ part::BatchLengths sample_lengths(const dl::MultiTaskDataset& data, const std::v
   return b;
 }
 
-namespace {
-
-// A sampler positioned at the start of batch `first` of `spec.epoch`.
-dl::Sampler positioned_sampler(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t first) {
-  dl::Sampler s(data, spec.sampler);
-  s.set_epoch(spec.epoch);
-  dl::GlobalBatch g;
-  for (std::uint64_t k = 0; k < first; ++k) {
-    PACKPIPE_CHECK_ARG(s.next_batch(g), "iteration {} is past the end of epoch {} ({} iterations)", first, spec.epoch,
-                       k);
-  }
-  return s;
-}
-
-}  // namespace
-
 SampledBatch sample_batch(const dl::MultiTaskDataset& data, const EpochSpec& spec, std::uint64_t index,
                           bool encoder_decoder, pl::LossMode loss, const ContextLength& context) {
   dl::Sampler s(data, budget_of_trained_tokens(spec.sampler, context, encoder_decoder));
@@ -148,15 +132,26 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
   // The exact iteration count: arithmetic for sample-count batches, a dry run of a sampler for
   // token budgets (batch boundaries only, no assembly: millions of samples a second). Plan files
   // record it, so a file that holds fewer iterations than its run was to plan is marked incomplete.
+  // The same pass records the sampler's state where first_iteration starts, so planning resumes
+  // there in O(tasks) (Sampler::restore with the state's check), not by a second replay.
   dl::Sampler probe(data_, spec_.sampler);
   probe.set_epoch(spec_.epoch);
+  const std::uint64_t first = spec_.first_iteration;
   if (spec_.sampler.global_batch_samples > 0) {
-    epoch_count_ = (probe.epoch_size() + spec_.sampler.global_batch_samples - 1) / spec_.sampler.global_batch_samples;
+    const std::uint64_t g = spec_.sampler.global_batch_samples;
+    epoch_count_ = (probe.epoch_size() + g - 1) / g;
+    first_state_ = probe.state();
+    first_state_.batch_index = std::min(first, epoch_count_);
+    first_state_.position = std::min(probe.epoch_size(), first_state_.batch_index * g);
+    first_state_.check = 0;  // arithmetic: restore() checks it in O(1) without one
   } else {
-    const std::uint64_t cap = spec_.iterations > 0 ? spec_.first_iteration + spec_.iterations
-                                                   : std::numeric_limits<std::uint64_t>::max();
+    const std::uint64_t cap = spec_.iterations > 0 ? first + spec_.iterations : std::numeric_limits<std::uint64_t>::max();
     dl::GlobalBatch g;
-    while (epoch_count_ < cap && probe.next_batch(g)) ++epoch_count_;
+    for (;;) {
+      if (epoch_count_ == first) first_state_ = probe.state();
+      if (epoch_count_ >= cap || !probe.next_batch(g)) break;
+      ++epoch_count_;
+    }
   }
   PACKPIPE_CHECK_ARG(spec_.first_iteration <= epoch_count_,
                      "first iteration {} is past the end of epoch {} ({} iterations)", spec_.first_iteration,
@@ -169,7 +164,8 @@ EpochPlanner::~EpochPlanner() = default;  // the queue stops the pipeline and jo
 
 void EpochPlanner::pipeline(const std::function<bool(PlannedIteration&)>& sink, const std::function<bool()>& stopped) {
   if (count_ == 0) return;
-  dl::Sampler sampler = positioned_sampler(data_, spec_, spec_.first_iteration);
+  dl::Sampler sampler(data_, spec_.sampler);
+  sampler.restore(first_state_);  // where first_iteration starts, recorded by the constructor's count
   const int threads = eo_.threads > 0 ? eo_.threads
                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::size_t tokens = std::max<std::size_t>(1, 2 * static_cast<std::size_t>(threads));

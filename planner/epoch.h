@@ -129,6 +129,7 @@ class EpochPlanner {
   std::vector<part::VirtualStage> vstages_;
   bool encdec_ = false;
   std::uint64_t count_ = 0, epoch_count_ = 0;
+  dl::SamplerState first_state_;  ///< the sampler where spec_.first_iteration starts
   std::uint64_t delivered_ = 0;  ///< iterations next() delivered
   std::unique_ptr<Impl> impl_;
 };

@@ -97,6 +97,24 @@ if "$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 16
 grep -q -- "--max-target-len 32 is for encoder-decoder models" "$tmp/err.txt" || fail "message: $(cat "$tmp/err.txt")"
 "$pp" dataset verify "$tmp/split/manifest.json" > /dev/null || fail "verify manifest"
 
+# sample --batches 0: the whole epoch, streamed as one JSON object (every sample once, the state at
+# the end carries its check); the text form prints a line per batch
+"$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 4096 --batches 0 --dp 2 --json \
+  > "$tmp/epoch.json" || fail "dataset sample --batches 0"
+$py - "$tmp/epoch.json" <<'PY' || fail "dataset sample --batches 0 --json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+b = j["batches"]
+assert [x["index"] for x in b] == list(range(len(b))), "batches out of order"
+assert sum(x["samples"] for x in b) == j["epoch_samples"], (sum(x["samples"] for x in b), j["epoch_samples"])
+assert all(sum(r["samples"] for r in x["ranks"]) == x["samples"] for x in b)
+assert j["state"]["position"] == j["epoch_samples"] and j["state"]["batch_index"] == len(b), j["state"]
+assert len(j["state"]["check"]) == 16, j["state"]
+PY
+n=$("$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 4096 --batches 0 | grep -c "^  batch ")
+[ "$n" = "$($py -c "import json; print(len(json.load(open('$tmp/epoch.json'))['batches']))")" ] \
+  || fail "text form: $n batch lines"
+
 # bad JSON lines name the line
 printf '{"input_ids":[1,2]}\n{"input_ids":[1,-5]}\n' > "$tmp/bad.jsonl"
 if "$pp" dataset build --input "$tmp/bad.jsonl" --output-prefix "$tmp/bad" 2> "$tmp/err.txt"; then fail "negative id accepted"; fi

@@ -24,6 +24,28 @@ std::vector<GlobalBatch> drain(Sampler& s) {
   return out;
 }
 
+// An epoch drained whole, and the state of a second sampler after a random number of its batches.
+struct Cut {
+  Sampler full;
+  std::vector<GlobalBatch> all;
+  std::size_t cut = 0;
+  SamplerState saved;
+};
+Cut cut_epoch(const packpipe::dataloader::SampleSource& src, const SamplerConfig& c, std::uint64_t epoch,
+              std::mt19937_64& rng) {
+  Cut k{Sampler(src, c), {}, 0, {}};
+  k.full.set_epoch(epoch);
+  k.all = drain(k.full);
+  REQUIRE_FALSE(k.all.empty());
+  k.cut = rng() % (k.all.size() + 1);
+  Sampler first(src, c);
+  first.set_epoch(epoch);
+  GlobalBatch b;
+  for (std::size_t i = 0; i < k.cut; ++i) REQUIRE(first.next_batch(b));
+  k.saved = first.state();
+  return k;
+}
+
 std::vector<SampleRef> flatten(const std::vector<GlobalBatch>& batches) {
   std::vector<SampleRef> out;
   for (const auto& b : batches) out.insert(out.end(), b.samples.begin(), b.samples.end());
@@ -405,17 +427,11 @@ TEST_CASE("restoring a checkpoint in a fresh sampler yields exactly the remainin
     for (std::size_t t = 0; t < src.num_tasks(); ++t) c.weights.push_back(1.0 + static_cast<double>(rng() % 5));
     c.samples_per_epoch = rng() % 4000;
   }
-  Sampler full(src, c);
-  full.set_epoch(rng() % 3);
-  const auto all = drain(full);
-  REQUIRE_FALSE(all.empty());
-  const std::size_t cut = rng() % (all.size() + 1);
-
-  Sampler first(src, c);
-  first.set_epoch(full.epoch());
-  GlobalBatch b;
-  for (std::size_t i = 0; i < cut; ++i) REQUIRE(first.next_batch(b));
-  const std::string saved = first.state().to_json();
+  const Cut k = cut_epoch(src, c, rng() % 3, rng);
+  const auto& all = k.all;
+  const std::size_t cut = k.cut;
+  const Sampler& full = k.full;
+  const std::string saved = k.saved.to_json();
 
   Sampler resumed(src, c);
   resumed.restore(SamplerState::from_json(saved));
@@ -495,6 +511,82 @@ TEST_CASE("restore refuses a tampered state: every position but the real one, an
   REQUIRE_THROWS_WITH(
       SamplerState::from_json(R"({"seed":1,"epoch":0,"position":9,"batch_index":1,"fingerprint":"ab","position":0})"),
       Catch::Matchers::Contains("duplicate key \"position\""));
+}
+
+namespace {
+// A source that counts the sample lengths read through it.
+class CountingSource : public packpipe::dataloader::SampleSource {
+ public:
+  explicit CountingSource(const SyntheticSource& inner) : inner_(inner) {}
+  std::size_t num_tasks() const override { return inner_.num_tasks(); }
+  std::uint64_t task_size(std::size_t t) const override { return inner_.task_size(t); }
+  std::uint64_t sample_tokens(std::size_t t, std::uint64_t i) const override {
+    ++reads;
+    return inner_.sample_tokens(t, i);
+  }
+  mutable std::uint64_t reads = 0;
+
+ private:
+  const SyntheticSource& inner_;
+};
+}  // namespace
+
+TEST_CASE("restore at random positions: O(tasks) with the state's check, the identical sequence, edits refused",
+          "[checkpoint]") {
+  std::mt19937_64 rng(2026);
+  for (int round = 0; round < 12; ++round) {
+    auto inner = SyntheticSource::random(rng, 1 + rng() % 40, 800, 500);
+    CountingSource src(inner);
+    SamplerConfig c;
+    c.seed = rng();
+    c.global_batch_tokens = 300 + rng() % 4000;
+    if (rng() % 2) {
+      for (std::size_t t = 0; t < src.num_tasks(); ++t) c.weights.push_back(0.5 + static_cast<double>(rng() % 4));
+      c.samples_per_epoch = 100 + rng() % 5000;
+    }
+    const Cut k = cut_epoch(src, c, rng() % 4, rng);
+    const auto& all = k.all;
+    const std::size_t cut = k.cut;
+    const SamplerState saved = SamplerState::from_json(k.saved.to_json());
+    REQUIRE(saved.check != 0);
+
+    Sampler resumed(src, c);
+    const std::uint64_t before = src.reads;
+    resumed.restore(saved);
+    CHECK(src.reads == before);  // no replay: not one sample length read
+    const auto rest = drain(resumed);
+    REQUIRE(rest.size() == all.size() - cut);
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      REQUIRE(rest[i].index == all[cut + i].index);
+      REQUIRE(rest[i].samples == all[cut + i].samples);
+    }
+    // Any edited field is refused by the check ...
+    for (const std::int64_t d : {-1, 1}) {
+      SamplerState bad = saved;
+      bad.position = static_cast<std::uint64_t>(static_cast<std::int64_t>(saved.position) + d);
+      if (bad.position <= resumed.epoch_size() && bad.position >= bad.batch_index) {
+        REQUIRE_THROWS_WITH(Sampler(src, c).restore(bad), Catch::Matchers::Contains("skip or repeat"));
+      }
+      SamplerState idx = saved;
+      idx.batch_index = static_cast<std::uint64_t>(static_cast<std::int64_t>(saved.batch_index) + d);
+      if (idx.batch_index <= idx.position) REQUIRE_THROWS_AS(Sampler(src, c).restore(idx), packpipe::InvalidArgument);
+    }
+    // ... and a state without one (written before checks existed) is still checked, by replay.
+    SamplerState legacy = saved;
+    legacy.check = 0;
+    REQUIRE(legacy.to_json().find("check") == std::string::npos);
+    Sampler replayed(src, c);
+    replayed.restore(SamplerState::from_json(legacy.to_json()));
+    REQUIRE(replayed.position() == saved.position);
+    if (cut > 0 && saved.position + 1 <= replayed.epoch_size()) {
+      SamplerState moved = legacy;
+      moved.position += 1;
+      REQUIRE_THROWS_WITH(Sampler(src, c).restore(moved), Catch::Matchers::Contains("skip or repeat"));
+    }
+  }
+  REQUIRE_THROWS_WITH(SamplerState::from_json(R"({"seed":1,"epoch":0,"position":0,"batch_index":0,"fingerprint":"ab",)"
+                                              R"("check":"xyz"})"),
+                      Catch::Matchers::Contains("'check'"));
 }
 
 TEST_CASE("samples_per_epoch beyond 2^48 is refused instead of hanging", "[negative]") {

@@ -1,0 +1,171 @@
+"""Offline planning at FLAN's scale: sampler, resume and memory at 20, 200 and 2,000 tasks.
+
+Builds the synthetic shapes itself: T tasks of 5,000 samples each (log-normal lengths from 10 to
+4,000 tokens, each task its own Megatron dataset; the .idx for real, the .bin a sparse file of the
+right size: sampling and planning read lengths only), a weighted manifest over them, and measures
+on each shape:
+
+- `Sampler` epoch: a whole epoch of token-budget batches through the Python API, in samples/s;
+- `Sampler.restore` near the start and near the end of the epoch (a state saved there);
+- resume by re-planning: `plan_epoch(first_iteration=k)` up to its first delivered iteration, near
+  the start and near the end;
+- peak memory (the child's maxrss) of `dataset info`, `dataset sample` over the whole epoch and
+  `plan --no-baselines` over the epoch (plans streamed to a file);
+- with --baselines, planning CPU per iteration with and without baselines (the first iterations).
+
+Every figure is the median of --rounds runs. Optional: --megatron DIR times Megatron-LM's
+`helpers.cpp` blended index build (compiled outside the repository) on the same shapes.
+
+    /usr/bin/python3 benchmarks/flan_scale.py [--tasks 20 200 2000] [--per-task 5000] [--json]
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+try:
+    import packpipe
+except ImportError:  # run from the source tree without PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "python"))
+    import packpipe
+from packpipe import _check
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plan_epoch_memory import write_lengths  # noqa: E402
+
+BUDGET = 65536
+
+
+def write_task(prefix, n, rng):
+    """A Megatron dataset of n sequences (uint16 tokens); returns the lengths."""
+    sizes = np.clip(rng.lognormal(np.log(200.0), 1.0, n), 10, 4000).astype(np.int32)
+    write_lengths(prefix, sizes)  # the .bin sparse: no data blocks written
+    return sizes
+
+
+def build_shape(folder, tasks, per_task, seed=7):
+    rng = np.random.default_rng(seed)
+    entries = []
+    for t in range(tasks):
+        name = "task%05d" % t
+        write_task(os.path.join(folder, name), per_task, rng)
+        entries.append({"name": name, "dataset": name, "weight": float(1 + (t % 7))})
+    manifest = os.path.join(folder, "manifest.json")
+    packpipe.write_file_atomic(manifest, json.dumps({"version": 1, "tasks": entries}).encode())
+    return manifest
+
+
+def child_peak(cmd):
+    """Wall seconds and peak RSS (MiB) of a child process."""
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.execv(cmd[0], cmd)
+        finally:
+            os._exit(127)
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit("flan_scale: %s failed (exit %d)" % (" ".join(cmd), os.waitstatus_to_exitcode(status)))
+    return wall, usage.ru_maxrss / 1024.0
+
+
+def median_of(rounds, fn):
+    return statistics.median(fn() for _ in range(rounds))
+
+
+def measure(manifest, a):
+    data = packpipe.MultiTaskDataset(manifest)
+    row = {"samples": len(data)}
+
+    def epoch():
+        s = packpipe.Sampler(data, global_batch_tokens=BUDGET)
+        t0 = time.perf_counter()
+        n = 0
+        for b in s:
+            n += 1
+        return time.perf_counter() - t0, n
+    runs = [epoch() for _ in range(a.rounds)]
+    row["epoch_s"] = statistics.median(r[0] for r in runs)
+    row["batches"] = runs[0][1]
+    row["samples_per_s"] = row["samples"] / row["epoch_s"]
+
+    # States near the start and near the end.
+    s = packpipe.Sampler(data, global_batch_tokens=BUDGET)
+    states = []
+    for k, _ in enumerate(s):
+        if k in (1, row["batches"] - 2):
+            states.append(s.state())
+    def restore(state):
+        fresh = packpipe.Sampler(data, global_batch_tokens=BUDGET)
+        t0 = time.perf_counter()
+        fresh.restore(state)
+        return time.perf_counter() - t0
+    row["restore_start_s"] = median_of(a.rounds, lambda: restore(states[0]))
+    row["restore_end_s"] = median_of(a.rounds, lambda: restore(states[1]))
+
+    cost = packpipe.CostModel("gpt-6.7b", "A100-80GB")
+    if cost is not None:
+        def replan(first):
+            t0 = time.perf_counter()
+            planner = packpipe.plan_epoch(cost, data, global_batch_tokens=BUDGET, first_iteration=first, iterations=1,
+                                          threads=1)
+            next(iter(planner))
+            return time.perf_counter() - t0
+        row["replan_start_s"] = median_of(a.rounds, lambda: replan(1))
+        row["replan_end_s"] = median_of(a.rounds, lambda: replan(row["batches"] - 1))
+
+    cli = a.packpipe
+    if "cli" not in a.parts:
+        return row
+    row["info_s"], row["info_mib"] = map(statistics.median, zip(*[child_peak([cli, "dataset", "info", manifest])
+                                                                   for _ in range(a.rounds)]))
+    row["sample_s"], row["sample_mib"] = child_peak([cli, "dataset", "sample", manifest, "--global-batch-tokens",
+                                                      str(BUDGET), "--json"])
+    if "plan" not in a.parts:
+        return row
+    with tempfile.TemporaryDirectory() as tmp:
+        row["plan_s"], row["plan_mib"] = child_peak([cli, "plan", "--manifest", manifest, "--global-batch-tokens",
+                                                      str(BUDGET), "--stages", "4", "--layers-per-stage", "4",
+                                                      "--no-baselines", "--threads", "1",
+                                                      "--out", os.path.join(tmp, "e.plan"), "--json"])
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=_check.arg_int(1, 100000), nargs="+", default=[20, 200, 2000])
+    ap.add_argument("--per-task", type=_check.arg_int(1, 10 ** 7), default=5000)
+    ap.add_argument("--rounds", type=_check.arg_int(1, 100), default=3)
+    ap.add_argument("--packpipe", default=os.path.join("build", "packpipe"))
+    ap.add_argument("--parts", nargs="+", choices=["cli", "plan"], default=["cli", "plan"],
+                    help="the child-process measurements to run besides the sampler's (plan: a whole epoch planned)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args()
+    rows = []
+    for tasks in a.tasks:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            manifest = build_shape(tmp, tasks, a.per_task)
+            print("flan_scale: %d tasks x %d samples built in %.1f s" % (tasks, a.per_task, time.perf_counter() - t0),
+                  file=sys.stderr, flush=True)
+            row = {"tasks": tasks, "per_task": a.per_task}
+            row.update(measure(manifest, a))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
