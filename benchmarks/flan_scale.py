@@ -84,10 +84,8 @@ def median_of(rounds, fn):
     return statistics.median(fn() for _ in range(rounds))
 
 
-def measure(manifest, a):
-    data = packpipe.MultiTaskDataset(manifest)
-    row = {"samples": len(data)}
-
+def epoch_time(data, rounds):
+    """Median seconds of a whole epoch of the Python Sampler, and its batch count."""
     def epoch():
         s = packpipe.Sampler(data, global_batch_tokens=BUDGET)
         t0 = time.perf_counter()
@@ -95,9 +93,14 @@ def measure(manifest, a):
         for b in s:
             n += 1
         return time.perf_counter() - t0, n
-    runs = [epoch() for _ in range(a.rounds)]
-    row["epoch_s"] = statistics.median(r[0] for r in runs)
-    row["batches"] = runs[0][1]
+    runs = [epoch() for _ in range(rounds)]
+    return statistics.median(r[0] for r in runs), runs[0][1]
+
+
+def measure(manifest, a):
+    data = packpipe.MultiTaskDataset(manifest)
+    row = {"samples": len(data)}
+    row["epoch_s"], row["batches"] = epoch_time(data, a.rounds)
     row["samples_per_s"] = row["samples"] / row["epoch_s"]
 
     # States near the start and near the end.
@@ -118,7 +121,7 @@ def measure(manifest, a):
     if cost is not None:
         def replan(first):
             t0 = time.perf_counter()
-            planner = packpipe.plan_epoch(cost, data, global_batch_tokens=BUDGET, first_iteration=first, iterations=1,
+            planner = packpipe.plan_epoch(cost, data, global_batch_tokens=BUDGET, first_iteration=first,
                                           threads=1)
             next(iter(planner))
             return time.perf_counter() - t0
@@ -126,19 +129,24 @@ def measure(manifest, a):
         row["replan_end_s"] = median_of(a.rounds, lambda: replan(row["batches"] - 1))
 
     cli = a.packpipe
-    if "cli" not in a.parts:
-        return row
-    row["info_s"], row["info_mib"] = map(statistics.median, zip(*[child_peak([cli, "dataset", "info", manifest])
-                                                                   for _ in range(a.rounds)]))
-    row["sample_s"], row["sample_mib"] = child_peak([cli, "dataset", "sample", manifest, "--global-batch-tokens",
-                                                      str(BUDGET), "--json"])
+    if "cli" in a.parts:
+        row["info_s"], row["info_mib"] = map(statistics.median, zip(*[child_peak([cli, "dataset", "info", manifest])
+                                                                       for _ in range(a.rounds)]))
+        row["sample_s"], row["sample_mib"] = child_peak([cli, "dataset", "sample", manifest, "--batches", "0",
+                                                          "--global-batch-tokens", str(BUDGET), "--json"])
+
     if "plan" not in a.parts:
         return row
-    with tempfile.TemporaryDirectory() as tmp:
-        row["plan_s"], row["plan_mib"] = child_peak([cli, "plan", "--manifest", manifest, "--global-batch-tokens",
-                                                      str(BUDGET), "--stages", "4", "--layers-per-stage", "4",
-                                                      "--no-baselines", "--threads", "1",
-                                                      "--out", os.path.join(tmp, "e.plan"), "--json"])
+    for name, binary in (("plan", cli), ("plan_before", a.before)):
+        if binary is None:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            # The cheapest planning settings (no slices, 1F1B): the figure is the report's memory, which
+            # grows with the iterations, not the planning's, which does not.
+            row[name + "_s"], row[name + "_mib"] = child_peak(
+                [binary, "plan", "--manifest", manifest, "--global-batch-tokens", str(BUDGET), "--stages", "4",
+                 "--layers-per-stage", "4", "--slicing", "off", "--schedule", "1f1b", "--threads", "2",
+                 "--out", os.path.join(tmp, "e.plan"), "--report", os.path.join(tmp, "report.json"), "--json"])
     return row
 
 
@@ -146,13 +154,29 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=_check.arg_int(1, 100000), nargs="+", default=[20, 200, 2000])
     ap.add_argument("--per-task", type=_check.arg_int(1, 10 ** 7), default=5000)
+    ap.add_argument("--same-samples", type=_check.arg_int(0, 10 ** 9), default=10_000_000,
+                    help="also time the sampler over this many samples split into each task count (0: skip)")
     ap.add_argument("--rounds", type=_check.arg_int(1, 100), default=3)
     ap.add_argument("--packpipe", default=os.path.join("build", "packpipe"))
     ap.add_argument("--parts", nargs="+", choices=["cli", "plan"], default=["cli", "plan"],
                     help="the child-process measurements to run besides the sampler's (plan: a whole epoch planned)")
+    ap.add_argument("--before", default=None, help="another packpipe binary whose `plan` memory to measure beside")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args()
     rows = []
+    equal = {}
+    if a.same_samples:
+        # The sampler over the same number of samples split into more tasks: the cost per sample
+        # should not grow with the task count.
+        for tasks in a.tasks:
+            with tempfile.TemporaryDirectory() as tmp:
+                data = packpipe.MultiTaskDataset(build_shape(tmp, tasks, a.same_samples // tasks))
+                sec, _ = epoch_time(data, a.rounds)
+                equal[tasks] = len(data) / sec
+                print("flan_scale: %d tasks x %d samples: %.2f M samples/s" % (tasks, a.same_samples // tasks,
+                                                                              equal[tasks] / 1e6),
+                      file=sys.stderr, flush=True)
+                del data
     for tasks in a.tasks:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
@@ -160,6 +184,9 @@ def main():
             print("flan_scale: %d tasks x %d samples built in %.1f s" % (tasks, a.per_task, time.perf_counter() - t0),
                   file=sys.stderr, flush=True)
             row = {"tasks": tasks, "per_task": a.per_task}
+            if tasks in equal:
+                row["equal_samples_per_s"] = equal[tasks]
+                row["equal_slowdown"] = equal[min(equal)] / equal[tasks]
             row.update(measure(manifest, a))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

@@ -541,17 +541,6 @@ void run_sample(const SampleOptions& o, const std::function<void(const Json&)>& 
   state(parse_ordered_json(sampler.state().to_json(), "sampler state"));
 }
 
-/// `text` with every line after the first indented by `spaces` (a nested value of a dump(2)).
-std::string indent_lines(const std::string& text, int spaces) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    out += c;
-    if (c == '\n') out.append(static_cast<std::size_t>(spaces), ' ');
-  }
-  return out;
-}
-
 }  // namespace
 
 int exit_status() { return g_exit_status; }
@@ -789,11 +778,11 @@ void add_sample_command(CLI::App* ds) {
           std::printf("%s,\n  \"batches\": [", head.c_str());
         },
         [first](const Json& b) {
-          std::printf("%s\n    %s", *first ? "" : ",", indent_lines(b.dump(2), 4).c_str());
+          std::printf("%s\n    %s", *first ? "" : ",", indent_json_lines(b.dump(2), 4).c_str());
           *first = false;
         },
         [first](const Json& st) {
-          std::printf("%s],\n  \"state\": %s\n}\n", *first ? "" : "\n  ", indent_lines(st.dump(2), 2).c_str());
+          std::printf("%s],\n  \"state\": %s\n}\n", *first ? "" : "\n  ", indent_json_lines(st.dump(2), 2).c_str());
         });
   });
 }

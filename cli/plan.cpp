@@ -2,13 +2,17 @@
 // the cost model, schedule search, instruction streams) in parallel, streams the plans to one file
 // and reports packpipe's simulated throughput against the baselines a user would run.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -66,20 +70,6 @@ struct PlanCliOptions {
   bool tied_embedding = false, no_split_backward = false, fallback = false;
 };
 
-/// One iteration's outcome kept for the report (plans are already written).
-struct Row {
-  std::uint64_t iteration = 0, samples = 0, tokens = 0;
-  double model_flops = 0;
-  planner::MethodFigures packpipe;
-  std::string source;                               ///< IterationResult::source
-  bool from_baseline = false;                       ///< IterationResult::from_baseline
-  std::vector<planner::BaselineFigures> baselines;  ///< the grid (the same settings every iteration)
-  double partition_ms = 0, schedule_ms = 0, candidates_ms = 0, build_ms = 0, planning_ms = 0;
-  std::uint64_t truncated = 0, dropped = 0;
-  planner::ContextReport context;  ///< the context length's counts (its dropped lists cleared)
-  std::string schedule_note;
-};
-
 /// Range checks of the options that are not the pipeline shape (ShapeArgs checks that), before
 /// anything is read or allocated from them.
 void check_plan_options(const PlanCliOptions& o) {
@@ -92,43 +82,6 @@ void check_plan_options(const PlanCliOptions& o) {
   PACKPIPE_CHECK_ARG(!o.baseline_mbs.empty() || o.no_baselines, "--baseline-mbs needs at least one size");
   for (const auto m : o.baseline_mbs) check_option_range("--baseline-mbs", m, 1, planner::kMaxBaselineMbs);
   for (const auto m : o.baseline_rows) check_option_range("--baseline-rows", m, 1, planner::kMaxBaselineMbs);
-}
-
-/// The baseline settings of the run (every iteration lists the same grid: the planner's
-/// baseline_longest is the dataset's), in grid order.
-std::vector<part::Baseline> grid_of(const std::vector<Row>& rows) {
-  std::vector<part::Baseline> g;
-  if (rows.empty()) return g;
-  for (const auto& b : rows.front().baselines) g.push_back(b.baseline);
-  return g;
-}
-
-/// Total time of grid entry `c` over all iterations (infinite where it does not fit).
-double column_total_ms(const std::vector<Row>& rows, std::size_t c) {
-  double total = 0;
-  for (const auto& r : rows) {
-    const planner::MethodFigures* f = c < r.baselines.size() ? &r.baselines[c].figures : nullptr;
-    total += f != nullptr && f->feasible ? f->iteration_ms : std::numeric_limits<double>::infinity();
-  }
-  return total;
-}
-
-/// The grid entry of `family` with the least total time over all iterations (-1: none fits every
-/// iteration), as a user tuning one setting for the run would pick.
-std::int64_t best_column(const std::vector<Row>& rows, const std::string& family, double* total_ms) {
-  std::int64_t best = -1;
-  double best_total = std::numeric_limits<double>::infinity();
-  const std::vector<part::Baseline> grid = grid_of(rows);
-  for (std::size_t c = 0; c < grid.size(); ++c) {
-    if (grid[c].family() != family) continue;
-    const double total = column_total_ms(rows, c);
-    if (total < best_total) {
-      best_total = total;
-      best = static_cast<std::int64_t>(c);
-    }
-  }
-  *total_ms = best_total;
-  return best;
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -233,40 +186,93 @@ std::unique_ptr<pl::PlanFileWriter> open_plan_file(const PlanCliOptions& o, cons
   return writer;
 }
 
-/// One iteration's figures for the report.
-Row report_row(planner::IterationResult& r) {
-  Row row;
-  row.iteration = r.iteration;
-  row.samples = r.samples;
-  row.tokens = r.tokens;
-  row.model_flops = r.model_flops;
-  row.packpipe = std::move(r.packpipe);
-  row.source = r.source;
-  row.from_baseline = r.from_baseline;
-  row.baselines = std::move(r.baselines);
-  row.partition_ms = r.partition_ms;
-  row.schedule_ms = r.schedule_ms;
-  row.candidates_ms = r.candidates_ms;
-  row.build_ms = r.build_ms;
-  row.planning_ms = r.planning_ms;
-  row.schedule_note = r.schedule_note;
-  row.truncated = r.truncated;
-  row.dropped = r.dropped;
-  row.context = r.context;
-  row.context.dropped_samples.clear();  // the report keeps counts only
-  row.context.dropped_refs.clear();
-  return row;
-}
+/// Sums over the iterations for the report's "total".
+struct Sums {
+  double packpipe_ms = 0, flops = 0;
+  std::uint64_t samples = 0, tokens = 0, microbatches = 0, truncated = 0, dropped = 0;
+  planner::ContextReport context;  ///< counts only
+  bool packpipe_feasible = true;
+  std::vector<double> planning_ms;
+  std::vector<double> peak_mb;  ///< per stage, the max over the iterations
+};
 
-/// What planning the epoch leaves for the report.
+/// What planning the epoch leaves for the report, accumulated iteration by iteration: totals,
+/// the baseline grid's column totals and 8 bytes of planning time per iteration. Each iteration's
+/// own figures go to a spill file as one JSON line, read back once when the report is written, so
+/// the report's memory does not grow with the epoch.
 struct Planned {
-  std::vector<Row> rows;
+  std::uint64_t rows = 0, from_baselines = 0;
+  Sums sums;
+  std::vector<part::Baseline> grid;  ///< the baseline settings (every iteration lists the same grid)
+  std::vector<double> column_ms;     ///< per grid entry, its total over the run (infinite where one does not fit)
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> spill{nullptr, &std::fclose};
   double wall_s = 0;
   int threads = 0;
 };
 
+/// One iteration's figures as the spill keeps them: the report's iteration object, with every grid
+/// entry's figures under "columns" (the report keeps each family's chosen one).
+Json spill_row(const planner::IterationResult& r, const planner::PlannerOptions& po) {
+  Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
+  it["packpipe"] = figures_json(r.packpipe, r.tokens);
+  it["packpipe"]["source"] = r.source;
+  if (!r.baselines.empty()) {
+    Json cols = Json::array();
+    for (const auto& e : r.baselines) cols.push_back(figures_json(e.figures, r.tokens));
+    it["columns"] = std::move(cols);
+  }
+  if (po.partition.oversize != part::OversizePolicy::Error) {
+    it["truncated"] = r.truncated;
+    it["dropped"] = r.dropped;
+  }
+  it.update(context_json(po.context, r.context));
+  it["planning_ms"] = r.planning_ms;
+  if (!r.schedule_note.empty()) it["schedule_note"] = r.schedule_note;
+  it["partition_ms"] = r.partition_ms;
+  it["schedule_ms"] = r.schedule_ms;
+  it["candidates_ms"] = r.candidates_ms;
+  it["build_ms"] = r.build_ms;
+  return it;
+}
+
+/// Adds one iteration to the running figures and its line to the spill.
+void tally(Planned& p, const planner::IterationResult& r, const planner::PlannerOptions& po) {
+  Sums& s = p.sums;
+  if (p.rows == 0) {
+    s.peak_mb.assign(static_cast<std::size_t>(po.shape.stages), 0.0);
+    for (const auto& b : r.baselines) p.grid.push_back(b.baseline);
+    p.column_ms.assign(p.grid.size(), 0.0);
+  }
+  ++p.rows;
+  p.from_baselines += r.from_baseline ? 1 : 0;
+  s.packpipe_ms += r.packpipe.iteration_ms;
+  s.packpipe_feasible = s.packpipe_feasible && r.packpipe.feasible;
+  s.flops += r.model_flops;
+  s.samples += r.samples;
+  s.tokens += r.tokens;
+  s.microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
+  s.truncated += r.truncated;
+  s.dropped += r.dropped;
+  s.context.truncated += r.context.truncated;
+  s.context.dropped += r.context.dropped;
+  s.context.split += r.context.split;
+  s.context.chunks += r.context.chunks;
+  s.planning_ms.push_back(r.planning_ms);
+  for (std::size_t k = 0; k < s.peak_mb.size() && k < r.packpipe.peak_mb.size(); ++k) {
+    s.peak_mb[k] = std::max(s.peak_mb[k], r.packpipe.peak_mb[k]);
+  }
+  for (std::size_t c = 0; c < p.column_ms.size(); ++c) {
+    const planner::MethodFigures* f = c < r.baselines.size() ? &r.baselines[c].figures : nullptr;
+    p.column_ms[c] += f != nullptr && f->feasible ? f->iteration_ms : std::numeric_limits<double>::infinity();
+  }
+  const std::string line = spill_row(r, po).dump() + "\n";
+  PACKPIPE_CHECK(std::fwrite(line.data(), 1, line.size(), p.spill.get()) == line.size(),
+                 "plan: writing the report's temporary file failed: {}", std::strerror(errno));
+}
+
 /// Plans every iteration through planner::EpochPlanner, streaming the plans to --out (which
-/// appears only when all are written) and iteration 0's timeline to --chrome-trace.
+/// appears only when all are written), iteration 0's timeline to --chrome-trace and each
+/// iteration's figures to the report's spill.
 Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, const cm::CostModel& cost,
                    const planner::PlannerOptions& po) {
   planner::EpochOptions eo;
@@ -278,6 +284,8 @@ Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, co
   Progress progress("planning", epoch.iterations());
   Planned out;
   out.threads = eo.threads;
+  out.spill.reset(std::tmpfile());  // anonymous: gone when closed, whatever happens
+  PACKPIPE_CHECK(out.spill != nullptr, "plan: cannot create the report's temporary file: {}", std::strerror(errno));
   std::string trace_json;
   const auto t_start = std::chrono::steady_clock::now();
   epoch.run([&](planner::PlannedIteration& w) {
@@ -288,12 +296,12 @@ Planned plan_epoch(const PlanCliOptions& o, const dl::MultiTaskDataset& data, co
       }
     }
     if (r.iteration == 0 && !o.trace.empty()) trace_json = pl::chrome_trace_json(r.schedules.front());
-    out.rows.push_back(report_row(r));
-    progress.update(out.rows.size());
+    tally(out, r, po);
+    progress.update(out.rows);
   });
   progress.finish();
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  PACKPIPE_CHECK_ARG(!out.rows.empty(), "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
+  PACKPIPE_CHECK_ARG(out.rows > 0, "no global batch to plan: the {} split of epoch {} is empty", o.split, o.epoch);
   if (writer) writer->close();  // only now does the plan file appear
   if (!o.trace.empty() && !trace_json.empty()) write_file_atomic(o.trace, trace_json);
   return out;
@@ -342,15 +350,23 @@ struct Baselines {
   std::int64_t best = -1;        ///< index into families of the fastest (-1: none fits)
 };
 
-Baselines choose_baselines(const std::vector<Row>& rows, const planner::PlannerOptions& po) {
+Baselines choose_baselines(const Planned& p, const planner::PlannerOptions& po) {
   Baselines b;
   if (!po.baselines) return b;
-  for (const auto& g : grid_of(rows)) {
+  for (const auto& g : p.grid) {
     const std::string name = g.family();
     if (std::any_of(b.families.begin(), b.families.end(), [&](const auto& f) { return f.name == name; })) continue;
     Baselines::Family f;
     f.name = name;
-    f.col = best_column(rows, name, &f.total_ms);
+    f.total_ms = std::numeric_limits<double>::infinity();
+    // The setting with the least total over the run (-1: none fits every iteration), as a user
+    // tuning one setting for the run would pick.
+    for (std::size_t c = 0; c < p.grid.size(); ++c) {
+      if (p.grid[c].family() == name && p.column_ms[c] < f.total_ms) {
+        f.total_ms = p.column_ms[c];
+        f.col = static_cast<std::int64_t>(c);
+      }
+    }
     b.families.push_back(f);
   }
   double best = std::numeric_limits<double>::infinity();
@@ -363,67 +379,23 @@ Baselines choose_baselines(const std::vector<Row>& rows, const planner::PlannerO
   return b;
 }
 
-/// The report's "iterations": packpipe's figures per iteration and each family's chosen setting's.
-Json iterations_json(const std::vector<Row>& rows, const planner::PlannerOptions& po, const Baselines& b) {
-  Json iters = Json::array();
-  for (const auto& r : rows) {
-    Json it{{"iteration", r.iteration}, {"samples", r.samples}, {"tokens", r.tokens}};
-    it["packpipe"] = figures_json(r.packpipe, r.tokens);
-    it["packpipe"]["source"] = r.source;
+/// The report's entry of one iteration from its spilled line: packpipe's figures and each family's
+/// chosen setting's, in the order the report has always had.
+Json report_iteration(Json spilled, const std::vector<part::Baseline>& grid, const Baselines& b) {
+  Json it = Json::object();
+  for (auto e = spilled.begin(); e != spilled.end(); ++e) {
+    if (e.key() == "columns") continue;
+    it[e.key()] = std::move(e.value());
+    if (e.key() != "packpipe" || !spilled.contains("columns")) continue;
+    const Json& cols = spilled["columns"];
     for (const auto& f : b.families) {
-      if (f.col < 0 || static_cast<std::size_t>(f.col) >= r.baselines.size()) continue;
-      const auto& e = r.baselines[static_cast<std::size_t>(f.col)];
-      it["baselines"][f.name] = figures_json(e.figures, r.tokens);
-      it["baselines"][f.name]["setting"] = e.baseline.label();
-    }
-    if (po.partition.oversize != part::OversizePolicy::Error) {
-      it["truncated"] = r.truncated;
-      it["dropped"] = r.dropped;
-    }
-    it.update(context_json(po.context, r.context));
-    it["planning_ms"] = r.planning_ms;
-    if (!r.schedule_note.empty()) it["schedule_note"] = r.schedule_note;
-    it["partition_ms"] = r.partition_ms;
-    it["schedule_ms"] = r.schedule_ms;
-    it["candidates_ms"] = r.candidates_ms;
-    it["build_ms"] = r.build_ms;
-    iters.push_back(std::move(it));
-  }
-  return iters;
-}
-
-/// Sums over the iterations for the report's "total".
-struct Sums {
-  double packpipe_ms = 0, flops = 0;
-  std::uint64_t samples = 0, tokens = 0, microbatches = 0, truncated = 0, dropped = 0;
-  planner::ContextReport context;  ///< counts only
-  bool packpipe_feasible = true;
-  std::vector<double> planning_ms;
-  std::vector<double> peak_mb;  ///< per stage, the max over the iterations
-};
-
-Sums sum_rows(const std::vector<Row>& rows, std::int64_t stages) {
-  Sums s;
-  s.peak_mb.assign(static_cast<std::size_t>(stages), 0.0);
-  for (const auto& r : rows) {
-    s.packpipe_ms += r.packpipe.iteration_ms;
-    s.packpipe_feasible = s.packpipe_feasible && r.packpipe.feasible;
-    s.flops += r.model_flops;
-    s.samples += r.samples;
-    s.tokens += r.tokens;
-    s.microbatches += static_cast<std::uint64_t>(r.packpipe.microbatches);
-    s.truncated += r.truncated;
-    s.dropped += r.dropped;
-    s.context.truncated += r.context.truncated;
-    s.context.dropped += r.context.dropped;
-    s.context.split += r.context.split;
-    s.context.chunks += r.context.chunks;
-    s.planning_ms.push_back(r.planning_ms);
-    for (std::size_t k = 0; k < s.peak_mb.size() && k < r.packpipe.peak_mb.size(); ++k) {
-      s.peak_mb[k] = std::max(s.peak_mb[k], r.packpipe.peak_mb[k]);
+      if (f.col < 0 || static_cast<std::size_t>(f.col) >= cols.size()) continue;
+      Json fig = cols[static_cast<std::size_t>(f.col)];
+      fig["setting"] = grid[static_cast<std::size_t>(f.col)].label();
+      it["baselines"][f.name] = std::move(fig);
     }
   }
-  return s;
+  return it;
 }
 
 /// Time, throughput and MFU of the whole run taking `total_ms` on `gpus` devices.
@@ -438,13 +410,13 @@ Json throughput_json(const Sums& s, double total_ms, std::int64_t gpus, const cm
 }
 
 /// A baseline family's totals at its chosen setting, its speedup figure and its whole grid.
-Json baseline_total_json(const std::vector<Row>& rows, const Baselines::Family& f, const Sums& s, std::int64_t gpus,
-                         const cm::DeviceSpec& device) {
-  const std::vector<part::Baseline> grid = grid_of(rows);
+Json baseline_total_json(const Planned& p, const Baselines::Family& f, std::int64_t gpus, const cm::DeviceSpec& device) {
+  const Sums& s = p.sums;
+  const std::vector<part::Baseline>& grid = p.grid;
   Json grid_json = Json::array();
   for (std::size_t c = 0; c < grid.size(); ++c) {
     if (grid[c].family() != f.name) continue;
-    const double t = column_total_ms(rows, c);
+    const double t = p.column_ms[c];
     grid_json.push_back(Json{{"setting", grid[c].label()}, {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
   }
   if (f.col < 0 || !std::isfinite(f.total_ms)) {
@@ -462,10 +434,9 @@ Json baseline_total_json(const std::vector<Row>& rows, const Baselines::Family& 
 /// planning time.
 Json total_json(const Planned& planned, const cm::CostModel& cost, const planner::PlannerOptions& po,
                 const Baselines& b) {
-  const auto& rows = planned.rows;
-  const Sums s = sum_rows(rows, po.shape.stages);
+  const Sums& s = planned.sums;
   const std::int64_t gpus = po.shape.stages * po.shape.dp * po.shape.tp;
-  Json total{{"iterations", rows.size()}, {"samples", s.samples}, {"tokens", s.tokens}};
+  Json total{{"iterations", planned.rows}, {"samples", s.samples}, {"tokens", s.tokens}};
   total["packpipe"] = throughput_json(s, s.packpipe_ms, gpus, cost.device());
   total["packpipe"]["feasible"] = s.packpipe_feasible;
   total["packpipe"]["microbatches"] = s.microbatches;
@@ -477,7 +448,7 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
   total.update(context_json(po.context, s.context));
   if (po.baselines) {
     Json families = Json::object();
-    for (const auto& f : b.families) families[f.name] = baseline_total_json(rows, f, s, gpus, cost.device());
+    for (const auto& f : b.families) families[f.name] = baseline_total_json(planned, f, gpus, cost.device());
     total["baselines"] = std::move(families);
     if (b.best >= 0) {
       const auto& f = b.families[static_cast<std::size_t>(b.best)];
@@ -487,9 +458,7 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
                                     {"speedup_of_packpipe", f.total_ms / s.packpipe_ms}};
     }
   }
-  std::uint64_t from_baselines = 0;
-  for (const auto& r : rows) from_baselines += r.from_baseline ? 1 : 0;
-  total["packpipe"]["iterations_from_baselines"] = from_baselines;
+  total["packpipe"]["iterations_from_baselines"] = planned.from_baselines;
   const auto& ms = s.planning_ms;
   total["planning_ms"] = Json{{"median", percentile(ms, 0.5)},
                               {"p90", percentile(ms, 0.9)},
@@ -499,22 +468,60 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
   return total;
 }
 
-/// The whole report: config, iterations, totals and the files written.
-Json report_json(const PlanCliOptions& o, const cm::CostModel& cost, const planner::PlannerOptions& po,
-                 const Planned& planned) {
-  const Baselines b = choose_baselines(planned.rows, po);
-  Json j;
-  j["config"] = config_json(o, cost, po, planned.threads);
-  add_context_config(j["config"], po.context, cost.model().arch == cm::Architecture::EncoderDecoder);
-  j["iterations"] = iterations_json(planned.rows, po, b);
-  j["total"] = total_json(planned, cost, po, b);
-  if (!o.out.empty()) j["plan_file"] = o.out;
-  if (!o.trace.empty()) j["chrome_trace"] = o.trace;
-  return j;
+/// The report's iterations in order, from the spill (one line in memory at a time).
+void for_each_iteration(const Planned& planned, const Baselines& b, const std::function<void(Json)>& each) {
+  std::FILE* f = planned.spill.get();
+  PACKPIPE_CHECK(std::fflush(f) == 0 && std::fseek(f, 0, SEEK_SET) == 0,
+                 "plan: reading the report's temporary file back failed: {}", std::strerror(errno));
+  std::string line;
+  for (int c = std::fgetc(f);; c = std::fgetc(f)) {
+    if (c == EOF) break;
+    if (c != '\n') {
+      line += static_cast<char>(c);
+      continue;
+    }
+    each(report_iteration(Json::parse(line), planned.grid, b));
+    line.clear();
+  }
+  PACKPIPE_CHECK(!std::ferror(f) && line.empty(), "plan: reading the report's temporary file back failed");
 }
 
-/// `packpipe plan`: plans the epoch and returns the report (also written to --report).
-Json run_plan(const PlanCliOptions& o) {
+/// The report (config, iterations, totals, the files written), written as one JSON object through
+/// `out` as print_json would lay it out, an iteration at a time; `each`, if given, also sees every
+/// iteration.
+void write_report(const PlanCliOptions& o, const cm::CostModel& cost, const planner::PlannerOptions& po,
+                  const Planned& planned, const std::function<void(std::string_view)>& out,
+                  const std::function<void(const Json&)>& each, Json* head_and_total) {
+  const Baselines b = choose_baselines(planned, po);
+  Json config = config_json(o, cost, po, planned.threads);
+  add_context_config(config, po.context, cost.model().arch == cm::Architecture::EncoderDecoder);
+  Json tail;
+  tail["total"] = total_json(planned, cost, po, b);
+  if (!o.out.empty()) tail["plan_file"] = o.out;
+  if (!o.trace.empty()) tail["chrome_trace"] = o.trace;
+  out("{\n  \"config\": " + indent_json_lines(config.dump(2), 2) + ",\n  \"iterations\": [");
+  bool first = true;
+  for_each_iteration(planned, b, [&](Json it) {
+    out((first ? "\n    " : ",\n    ") + indent_json_lines(it.dump(2), 4));
+    first = false;
+    if (each) each(it);
+  });
+  out("\n  ]");
+  for (auto e = tail.begin(); e != tail.end(); ++e) {
+    out(",\n  " + Json(e.key()).dump() + ": " + indent_json_lines(e.value().dump(2), 2));
+  }
+  out("\n}\n");
+  if (head_and_total != nullptr) {
+    (*head_and_total)["config"] = std::move(config);
+    for (auto e = tail.begin(); e != tail.end(); ++e) (*head_and_total)[e.key()] = e.value();
+  }
+}
+
+void print_report(const Json& j, std::size_t n);
+
+/// `packpipe plan`: plans the epoch, then writes the report to --report and prints it (--json) or
+/// its text form; neither holds more than one iteration's entry in memory.
+void run_plan(const PlanCliOptions& o) {
   check_plan_inputs(o);
   const dl::MultiTaskDataset data = o.manifest.empty() ? dl::MultiTaskDataset::from_prefix(o.dataset)
                                                        : dl::MultiTaskDataset(dl::load_manifest(o.manifest));
@@ -522,12 +529,31 @@ Json run_plan(const PlanCliOptions& o) {
   const auto cost = o.costs.make();
   const planner::PlannerOptions po = planner_options(o, *cost);
   const Planned planned = plan_epoch(o, data, *cost, po);
-  Json j = report_json(o, *cost, po, planned);
-  if (!o.report.empty()) write_file_atomic(o.report, j.dump(2) + "\n");
-  return j;
+  if (!o.report.empty()) {
+    AtomicFile f(o.report);
+    write_report(o, *cost, po, planned, [&](std::string_view text) { f.write(text); }, nullptr, nullptr);
+    f.commit();
+  }
+  if (o.json) {
+    write_report(o, *cost, po, planned, [](std::string_view text) { std::fwrite(text.data(), 1, text.size(), stdout); },
+                 nullptr, nullptr);
+    return;
+  }
+  // The text form shows the first and last 6 iterations.
+  Json j;
+  Json shown = Json::array();
+  std::uint64_t n = 0;
+  write_report(o, *cost, po, planned, [](std::string_view) {}, [&](const Json& it) {
+        if (n < 6 || n + 6 >= planned.rows) shown.push_back(it);
+        ++n;
+      }, &j);
+  j["iterations"] = std::move(shown);
+  print_report(j, planned.rows);
 }
 
-void print_report(const Json& j) {
+/// The text form of the report `j`, whose "iterations" hold the first and last 6 of the run's `n`
+/// (all of them when n <= 12).
+void print_report(const Json& j, std::size_t n) {
   const auto& c = j["config"];
   const auto& t = j["total"];
   std::printf("packpipe plan: %s\n", c["source"].get<std::string>().c_str());
@@ -546,11 +572,9 @@ void print_report(const Json& j) {
   for (const auto& f : fams) std::printf(" %12s", f.c_str());
   std::printf(" %9s\n", "plan ms");
   const auto& iters = j["iterations"];
-  const std::size_t n = iters.size();
   auto ms = [](const Json& v) { return v.is_null() ? std::string("-") : fmt::format("{:.1f}", v.get<double>()); };
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < iters.size(); ++i) {
     if (n > 12 && i == 6) std::printf("  %5s\n", "...");
-    if (n > 12 && i >= 6 && i < n - 6) continue;
     const auto& it = iters[i];
     std::printf("  %5llu %7llu %7llu %4lld %5.2f %11s", it["iteration"].get<unsigned long long>(),
                 it["samples"].get<unsigned long long>(), it["tokens"].get<unsigned long long>(),
@@ -693,12 +717,7 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print the report as one JSON object");
   cmd->callback([cmd, o] {
     if (!cmd->get_subcommands().empty()) return;  // `plan inspect|validate|export` ran instead
-    const Json j = run_plan(*o);
-    if (o->json) {
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      print_report(j);
-    }
+    run_plan(*o);
   });
   add_plan_file_commands(*cmd);
 }

@@ -381,4 +381,14 @@ part::PipelineShape ShapeArgs::shape(const costmodel::CostModel* cost) const {
   return s;
 }
 
+std::string indent_json_lines(const std::string& text, int spaces) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out.append(static_cast<std::size_t>(spaces), ' ');
+  }
+  return out;
+}
+
 }  // namespace packpipe::cli

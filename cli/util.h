@@ -121,6 +121,10 @@ std::string context_text(const Json& settings, const Json& counts);
 /// Human-readable byte count ("1.5 MiB").
 std::string human_bytes(std::uint64_t bytes);
 
+/// `text` with every line after the first indented by `spaces`: a value's dump(2) placed at that depth
+/// of a JSON object written piece by piece, as the whole object's dump(2) would lay it out.
+std::string indent_json_lines(const std::string& text, int spaces);
+
 /// Whole text of `path` ('-': standard input), read without blocking on a FIFO and refusing a
 /// directory or a device (common/file_io.h read_regular_file); `what` names the role in errors.
 std::string read_text_input(const std::string& path, std::string_view what);

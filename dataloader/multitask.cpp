@@ -160,6 +160,11 @@ MultiTaskDataset::MultiTaskDataset(const Manifest& manifest) : manifest_(manifes
       task->compressed = task->compressed || ds.compressed();
       task->offsets.push_back(add_checked(task->offsets.back(), samples, "task sample count"));
     }
+    Lengths fast;
+    if (task->layout == TaskLayout::Sequence && task->shards.size() == 1 && !task->shards[0].sizes().guarded()) {
+      fast = Lengths{task->shards[0].sizes().bytes(), task->shards[0].size()};
+    }
+    lengths_.push_back(fast);
     tasks_.push_back(std::move(task));
   }
   fingerprint_ = identity();
@@ -225,6 +230,14 @@ std::uint64_t MultiTaskDataset::task_size(std::size_t task) const {
 }
 
 std::uint64_t MultiTaskDataset::sample_tokens(std::size_t task, std::uint64_t index) const {
+  if (task < lengths_.size()) {
+    const Lengths& l = lengths_[task];
+    if (l.sizes != nullptr && index < l.count) {
+      std::int32_t v;
+      std::memcpy(&v, l.sizes + index * sizeof v, sizeof v);
+      if (v >= 0) return static_cast<std::uint64_t>(v);  // else the checked path below names the error
+    }
+  }
   return std::uint64_t{input_length(SampleRef{static_cast<std::uint32_t>(task), index})} +
          target_length(SampleRef{static_cast<std::uint32_t>(task), index});
 }

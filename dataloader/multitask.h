@@ -100,6 +100,13 @@ class MultiTaskDataset : public SampleSource {
   std::uint64_t identity() const;
   Manifest manifest_;
   std::vector<std::unique_ptr<Task>> tasks_;
+  /// Per task, contiguous: the sizes of a one-shard sequence task held in memory (nullptr otherwise),
+  /// so sample_tokens() reads one entry and one size whatever the task count (the sampler's hot path).
+  struct Lengths {
+    const std::uint8_t* sizes = nullptr;  ///< little-endian int32, possibly unaligned
+    std::uint64_t count = 0;
+  };
+  std::vector<Lengths> lengths_;
   std::uint64_t fingerprint_ = 0;
 };
 

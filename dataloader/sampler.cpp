@@ -285,9 +285,9 @@ void Sampler::start_epoch(std::uint64_t epoch) {
   batch_index_ = 0;
   epoch_key_ = epoch_key(config_.seed, epoch);
   epoch_perm_ = Permutation(epoch_size_, epoch_key_);
-  first_pass_.resize(slots_.size());
+  draw_.resize(slots_.size());
   for (std::size_t t = 0; t < slots_.size(); ++t) {
-    first_pass_[t] = Permutation(end_[t] - begin_[t], task_key(epoch_key_, t, 0));
+    draw_[t] = TaskDraw{begin_[t], end_[t] - begin_[t], Permutation(end_[t] - begin_[t], task_key(epoch_key_, t, 0))};
   }
 }
 
@@ -299,13 +299,12 @@ SampleRef Sampler::at(std::uint64_t position) const {
   const std::uint64_t slot = epoch_perm_(position);
   const auto it = std::upper_bound(slot_offset_.begin(), slot_offset_.end(), slot);
   const auto t = static_cast<std::size_t>(it - slot_offset_.begin() - 1);
+  const TaskDraw& d = draw_[t];
   const std::uint64_t k = slot - slot_offset_[t];
-  const std::uint64_t size = end_[t] - begin_[t];
-  const std::uint64_t pass = k / size;
-  const std::uint64_t j = k % size;
-  const std::uint64_t element =
-      pass == 0 ? first_pass_[t](j) : Permutation(size, task_key(epoch_key_, t, pass))(j);
-  return SampleRef{static_cast<std::uint32_t>(t), begin_[t] + element};
+  const std::uint64_t pass = k / d.size;
+  const std::uint64_t j = k % d.size;
+  const std::uint64_t element = pass == 0 ? d.first_pass(j) : Permutation(d.size, task_key(epoch_key_, t, pass))(j);
+  return SampleRef{static_cast<std::uint32_t>(t), d.begin + element};
 }
 
 bool Sampler::next_batch(GlobalBatch& out) {

@@ -162,7 +162,13 @@ class Sampler {
   std::uint64_t batch_index_ = 0;
   std::uint64_t fingerprint_ = 0;
   Permutation epoch_perm_;                 ///< slot order of the current epoch
-  std::vector<Permutation> first_pass_;    ///< per task: element order of pass 0 this epoch
+  /// Per task, what at() reads, in one cache line: split start, split size and pass 0's order this
+  /// epoch (one line touched per sample whatever the task count).
+  struct TaskDraw {
+    std::uint64_t begin = 0, size = 0;
+    Permutation first_pass;
+  };
+  std::vector<TaskDraw> draw_;
   std::uint64_t epoch_key_ = 0;
   void start_epoch(std::uint64_t epoch);
 

@@ -47,6 +47,32 @@ assert events and all("ts" in e and "dur" in e for e in events)
 assert {e["tid"] for e in events} == {0, 1, 2, 3}
 PY
 
+# The report is written an iteration at a time (from a spill file): --report and --json are the same
+# bytes; each iteration's baseline entry is its family's setting for the run, whose total is their
+# sum; the text form shows the first and last 6 iterations.
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 14 \
+  --stages 4 --layers-per-stage 4 --baseline-mbs 1 4 --threads 1 --report "$tmp/r14.json" --json > "$tmp/j14.json"
+cmp -s "$tmp/r14.json" "$tmp/j14.json" || fail "--report and --json differ"
+$py - "$tmp/r14.json" <<'PY' || fail "streamed report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+its, t = r["iterations"], r["total"]
+assert [i["iteration"] for i in its] == list(range(14)) and t["iterations"] == 14
+for name, f in t["baselines"].items():
+    if not f["feasible"]:
+        continue
+    assert all(i["baselines"][name]["setting"] == f["setting"] for i in its), name
+    total = sum(i["baselines"][name]["iteration_ms"] for i in its) / 1e3
+    assert abs(total - f["time_s"]) <= 1e-9 * total, (name, total, f["time_s"])
+    grid = {g["setting"]: g["time_s"] for g in f["grid"]}
+    assert min(v for v in grid.values() if v is not None) == grid[f["setting"]], (name, grid)
+PY
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 14 \
+  --stages 4 --layers-per-stage 4 --baseline-mbs 1 4 --threads 1 > "$tmp/t14.txt"
+rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {print $1}' "$tmp/t14.txt" | tr '\n' ' ')
+[ "$rows" = "0 1 2 3 4 5 8 9 10 11 12 13 " ] || fail "text report rows: '$rows'"
+grep -q "^ *\.\.\.$" "$tmp/t14.txt" || fail "text report: no elision line"
+
 # The plan file: 3 iterations x 2 replicas, valid; inspect one rank; exports.
 "$pp" plan validate "$tmp/demo.plan" > /dev/null || fail "plan validate"
 "$pp" plan inspect "$tmp/demo.plan" --iteration 1 --rank 2 --json > "$tmp/inspect.json"
