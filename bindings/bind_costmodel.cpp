@@ -54,6 +54,7 @@ py::dict model_dict(const cm::ModelSpec& m) {
   d["gated_mlp"] = m.gated_mlp;
   d["vocab"] = m.vocab;
   d["bytes_per_param"] = m.bytes_per_param;
+  d["dtype"] = m.activation_dtype.empty() ? py::object(py::none()) : py::object(py::str(m.activation_dtype));
   d["attention"] = m.attention ? py::object(py::str(cm::attention_kernel_name(*m.attention))) : py::object(py::none());
   d["total_params"] = m.total_params();
   return d;

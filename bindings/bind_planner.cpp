@@ -59,6 +59,16 @@ struct TrainerArgs {
   }
 };
 
+/// The activation dtype keyword of plan_batch and plan_epoch: as given, else the cost model's model file's
+/// ("dtype"), else bf16.
+std::string dtype_arg(const py::object& dtype, const cm::CostModel& cost) {
+  if (dtype.is_none()) return cost.model().activation_dtype.empty() ? "bf16" : cost.model().activation_dtype;
+  PACKPIPE_CHECK_ARG(py::isinstance<py::str>(dtype),
+                     "dtype must be one of fp16, bf16, fp32, fp64, or None (the model file's dtype, else bf16), found {}",
+                     std::string(py::repr(dtype)));
+  return dtype.cast<std::string>();
+}
+
 /// The context length keywords of plan_batch and plan_epoch (max_seq_len, max_target_len, seq_policy).
 planner::ContextLength context_args(const py::object& max_seq_len, const py::object& max_target_len,
                                     const std::string& seq_policy) {
@@ -442,7 +452,7 @@ void define_planner(py::module_& m) {
          const part::PipelineShape& shape, const part::PartitionOptions& options, const std::string& schedule,
          const py::object& seed, const py::object& iteration, bool validate, bool baselines,
          const py::object& baseline_mbs, const std::shared_ptr<PyPartitionCache>& cache,
-         const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const std::string& dtype,
+         const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const py::object& dtype,
          bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs,
          const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy,
          const py::object& dataset, double min_gain) {
@@ -452,7 +462,7 @@ void define_planner(py::module_& m) {
         PACKPIPE_CHECK_ARG(b.loss.empty() || b.loss.size() == b.input.size(),
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
         const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
-        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
+        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
                                                     baseline_mbs, trainer,
                                                     context_args(max_seq_len, max_target_len, seq_policy));
@@ -487,7 +497,7 @@ void define_planner(py::module_& m) {
       py::arg("shape") = four, py::arg("options") = part::PartitionOptions{}, py::arg("schedule") = "search",
       py::arg("seed") = 1234, py::arg("iteration") = 0, py::arg("validate") = false, py::arg("baselines") = false,
       py::arg("baseline_mbs") = kBaselineMbs, py::arg("cache") = nullptr, py::arg("loss_tokens") = py::none(),
-      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
+      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = py::none(),
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("refs") = py::none(), py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0,
       py::arg("seq_policy") = "truncate", py::arg("dataset") = py::none(),
@@ -506,7 +516,8 @@ void define_planner(py::module_& m) {
       "schedule: 'search' or one schedule name. cache: a PartitionCache kept across iterations, or None. "
       "loss_tokens: per sample, the tokens that carry loss (default: decoder-only n - 1, encoder-decoder the "
       "target); loss: 'all' or 'targets' (recorded in the plans); tied_embedding: the embedding and the LM head "
-      "share a weight (REDUCE_TIED); dtype: activations between stages; split_backward=False excludes zero-bubble; "
+      "share a weight (REDUCE_TIED); dtype: activations between stages (None: the model file's \"dtype\", else "
+      "bf16); split_backward=False excludes zero-bubble; "
       "schedule_family: 'any', '1f1b', 'gpipe', 'cyclic' or 'zero-bubble'; schedule_fallback: a named schedule "
       "that cannot run the micro-batch count falls back to the search (IterationResult.schedule_note says why). "
       "max_seq_len: the context length (0: none; encoder-decoder: the encoder side, max_target_len the decoder "
@@ -521,7 +532,7 @@ void define_planner(py::module_& m) {
          const py::object& epoch, const py::object& first_iteration, const py::object& iterations,
          const std::string& schedule, bool validate, bool baselines, const py::object& baseline_mbs,
          const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
-         bool tied_embedding, const std::string& dtype, bool split_backward, const std::string& schedule_family,
+         bool tied_embedding, const py::object& dtype, bool split_backward, const std::string& schedule_family,
          bool schedule_fallback, const py::object& max_seq_len, const py::object& max_target_len,
          const std::string& seq_policy, double min_gain) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
@@ -541,7 +552,7 @@ void define_planner(py::module_& m) {
         eo.encoding.compress = compress;
         auto out = std::make_shared<PyEpochPlanner>();
         out->cost = cost;
-        const TrainerArgs trainer{loss, dtype, schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
+        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs,
                                                     trainer, context_args(max_seq_len, max_target_len, seq_policy));
         py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
@@ -554,7 +565,7 @@ void define_planner(py::module_& m) {
       py::arg("first_iteration") = 0, py::arg("iterations") = 0, py::arg("schedule") = "search",
       py::arg("validate") = false, py::arg("baselines") = false, py::arg("baseline_mbs") = kBaselineMbs,
       py::arg("threads") = 0, py::arg("depth") = 0, py::arg("encode") = false, py::arg("compress") = false,
-      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = "bf16",
+      py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = py::none(),
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0, py::arg("seq_policy") = "truncate",
       py::arg("min_gain") = planner::PlannerOptions{}.min_gain, py::keep_alive<0, 2>(),

@@ -43,6 +43,7 @@ Json model_json(const cm::ModelSpec& m) {
   j["vocab"] = m.vocab;
   j["bytes_per_param"] = m.bytes_per_param;
   if (m.attention) j["attention"] = cm::attention_kernel_name(*m.attention);
+  if (!m.activation_dtype.empty()) j["dtype"] = m.activation_dtype;
   j["layer_params"] = m.layer_params(false);
   if (m.arch == cm::Architecture::EncoderDecoder) j["decoder_layer_params"] = m.layer_params(true);
   j["total_params"] = m.total_params();

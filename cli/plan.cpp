@@ -66,7 +66,7 @@ struct PlanCliOptions {
   double min_gain = planner::PlannerOptions{}.min_gain;
   std::string out, report, trace;
   int threads = 0;
-  std::string dtype = "bf16", loss = "all", family = "any";
+  std::string dtype, loss = "all", family = "any";  ///< dtype empty: the model file's, else bf16
   bool tied_embedding = false, no_split_backward = false, fallback = false;
 };
 
@@ -151,7 +151,8 @@ planner::PlannerOptions planner_options(const PlanCliOptions& o, const cm::CostM
   po.baseline_rows = o.baseline_rows;
   po.partition.layouts = layout_set_from_names(o.layouts);
   po.keep_timeline = true;
-  po.dtype = pl::dtype_from_name(o.dtype);
+  const std::string& model_dtype = cost.model().activation_dtype;
+  po.dtype = pl::dtype_from_name(!o.dtype.empty() ? o.dtype : !model_dtype.empty() ? model_dtype : "bf16");
   po.loss_mode = pl::loss_mode_from_name(o.loss);
   po.family = planner::schedule_family_from_name(o.family);
   po.tied_embedding = o.tied_embedding;
@@ -671,7 +672,8 @@ void register_plan_commands(CLI::App& app) {
                 "Never split a backward into input and weight gradients (no zero-bubble)");
   cmd->add_flag("--schedule-fallback", o->fallback,
                 "A named schedule that cannot run an iteration's micro-batch count falls back to the search");
-  cmd->add_option("--dtype", o->dtype, "Activations between stages: fp16, bf16, fp32 or fp64")
+  cmd->add_option("--dtype", o->dtype,
+                  "Activations between stages: fp16, bf16, fp32 or fp64 (default: the model file's \"dtype\", else bf16)")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32", "fp64"}))
       ->capture_default_str();
   cmd->add_option("--loss", o->loss, "Tokens that carry loss: " + enum_name_list(pl::kLossModeNames))

@@ -227,7 +227,7 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
                      "decoder_num_layers", "hidden", "hidden_size", "heads", "num_attn_heads",
                      "num_attention_heads", "kv_heads", "num_query_groups", "head_dim", "kv_channels",
                      "ffn_hidden", "ffn_hidden_size", "gated_mlp", "vocab", "vocab_size", "bytes_per_param",
-                     "attention"},
+                     "attention", "dtype"},
                  name);
   for (const auto& aliases : std::vector<std::vector<const char*>>{
            {"encoder_layers", "encoder_num_layers"},
@@ -284,6 +284,12 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
   take(j, {"vocab", "vocab_size"}, m.vocab, name);
   take(j, {"bytes_per_param"}, m.bytes_per_param, name);
   m.attention = take_kernel(j, name);
+  if (j.contains("dtype")) {
+    const auto& v = j.at("dtype");
+    PACKPIPE_CHECK_ARG(v.is_string(), "{}: 'dtype' must be one of fp16, bf16, fp32, fp64 (the activations between "
+                       "stages), found {}", name, v.dump());
+    m.activation_dtype = v.get<std::string>();
+  }
   validate(m);
   return m;
 }
@@ -389,6 +395,10 @@ void validate(const ModelSpec& m) {
                      m.bytes_per_param);
   PACKPIPE_CHECK_ARG(m.heads % m.kv_heads == 0, "model '{}': heads ({}) must be a multiple of kv_heads ({})", m.name,
                      m.heads, m.kv_heads);
+  const std::string& d = m.activation_dtype;
+  PACKPIPE_CHECK_ARG(d.empty() || d == "fp16" || d == "bf16" || d == "fp32" || d == "fp64",
+                     "model '{}': dtype must be one of fp16, bf16, fp32, fp64 (the activations between stages), found "
+                     "'{}'", m.name, d);
 }
 
 void validate(const DeviceSpec& d) {

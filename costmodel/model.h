@@ -65,6 +65,9 @@ struct ModelSpec {
   /// The attention kernel the model is trained with (a model file's "attention"); unset: the
   /// device's (DeviceSpec::attention). See attention_kernel().
   std::optional<AttentionKernel> attention;
+  /// The dtype of the activations it sends between pipeline stages (a model file's "dtype": "fp16",
+  /// "bf16", "fp32" or "fp64"); empty: unset, and planning takes bf16 unless told otherwise.
+  std::string activation_dtype;
 
   /// Layers of the whole model (encoder + decoder for encoder-decoder).
   std::int64_t total_layers() const;

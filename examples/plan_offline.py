@@ -43,17 +43,18 @@ def main(argv=None):
     packpipe.check_outputs({"--out": a.out}, packpipe.dataset_files(dataset))
 
     model = TinyLM(layers=4)
-    cost = pt.cost_model(model, CPU_DEVICE, directory=directory)  # also writes model.json and device.json there
+    # Also writes model.json (with the activation dtype, the module's fp32: planning's default) and device.json.
+    cost = pt.cost_model(model, CPU_DEVICE, directory=directory)
     if a.cli:
         subprocess.run([a.cli, "plan", "--manifest", a.manifest, "--model", os.path.join(directory, "model.json"),
                         "--device", os.path.join(directory, "device.json"), "--stages", str(STAGES),
                         "--memory-mb", str(MEMORY_MB), "--global-batch-tokens", str(TOKENS)]
                        + (["--iterations", str(a.iterations)] if a.iterations else [])
-                       + ["--dtype", "fp32", "--no-split-backward", "--tied-embedding", "--no-baselines",
+                       + ["--no-split-backward", "--tied-embedding", "--no-baselines",
                           "--out", a.out], check=True, stdout=subprocess.DEVNULL)
     else:
         planner = packpipe.plan_epoch(cost, dataset, shape=packpipe.PipelineShape(stages=STAGES, memory_mb=MEMORY_MB),
-                                      global_batch_tokens=TOKENS, iterations=a.iterations, dtype="fp32",
+                                      global_batch_tokens=TOKENS, iterations=a.iterations,
                                       split_backward=False, tied_embedding=True)
         with packpipe.PlanFileWriter(a.out) as writer:
             writer.expect_iterations(0, len(planner))  # the file says it is complete only if it holds them all

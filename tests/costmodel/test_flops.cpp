@@ -51,6 +51,16 @@ TEST_CASE("model and device JSON files, and bad input", "[negative]") {
       R"({"encoder_num_layers": 12, "decoder_num_layers": 12, "hidden_size": 1024, "num_attn_heads": 128, "kv_channels": 128, "ffn_hidden_size": 65536})",
       "t5.json");
   CHECK(t.arch == Architecture::EncoderDecoder);
+  // The activation dtype: unset unless the file names one of the four, refused otherwise.
+  CHECK(m.activation_dtype.empty());
+  CHECK(parse_model_json(R"({"num_layers": 2, "hidden": 64, "heads": 2, "dtype": "fp64"})", "m.json").activation_dtype ==
+        "fp64");
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden": 64, "heads": 2, "dtype": "fp8"})", "m.json"),
+                      Catch::Matchers::Contains("m.json") && Catch::Matchers::Contains("dtype must be one of fp16") &&
+                          Catch::Matchers::Contains("'fp8'"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden": 64, "heads": 2, "dtype": 32})", "m.json"),
+                      Catch::Matchers::Contains("'dtype' must be one of fp16, bf16, fp32, fp64") &&
+                          Catch::Matchers::Contains("found 32"));
   REQUIRE_THROWS_AS(load_model("gpt-9b"), packpipe::InvalidArgument);
   REQUIRE_THROWS_WITH(load_model("gpt-9b"), Catch::Matchers::Contains("gpt-6.7b"));
   REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden_size": -1, "num_attn_heads": 2})", "m.json"),

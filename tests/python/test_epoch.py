@@ -289,3 +289,40 @@ def test_the_token_budget_counts_what_is_trained(gpt, policy):
         dropped += it.result.seq_dropped
     if policy == "drop":
         assert dropped > 0  # the demo has samples over 256 tokens: dropped, and the budget refilled
+
+
+def test_the_activation_dtype_comes_from_the_model_file(tmp_path, megatron, text):
+    """A model file's "dtype" is the plans' when plan_epoch, plan_batch and `packpipe plan` are given none;
+    dtype= and --dtype override it; a model file without one plans bf16."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"name": "tiny", "num_layers": 4, "hidden": 256, "heads": 4, "dtype": "fp64"}))
+    cost = packpipe.CostModel(str(model), "A100-40GB")
+    assert cost.model["dtype"] == "fp64"
+    shape = PipelineShape(stages=2)
+    kw = dict(shape=shape, global_batch_samples=8, iterations=2, encode=True)
+    its = list(packpipe.plan_epoch(cost, text, **kw))
+    assert {it.result.plans[0].dtype for it in its} == {"fp64"}
+    assert packpipe.plan_batch(cost, [30, 40, 50], shape=shape).plans[0].dtype == "fp64"
+    assert {it.result.plans[0].dtype for it in packpipe.plan_epoch(cost, text, dtype="bf16", **kw)} == {"bf16"}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"name": "tiny", "num_layers": 4, "hidden": 256, "heads": 4}))
+    bare = packpipe.CostModel(str(plain), "A100-40GB")
+    assert bare.model["dtype"] is None
+    assert packpipe.plan_batch(bare, [30, 40, 50], shape=shape).plans[0].dtype == "bf16"
+    with pytest.raises(ValueError, match="dtype must be one of fp16, bf16, fp32, fp64, or None"):
+        packpipe.plan_epoch(cost, text, dtype=5, **kw)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "tiny", "num_layers": 4, "hidden": 256, "heads": 4, "dtype": "int8"}))
+    with pytest.raises(ValueError, match="dtype must be one of fp16, bf16, fp32, fp64"):
+        packpipe.CostModel(str(bad), "A100-40GB")
+    cli = os.environ.get("PACKPIPE_CLI")
+    assert cli, "PACKPIPE_CLI is set by the test runner (make test)"
+    for extra, want in (([], "fp64"), (["--dtype", "fp16"], "fp16")):
+        out = tmp_path / ("cli%s.plans" % len(extra))
+        subprocess.run([cli, "plan", "--dataset", str(megatron / GPT_PREFIX), "--model", str(model), "--stages", "2",
+                        "--global-batch-samples", "8", "--iterations", "2", "--no-baselines", "--out", str(out)]
+                       + extra, check=True, capture_output=True)
+        reader = packpipe.PlanFileReader(str(out))
+        assert {reader.read(i).dtype for i in range(2)} == {want}
+        if not extra:
+            assert reader.read(0).to_bytes() == its[0].blobs[0]

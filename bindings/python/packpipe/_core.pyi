@@ -1264,7 +1264,7 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                seed: int = 1234, iteration: int = 0, validate: bool = False, baselines: bool = False,
                baseline_mbs: List[int] = ..., cache: Optional[PartitionCache] = None,
                loss_tokens: Optional[_Lengths] = None, loss: str = "all", tied_embedding: bool = False,
-               dtype: str = "bf16", split_backward: bool = True, schedule_family: str = "any",
+               dtype: Optional[str] = None, split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False,
                refs: Optional[Union[np.ndarray, Sequence[Tuple[int, ...]]]] = None,
                max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate",
@@ -1290,7 +1290,7 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                seed: int = 1234, split: str = "train", epoch: int = 0, first_iteration: int = 0,
                iterations: int = 0, schedule: str = "search", validate: bool = False, baselines: bool = False,
                baseline_mbs: List[int] = ..., threads: int = 0, depth: int = 0, encode: bool = False,
-               compress: bool = False, loss: str = "all", tied_embedding: bool = False, dtype: str = "bf16",
+               compress: bool = False, loss: str = "all", tied_embedding: bool = False, dtype: Optional[str] = None,
                split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False, max_seq_len: int = 0, max_target_len: int = 0,
                seq_policy: str = "truncate", min_gain: float = 0.02) -> EpochPlanner:

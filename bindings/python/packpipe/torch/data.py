@@ -551,10 +551,13 @@ class PlanLoader:
         if cost_model is not None:
             if dtype is None:
                 dtype = getattr(cost_model, "torch_dtype", None)
+            if dtype is None and isinstance(cost_model, packpipe.CostModel):
+                dtype = cost_model.model.get("dtype")  # a model file's "dtype"
             if dtype is None:
                 raise ValueError("PlanLoader: dtype is required: the dtype of the activations between stages, the "
                                  "model's (e.g. dtype=torch.float32 or 'bf16'; next(model.parameters()).dtype); a cost "
-                                 "model from packpipe.torch.cost_model(module, ...) supplies it")
+                                 "model from packpipe.torch.cost_model(module, ...), or a model file with \"dtype\", "
+                                 "supplies it")
             limit = getattr(cost_model, "max_positions", None)
             if limit is not None:  # the module's positions: the context length, and its ceiling
                 given = plan_epoch_kwargs.get("max_seq_len")

@@ -216,6 +216,9 @@ def describe_model(model: nn.Module, *, arch: Optional[str] = None, layers: Unio
     spec.update(hidden=int(hidden), heads=int(heads), kv_heads=int(kv_heads), head_dim=int(head_dim),
                 ffn_hidden=int(ffn), gated_mlp=bool(gated_mlp), vocab=int(vocab),
                 bytes_per_param=torch.empty((), dtype=dtype).element_size())
+    from packpipe.torch.data import _TORCH_DTYPE_NAMES
+    if dtype in _TORCH_DTYPE_NAMES:  # the activations between stages: planning's default dtype
+        spec["dtype"] = _TORCH_DTYPE_NAMES[dtype]
     return spec
 
 
