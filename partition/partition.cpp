@@ -1156,6 +1156,24 @@ void take_candidate(Run& r, bool feasible, double objective, std::vector<MicroBa
   done = true;
 }
 
+// Whether cutting samples into slices may beat `best` (the search's unsliced partition, `done`:
+// there is one): some sample is longer than its average micro-batch (packing whole samples cannot
+// balance it), or it has fewer than 2 micro-batches per stage on each replica (finer slices fill
+// the pipeline: Seq1F1B's case of a few long samples). Where neither holds, samples are short
+// beside the micro-batches and the pipeline is full: slices would only add per-slice overhead and
+// the attention to kept keys, and the sliced search (the costliest of the dp method's) is skipped.
+bool slices_may_pay(const Run& r, const Partition& best, bool done) {
+  if (!done || best.microbatches.empty()) return true;
+  const auto m = static_cast<std::int64_t>(best.microbatches.size());
+  if (m < 2 * r.shape.stages * std::max<std::int64_t>(1, r.shape.dp)) return true;
+  std::uint64_t tokens = 0, longest = 0;
+  for (const auto s : r.ids) {
+    tokens += r.len.w.input[s];
+    longest = std::max<std::uint64_t>(longest, r.len.w.input[s]);
+  }
+  return static_cast<double>(longest) > static_cast<double>(tokens) / static_cast<double>(m);
+}
+
 // PartitionMethod::DP: every order under each budget in turn; the best objective of the first
 // budget with a feasible partition (on equal objectives the first order is kept).
 Partition partition_dp(Run& r) {
@@ -1203,7 +1221,7 @@ Partition partition_dp(Run& r) {
   // Slices (decoder-only, packed): split long, pack short; kept when their objective is lower, and
   // the only way for samples that cannot fit alone (OversizePolicy::Slice).
   const bool may_slice = !r.encdec && has_layout(r.options.layouts, Layout::Packed) && !r.ids.empty() &&
-                         (r.options.slicing == SlicePolicy::Auto || !r.must_slice.empty());
+                         (!r.must_slice.empty() || (r.options.slicing == SlicePolicy::Auto && slices_may_pay(r, result, done)));
   if (may_slice) {
     detail::SlicedOutcome sl =
         detail::sliced_search(r.len.w, r.ids, r.must_slice, r.coster, r.shape, r.options.recompute,

@@ -580,6 +580,38 @@ Exact exact_piece_costs(Coster& coster, const PipelineShape& shape, const PieceA
   return e;
 }
 
+// The loads of k micro-batches, with the least-loaded one in a range found in O(log k): the first
+// index of the range's minimum, what a scan from the range's start with a strict < finds.
+class LeastLoaded {
+ public:
+  explicit LeastLoaded(const std::vector<double>& load) {
+    while (n_ < load.size()) n_ <<= 1;
+    tree_.assign(2 * n_, {kInf, std::numeric_limits<std::uint32_t>::max()});
+    for (std::size_t i = 0; i < load.size(); ++i) tree_[n_ + i] = {load[i], static_cast<std::uint32_t>(i)};
+    for (std::size_t i = n_ - 1; i >= 1; --i) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  /// The least-loaded index in [lo, hi] (lo <= hi < k); ties to the lowest index.
+  std::size_t argmin(std::size_t lo, std::size_t hi) const {
+    Entry best{kInf, std::numeric_limits<std::uint32_t>::max()};
+    for (std::size_t l = lo + n_, r = hi + n_ + 1; l < r; l >>= 1, r >>= 1) {
+      if (l & 1) best = std::min(best, tree_[l++]);
+      if (r & 1) best = std::min(best, tree_[--r]);
+    }
+    return best.second;
+  }
+  /// Sets the load of index i.
+  void set(std::size_t i, double load) {
+    std::size_t p = n_ + i;
+    tree_[p].first = load;
+    for (p >>= 1; p >= 1; p >>= 1) tree_[p] = std::min(tree_[2 * p], tree_[2 * p + 1]);
+  }
+
+ private:
+  using Entry = std::pair<double, std::uint32_t>;
+  std::size_t n_ = 1;
+  std::vector<Entry> tree_;
+};
+
 // Moves and swaps of whole (not sliced) samples between the slowest micro-batch and the two
 // fastest while the objective falls (at most `budget` trial costings).
 void refine_pieces(Coster& coster, const PipelineShape& shape, RecomputePolicy policy, PieceAssignment& a, Exact& e,
@@ -671,6 +703,7 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
     a.bins.resize(static_cast<std::size_t>(k));
     a.sums.resize(static_cast<std::size_t>(k));
     std::vector<double> load(static_cast<std::size_t>(k), lin.fixed);
+    LeastLoaded least(load);
     std::vector<std::uint32_t> whole;
     // Slices first, heaviest sample first, each on the least-loaded micro-batch after its previous.
     for (const auto& [x, s] : by_weight) {
@@ -688,15 +721,14 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
       std::int64_t prev = -1;
       const auto P = static_cast<std::int64_t>(cut.size());
       for (std::int64_t j = 0; j < P; ++j) {
-        std::int64_t best = -1;
-        for (std::int64_t b = prev + 1; b <= k - (P - j); ++b) {
-          if (best < 0 || load[static_cast<std::size_t>(b)] < load[static_cast<std::size_t>(best)]) best = b;
-        }
-        PACKPIPE_ASSERT(best >= 0);
+        PACKPIPE_ASSERT(prev + 1 <= k - (P - j));
+        const auto best = static_cast<std::int64_t>(
+            least.argmin(static_cast<std::size_t>(prev + 1), static_cast<std::size_t>(k - (P - j))));
         const Piece& pc = cut[static_cast<std::size_t>(j)];
         a.bins[static_cast<std::size_t>(best)].push_back(pc);
         a.sums[static_cast<std::size_t>(best)].add(pc);
         load[static_cast<std::size_t>(best)] += wt(pc.length, pc.begin);
+        least.set(static_cast<std::size_t>(best), load[static_cast<std::size_t>(best)]);
         prev = best;
       }
       a.sliced = a.sliced || P > 1;
@@ -704,11 +736,12 @@ SlicedOutcome sliced_search(const Work& w, const std::vector<std::uint32_t>& ids
     if (!a.sliced) return false;
     // Whole samples by least load (heaviest first; ties to the lower index).
     for (const auto s : whole) {
-      const std::size_t b = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      const std::size_t b = least.argmin(0, load.size() - 1);
       const Piece pc{s, 0, w.input[s], false};
       a.bins[b].push_back(pc);
       a.sums[b].add(pc);
       load[b] += wt(pc.length, 0);
+      least.set(b, load[b]);
     }
     std::vector<double> t(load.begin(), load.end());
     opt = Option{objective_of(shape, t), k, std::move(a)};
