@@ -166,3 +166,22 @@ def test_recompute_leaves_room_for_slices_only_where_needed(long_batch):
     _, r = long_batch
     modes = [mb["recompute"][0] for p in r.plans for mb in p.microbatches]
     assert "none" in modes
+
+
+def test_slices_are_searched_where_they_may_pay_and_skipped_where_they_cannot():
+    """The sliced search runs where a sample is longer than its average micro-batch or the pipeline has
+    fewer than 2 micro-batches per stage (a few uniform long documents: Seq1F1B's case), and is skipped
+    where every sample is short beside a full pipeline's micro-batches: there plans equal slicing='off'."""
+    cost = packpipe.CostModel("gpt-6.7b", "A100-40GB")
+    shape = PipelineShape(stages=4, layers_per_stage=4)
+    few_long = [16384] * 4  # unsliced: 4 micro-batches of one document each, a half-empty pipeline
+    r = packpipe.plan_batch(cost, few_long, shape=shape)
+    assert sliced(r.plans), "four 16K documents on 4 stages should be planned with slices"
+    assert r.plans[0].to_bytes() != packpipe.plan_batch(cost, few_long, shape=shape,
+                                                        options=PartitionOptions(slicing="off")).plans[0].to_bytes()
+    rng = np.random.default_rng(5)
+    short = [int(x) for x in rng.integers(200, 1200, size=160)]  # ~110K tokens of short samples
+    auto = packpipe.plan_batch(cost, short, shape=shape)
+    off = packpipe.plan_batch(cost, short, shape=shape, options=PartitionOptions(slicing="off"))
+    assert not sliced(auto.plans)
+    assert auto.plans[0].to_bytes() == off.plans[0].to_bytes()
