@@ -108,6 +108,12 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
     // The baselines' rows hold the dataset's longest sample (a run's user fixes one capacity), as
     // batch_lengths counts it: within the context length.
     for (std::size_t t = 0; t < data_.num_tasks(); ++t) {
+      if (!encdec_) {  // one sequence a sample: the dataset's sizes read directly (sample_tokens)
+        for (std::uint64_t i = 0; i < data_.task_size(t); ++i) {
+          options_.baseline_longest = std::max(options_.baseline_longest, data_.sample_tokens(t, i));
+        }
+        continue;
+      }
       for (std::uint64_t i = 0; i < data_.task_size(t); ++i) {
         const SampleRef ref{static_cast<std::uint32_t>(t), i};
         const std::uint64_t in = data_.input_length(ref), tg = data_.target_length(ref);
