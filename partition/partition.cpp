@@ -1156,12 +1156,18 @@ void take_candidate(Run& r, bool feasible, double objective, std::vector<MicroBa
   done = true;
 }
 
+// A sample is heavy beside micro-batches of `a` tokens on average when longer than kHeavySample x a.
+// Below, a micro-batch holding it is at most that much over the average, and with 2+ micro-batches a
+// stage the 1F1B bound gains less from cutting it than the slices cost in per-slice overhead and
+// attention to kept keys (measured: on the demo's batches, whose longest samples reach 1.1x their
+// average micro-batch, the sliced candidates were searched and never chosen).
+constexpr double kHeavySample = 1.5;
+
 // Whether cutting samples into slices may beat `best` (the search's unsliced partition, `done`:
-// there is one): some sample is longer than its average micro-batch (packing whole samples cannot
+// there is one): some sample is heavy beside its average micro-batch (packing whole samples cannot
 // balance it), or it has fewer than 2 micro-batches per stage on each replica (finer slices fill
-// the pipeline: Seq1F1B's case of a few long samples). Where neither holds, samples are short
-// beside the micro-batches and the pipeline is full: slices would only add per-slice overhead and
-// the attention to kept keys, and the sliced search (the costliest of the dp method's) is skipped.
+// the pipeline: Seq1F1B's case of a few long samples). Where neither holds the sliced search (the
+// costliest of the dp method's) is skipped.
 bool slices_may_pay(const Run& r, const Partition& best, bool done) {
   if (!done || best.microbatches.empty()) return true;
   const auto m = static_cast<std::int64_t>(best.microbatches.size());
@@ -1171,7 +1177,7 @@ bool slices_may_pay(const Run& r, const Partition& best, bool done) {
     tokens += r.len.w.input[s];
     longest = std::max<std::uint64_t>(longest, r.len.w.input[s]);
   }
-  return static_cast<double>(longest) > static_cast<double>(tokens) / static_cast<double>(m);
+  return static_cast<double>(longest) > kHeavySample * static_cast<double>(tokens) / static_cast<double>(m);
 }
 
 // PartitionMethod::DP: every order under each budget in turn; the best objective of the first
