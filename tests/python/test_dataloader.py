@@ -297,6 +297,29 @@ def test_tampered_sampler_state_is_refused(tmp_path, megatron):
         packpipe.Sampler(mt, seed=3, global_batch_tokens=400).restore(dup)
 
 
+
+def test_restore_at_random_positions_gives_the_rest_of_the_epoch(tmp_path, megatron):
+    """A state saved after any batch restores, through its check and without a replay, to exactly the
+    batches an uninterrupted sampler delivers next; the same state without its check (an older
+    packpipe's) restores by replay; an edited check is refused."""
+    import random
+    mt = packpipe.MultiTaskDataset(_manifest(tmp_path, megatron))
+    whole = [b["indices"].tolist() for b in packpipe.Sampler(mt, seed=5, global_batch_tokens=300, epoch=1)]
+    rng = random.Random(7)
+    for cut in sorted(rng.sample(range(len(whole) + 1), 6)):
+        s = packpipe.Sampler(mt, seed=5, global_batch_tokens=300, epoch=1)
+        for _ in range(cut):
+            s.next_batch()
+        state = json.loads(s.state())
+        assert len(state["check"]) == 16
+        for st in (state, {k: v for k, v in state.items() if k != "check"}):
+            resumed = packpipe.Sampler(mt, seed=5, global_batch_tokens=300)
+            resumed.restore(json.dumps(st))
+            assert [b["indices"].tolist() for b in resumed] == whole[cut:]
+    bad = dict(state, check="%016x" % (int(state["check"], 16) ^ 1))
+    with pytest.raises(ValueError, match="check .* does not match"):
+        packpipe.Sampler(mt, seed=5, global_batch_tokens=300).restore(json.dumps(bad))
+
 DEMO = pathlib.Path(__file__).resolve().parents[2] / "data" / "demo"
 
 
