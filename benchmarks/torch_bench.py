@@ -247,7 +247,12 @@ def throughput(a, groups, tmp):
     packpipe_kw = {"schedule": "search", "options": packpipe.PartitionOptions(method="dp")}
     configs = [("packpipe", "packpipe", packpipe_kw)] + baseline_configs(a, data)
     if a.only:  # packpipe and the baseline settings whose name holds one of the given texts
-        configs = [c for c in configs if c[0] == "packpipe" or any(t in c[0] for t in a.only)]
+        kept = [c for c in configs if c[0] == "packpipe" or any(t in c[0] for t in a.only)]
+        if len(kept) == 1:
+            raise SystemExit(f"torch_bench.py: --only {a.only} matches no baseline setting of --workload {a.workload} "
+                             f"(--grid {a.grid}, --budgets {a.budgets}); the settings are: "
+                             + "; ".join(c[0] for c in configs[1:]))
+        configs = kept
     # 1. Calibration: every side's plans of other batches (side c plans epoch 1 + c) run with the
     # base model, and one fit over all of their steps (rank 0 fits, every rank gets the same file);
     # then, for each further pass, every side's plans made with that calibration run too and the
