@@ -158,9 +158,11 @@ def all_plans(cm, manifest, plan, iterations):
 def test_the_cost_model_is_read_from_the_module():
     spec = pt.describe_model(OwnLM())
     assert spec == {"name": "OwnLM", "arch": "decoder_only", "num_layers": 4, "hidden": 16, "heads": 2, "kv_heads": 2,
-                    "head_dim": 8, "ffn_hidden": 48, "gated_mlp": True, "vocab": VOCAB, "bytes_per_param": 8}
+                    "head_dim": 8, "ffn_hidden": 48, "gated_mlp": True, "vocab": VOCAB, "bytes_per_param": 8,
+                    "dtype": "fp64"}
     cm = pt.cost_model(OwnLM(), support.CPU_DEVICE)
     assert cm.torch_dtype == torch.float64 and cm.model["gated_mlp"] and cm.model["num_layers"] == 4
+    assert cm.model["dtype"] == "fp64"  # the activations between stages: planning's default dtype
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
