@@ -11,7 +11,10 @@ on each shape:
   the start and near the end;
 - peak memory (the child's maxrss) of `dataset info`, `dataset sample` over the whole epoch and
   `plan --no-baselines` over the epoch (plans streamed to a file);
-- with --baselines, planning CPU per iteration with and without baselines (the first iterations).
+- `--parts baselines`: planning time per iteration on one thread (the report's median of its first
+  --plan-iterations iterations) without the report (`--no-baselines`), with the baselines as run
+  (the default) and under the search (`--baseline-schedule search`), alternated round by round, and
+  with --before, that binary's default report beside; the plan files are compared byte for byte.
 
 Every figure is the median of --rounds runs. Optional: --megatron DIR times Megatron-LM's
 `helpers.cpp` blended index build (compiled outside the repository) on the same shapes.
@@ -97,36 +100,69 @@ def epoch_time(data, rounds):
     return statistics.median(r[0] for r in runs), runs[0][1]
 
 
+def planning_ms(binary, manifest, extra, plans, iterations):
+    """The report's median planning time per iteration (ms, one thread) of `binary plan`."""
+    out = subprocess.run([binary, "plan", "--manifest", manifest, "--global-batch-tokens", str(BUDGET), "--stages",
+                          "4", "--threads", "1", "--iterations", str(iterations), "--out", plans, "--json", *extra],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["total"]["planning_ms"]["median"]
+
+
+def measure_baselines(manifest, a, row):
+    """Planning time per iteration without the report, with it as run and searched (and --before's)."""
+    sides = {"none": (a.packpipe, ["--no-baselines"]), "as_run": (a.packpipe, ["--baseline-schedule", "as-run"]),
+             "search": (a.packpipe, ["--baseline-schedule", "search"])}
+    if a.before:
+        sides["before"] = (a.before, [])
+    times = {k: [] for k in sides}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(a.rounds):
+            for k, (binary, extra) in sides.items():
+                times[k].append(planning_ms(binary, manifest, extra, os.path.join(tmp, k + ".plan"),
+                                            a.plan_iterations))
+        first = open(os.path.join(tmp, "none.plan"), "rb").read()
+        row["baseline_plans_identical"] = all(open(os.path.join(tmp, k + ".plan"), "rb").read() == first
+                                              for k in sides)
+    for k, v in times.items():
+        row["plan_ms_" + k] = statistics.median(v)
+    for k in sides:
+        if k != "none":
+            row["plan_ratio_" + k] = row["plan_ms_" + k] / row["plan_ms_none"]
+
+
 def measure(manifest, a):
     data = packpipe.MultiTaskDataset(manifest)
     row = {"samples": len(data)}
-    row["epoch_s"], row["batches"] = epoch_time(data, a.rounds)
-    row["samples_per_s"] = row["samples"] / row["epoch_s"]
+    if "baselines" in a.parts:
+        measure_baselines(manifest, a, row)
+    if "sampler" in a.parts:
+        row["epoch_s"], row["batches"] = epoch_time(data, a.rounds)
+        row["samples_per_s"] = row["samples"] / row["epoch_s"]
 
-    # States near the start and near the end.
-    s = packpipe.Sampler(data, global_batch_tokens=BUDGET)
-    states = []
-    for k, _ in enumerate(s):
-        if k in (1, row["batches"] - 2):
-            states.append(s.state())
-    def restore(state):
-        fresh = packpipe.Sampler(data, global_batch_tokens=BUDGET)
-        t0 = time.perf_counter()
-        fresh.restore(state)
-        return time.perf_counter() - t0
-    row["restore_start_s"] = median_of(a.rounds, lambda: restore(states[0]))
-    row["restore_end_s"] = median_of(a.rounds, lambda: restore(states[1]))
-
-    cost = packpipe.CostModel("gpt-6.7b", "A100-80GB")
-    if cost is not None:
-        def replan(first):
+        # States near the start and near the end.
+        s = packpipe.Sampler(data, global_batch_tokens=BUDGET)
+        states = []
+        for k, _ in enumerate(s):
+            if k in (1, row["batches"] - 2):
+                states.append(s.state())
+        def restore(state):
+            fresh = packpipe.Sampler(data, global_batch_tokens=BUDGET)
             t0 = time.perf_counter()
-            planner = packpipe.plan_epoch(cost, data, global_batch_tokens=BUDGET, first_iteration=first,
-                                          threads=1)
-            next(iter(planner))
+            fresh.restore(state)
             return time.perf_counter() - t0
-        row["replan_start_s"] = median_of(a.rounds, lambda: replan(1))
-        row["replan_end_s"] = median_of(a.rounds, lambda: replan(row["batches"] - 1))
+        row["restore_start_s"] = median_of(a.rounds, lambda: restore(states[0]))
+        row["restore_end_s"] = median_of(a.rounds, lambda: restore(states[1]))
+
+        cost = packpipe.CostModel("gpt-6.7b", "A100-80GB")
+        if cost is not None:
+            def replan(first):
+                t0 = time.perf_counter()
+                planner = packpipe.plan_epoch(cost, data, global_batch_tokens=BUDGET, first_iteration=first,
+                                              threads=1)
+                next(iter(planner))
+                return time.perf_counter() - t0
+            row["replan_start_s"] = median_of(a.rounds, lambda: replan(1))
+            row["replan_end_s"] = median_of(a.rounds, lambda: replan(row["batches"] - 1))
 
     cli = a.packpipe
     if "cli" in a.parts:
@@ -158,9 +194,14 @@ def main():
                     help="also time the sampler over this many samples split into each task count (0: skip)")
     ap.add_argument("--rounds", type=_check.arg_int(1, 100), default=3)
     ap.add_argument("--packpipe", default=os.path.join("build", "packpipe"))
-    ap.add_argument("--parts", nargs="+", choices=["cli", "plan"], default=["cli", "plan"],
-                    help="the child-process measurements to run besides the sampler's (plan: a whole epoch planned)")
-    ap.add_argument("--before", default=None, help="another packpipe binary whose `plan` memory to measure beside")
+    ap.add_argument("--parts", nargs="+", choices=["sampler", "cli", "plan", "baselines"],
+                    default=["sampler", "cli", "plan"],
+                    help="what to measure (plan: a whole epoch planned; baselines: planning time with and without "
+                         "the baselines' report)")
+    ap.add_argument("--plan-iterations", type=_check.arg_int(1, 10 ** 6), default=40,
+                    help="iterations planned by --parts baselines")
+    ap.add_argument("--before", default=None,
+                    help="another packpipe binary whose `plan` memory (and planning time) to measure beside")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args()
     rows = []

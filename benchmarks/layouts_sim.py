@@ -6,9 +6,10 @@
 For GPT-6.7B (16 layers) and T5-11B (12 + 12 layers) on A100-40GB and H100-80GB, S = 4 and 8
 pipeline stages, global batches of 64K tokens (the embedded demo dataset's) and of 4,096 samples
 (log-normal lengths, median 200, as benchmarks/bench_partition.cpp draws them): each batch is planned
-by packpipe.plan_batch with every baseline of the grid under the same schedule search (fixed, token
-budgets, varlen packing over row counts, WLB-LLM's attention-balanced packing, and DynaPipe's dense
-packing), on the analytic cost model. Per set: packpipe's simulated iteration time against the best
+by packpipe.plan_batch with every baseline of the grid (fixed, token budgets, varlen packing over row
+counts, WLB-LLM's attention-balanced packing, and DynaPipe's dense packing), on the analytic cost
+model, each as its system runs it (--baseline-schedule as-run: 1F1B over its order) or under
+packpipe's own schedule search (search: the speed-up is the partition's alone). Per set: packpipe's simulated iteration time against the best
 setting of each baseline family (the least total over the set's batches, as a user fixes one setting),
 the speed-up over the fastest baseline (named), over varlen packing and over dense packing, and the
 planning time. Every figure is simulated (the cost model's), none measured.
@@ -71,7 +72,7 @@ def batches(kind, model, count, seed):
     return out
 
 
-def run_set(model, device, stages, kind, count, seed, layers_per_stage=None):
+def run_set(model, device, stages, kind, count, seed, layers_per_stage=None, baseline_schedule="as-run"):
     encdec = model.startswith("t5")
     cm = packpipe.CostModel(model, device)
     layers = 24 if encdec else 16
@@ -82,7 +83,8 @@ def run_set(model, device, stages, kind, count, seed, layers_per_stage=None):
             else batches(kind, model, count, seed))
     for inp, tgt in sets:
         t0 = time.perf_counter()
-        r = packpipe.plan_batch(cm, inp, tgt, shape=shape, baselines=True, baseline_mbs=[1, 2, 4, 8, 16])
+        r = packpipe.plan_batch(cm, inp, tgt, shape=shape, baselines=True, baseline_mbs=[1, 2, 4, 8, 16],
+                                baseline_schedule=baseline_schedule)
         wall = (time.perf_counter() - t0) * 1e3
         # planning as a trainer runs it: no report; long-context batches on one thread (the goal's terms)
         one = kind in long_mixtures.MIXTURES
@@ -96,8 +98,8 @@ def run_set(model, device, stages, kind, count, seed, layers_per_stage=None):
         run = [t for f, t in base.values() if f != "packing-mask"]
         seq1f1b = {}
         if kind in long_mixtures.MIXTURES:
-            # Seq1F1B as published: its fixed-length slices under 1F1B (the grid's slicing settings are
-            # scheduled by packpipe's search above, which no released Seq1F1B runs)
+            # Seq1F1B as published: the slicing method's partition under 1F1B (whatever
+            # --baseline-schedule gives the grid's slicing settings above)
             for s, (fam, _) in base.items():
                 if fam != "slicing":
                     continue
@@ -134,6 +136,7 @@ def run_set(model, device, stages, kind, count, seed, layers_per_stage=None):
     feasible = {f: v for f, v in fam_best.items() if np.isfinite(v[0])}
     best_fam = min(feasible, key=lambda f: feasible[f][0]) if feasible else None
     out = {"model": model, "device": device, "stages": stages, "batches": kind, "count": count,
+           "baseline_schedule": baseline_schedule,
            "packpipe_s": total / 1e3,
            "families": {f: {"setting": s, "time_s": t / 1e3 if np.isfinite(t) else None,
                             "speedup": t / total if np.isfinite(t) else None} for f, (t, s) in fam_best.items()},
@@ -176,6 +179,8 @@ def main():
                          "mixture of benchmarks/long_mixtures.py (256K-token batches, planned on --long-sets)")
     ap.add_argument("--long-sets", nargs="+", default=["llama-7b:H100-80GB:8:4", "gpt-6.7b:A100-80GB:4:4"],
                     help="model:device:stages:layers_per_stage of the long-context mixtures")
+    ap.add_argument("--baseline-schedule", choices=["as-run", "search"], default="as-run",
+                    help="the baselines as their systems run them (1F1B over their order) or under packpipe's search")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args()
     if a.out:
@@ -196,7 +201,7 @@ def main():
             plan += [(m, d, st, kind, None) for m in a.models for d in a.devices for st in a.stages]
     sets = []
     for model, device, stages, kind, lps in plan:
-        s = run_set(model, device, stages, kind, a.count, a.seed, lps)
+        s = run_set(model, device, stages, kind, a.count, a.seed, lps, a.baseline_schedule)
         sets.append(s)
         b = s["best_baseline"]
         fam = s["families"]

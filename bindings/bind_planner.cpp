@@ -48,8 +48,10 @@ struct TrainerArgs {
   std::string loss = "all", dtype = "bf16", family = "any";
   bool tied_embedding = false, split_backward = true, fallback = false;
   double min_gain = planner::PlannerOptions{}.min_gain;
+  std::string baseline_schedule = "as-run";
   void apply(planner::PlannerOptions& o) const {
     o.min_gain = min_gain;
+    o.baseline_schedule = planner::baseline_schedule_from_name(baseline_schedule);
     o.loss_mode = pl::loss_mode_from_name(loss);
     o.dtype = pl::dtype_from_name(dtype);
     o.family = planner::schedule_family_from_name(family);
@@ -330,7 +332,7 @@ void define_results(py::module_& m) {
       .def_property_readonly(
           "baselines",
           [](const py::object& self) { return views_of(self.cast<const PyIterationResult&>().result.baselines, self); },
-          "BaselineFigures of every baseline of the grid under the same schedule search (empty without baselines)")
+          "BaselineFigures of every baseline of the grid under baseline_schedule (empty without baselines)")
       .def_property_readonly("candidates_ms", result_of(&planner::IterationResult::candidates_ms),
                              "wall time of the baselines' plans as candidates (and their report)")
       .def_property_readonly("partition_ms", result_of(&planner::IterationResult::partition_ms),
@@ -455,14 +457,15 @@ void define_planner(py::module_& m) {
          const py::object& loss_tokens, const std::string& loss, bool tied_embedding, const py::object& dtype,
          bool split_backward, const std::string& schedule_family, bool schedule_fallback, const py::object& refs,
          const py::object& max_seq_len, const py::object& max_target_len, const std::string& seq_policy,
-         const py::object& dataset, double min_gain) {
+         const py::object& dataset, double min_gain, const std::string& baseline_schedule) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         part::BatchLengths b = batch_arg(input_lengths, target_lengths);
         b.loss = lengths_arg(loss_tokens, "loss_tokens");
         PACKPIPE_CHECK_ARG(b.loss.empty() || b.loss.size() == b.input.size(),
                            "loss_tokens has {} entries but input_lengths has {}", b.loss.size(), b.input.size());
         const std::optional<std::vector<SampleRef>> sample_refs = refs_arg(refs, b.input.size());
-        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
+        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain,
+                                  baseline_schedule};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines,
                                                     baseline_mbs, trainer,
                                                     context_args(max_seq_len, max_target_len, seq_policy));
@@ -501,10 +504,13 @@ void define_planner(py::module_& m) {
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("refs") = py::none(), py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0,
       py::arg("seq_policy") = "truncate", py::arg("dataset") = py::none(),
-      py::arg("min_gain") = planner::PlannerOptions{}.min_gain,
+      py::arg("min_gain") = planner::PlannerOptions{}.min_gain, py::arg("baseline_schedule") = "as-run",
       "Plan one global batch: micro-batches, schedule search and per-rank instruction streams; an "
       "IterationResult with one packpipe.Plan per data-parallel replica, packpipe's figures and, with "
-      "baselines=True, those of the fixed and packing baselines for every micro-batch size of baseline_mbs. "
+      "baselines=True, those of the baseline grid (fixed and packing settings over baseline_mbs, ...) under "
+      "baseline_schedule: 'as-run' (the schedule named, else 1F1B, interleaved with chunks, over their order, as "
+      "their systems run them) or 'search' (packpipe's schedule search: the speed-up is the partition's alone); "
+      "the plans are the same either way. "
       "A micro-batch's samples are positions in the input_lengths passed (0 .. len - 1). refs: each sample's "
       "(task, index) in its dataset, one per input_lengths entry, recorded in Plan.microbatches[m]['refs'] and "
       "naming samples in errors: a structured array with fields task (u4) and index (u8), as "
@@ -534,7 +540,7 @@ void define_planner(py::module_& m) {
          const py::object& threads, const py::object& depth, bool encode, bool compress, const std::string& loss,
          bool tied_embedding, const py::object& dtype, bool split_backward, const std::string& schedule_family,
          bool schedule_fallback, const py::object& max_seq_len, const py::object& max_target_len,
-         const std::string& seq_policy, double min_gain) {
+         const std::string& seq_policy, double min_gain, const std::string& baseline_schedule) {
         PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must not be None");
         planner::EpochSpec spec;
         spec.sampler = dl::sampler_config(data.manifest());
@@ -552,7 +558,8 @@ void define_planner(py::module_& m) {
         eo.encoding.compress = compress;
         auto out = std::make_shared<PyEpochPlanner>();
         out->cost = cost;
-        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain};
+        const TrainerArgs trainer{loss, dtype_arg(dtype, *cost), schedule_family, tied_embedding, split_backward, schedule_fallback, min_gain,
+                                  baseline_schedule};
         planner::PlannerOptions o = planner_options(shape, options, schedule, seed, validate, baselines, baseline_mbs,
                                                     trainer, context_args(max_seq_len, max_target_len, seq_policy));
         py::gil_scoped_release release;  // counting the iterations of a token budget is a dry run of the sampler
@@ -568,7 +575,8 @@ void define_planner(py::module_& m) {
       py::arg("loss") = "all", py::arg("tied_embedding") = false, py::arg("dtype") = py::none(),
       py::arg("split_backward") = true, py::arg("schedule_family") = "any", py::arg("schedule_fallback") = false,
       py::arg("max_seq_len") = 0, py::arg("max_target_len") = 0, py::arg("seq_policy") = "truncate",
-      py::arg("min_gain") = planner::PlannerOptions{}.min_gain, py::keep_alive<0, 2>(),
+      py::arg("min_gain") = planner::PlannerOptions{}.min_gain, py::arg("baseline_schedule") = "as-run",
+      py::keep_alive<0, 2>(),
       "Plan the iterations of an epoch of a MultiTaskDataset as `packpipe plan` does: an EpochPlanner, an "
       "iterator of PlannedIteration in iteration order, planned ahead in parallel (threads: 0 every core; depth: "
       "iterations planned ahead, 0 twice the threads). Exactly one of global_batch_tokens and global_batch_samples "

@@ -432,6 +432,36 @@ std::uint64_t partition_key(const part::Partition& p) {
   return h;
 }
 
+/// A baseline's figures as its system runs it (BaselineSchedule::AsRun): under the named schedule,
+/// else 1F1B (interleaved 1F1B with chunks) over its order, with the search (noted) where that
+/// cannot run the micro-batch count; of a slicing baseline's alternatives (the same slices, more
+/// recomputed), the fastest that fits.
+MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cost,
+                             const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
+                             std::uint64_t iteration) {
+  PlannerOptions run = o;
+  const bool chunks = static_cast<std::int64_t>(vstages.size()) > o.shape.stages;
+  const sched::ScheduleKind reference = chunks ? sched::ScheduleKind::Interleaved1F1B : sched::ScheduleKind::OneFOneB;
+  const auto allowed = allowed_schedules(o);
+  // (A trainer that does not run 1F1B has its baselines searched within what it runs, so packpipe's
+  // plan is never slower than one as run either.)
+  if (o.schedule == "search" && std::find(allowed.begin(), allowed.end(), reference) != allowed.end()) {
+    run.schedule = sched::schedule_kind_name(reference);
+    run.fallback = true;
+  }
+  auto figures = [&](const part::Partition& p) {
+    Scheduled s = schedule_partition(p, cost, vstages, run, iteration, kInfMs, false);
+    partition_figures(p, s.figures);
+    return s.figures;
+  };
+  MethodFigures out = figures(bp);
+  for (const part::Partition& alt : bp.alternatives) {
+    MethodFigures a = figures(alt);
+    if (a.feasible && (!out.feasible || a.iteration_ms < out.iteration_ms)) out = std::move(a);
+  }
+  return out;
+}
+
 /// The baseline grid's options from the planner's.
 part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
   part::BaselineGridOptions g;
@@ -528,9 +558,14 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   t0 = std::chrono::steady_clock::now();
   // (Only for packpipe's own method: a method the user names is the plan's.)
   const bool candidates = o.partition.method == part::PartitionMethod::DP;
+  // The searched report schedules every setting fully; otherwise the candidates are scheduled as
+  // without a report (pruned by what they must beat) and the report takes each setting as run.
+  const bool searched_report = o.baselines && o.baseline_schedule == BaselineSchedule::Search;
   std::map<std::uint64_t, Scheduled> scheduled_partitions;  // by partition_key
+  std::map<std::uint64_t, MethodFigures> as_run;            // by partition_key: the as-run report's figures
   for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
-    if (!o.baselines && !(candidates && has_layout(o.partition.layouts, b.layout))) continue;
+    const bool candidate = candidates && has_layout(o.partition.layouts, b.layout);
+    if (!o.baselines && !candidate) continue;
     BaselineFigures f;
     f.baseline = b;
     f.figures.feasible = false;
@@ -543,20 +578,30 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
       if (o.baselines) r.baselines.push_back(std::move(f));
       continue;
     }
-    // Without a report, a baseline that cannot beat the plan is not scheduled, nor one whose
-    // micro-batches another setting gave already (its schedules would be the same).
     const std::uint64_t key = partition_key(bp);
     const auto same = scheduled_partitions.find(key);
-    if (!o.baselines && same != scheduled_partitions.end()) continue;
+    if (!searched_report && o.baselines) {  // as run: the figure of the first setting with these micro-batches
+      auto it = as_run.find(key);
+      if (it == as_run.end()) it = as_run.emplace(key, as_run_figures(bp, cost, vstages, o, iteration)).first;
+      f.scheduled = true;
+      f.figures = it->second;
+      r.baselines.push_back(std::move(f));
+    }
+    // Without the searched report, a candidate whose micro-batches another setting gave already is
+    // not scheduled again (its schedules would be the same), nor any other setting.
+    if (!searched_report && (!candidate || same != scheduled_partitions.end())) continue;
     // What a baseline must beat: another baseline's makespan, or packpipe's own discounted by min_gain.
     const double to_beat = !best.figures.feasible ? kInfMs
                            : r.from_baseline      ? best.figures.iteration_ms
                                                   : best.figures.iteration_ms / (1.0 - o.min_gain);
-    const double bound = o.baselines ? kInfMs : to_beat;
-    Scheduled c = same != scheduled_partitions.end() ? same->second
-                                                     : schedule_partition(bp, cost, vstages, o, iteration, bound, false);
-    // A slicing baseline's same slices with more of them recomputed: its fastest is its figure.
-    if (same == scheduled_partitions.end()) {
+    Scheduled c;
+    if (same != scheduled_partitions.end()) {
+      c = same->second;
+    } else {
+      // In full for the searched report, else only while its lower bound can beat the plan; a slicing
+      // baseline's same slices with more of them recomputed are tried too, and the fastest is its plan.
+      const double bound = searched_report ? kInfMs : to_beat;
+      c = schedule_partition(bp, cost, vstages, o, iteration, bound, false);
       std::vector<part::Partition> alts = std::move(bp.alternatives);
       bp.alternatives.clear();
       for (part::Partition& alt : alts) {
@@ -568,21 +613,21 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
           bp = std::move(alt);
         }
       }
+      scheduled_partitions.emplace(key, searched_report ? c : Scheduled{});
     }
-    if (c.scheduled && o.baselines) scheduled_partitions.emplace(key, c);
-    if (!o.baselines) scheduled_partitions.emplace(key, Scheduled{});
-    f.scheduled = c.scheduled;
-    f.figures = c.figures;
-    partition_figures(bp, f.figures);
+    if (searched_report) {
+      f.scheduled = c.scheduled;
+      f.figures = c.figures;
+      partition_figures(bp, f.figures);
+      r.baselines.push_back(std::move(f));
+    }
     // A baseline's plan is a candidate when its layout is one the executor runs (layouts).
-    if (candidates && has_layout(o.partition.layouts, b.layout) && c.scheduled && c.figures.feasible &&
-        c.figures.iteration_ms < to_beat) {
+    if (candidate && c.scheduled && c.figures.feasible && c.figures.iteration_ms < to_beat) {
       best = std::move(c);
       split = std::move(bp);
       r.source = b.label();
       r.from_baseline = true;
     }
-    if (o.baselines) r.baselines.push_back(std::move(f));
   }
   r.candidates_ms = ms_since(t0);
   r.packpipe = best.figures;

@@ -37,6 +37,19 @@ inline ScheduleFamily schedule_family_from_name(const std::string& name) {
   return enum_from_name(kScheduleFamilyNames, name, "schedule family");
 }
 
+/// The schedule the baselines are reported under (their plans are packpipe's candidates under the
+/// schedule search either way). AsRun: as the systems a user runs schedule them: the named
+/// schedule when PlannerOptions::schedule names one, else 1F1B (interleaved 1F1B with chunks) over
+/// the partition's order, as Megatron-LM runs fixed micro-batches, packing and WLB-LLM, and
+/// Seq1F1B its slices (the search where that schedule cannot run the micro-batch count, noted).
+/// Search: the same schedule search as packpipe's plan, so a speed-up is the partition's alone.
+enum class BaselineSchedule : std::uint8_t { AsRun, Search };
+inline constexpr EnumName<BaselineSchedule> kBaselineScheduleNames[] = {{BaselineSchedule::AsRun, "as-run"},
+                                                                        {BaselineSchedule::Search, "search"}};
+inline BaselineSchedule baseline_schedule_from_name(const std::string& name) {
+  return enum_from_name(kBaselineScheduleNames, name, "baseline schedule");
+}
+
 struct PlannerOptions {
   part::PipelineShape shape;
   part::PartitionOptions partition;       ///< method dp by default
@@ -44,12 +57,13 @@ struct PlannerOptions {
   sched::SearchOptions search;             ///< candidates and seed of the search
   pl::Dtype dtype = pl::Dtype::BF16;        ///< activations and gradients on the wire
   bool validate = false;            ///< run the plan validator on every plan (throws on a violation)
-  /// Report every baseline of the grid (part::baseline_grid) under the same schedule search. Their
-  /// plans are packpipe's candidates either way: a baseline's plan simulated faster than
-  /// packpipe's partition becomes the plan (IterationResult::source names it), so packpipe is never
-  /// simulated slower than one of them; without reporting, a baseline whose makespan lower bound
-  /// cannot beat the plan is not scheduled.
+  /// Report every baseline of the grid (part::baseline_grid) under `baseline_schedule`. Their
+  /// plans are packpipe's candidates under the schedule search either way: a baseline's plan
+  /// simulated faster than packpipe's partition becomes the plan (IterationResult::source names
+  /// it), so packpipe is never simulated slower than one of them; a candidate whose makespan lower
+  /// bound cannot beat the plan is not searched. The plans are the same with and without the report.
   bool baselines = true;
+  BaselineSchedule baseline_schedule = BaselineSchedule::AsRun;  ///< what the report's baselines run
   /// packpipe's own partition is the plan only when it is simulated at least this fraction faster
   /// than the best baseline's plan (in [0, 1)): a gain inside the cost model's error is not worth
   /// leaving the plan a user would run anyway (measured: a 0.2% simulated gain ran 5% slower, 014).
@@ -110,8 +124,8 @@ struct MethodFigures {
 /// One baseline of the grid on one global batch.
 struct BaselineFigures {
   part::Baseline baseline;
-  MethodFigures figures;  ///< under the same schedule search as packpipe's plan
-  bool scheduled = false; ///< false: pruned by its lower bound (figures unknown), or infeasible
+  MethodFigures figures;  ///< under PlannerOptions::baseline_schedule
+  bool scheduled = false; ///< false: its partition failed, or it cannot be run (figures.why)
 };
 
 /// The plans and figures of one iteration.

@@ -239,6 +239,37 @@ n = len(free["iterations"])
 assert cautious["total"]["packpipe"]["iterations_from_baselines"] == n, cautious["total"]["packpipe"]
 assert free["total"]["packpipe"]["iterations_from_baselines"] < n
 PY
+# --baseline-schedule: the report's baselines as their systems run them (1F1B over their order) or
+# under packpipe's search; the plans are byte-identical with either report or none.
+bad "--baseline-schedule: 1f1b not in" --baseline-schedule 1f1b
+for bs in as-run search; do
+  "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 4 \
+    --baseline-schedule $bs --out "$tmp/bs_$bs.plan" --json > "$tmp/bs_$bs.json" || fail "--baseline-schedule $bs"
+done
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 4 --no-baselines \
+  --out "$tmp/bs_none.plan" > /dev/null || fail "--no-baselines"
+cmp "$tmp/bs_as-run.plan" "$tmp/bs_search.plan" || fail "the baseline schedule changed the plans"
+cmp "$tmp/bs_as-run.plan" "$tmp/bs_none.plan" || fail "the report changed the plans"
+$py - "$tmp/bs_as-run.json" "$tmp/bs_search.json" <<'PY' || fail "--baseline-schedule report"
+import json, sys
+run, searched = (json.load(open(p)) for p in sys.argv[1:])
+assert run["config"]["baseline_schedule"] == "as-run" and searched["config"]["baseline_schedule"] == "search"
+for a, b in zip(run["iterations"], searched["iterations"]):
+    assert a["packpipe"] == {**b["packpipe"]}, (a["packpipe"], b["packpipe"])
+    for fam, f in a["baselines"].items():
+        assert f["schedule"] == "1f1b", (fam, f)
+        assert f["iteration_ms"] >= a["packpipe"]["iteration_ms"], (fam, f)
+    for fam, f in b["baselines"].items():
+        assert f["iteration_ms"] >= a["packpipe"]["iteration_ms"], (fam, f)
+# Each family's setting as run is at least as slow as under the search (which tries 1F1B first).
+for fam, g in run["total"]["baselines"].items():
+    for x, y in zip(g["grid"], searched["total"]["baselines"][fam]["grid"]):
+        assert x["setting"] == y["setting"]
+        if x["time_s"] is not None and y["time_s"] is not None:
+            assert x["time_s"] >= y["time_s"] * (1 - 1e-12), (fam, x, y)
+PY
+"$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens 16384 --iterations 2 \
+  | grep -q "under the schedule its system runs" || fail "the text report does not say what the baselines run"
 # Two outputs on one file (the report would overwrite the plans), and a --model file as an output.
 bad "--out '$tmp/bad.plan' and --report '$tmp/./bad.plan' are the same file" --report "$tmp/./bad.plan"
 echo '{"name": "m", "num_layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1000}' > "$tmp/model.json"

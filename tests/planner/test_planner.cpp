@@ -308,7 +308,8 @@ TEST_CASE("planning refuses target lengths that do not match the inputs, before 
 TEST_CASE("never worse than a baseline: packpipe's plan is at most every baseline's makespan on random batches",
           "[regression]") {
   // By construction (a faster baseline's plan is the plan), for any batch, layouts, pipeline and
-  // schedule setting; the baselines are reported under the same schedule search.
+  // schedule setting; the baselines reported as their systems run them (the default) and under
+  // the same schedule search, with the same plans.
   const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
   const cm::AnalyticCostModel t5(cm::load_model("t5-11b"), cm::load_device("A100-40GB"));
   std::mt19937_64 rng(31);
@@ -325,6 +326,11 @@ TEST_CASE("never worse than a baseline: packpipe's plan is at most every baselin
     o.baseline_rows = {1, 2, 4};
     if (trial % 2 == 1) o.partition.layouts = packpipe::layout_bit(packpipe::Layout::Padded);
     if (trial % 7 == 6) o.schedule = "1f1b";
+    if (trial % 5 == 2) {  // interleaved 1F1B as run, or the search where it cannot run
+      o.shape.chunks = 2;
+      o.shape.layers_per_stage = std::max<std::int64_t>(1, o.shape.layers_per_stage / 2);
+    }
+    if (trial % 8 == 1) o.family = ScheduleFamily::ZeroBubble;  // as run within what the trainer runs
     if (trial % 3 == 0) o.min_gain = 0;  // the least makespan of all, whichever plan gives it
     const auto vs = virtual_stages(cost.model(), o.shape);
     const BatchLengths b = random_batch(rng, 60 + static_cast<std::size_t>(rng() % 200), enc_dec);
@@ -369,6 +375,25 @@ TEST_CASE("never worse than a baseline: packpipe's plan is at most every baselin
     for (std::size_t k = 0; k < q.plans.size(); ++k) CHECK(encode_plan(q.plans[k]) == encode_plan(r.plans[k]));
     CHECK(q.source == r.source);
     CHECK(q.baselines.empty());
+    // Under the schedule search the same plan, and each baseline at most as slow as run (the search
+    // includes 1F1B over the given order).
+    PlannerOptions searched = o;
+    searched.baseline_schedule = BaselineSchedule::Search;
+    const IterationResult s = plan_iteration(b, nullptr, static_cast<std::uint64_t>(trial), cost, vs, searched);
+    REQUIRE(s.plans.size() == r.plans.size());
+    for (std::size_t k = 0; k < s.plans.size(); ++k) CHECK(encode_plan(s.plans[k]) == encode_plan(r.plans[k]));
+    CHECK(s.source == r.source);
+    REQUIRE(s.baselines.size() == r.baselines.size());
+    for (std::size_t k = 0; k < s.baselines.size(); ++k) {
+      INFO(s.baselines[k].baseline.label());
+      CHECK(s.baselines[k].baseline.label() == r.baselines[k].baseline.label());
+      if (s.baselines[k].figures.feasible && r.baselines[k].figures.feasible) {
+        CHECK(s.baselines[k].figures.iteration_ms <= r.baselines[k].figures.iteration_ms * (1 + 1e-12));
+        if (o.schedule == "search" && o.family == ScheduleFamily::Any && o.shape.chunks == 1) {
+          CHECK(r.baselines[k].figures.schedule == "1f1b");
+        }
+      }
+    }
     // A margin no partition clears: the plan is a baseline's whenever one is a feasible candidate.
     PlannerOptions cautious = quiet;
     cautious.min_gain = 0.95;

@@ -341,3 +341,28 @@ def test_min_gain_decides_between_packpipes_partition_and_the_best_baseline():
     for bad in (-0.1, 1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="min_gain"):
             packpipe.plan_batch(cost, [10, 20], shape=shape, min_gain=bad)
+
+
+def test_baseline_schedule_changes_the_report_never_the_plans():
+    """baselines as their systems run them (1F1B over their order, the default) or under packpipe's schedule
+    search: the same plans as without a report; each setting as run is at least as slow as searched."""
+    cost = gpt()
+    shape = PipelineShape(stages=4, layers_per_stage=4)
+    rng = np.random.default_rng(11)
+    lengths = np.clip(rng.lognormal(5.3, 1.0, 120), 8, 4096).astype(np.uint32)
+    run = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True)
+    searched = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, baseline_schedule="search")
+    quiet = packpipe.plan_batch(cost, lengths, shape=shape)
+    for r in (run, searched):
+        assert [p.to_bytes() for p in r.plans] == [p.to_bytes() for p in quiet.plans]
+    assert [b.setting for b in run.baselines] == [b.setting for b in searched.baselines]
+    feasible = 0
+    for a, s in zip(run.baselines, searched.baselines):
+        if a.figures.feasible and s.figures.feasible:
+            feasible += 1
+            assert a.figures.schedule == "1f1b", a.setting
+            assert a.figures.iteration_ms >= s.figures.iteration_ms * (1 - 1e-12), a.setting
+            assert a.figures.iteration_ms >= run.packpipe.iteration_ms, a.setting
+    assert feasible > 10
+    with pytest.raises(ValueError, match="baseline schedule 'fast'"):
+        packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, baseline_schedule="fast")

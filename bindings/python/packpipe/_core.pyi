@@ -1168,7 +1168,7 @@ class IterationResult:
         """Whether the plan is a baseline's (source names it)."""
     @property
     def baselines(self) -> List[BaselineFigures]:
-        """Every baseline of the grid under the same schedule search (empty without baselines)."""
+        """Every baseline of the grid under baseline_schedule (empty without baselines)."""
     @property
     def fixed(self) -> Any:
         """The fixed entries of baselines (mbs, figures, settings)."""
@@ -1268,13 +1268,17 @@ def plan_batch(cost_model: CostModel, input_lengths: _Lengths, target_lengths: O
                schedule_fallback: bool = False,
                refs: Optional[Union[np.ndarray, Sequence[Tuple[int, ...]]]] = None,
                max_seq_len: int = 0, max_target_len: int = 0, seq_policy: str = "truncate",
-               dataset: Optional[MultiTaskDataset] = None, min_gain: float = 0.02) -> IterationResult:
+               dataset: Optional[MultiTaskDataset] = None, min_gain: float = 0.02,
+               baseline_schedule: str = "as-run") -> IterationResult:
     """Plan one global batch (shape defaults to PipelineShape(stages=4)); one Plan per replica.
 
     dataset: the MultiTaskDataset that refs index (each ref is checked against it); recorded in the plans
     (Plan.dataset) so that loaders refuse another dataset, as plan_epoch's plans are. None: unknown.
     min_gain: packpipe's own partition is the plan only when simulated at least this fraction faster than the
     best baseline's plan, which is the plan otherwise (in [0, 1); 0: the least makespan of all).
+    baseline_schedule: what IterationResult.baselines run: 'as-run' (the schedule named, else 1F1B,
+    interleaved with chunks, over their order, as their systems run them) or 'search' (packpipe's schedule
+    search: the speed-up is the partition's alone). The plans are the same either way.
 
     A micro-batch's samples are positions in the input_lengths passed. refs: each sample's (task, index) in
     its dataset (a structured array with fields task u4, index u8 and optionally offset u4, as
@@ -1293,11 +1297,12 @@ def plan_epoch(cost_model: CostModel, dataset: MultiTaskDataset, *, shape: Pipel
                compress: bool = False, loss: str = "all", tied_embedding: bool = False, dtype: Optional[str] = None,
                split_backward: bool = True, schedule_family: str = "any",
                schedule_fallback: bool = False, max_seq_len: int = 0, max_target_len: int = 0,
-               seq_policy: str = "truncate", min_gain: float = 0.02) -> EpochPlanner:
+               seq_policy: str = "truncate", min_gain: float = 0.02,
+               baseline_schedule: str = "as-run") -> EpochPlanner:
     """Plan the iterations of an epoch as `packpipe plan` does: an iterator of PlannedIteration, in order.
 
     min_gain: as plan_batch's (packpipe's own partition must be simulated this fraction faster than the best
-    baseline's plan to be the plan).
+    baseline's plan to be the plan); baseline_schedule: as plan_batch's.
 
     max_seq_len: the context length, every sample's tokens at most this (0: none; encoder-decoder: the
     encoder side, max_target_len the decoder side, 0: max_seq_len), recorded in the plans
