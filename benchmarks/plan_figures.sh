@@ -4,11 +4,14 @@
 # (with the baselines' report), with DynaPipe's profiled GPT-6.7B and T5-11B cost models at 4 and 8 stages, on
 # the embedded multi-task data (64K-token global batches). Planning time is measured with one
 # planning thread (the work of one iteration; more threads plan more iterations at once but share
-# the cores, which inflates each one's wall time).
-#   benchmarks/plan_figures.sh [build] [iterations]
+# the cores, which inflates each one's wall time). The baselines are reported as their systems run
+# them (1F1B over their order); extra arguments go to `packpipe plan`, e.g. --baseline-schedule
+# search for the report under packpipe's schedule search.
+#   benchmarks/plan_figures.sh [build] [iterations] [plan arguments...]
 set -euo pipefail
 build=${1:-build}
 iters=${2:-0}
+extra=("${@:3}")
 root=$(cd "$(dirname "$0")/.." && pwd)
 fx=$(cd "$root/../shared/fixtures/dynapipe/derived_from_cost_models_pkl" && pwd)
 pp="$build/packpipe"
@@ -28,7 +31,7 @@ for model in gpt t5; do
       m=(--model t5-11b --profile "$fx/t5_11b_timing.csv" --profile "$fx/t5_11b_activation.csv"
          --layers-per-stage $((24 / stages)))
     fi
-    "$pp" plan "${args[@]}" "${m[@]}" --stages "$stages" > "$tmp/r.json"
+    "$pp" plan "${args[@]}" "${m[@]}" --stages "$stages" "${extra[@]}" > "$tmp/r.json"
     /usr/bin/python3 - "$tmp/r.json" "$model" "$stages" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); t = j["total"]; b = t.get("baselines", {})

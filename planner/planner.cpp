@@ -34,6 +34,7 @@ std::vector<part::MicroBatch> replica_microbatches(const part::Partition& p, std
     if (replica == 0) out = p.microbatches;
     return out;
   }
+  out.reserve(p.ranks[replica].size());
   for (auto i : p.ranks[replica]) out.push_back(p.microbatches[i]);
   return out;
 }
