@@ -262,7 +262,7 @@ void define_results(py::module_& m) {
           },
           "MethodFigures under the same schedule search as packpipe's plan")
       .def_readonly("scheduled", &planner::BaselineFigures::scheduled,
-                    "whether it was scheduled (False: infeasible, or pruned by its makespan lower bound)");
+                    "whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)");
   def_repr(g, {"setting", "scheduled"});
 
   auto r = py::reinterpret_borrow<ResultClass>(m.attr("IterationResult"));

@@ -436,10 +436,10 @@ std::uint64_t partition_key(const part::Partition& p) {
 /// A baseline's figures as its system runs it (BaselineSchedule::AsRun): under the named schedule,
 /// else 1F1B (interleaved 1F1B with chunks) over its order, with the search (noted) where that
 /// cannot run the micro-batch count; of a slicing baseline's alternatives (the same slices, more
-/// recomputed), the fastest that fits.
+/// recomputed), the fastest that fits. `scheduled`: whether a schedule ran (false: figures.why).
 MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cost,
                              const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
-                             std::uint64_t iteration) {
+                             std::uint64_t iteration, bool& scheduled) {
   PlannerOptions run = o;
   const bool chunks = static_cast<std::int64_t>(vstages.size()) > o.shape.stages;
   const sched::ScheduleKind reference = chunks ? sched::ScheduleKind::Interleaved1F1B : sched::ScheduleKind::OneFOneB;
@@ -450,9 +450,11 @@ MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cos
     run.schedule = sched::schedule_kind_name(reference);
     run.fallback = true;
   }
+  scheduled = false;
   auto figures = [&](const part::Partition& p) {
     Scheduled s = schedule_partition(p, cost, vstages, run, iteration, kInfMs, false);
     partition_figures(p, s.figures);
+    scheduled = scheduled || s.scheduled;
     return s.figures;
   };
   MethodFigures out = figures(bp);
@@ -563,7 +565,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // without a report (pruned by what they must beat) and the report takes each setting as run.
   const bool searched_report = o.baselines && o.baseline_schedule == BaselineSchedule::Search;
   std::map<std::uint64_t, Scheduled> scheduled_partitions;  // by partition_key
-  std::map<std::uint64_t, MethodFigures> as_run;            // by partition_key: the as-run report's figures
+  std::map<std::uint64_t, BaselineFigures> as_run;          // by partition_key: the as-run report's figures
   for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
     const bool candidate = candidates && has_layout(o.partition.layouts, b.layout);
     if (!o.baselines && !candidate) continue;
@@ -583,9 +585,13 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     const auto same = scheduled_partitions.find(key);
     if (!searched_report && o.baselines) {  // as run: the figure of the first setting with these micro-batches
       auto it = as_run.find(key);
-      if (it == as_run.end()) it = as_run.emplace(key, as_run_figures(bp, cost, vstages, o, iteration)).first;
-      f.scheduled = true;
-      f.figures = it->second;
+      if (it == as_run.end()) {
+        BaselineFigures run;
+        run.figures = as_run_figures(bp, cost, vstages, o, iteration, run.scheduled);
+        it = as_run.emplace(key, std::move(run)).first;
+      }
+      f.scheduled = it->second.scheduled;
+      f.figures = it->second.figures;
       r.baselines.push_back(std::move(f));
     }
     // Without the searched report, a candidate whose micro-batches another setting gave already is

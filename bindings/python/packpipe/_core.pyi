@@ -1096,7 +1096,7 @@ class BaselineFigures:
         """MethodFigures under the same schedule search as packpipe's plan."""
     @property
     def scheduled(self) -> bool:
-        """Whether it was scheduled (False: infeasible, or pruned by its makespan lower bound)."""
+        """Whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)."""
 
 class IterationResult:
     """The plans and figures of one global batch (read-only)."""
