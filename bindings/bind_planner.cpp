@@ -260,7 +260,7 @@ void define_results(py::module_& m) {
             return py::cast(&self.cast<const planner::BaselineFigures&>().figures,
                             py::return_value_policy::reference_internal, self);
           },
-          "MethodFigures under the same schedule search as packpipe's plan")
+          "MethodFigures under baseline_schedule: as run (1F1B over its order, by default) or packpipe's search")
       .def_readonly("scheduled", &planner::BaselineFigures::scheduled,
                     "whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)");
   def_repr(g, {"setting", "scheduled"});

@@ -556,8 +556,9 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   r.schedule_note = best.note;
   r.schedule_ms = ms_since(t0);
 
-  // 3. The baselines' plans: reported under the same schedule search, and candidates for the plan
-  // (a faster one is the plan: never slower than a baseline on the cost model, by construction).
+  // 3. The baselines' plans: candidates for the plan under the same schedule search (a faster one is
+  // the plan: never slower than a baseline on the cost model, by construction), and the report's
+  // figures under baseline_schedule.
   t0 = std::chrono::steady_clock::now();
   // (Only for packpipe's own method: a method the user names is the plan's.)
   const bool candidates = o.partition.method == part::PartitionMethod::DP;

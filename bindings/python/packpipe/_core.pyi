@@ -1093,7 +1093,7 @@ class BaselineFigures:
         """Its micro-batches' layout."""
     @property
     def figures(self) -> MethodFigures:
-        """MethodFigures under the same schedule search as packpipe's plan."""
+        """MethodFigures under baseline_schedule: as run (1F1B over its order, by default) or packpipe's search."""
     @property
     def scheduled(self) -> bool:
         """Whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)."""
