@@ -160,9 +160,13 @@ def test_every_rank_switches_to_the_same_calibration_at_the_same_iteration():
     assert outs[0]["fingerprints"] == outs[1]["fingerprints"]
     assert outs[0]["calibrated"] == [False] * 4 + [True] * 2
     # The ranks share this host's clock: rank 0 joined their times, so both ends of every transfer
-    # were measured and fitted beside the compute ops.
+    # were measured and reached the fit beside the compute ops. Whether the fit is kept depends on the
+    # measured times (it is dropped when the iterations re-simulate closer without it, as on a loaded
+    # machine): the calibration and the report agree on it either way.
     assert outs[0]["ops"] == ["B", "F", "recv", "send"], outs[0]["ops"]
-    assert json.loads(outs[0]["calibration"])["transfers"][0]["fitted"]
+    intra = json.loads(outs[0]["calibration"])["transfers"][0]
+    assert intra["points"] > 0 and intra["sizes"] > 0, intra
+    assert intra["fitted"] == outs[0]["transfers_fitted"], (intra, outs[0]["transfers_fitted"])
 
 
 def test_a_fit_that_fails_on_rank_0_ends_every_rank_with_its_error():

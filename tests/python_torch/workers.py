@@ -214,6 +214,7 @@ def calibration(rank, world, config):
                 out["calibration"] = rep.calibration_json
                 out["ops"] = sorted(rep.ops)
                 out["measurements"] = rep.measurements
+                out["transfers_fitted"] = rep.transfers_fitted
     except RuntimeError as e:
         out["error"] = str(e)
     finally:
