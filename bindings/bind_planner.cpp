@@ -262,7 +262,8 @@ void define_results(py::module_& m) {
           },
           "MethodFigures under baseline_schedule: as run (1F1B over its order, by default) or packpipe's search")
       .def_readonly("scheduled", &planner::BaselineFigures::scheduled,
-                    "whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)");
+                    "whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch "
+                    "count; figures.why says)");
   def_repr(g, {"setting", "scheduled"});
 
   auto r = py::reinterpret_borrow<ResultClass>(m.attr("IterationResult"));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "common/errors.h"
@@ -433,23 +434,28 @@ std::uint64_t partition_key(const part::Partition& p) {
   return h;
 }
 
-/// A baseline's figures as its system runs it (BaselineSchedule::AsRun): under the named schedule,
-/// else 1F1B (interleaved 1F1B with chunks) over its order, with the search (noted) where that
-/// cannot run the micro-batch count; of a slicing baseline's alternatives (the same slices, more
-/// recomputed), the fastest that fits. `scheduled`: whether a schedule ran (false: figures.why).
-MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cost,
-                             const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
-                             std::uint64_t iteration, bool& scheduled) {
+/// The options a baseline is scheduled under as its system runs it (BaselineSchedule::AsRun): the
+/// named schedule, else 1F1B (interleaved 1F1B with chunks) over its order, with the search (noted)
+/// where that cannot run the micro-batch count. A trainer that does not run 1F1B has its baselines
+/// searched within what it runs, so packpipe's plan is never slower than one as run either.
+PlannerOptions as_run_options(const PlannerOptions& o, const std::vector<part::VirtualStage>& vstages) {
   PlannerOptions run = o;
   const bool chunks = static_cast<std::int64_t>(vstages.size()) > o.shape.stages;
   const sched::ScheduleKind reference = chunks ? sched::ScheduleKind::Interleaved1F1B : sched::ScheduleKind::OneFOneB;
   const auto allowed = allowed_schedules(o);
-  // (A trainer that does not run 1F1B has its baselines searched within what it runs, so packpipe's
-  // plan is never slower than one as run either.)
   if (o.schedule == "search" && std::find(allowed.begin(), allowed.end(), reference) != allowed.end()) {
     run.schedule = sched::schedule_kind_name(reference);
     run.fallback = true;
   }
+  return run;
+}
+
+/// A baseline's figures under `run` (as_run_options); of a slicing baseline's alternatives (the same
+/// slices, more recomputed), the fastest that fits. `scheduled`: whether a schedule ran (false:
+/// figures.why).
+MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cost,
+                             const std::vector<part::VirtualStage>& vstages, const PlannerOptions& run,
+                             std::uint64_t iteration, bool& scheduled) {
   scheduled = false;
   auto figures = [&](const part::Partition& p) {
     Scheduled s = schedule_partition(p, cost, vstages, run, iteration, kInfMs, false);
@@ -567,6 +573,8 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   const bool searched_report = o.baselines && o.baseline_schedule == BaselineSchedule::Search;
   std::map<std::uint64_t, Scheduled> scheduled_partitions;  // by partition_key
   std::map<std::uint64_t, BaselineFigures> as_run;          // by partition_key: the as-run report's figures
+  std::optional<PlannerOptions> run;                        // the as-run report's options, once per batch
+  if (o.baselines && !searched_report) run = as_run_options(o, vstages);
   for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
     const bool candidate = candidates && has_layout(o.partition.layouts, b.layout);
     if (!o.baselines && !candidate) continue;
@@ -585,12 +593,8 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     const std::uint64_t key = partition_key(bp);
     const auto same = scheduled_partitions.find(key);
     if (!searched_report && o.baselines) {  // as run: the figure of the first setting with these micro-batches
-      auto it = as_run.find(key);
-      if (it == as_run.end()) {
-        BaselineFigures run;
-        run.figures = as_run_figures(bp, cost, vstages, o, iteration, run.scheduled);
-        it = as_run.emplace(key, std::move(run)).first;
-      }
+      const auto [it, fresh] = as_run.try_emplace(key);
+      if (fresh) it->second.figures = as_run_figures(bp, cost, vstages, *run, iteration, it->second.scheduled);
       f.scheduled = it->second.scheduled;
       f.figures = it->second.figures;
       r.baselines.push_back(std::move(f));

@@ -255,7 +255,7 @@ import json, sys
 run, searched = (json.load(open(p)) for p in sys.argv[1:])
 assert run["config"]["baseline_schedule"] == "as-run" and searched["config"]["baseline_schedule"] == "search"
 for a, b in zip(run["iterations"], searched["iterations"]):
-    assert a["packpipe"] == {**b["packpipe"]}, (a["packpipe"], b["packpipe"])
+    assert a["packpipe"] == b["packpipe"], (a["packpipe"], b["packpipe"])
     for fam, f in a["baselines"].items():
         assert f["schedule"] == "1f1b", (fam, f)
         assert f["iteration_ms"] >= a["packpipe"]["iteration_ms"], (fam, f)
