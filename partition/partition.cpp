@@ -742,7 +742,7 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
     } else {
       c = finalize_rows(w, coster, mb, m, policy, forced_rc, other, in_tok, tg_tok);
     }
-    if (require_fit) {
+    if (require_fit && !c.fits) {
       const std::string dec =
           w.encdec() ? " + " + std::to_string(mb.padded_dec_len) + " decoder tokens" : std::string();
       const std::string what = mb.layout == Layout::Packed

@@ -103,38 +103,94 @@ namespace detail {
 
 bool chains_fit(const std::vector<MicroBatch>& mbs, const Coster& coster) { return chains_over(mbs, coster).empty(); }
 
+namespace {
+
+// The samples of sliced micro-batches, ascending, with the indices of the micro-batches holding
+// each, ascending, as often as a micro-batch lists the sample (compressed rows: chain i's members
+// are members[first[i], first[i + 1])).
+struct Chains {
+  std::vector<std::uint32_t> samples;
+  std::vector<std::size_t> first;
+  std::vector<std::size_t> members;
+  std::size_t size() const { return samples.size(); }
+  const std::size_t* begin(std::size_t i) const { return members.data() + first[i]; }
+  const std::size_t* end(std::size_t i) const { return members.data() + first[i + 1]; }
+};
+
+Chains chains_of(const std::vector<MicroBatch>& mbs) {
+  Chains c;
+  std::uint32_t most = 0;
+  bool any = false;
+  for (const MicroBatch& mb : mbs) {
+    if (!mb.has_slices()) continue;
+    for (const std::uint32_t s : mb.samples) most = std::max(most, s);
+    any = any || !mb.samples.empty();
+  }
+  if (!any) {
+    c.first.push_back(0);
+    return c;
+  }
+  std::vector<std::size_t> count(static_cast<std::size_t>(most) + 2, 0);  // a counting sort by sample
+  for (const MicroBatch& mb : mbs) {
+    if (!mb.has_slices()) continue;
+    for (const std::uint32_t s : mb.samples) ++count[s + 1];
+  }
+  for (std::size_t s = 0; s <= most; ++s) {
+    if (count[s + 1] > 0) c.samples.push_back(static_cast<std::uint32_t>(s));
+    count[s + 1] += count[s];
+  }
+  c.members.resize(count.back());
+  std::vector<std::size_t> at(count.begin(), count.end() - 1);
+  for (std::size_t b = 0; b < mbs.size(); ++b) {
+    if (!mbs[b].has_slices()) continue;
+    for (const std::uint32_t s : mbs[b].samples) c.members[at[s]++] = b;
+  }
+  for (const std::uint32_t s : c.samples) c.first.push_back(count[s]);
+  c.first.push_back(c.members.size());
+  return c;
+}
+
+// A chain's stored activations and largest peak: what each stage holds until its backward.
+double chain_total(const std::vector<MicroBatch>& mbs, const std::size_t* begin, const std::size_t* end) {
+  double stored = 0, peak = 0;
+  for (const std::size_t* b = begin; b != end; ++b) {
+    stored += mbs[*b].stored_mb;
+    peak = std::max(peak, mbs[*b].peak_mb);
+  }
+  return stored + peak;
+}
+
+}  // namespace
+
 std::vector<std::uint32_t> chains_over(const std::vector<MicroBatch>& mbs, const Coster& coster, double room_fraction) {
   std::vector<std::uint32_t> over;
   if (coster.basis() != CostBasis::Stages) return over;
-  // Per sliced sample: the sum of its micro-batches' stored activations and their largest peak.
-  std::map<std::uint32_t, std::pair<double, double>> chain;
-  for (const MicroBatch& mb : mbs) {
-    if (!mb.has_slices()) continue;
-    for (std::size_t i = 0; i < mb.samples.size(); ++i) {
-      auto& c = chain[mb.samples[i]];  // a whole sample's "chain" is its one micro-batch: it fits alone
-      c.first += mb.stored_mb;
-      c.second = std::max(c.second, mb.peak_mb);
-    }
-  }
   const double room = (coster.limit_mb() - coster.max_static_mb()) * room_fraction;
-  for (const auto& [s, c] : chain) {
-    if (c.first + c.second > room) over.push_back(s);
+  const Chains c = chains_of(mbs);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    if (chain_total(mbs, c.begin(i), c.end(i)) > room) over.push_back(c.samples[i]);
   }
   return over;
 }
 
 std::vector<std::uint32_t> relieve_chains(std::vector<MicroBatch>& mbs, const Coster& coster,
                                           const std::function<Choice(std::size_t)>& full, double room_fraction) {
-  std::vector<std::uint32_t> over = chains_over(mbs, coster, room_fraction);
-  if (over.empty()) return over;
+  if (coster.basis() != CostBasis::Stages) return {};
   const double room = (coster.limit_mb() - coster.max_static_mb()) * room_fraction;
-  for (const std::uint32_t s : over) {
-    std::vector<std::size_t> members;
-    for (std::size_t b = 0; b < mbs.size(); ++b) {
-      if (mbs[b].has_slices() && std::find(mbs[b].samples.begin(), mbs[b].samples.end(), s) != mbs[b].samples.end()) {
-        members.push_back(b);
-      }
-    }
+  const Chains chains = chains_of(mbs);  // (relieving changes modes, never which micro-batches hold a sample)
+  // The chains over before any relief (chains_over's), relieved in ascending sample order.
+  std::vector<char> over(chains.size(), 0);
+  bool any = false;
+  for (std::size_t i = 0; i < chains.size(); ++i) {
+    over[i] = chain_total(mbs, chains.begin(i), chains.end(i)) > room;
+    any = any || over[i];
+  }
+  if (!any) return {};
+  std::vector<std::size_t> members;
+  for (std::size_t i = 0; i < chains.size(); ++i) {
+    if (!over[i]) continue;
+    members.assign(chains.begin(i), chains.end(i));
+    members.erase(std::unique(members.begin(), members.end()), members.end());  // each micro-batch once
     // Candidates by added time per MB freed (ties by index): the cheapest relief first.
     struct Cand {
       double rate;
@@ -151,16 +207,8 @@ std::vector<std::uint32_t> relieve_chains(std::vector<MicroBatch>& mbs, const Co
     }
     std::sort(cands.begin(), cands.end(),
               [](const Cand& x, const Cand& y) { return x.rate != y.rate ? x.rate < y.rate : x.b < y.b; });
-    auto total = [&] {
-      double stored = 0, peak = 0;
-      for (const std::size_t b : members) {
-        stored += mbs[b].stored_mb;
-        peak = std::max(peak, mbs[b].peak_mb);
-      }
-      return stored + peak;
-    };
     for (const Cand& x : cands) {
-      if (total() <= room) break;
+      if (chain_total(mbs, members.data(), members.data() + members.size()) <= room) break;
       MicroBatch& mb = mbs[x.b];
       mb.recompute = x.c.rc;
       mb.time_ms = x.c.time_ms;

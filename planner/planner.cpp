@@ -367,7 +367,14 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
   for (std::size_t k = 0; k < replicas(split); ++k) {
     out.replica_mbs.push_back(replica_microbatches(split, k));
     const auto& mbs = out.replica_mbs.back();
-    out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
+    if (bound < kInfMs && !mbs.empty()) {
+      // (a candidate whose rank work alone reaches the bound stops after the entries that show it)
+      std::optional<sched::StageCostTable> t = sched::stage_cost_table_below(cost, o.shape, vstages, mbs, bound);
+      if (!t) return out;
+      out.tables.push_back(std::move(*t));
+    } else {
+      out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
+    }
     if (mbs.empty()) {
       // A replica without a sample (fewer micro-batches, or slice groups, than replicas) still
       // takes part in the step: its plan reduces zero gradients and steps (issue 30).

@@ -1,5 +1,7 @@
 #include "schedule/stage_costs.h"
 
+#include <limits>
+
 #include "common/errors.h"
 #include "costmodel/stage_ops.h"
 
@@ -37,15 +39,19 @@ void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost,
   t.send_bytes[i] = c.boundary_bytes;
 }
 
-StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
-                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
+namespace {
+
+// The table, stopping (false) once a rank's summed forward and backward work reaches stop_at_ms.
+bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::PipelineShape& shape,
+                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs,
+                double stop_at_ms) {
   const cm::ModelSpec& model = cost.model();
-  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
-                                            static_cast<std::int64_t>(vstages.size()), shape.stages);
   for (const auto& vs : vstages) {
     t.static_bytes[static_cast<std::size_t>(vs.rank)] +=
         cm::stage_static_memory(model, vs.layout, shape.tp, shape.dp, shape.zero_stage).total();
   }
+  const bool watch = stop_at_ms < std::numeric_limits<double>::infinity();
+  std::vector<double> work(watch ? static_cast<std::size_t>(shape.stages) : 0, 0.0);
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     const part::MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
@@ -54,7 +60,34 @@ StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineS
       set_stage_cost(t, t.at(static_cast<std::int64_t>(m), vs.index), cost, vs.layout, shape.tp, mb.shape(),
                      mb.recompute);
     }
+    if (!watch) continue;
+    // (makespan_lower_bounds' sum: virtual stages in index order, stage v on rank v mod S)
+    for (std::int64_t v = 0; v < t.vstages; ++v) {
+      const std::size_t i = t.at(static_cast<std::int64_t>(m), v);
+      double& w = work[static_cast<std::size_t>(v % shape.stages)];
+      w += t.op_ms(pl::OpKind::Forward, i) + t.op_ms(pl::OpKind::Backward, i);
+      if (w >= stop_at_ms) return false;
+    }
   }
+  return true;
+}
+
+}  // namespace
+
+StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
+  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
+                                            static_cast<std::int64_t>(vstages.size()), shape.stages);
+  fill_table(t, cost, shape, vstages, mbs, std::numeric_limits<double>::infinity());
+  return t;
+}
+
+std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                                     const std::vector<part::VirtualStage>& vstages,
+                                                     const std::vector<part::MicroBatch>& mbs, double stop_at_ms) {
+  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
+                                            static_cast<std::int64_t>(vstages.size()), shape.stages);
+  if (!fill_table(t, cost, shape, vstages, mbs, stop_at_ms)) return std::nullopt;
   return t;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "costmodel/cost_model.h"
@@ -53,6 +54,13 @@ struct StageCostTable {
 /// a calibrated cost model's times are calibrated (and backward_input_ms is filled).
 StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
                                 const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs);
+
+/// stage_cost_table, or nullopt as soon as the entries built so far make some rank's forward plus
+/// backward work reach `stop_at_ms`: the rank work of makespan_lower_bounds, summed in its order, so
+/// the whole table's lower bound would reach it too (a pruned candidate costs only a prefix).
+std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                                     const std::vector<part::VirtualStage>& vstages,
+                                                     const std::vector<part::MicroBatch>& mbs, double stop_at_ms);
 
 /// An empty table of `microbatches` x `vstages` entries and `ranks` static figures (all zero),
 /// with backward_input_ms sized when `cost` is calibrated; set_stage_cost fills the entries.
