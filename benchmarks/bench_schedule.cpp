@@ -51,7 +51,9 @@ struct Bench {
   part::PipelineShape shape;
   sched::SimProblem problem;
   Bench(Model model, std::int64_t stages) {
-    cm::CostModelConfig cfg{"gpt-6.7b", "A100-40GB", {}, ""};
+    cm::CostModelConfig cfg;  // (GPT-6.7B on A100-40GB, the analytic model)
+    cfg.model = "gpt-6.7b";
+    cfg.device = "A100-40GB";
     shape.stages = stages;
     if (model == Model::Profiled) {
       const std::string dir = std::string(PACKPIPE_FIXTURES_DIR) + "/dynapipe/derived_from_cost_models_pkl/";
