@@ -42,6 +42,17 @@ std::vector<part::MicroBatch> replica_microbatches(const part::Partition& p, std
 
 std::size_t replicas(const part::Partition& p) { return p.ranks.empty() ? 1 : p.ranks.size(); }
 
+/// Whether replica_microbatches(p, replica) is every micro-batch of `p` in its order.
+bool whole_replica(const part::Partition& p, std::size_t replica) {
+  if (p.ranks.empty()) return replica == 0;
+  const auto& list = p.ranks[replica];
+  if (list.size() != p.microbatches.size()) return false;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (list[i] != i) return false;
+  }
+  return true;
+}
+
 /// The slice links of one replica's micro-batches (its list keeps their order), for the schedule.
 std::vector<std::pair<std::uint32_t, std::uint32_t>> microbatch_slice_edges(const std::vector<part::MicroBatch>& mbs,
                                                                             const part::Partition& split) {
@@ -365,16 +376,21 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
   out.figures.feasible = true;
   out.figures.iteration_ms = 0;
   for (std::size_t k = 0; k < replicas(split); ++k) {
-    out.replica_mbs.push_back(replica_microbatches(split, k));
-    const auto& mbs = out.replica_mbs.back();
-    if (bound < kInfMs && !mbs.empty()) {
+    // (a replica of every micro-batch in order is read in place until the bound is passed)
+    std::vector<part::MicroBatch> copy;
+    const bool whole = whole_replica(split, k);
+    if (!whole) copy = replica_microbatches(split, k);
+    const auto& view = whole ? split.microbatches : copy;
+    if (bound < kInfMs && !view.empty()) {
       // (a candidate whose rank work alone reaches the bound stops after the entries that show it)
-      std::optional<sched::StageCostTable> t = sched::stage_cost_table_below(cost, o.shape, vstages, mbs, bound);
+      std::optional<sched::StageCostTable> t = sched::stage_cost_table_below(cost, o.shape, vstages, view, bound);
       if (!t) return out;
       out.tables.push_back(std::move(*t));
     } else {
-      out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, mbs));
+      out.tables.push_back(sched::stage_cost_table(cost, o.shape, vstages, view));
     }
+    out.replica_mbs.push_back(whole ? split.microbatches : std::move(copy));
+    const auto& mbs = out.replica_mbs.back();
     if (mbs.empty()) {
       // A replica without a sample (fewer micro-batches, or slice groups, than replicas) still
       // takes part in the step: its plan reduces zero gradients and steps (issue 30).

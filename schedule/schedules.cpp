@@ -565,7 +565,7 @@ double OrderBuilder::zero_bubble(const std::vector<std::uint32_t>& order, const 
     done_at_[r] = kInf;
     if (now > abort_above_ms || now + left_[r] > abort_at) return kInf;
     makespan = now;
-    const Running run = running_[r];
+    const Running& run = running_[r];  // (read in place: nothing below starts an op on r)
     busy_[r] = 0;
     const std::size_t i = t.at(order[run.pos], run.v);
     if (run.kind == pl::OpKind::Forward) {
