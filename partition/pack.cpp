@@ -37,6 +37,7 @@ std::vector<MicroBatch> packing_baseline(const Work& w, const std::vector<std::u
   const packing::Packing p = packing::pack(in.data(), in.size(), po, w.encdec() ? tg.data() : nullptr);
   std::vector<MicroBatch> out;
   const std::size_t rows = p.rows();
+  if (mbs > 0) out.reserve((rows + static_cast<std::size_t>(mbs) - 1) / static_cast<std::size_t>(mbs));
   for (std::size_t r0 = 0; r0 < rows; r0 += static_cast<std::size_t>(mbs)) {
     const std::size_t r1 = std::min(rows, r0 + static_cast<std::size_t>(mbs));
     MicroBatch mb;

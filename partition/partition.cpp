@@ -534,6 +534,7 @@ std::vector<std::uint32_t> sorted_order(const Work& w, const std::vector<std::ui
 std::vector<MicroBatch> windows_to_microbatches(const Work& w, const std::vector<std::uint32_t>& order,
                                                 const WindowTable& t, const std::vector<std::int32_t>& cuts) {
   std::vector<MicroBatch> out;
+  out.reserve(cuts.empty() ? 0 : cuts.size() - 1);
   for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
     const auto i = static_cast<std::size_t>(cuts[k]), j = static_cast<std::size_t>(cuts[k + 1]);
     MicroBatch mb;
@@ -1314,6 +1315,7 @@ Partition partition_fixed(Run& r) {
   const auto size = static_cast<std::size_t>(r.options.microbatch_size);
   const Layout layout = method_layout(r.options);
   std::vector<MicroBatch> mbs;
+  mbs.reserve((r.ids.size() + size - 1) / size);
   for (std::size_t k = 0; k < r.ids.size(); k += size) {
     MicroBatch mb;
     mb.layout = layout;

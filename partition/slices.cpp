@@ -262,6 +262,7 @@ std::vector<MicroBatch> slicing_baseline(const Work& w, const std::vector<std::u
     if (indeg[r] == 0) ready.push(r);
   }
   std::vector<MicroBatch> out;
+  out.reserve(rows);
   bool sliced = false;
   std::vector<char> emitted(rows, 0);
   std::vector<std::size_t> unlocked;  // rows the last emitted row made ready
