@@ -88,7 +88,7 @@ def least_lower_bound(cm, inp, shape, slicing_settings):
                                             options=packpipe.PartitionOptions(method="slicing", capacity=cap)))
         except ValueError:  # does not fit: no bound from it
             continue
-    return min(packpipe.ScheduleProblem(cm, q.microbatches, shape=shape).lower_bound_ms
+    return min(packpipe.ScheduleProblem(cm, q, shape=shape).lower_bound_ms
                for p in parts for q in [p, *p.alternatives])
 
 

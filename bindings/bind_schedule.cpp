@@ -17,6 +17,7 @@
 #include "bindings/bind.h"
 #include "common/errors.h"
 #include "costmodel/cost_model.h"
+#include "partition/partition.h"
 #include "partition/pipeline.h"
 #include "schedule/schedules.h"
 #include "schedule/search.h"
@@ -130,17 +131,49 @@ part::MicroBatch microbatch_arg(const py::handle& item, std::size_t i) {
   return mb;
 }
 
-std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::sequence& microbatches,
-                                      const part::PipelineShape& shape) {
+std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::object& microbatches,
+                                      const part::PipelineShape& shape, const py::object& input_lengths) {
   PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must be a packpipe.CostModel");
   auto out = std::make_shared<PyProblem>();
-  for (std::size_t i = 0; i < microbatches.size(); ++i) out->mbs.push_back(microbatch_arg(microbatches[i], i));
+  std::vector<std::uint32_t> lengths;
+  bool have_lengths = false;
+  if (py::isinstance<part::Partition>(microbatches)) {
+    // A Partition: its micro-batches and the lengths it was cut from (after its oversize policy).
+    PACKPIPE_CHECK_ARG(input_lengths.is_none(),
+                       "input_lengths: a Partition carries its own lengths; pass its micro-batches to give others");
+    const auto& p = microbatches.cast<const part::Partition&>();
+    out->mbs = p.microbatches;
+    lengths = p.lengths.input;
+    have_lengths = true;
+  } else {
+    PACKPIPE_CHECK_ARG(py::isinstance<py::sequence>(microbatches) && !py::isinstance<py::str>(microbatches),
+                       "microbatches must be a Partition or a sequence of MicroBatch objects or shape tuples, found {}",
+                       std::string(py::str(py::type::of(microbatches).attr("__name__"))));
+    const auto seq = microbatches.cast<py::sequence>();
+    for (std::size_t i = 0; i < seq.size(); ++i) out->mbs.push_back(microbatch_arg(seq[i], i));
+    if (!input_lengths.is_none()) {
+      lengths = lengths_arg(input_lengths, "input_lengths");
+      have_lengths = true;
+    }
+  }
   PACKPIPE_CHECK_ARG(!out->mbs.empty(), "microbatches is empty");
   out->cost = std::move(cost);
   out->shape = shape;
   out->vstages = part::virtual_stages(out->cost->model(), out->shape);
   out->problem = sched::make_sim_problem(sched::stage_cost_table(*out->cost, out->shape, out->vstages, out->mbs),
                                       *out->cost, out->shape);
+  // Slices keep their order in every schedule (forward in slice order, backward in reverse, each
+  // stage holding the sample's keys and values until its backward): the links come from the spans
+  // and the samples' lengths, which tell a slice from a whole sample.
+  for (std::size_t m = 0; m < out->mbs.size(); ++m) {
+    if (!out->mbs[m].has_slices()) continue;
+    PACKPIPE_CHECK_ARG(have_lengths,
+                       "microbatches[{}] holds slices: pass the Partition itself, or input_lengths= (the batch's input "
+                       "lengths it was cut from), so that the schedule keeps the slices in order",
+                       m);
+    out->problem.slice_edges = part::slice_edges(out->mbs, lengths);
+    break;
+  }
   return out;
 }
 
@@ -212,9 +245,11 @@ void define_schedule(py::module_& m) {
   auto problem_cls = py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"));
   problem_cls
       .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::kw_only(),
-           py::arg("shape") = four_stage_shape(),
-           "From a cost model and micro-batches: MicroBatch objects (Partition.microbatches) or shapes "
-           "[(rows, padded_len[, padded_dec_len[, recompute]]), ...], on the pipeline `shape`")
+           py::arg("shape") = four_stage_shape(), py::arg("input_lengths") = py::none(),
+           "From a cost model and micro-batches on the pipeline `shape`: a Partition, MicroBatch objects "
+           "(Partition.microbatches) or shapes [(rows, padded_len[, padded_dec_len[, recompute]]), ...]. "
+           "Micro-batches holding slices need the lengths they were cut from (a Partition has them, else "
+           "input_lengths=), so that every schedule keeps the slices in order")
       .def_static("from_costs", &from_costs, py::arg("forward_ms"), py::arg("backward_ms"),
                   py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
                   py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),

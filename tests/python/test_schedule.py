@@ -160,3 +160,55 @@ def test_microbatches_of_a_partition_and_the_shape():
     assert p.simulate("zero-bubble").makespan_ms == q.simulate("zero-bubble").makespan_ms > 0
     with pytest.raises(ValueError, match=r"microbatches\[0\] must be a MicroBatch or \(rows, padded_len"):
         packpipe.ScheduleProblem(cm, [(1,)], shape=shape)
+
+
+def test_a_sliced_partition_keeps_its_slices_in_order():
+    """Micro-batches holding slices are scheduled with their links (forward in slice order, backward in
+    reverse): from the Partition itself or with input_lengths=, never silently without them."""
+    cm = packpipe.CostModel("gpt-1.3b")
+    shape = PipelineShape(stages=4, layers_per_stage=3)
+    lengths = np.array([700, 90, 260, 40, 333], dtype=np.uint32)
+    part = packpipe.partition(cm, lengths, shape=shape,
+                              options=packpipe.PartitionOptions(method="slicing", capacity=128))
+    assert any(len(mb.spans) for mb in part.microbatches)
+    with pytest.raises(ValueError, match=r"microbatches\[\d+\] holds slices: pass the Partition itself, or "
+                                         r"input_lengths="):
+        packpipe.ScheduleProblem(cm, part.microbatches, shape=shape)
+    whole = packpipe.ScheduleProblem(cm, part, shape=shape)
+    given = packpipe.ScheduleProblem(cm, part.microbatches, shape=shape, input_lengths=lengths)
+    # The links: per sample, its pieces by first token.
+    pieces = {}
+    for m, mb in enumerate(part.microbatches):
+        for s, (begin, n) in zip(mb.samples, mb.spans):
+            if not (begin == 0 and n == lengths[s]):
+                pieces.setdefault(int(s), []).append((int(begin), m))
+    links = [(a[1], b[1]) for v in pieces.values() for a, b in zip(sorted(v), sorted(v)[1:])]
+    assert links
+    checked = {"F": 0, "back": 0}
+    for kind in ("1f1b", "zero-bubble", "gpipe"):
+        a, b = whole.simulate(kind), given.simulate(kind)
+        assert a.makespan_ms == b.makespan_ms > 0
+        for r in range(a.ranks):
+            ops = a.op_list(r)
+            at = {(tok, mb, v): i for i, (tok, mb, v, _, _) in enumerate(ops)}
+            for prev, nxt in links:
+                for v in {v for (_, _, v) in at}:
+                    if ("F", prev, v) in at and ("F", nxt, v) in at:
+                        assert at[("F", prev, v)] < at[("F", nxt, v)], (kind, r, prev, nxt)
+                        checked["F"] += 1
+                    back = [k for k in ("B", "I") if (k, prev, v) in at and (k, nxt, v) in at]
+                    for k in back:
+                        assert at[(k, nxt, v)] < at[(k, prev, v)], (kind, r, prev, nxt)
+                        checked["back"] += 1
+    assert checked["F"] > 0 and checked["back"] > 0
+    s = whole.search()
+    assert s.feasible and s.schedule.makespan_ms >= whole.lower_bound_ms
+    # Lengths that the slices do not cover, or a Partition with lengths besides: refused, naming why.
+    short = lengths.copy()
+    short[0] = 600
+    with pytest.raises(ValueError, match="sample 0: its slices"):
+        packpipe.ScheduleProblem(cm, part.microbatches, shape=shape, input_lengths=short)
+    with pytest.raises(ValueError, match="input_lengths: a Partition carries its own lengths"):
+        packpipe.ScheduleProblem(cm, part, shape=shape, input_lengths=lengths)
+    with pytest.raises(ValueError, match="microbatches must be a Partition or a sequence"):
+        packpipe.ScheduleProblem(cm, "1f1b", shape=shape)

@@ -801,9 +801,11 @@ class ScheduleSearchResult:
 
 class ScheduleProblem:
     """_Costs of one iteration's micro-batches on a pipeline."""
-    def __init__(self, cost_model: CostModel, microbatches: Sequence[_MicroBatchShape], *,
-                 shape: PipelineShape = ...) -> None:
-        """From a cost model, micro-batches and the pipeline shape (default PipelineShape(stages=4))."""
+    def __init__(self, cost_model: CostModel, microbatches: Union[Partition, Sequence[_MicroBatchShape]], *,
+                 shape: PipelineShape = ..., input_lengths: Optional[_Lengths] = None) -> None:
+        """From a cost model, micro-batches (a Partition, or its micro-batches) and the pipeline shape
+        (default PipelineShape(stages=4)); micro-batches holding slices need their lengths (a Partition
+        has them, else input_lengths=) so that every schedule keeps the slices in order."""
     @staticmethod
     def from_costs(forward_ms: _Costs, backward_ms: _Costs, backward_weight_ms: Optional[_Costs] = None,
                    stored_bytes: Optional[_Costs] = None, peak_bytes: Optional[_Costs] = None,
