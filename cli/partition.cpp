@@ -2,7 +2,9 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -68,9 +70,48 @@ part::BatchLengths sample_lengths(const PartitionCliOptions& o, bool encdec, con
   return std::move(g.lengths);
 }
 
-Json mb_json(const part::MicroBatch& mb, bool encdec) {
+// Per micro-batch and entry, the micro-batch holding the previous slice of the entry's sample (-1:
+// a whole sample or a first slice), as plan files' `prev`.
+std::vector<std::vector<std::int64_t>> previous_slices(const std::vector<part::MicroBatch>& mbs) {
+  std::unordered_map<std::uint64_t, std::int64_t> ending;  // (sample, end token) -> micro-batch
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    for (std::size_t i = 0; i < mbs[m].spans.size() && i < mbs[m].samples.size(); ++i) {
+      const part::Span& sp = mbs[m].spans[i];
+      ending[std::uint64_t{mbs[m].samples[i]} << 32 | (std::uint64_t{sp.begin} + sp.length)] = static_cast<std::int64_t>(m);
+    }
+  }
+  std::vector<std::vector<std::int64_t>> out(mbs.size());
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    for (std::size_t i = 0; i < mbs[m].spans.size() && i < mbs[m].samples.size(); ++i) {
+      const part::Span& sp = mbs[m].spans[i];
+      const auto it = sp.begin == 0 ? ending.end() : ending.find(std::uint64_t{mbs[m].samples[i]} << 32 | sp.begin);
+      out[m].push_back(it == ending.end() ? -1 : it->second);
+    }
+  }
+  return out;
+}
+
+// `prev`: previous_slices' row of this micro-batch; `lengths`: the samples' lengths (a span over a
+// whole sample is not a slice).
+Json mb_json(const part::MicroBatch& mb, bool encdec, const std::vector<std::int64_t>& prev,
+             const std::vector<std::uint32_t>& lengths) {
   Json j;
   j["samples"] = mb.samples;
+  if (mb.has_slices()) {
+    // Entry i holds tokens [begin, begin + length) of samples[i]; prev[i]: the micro-batch holding
+    // the slice before it (null: a whole sample, or a sample's first slice).
+    Json spans = Json::array(), links = Json::array(), sliced = Json::array();
+    for (std::size_t i = 0; i < mb.spans.size(); ++i) {
+      spans.push_back(Json::array({mb.spans[i].begin, mb.spans[i].length}));
+      links.push_back(i < prev.size() && prev[i] >= 0 ? Json(prev[i]) : Json(nullptr));
+      const bool whole = i < mb.samples.size() && mb.samples[i] < lengths.size() && mb.spans[i].begin == 0 &&
+                         mb.spans[i].length == lengths[mb.samples[i]];
+      sliced.push_back(!whole);
+    }
+    j["spans"] = std::move(spans);
+    j["prev"] = std::move(links);
+    j["sliced"] = std::move(sliced);
+  }
   j["layout"] = layout_name(mb.layout);
   if (!mb.row_offsets.empty()) j["row_offsets"] = mb.row_offsets;
   j["rows"] = mb.rows();
@@ -182,7 +223,25 @@ Json run_partition(const PartitionCliOptions& o) {
   }
   j["method"] = o.method;
   j["microbatches"] = Json::array();
-  for (const auto& mb : p.microbatches) j["microbatches"].push_back(mb_json(mb, encdec));
+  const auto prev = previous_slices(p.microbatches);
+  const std::vector<std::uint32_t>& lengths = p.lengths.input.empty() ? b.input : p.lengths.input;
+  std::set<std::uint32_t> sliced_samples;
+  std::uint64_t slices = 0;
+  for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
+    Json mj = mb_json(p.microbatches[m], encdec, prev[m], lengths);
+    if (mj.contains("sliced")) {
+      for (std::size_t i = 0; i < mj["sliced"].size(); ++i) {
+        if (!mj["sliced"][i].get<bool>()) continue;
+        ++slices;
+        sliced_samples.insert(p.microbatches[m].samples[i]);
+      }
+    }
+    j["microbatches"].push_back(std::move(mj));
+  }
+  // Samples cut into slices that pipeline (each counted once) and their slices: a sample listed in
+  // several micro-batches is one of these, never a duplicate.
+  j["sliced_samples"] = sliced_samples.size();
+  j["slices"] = slices;
   j["ranks"] = p.ranks;
   j["rank_time_ms"] = p.rank_time_ms;
   const Json fig = figures_json(p, encdec);
@@ -240,9 +299,14 @@ Json run_partition(const PartitionCliOptions& o) {
 }
 
 void print_partition(const Json& j, bool encdec) {
-  std::printf("%s (%s): %zu samples, method %s, %zu micro-batches\n", j["model"].get<std::string>().c_str(),
+  std::printf("%s (%s): %zu samples, method %s, %zu micro-batches", j["model"].get<std::string>().c_str(),
               j["cost_model"].get<std::string>().c_str(), j["samples"].get<std::size_t>(),
               j["method"].get<std::string>().c_str(), j["microbatches"].size());
+  if (j["sliced_samples"].get<std::size_t>() > 0) {
+    std::printf("; %zu samples cut into %llu slices (shown as sample[begin:end) tokens)",
+                j["sliced_samples"].get<std::size_t>(), static_cast<unsigned long long>(j["slices"].get<std::uint64_t>()));
+  }
+  std::printf("\n");
   std::size_t k = 0;
   for (const auto& mb : j["microbatches"]) {
     std::printf("  mb %3zu: %3lld rows x %5lld", k++, static_cast<long long>(mb["rows"].get<std::int64_t>()),
@@ -250,13 +314,18 @@ void print_partition(const Json& j, bool encdec) {
     if (encdec) std::printf(" + %4lld", static_cast<long long>(mb["padded_dec_len"].get<std::int64_t>()));
     std::printf(" tokens, %8.2f ms, recompute %-9s samples", mb["time_ms"].get<double>(),
                 mb["recompute"].get<std::string>().c_str());
-    std::size_t shown = 0;
-    for (const auto& s : mb["samples"]) {
-      if (shown++ == 8) {
+    const auto& samples = mb["samples"];
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      if (i == 8) {
         std::printf(" ...");
         break;
       }
-      std::printf(" %u", s.get<unsigned>());
+      std::printf(" %u", samples[i].get<unsigned>());
+      if (mb.contains("sliced") && mb["sliced"][i].get<bool>()) {
+        const auto begin = mb["spans"][i][0].get<std::uint64_t>(), length = mb["spans"][i][1].get<std::uint64_t>();
+        std::printf("[%llu:%llu)", static_cast<unsigned long long>(begin),
+                    static_cast<unsigned long long>(begin + length));
+      }
     }
     std::printf("\n");
   }

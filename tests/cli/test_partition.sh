@@ -28,6 +28,42 @@ for mb in j["microbatches"]:
 assert j["objective_ms"] > 0 and 0 < j["efficiency"] <= 1
 PYEOF
 
+# Slices are shown as slices: every token of every sample exactly once across the entries, each
+# slice linked to the micro-batch holding the one before it, and counted in the summary (a sample in
+# several micro-batches is a sliced sample, never a duplicate).
+for i in $(seq 1 30); do echo $(( (i * 7919) % 700 + 1 )); done > "$T/sl.txt"
+echo 2900 >> "$T/sl.txt"
+"$BIN" partition "$T/sl.txt" $SHAPE --method slicing --capacity 512 --json > "$T/sl.json"
+$PY - "$T/sl.json" "$T/sl.txt" <<'PYEOF' || fail "slices json"
+import json, sys
+j = json.load(open(sys.argv[1])); lengths = [int(x) for x in open(sys.argv[2])]
+covered = {s: [] for s in range(len(lengths))}
+sliced, slices = set(), 0
+for m, mb in enumerate(j["microbatches"]):
+    if "spans" not in mb:
+        for s in mb["samples"]:
+            covered[s].append((0, lengths[s], m, None))
+        continue
+    assert len(mb["spans"]) == len(mb["prev"]) == len(mb["sliced"]) == len(mb["samples"]), mb
+    for s, (b, n), prev, cut in zip(mb["samples"], mb["spans"], mb["prev"], mb["sliced"]):
+        covered[s].append((b, n, m, prev))
+        assert cut == (not (b == 0 and n == lengths[s])), (s, b, n)
+        if cut:
+            sliced.add(s); slices += 1
+for s, pieces in covered.items():
+    pieces.sort()
+    at = 0
+    for k, (b, n, m, prev) in enumerate(pieces):
+        assert b == at and n >= 1, (s, pieces)
+        assert prev == (pieces[k - 1][2] if k > 0 else None), (s, pieces)
+        at += n
+    assert at == lengths[s], (s, pieces)
+assert j["sliced_samples"] == len(sliced) >= 1 and j["slices"] == slices > len(sliced), (j["sliced_samples"], j["slices"])
+PYEOF
+"$BIN" partition "$T/sl.txt" $SHAPE --method slicing --capacity 512 > "$T/sl.txt.out"
+grep -q "samples cut into [0-9]* slices (shown as sample\[begin:end) tokens)" "$T/sl.txt.out" || fail "slices summary: $(head -2 "$T/sl.txt.out")"
+grep -q " 30\[512:1024)" "$T/sl.txt.out" || fail "slice entry text: $(cat "$T/sl.txt.out")"
+
 # Deterministic.
 "$BIN" partition "$T/gpt.txt" $SHAPE --json > "$T/b.json"
 cmp -s "$T/a.json" "$T/b.json" || fail "not deterministic"
