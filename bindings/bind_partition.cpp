@@ -464,9 +464,10 @@ void define_partition(py::module_& m) {
         for (std::size_t i = 0; i < mbs.size(); ++i) {
           const std::string arg = fmt::format("microbatches[{}]", i);
           const auto item = py::reinterpret_borrow<py::object>(microbatches[i]);
-          if (py::isinstance<part::MicroBatch>(item)) {  // a partition's micro-batch: its samples, rows and layout
+          if (py::isinstance<part::MicroBatch>(item)) {  // a partition's micro-batch: its samples, slices, rows, layout
             const auto& given = item.cast<const part::MicroBatch&>();
             mbs[i].samples = given.samples;
+            mbs[i].spans = given.spans;
             mbs[i].row_offsets = given.layout == Layout::PackedMask ? given.row_offsets : std::vector<std::uint32_t>{};
             mbs[i].layout = given.layout;
             continue;
@@ -482,7 +483,7 @@ void define_partition(py::module_& m) {
       py::arg("cost_model"), py::arg("input_lengths"), py::arg("target_lengths") = py::none(), py::kw_only(),
       py::arg("microbatches"), py::arg("shape") = part::PipelineShape{}, py::arg("options") = part::PartitionOptions{},
       py::arg("basis") = "stages", py::arg("layout") = "padded",
-      "Given micro-batches (MicroBatch objects of a Partition, keeping their layout and rows, or 1-D arrays of "
+      "Given micro-batches (MicroBatch objects of a Partition, keeping their layout, rows and slices, or 1-D arrays of "
       "sample indices laid out as `layout`: 'padded', one row per sample, or 'packed', one varlen row) costed on "
       "a cost basis ('stages' or 'dynapipe'): a Partition with their shapes, recompute modes (the fastest that "
       "fits under options.recompute), times, memory and objective (S-1) max/c + sum/d, e.g. to put another "

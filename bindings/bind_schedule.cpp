@@ -132,20 +132,38 @@ part::MicroBatch microbatch_arg(const py::handle& item, std::size_t i) {
 }
 
 std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const py::object& microbatches,
-                                      const part::PipelineShape& shape, const py::object& input_lengths) {
+                                      const part::PipelineShape& shape, const py::object& input_lengths,
+                                      const py::object& replica) {
   PACKPIPE_CHECK_ARG(cost != nullptr, "cost_model must be a packpipe.CostModel");
   auto out = std::make_shared<PyProblem>();
   std::vector<std::uint32_t> lengths;
   bool have_lengths = false;
   if (py::isinstance<part::Partition>(microbatches)) {
-    // A Partition: its micro-batches and the lengths it was cut from (after its oversize policy).
+    // A Partition: one data-parallel replica's micro-batches, in its order, as the planner schedules
+    // them, and the lengths it was cut from (after its oversize policy).
     PACKPIPE_CHECK_ARG(input_lengths.is_none(),
                        "input_lengths: a Partition carries its own lengths; pass its micro-batches to give others");
     const auto& p = microbatches.cast<const part::Partition&>();
-    out->mbs = p.microbatches;
+    const std::size_t replicas = p.ranks.empty() ? 1 : p.ranks.size();
+    std::size_t k = 0;
+    if (!replica.is_none()) {
+      k = static_cast<std::size_t>(unsigned_arg(replica, "replica", replicas - 1));
+    } else {
+      PACKPIPE_CHECK_ARG(replicas == 1,
+                         "the Partition has {} data-parallel replicas (Partition.ranks), each its own pipeline: pass "
+                         "replica= (0 to {}) to schedule one, as the planner does",
+                         replicas, replicas - 1);
+    }
+    if (p.ranks.empty()) {
+      out->mbs = p.microbatches;
+    } else {
+      for (const auto m : p.ranks[k]) out->mbs.push_back(p.microbatches.at(m));
+    }
     lengths = p.lengths.input;
     have_lengths = true;
   } else {
+    PACKPIPE_CHECK_ARG(replica.is_none(),
+                       "replica: a Partition's data-parallel replica; given micro-batches are one pipeline's already");
     PACKPIPE_CHECK_ARG(py::isinstance<py::sequence>(microbatches) && !py::isinstance<py::str>(microbatches),
                        "microbatches must be a Partition or a sequence of MicroBatch objects or shape tuples, found {}",
                        std::string(py::str(py::type::of(microbatches).attr("__name__"))));
@@ -171,7 +189,15 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
                        "microbatches[{}] holds slices: pass the Partition itself, or input_lengths= (the batch's input "
                        "lengths it was cut from), so that the schedule keeps the slices in order",
                        m);
-    out->problem.slice_edges = part::slice_edges(out->mbs, lengths);
+    try {
+      out->problem.slice_edges = part::slice_edges(out->mbs, lengths);
+    } catch (const ::packpipe::InvalidArgument& e) {
+      PACKPIPE_CHECK_ARG(py::isinstance<part::Partition>(microbatches),
+                         "microbatches and input_lengths disagree: {} (input_lengths must be the lengths the "
+                         "micro-batches were cut from, after any truncation)",
+                         e.what());
+      throw;
+    }
     break;
   }
   return out;
@@ -246,10 +272,12 @@ void define_schedule(py::module_& m) {
   problem_cls
       .def(py::init(&from_model), py::arg("cost_model"), py::arg("microbatches"), py::kw_only(),
            py::arg("shape") = four_stage_shape(), py::arg("input_lengths") = py::none(),
+           py::arg("replica") = py::none(),
            "From a cost model and micro-batches on the pipeline `shape`: a Partition, MicroBatch objects "
            "(Partition.microbatches) or shapes [(rows, padded_len[, padded_dec_len[, recompute]]), ...]. "
            "Micro-batches holding slices need the lengths they were cut from (a Partition has them, else "
-           "input_lengths=), so that every schedule keeps the slices in order")
+           "input_lengths=), so that every schedule keeps the slices in order. A Partition of several "
+           "data-parallel replicas needs replica= (each replica is its own pipeline)")
       .def_static("from_costs", &from_costs, py::arg("forward_ms"), py::arg("backward_ms"),
                   py::arg("backward_weight_ms") = py::none(), py::arg("stored_bytes") = py::none(),
                   py::arg("peak_bytes") = py::none(), py::arg("transfer_ms") = py::none(),

@@ -1452,13 +1452,19 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   Coster coster(cost, shape, vstages, basis, limit, options.cache ? &options.cache->memo() : nullptr);
   set_basis_limits(coster, shape);
   const Work w = make_work(lengths.input.data(), encdec ? lengths.target.data() : nullptr, lengths.size(), options);
+  bool sliced = false;
   for (std::size_t m = 0; m < microbatches.size(); ++m) {
     for (auto s : microbatches[m].samples) {
       PACKPIPE_CHECK_ARG(s < lengths.size(), "micro-batch {} names sample {} but the batch has {}", m, s,
                          lengths.size());
     }
+    sliced = sliced || microbatches[m].has_slices();
   }
-  return finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true);
+  // Slices: each sample's pieces cover it back to back, in micro-batch order (slice_edges' checks).
+  if (sliced) slice_edges(microbatches, lengths.input);
+  Partition p = finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true);
+  p.lengths = lengths;  // (as partition() records them: what the slices were cut from)
+  return p;
 }
 
 }  // namespace packpipe::partition

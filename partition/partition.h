@@ -295,10 +295,11 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
                     const PartitionOptions& options);
 
 /// Recomputes the padded shapes, recompute modes (fastest that fits under options.recompute),
-/// times, memory, figures and rank assignment of given micro-batches (their `samples` and
-/// `row_offsets`) under `basis`, e.g. to compare another method's micro-batches on packpipe's
-/// stage basis. objective_ms is (S-1) max/c + sum/d. Throws InvalidArgument naming a micro-batch
-/// that does not fit or a sample index out of range.
+/// times, memory, figures and rank assignment of given micro-batches (their `samples`, slice
+/// `spans` and `row_offsets`) under `basis`, e.g. to compare another method's micro-batches on
+/// packpipe's stage basis; the result records `lengths`. objective_ms is (S-1) max/c + sum/d.
+/// Throws InvalidArgument naming a micro-batch that does not fit, a sample index out of range, or
+/// a sample whose slices do not cover it in order.
 Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
                              const std::vector<VirtualStage>& vstages, std::vector<MicroBatch> microbatches,
                              const PartitionOptions& options, CostBasis basis);

@@ -229,3 +229,25 @@ def test_evaluate_partition_costs_given_microbatches_on_either_basis():
         packpipe.evaluate_partition(cm, lens, microbatches=[[99]], shape=shape)
     with pytest.raises(ValueError, match=r"microbatches\[1\]"):
         packpipe.evaluate_partition(cm, lens, microbatches=[[0], [-1]], shape=shape)
+
+
+def test_evaluate_partition_keeps_slices():
+    """A sliced Partition's micro-batches evaluated again keep their slices (each priced with its
+    prefix, linked for the schedule), and the result records the lengths."""
+    cm = packpipe.CostModel("gpt-1.3b")
+    shape = packpipe.PipelineShape(stages=4, layers_per_stage=3)
+    lengths = np.array([700, 90, 260, 40, 333], dtype=np.uint32)
+    part = packpipe.partition(cm, lengths, shape=shape,
+                              options=packpipe.PartitionOptions(method="slicing", capacity=128))
+    ev = packpipe.evaluate_partition(cm, lengths, microbatches=list(part.microbatches), shape=shape)
+    assert [[tuple(s) for s in mb.spans] for mb in ev.microbatches] == \
+           [[tuple(s) for s in mb.spans] for mb in part.microbatches]
+    assert any(len(mb.spans) for mb in ev.microbatches)
+    assert [mb.time_ms for mb in ev.microbatches] == pytest.approx([mb.time_ms for mb in part.microbatches])
+    a = packpipe.ScheduleProblem(cm, ev, shape=shape).simulate("1f1b").makespan_ms
+    b = packpipe.ScheduleProblem(cm, part, shape=shape).simulate("1f1b").makespan_ms
+    assert a == pytest.approx(b) and a > 0
+    # Slices that do not cover their sample are refused, naming it.
+    with pytest.raises(ValueError, match="sample 0: its slices"):
+        packpipe.evaluate_partition(cm, np.array([900, 90, 260, 40, 333], dtype=np.uint32),
+                                    microbatches=list(part.microbatches), shape=shape)

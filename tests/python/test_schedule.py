@@ -212,3 +212,43 @@ def test_a_sliced_partition_keeps_its_slices_in_order():
         packpipe.ScheduleProblem(cm, part, shape=shape, input_lengths=lengths)
     with pytest.raises(ValueError, match="microbatches must be a Partition or a sequence"):
         packpipe.ScheduleProblem(cm, "1f1b", shape=shape)
+
+
+def test_a_partition_of_several_replicas_is_scheduled_one_replica_at_a_time():
+    """A dp > 1 Partition is one pipeline per replica: replica= picks one (its micro-batches in the
+    planner's order); without it the problem is refused rather than run every replica as one."""
+    cm = packpipe.CostModel("gpt-1.3b")
+    shape = PipelineShape(stages=4, layers_per_stage=6, dp=2)
+    lengths = np.array([7000, 900, 2600, 400, 3330, 5000, 8000, 1200], dtype=np.uint32)
+    part = packpipe.partition(cm, lengths, shape=shape,
+                              options=packpipe.PartitionOptions(method="slicing", capacity=1024))
+    assert len(part.ranks) == 2
+    with pytest.raises(ValueError, match=r"the Partition has 2 data-parallel replicas .*pass replica= \(0 to 1\)"):
+        packpipe.ScheduleProblem(cm, part, shape=shape)
+    per = []
+    for k, members in enumerate(part.ranks):
+        p = packpipe.ScheduleProblem(cm, part, shape=shape, replica=k)
+        q = packpipe.ScheduleProblem(cm, [part.microbatches[m] for m in members], shape=shape, input_lengths=lengths)
+        assert p.microbatches == len(members)
+        assert p.simulate("1f1b").makespan_ms == q.simulate("1f1b").makespan_ms > 0
+        per.append(p.lower_bound_ms)
+    # Each replica's bound is at most the planner's iteration (the slowest replica's makespan).
+    plan = packpipe.plan_batch(cm, lengths, shape=shape, options=packpipe.PartitionOptions(method="slicing",
+                                                                                           capacity=1024))
+    assert max(per) <= plan.packpipe.iteration_ms * (1 + 1e-9)
+    with pytest.raises(ValueError, match="replica"):
+        packpipe.ScheduleProblem(cm, part, shape=shape, replica=2)
+    with pytest.raises(ValueError, match="replica: a Partition's data-parallel replica"):
+        packpipe.ScheduleProblem(cm, part.microbatches, shape=shape, input_lengths=lengths, replica=0)
+
+
+def test_input_lengths_that_disagree_with_the_slices_are_named():
+    cm = packpipe.CostModel("gpt-1.3b")
+    shape = PipelineShape(stages=4, layers_per_stage=3)
+    lengths = np.array([700, 90, 260, 40, 333], dtype=np.uint32)
+    part = packpipe.partition(cm, lengths, shape=shape,
+                              options=packpipe.PartitionOptions(method="slicing", capacity=128))
+    for bad in (lengths[:3], np.array([800, 90, 260, 40, 333], dtype=np.uint32)):
+        with pytest.raises(ValueError, match="microbatches and input_lengths disagree: .*input_lengths must be the "
+                                             "lengths the micro-batches were cut from"):
+            packpipe.ScheduleProblem(cm, part.microbatches, shape=shape, input_lengths=bad)

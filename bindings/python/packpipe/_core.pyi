@@ -802,10 +802,12 @@ class ScheduleSearchResult:
 class ScheduleProblem:
     """_Costs of one iteration's micro-batches on a pipeline."""
     def __init__(self, cost_model: CostModel, microbatches: Union[Partition, Sequence[_MicroBatchShape]], *,
-                 shape: PipelineShape = ..., input_lengths: Optional[_Lengths] = None) -> None:
+                 shape: PipelineShape = ..., input_lengths: Optional[_Lengths] = None,
+                 replica: Optional[int] = None) -> None:
         """From a cost model, micro-batches (a Partition, or its micro-batches) and the pipeline shape
         (default PipelineShape(stages=4)); micro-batches holding slices need their lengths (a Partition
-        has them, else input_lengths=) so that every schedule keeps the slices in order."""
+        has them, else input_lengths=) so that every schedule keeps the slices in order; a Partition of
+        several data-parallel replicas needs replica= (each replica is its own pipeline)."""
     @staticmethod
     def from_costs(forward_ms: _Costs, backward_ms: _Costs, backward_weight_ms: Optional[_Costs] = None,
                    stored_bytes: Optional[_Costs] = None, peak_bytes: Optional[_Costs] = None,
