@@ -1,6 +1,7 @@
 #include "plan/validator.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <map>
 #include <string>
@@ -44,6 +45,34 @@ void overlapping_spans(Spans& spans, F report) {
     for (std::size_t k = 1; k < v.size(); ++k) {
       if (v[k].begin < v[k - 1].end) report(key.first, key.second, v[k - 1], v[k]);
     }
+  }
+}
+
+// The tokens each sample id trains of its dataset sample (its slices joined: they cover one range),
+// filed as spans by dataset sample. A dataset sample drawn more than once (a weighted task repeats
+// samples: dataloader/sampler.h) comes under several ids with the same range: one span of them is
+// kept, so only copies that train other tokens can overlap.
+struct IdRange {
+  std::uint32_t task = 0;
+  std::uint64_t index = 0, begin = 0, end = 0;
+  std::size_t where = 0;
+};
+void add_id_spans(const std::map<std::uint32_t, IdRange>& ranges, Spans& spans) {
+  for (const auto& [id, r] : ranges) spans[{r.task, r.index}].push_back(Span{r.begin, r.end, r.where});
+  for (auto& [key, v] : spans) {
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) {
+      return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where);
+    });
+    v.erase(std::unique(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin == b.begin && a.end == b.end; }),
+            v.end());
+  }
+}
+void add_id_range(std::map<std::uint32_t, IdRange>& ranges, std::uint32_t id, const SampleRef& r, std::uint32_t length,
+                  std::size_t where) {
+  const auto [it, fresh] = ranges.try_emplace(id, IdRange{r.task, r.index, r.offset, std::uint64_t{r.offset} + length, where});
+  if (!fresh) {
+    it->second.begin = std::min<std::uint64_t>(it->second.begin, r.offset);
+    it->second.end = std::max<std::uint64_t>(it->second.end, std::uint64_t{r.offset} + length);
   }
 }
 
@@ -343,8 +372,9 @@ class Checker {
     if (p.global_tokens == 0) add("header", -1, -1, "global_tokens: expected at least 1 (the loss weights' denominator), found 0");
     // A sample (by id in the global batch, and by dataset reference) is trained once.
     std::map<std::uint32_t, std::size_t> sample_mb;
-    std::map<SampleRef, std::size_t> ref_mb;
-    Spans spans;  // the tokens of each dataset sample the micro-batches train (format 2: lengths known)
+    std::map<SampleRef, std::pair<std::size_t, std::uint32_t>> ref_mb;  // -> (micro-batch, sample id)
+    std::map<std::uint32_t, IdRange> id_ranges;  // the tokens each sample id trains (format 2: lengths known)
+    Spans spans;
     std::size_t with_dec = 0;
     double weights = 0;
     const SliceLinks links = slice_links(p);
@@ -361,12 +391,14 @@ class Checker {
       }
       for (std::size_t i = 0; i < mb.refs.size(); ++i) {
         const SampleRef& r = mb.refs[i];
-        const auto [it, fresh] = ref_mb.emplace(r, m);
-        if (!fresh) {
-          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample {} is already in micro-batch {}", m,
-                                            ref_name(r), it->second));
+        const std::uint32_t id = i < mb.samples.size() ? mb.samples[i] : std::numeric_limits<std::uint32_t>::max();
+        const auto [it, fresh] = ref_mb.emplace(r, std::make_pair(m, id));
+        // Under another id it is another draw of the sample (a weighted task); under the same id, twice.
+        if (!fresh && it->second.second == id) {
+          add("header", -1, -1, fmt::format("micro-batch {}: dataset sample {} of sample {} is already in micro-batch {}",
+                                            m, ref_name(r), id, it->second.first));
         } else if (mb.lengths.size() == mb.refs.size()) {
-          spans[{r.task, r.index}].push_back(Span{r.offset, std::uint64_t{r.offset} + mb.lengths[i], m});
+          add_id_range(id_ranges, id, r, mb.lengths[i], m);
         }
       }
       if (mb.samples.empty()) add("header", -1, -1, fmt::format("micro-batch {}: no samples", m));
@@ -384,6 +416,7 @@ class Checker {
       }
       with_dec += mb.padded_dec_len > 0;
     }
+    add_id_spans(id_ranges, spans);
     overlapping_spans(spans, [&](std::uint32_t task, std::uint64_t index, const Span& a, const Span& b) {
       add("header", -1, -1, fmt::format("micro-batch {}: dataset sample (task {}, index {}): its tokens [{}, {}) overlap "
                                         "tokens [{}, {}) in micro-batch {} (each token is trained once)", b.where, task,
@@ -948,8 +981,9 @@ std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
   }
   std::uint64_t tokens = 0;
   std::map<std::uint32_t, std::size_t> sample_of;
-  std::map<SampleRef, std::size_t> ref_of;
-  Spans spans;  // the tokens of each dataset sample the replicas train (lengths known)
+  std::map<SampleRef, std::pair<std::size_t, std::uint32_t>> ref_of;  // -> (replica, sample id)
+  std::map<std::uint32_t, IdRange> id_ranges;  // the tokens each sample id trains (lengths known)
+  Spans spans;
   for (std::size_t k = 0; k < replicas.size(); ++k) {
     const Plan& p = replicas[k];
     const auto K = static_cast<std::int64_t>(k);
@@ -974,15 +1008,18 @@ std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
       }
       for (std::size_t i = 0; i < mb.refs.size(); ++i) {
         const SampleRef& r = mb.refs[i];
-        const auto [it, fresh] = ref_of.emplace(r, k);
-        if (!fresh && it->second != k) {
-          add(K, fmt::format("micro-batch {}: dataset sample {} is also in replica {}", m, ref_name(r), it->second));
-        } else if (fresh && mb.lengths.size() == mb.refs.size()) {
-          spans[{r.task, r.index}].push_back(Span{r.offset, std::uint64_t{r.offset} + mb.lengths[i], k});
+        const std::uint32_t id = i < mb.samples.size() ? mb.samples[i] : std::numeric_limits<std::uint32_t>::max();
+        const auto [it, fresh] = ref_of.emplace(r, std::make_pair(k, id));
+        if (!fresh && it->second.first != k && it->second.second == id) {
+          add(K, fmt::format("micro-batch {}: dataset sample {} of sample {} is also in replica {}", m, ref_name(r), id,
+                             it->second.first));
+        } else if (mb.lengths.size() == mb.refs.size()) {
+          add_id_range(id_ranges, id, r, mb.lengths[i], k);
         }
       }
     }
   }
+  add_id_spans(id_ranges, spans);
   overlapping_spans(spans, [&](std::uint32_t task, std::uint64_t index, const Span& a, const Span& b) {
     // Within one replica the plan's own validation reports it.
     if (a.where != b.where) {

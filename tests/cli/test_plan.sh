@@ -279,4 +279,10 @@ if "$pp" plan --manifest "$root/data/demo/manifest.json" --global-batch-tokens -
   fail "negative --global-batch-tokens accepted"
 fi
 if "$pp" plan --manifest "$tmp/nope.json" --global-batch-tokens 1000 2> /dev/null; then fail "missing manifest accepted"; fi
+# A weighted manifest draws some samples more than once (each draw its own sample of the batch),
+# and slices long ones: the plans of make demo's long-context run validate.
+"$pp" plan --manifest "$root/data/demo/long.json" --model gpt-6.7b --device A100-40GB --stages 4 --layers-per-stage 4 \
+  --global-batch-tokens 65536 --iterations 6 --out "$tmp/long.plan" > /dev/null || fail "long plan"
+"$pp" plan validate "$tmp/long.plan" > "$tmp/long.out" || fail "long-context plans invalid: $(tail -5 "$tmp/long.out")"
+grep -q "6 plans checked, 0 invalid" "$tmp/long.out" || fail "long validate: $(tail -2 "$tmp/long.out")"
 echo "cli plan tests: ok"

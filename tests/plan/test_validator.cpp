@@ -466,7 +466,24 @@ TEST_CASE("validator: every field a runtime or trainer reads is checked (mutatio
         refused("a timeline op on the wrong rank", [](Plan& p) { p.timeline[0][0].vstage = p.vstages - 1; });
       }
       if (!good.microbatches[0].refs.empty()) {
-        refused("a dataset sample in two micro-batches", [](Plan& p) { p.microbatches[1].refs[0] = p.microbatches[0].refs[0]; });
+        // One id naming the dataset sample twice trains it twice.
+        refused("a dataset sample twice under one sample id", [](Plan& p) {
+          p.microbatches[1].refs[0] = p.microbatches[0].refs[0];
+          p.microbatches[1].samples[0] = p.microbatches[0].samples[0];
+        });
+        // Under another id it is another draw of a weighted task's sample: fine when it trains the
+        // same tokens, refused when the two draws train other tokens of it.
+        Plan rep = good;
+        rep.microbatches[1].refs[0] = rep.microbatches[0].refs[0];
+        REQUIRE(rep.microbatches[0].lengths.size() == rep.microbatches[0].refs.size());
+        const bool same_tokens = rep.microbatches[1].lengths[0] == rep.microbatches[0].lengths[0];
+        const auto blob = encode_plan(rep);
+        const ValidationReport r = validate(decode_plan(blob.data(), blob.size()));
+        CHECK(r.ok() == same_tokens);
+        if (!same_tokens) {
+          REQUIRE_FALSE(r.violations.empty());
+          CHECK(r.violations.front().message.find("overlap") != std::string::npos);
+        }
       }
       // The context length and the chunks of samples split at it (format 4).
       const auto named = [](Plan& p) {  // every sample a dataset sample of its own
@@ -606,9 +623,11 @@ TEST_CASE("validator: the replicas of one iteration agree and share no sample", 
     v[2].microbatches[0].samples[0] = v[0].microbatches[0].samples[0];
   });
   if (!good[0].microbatches[0].refs.empty()) {
-    refused("a dataset sample in two replicas", [](std::vector<Plan>& v) {
-      v[2].microbatches[0].refs[0] = v[0].microbatches[0].refs[0];
-    });
+    // Another draw of the sample in another replica: refused only when it trains other tokens.
+    std::vector<Plan> rep = good;
+    rep[2].microbatches[0].refs[0] = rep[0].microbatches[0].refs[0];
+    const bool same_tokens = rep[2].microbatches[0].lengths[0] == rep[0].microbatches[0].lengths[0];
+    CHECK(validate_replicas(rep).empty() == same_tokens);
   }
   // Chunks of one dataset sample may sit in several replicas, one token once.
   auto chunk = [](std::vector<Plan>& v, std::uint32_t offset) {
