@@ -11,6 +11,18 @@ bool pytorch_exportable(const Plan& plan, std::string* why) {
     if (why != nullptr) *why = "the plan has no micro-batches";
     return false;
   }
+  for (std::size_t m = 0; m < plan.microbatches.size(); ++m) {
+    if (!plan.microbatches[m].has_slices()) continue;
+    if (why != nullptr) {
+      *why = fmt::format(
+          "micro-batch {} holds slices of a long sample (docs/design/015-long-context.md): PyTorch pipelining runs "
+          "each micro-batch on its own, without the earlier slices' kept keys and values and without the reverse "
+          "backward order, so it would train something else (plan with slicing off, or run the plan with "
+          "packpipe's executor)",
+          m);
+    }
+    return false;
+  }
   const PlanMicroBatch& a = plan.microbatches.front();
   for (std::size_t m = 1; m < plan.microbatches.size(); ++m) {
     const PlanMicroBatch& b = plan.microbatches[m];

@@ -185,3 +185,14 @@ def test_slices_are_searched_where_they_may_pay_and_skipped_where_they_cannot():
     off = packpipe.plan_batch(cost, short, shape=shape, options=PartitionOptions(slicing="off"))
     assert not sliced(auto.plans)
     assert auto.plans[0].to_bytes() == off.plans[0].to_bytes()
+
+
+def test_a_sliced_plan_is_not_exported_to_pytorch_pipelining(long_batch):
+    """PyTorch's pipelining would run each slice on its own (no kept keys and values, no reverse
+    backward): the export refuses, naming the micro-batch and why, rather than write a schedule
+    that trains something else."""
+    plan = next(p for p in long_batch[1].plans if sliced([p]))
+    ok, why = plan.pytorch_exportable()
+    assert not ok and "holds slices of a long sample" in why and "slicing off" in why
+    with pytest.raises(Exception, match="cannot export iteration .* holds slices"):
+        plan.pytorch_csv()

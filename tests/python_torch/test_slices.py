@@ -206,3 +206,13 @@ def test_data_parallel_slices_and_a_replica_without_a_sample(samples):
         assert empty == 4, "every iteration leaves one of the two replicas without a sample (both paths)"
     else:
         assert sum(out["sliced"] for _, (_, out) in results.items()) > 0
+
+
+def test_an_iteration_counts_a_sliced_sample_once(tmp_path):
+    """Iteration.samples: a sample cut into slices sits in several micro-batches and is one sample."""
+    load, _ = loader(tmp_path, pp=2, iterations=1)
+    it = next(iter(load))
+    assert sliced(it.plan)
+    entries = sum(len(mb["samples"]) for mb in it.plan.microbatches)
+    unique = {int(s) for mb in it.plan.microbatches for s in mb["samples"]}
+    assert it.samples == len(unique) < entries

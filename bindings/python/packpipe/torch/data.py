@@ -358,7 +358,8 @@ class Iteration:
         mbs = self.plan.microbatches
         self.tokens: int = sum(int(m["tokens"]) for m in mbs)
         self.loss_tokens: int = sum(int(m.get("loss_tokens", 0)) for m in mbs)
-        self.samples: int = sum(len(m["samples"]) for m in mbs)
+        # (a sample cut into slices sits in several micro-batches: it is one sample)
+        self.samples: int = len({int(x) for m in mbs for x in m["samples"]})
 
     @property
     def predicted_ms(self) -> float:
