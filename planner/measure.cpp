@@ -61,6 +61,10 @@ cm::Measurement shape_of(const pl::Plan& plan, std::uint32_t mb, std::uint32_t s
   if (b.layout == Layout::Packed) {
     const bool encdec = !b.target_lengths.empty();
     for (std::size_t i = 0; i < b.lengths.size(); ++i) {
+      if (b.prefix_of(i) > 0) {  // a later slice: its queries attend to the kept prefix too, as planned
+        m.attention.add_slice(static_cast<std::int64_t>(b.lengths[i]), static_cast<std::int64_t>(b.prefix_of(i)));
+        continue;
+      }
       m.attention.add(static_cast<std::int64_t>(packed_tokens(b.lengths[i], encdec)),
                       encdec ? static_cast<std::int64_t>(packed_tokens(b.target_lengths[i], true)) : 0);
     }
@@ -122,9 +126,14 @@ std::string shape_text(const cm::Measurement& m) {
   return fmt::format("{} encoder + {} decoder layers{}{}, tp {}, rows {}, seq {}, dec_seq {}{}, recompute {}",
                      m.layout.encoder_layers, m.layout.decoder_layers, m.layout.has_embedding ? ", embedding" : "",
                      m.layout.has_postprocess ? ", LM head" : "", m.tp, m.rows, m.seq, m.dec_seq,
-                     m.attention.varlen() ? fmt::format(", varlen attention [{}, {}, {}]", m.attention.self,
-                                                        m.attention.dec_self, m.attention.cross)
-                                          : std::string(),
+                     m.attention.varlen()
+                         ? fmt::format(", varlen attention [{}, {}, {}]{}", m.attention.self, m.attention.dec_self,
+                                       m.attention.cross,
+                                       m.attention.prefix_tokens != 0
+                                           ? fmt::format(" with kept prefixes [{}, {}]", m.attention.prefix,
+                                                         m.attention.prefix_tokens)
+                                           : std::string())
+                         : std::string(),
                      cm::recompute_name(m.recompute));
 }
 
@@ -132,8 +141,7 @@ bool same_shape(const cm::Measurement& a, const cm::Measurement& b) {
   return a.layout.encoder_layers == b.layout.encoder_layers && a.layout.decoder_layers == b.layout.decoder_layers &&
          a.layout.has_embedding == b.layout.has_embedding && a.layout.has_postprocess == b.layout.has_postprocess &&
          a.tp == b.tp && a.rows == b.rows && a.seq == b.seq && a.dec_seq == b.dec_seq && a.recompute == b.recompute &&
-         a.attention.self == b.attention.self && a.attention.dec_self == b.attention.dec_self &&
-         a.attention.cross == b.attention.cross;
+         a.attention == b.attention;
 }
 
 // Re-simulates the compute ops `idx` of one (iteration, replica) of `set` (see validate_measurements).

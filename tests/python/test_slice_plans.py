@@ -196,3 +196,30 @@ def test_a_sliced_plan_is_not_exported_to_pytorch_pipelining(long_batch):
     assert not ok and "holds slices of a long sample" in why and "slicing off" in why
     with pytest.raises(Exception, match="cannot export iteration .* holds slices"):
         plan.pytorch_csv()
+
+
+def test_measurements_of_a_sliced_plan_keep_each_slices_prefix(long_batch, tmp_path):
+    """What a run measures is filed under the shape the plan priced: a later slice's queries attend
+    to its kept prefix too, so its measured shape carries the prefix sums (a calibration fitted on
+    them would otherwise take a slice for a short sample)."""
+    plan = next(p for p in long_batch[1].plans if sliced([p]))
+    times = [[(1000 * i, 1000 * i + 500) for i in range(len(stream))] for stream in plan.streams]
+    path = str(tmp_path / "m.jsonl")
+    packpipe.write_measurements(path, packpipe.measurements_from(plan, times))
+    lines = [json.loads(x) for x in open(path) if x.strip()]
+    by_mb = {}
+    for x in lines:
+        if "attention" in x and x.get("stage") == 0:
+            by_mb[x["mb"]] = x["attention"]
+    for m, mb in enumerate(plan.microbatches):
+        if m not in by_mb:
+            continue
+        pre = [int(p) for p in mb["prefix"]] or [0] * len(mb["samples"])
+        lens = [int(n) for n in mb["lengths"]]
+        att = by_mb[m]
+        assert att[0] == sum(n * n for n in lens), (m, att)
+        if any(pre):
+            assert len(att) == 5 and att[3] == sum(n * p for n, p in zip(lens, pre)) and att[4] == sum(pre), (m, att)
+        else:
+            assert len(att) == 3, (m, att)
+    assert any(any(int(p) for p in mb["prefix"]) for m, mb in enumerate(plan.microbatches) if m in by_mb)
