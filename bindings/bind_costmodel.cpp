@@ -338,7 +338,9 @@ void define_costmodel(py::module_& m) {
         return cm::training_flops(cm::load_model(model), mbs, seq, dec_seq);
       },
       py::arg("model"), py::arg("mbs"), py::arg("seq"), py::arg("dec_seq") = 0,
-      "Model FLOPs (3 x forward) of one micro-batch");
+      "Model FLOPs (3 x forward) of one dense micro-batch of mbs rows x seq tokens; for packed or sliced "
+      "micro-batches (a slice's attention reaches its kept prefix) use the planner's model_flops "
+      "(IterationResult.model_flops), which counts each sample once, whole");
   def_ints(m,
       "throughput_report",
       [](double model_flops, double samples, double tokens, double iteration_s, std::int64_t gpus,

@@ -117,6 +117,10 @@ Json mb_json(const part::MicroBatch& mb, bool encdec, const std::vector<std::int
   j["rows"] = mb.rows();
   if (mb.attention.varlen()) {
     j["attention"] = Json{{"self", mb.attention.self}, {"dec_self", mb.attention.dec_self}, {"cross", mb.attention.cross}};
+    if (mb.attention.prefix_tokens != 0) {  // slices' queries over their kept keys (design 015)
+      j["attention"]["prefix"] = mb.attention.prefix;
+      j["attention"]["prefix_tokens"] = mb.attention.prefix_tokens;
+    }
   }
   j["padded_len"] = mb.padded_len;
   if (encdec) j["padded_dec_len"] = mb.padded_dec_len;

@@ -96,9 +96,18 @@ void add_plan_file_commands(CLI::App& plan) {
         if (p.vstages > 0 && m < p.microbatches.size() && p.at(m, 0) < p.recompute.size()) {
           rc = costmodel::recompute_name(static_cast<costmodel::Recompute>(p.recompute[p.at(m, 0)]));
         }
-        std::printf("  mb %zu: %u rows x %u%s tokens, %llu real, loss weight %.6f, recompute %s, %zu samples\n", m, mb.rows,
-                    mb.padded_len, mb.padded_dec_len ? fmt::format(" (+ {} decoder)", mb.padded_dec_len).c_str() : "",
-                    static_cast<unsigned long long>(mb.tokens), mb.loss_weight, rc.c_str(), mb.samples.size());
+        // Slices: each entry's kept prefix and the micro-batch of its previous slice (`prev`).
+        std::string slices;
+        for (std::size_t i = 0; i < mb.prev.size() && i < mb.samples.size(); ++i) {
+          if (mb.prev[i] == pl::kNoSlice) continue;
+          slices += fmt::format("{}sample {} from token {} (after micro-batch {})", slices.empty() ? "; slices: " : ", ",
+                                mb.samples[i], mb.prefix_of(i), mb.prev[i]);
+        }
+        std::printf("  mb %zu: %u rows x %u%s tokens, %llu real, loss weight %.6f, recompute %s, %zu samples%s\n", m,
+                    mb.rows, mb.padded_len,
+                    mb.padded_dec_len ? fmt::format(" (+ {} decoder)", mb.padded_dec_len).c_str() : "",
+                    static_cast<unsigned long long>(mb.tokens), mb.loss_weight, rc.c_str(), mb.samples.size(),
+                    slices.c_str());
       }
       for (std::uint32_t k = 0; k < p.ranks && k < p.streams.size(); ++k) {
         if (*rank >= 0 && *rank != k) continue;

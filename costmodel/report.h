@@ -31,9 +31,10 @@ struct ThroughputReport {
   double mfu = 0;             ///< tflops_per_gpu / the device's peak
 };
 
-/// Report for an iteration of `model_flops` (forward + backward, no recompute; e.g. a sum of
-/// training_flops over the iteration's micro-batches) processing `samples` samples of `tokens`
-/// tokens in `iteration_s` seconds on `gpus` GPUs of `device`.
+/// Report for an iteration of `model_flops` (forward + backward, no recompute: a sum of
+/// training_flops over dense micro-batches; for packed or sliced ones the planner's model_flops,
+/// which counts each sample once, whole) processing `samples` samples of `tokens` tokens in
+/// `iteration_s` seconds on `gpus` GPUs of `device`.
 ThroughputReport throughput_report(double model_flops, double samples, double tokens, double iteration_s,
                                    std::int64_t gpus, const DeviceSpec& device);
 

@@ -59,6 +59,14 @@ for s, pieces in covered.items():
         at += n
     assert at == lengths[s], (s, pieces)
 assert j["sliced_samples"] == len(sliced) >= 1 and j["slices"] == slices > len(sliced), (j["sliced_samples"], j["slices"])
+# a micro-batch with later slices prices their kept prefixes: the attention sums say so
+for mb in j["microbatches"]:
+    pre = sum(b for b, n in mb.get("spans", [])) if any(mb.get("sliced", [])) else 0
+    if pre:
+        assert mb["attention"]["prefix_tokens"] == pre, mb
+        assert mb["attention"]["prefix"] == sum(b * n for b, n in mb["spans"]), mb
+    else:
+        assert "prefix" not in mb.get("attention", {}), mb
 PYEOF
 "$BIN" partition "$T/sl.txt" $SHAPE --method slicing --capacity 512 > "$T/sl.txt.out"
 grep -q "samples cut into [0-9]* slices (shown as sample\[begin:end) tokens)" "$T/sl.txt.out" || fail "slices summary: $(head -2 "$T/sl.txt.out")"

@@ -285,4 +285,8 @@ if "$pp" plan --manifest "$tmp/nope.json" --global-batch-tokens 1000 2> /dev/nul
   --global-batch-tokens 65536 --iterations 6 --out "$tmp/long.plan" > /dev/null || fail "long plan"
 "$pp" plan validate "$tmp/long.plan" > "$tmp/long.out" || fail "long-context plans invalid: $(tail -5 "$tmp/long.out")"
 grep -q "6 plans checked, 0 invalid" "$tmp/long.out" || fail "long validate: $(tail -2 "$tmp/long.out")"
+# inspect shows each later slice: its sample, where it starts and the micro-batch before it
+"$pp" plan inspect "$tmp/long.plan" --iteration 0 > "$tmp/long.txt"
+grep -q "; slices: sample [0-9]* from token [0-9]* (after micro-batch [0-9]*)" "$tmp/long.txt" \
+  || fail "inspect shows no slices: $(grep ' mb ' "$tmp/long.txt" | head -3)"
 echo "cli plan tests: ok"

@@ -282,7 +282,8 @@ def bigscience_tflops_per_gpu(params: float, seq: int, global_batch: int, iterat
     """P * factor * 2 * s * GBS / (T * N * 1e12); factor 4 with full recompute, 3 without."""
 
 def training_flops(model: str, mbs: int, seq: int, dec_seq: int = 0) -> float:
-    """Model FLOPs (3 x forward) of one micro-batch."""
+    """Model FLOPs (3 x forward) of one dense micro-batch of mbs rows x seq tokens; for packed or
+    sliced micro-batches use the planner's model_flops (IterationResult.model_flops)."""
 
 def throughput_report(model_flops: float, samples: float, tokens: float, iteration_s: float, gpus: int,
                       device: str) -> Dict[str, float]:
