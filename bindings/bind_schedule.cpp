@@ -2,6 +2,7 @@
 // cost model, micro-batches and a PipelineShape, or from cost arrays), .simulate() and .search(), results as
 // packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
 // check lives in C++; the GIL is released while simulating and searching.
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -138,7 +139,8 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
   auto out = std::make_shared<PyProblem>();
   std::vector<std::uint32_t> lengths;
   bool have_lengths = false;
-  if (py::isinstance<part::Partition>(microbatches)) {
+  const bool from_partition = py::isinstance<part::Partition>(microbatches);
+  if (from_partition) {
     // A Partition: one data-parallel replica's micro-batches, in its order, as the planner schedules
     // them, and the lengths it was cut from (after its oversize policy).
     PACKPIPE_CHECK_ARG(input_lengths.is_none(),
@@ -183,22 +185,21 @@ std::shared_ptr<PyProblem> from_model(std::shared_ptr<cm::CostModel> cost, const
   // Slices keep their order in every schedule (forward in slice order, backward in reverse, each
   // stage holding the sample's keys and values until its backward): the links come from the spans
   // and the samples' lengths, which tell a slice from a whole sample.
-  for (std::size_t m = 0; m < out->mbs.size(); ++m) {
-    if (!out->mbs[m].has_slices()) continue;
-    PACKPIPE_CHECK_ARG(have_lengths,
-                       "microbatches[{}] holds slices: pass the Partition itself, or input_lengths= (the batch's input "
-                       "lengths it was cut from), so that the schedule keeps the slices in order",
-                       m);
-    try {
-      out->problem.slice_edges = part::slice_edges(out->mbs, lengths);
-    } catch (const ::packpipe::InvalidArgument& e) {
-      PACKPIPE_CHECK_ARG(py::isinstance<part::Partition>(microbatches),
-                         "microbatches and input_lengths disagree: {} (input_lengths must be the lengths the "
-                         "micro-batches were cut from, after any truncation)",
-                         e.what());
-      throw;
-    }
-    break;
+  const auto sliced =
+      std::find_if(out->mbs.begin(), out->mbs.end(), [](const part::MicroBatch& mb) { return mb.has_slices(); });
+  if (sliced == out->mbs.end()) return out;
+  PACKPIPE_CHECK_ARG(have_lengths,
+                     "microbatches[{}] holds slices: pass the Partition itself, or input_lengths= (the batch's input "
+                     "lengths it was cut from), so that the schedule keeps the slices in order",
+                     sliced - out->mbs.begin());
+  try {
+    out->problem.slice_edges = part::slice_edges(out->mbs, lengths);
+  } catch (const ::packpipe::InvalidArgument& e) {
+    if (from_partition) throw;
+    PACKPIPE_THROW(::packpipe::InvalidArgument,
+                   "microbatches and input_lengths disagree: {} (input_lengths must be the lengths the micro-batches "
+                   "were cut from, after any truncation)",
+                   e.what());
   }
   return out;
 }

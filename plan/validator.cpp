@@ -1,8 +1,8 @@
 #include "plan/validator.h"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -34,7 +34,8 @@ struct Span {
 using Spans = std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<Span>>;
 
 // Calls `report(task, index, a, b)` for every span that overlaps the one before it (by begin) of
-// the same dataset sample.
+// the same dataset sample. Spans of identical tokens are draws of one sample under several ids (a
+// weighted task repeats samples: dataloader/sampler.h), not an overlap.
 template <class F>
 void overlapping_spans(Spans& spans, F report) {
   for (auto& [key, v] : spans) {
@@ -43,15 +44,14 @@ void overlapping_spans(Spans& spans, F report) {
       return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where);
     });
     for (std::size_t k = 1; k < v.size(); ++k) {
-      if (v[k].begin < v[k - 1].end) report(key.first, key.second, v[k - 1], v[k]);
+      const bool repeat = v[k].begin == v[k - 1].begin && v[k].end == v[k - 1].end;
+      if (!repeat && v[k].begin < v[k - 1].end) report(key.first, key.second, v[k - 1], v[k]);
     }
   }
 }
 
 // The tokens each sample id trains of its dataset sample (its slices joined: they cover one range),
-// filed as spans by dataset sample. A dataset sample drawn more than once (a weighted task repeats
-// samples: dataloader/sampler.h) comes under several ids with the same range: one span of them is
-// kept, so only copies that train other tokens can overlap.
+// filed as spans by dataset sample for overlapping_spans.
 struct IdRange {
   std::uint32_t task = 0;
   std::uint64_t index = 0, begin = 0, end = 0;
@@ -59,13 +59,6 @@ struct IdRange {
 };
 void add_id_spans(const std::map<std::uint32_t, IdRange>& ranges, Spans& spans) {
   for (const auto& [id, r] : ranges) spans[{r.task, r.index}].push_back(Span{r.begin, r.end, r.where});
-  for (auto& [key, v] : spans) {
-    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) {
-      return std::tie(a.begin, a.end, a.where) < std::tie(b.begin, b.end, b.where);
-    });
-    v.erase(std::unique(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin == b.begin && a.end == b.end; }),
-            v.end());
-  }
 }
 void add_id_range(std::map<std::uint32_t, IdRange>& ranges, std::uint32_t id, const SampleRef& r, std::uint32_t length,
                   std::size_t where) {

@@ -74,14 +74,6 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
 
 }  // namespace
 
-StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
-                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
-  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
-                                            static_cast<std::int64_t>(vstages.size()), shape.stages);
-  fill_table(t, cost, shape, vstages, mbs, std::numeric_limits<double>::infinity());
-  return t;
-}
-
 std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, const part::PipelineShape& shape,
                                                      const std::vector<part::VirtualStage>& vstages,
                                                      const std::vector<part::MicroBatch>& mbs, double stop_at_ms) {
@@ -89,6 +81,11 @@ std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, 
                                             static_cast<std::int64_t>(vstages.size()), shape.stages);
   if (!fill_table(t, cost, shape, vstages, mbs, stop_at_ms)) return std::nullopt;
   return t;
+}
+
+StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineShape& shape,
+                                const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs) {
+  return *stage_cost_table_below(cost, shape, vstages, mbs, std::numeric_limits<double>::infinity());
 }
 
 }  // namespace packpipe::schedule
