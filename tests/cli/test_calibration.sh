@@ -67,8 +67,11 @@ count = {}
 for l in lines[1:]:
     if l["op"] == "iteration":
         count[l["schedule"]] = count.get(l["schedule"], 0) + 1
-assert sorted(x["schedule"] for x in r["schedules"]) == sorted(k for k, n in count.items() if n >= 3), (r["schedules"], count)
-assert all(x["iterations"] == count[x["schedule"]] for x in r["schedules"]), r["schedules"]
+# (A kind whose measured / re-simulated median passes 2 is left out as the op fits' error, not the
+# schedule's overhead: a replay's late wake-ups on a busy machine can do that, so only what load
+# cannot change is asserted here; test_calibration.cpp checks the fit on known data.)
+assert {x["schedule"] for x in r["schedules"]} <= {k for k, n in count.items() if n >= 3}, (r["schedules"], count)
+assert all(x["iterations"] == count[x["schedule"]] and 1 <= x["factor"] <= 2 for x in r["schedules"]), r["schedules"]
 assert c["schedules"] == r["schedules"]
 PY
 "$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.txt.json" | grep -q "error before" || fail "calibrate text"
