@@ -361,7 +361,8 @@ struct Scheduled {
 /// schedule) where it runs the replica's micro-batch count, else the search over the allowed
 /// schedules (with PlannerOptions::fallback; without it a named schedule that cannot run is an
 /// error for packpipe's own partition (`own`) and an unschedulable candidate otherwise). Stops,
-/// unscheduled, at a replica whose makespan lower bound is at least `bound`.
+/// unscheduled, at a replica whose makespan lower bound is at least `bound`, or whose search finds
+/// no schedule under it (SearchOptions::cutoff_ms).
 Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& cost,
                              const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
                              std::uint64_t iteration, double bound, bool own) {
@@ -426,7 +427,12 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
         out.note = fmt::format("schedule '{}' cannot run {} micro-batches ({}): searched the allowed schedules "
                                "instead", o.schedule, mbs.size(), why);
       }
-      s = sched::search_schedule(prob, search_opts).best;
+      // (a candidate must beat `bound`: the search stops every evaluation that cannot, and reports
+      // when none could)
+      search_opts.cutoff_ms = bound;
+      sched::SearchResult found = sched::search_schedule(prob, search_opts);
+      if (!found.found_below_cutoff) return out;
+      s = std::move(found.best);
     }
     account(s, o.shape, prob.memory_limit_bytes, out.figures);
     if (k == 0) out.figures.schedule = s.name;

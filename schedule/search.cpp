@@ -64,6 +64,8 @@ class RankFactor {
     const auto kinds = candidate_kinds(p, o);
     if (o.margin > 0 && std::find(kinds.begin(), kinds.end(), ref_) != kinds.end()) penalty_ = 1.0 / (1.0 - o.margin);
   }
+  /// The largest factor any candidate is ranked by.
+  double largest() const { return *std::max_element(factor_.begin(), factor_.end()) * penalty_; }
   double operator()(ScheduleKind k, const std::vector<std::uint32_t>& order) const {
     const double f = factor_[static_cast<std::size_t>(k)];
     if (penalty_ == 1.0 || (k == ref_ && is_identity(order))) return f;
@@ -131,12 +133,13 @@ class Pass {
     ++stats_.simulations;
     // The simulated makespan times the candidate's rank factor (RankFactor) is what is compared.
     const double f = rank_(kind, order);
-    const double bound = prune ? best.makespan / f : kInf;
+    const bool cut = cutoff_rank < best.makespan;  // the caller's cutoff binds, not the incumbent
+    const double bound = prune ? std::min(best.makespan, cutoff_rank) / f : kInf;
     const double limit = p_.memory_limit_bytes;
     double ms = kInf;
     if (prune && kind == ScheduleKind::ZeroBubble && builder_.exact_times()) {
       ms = builder_.zero_bubble(order, o_.schedule_options, ro_, peak_, bound, true);
-      if (ms == kInf) return exit_early();
+      if (ms == kInf) return exit_early(kind, cut);
     } else {
       RankOrder& ro = built(kind, order);
       if (prune && limit > 0 && !fits_) return exit_early();
@@ -144,13 +147,13 @@ class Pass {
       if (kind == ScheduleKind::WaitFreeCyclic) std::swap(ro.cycle, spare_cycle_);
       sim_.run(ro, res_, bound, prune);
       if (kind == ScheduleKind::WaitFreeCyclic) std::swap(ro.cycle, spare_cycle_);
-      if (res_.aborted) return exit_early();
+      if (res_.aborted) return exit_early(kind, cut);
       if (!res_.within_memory) return false;
       ms = res_.makespan_ms;
     }
     ms *= f;
     finished[static_cast<std::size_t>(kind)] = 1;
-    if (!(ms < best.makespan)) return false;
+    if (!(ms < best.makespan) || !(ms < cutoff_rank)) return false;
     best.have = true;
     best.makespan = ms;
     best.kind = kind;
@@ -160,10 +163,17 @@ class Pass {
 
   Candidate best;
   std::array<std::uint8_t, 8> finished{};  ///< per kind: some evaluation ran to the end within memory
+  /// Ranks at or above this are of no use to the caller (SearchOptions::cutoff_ms x the largest rank
+  /// factor); evaluations stop there, and none becomes the incumbent.
+  double cutoff_rank = kInf;
 
  private:
-  bool exit_early() {
+  // `cut`: the caller's cutoff stopped it where the incumbent alone might not have; its kind is
+  // kept for the later phases as the search without a cutoff might have kept it (an evaluation
+  // run to the end).
+  bool exit_early(ScheduleKind kind = ScheduleKind::OneFOneB, bool cut = false) {
     ++stats_.early_exits;
+    if (cut) finished[static_cast<std::size_t>(kind)] = 1;
     return false;
   }
   // The order of `kind` for `order` (cyclic and wait-free cyclic share one build, kept with its
@@ -213,6 +223,7 @@ Candidate reference_pass(const SimProblem& p, const SearchOptions& o, SearchResu
 // Returns the best candidate and whether the reference candidates alone had a feasible one.
 Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats, bool& reference_feasible) {
   Pass pass(p, o, stats);
+  if (o.cutoff_ms < kInf) pass.cutoff_rank = o.cutoff_ms * RankFactor(p, o).largest() * (1 + kCutoffSlack);
   // Likely winners first, so the incumbent prunes the rest early.
   std::vector<ScheduleKind> kinds = candidate_kinds(p, o);
   auto rank = [](ScheduleKind k) {
@@ -514,9 +525,19 @@ SearchResult reference_search(const SimProblem& problem, const SearchOptions& op
 
 SearchResult search_schedule(const SimProblem& problem, const SearchOptions& options) {
   check_margin(options);
+  PACKPIPE_CHECK_ARG(!std::isnan(options.cutoff_ms) && options.cutoff_ms > 0,
+                     "search cutoff (the makespan a schedule must beat to be kept) must be positive, found {}",
+                     options.cutoff_ms);
+  PACKPIPE_CHECK_ARG(options.cutoff_ms == kInf || !options.recompute_table,
+                     "a search cutoff cannot be combined with a recompute_table fallback");
   SearchResult stats;
   bool ref_ok = false;
   Candidate c = fast_pass(problem, options, stats, ref_ok);
+  if (options.cutoff_ms < kInf && !c.have) {  // nothing the caller would keep
+    stats.lower_bound_ms = makespan_lower_bounds(problem).value();
+    stats.found_below_cutoff = false;
+    return stats;
+  }
   if (ref_ok || !options.recompute_table) return finish(problem, options, std::move(c), std::move(stats));
   // The reference would fall back: try the same modes and keep the best of everything seen, so the
   // result is never worse than the reference's.

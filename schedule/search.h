@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@
 namespace packpipe::schedule {
 
 namespace pl = ::packpipe::plan;
+
+/// A cutoff (SearchOptions::cutoff_ms) keeps candidates ranked up to this fraction over it: local
+/// improvement may bring one of them under it.
+constexpr double kCutoffSlack = 0.01;
 
 struct SearchOptions {
   std::vector<ScheduleKind> schedules;  ///< candidates; empty: every kind the shape supports
@@ -32,6 +37,12 @@ struct SearchOptions {
   /// the reference; ranking only (makespans are unchanged). 0: the least makespan wins. The planner
   /// sets its min_gain.
   double margin = 0;
+  /// Fast search only: the caller keeps the result only when its makespan is below this. An
+  /// evaluation stops once its rank passes cutoff x the largest rank factor x (1 + kCutoffSlack)
+  /// (so none whose makespan is below the cutoff is cut short), and a search that finds none such
+  /// returns found_below_cutoff false, without a schedule. infinity: no cutoff. Not with
+  /// recompute_table.
+  double cutoff_ms = std::numeric_limits<double>::infinity();
 };
 
 /// The schedule a user runs by default for the problem's shape: interleaved 1F1B with chunks, else 1F1B.
@@ -45,6 +56,9 @@ struct SearchResult {
   std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
   std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
   double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
+  /// false: no candidate ranked under SearchOptions::cutoff_ms (best is empty); the search's
+  /// unbounded winner has a makespan of at least the cutoff.
+  bool found_below_cutoff = true;
 };
 
 /// DynaPipe's order candidates, made deterministic: the given order 0..m-1, then, when m > k (k = 3

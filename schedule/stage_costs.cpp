@@ -41,6 +41,15 @@ void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost,
 
 namespace {
 
+// Every per-entry column of `t` resized to n entries (backward_input_ms with a calibrated model).
+void grow(StageCostTable& t, std::size_t n, bool calibrated) {
+  for (std::vector<double>* c : {&t.forward_ms, &t.backward_ms, &t.backward_weight_ms, &t.stored_bytes, &t.peak_bytes,
+                                 &t.send_bytes}) {
+    c->resize(n);
+  }
+  if (calibrated) t.backward_input_ms.resize(n);
+}
+
 // The table, stopping (false) once a rank's summed forward and backward work reaches stop_at_ms.
 bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::PipelineShape& shape,
                 const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs,
@@ -53,6 +62,7 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
   const bool watch = stop_at_ms < std::numeric_limits<double>::infinity();
   std::vector<double> work(watch ? static_cast<std::size_t>(shape.stages) : 0, 0.0);
   for (std::size_t m = 0; m < mbs.size(); ++m) {
+    if (watch) grow(t, (m + 1) * static_cast<std::size_t>(t.vstages), cost.calibration() != nullptr);  // (a table that may stop: entries as built)
     const part::MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
                        mb.rows(), mb.padded_len);
@@ -77,8 +87,19 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
 std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, const part::PipelineShape& shape,
                                                      const std::vector<part::VirtualStage>& vstages,
                                                      const std::vector<part::MicroBatch>& mbs, double stop_at_ms) {
-  StageCostTable t = empty_stage_cost_table(cost, static_cast<std::int64_t>(mbs.size()),
+  const bool watch = stop_at_ms < std::numeric_limits<double>::infinity();
+  // (a table that may stop early has its columns reserved, not zeroed: they grow as entries are built)
+  StageCostTable t = empty_stage_cost_table(cost, watch ? 0 : static_cast<std::int64_t>(mbs.size()),
                                             static_cast<std::int64_t>(vstages.size()), shape.stages);
+  t.microbatches = static_cast<std::int64_t>(mbs.size());
+  if (watch) {
+    const std::size_t n = mbs.size() * vstages.size();
+    for (std::vector<double>* c : {&t.forward_ms, &t.backward_ms, &t.backward_weight_ms, &t.stored_bytes,
+                                   &t.peak_bytes, &t.send_bytes}) {
+      c->reserve(n);
+    }
+    if (cost.calibration() != nullptr) t.backward_input_ms.reserve(n);
+  }
   if (!fill_table(t, cost, shape, vstages, mbs, stop_at_ms)) return std::nullopt;
   return t;
 }

@@ -392,3 +392,81 @@ TEST_CASE("search: with a margin, only a candidate that much faster replaces 1F1
     CHECK_THROWS_WITH(reference_search(s.problem, o), Catch::Matchers::Contains("margin"));
   }
 }
+
+TEST_CASE("search: a cutoff stops what cannot be kept, and keeps what the search without it finds",
+          "[interface][boundary]") {
+  int same = 0, faster = 0, missed = 0, none = 0;
+  for (std::uint64_t seed = 0; seed < 40; ++seed) {
+    std::mt19937_64 rng(100 + seed);
+    const std::int64_t chunks = seed % 5 == 4 ? 2 : 1;
+    const std::int64_t S = chunks > 1 ? 4 : 2 + static_cast<std::int64_t>(seed % 3);
+    const std::size_t n = chunks > 1 ? 8 + 4 * (seed % 3) : 3 + static_cast<std::size_t>(rng() % 28);
+    Setup s(rng, S, chunks, n, seed % 3 == 0 ? 30000 : 0);
+    SearchOptions o;
+    o.seed = seed;
+    o.margin = seed % 2 == 0 ? 0.02 : 0;
+    const double largest = 1 / (1 - o.margin);  // the largest rank factor (no schedule factors here)
+    const SearchResult plain = search_schedule(s.problem, o);
+    if (!plain.feasible) continue;
+    const double u = plain.best.makespan_ms;
+    INFO("seed " << seed << " S " << S << " chunks " << chunks << " m " << n << " unbounded " << u);
+    // A cutoff above what the search finds without it: the same schedule, or (kinds its later phases
+    // try that the search without it dropped) a faster one; or, rarely, none, where only improving a
+    // first-phase schedule over the cutoff got under it.
+    for (double f : {1.0 + 1e-9, 1.03, 1.5}) {
+      SearchOptions c = o;
+      c.cutoff_ms = u * f;
+      const SearchResult r = search_schedule(s.problem, c);
+      if (!r.found_below_cutoff) {
+        CHECK(r.best.ops.empty());
+        ++missed;
+        continue;
+      }
+      REQUIRE(r.feasible);
+      CHECK(r.best.makespan_ms <= u);
+      if (same_schedule(r.best, plain.best)) {
+        ++same;
+      } else {
+        ++faster;
+        CHECK(r.best.makespan_ms < u);
+      }
+    }
+    // At or under it: nothing, or a schedule ranked under the cutoff times the largest factor and
+    // the slack.
+    for (double f : {1.0, 0.97}) {
+      SearchOptions c = o;
+      c.cutoff_ms = u * f;
+      const SearchResult r = search_schedule(s.problem, c);
+      if (r.found_below_cutoff) {
+        CHECK(r.best.makespan_ms < c.cutoff_ms * largest * (1 + kCutoffSlack));
+      } else {
+        CHECK(r.best.ops.empty());
+        ++none;
+      }
+    }
+    // Under the lower bound (over the factors and the slack) nothing can be kept, and no
+    // evaluation runs to its end.
+    SearchOptions c = o;
+    c.cutoff_ms = plain.lower_bound_ms * 0.99 / (largest * (1 + kCutoffSlack));
+    const SearchResult r = search_schedule(s.problem, c);
+    CHECK_FALSE(r.found_below_cutoff);
+    CHECK(r.early_exits == r.simulations);
+    CHECK(r.simulations > 0);
+  }
+  CHECK(none > 0);
+  CHECK(same > 10 * (missed + faster));  // (the same schedule, with few exceptions)
+  WARN("cutoff above the unbounded result: same " << same << ", faster " << faster << ", missed " << missed
+                                                   << "; at or under it, none found " << none);
+  // A cutoff must be a positive number of milliseconds, and is not combined with the recompute fallback.
+  std::mt19937_64 rng(1);
+  Setup s(rng, 2, 1, 4);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    SearchOptions o;
+    o.cutoff_ms = bad;
+    CHECK_THROWS_WITH(search_schedule(s.problem, o), Catch::Matchers::Contains("cutoff"));
+  }
+  SearchOptions o;
+  o.cutoff_ms = 1e9;
+  o.recompute_table = [&](cm::Recompute rc) { return s.table(rc); };
+  CHECK_THROWS_WITH(search_schedule(s.problem, o), Catch::Matchers::Contains("cutoff"));
+}
