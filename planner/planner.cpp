@@ -347,6 +347,13 @@ namespace {
 
 constexpr double kInfMs = std::numeric_limits<double>::infinity();
 
+/// Kinds by name, comma-separated.
+std::string allowed_names(const std::vector<sched::ScheduleKind>& kinds) {
+  std::string out;
+  for (sched::ScheduleKind k : kinds) out += (out.empty() ? "" : ", ") + std::string(sched::schedule_kind_name(k));
+  return out;
+}
+
 /// One partition scheduled: per replica its micro-batches, cost table and schedule, and the figures.
 struct Scheduled {
   std::vector<std::vector<part::MicroBatch>> replica_mbs;
@@ -409,6 +416,20 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
     if (sched::makespan_lower_bounds(prob).value() >= bound) return out;
     std::string why;
     const bool fits = named && sched::schedule_supports(fixed_kind, prob, &why);
+    if (!fits && !std::any_of(search_opts.schedules.begin(), search_opts.schedules.end(),
+                              [&](sched::ScheduleKind kind) { return sched::schedule_supports(kind, prob); })) {
+      // No allowed kind runs these micro-batches (a list of interleaved 1F1B only, and a count
+      // that is not a multiple of the stages, or slices): packpipe's own is an error, a candidate
+      // cannot run.
+      const std::string msg = fmt::format(
+          "iteration {}: no allowed schedule ({}) can run {} micro-batches on {} ranks x {} chunks{}", iteration,
+          allowed_names(search_opts.schedules), mbs.size(), o.shape.stages, o.shape.chunks,
+          prob.has_slices() ? " with slices (interleaved 1F1B does not run them)" : "");
+      PACKPIPE_CHECK_ARG(!own, "{}", msg);
+      out.figures.feasible = false;
+      out.figures.why = msg;
+      return out;
+    }
     if (named && !fits && !o.fallback) {
       const std::string msg = fmt::format("iteration {}: schedule '{}' cannot run {} micro-batches: {} (allow a "
                                           "fallback to the search, schedule_fallback=True / --schedule-fallback, to "
@@ -500,6 +521,16 @@ MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cos
   return out;
 }
 
+/// Whether a plan may hold slices under `o`'s schedules: the named one's, without the fallback;
+/// else some allowed kind that runs them.
+bool slices_runnable(const PlannerOptions& o) {
+  if (o.schedule != "search" && !o.fallback) {
+    return sched::schedule_runs_slices(sched::schedule_kind_from_name(o.schedule));
+  }
+  const auto kinds = allowed_schedules(o);
+  return std::any_of(kinds.begin(), kinds.end(), [](sched::ScheduleKind k) { return sched::schedule_runs_slices(k); });
+}
+
 /// The baseline grid's options from the planner's.
 part::BaselineGridOptions baseline_grid_options(const PlannerOptions& o) {
   part::BaselineGridOptions g;
@@ -546,10 +577,19 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   auto t0 = std::chrono::steady_clock::now();
   part::PartitionOptions popt = o.partition;
   popt.cache = cache;
-  if (o.schedule != "search" && sched::schedule_kind_from_name(o.schedule) == sched::ScheduleKind::Interleaved1F1B) {
-    // Interleaved 1F1B runs a multiple of the stages on every replica: the partition's count
-    // belongs in the search, not in a fallback (with dp > 1 the replicas' split may still differ).
+  const std::vector<sched::ScheduleKind> allowed = allowed_schedules(o);
+  if (o.schedule != "search" ? sched::schedule_kind_from_name(o.schedule) == sched::ScheduleKind::Interleaved1F1B
+                             : allowed.size() == 1 && allowed.front() == sched::ScheduleKind::Interleaved1F1B) {
+    // Interleaved 1F1B (named, or the only kind allowed) runs a multiple of the stages on every
+    // replica: the partition's count belongs in the search, not in a fallback (with dp > 1 the
+    // replicas' split may still differ).
     popt.count_multiple = o.shape.stages * o.shape.dp;
+  }
+  if (popt.slicing == part::SlicePolicy::Auto && !slices_runnable(o)) {
+    // Slices are a planning choice, never forced: not one the schedules allowed cannot run (a
+    // named interleaved 1F1B without the fallback). Samples that fit only sliced (oversize=slice)
+    // are still sliced, and the schedule's refusal names them.
+    popt.slicing = part::SlicePolicy::Off;
   }
   if (!popt.describe_sample) {
     // A sample as the user knows it: its task and index in the dataset, not its place in the batch.

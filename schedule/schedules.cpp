@@ -617,12 +617,14 @@ const std::vector<ScheduleKind>& all_schedule_kinds() {
   return kinds;
 }
 
+bool schedule_runs_slices(ScheduleKind k) { return k != ScheduleKind::Interleaved1F1B; }
+
 bool schedule_supports(ScheduleKind k, const SimProblem& problem, std::string* why) {
   if (!schedule_supports(k, problem.ranks, problem.vstages() / std::max<std::int64_t>(problem.ranks, 1),
                          problem.microbatches(), why)) {
     return false;
   }
-  if (k == ScheduleKind::Interleaved1F1B && problem.has_slices()) {
+  if (!schedule_runs_slices(k) && problem.has_slices()) {
     if (why) {
       *why = "interleaved-1f1b is not offered for micro-batches holding slices (its fixed table cannot run a slice's "
              "backward before the previous slice's); use 1f1b, gpipe, cyclic or zero-bubble";

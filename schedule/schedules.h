@@ -36,6 +36,8 @@ bool schedule_supports(ScheduleKind k, std::int64_t ranks, std::int64_t chunks, 
 /// a problem with slices (Megatron's table interleaves the micro-batches' chunks in a fixed order
 /// that cannot put a slice's backward before its previous slice's).
 bool schedule_supports(ScheduleKind k, const SimProblem& problem, std::string* why = nullptr);
+/// Whether `k` runs micro-batches holding slices (every kind but interleaved 1F1B).
+bool schedule_runs_slices(ScheduleKind k);
 
 /// Whether `order` (a permutation of the micro-batches) puts every slice edge's prev before its next.
 bool respects_slices(const SimProblem& problem, const std::vector<std::uint32_t>& order);

@@ -19,6 +19,7 @@
 
 using namespace packpipe::planner;
 namespace part = packpipe::partition;
+namespace sched = packpipe::schedule;
 namespace pl = packpipe::plan;
 namespace cm = packpipe::costmodel;
 
@@ -243,6 +244,39 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
   CHECK_THAT(r.schedule_note, Catch::Matchers::Contains("cannot run"));
   CHECK(r.plans.front().schedule != "interleaved-1f1b");
   CHECK(r.plans.front().schedule != "zero-bubble");  // the fallback keeps the filters
+  // Slices are a choice, never forced on a schedule that cannot run them: a batch the search plans
+  // with slices plans without them under a named interleaved 1F1B (without the fallback), and
+  // with a list of allowed kinds that holds only it.
+  {
+    part::BatchLengths longb = batch(24, 77, false);
+    longb.input.push_back(24000);
+    longb.input.push_back(16000);
+    auto sliced = [](const IterationResult& x) {
+      for (const auto& mb : x.plans.front().microbatches) {
+        if (mb.has_slices()) return true;
+      }
+      return false;
+    };
+    PlannerOptions searched = options(4);
+    searched.shape.chunks = 2;
+    searched.allow_split_backward = false;
+    const IterationResult free = plan_iteration(longb, nullptr, 0, gpt, vs2, searched);
+    REQUIRE(sliced(free));  // (what the named schedule must not get)
+    PlannerOptions named = searched;
+    named.schedule = "interleaved-1f1b";
+    const IterationResult n = plan_iteration(longb, nullptr, 0, gpt, vs2, named);
+    CHECK_FALSE(sliced(n));
+    CHECK(n.plans.front().schedule == "interleaved-1f1b");
+    CHECK(n.schedule_note.empty());
+    PlannerOptions listed = searched;
+    listed.search.schedules = {sched::ScheduleKind::Interleaved1F1B};
+    const IterationResult l = plan_iteration(longb, nullptr, 0, gpt, vs2, listed);
+    CHECK_FALSE(sliced(l));
+    CHECK(l.plans.front().schedule == "interleaved-1f1b");
+    // With the fallback the slices stay a choice (the search runs them).
+    named.fallback = true;
+    CHECK(sliced(plan_iteration(longb, nullptr, 0, gpt, vs2, named)));
+  }
   PlannerOptions bad = options(4);
   bad.schedule = "zero-bubble";
   bad.allow_split_backward = false;
