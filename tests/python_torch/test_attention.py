@@ -190,3 +190,26 @@ def test_the_fused_kernel_paths_are_called_as_their_apis_define(tmp_path, monkey
     for cuda, dtype, ok in ((True, torch.float16, True), (True, torch.bfloat16, True), (True, torch.float32, False),
                             (True, torch.float64, False), (False, torch.float16, False)):
         assert attn._flash_ok(types.SimpleNamespace(is_cuda=cuda, dtype=dtype)) == ok
+
+
+@pytest.mark.parametrize("n,offset", [(1, 0), (127, 0), (128, 0), (129, 0), (300, 0), (513, 0),
+                                      (1, 700), (130, 5), (300, 256), (513, 1024)])
+def test_causal_attention_by_blocks_equals_the_masked_square(n, offset, monkeypatch):
+    """Without a fused kernel causal attention runs by blocks of CAUSAL_BLOCK queries over the keys
+    each may see (also aligned bottom-right after `offset` kept keys, as a slice): values and
+    gradients equal the whole masked square's in fp64, across block edges."""
+    monkeypatch.setattr(attn, "_SDPA", None)  # (the path of torch 1.13, whatever torch runs this)
+    g = torch.Generator().manual_seed(n + offset)
+    q = torch.randn(2, 3, n, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(2, 3, n + offset, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(2, 3, n + offset, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, 3, n, 8, dtype=torch.float64, generator=g)
+    see = torch.ones(n, n + offset, dtype=torch.bool).tril(diagonal=offset)
+    ref = _math(q, k, v, see)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    out = attn._attend(q, k, v, None, True, offset=offset)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    assert (n > attn.CAUSAL_BLOCK) == (len(range(0, n, attn.CAUSAL_BLOCK)) > 1)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
