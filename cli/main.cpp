@@ -1,5 +1,6 @@
 // packpipe command-line entry point: registers the subcommands and maps errors to exit codes.
 #include <cctype>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <exception>
@@ -60,9 +61,15 @@ int main(int argc, char** argv) {
 #if defined(__GLIBC__)
   // Keep up to 64 MiB freed at the heap top rather than returning it: planning allocates and frees
   // the same few MB every iteration, and trimming at glibc's default (128 KiB) made the kernel
-  // fault those pages back in each time (about a tenth of the demo's planning time). A process
-  // setting of the CLI's own; the library leaves its host's allocator alone.
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  // fault those pages back in each time (about a tenth of the demo's planning time). Setting it
+  // turns off glibc's adaptive mmap threshold, so that is set too (blocks up to 32 MiB from the
+  // heap, not mapped and unmapped per use). A process setting of the CLI's own, left to the user's
+  // when they tune malloc; the library leaves its host's allocator alone.
+  if (std::getenv("GLIBC_TUNABLES") == nullptr && std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr &&
+      std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  }
 #endif
   CLI::App app{"packpipe: dynamic micro-batching and pipeline planning for multi-task training"};
   app.set_version_flag("--version", std::string("packpipe ") + PACKPIPE_VERSION);

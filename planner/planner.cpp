@@ -354,6 +354,15 @@ std::string allowed_names(const std::vector<sched::ScheduleKind>& kinds) {
   return out;
 }
 
+/// The allowed kinds that run `o`'s shape (1F1B needs one chunk, interleaved 1F1B more).
+std::vector<sched::ScheduleKind> usable_schedules(const PlannerOptions& o) {
+  std::vector<sched::ScheduleKind> out;
+  for (sched::ScheduleKind k : allowed_schedules(o)) {
+    if (sched::schedule_supports(k, o.shape.stages, o.shape.chunks, o.shape.stages)) out.push_back(k);
+  }
+  return out;
+}
+
 /// One partition scheduled: per replica its micro-batches, cost table and schedule, and the figures.
 struct Scheduled {
   std::vector<std::vector<part::MicroBatch>> replica_mbs;
@@ -423,7 +432,7 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
       // cannot run.
       const std::string msg = fmt::format(
           "iteration {}: no allowed schedule ({}) can run {} micro-batches on {} ranks x {} chunks{}", iteration,
-          allowed_names(search_opts.schedules), mbs.size(), o.shape.stages, o.shape.chunks,
+          allowed_names(usable_schedules(o)), mbs.size(), o.shape.stages, o.shape.chunks,
           prob.has_slices() ? " with slices (interleaved 1F1B does not run them)" : "");
       PACKPIPE_CHECK_ARG(!own, "{}", msg);
       out.figures.feasible = false;
@@ -522,12 +531,12 @@ MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cos
 }
 
 /// Whether a plan may hold slices under `o`'s schedules: the named one's, without the fallback;
-/// else some allowed kind that runs them.
+/// else some usable kind that runs them.
 bool slices_runnable(const PlannerOptions& o) {
   if (o.schedule != "search" && !o.fallback) {
     return sched::schedule_runs_slices(sched::schedule_kind_from_name(o.schedule));
   }
-  const auto kinds = allowed_schedules(o);
+  const auto kinds = usable_schedules(o);
   return std::any_of(kinds.begin(), kinds.end(), [](sched::ScheduleKind k) { return sched::schedule_runs_slices(k); });
 }
 
@@ -577,19 +586,21 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   auto t0 = std::chrono::steady_clock::now();
   part::PartitionOptions popt = o.partition;
   popt.cache = cache;
-  const std::vector<sched::ScheduleKind> allowed = allowed_schedules(o);
+  const std::vector<sched::ScheduleKind> usable = usable_schedules(o);
   if (o.schedule != "search" ? sched::schedule_kind_from_name(o.schedule) == sched::ScheduleKind::Interleaved1F1B
-                             : allowed.size() == 1 && allowed.front() == sched::ScheduleKind::Interleaved1F1B) {
-    // Interleaved 1F1B (named, or the only kind allowed) runs a multiple of the stages on every
-    // replica: the partition's count belongs in the search, not in a fallback (with dp > 1 the
-    // replicas' split may still differ).
+                             : usable.size() == 1 && usable.front() == sched::ScheduleKind::Interleaved1F1B) {
+    // Interleaved 1F1B (named, or the only allowed kind that runs the chunks, as for the 1F1B
+    // family with chunks) runs a multiple of the stages on every replica: the partition's count
+    // belongs in the search, not in a fallback (with dp > 1 the replicas' split may still differ).
     popt.count_multiple = o.shape.stages * o.shape.dp;
   }
-  if (popt.slicing == part::SlicePolicy::Auto && !slices_runnable(o)) {
-    // Slices are a planning choice, never forced: not one the schedules allowed cannot run (a
-    // named interleaved 1F1B without the fallback). Samples that fit only sliced (oversize=slice)
-    // are still sliced, and the schedule's refusal names them.
+  // Slices are a planning choice, never forced: not one the schedules the plan may use cannot run
+  // (interleaved 1F1B, named without the fallback or the only kind usable). Then a sample that
+  // fits only sliced is refused, and the message says why.
+  const bool no_slices = !slices_runnable(o) && cost.model().arch != cm::Architecture::EncoderDecoder;
+  if (no_slices) {
     popt.slicing = part::SlicePolicy::Off;
+    if (popt.oversize == part::OversizePolicy::Slice) popt.oversize = part::OversizePolicy::Error;
   }
   if (!popt.describe_sample) {
     // A sample as the user knows it: its task and index in the dataset, not its place in the batch.
@@ -605,7 +616,16 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
                          ref.offset > 0 ? fmt::format(" (its chunk from token {})", ref.offset) : std::string());
     };
   }
-  part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
+  part::Partition split;
+  try {
+    split = part::partition(lengths, cost, o.shape, vstages, popt);
+  } catch (const InvalidArgument& e) {
+    if (!no_slices) throw;
+    throw InvalidArgument(fmt::format("{} (slices, which are how a sample too long for one micro-batch fits, are not "
+                                      "run by interleaved-1f1b, the only schedule this plan may use: allow others, "
+                                      "or the fallback with --schedule-fallback / schedule_fallback=True)",
+                                      e.what()));
+  }
   r.partition_ms = ms_since(t0);
   r.source = part::partition_method_name(o.partition.method);
 

@@ -626,8 +626,9 @@ bool schedule_supports(ScheduleKind k, const SimProblem& problem, std::string* w
   }
   if (!schedule_runs_slices(k) && problem.has_slices()) {
     if (why) {
-      *why = "interleaved-1f1b is not offered for micro-batches holding slices (its fixed table cannot run a slice's "
-             "backward before the previous slice's); use 1f1b, gpipe, cyclic or zero-bubble";
+      *why = fmt::format("interleaved-1f1b is not offered for micro-batches holding slices (its fixed table cannot "
+                         "run a slice's backward before the previous slice's); use {}gpipe, cyclic or zero-bubble",
+                         problem.vstages() > problem.ranks ? "" : "1f1b, ");
     }
     return false;
   }

@@ -170,7 +170,8 @@ class Pass {
  private:
   // `cut`: the caller's cutoff stopped it where the incumbent alone might not have; its kind is
   // kept for the later phases as the search without a cutoff might have kept it (an evaluation
-  // run to the end).
+  // run to the end). (Zero-bubble timed by its greedy stops alike over the memory limit; its kind
+  // is then kept too, which costs evaluations only.)
   bool exit_early(ScheduleKind kind = ScheduleKind::OneFOneB, bool cut = false) {
     ++stats_.early_exits;
     if (cut) finished[static_cast<std::size_t>(kind)] = 1;

@@ -56,8 +56,9 @@ struct SearchResult {
   std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
   std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
   double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
-  /// false: no candidate ranked under SearchOptions::cutoff_ms (best is empty); the search's
-  /// unbounded winner has a makespan of at least the cutoff.
+  /// false: no candidate ranked under SearchOptions::cutoff_ms x the largest rank factor x (1 +
+  /// kCutoffSlack) (best is empty). true does not mean best's makespan is under the cutoff: the
+  /// caller compares.
   bool found_below_cutoff = true;
 };
 

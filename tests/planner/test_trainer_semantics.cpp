@@ -273,9 +273,43 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
     const IterationResult l = plan_iteration(longb, nullptr, 0, gpt, vs2, listed);
     CHECK_FALSE(sliced(l));
     CHECK(l.plans.front().schedule == "interleaved-1f1b");
+    // The 1F1B family with chunks: interleaved 1F1B is the only kind that runs the shape, so the
+    // same holds, and the count is a multiple of the stages (as the CLI's --schedule-family 1f1b).
+    PlannerOptions family = searched;
+    family.family = ScheduleFamily::OneFOneB;
+    for (const bool off : {false, true}) {
+      family.partition.slicing = off ? part::SlicePolicy::Off : part::SlicePolicy::Auto;
+      for (std::uint64_t seed : {77u, 78u, 79u}) {
+        part::BatchLengths fb = batch(24 + seed % 3, seed, false);
+        fb.input.push_back(24000);
+        const IterationResult f = plan_iteration(fb, nullptr, 0, gpt, vs2, family);
+        CHECK_FALSE(sliced(f));
+        CHECK(f.plans.front().schedule == "interleaved-1f1b");
+        CHECK(f.plans.front().microbatches.size() % 4 == 0);
+      }
+    }
     // With the fallback the slices stay a choice (the search runs them).
     named.fallback = true;
     CHECK(sliced(plan_iteration(longb, nullptr, 0, gpt, vs2, named)));
+    // A sample that fits only sliced (oversize=slice) under a schedule that cannot run slices: refused,
+    // naming the sample and why.
+    PlannerOptions tight = searched;
+    tight.schedule = "interleaved-1f1b";
+    tight.shape.memory_limit_mb = 30000;
+    tight.partition.oversize = part::OversizePolicy::Slice;
+    part::BatchLengths huge = batch(8, 5, false);
+    huge.input.push_back(60000);  // (over 30000 MB alone, within it in slices)
+    PlannerOptions whole = searched;
+    whole.shape.memory_limit_mb = 30000;
+    whole.partition.slicing = part::SlicePolicy::Off;
+    REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs2, whole), Catch::Matchers::Contains("alone"));
+    REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs2, tight),
+                        Catch::Matchers::Contains("sample 8 of the global batch") &&
+                            Catch::Matchers::Contains("not run by interleaved-1f1b"));
+    tight.fallback = true;  // sliced, under another schedule
+    const IterationResult t = plan_iteration(huge, nullptr, 0, gpt, vs2, tight);
+    CHECK(sliced(t));
+    CHECK(t.plans.front().schedule != "interleaved-1f1b");
   }
   PlannerOptions bad = options(4);
   bad.schedule = "zero-bubble";
