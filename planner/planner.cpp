@@ -348,7 +348,7 @@ namespace {
 constexpr double kInfMs = std::numeric_limits<double>::infinity();
 
 /// Kinds by name, comma-separated.
-std::string allowed_names(const std::vector<sched::ScheduleKind>& kinds) {
+std::string kind_names(const std::vector<sched::ScheduleKind>& kinds) {
   std::string out;
   for (sched::ScheduleKind k : kinds) out += (out.empty() ? "" : ", ") + std::string(sched::schedule_kind_name(k));
   return out;
@@ -432,7 +432,7 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
       // cannot run.
       const std::string msg = fmt::format(
           "iteration {}: no allowed schedule ({}) can run {} micro-batches on {} ranks x {} chunks{}", iteration,
-          allowed_names(usable_schedules(o)), mbs.size(), o.shape.stages, o.shape.chunks,
+          kind_names(usable_schedules(o)), mbs.size(), o.shape.stages, o.shape.chunks,
           prob.has_slices() ? " with slices (interleaved 1F1B does not run them)" : "");
       PACKPIPE_CHECK_ARG(!own, "{}", msg);
       out.figures.feasible = false;
@@ -531,13 +531,12 @@ MethodFigures as_run_figures(const part::Partition& bp, const cm::CostModel& cos
 }
 
 /// Whether a plan may hold slices under `o`'s schedules: the named one's, without the fallback;
-/// else some usable kind that runs them.
-bool slices_runnable(const PlannerOptions& o) {
+/// else some of the `usable` kinds (usable_schedules) runs them.
+bool slices_runnable(const PlannerOptions& o, const std::vector<sched::ScheduleKind>& usable) {
   if (o.schedule != "search" && !o.fallback) {
     return sched::schedule_runs_slices(sched::schedule_kind_from_name(o.schedule));
   }
-  const auto kinds = usable_schedules(o);
-  return std::any_of(kinds.begin(), kinds.end(), [](sched::ScheduleKind k) { return sched::schedule_runs_slices(k); });
+  return std::any_of(usable.begin(), usable.end(), [](sched::ScheduleKind k) { return sched::schedule_runs_slices(k); });
 }
 
 /// The baseline grid's options from the planner's.
@@ -597,7 +596,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // Slices are a planning choice, never forced: not one the schedules the plan may use cannot run
   // (interleaved 1F1B, named without the fallback or the only kind usable). Then a sample that
   // fits only sliced is refused, and the message says why.
-  const bool no_slices = !slices_runnable(o) && cost.model().arch != cm::Architecture::EncoderDecoder;
+  const bool no_slices = !slices_runnable(o, usable) && cost.model().arch != cm::Architecture::EncoderDecoder;
   if (no_slices) {
     popt.slicing = part::SlicePolicy::Off;
     if (popt.oversize == part::OversizePolicy::Slice) popt.oversize = part::OversizePolicy::Error;

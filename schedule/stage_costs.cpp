@@ -41,13 +41,14 @@ void set_stage_cost(StageCostTable& t, std::size_t i, const cm::CostModel& cost,
 
 namespace {
 
-// Every per-entry column of `t` resized to n entries (backward_input_ms with a calibrated model).
-void grow(StageCostTable& t, std::size_t n, bool calibrated) {
+// `f` on every per-entry column of `t` (backward_input_ms with a calibrated model).
+template <typename F>
+void each_column(StageCostTable& t, bool calibrated, F&& f) {
   for (std::vector<double>* c : {&t.forward_ms, &t.backward_ms, &t.backward_weight_ms, &t.stored_bytes, &t.peak_bytes,
                                  &t.send_bytes}) {
-    c->resize(n);
+    f(*c);
   }
-  if (calibrated) t.backward_input_ms.resize(n);
+  if (calibrated) f(t.backward_input_ms);
 }
 
 // The table, stopping (false) once a rank's summed forward and backward work reaches stop_at_ms.
@@ -62,7 +63,10 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
   const bool watch = stop_at_ms < std::numeric_limits<double>::infinity();
   std::vector<double> work(watch ? static_cast<std::size_t>(shape.stages) : 0, 0.0);
   for (std::size_t m = 0; m < mbs.size(); ++m) {
-    if (watch) grow(t, (m + 1) * static_cast<std::size_t>(t.vstages), cost.calibration() != nullptr);  // (a table that may stop: entries as built)
+    if (watch) {  // (a table that may stop grows entry by entry)
+      const std::size_t n = (m + 1) * static_cast<std::size_t>(t.vstages);
+      each_column(t, cost.calibration() != nullptr, [n](std::vector<double>& c) { c.resize(n); });
+    }
     const part::MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
                        mb.rows(), mb.padded_len);
@@ -94,11 +98,7 @@ std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, 
   t.microbatches = static_cast<std::int64_t>(mbs.size());
   if (watch) {
     const std::size_t n = mbs.size() * vstages.size();
-    for (std::vector<double>* c : {&t.forward_ms, &t.backward_ms, &t.backward_weight_ms, &t.stored_bytes,
-                                   &t.peak_bytes, &t.send_bytes}) {
-      c->reserve(n);
-    }
-    if (cost.calibration() != nullptr) t.backward_input_ms.reserve(n);
+    each_column(t, cost.calibration() != nullptr, [n](std::vector<double>& c) { c.reserve(n); });
   }
   if (!fill_table(t, cost, shape, vstages, mbs, stop_at_ms)) return std::nullopt;
   return t;
