@@ -35,17 +35,24 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 }
 
-std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp) {
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
+                                                     std::size_t per_rank) {
   PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
+  const auto D = static_cast<std::size_t>(dp);
+  PACKPIPE_CHECK_ARG(per_rank == 0 || per_rank * D == time_ms.size(),
+                     "assign_ranks: {} micro-batches on each of {} ranks needs {} micro-batches, found {}", per_rank, D,
+                     per_rank * D, time_ms.size());
   std::vector<std::uint32_t> idx(time_ms.size());
   std::iota(idx.begin(), idx.end(), 0u);
   std::stable_sort(idx.begin(), idx.end(), [&](std::uint32_t a, std::uint32_t b) { return time_ms[a] > time_ms[b]; });
-  std::vector<std::vector<std::uint32_t>> out(static_cast<std::size_t>(dp));
-  std::vector<double> load(static_cast<std::size_t>(dp), 0.0);
+  std::vector<std::vector<std::uint32_t>> out(D);
+  std::vector<double> load(D, 0.0);
   for (std::uint32_t m : idx) {
-    std::size_t r = 0;
-    for (std::size_t k = 1; k < load.size(); ++k) {
-      if (load[k] < load[r]) r = k;
+    // the least-loaded rank with room (every rank has room without a count)
+    std::size_t r = D;
+    for (std::size_t k = 0; k < D; ++k) {
+      if (per_rank != 0 && out[k].size() >= per_rank) continue;
+      if (r == D || load[k] < load[r]) r = k;
     }
     out[r].push_back(m);
     load[r] += time_ms[m];
@@ -715,8 +722,8 @@ void fit_chains(const Work& w, Coster& coster, std::vector<MicroBatch>& mbs, Rec
 // recompute mode (DynaPipe's iteration-wide choice); otherwise the fastest that fits under policy.
 // `other` (optional): the second table builder's coster; a shape only it has costed is read there.
 Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, std::vector<MicroBatch> mbs,
-                   RecomputePolicy policy, int forced_rc, bool require_fit, Coster* other = nullptr,
-                   double chain_room = 1.0) {
+                   RecomputePolicy policy, int forced_rc, bool require_fit, std::int64_t count_multiple,
+                   Coster* other = nullptr, double chain_room = 1.0) {
   if (other != nullptr) {
     other->set_dynapipe_limits(coster.dynapipe_stored_limit_mb(), coster.dynapipe_peak_limit_mb());
   }
@@ -780,9 +787,14 @@ Partition finalize(const Work& w, Coster& coster, const PipelineShape& shape, st
   p.efficiency = ratio(p.input_tokens + p.target_tokens, p.padded_input_tokens + p.padded_target_tokens);
   const bool sliced = std::any_of(p.microbatches.begin(), p.microbatches.end(),
                                   [](const MicroBatch& mb) { return mb.has_slices(); });
+  // A count that must be a multiple (interleaved 1F1B) is split evenly: with count_multiple =
+  // stages x dp, every replica runs a multiple of the stages.
+  const auto D = static_cast<std::size_t>(shape.dp);
+  const std::size_t per_rank = count_multiple > 1 && D > 1 && times.size() % D == 0 ? times.size() / D : 0;
   p.ranks = sliced ? assign_ranks(times, shape.dp,
-                                  slice_edges(p.microbatches, std::vector<std::uint32_t>(w.input, w.input + w.count)))
-                   : assign_ranks(times, shape.dp);
+                                  slice_edges(p.microbatches, std::vector<std::uint32_t>(w.input, w.input + w.count)),
+                                  per_rank)
+                   : assign_ranks(times, shape.dp, per_rank);
   p.rank_time_ms.assign(p.ranks.size(), 0.0);
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     for (auto m : p.ranks[r]) p.rank_time_ms[r] += times[m];
@@ -937,7 +949,8 @@ struct Run {
   std::int64_t ld(std::uint32_t s) const { return len.w.ld_of(encdec ? len.tg[s] : 0); }
   // Figures of `mbs` under the run's recompute policy (`forced_rc` >= 0 pins the mode).
   Partition finish(std::vector<MicroBatch> mbs, int forced_rc = -1, Coster* other = nullptr, double chain_room = 1.0) {
-    return finalize(len.w, coster, shape, std::move(mbs), options.recompute, forced_rc, true, other, chain_room);
+    return finalize(len.w, coster, shape, std::move(mbs), options.recompute, forced_rc, true, options.count_multiple,
+                    other, chain_room);
   }
   // Sliced micro-batches `mbs` with their chains recomputed to leave room for the micro-batches a
   // schedule keeps in flight beside them: variants at kChainRooms (none when nothing is sliced,
@@ -1021,11 +1034,16 @@ std::vector<char> fits_alone(Run& r) {
       r.encdec ? fmt::format("input length {}, target length {}", in[s], tg[s]) : fmt::format("length {}", in[s]);
   const std::string name = sample_name(r.options, s);
   PACKPIPE_CHECK_ARG(why.empty(), "{} ({}): the cost model cannot cost it: {}", name, len, why);
+  const bool offer_slice = !r.encdec && r.options.slices_refused.empty();
   PACKPIPE_THROW(InvalidArgument,
                  "{} ({}) does not fit in {} MB even alone (recompute {}); use {} truncate, drop{}, more "
-                 "stages or tp, or a larger memory limit",
+                 "stages or tp, or a larger memory limit{}",
                  name, len, r.limit, recompute_policy_name(r.options.recompute), r.options.oversize_option,
-                 r.encdec ? "" : " or slice (cut into slices that pipeline, trained as the whole sample)");
+                 offer_slice ? " or slice (cut into slices that pipeline, trained as the whole sample)" : "",
+                 !r.encdec && !r.options.slices_refused.empty()
+                     ? fmt::format(" (slices, which are how a sample too long for one micro-batch fits, {})",
+                                   r.options.slices_refused)
+                     : std::string());
 }
 
 // OversizePolicy::Truncate: cuts sample `s` (both sides) to the largest cap that fits alone.
@@ -1068,10 +1086,13 @@ void handle_oversize(Run& r) {
     }
     // Decoder-only with slicing on (the default), a sample that does not fit alone is sliced, not
     // refused: the dp method cuts it into slices that fit (refused then only when none do).
-    const bool slice_it = r.options.oversize == OversizePolicy::Error && !r.encdec &&
+    const bool refused = !r.options.slices_refused.empty();
+    const bool slice_it = r.options.oversize == OversizePolicy::Error && !r.encdec && !refused &&
                           r.options.slicing == SlicePolicy::Auto && r.options.method == PartitionMethod::DP &&
                           has_layout(r.options.layouts, Layout::Packed);
-    switch (slice_it ? OversizePolicy::Slice : r.options.oversize) {
+    const OversizePolicy asked = refused && r.options.oversize == OversizePolicy::Slice ? OversizePolicy::Error
+                                                                                          : r.options.oversize;
+    switch (slice_it ? OversizePolicy::Slice : asked) {
       case OversizePolicy::Error: refuse_oversize(r, s);
       case OversizePolicy::Drop: r.dropped.push_back(s); break;
       case OversizePolicy::Slice:
@@ -1228,7 +1249,8 @@ Partition partition_dp(Run& r) {
   // Slices (decoder-only, packed): split long, pack short; kept when their objective is lower, and
   // the only way for samples that cannot fit alone (OversizePolicy::Slice).
   const bool may_slice = !r.encdec && has_layout(r.options.layouts, Layout::Packed) && !r.ids.empty() &&
-                         (!r.must_slice.empty() || (r.options.slicing == SlicePolicy::Auto && slices_may_pay(r, result, done)));
+                         (!r.must_slice.empty() || (r.options.slicing == SlicePolicy::Auto && r.options.slices_refused.empty() &&
+                                                      slices_may_pay(r, result, done)));
   if (may_slice) {
     detail::SlicedOutcome sl =
         detail::sliced_search(r.len.w, r.ids, r.must_slice, r.coster, r.shape, r.options.recompute,
@@ -1462,7 +1484,8 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   }
   // Slices: each sample's pieces cover it back to back, in micro-batch order (slice_edges' checks).
   if (sliced) slice_edges(microbatches, lengths.input);
-  Partition p = finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true);
+  Partition p = finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true,
+                         options.count_multiple);
   p.lengths = lengths;  // (as partition() records them: what the slices were cut from)
   return p;
 }

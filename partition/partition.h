@@ -155,7 +155,9 @@ struct PartitionOptions {
   /// packing / wlb: tokens per row (input + target for encoder-decoder samples); 0: the longest
   /// sample's. A capacity below the longest sample is refused.
   std::uint64_t capacity = 0;
-  /// dp: the micro-batch count must be a multiple of this (interleaved 1F1B: the stages); 1: any.
+  /// dp: the micro-batch count must be a multiple of this (interleaved 1F1B: the stages, times dp
+  /// with data parallelism); 1: any. Over 1 with dp > 1, the replicas receive equal counts (so each
+  /// runs a multiple of count_multiple / dp).
   std::int64_t count_multiple = 1;
   std::int64_t round_multiple = 8;   ///< padded lengths rounded up to this multiple (kernels' tile)
   std::int64_t decoder_extra_tokens = 2;  ///< added to the longest target before rounding (BOS/EOS)
@@ -186,6 +188,10 @@ struct PartitionOptions {
   std::function<std::string(std::uint32_t)> describe_sample;
   /// How the caller's user sets the oversize policy, named in messages ("--oversize" on the CLI).
   std::string oversize_option = "oversize";
+  /// Non-empty: slices cannot run where the caller executes the plan, and why (the planner's
+  /// interleaved 1F1B); the partition then cuts none (slicing Off, OversizePolicy::Slice refused as
+  /// Error) and a sample that fits only sliced is refused with this reason, not offered slice.
+  std::string slices_refused;
 };
 
 /// A baseline a user would run: a method and its setting. Families: "fixed" (padded, Megatron),
@@ -306,12 +312,17 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
 
 /// Splits micro-batch costs across `dp` ranks by longest-processing-time (largest first, onto
 /// the least-loaded rank, ties to the lower index); each rank's list ascending. Deterministic. A
-/// rank may receive none (fewer micro-batches than ranks).
-std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp);
-/// As above for micro-batches that slice links join (slice_edges): each group of linked
-/// micro-batches goes to one rank as a whole (a sample's slices need each other's keys and values).
+/// rank may receive none (fewer micro-batches than ranks). `per_rank` > 0: every rank receives
+/// exactly that many (the least-loaded rank with room); it must be the count / dp.
 std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
-                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
+                                                     std::size_t per_rank = 0);
+/// As above for micro-batches that slice links join (slice_edges): each group of linked
+/// micro-batches goes to one rank as a whole (a sample's slices need each other's keys and values);
+/// with `per_rank` > 0, where the greedy cannot fill every rank evenly with whole groups, the split
+/// without counts.
+std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
+                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges,
+                                                     std::size_t per_rank = 0);
 
 /// Encoder-decoder sample order: (input, target) descending, then (if `improve`) 2-opt and
 /// Or-opt moves on the open L1 path over (input, target) until no move shortens it. Ties by

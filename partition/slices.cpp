@@ -57,8 +57,9 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> slice_edges(const std::vect
 }
 
 std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& time_ms, std::int64_t dp,
-                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges) {
-  if (edges.empty()) return assign_ranks(time_ms, dp);
+                                                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges,
+                                                     std::size_t per_rank) {
+  if (edges.empty()) return assign_ranks(time_ms, dp, per_rank);
   PACKPIPE_CHECK_ARG(dp >= 1, "dp must be at least 1, found {}", dp);
   const std::size_t n = time_ms.size();
   // Groups of micro-batches joined by slice links (union-find, the least index as the root).
@@ -91,7 +92,13 @@ std::vector<std::vector<std::uint32_t>> assign_ranks(const std::vector<double>& 
   std::vector<std::vector<std::uint32_t>> out(D);
   std::vector<double> load(D, 0.0);
   for (const std::size_t g : groups) {
-    const std::size_t r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    // the least-loaded rank with room for the whole group (every rank has room without a count)
+    std::size_t r = D;
+    for (std::size_t k = 0; k < D; ++k) {
+      if (per_rank != 0 && out[k].size() + members[g].size() > per_rank) continue;
+      if (r == D || load[k] < load[r]) r = k;
+    }
+    if (r == D) return assign_ranks(time_ms, dp, edges, 0);  // the groups do not split evenly this way
     load[r] += group_time[g];
     out[r].insert(out[r].end(), members[g].begin(), members[g].end());
   }

@@ -590,7 +590,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
                              : usable.size() == 1 && usable.front() == sched::ScheduleKind::Interleaved1F1B) {
     // Interleaved 1F1B (named, or the only allowed kind that runs the chunks, as for the 1F1B
     // family with chunks) runs a multiple of the stages on every replica: the partition's count
-    // belongs in the search, not in a fallback (with dp > 1 the replicas' split may still differ).
+    // belongs in the search, not in a fallback (with dp > 1 the replicas receive equal counts).
     popt.count_multiple = o.shape.stages * o.shape.dp;
   }
   // Slices are a planning choice, never forced: not one the schedules the plan may use cannot run
@@ -598,8 +598,8 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // fits only sliced is refused, and the message says why.
   const bool no_slices = !slices_runnable(o, usable) && cost.model().arch != cm::Architecture::EncoderDecoder;
   if (no_slices) {
-    popt.slicing = part::SlicePolicy::Off;
-    if (popt.oversize == part::OversizePolicy::Slice) popt.oversize = part::OversizePolicy::Error;
+    popt.slices_refused = "are not run by interleaved-1f1b, the only schedule this plan may use: allow others, or "
+                          "the fallback with --schedule-fallback / schedule_fallback=True";
   }
   if (!popt.describe_sample) {
     // A sample as the user knows it: its task and index in the dataset, not its place in the batch.
@@ -615,16 +615,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
                          ref.offset > 0 ? fmt::format(" (its chunk from token {})", ref.offset) : std::string());
     };
   }
-  part::Partition split;
-  try {
-    split = part::partition(lengths, cost, o.shape, vstages, popt);
-  } catch (const InvalidArgument& e) {
-    if (!no_slices) throw;
-    throw InvalidArgument(fmt::format("{} (slices, which are how a sample too long for one micro-batch fits, are not "
-                                      "run by interleaved-1f1b, the only schedule this plan may use: allow others, "
-                                      "or the fallback with --schedule-fallback / schedule_fallback=True)",
-                                      e.what()));
-  }
+  part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
   r.partition_ms = ms_since(t0);
   r.source = part::partition_method_name(o.partition.method);
 

@@ -432,6 +432,38 @@ TEST_CASE("rank assignment is balanced and covers every micro-batch", "[interfac
   }
 }
 
+TEST_CASE("rank assignment with a count per rank gives every rank exactly that many", "[interface]") {
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t d = 1 + static_cast<std::int64_t>(rng() % 6);
+    const std::size_t per = 1 + rng() % 6;
+    std::vector<double> t(per * static_cast<std::size_t>(d));
+    for (auto& x : t) x = static_cast<double>(1 + rng() % 1000);
+    const auto r = assign_ranks(t, d, per);
+    REQUIRE(r.size() == static_cast<std::size_t>(d));
+    std::vector<int> seen(t.size(), 0);
+    for (const auto& rank : r) {
+      CHECK(rank.size() == per);
+      for (auto k : rank) ++seen[k];
+    }
+    for (int v : seen) CHECK(v == 1);
+    CHECK(assign_ranks(t, d, per) == r);
+  }
+  // Skewed costs: the count holds where LPT alone would give the longest a rank of its own.
+  const auto r = assign_ranks({100, 1, 1, 1, 1, 1, 1, 1}, 2, 4);
+  CHECK(r[0] == std::vector<std::uint32_t>{0, 5, 6, 7});
+  CHECK(r[1] == std::vector<std::uint32_t>{1, 2, 3, 4});
+  CHECK(assign_ranks({100, 1, 1, 1, 1, 1, 1, 1}, 2)[0] == std::vector<std::uint32_t>{0});
+  REQUIRE_THROWS_WITH(assign_ranks({1, 2, 3}, 2, 2), Catch::Matchers::Contains("needs 4 micro-batches, found 3"));
+  // Slice groups go whole; where whole groups cannot fill the ranks evenly, the split without counts.
+  const std::vector<std::pair<std::uint32_t, std::uint32_t>> edges{{0, 1}, {1, 2}};
+  const auto g = assign_ranks({5, 5, 5, 1, 1, 1}, 2, edges, 3);
+  CHECK(g[0] == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(g[1] == std::vector<std::uint32_t>{3, 4, 5});
+  const auto u = assign_ranks({5, 5, 5, 1, 1, 1}, 3, edges, 2);
+  CHECK(u == assign_ranks({5, 5, 5, 1, 1, 1}, 3, edges));
+}
+
 TEST_CASE("encoder-decoder order is close to the brute-force shortest path", "[regression]") {
   std::mt19937_64 rng(16);
   double gap_sum = 0, sorted_gap_sum = 0;

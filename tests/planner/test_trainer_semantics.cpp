@@ -235,8 +235,29 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
       CHECK(r.schedule_note.empty());
     }
   }
-  // A batch too small for a multiple of the stages: an error naming the fallback, or the fallback.
+  // With data parallelism every replica runs a multiple of the stages (the replicas' split keeps
+  // the counts even), on short and long-tail batches alike.
   il.partition.layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  for (const std::int64_t dp : {2, 3}) {
+    PlannerOptions ild = il;
+    ild.shape.dp = dp;
+    for (int t = 0; t < 8; ++t) {
+      part::BatchLengths b = batch(30 + 5 * t, 90 + t, false);
+      if (t % 2 == 1) b.input.push_back(static_cast<std::uint32_t>(9000 + 1000 * t));
+      const IterationResult r = plan_iteration(b, nullptr, 0, gpt, vs2, ild);
+      REQUIRE(r.plans.size() == static_cast<std::size_t>(dp));
+      std::size_t total = 0;
+      for (const auto& p : r.plans) {
+        CHECK(p.schedule == "interleaved-1f1b");
+        CHECK(p.microbatches.size() % 4 == 0);
+        CHECK(!p.microbatches.empty());
+        for (const auto& mb : p.microbatches) total += mb.samples.size();
+      }
+      CHECK(total == b.input.size());
+      CHECK(r.schedule_note.empty());
+    }
+  }
+  // A batch too small for a multiple of the stages: an error naming the fallback, or the fallback.
   const auto tiny = batch(2, 40, false);
   REQUIRE_THROWS_WITH(plan_iteration(tiny, nullptr, 0, gpt, vs2, il), Catch::Matchers::Contains("allow a fallback"));
   il.fallback = true;
@@ -305,7 +326,13 @@ TEST_CASE("trainer plans: schedule filters and the fallback of a named schedule"
     REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs2, whole), Catch::Matchers::Contains("alone"));
     REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs2, tight),
                         Catch::Matchers::Contains("sample 8 of the global batch") &&
-                            Catch::Matchers::Contains("not run by interleaved-1f1b"));
+                            Catch::Matchers::Contains("not run by interleaved-1f1b") &&
+                            !Catch::Matchers::Contains("or slice"));
+    PlannerOptions asked_error = tight;  // the same without --oversize slice
+    asked_error.partition.oversize = part::OversizePolicy::Error;
+    REQUIRE_THROWS_WITH(plan_iteration(huge, nullptr, 0, gpt, vs2, asked_error),
+                        Catch::Matchers::Contains("not run by interleaved-1f1b") &&
+                            !Catch::Matchers::Contains("or slice"));
     tight.fallback = true;  // sliced, under another schedule
     const IterationResult t = plan_iteration(huge, nullptr, 0, gpt, vs2, tight);
     CHECK(sliced(t));
