@@ -1397,7 +1397,7 @@ Partition partition_slicing(Run& r) {
                      r.cost.model().name);
   Partition result = r.finish(detail::slicing_baseline(r.len.w, r.ids, r.options.capacity));
   result.order = r.ids;
-  result.alternatives = r.chain_variants(result);  // the same slices, more recomputed
+  if (r.options.recompute_variants) result.alternatives = r.chain_variants(result);  // the same slices, more recomputed
   return result;
 }
 

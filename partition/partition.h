@@ -135,6 +135,9 @@ class PartitionCache {
   std::size_t shapes() const;
   /// The memo (internal); `part` 1 is the second table builder's (PartitionOptions::threads).
   detail::ShapeMemo& memo(int part = 0) { return part == 0 ? *memo_ : *memo2_; }
+  /// The planner's: the baseline setting whose plan the last iteration planned with this cache ran
+  /// (empty: packpipe's own). A hint for the order of its searches; plans do not depend on it.
+  std::string last_plan_source;
 
  private:
   std::unique_ptr<detail::ShapeMemo> memo_, memo2_;
@@ -192,6 +195,9 @@ struct PartitionOptions {
   /// interleaved 1F1B); the partition then cuts none (slicing Off, OversizePolicy::Slice refused as
   /// Error) and a sample that fits only sliced is refused with this reason, not offered slice.
   std::string slices_refused;
+  /// slicing: carry the slices recomputed more in Partition::alternatives (false: none; the
+  /// planner asks again only for a baseline its lower bounds did not prune).
+  bool recompute_variants = true;
 };
 
 /// A baseline a user would run: a method and its setting. Families: "fixed" (padded, Megatron),

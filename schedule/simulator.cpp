@@ -461,6 +461,33 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     b.critical_path_ms = std::max(b.critical_path_ms, path);
   }
   for (double w : work) b.rank_work_ms = std::max(b.rank_work_ms, w);
+  // Per rank, its ops as jobs with release times (the earliest their inputs can arrive): F(mb, v)
+  // after the forwards and transfers before v; the backward of (mb, v) (B, or I then W: both
+  // parts after the same release) after the whole forward and the input gradients from the last
+  // stage back to v + 1 with their transfers.
+  std::vector<std::vector<std::pair<double, double>>> jobs(static_cast<std::size_t>(p.ranks));
+  for (auto& j : jobs) j.reserve(static_cast<std::size_t>(2 * p.microbatches() * V / p.ranks + 2));
+  for (std::int64_t mb = 0; mb < p.microbatches(); ++mb) {
+    double t = 0;
+    for (std::int64_t v = 0; v < V; ++v) {
+      const auto i = static_cast<std::size_t>(mb * V + v);
+      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, c.op_ms(pl::OpKind::Forward, i));
+      t += c.op_ms(pl::OpKind::Forward, i) + (v + 1 < V ? p.transfer_ms[i] : 0.0);
+    }
+    for (std::int64_t v = V - 1; v >= 0; --v) {
+      const auto i = static_cast<std::size_t>(mb * V + v);
+      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, c.op_ms(pl::OpKind::Backward, i));
+      if (v > 0) t += c.op_ms(pl::OpKind::BackwardInput, i) + p.transfer_ms[i - 1];
+    }
+  }
+  for (auto& j : jobs) {
+    std::sort(j.begin(), j.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    double after = 0;
+    for (const auto& [release, ms] : j) {
+      after += ms;
+      b.release_ms = std::max(b.release_ms, release + after);
+    }
+  }
   return b;
 }
 

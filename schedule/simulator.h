@@ -127,13 +127,22 @@ class Simulator {
 pl::Schedule simulate(const SimProblem& problem, RankOrder order, const std::string& name,
                   const std::vector<std::uint32_t>& mb_order);
 
-/// Lower bounds on any schedule's makespan: the busiest rank's total compute, and the longest
-/// single micro-batch critical path (every F, then every backward, plus transfers). They hold for
-/// a kind's stretched schedule too (its factor is at least 1).
+/// Lower bounds on any schedule's makespan: the busiest rank's total compute; the longest single
+/// micro-batch critical path (every F, then every backward, plus transfers); and each rank as one
+/// machine whose ops cannot start before their inputs can arrive (F of (mb, v) after the forwards
+/// and transfers of stages before v; its backward after the whole forward and the input-gradient
+/// chain back from the last stage): max over release times t of t + the work released at or after
+/// t (which subsumes the rank's total, at t = 0, and adds the pipeline's fill). They hold for
+/// every kind, split backward or not, with slices, and for a kind's stretched schedule (its
+/// factor is at least 1).
 struct MakespanBounds {
   double rank_work_ms = 0;
   double critical_path_ms = 0;
-  double value() const { return rank_work_ms > critical_path_ms ? rank_work_ms : critical_path_ms; }
+  double release_ms = 0;
+  double value() const {
+    const double a = rank_work_ms > critical_path_ms ? rank_work_ms : critical_path_ms;
+    return a > release_ms ? a : release_ms;
+  }
 };
 MakespanBounds makespan_lower_bounds(const SimProblem& problem);
 

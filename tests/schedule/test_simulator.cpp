@@ -110,6 +110,8 @@ void check_schedule(const SimProblem& p, const Schedule& s) {
   const MakespanBounds lb = makespan_lower_bounds(p);
   REQUIRE(s.makespan_ms >= lb.rank_work_ms * (1 - 1e-12));
   REQUIRE(s.makespan_ms >= lb.critical_path_ms * (1 - 1e-12));
+  REQUIRE(s.makespan_ms >= lb.release_ms * (1 - 1e-12));
+  REQUIRE(lb.release_ms >= lb.rank_work_ms * (1 - 1e-12));  // (its release 0 holds every op)
 }
 
 // Memory peaks recomputed from the op order alone.
@@ -206,6 +208,56 @@ TEST_CASE("simulator: every schedule on random tables is complete, ordered in ti
       CHECK(s.order == order);
     }
   }
+}
+
+TEST_CASE("simulator: the release bound adds the pipeline's fill to the busiest rank, and holds for any order",
+          "[interface][stress]") {
+  // Uniform stages (F f, B 2f, no transfers): the last rank's forwards arrive after S - 1 others,
+  // so no schedule ends before (S - 1) f + m (f + 2f).
+  for (std::int64_t S : {2, 4}) {
+    for (std::int64_t m : {4, 8}) {
+      StageCostTable t;
+      t.microbatches = m;
+      t.vstages = S;
+      const auto n = static_cast<std::size_t>(m * S);
+      t.forward_ms.assign(n, 1.0);
+      t.backward_ms.assign(n, 2.0);
+      t.backward_weight_ms.assign(n, 1.0);
+      t.stored_bytes.assign(n, 1.0);
+      t.peak_bytes.assign(n, 1.0);
+      t.send_bytes.assign(n, 0.0);
+      t.static_bytes.assign(static_cast<std::size_t>(S), 0.0);
+      const SimProblem p = make_sim_problem(std::move(t), S, cm::CommModel{}, S, 0.0);
+      const MakespanBounds lb = makespan_lower_bounds(p);
+      INFO("S " << S << " m " << m);
+      CHECK(lb.rank_work_ms == Approx(3.0 * static_cast<double>(m)));
+      CHECK(lb.release_ms == Approx(static_cast<double>(S - 1) + 3.0 * static_cast<double>(m)));
+      // (1F1B also drains: (S - 1) (f + 2f) + 3 m f, above the bound)
+      CHECK(make_schedule(ScheduleKind::OneFOneB, p, iota_order(m)).makespan_ms ==
+            Approx(3.0 * static_cast<double>(S - 1 + m)));
+    }
+  }
+  // Random tables with transfers, chunks and shuffled orders: every kind's makespan is above it.
+  std::mt19937_64 rng(29);
+  int tighter = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const std::int64_t S = 1 + static_cast<std::int64_t>(rng() % 5);
+    const std::int64_t c = 1 + static_cast<std::int64_t>(rng() % 2);
+    const std::int64_t m = 1 + static_cast<std::int64_t>(rng() % 12);
+    const SimProblem p = random_problem(rng, m, S, c);
+    const MakespanBounds lb = makespan_lower_bounds(p);
+    tighter += lb.release_ms > std::max(lb.rank_work_ms, lb.critical_path_ms) * (1 + 1e-9) ? 1 : 0;
+    std::vector<std::uint32_t> order = iota_order(m);
+    for (int k = 0; k < 3; ++k) {
+      std::shuffle(order.begin(), order.end(), rng);
+      for (ScheduleKind kind : all_schedule_kinds()) {
+        if (!schedule_supports(kind, S, c, m)) continue;
+        INFO(schedule_kind_name(kind) << " S " << S << " c " << c << " m " << m);
+        CHECK(make_schedule(kind, p, order).makespan_ms >= lb.release_ms * (1 - 1e-12));
+      }
+    }
+  }
+  CHECK(tighter >= 10);  // (it adds to the older bounds on many of them: 18 of these 80)
 }
 
 TEST_CASE("simulator: cyclic barriers never beat the wait-free replay without communication", "[interface]") {
