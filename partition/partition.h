@@ -135,9 +135,6 @@ class PartitionCache {
   std::size_t shapes() const;
   /// The memo (internal); `part` 1 is the second table builder's (PartitionOptions::threads).
   detail::ShapeMemo& memo(int part = 0) { return part == 0 ? *memo_ : *memo2_; }
-  /// The planner's: the baseline setting whose plan the last iteration planned with this cache ran
-  /// (empty: packpipe's own). A hint for the order of its searches; plans do not depend on it.
-  std::string last_plan_source;
 
  private:
   std::unique_ptr<detail::ShapeMemo> memo_, memo2_;

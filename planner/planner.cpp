@@ -6,7 +6,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <tuple>
 
 #include "common/errors.h"
@@ -372,7 +371,7 @@ struct Scheduled {
   MethodFigures figures;
   std::string note;        ///< why a named schedule was not used
   bool scheduled = false;  ///< false: a replica's lower bound reached `bound`, or it cannot be run
-  /// Unscheduled because a lower bound of its work (rank work, critical path) reached `bound`: the
+  /// Unscheduled because a lower bound of its work (makespan_lower_bounds) reached `bound`: the
   /// same micro-batches with more work (more recomputed) cannot beat it either.
   bool bounded = false;
 };
@@ -402,9 +401,8 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
     const bool whole = whole_replica(split, k);
     if (!whole) copy = replica_microbatches(split, k);
     const auto& view = whole ? split.microbatches : copy;
-    if (bound < kInfMs && !view.empty() && !own) {
-      // (a candidate whose rank work alone reaches the bound stops after the entries that show it;
-      // packpipe's own table is whole, for the checks below that name its errors)
+    if (bound < kInfMs && !view.empty()) {
+      // (a candidate whose rank work alone reaches the bound stops after the entries that show it)
       std::optional<sched::StageCostTable> t = sched::stage_cost_table_below(cost, o.shape, vstages, view, bound);
       if (!t) {
         out.bounded = true;
@@ -430,6 +428,10 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
     }
     sched::SimProblem prob = sched::make_sim_problem(out.tables.back(), cost, o.shape);
     prob.slice_edges = microbatch_slice_edges(mbs, split);
+    if (sched::makespan_lower_bounds(prob).value() >= bound) {
+      out.bounded = true;
+      return out;
+    }
     std::string why;
     const bool fits = named && sched::schedule_supports(fixed_kind, prob, &why);
     if (!fits && !std::any_of(search_opts.schedules.begin(), search_opts.schedules.end(),
@@ -454,10 +456,6 @@ Scheduled schedule_partition(const part::Partition& split, const cm::CostModel& 
       PACKPIPE_CHECK_ARG(!own, "{}", msg);
       out.figures.feasible = false;
       out.figures.why = msg;
-      return out;
-    }
-    if (sched::makespan_lower_bounds(prob).value() >= bound) {
-      out.bounded = true;
       return out;
     }
     pl::Schedule s;
@@ -630,121 +628,9 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   r.partition_ms = ms_since(t0);
   r.source = part::partition_method_name(o.partition.method);
 
-  // 2. The baselines' partitions (their plans are candidates for packpipe's, step 4), and the
-  // report's figures of each setting as run.
+  // 2. Schedule per data-parallel replica.
   t0 = std::chrono::steady_clock::now();
-  // (Only for packpipe's own method: a method the user names is the plan's.)
-  const bool candidates = o.partition.method == part::PartitionMethod::DP;
-  // The searched report schedules every setting fully; otherwise the candidates are scheduled as
-  // without a report (pruned by what they must beat) and the report takes each setting as run.
-  const bool searched_report = o.baselines && o.baseline_schedule == BaselineSchedule::Search;
-  struct Entry {
-    part::Baseline baseline;
-    part::PartitionOptions options;
-    part::Partition partition;
-    std::uint64_t key = 0;
-    bool lazy_variants = false;  ///< its recompute variants are made once its slices pass the bounds
-    bool first = true;           ///< the first setting with these micro-batches
-    std::string failed;          ///< the searched report's why, where its partition failed
-  };
-  std::vector<Entry> entries;
-  {
-    std::map<std::uint64_t, BaselineFigures> as_run;  // by partition_key: the as-run report's figures
-    std::set<std::uint64_t> keys;
-    std::optional<PlannerOptions> run;  // the as-run report's options, once per batch
-    if (o.baselines && !searched_report) run = as_run_options(o, vstages);
-    for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
-      const bool candidate = candidates && has_layout(o.partition.layouts, b.layout);
-      if (!o.baselines && !candidate) continue;
-      Entry e;
-      e.baseline = b;
-      e.options = b.options(popt);
-      // Without a report, a slicing baseline's recompute variants are made only once its own slices
-      // pass the lower bounds (more recompute, more work: a pruned one prunes its variants).
-      e.lazy_variants = !o.baselines && b.method == part::PartitionMethod::Slicing;
-      if (e.lazy_variants) e.options.recompute_variants = false;
-      BaselineFigures f;
-      f.baseline = b;
-      f.figures.feasible = false;
-      try {
-        e.partition = part::partition(lengths, cost, o.shape, vstages, e.options);
-      } catch (const InvalidArgument& ex) {
-        if (searched_report) {  // (reported in the grid's order, step 5)
-          e.failed = ex.what();
-          entries.push_back(std::move(e));
-        } else if (o.baselines) {
-          f.figures.why = ex.what();
-          r.baselines.push_back(std::move(f));
-        }
-        continue;
-      }
-      e.key = partition_key(e.partition);
-      e.first = keys.insert(e.key).second;
-      if (!searched_report && o.baselines) {  // as run: the figure of the first setting with these micro-batches
-        const auto [it, fresh] = as_run.try_emplace(e.key);
-        if (fresh) it->second.figures = as_run_figures(e.partition, cost, vstages, *run, iteration, it->second.scheduled);
-        f.scheduled = it->second.scheduled;
-        f.figures = it->second.figures;
-        r.baselines.push_back(std::move(f));
-      }
-      // Without the searched report, only the first setting with given micro-batches is scheduled
-      // (another's schedules would be the same), and only a candidate.
-      if (!searched_report && (!candidate || !e.first)) continue;
-      entries.push_back(std::move(e));
-    }
-  }
-  r.candidates_ms = ms_since(t0);
-
-  // A baseline scheduled as a candidate: in full while its lower bound is under `bound`; a slicing
-  // baseline's same slices with more of them recomputed are tried too, and the fastest is its plan.
-  auto schedule_baseline = [&](Entry& e, double bound) {
-    Scheduled c = schedule_partition(e.partition, cost, vstages, o, iteration, bound, false);
-    if (e.lazy_variants && !c.bounded) {
-      e.options.recompute_variants = true;
-      e.partition.alternatives = part::partition(lengths, cost, o.shape, vstages, e.options).alternatives;
-      e.lazy_variants = false;
-    }
-    std::vector<part::Partition> alts = std::move(e.partition.alternatives);
-    e.partition.alternatives.clear();
-    for (part::Partition& alt : alts) {
-      const double beat = c.scheduled && c.figures.feasible ? std::min(bound, c.figures.iteration_ms) : bound;
-      Scheduled a = schedule_partition(alt, cost, vstages, o, iteration, beat, false);
-      if (a.scheduled && a.figures.feasible &&
-          (!c.scheduled || !c.figures.feasible || a.figures.iteration_ms < c.figures.iteration_ms)) {
-        c = std::move(a);
-        e.partition = std::move(alt);
-      }
-    }
-    return c;
-  };
-
-  // 3. A probe: the setting whose plan the last iteration ran (PartitionCache::last_plan_source;
-  // settings that win one batch of an epoch tend to win the next), scheduled in full first. Its
-  // makespan U bounds the plan's (a baseline replaces packpipe's own plan when faster than it by
-  // min_gain, and the earliest setting of the fastest baselines is kept), so every other search
-  // stops where it cannot beat U: packpipe's own partitions at U x (1 - min_gain), the other
-  // baselines at U. The plan chosen is the same as without the probe, only found sooner.
-  t0 = std::chrono::steady_clock::now();
-  std::size_t probe = entries.size();
-  double upper = kInfMs;
-  std::optional<Scheduled> probed;
-  if (candidates && !searched_report && cache != nullptr && !cache->last_plan_source.empty()) {
-    for (std::size_t i = 0; i < entries.size() && probe == entries.size(); ++i) {
-      if (entries[i].baseline.label() == cache->last_plan_source) probe = i;
-    }
-    if (probe < entries.size()) {
-      probed = schedule_baseline(entries[probe], kInfMs);
-      if (probed->scheduled && probed->figures.feasible) upper = probed->figures.iteration_ms;
-    }
-  }
-  // (the slack keeps a candidate exactly at U in the running, as an equal one earlier in the grid
-  // would be kept; below it, a pruned candidate is sure to lose)
-  constexpr double kProbeSlack = 1e-6;
-  const double own_cut = upper < kInfMs ? upper * (1.0 - o.min_gain) * (1.0 + kProbeSlack) : kInfMs;
-  const double baseline_cut = upper < kInfMs ? upper * (1.0 + kProbeSlack) : kInfMs;
-
-  // 4. Schedule per data-parallel replica.
-  Scheduled best = schedule_partition(split, cost, vstages, o, iteration, own_cut, true);
+  Scheduled best = schedule_partition(split, cost, vstages, o, iteration, kInfMs, true);
   // The dp method's other candidates (other micro-batch counts, sliced or not): its objective is
   // the 1F1B bound, and a schedule that fills bubbles may run another of them faster. The fastest
   // simulated is packpipe's plan (a candidate whose makespan lower bound cannot beat it is pruned).
@@ -754,75 +640,104 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
   // as the same slices recomputed more, replaces them.)
   for (auto& alt : alternatives) {
     const bool feasible = best.scheduled && best.figures.feasible;
-    Scheduled c = schedule_partition(alt, cost, vstages, o, iteration,
-                                     feasible ? std::min(own_cut, best.figures.iteration_ms) : own_cut, false);
+    Scheduled c = schedule_partition(alt, cost, vstages, o, iteration, feasible ? best.figures.iteration_ms : kInfMs,
+                                     false);
     if (c.scheduled && c.figures.feasible && (!feasible || c.figures.iteration_ms < best.figures.iteration_ms)) {
       best = std::move(c);
       split = std::move(alt);
     }
   }
-  // Own plans at or over own_cut are sure to lose to a baseline (one at most U beats them by min_gain).
-  const bool own_ran = best.scheduled && best.figures.feasible;
   r.schedule_note = best.note;
   r.schedule_ms = ms_since(t0);
 
-  // 5. The baselines' plans: candidates for the plan under the same schedule search (a faster one is
-  // the plan: never slower than a baseline on the cost model, by construction), and the searched
-  // report's figures.
+  // 3. The baselines' plans: candidates for the plan under the same schedule search (a faster one is
+  // the plan: never slower than a baseline on the cost model, by construction), and the report's
+  // figures under baseline_schedule.
   t0 = std::chrono::steady_clock::now();
-  std::map<std::uint64_t, Scheduled> searched;  // the searched report's schedules, by partition_key
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    Entry& e = entries[i];
-    if (!e.failed.empty()) {
-      BaselineFigures f;
-      f.baseline = e.baseline;
-      f.figures.feasible = false;
-      f.figures.why = e.failed;
-      r.baselines.push_back(std::move(f));
+  // (Only for packpipe's own method: a method the user names is the plan's.)
+  const bool candidates = o.partition.method == part::PartitionMethod::DP;
+  // The searched report schedules every setting fully; otherwise the candidates are scheduled as
+  // without a report (pruned by what they must beat) and the report takes each setting as run.
+  const bool searched_report = o.baselines && o.baseline_schedule == BaselineSchedule::Search;
+  std::map<std::uint64_t, Scheduled> scheduled_partitions;  // by partition_key
+  std::map<std::uint64_t, BaselineFigures> as_run;          // by partition_key: the as-run report's figures
+  std::optional<PlannerOptions> run;                        // the as-run report's options, once per batch
+  if (o.baselines && !searched_report) run = as_run_options(o, vstages);
+  for (const part::Baseline& b : part::baseline_grid(lengths, baseline_grid_options(o))) {
+    const bool candidate = candidates && has_layout(o.partition.layouts, b.layout);
+    if (!o.baselines && !candidate) continue;
+    BaselineFigures f;
+    f.baseline = b;
+    f.figures.feasible = false;
+    part::Partition bp;
+    part::PartitionOptions bo = b.options(popt);
+    // Without a report, a slicing baseline's recompute variants are made only once its own slices
+    // pass the lower bounds (more recompute, more work: a pruned one prunes its variants).
+    const bool lazy_variants = !o.baselines && b.method == part::PartitionMethod::Slicing;
+    if (lazy_variants) bo.recompute_variants = false;
+    try {
+      bp = part::partition(lengths, cost, o.shape, vstages, bo);
+    } catch (const InvalidArgument& e) {
+      f.figures.why = e.what();
+      if (o.baselines) r.baselines.push_back(std::move(f));
       continue;
     }
-    const bool candidate = candidates && has_layout(o.partition.layouts, e.baseline.layout);
-    // What a baseline must beat: another baseline's makespan, or packpipe's own discounted by
-    // min_gain (unknown when the probe pruned it, and then over U).
-    const double to_beat = r.from_baseline ? best.figures.iteration_ms
-                           : own_ran       ? best.figures.iteration_ms / (1.0 - o.min_gain)
-                           : upper < kInfMs ? baseline_cut
-                                            : kInfMs;
+    const std::uint64_t key = partition_key(bp);
+    const auto same = scheduled_partitions.find(key);
+    if (!searched_report && o.baselines) {  // as run: the figure of the first setting with these micro-batches
+      const auto [it, fresh] = as_run.try_emplace(key);
+      if (fresh) it->second.figures = as_run_figures(bp, cost, vstages, *run, iteration, it->second.scheduled);
+      f.scheduled = it->second.scheduled;
+      f.figures = it->second.figures;
+      r.baselines.push_back(std::move(f));
+    }
+    // Without the searched report, a candidate whose micro-batches another setting gave already is
+    // not scheduled again (its schedules would be the same), nor any other setting.
+    if (!searched_report && (!candidate || same != scheduled_partitions.end())) continue;
+    // What a baseline must beat: another baseline's makespan, or packpipe's own discounted by min_gain.
+    const double to_beat = !best.figures.feasible ? kInfMs
+                           : r.from_baseline      ? best.figures.iteration_ms
+                                                  : best.figures.iteration_ms / (1.0 - o.min_gain);
     Scheduled c;
-    if (i == probe) {
-      c = std::move(*probed);
-    } else if (searched_report) {
-      // In full for the searched report; the first setting with given micro-batches is scheduled
-      // once, the others take its figures.
-      const auto same = searched.find(e.key);
-      if (same != searched.end()) {
-        c = same->second;
-      } else {
-        c = schedule_baseline(e, kInfMs);
-        searched.emplace(e.key, c);
-      }
+    if (same != scheduled_partitions.end()) {
+      c = same->second;
     } else {
-      // Else only while its lower bound can beat the plan and the probe.
-      c = schedule_baseline(e, std::min(to_beat, baseline_cut));
+      // In full for the searched report, else only while its lower bound can beat the plan; a slicing
+      // baseline's same slices with more of them recomputed are tried too, and the fastest is its plan.
+      const double bound = searched_report ? kInfMs : to_beat;
+      c = schedule_partition(bp, cost, vstages, o, iteration, bound, false);
+      if (lazy_variants && !c.bounded) {
+        bo.recompute_variants = true;
+        bp.alternatives = part::partition(lengths, cost, o.shape, vstages, bo).alternatives;
+      }
+      std::vector<part::Partition> alts = std::move(bp.alternatives);
+      bp.alternatives.clear();
+      for (part::Partition& alt : alts) {
+        const double beat = c.scheduled && c.figures.feasible ? std::min(bound, c.figures.iteration_ms) : bound;
+        Scheduled a = schedule_partition(alt, cost, vstages, o, iteration, beat, false);
+        if (a.scheduled && a.figures.feasible && (!c.scheduled || !c.figures.feasible ||
+                                                  a.figures.iteration_ms < c.figures.iteration_ms)) {
+          c = std::move(a);
+          bp = std::move(alt);
+        }
+      }
+      scheduled_partitions.emplace(key, searched_report ? c : Scheduled{});
     }
     if (searched_report) {
-      BaselineFigures f;
-      f.baseline = e.baseline;
       f.scheduled = c.scheduled;
       f.figures = c.figures;
-      partition_figures(e.partition, f.figures);
+      partition_figures(bp, f.figures);
       r.baselines.push_back(std::move(f));
     }
     // A baseline's plan is a candidate when its layout is one the executor runs (layouts).
     if (candidate && c.scheduled && c.figures.feasible && c.figures.iteration_ms < to_beat) {
       best = std::move(c);
-      split = std::move(e.partition);
-      r.source = e.baseline.label();
+      split = std::move(bp);
+      r.source = b.label();
       r.from_baseline = true;
     }
   }
-  r.candidates_ms += ms_since(t0);
-  if (cache != nullptr) cache->last_plan_source = r.from_baseline ? r.source : std::string();
+  r.candidates_ms = ms_since(t0);
   r.packpipe = best.figures;
   partition_figures(split, r.packpipe);
   if (r.from_baseline) r.schedule_note = best.note;

@@ -239,7 +239,7 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
     return 6;
   };
   std::stable_sort(kinds.begin(), kinds.end(), [&](ScheduleKind a, ScheduleKind b) { return rank(a) < rank(b); });
-  const double lb = makespan_lower_bounds(p).value() * (1 + 1e-12);
+  const double lb = makespan_lower_bounds(p).search_stop_ms() * (1 + 1e-12);
   auto done = [&]() { return pass.best.have && pass.best.makespan <= lb; };
   const auto ref = reference_orders(p, o.seed);
   // Phase 1: the reference candidates (orders outer, so every kind gets a first incumbent on the

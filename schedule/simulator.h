@@ -139,10 +139,12 @@ struct MakespanBounds {
   double rank_work_ms = 0;
   double critical_path_ms = 0;
   double release_ms = 0;
-  double value() const {
-    const double a = rank_work_ms > critical_path_ms ? rank_work_ms : critical_path_ms;
-    return a > release_ms ? a : release_ms;
-  }
+  /// The three together: what the planner prunes candidates with.
+  double value() const { return search_stop_ms() > release_ms ? search_stop_ms() : release_ms; }
+  /// The first two: where the schedule search stops (a schedule that reaches the release bound is
+  /// optimal too, but stopping there would keep it over one of equal makespan that the search
+  /// finds later, which is the plan the search returned before the bound existed).
+  double search_stop_ms() const { return rank_work_ms > critical_path_ms ? rank_work_ms : critical_path_ms; }
 };
 MakespanBounds makespan_lower_bounds(const SimProblem& problem);
 

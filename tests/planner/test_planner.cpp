@@ -204,58 +204,6 @@ TEST_CASE("a partition cache changes nothing but the work: same plans, fewer que
   CHECK(cache.shapes() < shapes);
 }
 
-TEST_CASE("the probe of the last plan's setting changes nothing but the work, whatever setting it names",
-          "[interface]") {
-  // The planner schedules the setting the cache's last iteration ran first and prunes the other
-  // searches by its makespan (PartitionCache::last_plan_source): the plan, its source and every
-  // figure are those of a plan without a cache, for every setting named (a good, a poor or an
-  // unknown one), on short and long-tail batches (slices), with one replica or two, with the
-  // as-run report, the searched one, or none.
-  const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
-  std::mt19937_64 rng(23);
-  int probed_sources = 0, baseline_plans = 0;
-  for (int trial = 0; trial < 6; ++trial) {
-    PlannerOptions o;
-    o.shape.stages = 4;
-    o.shape.layers_per_stage = 4;
-    o.shape.dp = trial % 3 == 2 ? 2 : 1;
-    o.baseline_mbs = {2, 8, 32};
-    o.baseline_rows = {1, 2};
-    o.baselines = trial % 3 != 1;
-    if (trial == 3) o.baseline_schedule = BaselineSchedule::Search;
-    const auto vs = virtual_stages(gpt.model(), o.shape);
-    BatchLengths b = random_batch(rng, 60 + 20 * static_cast<std::size_t>(trial), false);
-    if (trial % 2 == 1) {
-      b.input.push_back(24000);
-      b.input.push_back(9000);
-    }
-    const auto ref = plan_iteration(b, nullptr, 0, gpt, vs, o);
-    baseline_plans += ref.from_baseline ? 1 : 0;
-    std::vector<std::string> hints{"", "no such setting", ref.source};
-    for (const auto& f : ref.baselines) hints.push_back(f.baseline.label());
-    for (const std::string& hint : hints) {
-      PartitionCache cache;
-      cache.last_plan_source = hint;
-      const auto with = plan_iteration(b, nullptr, 0, gpt, vs, o, &cache);
-      INFO("trial " << trial << " hint '" << hint << "'");
-      REQUIRE(with.plans.size() == ref.plans.size());
-      for (std::size_t k = 0; k < ref.plans.size(); ++k) CHECK(encode_plan(with.plans[k]) == encode_plan(ref.plans[k]));
-      CHECK(with.source == ref.source);
-      CHECK(with.packpipe.iteration_ms == ref.packpipe.iteration_ms);
-      REQUIRE(with.baselines.size() == ref.baselines.size());
-      for (std::size_t c = 0; c < ref.baselines.size(); ++c) {
-        CHECK(with.baselines[c].figures.iteration_ms == ref.baselines[c].figures.iteration_ms);
-      }
-      // (the cache keeps the source of this plan for the next iteration: a baseline's label, or
-      // empty for packpipe's own partition)
-      CHECK(cache.last_plan_source == (with.from_baseline ? with.source : std::string()));
-      probed_sources += !hint.empty() && hint == ref.source ? 1 : 0;
-    }
-  }
-  CHECK(baseline_plans >= 2);  // (the probe then names the plan's own setting)
-  CHECK(probed_sources >= 6);
-}
-
 TEST_CASE("a partition cache past its size bound starts afresh and still changes nothing", "[boundary]") {
   const cm::AnalyticCostModel gpt(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
   PipelineShape s;
