@@ -463,8 +463,9 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
   for (double w : work) b.rank_work_ms = std::max(b.rank_work_ms, w);
   // Per rank, its ops as jobs with release times (the earliest their inputs can arrive): F(mb, v)
   // after the forwards and transfers before v; the backward of (mb, v) (B, or I then W: both
-  // parts after the same release) after the whole forward and the input gradients from the last
-  // stage back to v + 1 with their transfers.
+  // parts after the same release, so the job is the lesser of B and I + W, which a calibrated
+  // table may fit apart) after the whole forward and the input gradients from the last stage back
+  // to v + 1 with their transfers.
   std::vector<std::vector<std::pair<double, double>>> jobs(static_cast<std::size_t>(p.ranks));
   for (auto& j : jobs) j.reserve(static_cast<std::size_t>(2 * p.microbatches() * V / p.ranks + 2));
   for (std::int64_t mb = 0; mb < p.microbatches(); ++mb) {
@@ -476,8 +477,10 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     }
     for (std::int64_t v = V - 1; v >= 0; --v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, c.op_ms(pl::OpKind::Backward, i));
-      if (v > 0) t += c.op_ms(pl::OpKind::BackwardInput, i) + p.transfer_ms[i - 1];
+      const double input = c.op_ms(pl::OpKind::BackwardInput, i);
+      const double back = std::min(c.op_ms(pl::OpKind::Backward, i), input + c.op_ms(pl::OpKind::BackwardWeight, i));
+      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, back);
+      if (v > 0) t += input + p.transfer_ms[i - 1];
     }
   }
   for (auto& j : jobs) {
