@@ -267,7 +267,6 @@ void define_schedule(py::module_& m) {
       .def_property_readonly("recompute", [](const PySearch& r) { return r.result.recompute; })
       .def_property_readonly("simulations", [](const PySearch& r) { return r.result.simulations; })
       .def_property_readonly("early_exits", [](const PySearch& r) { return r.result.early_exits; })
-      .def_property_readonly("skipped", [](const PySearch& r) { return r.result.skipped; })
       .def_property_readonly("lower_bound_ms", [](const PySearch& r) { return r.result.lower_bound_ms; });
 
   auto problem_cls = py::reinterpret_borrow<py::class_<PyProblem, std::shared_ptr<PyProblem>>>(m.attr("ScheduleProblem"));

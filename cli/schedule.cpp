@@ -154,7 +154,6 @@ void run_schedule(const ScheduleOptionsCli& o) {
     j["search_ms"] = search_ms;
     j["simulations"] = r.simulations;
     j["early_exits"] = r.early_exits;
-    j["skipped"] = r.skipped;
     if (o.reference) {
       const auto t1 = std::chrono::steady_clock::now();
       const sched::SearchResult ref = sched::reference_search(problem, so);

@@ -120,14 +120,7 @@ double order_peak_bytes(const SimProblem& p, const RankOrder& o, double stop_abo
 class Pass {
  public:
   Pass(const SimProblem& p, const SearchOptions& o, SearchResult& stats)
-      : bounds(makespan_lower_bounds(p)),
-        p_(p),
-        o_(o),
-        sim_(p),
-        builder_(p),
-        rank_(p, o),
-        lower_(bounds.value() * (1 - 1e-9)),
-        stats_(stats) {}
+      : p_(p), o_(o), sim_(p), builder_(p), rank_(p, o), stats_(stats) {}
 
   // Evaluates (kind, order); with `prune`, stops once it passes the incumbent or the memory limit
   // (orders over the limit are rejected before simulating; zero-bubble is timed by its own greedy,
@@ -142,15 +135,6 @@ class Pass {
     const double f = rank_(kind, order);
     const bool cut = cutoff_rank < best.makespan;  // the caller's cutoff binds, not the incumbent
     const double bound = prune ? std::min(best.makespan, cutoff_rank) / f : kInf;
-    // A candidate whose lower bound reaches what it must beat is not run: it would stop, or end, at
-    // or above it. Counted as one that stopped (finished where the cutoff binds): where it would
-    // have ended instead, finished only on the incumbent's side, its kind's later evaluations (at a
-    // factor at least its own: the given order, the only one ranked lower, comes first) are
-    // skipped too, so the phases keep the same incumbents.
-    if (prune && o_.skip_bounded && lower_ >= bound) {
-      ++stats_.skipped;
-      return exit_early(kind, cut);
-    }
     const double limit = p_.memory_limit_bytes;
     double ms = kInf;
     if (prune && kind == ScheduleKind::ZeroBubble && builder_.exact_times()) {
@@ -177,7 +161,6 @@ class Pass {
     return true;
   }
 
-  const MakespanBounds bounds;  ///< of the problem
   Candidate best;
   std::array<std::uint8_t, 8> finished{};  ///< per kind: some evaluation ran to the end within memory
   /// Ranks at or above this are of no use to the caller (SearchOptions::cutoff_ms x the largest rank
@@ -218,7 +201,6 @@ class Pass {
   Simulator sim_;
   detail::OrderBuilder builder_;
   RankFactor rank_;
-  const double lower_;  ///< bounds.value(), less a relative 1e-9: below every makespan, whatever its rounding
   RankOrder ro_, cyclic_ro_;
   std::vector<std::vector<std::uint32_t>> spare_cycle_;
   std::vector<std::uint32_t> cyclic_order_;
@@ -257,7 +239,7 @@ Candidate fast_pass(const SimProblem& p, const SearchOptions& o, SearchResult& s
     return 6;
   };
   std::stable_sort(kinds.begin(), kinds.end(), [&](ScheduleKind a, ScheduleKind b) { return rank(a) < rank(b); });
-  const double lb = pass.bounds.search_stop_ms() * (1 + 1e-12);
+  const double lb = makespan_lower_bounds(p).search_stop_ms() * (1 + 1e-12);
   auto done = [&]() { return pass.best.have && pass.best.makespan <= lb; };
   const auto ref = reference_orders(p, o.seed);
   // Phase 1: the reference candidates (orders outer, so every kind gets a first incumbent on the

@@ -43,10 +43,6 @@ struct SearchOptions {
   /// returns found_below_cutoff false, without a schedule. infinity: no cutoff. Not with
   /// recompute_table.
   double cutoff_ms = std::numeric_limits<double>::infinity();
-  /// Fast search: an evaluation whose rank could not beat the incumbent, nor the cutoff, even at the
-  /// problem's makespan lower bound (makespan_lower_bounds) is not run (SearchResult::skipped). It
-  /// changes no result, only the work: false runs them (to check that).
-  bool skip_bounded = true;
 };
 
 /// The schedule a user runs by default for the problem's shape: interleaved 1F1B with chunks, else 1F1B.
@@ -59,7 +55,6 @@ struct SearchResult {
   std::string recompute = "given";  ///< "given", or the uniform mode the fallback used ("selective", "full")
   std::int64_t simulations = 0;   ///< candidate evaluations (simulated, or timed by the zero-bubble greedy)
   std::int64_t early_exits = 0;   ///< of which stopped early (incumbent passed, or over the memory limit)
-  std::int64_t skipped = 0;       ///< of which not run at all (SearchOptions::skip_bounded)
   double lower_bound_ms = 0;      ///< makespan_lower_bounds(problem).value()
   /// false: no candidate ranked under SearchOptions::cutoff_ms x the largest rank factor x (1 +
   /// kCutoffSlack) (best is empty). true does not mean best's makespan is under the cutoff: the

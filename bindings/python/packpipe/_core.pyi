@@ -797,9 +797,6 @@ class ScheduleSearchResult:
     def early_exits(self) -> int:
         """Simulations cut short by the bound."""
     @property
-    def skipped(self) -> int:
-        """Of the early exits, candidates not simulated at all: the lower bound showed they could not win."""
-    @property
     def lower_bound_ms(self) -> float:
         """Makespan lower bound."""
 
