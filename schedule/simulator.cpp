@@ -443,19 +443,21 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
   const std::int64_t V = p.vstages();
   MakespanBounds b;
   std::vector<double> work(static_cast<std::size_t>(p.ranks), 0.0);
+  // (A calibrated table fits a backward's halves apart: each bound takes the least a schedule
+  // spends, whole or split: StageCostTable::least_backward_ms, least_input_ms, least_weight_ms.)
   for (std::int64_t mb = 0; mb < p.microbatches(); ++mb) {
     // Every forward and transfer, then the input-gradient chain back to some stage v and its
     // weight gradient (a full backward is I + W).
     double path = 0, tail = 0, best_tail = 0;
     for (std::int64_t v = 0; v < V; ++v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      work[static_cast<std::size_t>(p.rank_of(v))] += c.op_ms(pl::OpKind::Forward, i) + c.op_ms(pl::OpKind::Backward, i);
+      work[static_cast<std::size_t>(p.rank_of(v))] += c.op_ms(pl::OpKind::Forward, i) + c.least_backward_ms(i);
       path += c.op_ms(pl::OpKind::Forward, i) + 2 * p.transfer_ms[i];
     }
     for (std::int64_t v = V - 1; v >= 0; --v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      tail += c.op_ms(pl::OpKind::BackwardInput, i);
-      best_tail = std::max(best_tail, tail + c.op_ms(pl::OpKind::BackwardWeight, i));
+      tail += c.least_input_ms(i);
+      best_tail = std::max(best_tail, tail + c.least_weight_ms(i));
     }
     path += best_tail;
     b.critical_path_ms = std::max(b.critical_path_ms, path);
@@ -463,9 +465,8 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
   for (double w : work) b.rank_work_ms = std::max(b.rank_work_ms, w);
   // Per rank, its ops as jobs with release times (the earliest their inputs can arrive): F(mb, v)
   // after the forwards and transfers before v; the backward of (mb, v) (B, or I then W: both
-  // parts after the same release, so the job is the lesser of B and I + W, which a calibrated
-  // table may fit apart) after the whole forward and the input gradients from the last stage back
-  // to v + 1 with their transfers.
+  // parts after the same release) after the whole forward and the input gradients from the last
+  // stage back to v + 1 with their transfers.
   std::vector<std::vector<std::pair<double, double>>> jobs(static_cast<std::size_t>(p.ranks));
   for (auto& j : jobs) j.reserve(static_cast<std::size_t>(2 * p.microbatches() * V / p.ranks + 2));
   for (std::int64_t mb = 0; mb < p.microbatches(); ++mb) {
@@ -477,10 +478,8 @@ MakespanBounds makespan_lower_bounds(const SimProblem& p) {
     }
     for (std::int64_t v = V - 1; v >= 0; --v) {
       const auto i = static_cast<std::size_t>(mb * V + v);
-      const double input = c.op_ms(pl::OpKind::BackwardInput, i);
-      const double back = std::min(c.op_ms(pl::OpKind::Backward, i), input + c.op_ms(pl::OpKind::BackwardWeight, i));
-      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, back);
-      if (v > 0) t += input + p.transfer_ms[i - 1];
+      jobs[static_cast<std::size_t>(p.rank_of(v))].emplace_back(t, c.least_backward_ms(i));
+      if (v > 0) t += c.least_input_ms(i) + p.transfer_ms[i - 1];
     }
   }
   for (auto& j : jobs) {

@@ -79,7 +79,7 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
     for (std::int64_t v = 0; v < t.vstages; ++v) {
       const std::size_t i = t.at(static_cast<std::int64_t>(m), v);
       double& w = work[static_cast<std::size_t>(v % shape.stages)];
-      w += t.op_ms(pl::OpKind::Forward, i) + t.op_ms(pl::OpKind::Backward, i);
+      w += t.op_ms(pl::OpKind::Forward, i) + t.least_backward_ms(i);
       if (w >= stop_at_ms) return false;
     }
   }

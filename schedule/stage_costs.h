@@ -44,6 +44,23 @@ struct StageCostTable {
     }
     return 0;
   }
+  /// The least time any schedule spends on entry i's backward: B whole, or I then W split (the
+  /// lesser, when a calibrated table fits the halves apart). The lower bounds' backward work.
+  double least_backward_ms(std::size_t i) const {
+    if (backward_input_ms.empty()) return backward_ms[i];
+    const double split = backward_input_ms[i] + backward_weight_ms[i];
+    return split < backward_ms[i] ? split : backward_ms[i];
+  }
+  /// The least time from the start of entry i's backward until its input gradient is out: I split,
+  /// B whole (the lesser, when calibrated). The lower bounds' gradient chain.
+  double least_input_ms(std::size_t i) const {
+    if (backward_input_ms.empty()) return backward_ms[i] - backward_weight_ms[i];
+    return backward_input_ms[i] < backward_ms[i] ? backward_input_ms[i] : backward_ms[i];
+  }
+  /// What follows least_input_ms in least_backward_ms: W uncalibrated (the two sum to B).
+  double least_weight_ms(std::size_t i) const {
+    return backward_input_ms.empty() ? backward_weight_ms[i] : least_backward_ms(i) - least_input_ms(i);
+  }
 };
 
 /// Queries the cost model for every (micro-batch, virtual stage): each micro-batch's shape
@@ -56,8 +73,9 @@ StageCostTable stage_cost_table(const cm::CostModel& cost, const part::PipelineS
                                 const std::vector<part::VirtualStage>& vstages, const std::vector<part::MicroBatch>& mbs);
 
 /// stage_cost_table, or nullopt as soon as the entries built so far make some rank's forward plus
-/// backward work reach `stop_at_ms`: the rank work of makespan_lower_bounds, summed in its order, so
-/// the whole table's lower bound would reach it too (a pruned candidate costs only a prefix).
+/// least backward work (least_backward_ms) reach `stop_at_ms`: the rank work of
+/// makespan_lower_bounds, summed in its order, so the whole table's lower bound would reach it too
+/// (a pruned candidate costs only a prefix).
 std::optional<StageCostTable> stage_cost_table_below(const cm::CostModel& cost, const part::PipelineShape& shape,
                                                      const std::vector<part::VirtualStage>& vstages,
                                                      const std::vector<part::MicroBatch>& mbs, double stop_at_ms);

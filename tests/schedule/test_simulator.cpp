@@ -258,21 +258,39 @@ TEST_CASE("simulator: the release bound adds the pipeline's fill to the busiest 
     }
   }
   CHECK(tighter >= 10);  // (it adds to the older bounds on many of them: 18 of these 80)
-  // A calibrated table may fit the halves apart, I + W under B: zero-bubble runs the halves, and the
-  // bound counts the lesser.
-  for (int trial = 0; trial < 20; ++trial) {
+  // A calibrated table fits the halves apart: I + W under B (zero-bubble runs the halves: the rank
+  // work and the release jobs count the lesser), or I over B (a whole backward sends its gradient
+  // after B: the gradient chains take the lesser). Every kind stays at or above every bound.
+  int split_under = 0, input_over = 0;
+  for (int trial = 0; trial < 40; ++trial) {
     const std::int64_t S = 2 + static_cast<std::int64_t>(rng() % 3);
+    const std::int64_t c = 1 + static_cast<std::int64_t>(trial % 2);
     const std::int64_t m = S + static_cast<std::int64_t>(rng() % 8);
-    SimProblem p = random_problem(rng, m, S, 1);
+    SimProblem p = random_problem(rng, m, S, c);
     StageCostTable& t = p.costs;
+    const double f = trial % 4 < 2 ? 0.3 : 1.9;  // I = f (B - W): the split under B, or I over B
     t.backward_input_ms.resize(t.backward_ms.size());
     for (std::size_t i = 0; i < t.backward_ms.size(); ++i) {
-      t.backward_input_ms[i] = 0.3 * (t.backward_ms[i] - t.backward_weight_ms[i]);
+      t.backward_input_ms[i] = f * (t.backward_ms[i] - t.backward_weight_ms[i]);
+      split_under += t.backward_input_ms[i] + t.backward_weight_ms[i] < t.backward_ms[i] ? 1 : 0;
+      input_over += t.backward_input_ms[i] > t.backward_ms[i] ? 1 : 0;
     }
-    INFO("S " << S << " m " << m);
-    CHECK(make_schedule(ScheduleKind::ZeroBubble, p, iota_order(m)).makespan_ms >=
-          makespan_lower_bounds(p).release_ms * (1 - 1e-12));
+    const MakespanBounds lb = makespan_lower_bounds(p);
+    std::vector<std::uint32_t> order = iota_order(m);
+    for (int k = 0; k < 2; ++k) {
+      for (ScheduleKind kind : all_schedule_kinds()) {
+        if (!schedule_supports(kind, S, c, m)) continue;
+        INFO(schedule_kind_name(kind) << " S " << S << " c " << c << " m " << m << " I = " << f << " (B - W)");
+        const double ms = make_schedule(kind, p, order).makespan_ms;
+        CHECK(ms >= lb.rank_work_ms * (1 - 1e-12));
+        CHECK(ms >= lb.critical_path_ms * (1 - 1e-12));
+        CHECK(ms >= lb.release_ms * (1 - 1e-12));
+      }
+      std::shuffle(order.begin(), order.end(), rng);
+    }
   }
+  CHECK(split_under > 100);
+  CHECK(input_over > 100);
 }
 
 TEST_CASE("simulator: cyclic barriers never beat the wait-free replay without communication", "[interface]") {
