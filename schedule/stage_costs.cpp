@@ -62,6 +62,22 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
   }
   const bool watch = stop_at_ms < std::numeric_limits<double>::infinity();
   std::vector<double> work(watch ? static_cast<std::size_t>(shape.stages) : 0, 0.0);
+  // An entry depends on the stage's layout only (set_stage_cost): a virtual stage laid out as an
+  // earlier one (the middle stages: no embedding, no head, as many layers) copies its entry.
+  std::vector<std::size_t> same(vstages.size());
+  for (std::size_t k = 0; k < vstages.size(); ++k) {
+    same[k] = k;
+    const cm::StageLayout& a = vstages[k].layout;
+    for (std::size_t e = 0; e < k; ++e) {
+      const cm::StageLayout& b = vstages[e].layout;
+      if (a.encoder_layers == b.encoder_layers && a.decoder_layers == b.decoder_layers &&
+          a.has_embedding == b.has_embedding && a.has_postprocess == b.has_postprocess) {
+        same[k] = e;
+        break;
+      }
+    }
+  }
+  const bool calibrated = !t.backward_input_ms.empty();
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     if (watch) {  // (a table that may stop grows entry by entry)
       const std::size_t n = (m + 1) * static_cast<std::size_t>(t.vstages);
@@ -70,9 +86,21 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
     const part::MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
                        mb.rows(), mb.padded_len);
-    for (const auto& vs : vstages) {
-      set_stage_cost(t, t.at(static_cast<std::int64_t>(m), vs.index), cost, vs.layout, shape.tp, mb.shape(),
-                     mb.recompute);
+    const cm::MicroShape ms = mb.shape();
+    for (std::size_t k = 0; k < vstages.size(); ++k) {
+      const std::size_t i = t.at(static_cast<std::int64_t>(m), vstages[k].index);
+      if (same[k] == k) {
+        set_stage_cost(t, i, cost, vstages[k].layout, shape.tp, ms, mb.recompute);
+        continue;
+      }
+      const std::size_t j = t.at(static_cast<std::int64_t>(m), vstages[same[k]].index);
+      t.forward_ms[i] = t.forward_ms[j];
+      t.backward_ms[i] = t.backward_ms[j];
+      t.backward_weight_ms[i] = t.backward_weight_ms[j];
+      if (calibrated) t.backward_input_ms[i] = t.backward_input_ms[j];
+      t.stored_bytes[i] = t.stored_bytes[j];
+      t.peak_bytes[i] = t.peak_bytes[j];
+      t.send_bytes[i] = t.send_bytes[j];
     }
     if (!watch) continue;
     // (makespan_lower_bounds' sum: virtual stages in index order, stage v on rank v mod S)
