@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <queue>
 #include <tuple>
 
 #include "common/errors.h"
@@ -16,6 +15,40 @@ namespace packpipe::partition::detail {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The loads of k micro-batches, with the least-loaded one in a range found in O(log k): the first
+// index of the range's minimum, what a scan from the range's start with a strict < finds.
+class LeastLoaded {
+ public:
+  explicit LeastLoaded(const std::vector<double>& load) {
+    while (n_ < load.size()) n_ <<= 1;
+    tree_.assign(2 * n_, {kInf, std::numeric_limits<std::uint32_t>::max()});
+    for (std::size_t i = 0; i < load.size(); ++i) tree_[n_ + i] = {load[i], static_cast<std::uint32_t>(i)};
+    for (std::size_t i = n_ - 1; i >= 1; --i) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  /// The least-loaded index in [lo, hi] (lo <= hi < k); ties to the lowest index.
+  std::size_t argmin(std::size_t lo, std::size_t hi) const {
+    Entry best{kInf, std::numeric_limits<std::uint32_t>::max()};
+    for (std::size_t l = lo + n_, r = hi + n_ + 1; l < r; l >>= 1, r >>= 1) {
+      if (l & 1) best = std::min(best, tree_[l++]);
+      if (r & 1) best = std::min(best, tree_[--r]);
+    }
+    return best.second;
+  }
+  /// The least-loaded index of all (the root: O(1)).
+  std::size_t least() const { return tree_[1].second; }
+  /// Sets the load of index i.
+  void set(std::size_t i, double load) {
+    std::size_t p = n_ + i;
+    tree_[p].first = load;
+    for (p >>= 1; p >= 1; p >>= 1) tree_[p] = std::min(tree_[2 * p], tree_[2 * p + 1]);
+  }
+
+ private:
+  using Entry = std::pair<double, std::uint32_t>;
+  std::size_t n_ = 1;
+  std::vector<Entry> tree_;
+};
 
 // Tokens and attention sums of packed samples.
 struct Sums {
@@ -131,16 +164,16 @@ Assignment lpt(const Work& w, const std::vector<std::uint32_t>& order, const Lin
   Assignment a;
   if (keep_bins) a.bins.resize(static_cast<std::size_t>(k));
   a.sums.resize(static_cast<std::size_t>(k));
-  using Load = std::pair<double, std::size_t>;
-  std::priority_queue<Load, std::vector<Load>, std::greater<>> heap;
-  for (std::size_t b = 0; b < static_cast<std::size_t>(k); ++b) heap.emplace(lin.fixed, b);
+  // The least-loaded bin, ties to the lowest index (a min-heap of (load, bin) pops the same).
+  std::vector<double> load(static_cast<std::size_t>(k), lin.fixed);
+  LeastLoaded least(load);
   for (const auto s : order) {
-    auto [load, b] = heap.top();
-    heap.pop();
+    const std::size_t b = least.least();
     const auto g = packed_sample(w, s);
     if (keep_bins) a.bins[b].push_back(s);
     a.sums[b].add(g);
-    heap.emplace(load + lin.weight(g), b);
+    load[b] += lin.weight(g);
+    least.set(b, load[b]);
   }
   return a;
 }
@@ -160,15 +193,17 @@ Assignment tapered_lpt(const Work& w, const std::vector<std::uint32_t>& order, c
     share[static_cast<std::size_t>(j)] = f;
     share[static_cast<std::size_t>(k - 1 - j)] = f;
   }
+  // The bin of least load / share, ties to the lowest index (what a scan with a strict < finds).
+  std::vector<double> ratio(static_cast<std::size_t>(k));
+  for (std::size_t j = 0; j < ratio.size(); ++j) ratio[j] = load[j] / share[j];
+  LeastLoaded least(ratio);
   for (const auto s : order) {
-    std::size_t b = 0;
-    for (std::size_t j = 1; j < load.size(); ++j) {
-      if (load[j] / share[j] < load[b] / share[b]) b = j;
-    }
+    const std::size_t b = least.least();
     const auto g = packed_sample(w, s);
     a.bins[b].push_back(s);
     a.sums[b].add(g);
     load[b] += lin.weight(g);
+    least.set(b, load[b] / share[b]);
   }
   std::vector<std::vector<std::uint32_t>> bins;
   std::vector<Sums> sums;
@@ -580,37 +615,6 @@ Exact exact_piece_costs(Coster& coster, const PipelineShape& shape, const PieceA
   return e;
 }
 
-// The loads of k micro-batches, with the least-loaded one in a range found in O(log k): the first
-// index of the range's minimum, what a scan from the range's start with a strict < finds.
-class LeastLoaded {
- public:
-  explicit LeastLoaded(const std::vector<double>& load) {
-    while (n_ < load.size()) n_ <<= 1;
-    tree_.assign(2 * n_, {kInf, std::numeric_limits<std::uint32_t>::max()});
-    for (std::size_t i = 0; i < load.size(); ++i) tree_[n_ + i] = {load[i], static_cast<std::uint32_t>(i)};
-    for (std::size_t i = n_ - 1; i >= 1; --i) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
-  }
-  /// The least-loaded index in [lo, hi] (lo <= hi < k); ties to the lowest index.
-  std::size_t argmin(std::size_t lo, std::size_t hi) const {
-    Entry best{kInf, std::numeric_limits<std::uint32_t>::max()};
-    for (std::size_t l = lo + n_, r = hi + n_ + 1; l < r; l >>= 1, r >>= 1) {
-      if (l & 1) best = std::min(best, tree_[l++]);
-      if (r & 1) best = std::min(best, tree_[--r]);
-    }
-    return best.second;
-  }
-  /// Sets the load of index i.
-  void set(std::size_t i, double load) {
-    std::size_t p = n_ + i;
-    tree_[p].first = load;
-    for (p >>= 1; p >= 1; p >>= 1) tree_[p] = std::min(tree_[2 * p], tree_[2 * p + 1]);
-  }
-
- private:
-  using Entry = std::pair<double, std::uint32_t>;
-  std::size_t n_ = 1;
-  std::vector<Entry> tree_;
-};
 
 // Moves and swaps of whole (not sliced) samples between the slowest micro-batch and the two
 // fastest while the objective falls (at most `budget` trial costings).
