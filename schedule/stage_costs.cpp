@@ -77,7 +77,7 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
       }
     }
   }
-  const bool calibrated = !t.backward_input_ms.empty();
+  const bool calibrated = cost.calibration() != nullptr;  // (a table that may stop grows its columns below)
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     if (watch) {  // (a table that may stop grows entry by entry)
       const std::size_t n = (m + 1) * static_cast<std::size_t>(t.vstages);
