@@ -1,11 +1,14 @@
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "common/errors.h"
 #include "costmodel/analytic.h"
+#include "costmodel/calibration.h"
 #include "partition/pipeline.h"
 #include "schedule/simulator.h"
 #include "schedule/stage_costs.h"
@@ -78,4 +81,50 @@ TEST_CASE("stage cost table below a bound: the whole table, or none exactly wher
     std::vector<MicroBatch> bad{MicroBatch{}};
     REQUIRE_THROWS_WITH(stage_cost_table_below(cost, s, vs, bad, 1e300), Catch::Matchers::Contains("micro-batch 0 is empty"));
   }
+}
+
+// A calibrated model fits the input-gradient half on its own: a table that may stop grows its
+// columns entry by entry, and the middle stages (laid out alike) share their entries; every column
+// is the full table's, and the bounds it stops at count the lesser backward (I + W under B here).
+TEST_CASE("stage cost table below a bound, calibrated: the halves fitted apart, entry for entry", "[interface]") {
+  const auto base = std::make_shared<cm::AnalyticCostModel>(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
+  cm::Calibration cal;
+  cal.base = {base->model().name, base->device().name, base->describe(), cm::cost_model_fingerprint(*base)};
+  cm::OpFit& input = cal.compute[static_cast<std::size_t>(cm::MeasuredOp::BackwardInput)];
+  input.op = cm::MeasuredOp::BackwardInput;
+  input.fitted = true;
+  input.global.a = 0.5;  // I measured at half the base's: I + W under B
+  const cm::CalibratedCostModel cost(base, cal);
+  PipelineShape s;
+  s.stages = 6;
+  s.layers_per_stage = 2;
+  const auto vs = virtual_stages(cost.model(), s);
+  std::vector<MicroBatch> mbs;
+  for (std::uint32_t k = 0; k < 9; ++k) {
+    MicroBatch mb;
+    mb.samples = {k, k + 9};
+    mb.padded_len = 128 + 61 * k;
+    mbs.push_back(mb);
+  }
+  const auto full = stage_cost_table(cost, s, vs, mbs);
+  REQUIRE(full.backward_input_ms.size() == full.backward_ms.size());
+  const MakespanBounds lb = makespan_lower_bounds(make_sim_problem(full, cost, s));
+  const auto above = stage_cost_table_below(cost, s, vs, mbs, std::nextafter(lb.rank_work_ms, 1e300));
+  REQUIRE(above.has_value());
+  CHECK(above->forward_ms == full.forward_ms);
+  CHECK(above->backward_ms == full.backward_ms);
+  CHECK(above->backward_weight_ms == full.backward_weight_ms);
+  CHECK(above->backward_input_ms == full.backward_input_ms);
+  CHECK(above->send_bytes == full.send_bytes);
+  CHECK_FALSE(stage_cost_table_below(cost, s, vs, mbs, lb.rank_work_ms).has_value());
+  std::vector<double> f_plus_b(static_cast<std::size_t>(s.stages), 0.0);  // what the rank work counted before
+  for (std::int64_t mb = 0; mb < full.microbatches; ++mb) {
+    for (std::int64_t v = 0; v < full.vstages; ++v) {
+      const std::size_t i = full.at(mb, v);
+      CHECK(full.backward_input_ms[i] > 0);
+      CHECK(full.backward_input_ms[i] + full.backward_weight_ms[i] < full.backward_ms[i]);
+      f_plus_b[static_cast<std::size_t>(v % s.stages)] += full.forward_ms[i] + full.backward_ms[i];
+    }
+  }
+  CHECK(lb.rank_work_ms < *std::max_element(f_plus_b.begin(), f_plus_b.end()));
 }
