@@ -18,6 +18,22 @@ using namespace packpipe::schedule;
 using namespace packpipe::plan;
 namespace cm = packpipe::costmodel;
 
+namespace {
+
+// Two tables column for column (the input-gradient column too: empty in both uncalibrated).
+void check_same_table(const StageCostTable& a, const StageCostTable& b) {
+  CHECK(a.forward_ms == b.forward_ms);
+  CHECK(a.backward_ms == b.backward_ms);
+  CHECK(a.backward_weight_ms == b.backward_weight_ms);
+  CHECK(a.backward_input_ms == b.backward_input_ms);
+  CHECK(a.stored_bytes == b.stored_bytes);
+  CHECK(a.peak_bytes == b.peak_bytes);
+  CHECK(a.send_bytes == b.send_bytes);
+  CHECK(a.static_bytes == b.static_bytes);
+}
+
+}  // namespace
+
 TEST_CASE("stage cost table: one entry per (micro-batch, stage), weight share of backward", "[interface]") {
   const cm::AnalyticCostModel cost(cm::load_model("gpt-6.7b"), cm::load_device("A100-40GB"));
   PipelineShape s;
@@ -66,13 +82,7 @@ TEST_CASE("stage cost table below a bound: the whole table, or none exactly wher
     // Above the rank work: the table, entry for entry.
     const auto above = stage_cost_table_below(cost, s, vs, mbs, std::nextafter(rank_work, 1e300));
     REQUIRE(above.has_value());
-    CHECK(above->forward_ms == full.forward_ms);
-    CHECK(above->backward_ms == full.backward_ms);
-    CHECK(above->backward_weight_ms == full.backward_weight_ms);
-    CHECK(above->stored_bytes == full.stored_bytes);
-    CHECK(above->peak_bytes == full.peak_bytes);
-    CHECK(above->send_bytes == full.send_bytes);
-    CHECK(above->static_bytes == full.static_bytes);
+    check_same_table(*above, full);
     CHECK(stage_cost_table_below(cost, s, vs, mbs, std::numeric_limits<double>::infinity()).has_value());
     // At the rank work, or anywhere below it: none (the lower bound reaches the bound).
     CHECK_FALSE(stage_cost_table_below(cost, s, vs, mbs, rank_work).has_value());
@@ -111,11 +121,7 @@ TEST_CASE("stage cost table below a bound, calibrated: the halves fitted apart, 
   const MakespanBounds lb = makespan_lower_bounds(make_sim_problem(full, cost, s));
   const auto above = stage_cost_table_below(cost, s, vs, mbs, std::nextafter(lb.rank_work_ms, 1e300));
   REQUIRE(above.has_value());
-  CHECK(above->forward_ms == full.forward_ms);
-  CHECK(above->backward_ms == full.backward_ms);
-  CHECK(above->backward_weight_ms == full.backward_weight_ms);
-  CHECK(above->backward_input_ms == full.backward_input_ms);
-  CHECK(above->send_bytes == full.send_bytes);
+  check_same_table(*above, full);
   CHECK_FALSE(stage_cost_table_below(cost, s, vs, mbs, lb.rank_work_ms).has_value());
   std::vector<double> f_plus_b(static_cast<std::size_t>(s.stages), 0.0);  // what the rank work counted before
   for (std::int64_t mb = 0; mb < full.microbatches; ++mb) {
