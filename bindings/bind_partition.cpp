@@ -129,7 +129,10 @@ LayoutSet layout_set_arg(const py::object& value) {
   for (const auto& item : py::reinterpret_borrow<py::sequence>(value)) {
     PACKPIPE_CHECK_ARG(py::isinstance<py::str>(item), "layouts: expected layout names ({}), found {}",
                        enum_name_list(kLayoutNames), std::string(py::repr(item)));
-    set |= layout_bit(layout_from_name(item.cast<std::string>()));
+    const LayoutSet bit = layout_bit(layout_from_name(item.cast<std::string>()));
+    PACKPIPE_CHECK_ARG((set & bit) == 0, "layouts {}: '{}' is listed twice", std::string(py::repr(value)),
+                       item.cast<std::string>());
+    set |= bit;
   }
   PACKPIPE_CHECK_ARG(set != 0, "layouts must name at least one layout ({})", enum_name_list(kLayoutNames));
   return set;
@@ -209,7 +212,9 @@ void define_options(py::module_& m) {
   cls.def_property(
       "layouts", [](const part::PartitionOptions& o) { return layout_set_list(o.layouts); },
       [](part::PartitionOptions& o, const py::object& v) { o.layouts = layout_set_arg(v); },
-      "dp: the layouts its micro-batches may take, a tuple of 'padded' and/or 'packed' (varlen attention)");
+      "the layouts the executor runs: 'padded' and/or 'packed' (varlen attention), which the dp method's "
+      "micro-batches may take, and 'packed-mask' (dense rows under a block mask); a baseline is a candidate for the "
+      "plan only in one of them");
   cls.def_property(
       "layout",
       [](const part::PartitionOptions& o) {

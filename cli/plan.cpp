@@ -349,6 +349,10 @@ struct Baselines {
     std::string name;
     std::int64_t col = -1;  ///< grid entry (-1: no setting fits every iteration)
     double total_ms = 0;
+    /// Its plans are candidates for packpipe's (the dp method, and a layout --layouts lists);
+    /// otherwise reported only, and packpipe may be slower.
+    bool candidate = false;
+    std::string layout;
   };
   std::vector<Family> families;  ///< in grid order of first appearance
   std::int64_t best = -1;        ///< index into families of the fastest (-1: none fits)
@@ -363,6 +367,8 @@ Baselines choose_baselines(const Planned& p, const planner::PlannerOptions& po) 
     Baselines::Family f;
     f.name = name;
     f.total_ms = std::numeric_limits<double>::infinity();
+    f.layout = std::string(layout_name(g.layout));
+    f.candidate = po.partition.method == part::PartitionMethod::DP && has_layout(po.partition.layouts, g.layout);
     // The setting with the least total over the run (-1: none fits every iteration), as a user
     // tuning one setting for the run would pick.
     for (std::size_t c = 0; c < p.grid.size(); ++c) {
@@ -424,10 +430,15 @@ Json baseline_total_json(const Planned& p, const Baselines::Family& f, std::int6
     grid_json.push_back(Json{{"setting", grid[c].label()}, {"time_s", std::isfinite(t) ? Json(t / 1e3) : Json(nullptr)}});
   }
   if (f.col < 0 || !std::isfinite(f.total_ms)) {
-    return Json{{"feasible", false}, {"why", "no setting of the grid fits every iteration"}, {"grid", grid_json}};
+    return Json{{"feasible", false},
+                {"why", "no setting of the grid fits every iteration"},
+                {"candidate", f.candidate},
+                {"grid", grid_json}};
   }
   Json j = throughput_json(s, f.total_ms, gpus, device);
   j["feasible"] = true;
+  j["candidate"] = f.candidate;
+  j["layout"] = f.layout;
   j["setting"] = grid[static_cast<std::size_t>(f.col)].label();
   j["speedup_of_packpipe"] = f.total_ms / s.packpipe_ms;
   j["grid"] = std::move(grid_json);
@@ -459,7 +470,9 @@ Json total_json(const Planned& planned, const cm::CostModel& cost, const planner
       // The headline: packpipe against the fastest baseline a user could have run, named.
       total["best_baseline"] = Json{{"family", f.name},
                                     {"setting", total["baselines"][f.name]["setting"]},
-                                    {"speedup_of_packpipe", f.total_ms / s.packpipe_ms}};
+                                    {"speedup_of_packpipe", f.total_ms / s.packpipe_ms},
+                                    {"candidate", f.candidate},
+                                    {"layout", f.layout}};
     }
   }
   total["packpipe"]["iterations_from_baselines"] = planned.from_baselines;
@@ -615,14 +628,23 @@ void print_report(const Json& j, std::size_t n) {
         continue;
       }
       line(it.key().c_str(), b);
-      std::printf("  (%s; packpipe %.2fx)\n", b["setting"].get<std::string>().c_str(),
-                  b["speedup_of_packpipe"].get<double>());
+      std::printf("  (%s; packpipe %.2fx%s)\n", b["setting"].get<std::string>().c_str(),
+                  b["speedup_of_packpipe"].get<double>(), b["candidate"].get<bool>() ? "" : "; reported only");
     }
   }
   if (t.contains("best_baseline")) {
     const Json& b = t["best_baseline"];
     std::printf("\n  packpipe is %.2fx the best baseline, %s (simulated)\n", b["speedup_of_packpipe"].get<double>(),
                 b["setting"].get<std::string>().c_str());
+    if (!b["candidate"].get<bool>()) {
+      const std::string layout = b["layout"].get<std::string>();
+      std::printf("  (reported only: %s\n", j["config"]["method"] != "dp"
+                                                 ? "the plan is the named method's, never a baseline's)"
+                                                 : fmt::format("its layout {} is not among --layouts, so packpipe cannot "
+                                                               "take its plan; list {} if the executor runs it)",
+                                                               layout, layout)
+                                                       .c_str());
+    }
   }
   if (t["packpipe"]["iterations_from_baselines"].get<std::uint64_t>() > 0) {
     std::printf("  %llu of %zu iterations run a baseline's micro-batches (packpipe's partition was not %.0f%% faster)%s\n",
@@ -708,8 +730,9 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--baseline-mbs", o->baseline_mbs, "Micro-batch sizes the fixed baseline's grid tries");
   cmd->add_option("--baseline-rows", o->baseline_rows, "Rows per micro-batch the packing baselines' grid tries");
   cmd->add_option("--layouts", o->layouts,
-                  "Layouts packpipe's micro-batches may take (and the baselines the executor can run): padded, "
-                  "packed (varlen attention) or both, comma-separated")
+                  "Layouts the executor runs, comma-separated: padded and/or packed (varlen attention), which "
+                  "packpipe's micro-batches may take, and packed-mask (dense rows under a block mask); a baseline is a "
+                  "candidate for the plan only in one of them (the others are reported, not run)")
       ->capture_default_str();
   cmd->add_flag("--no-baselines", o->no_baselines,
                 "Do not report the baselines (their plans stay candidates: packpipe is never slower than one)");

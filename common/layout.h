@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/enum_names.h"
+#include "common/errors.h"
 
 namespace packpipe {
 
@@ -57,7 +58,10 @@ inline LayoutSet layout_set_from_names(std::string_view names) {
   while (pos <= names.size()) {
     std::size_t end = names.find(',', pos);
     if (end == std::string_view::npos) end = names.size();
-    set |= layout_bit(layout_from_name(names.substr(pos, end - pos)));
+    const LayoutSet bit = layout_bit(layout_from_name(names.substr(pos, end - pos)));
+    PACKPIPE_CHECK_ARG((set & bit) == 0, "layouts '{}': '{}' is listed twice", std::string(names),
+                       std::string(names.substr(pos, end - pos)));
+    set |= bit;
     pos = end + 1;
   }
   return set;

@@ -107,10 +107,11 @@ void check_options(const PartitionOptions& o) {
     PACKPIPE_CHECK_ARG(o.token_budget >= 1, "method 'tokens' needs a token budget per micro-batch (tokens / --tokens) "
                        "of at least 1, found {}", o.token_budget);
   }
-  const LayoutSet dp_layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
-  PACKPIPE_CHECK_ARG(o.layouts != 0 && (o.layouts & ~dp_layouts) == 0,
-                     "layouts (--layouts) of the dp method: one or both of padded and packed, found {} (packed-mask "
-                     "rows come from --pack-windows and the packing baseline)",
+  const LayoutSet own_layouts = layout_bit(Layout::Padded) | layout_bit(Layout::Packed);
+  PACKPIPE_CHECK_ARG((o.layouts & own_layouts) != 0 && (o.layouts & ~(own_layouts | layout_bit(Layout::PackedMask))) == 0,
+                     "layouts (--layouts) the executor runs: one or both of padded and packed (packpipe's own "
+                     "micro-batches take them), and packed-mask where it also runs dense rows under a block mask (the "
+                     "packing-mask baselines then are candidates), found {}",
                      layout_set_names(o.layouts));
   if (o.layout.has_value()) {
     const Layout l = *o.layout;

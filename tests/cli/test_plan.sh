@@ -74,6 +74,35 @@ rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {print $1}' "$tmp/t14.txt" | tr '
 grep -q "^ *\.\.\.$" "$tmp/t14.txt" || fail "text report: no elision line"
 
 # The plan file: 3 iterations x 2 replicas, valid; inspect one rank; exports.
+# A baseline is a candidate only in a layout --layouts lists. Padded only: packing-mask is reported
+# (and may be faster), flagged so in the JSON and the text; with packed-mask listed its plans are
+# candidates, and packpipe is never slower than any baseline. A layout listed twice is refused.
+for layouts in padded padded,packed-mask; do
+  "$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 32768 --iterations 3 --layouts $layouts \
+    --validate --out "$tmp/mask.plan" --json > "$tmp/mask.$layouts.json" || fail "plan --layouts $layouts"
+  "$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 32768 --iterations 3 --layouts $layouts \
+    > "$tmp/mask.$layouts.txt" || fail "plan --layouts $layouts (text)"
+done
+$py - "$tmp/mask.padded.json" "$tmp/mask.padded,packed-mask.json" <<'PY' || fail "baselines reported only, or candidates"
+import json, sys
+only, both = (json.load(open(f))["total"] for f in sys.argv[1:])
+assert only["baselines"]["packing-mask"]["candidate"] is False, only["baselines"]["packing-mask"]
+assert all(f["candidate"] for n, f in only["baselines"].items() if n != "packing-mask"), only["baselines"]
+assert only["best_baseline"]["family"] == "packing-mask" and not only["best_baseline"]["candidate"], only["best_baseline"]
+assert only["best_baseline"]["speedup_of_packpipe"] < 1, only["best_baseline"]  # (why the flag matters)
+assert all(f["candidate"] for f in both["baselines"].values()), both["baselines"]
+for name, f in both["baselines"].items():
+    assert not f["feasible"] or f["speedup_of_packpipe"] >= 1 - 1e-12, (name, f)
+PY
+grep -q "reported only: its layout packed-mask is not among --layouts" "$tmp/mask.padded.txt" || fail "text: reported only"
+grep -q "reported only" "$tmp/mask.padded,packed-mask.txt" && fail "text: reported only with packed-mask listed"
+if "$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 32768 --iterations 1 \
+    --layouts padded,padded > /dev/null 2> "$tmp/twice.err"; then fail "a layout listed twice was accepted"; fi
+grep -q "'padded' is listed twice" "$tmp/twice.err" || fail "layout listed twice: $(cat "$tmp/twice.err")"
+if "$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 32768 --iterations 1 \
+    --layouts packed-mask > /dev/null 2> "$tmp/maskonly.err"; then fail "packed-mask alone was accepted"; fi
+grep -q "one or both of padded and packed" "$tmp/maskonly.err" || fail "packed-mask alone: $(cat "$tmp/maskonly.err")"
+
 "$pp" plan validate "$tmp/demo.plan" > /dev/null || fail "plan validate"
 "$pp" plan inspect "$tmp/demo.plan" --iteration 1 --rank 2 --json > "$tmp/inspect.json"
 $py -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/inspect.json" || fail "inspect json"

@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 
+import packpipe
 from packpipe import PartitionOptions, PipelineShape
 
 
@@ -143,3 +144,22 @@ def test_options_bad_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         setattr(o, field, value)
     assert o == PartitionOptions()
+
+
+def test_layouts_packed_mask_and_a_layout_listed_twice():
+    # packed-mask: the executor also runs dense rows under a block mask (packing-mask baselines become
+    # candidates); packpipe's own micro-batches still need padded or packed.
+    o = PartitionOptions(layouts=("padded", "packed-mask"))
+    assert set(o.layouts) == {"padded", "packed-mask"}
+    for twice in (("padded", "padded"), "packed,packed"):
+        with pytest.raises(ValueError, match="is listed twice"):
+            PartitionOptions(layouts=twice)
+        o = PartitionOptions()
+        with pytest.raises(ValueError, match="is listed twice"):
+            o.layouts = twice
+        assert o == PartitionOptions()
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")
+    with pytest.raises(ValueError, match="one or both of padded and packed"):
+        packpipe.partition(cm, [100, 200, 300], options=PartitionOptions(layouts=("packed-mask",)))
+    part = packpipe.partition(cm, [100, 200, 300] * 8, options=PartitionOptions(layouts=("packed", "packed-mask")))
+    assert sum(len(mb.samples) for mb in part.microbatches) == 24

@@ -573,7 +573,9 @@ class PartitionOptions:
     threads: int
     """Threads building the window table, 0: automatic (--threads); the result is the same."""
     layouts: Tuple[str, ...]
-    """dp: the layouts its micro-batches may take, 'padded' and/or 'packed' (varlen attention) (--layouts)."""
+    """The layouts the executor runs: 'padded' and/or 'packed' (varlen attention), which dp's micro-batches may take,
+    and 'packed-mask' (dense rows under a block mask); a baseline is a candidate for the plan only in one of them
+    (--layouts)."""
     layout: Optional[str]
     """packing: 'packed' (rows flattened, varlen attention, the default) or 'packed-mask' (dense rows, block mask);
     fixed: 'padded' (the default) or 'packed' (HF's DataCollatorWithFlattening); None: the method's default
