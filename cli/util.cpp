@@ -294,7 +294,8 @@ void ShapeArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--dp", dp, "Data-parallel replicas")->capture_default_str();
   cmd->add_option("--tp", tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--zero", zero, "ZeRO stage of the optimizer state (0-3)")->capture_default_str();
-  cmd->add_option("--memory-mb", memory_mb, "Memory limit per device, MB = 1e6 bytes (0: the device's memory)")
+  cmd->add_option("--memory-mb", memory_mb,
+                  "Memory limit per device, MB = 1e6 bytes, at most the device's memory (0: all of it)")
       ->check(float_range(0, part::kMaxMemoryLimitMb, "0: the device's memory"));
   cmd->add_option("--layer-split", layer_split,
                   "Layers per virtual stage: even, balanced (stage times balanced on the cost model, embedding and "

@@ -67,6 +67,12 @@ double resolve_limit(const cm::CostModel& cost, const PipelineShape& shape) {
   const double limit = shape.memory_limit_mb > 0 ? shape.memory_limit_mb : cost.device().memory_gb * 1000.0;
   PACKPIPE_CHECK_ARG(limit > 0 && std::isfinite(limit),
                      "memory limit (memory_mb / --memory-mb, or the device's) must be positive, found {} MB", limit);
+  // A limit over the device's memory would call plans feasible that cannot run.
+  const double device_mb = cost.device().memory_gb * 1000.0;
+  PACKPIPE_CHECK_ARG(!(device_mb > 0) || limit <= device_mb,
+                     "memory limit (memory_mb / --memory-mb) of {} MB is above the {} MB of the device ({}): give at "
+                     "most the device's memory (0: all of it), or a device file with more",
+                     limit, device_mb, cost.device().name);
   return limit;
 }
 

@@ -121,7 +121,7 @@ $PY -c "import json,sys; j=json.load(open('$T/d.json')); assert j['samples'] > 0
 
 # One rule from a global batch to lengths: partition --manifest counts the tokens `plan` plans for
 # the same batch (decoder-only and encoder-decoder, whose decoder-only tasks get a one-token target).
-for model in "gpt-6.7b --stages 4" "t5-11b --stages 8 --memory-mb 80000"; do
+for model in "gpt-6.7b --stages 4" "t5-11b --stages 8 --device A100-80GB"; do
   "$BIN" plan --manifest "$ROOT/data/demo/manifest.json" --model $model --global-batch-samples 96 --seed 9 \
     --iterations 3 --no-baselines --json > "$T/plan.json"
   for i in 0 2; do
@@ -166,7 +166,7 @@ grep -q "^context length 512 (split): 0 samples truncated, 0 dropped, [1-9][0-9]
 if "$BIN" partition "$T/gpt.txt" $SHAPE --max-seq-len 512 2> "$T/err.txt"; then fail "--max-seq-len on a lengths file"; fi
 grep -q "apply to a batch sampled from a dataset" "$T/err.txt" || fail "lengths file message: $(cat "$T/err.txt")"
 if "$BIN" partition --manifest "$ROOT/data/demo/manifest.json" --global-batch-tokens 16384 --model t5-11b \
-     --stages 8 --memory-mb 80000 --max-seq-len 512 --seq-policy split 2> "$T/err.txt"; then fail "t5 split accepted"; fi
+     --stages 8 --device A100-80GB --max-seq-len 512 --seq-policy split 2> "$T/err.txt"; then fail "t5 split accepted"; fi
 grep -q -- "--seq-policy 'split' is for decoder-only models" "$T/err.txt" || fail "t5 split message: $(cat "$T/err.txt")"
 
 # Oversize: error names the sample and its length; drop and truncate count it.
@@ -235,6 +235,10 @@ err "layers_per_stage (--layers-per-stage) 13 x 2 stages per side = 26 layers" \
   partition "$T/t5.txt" --model t5-11b --stages 4 --layers-per-stage 13
 err "tp 3 must divide the attention heads (32)" partition "$T/three_ok.txt" --tp 3 --memory-mb 1000000
 err "--memory-mb: must be in \[0, 1000000000\]" partition "$T/three_ok.txt" --memory-mb 1e12
+# A limit over the device's memory would call plans feasible that cannot run (plan and partition).
+err "of 50000 MB is above the 40000 MB of the device (A100-40GB)" partition "$T/three_ok.txt" --memory-mb 50000
+err "of 50000 MB is above the 40000 MB of the device (A100-40GB)" plan --manifest "$ROOT/data/demo/manifest.json" \
+  --global-batch-tokens 16384 --iterations 1 --memory-mb 50000
 err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 0
 err "--round-multiple must be in \[1, 65536\]" partition "$T/three_ok.txt" $SHAPE --round-multiple 4611686018427387904
 err "--threads must be in \[0, 1024\]" partition "$T/three_ok.txt" $SHAPE --threads 100000

@@ -213,3 +213,11 @@ def test_an_argument_of_the_wrong_type_is_named_by_every_native_entry_point():
 def _demo():
     import os
     return packpipe.MultiTaskDataset(os.path.join(os.path.dirname(__file__), "..", "..", "data", "demo", "manifest.json"))
+
+
+def test_a_memory_limit_over_the_device_is_refused():
+    # Plans under a limit the device does not have would be called feasible and could not run.
+    with pytest.raises(ValueError, match=r"memory limit \(memory_mb / --memory-mb\) of 50000 MB is above the 40000 MB "
+                                         r"of the device \(A100-40GB\)"):
+        packpipe.plan_batch(packpipe.CostModel("gpt-1.3b", "A100-40GB"), [100, 200],
+                            shape=packpipe.PipelineShape(stages=2, memory_mb=50000))

@@ -536,7 +536,8 @@ class PipelineShape:
     zero: int
     """ZeRO stage of the optimizer state, 0-3 (--zero)."""
     memory_mb: float
-    """Memory limit per device, MB = 1e6 bytes; 0: the device's memory (--memory-mb)."""
+    """Memory limit per device, MB = 1e6 bytes, at most the device's memory (planning refuses more); 0: all of it
+    (--memory-mb)."""
     stage_layers: List[int]
     """Layers of each virtual stage, an uneven split (--layer-split); []: layers_per_stage or an even split."""
     def __init__(self, *, stages: int = 1, chunks: int = 1, layers_per_stage: int = 0, dp: int = 1, tp: int = 1,
