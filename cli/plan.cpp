@@ -195,6 +195,9 @@ struct Sums {
   std::uint64_t samples = 0, tokens = 0, microbatches = 0, truncated = 0, dropped = 0;
   planner::ContextReport context;  ///< counts only
   bool packpipe_feasible = true;
+  std::uint64_t infeasible = 0;      ///< iterations whose plan is over the memory limit
+  std::uint64_t first_infeasible = 0;
+  std::string first_why;             ///< the first such iteration's reason
   std::vector<double> planning_ms;
   std::vector<double> peak_mb;  ///< per stage, the max over the iterations
 };
@@ -250,6 +253,10 @@ void tally(Planned& p, const planner::IterationResult& r, const planner::Planner
   p.from_baselines += r.from_baseline ? 1 : 0;
   s.packpipe_ms += r.packpipe.iteration_ms;
   s.packpipe_feasible = s.packpipe_feasible && r.packpipe.feasible;
+  if (!r.packpipe.feasible && s.infeasible++ == 0) {
+    s.first_infeasible = r.iteration;
+    s.first_why = r.packpipe.why;
+  }
   s.flops += r.model_flops;
   s.samples += r.samples;
   s.tokens += r.tokens;
@@ -546,6 +553,18 @@ void run_plan(const PlanCliOptions& o) {
   const auto cost = o.costs.make();
   const planner::PlannerOptions po = planner_options(o, *cost);
   const Planned planned = plan_epoch(o, data, *cost, po);
+  if (planned.sums.infeasible > 0) {
+    // Written, as asked, but they will not run: say so where a script sees it, whatever the format.
+    std::fprintf(stderr,
+                 "packpipe: warning: %llu of %llu iterations have no plan within the memory limit (first: iteration "
+                 "%llu%s%s); their plans%s are the least-memory ones found and will not fit (more stages, tp, "
+                 "recompute or a larger limit would)\n",
+                 static_cast<unsigned long long>(planned.sums.infeasible),
+                 static_cast<unsigned long long>(planned.rows),
+                 static_cast<unsigned long long>(planned.sums.first_infeasible),
+                 planned.sums.first_why.empty() ? "" : ": ", planned.sums.first_why.c_str(),
+                 o.out.empty() ? "" : (" in " + o.out).c_str());
+  }
   if (!o.report.empty()) {
     AtomicFile f(o.report);
     write_report(o, *cost, po, planned, [&](std::string_view text) { f.write(text); }, nullptr, nullptr);

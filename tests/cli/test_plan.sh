@@ -103,6 +103,19 @@ if "$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 3276
     --layouts packed-mask > /dev/null 2> "$tmp/maskonly.err"; then fail "packed-mask alone was accepted"; fi
 grep -q "one or both of padded and packed" "$tmp/maskonly.err" || fail "packed-mask alone: $(cat "$tmp/maskonly.err")"
 
+# Plans over the memory limit are written as asked, with a warning on stderr naming the first
+# iteration and why (the report marks them infeasible); a plan that fits warns of nothing.
+"$pp" plan --manifest "$root/data/demo/manifest.json" --stages 4 --layers-per-stage 4 --schedule gpipe \
+  --global-batch-tokens 262144 --iterations 1 --out "$tmp/over.plan" --json > "$tmp/over.json" 2> "$tmp/over.err" \
+  || fail "an infeasible plan failed"
+grep -q "warning: 1 of 1 iterations have no plan within the memory limit (first: iteration 0: rank [0-9] peaks at" \
+  "$tmp/over.err" || fail "no warning for a plan over the limit: $(cat "$tmp/over.err")"
+$py -c "import json,sys; assert not json.load(open(sys.argv[1]))['total']['packpipe']['feasible']" "$tmp/over.json" \
+  || fail "the report calls a plan over the limit feasible"
+"$pp" plan --manifest "$root/data/demo/short.json" --global-batch-tokens 16384 --iterations 1 --json > /dev/null \
+  2> "$tmp/fits.err" || fail "plan"
+[ ! -s "$tmp/fits.err" ] || fail "a plan that fits warned: $(cat "$tmp/fits.err")"
+
 "$pp" plan validate "$tmp/demo.plan" > /dev/null || fail "plan validate"
 "$pp" plan inspect "$tmp/demo.plan" --iteration 1 --rank 2 --json > "$tmp/inspect.json"
 $py -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/inspect.json" || fail "inspect json"
