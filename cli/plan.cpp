@@ -701,7 +701,7 @@ void register_plan_commands(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Sampler and search seed")->capture_default_str();
   cmd->add_option("--epoch", o->epoch, "Epoch to plan")->capture_default_str();
   cmd->add_option("--split", o->split, "Split: " + enum_name_list(dl::kSplitNames))->check(one_of(dl::kSplitNames));
-  cmd->add_option("--iterations", o->iterations, "Plan only the first N iterations (default: the whole epoch)");
+  cmd->add_option("--iterations", o->iterations, "Plan only the first N iterations (default, or 0: the whole epoch)");
   cmd->add_option("--schedule", o->schedule, "search, or one of " + enum_name_list(sched::kScheduleKindNames))
       ->capture_default_str();
   const char* dp = part::partition_method_name(part::PartitionMethod::DP);

@@ -45,9 +45,9 @@ struct ScheduleOptionsCli {
 constexpr std::uint64_t kMaxRows = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMaxPaddedLen = std::uint64_t{1} << 24;
 
-// Micro-batch shapes: one per line, `rows padded_len [padded_dec_len] [recompute]`; '#' starts a
-// comment. Read without blocking on a FIFO; every error names file:line and the text.
-std::vector<part::MicroBatch> read_microbatches(const std::string& path) {
+// Micro-batch shapes: one per line, `rows padded_len [padded_dec_len] [recompute]` (a decoder
+// length for an encoder-decoder `model` only); '#' starts a comment. Read without blocking on a FIFO; every error names file:line and the text.
+std::vector<part::MicroBatch> read_microbatches(const std::string& path, const cm::ModelSpec& model) {
   const std::string name = path == "-" ? "<stdin>" : path;
   const std::string text = read_text_input(path, "micro-batch file");
   std::vector<part::MicroBatch> out;
@@ -68,6 +68,10 @@ std::vector<part::MicroBatch> read_microbatches(const std::string& path) {
     if (tok.size() > next && std::isdigit(static_cast<unsigned char>(tok[next][0]))) {
       mb.padded_dec_len =
           static_cast<std::int64_t>(parse_unsigned_field(tok[next], kMaxPaddedLen, where, "padded_dec_len"));
+      // (it would be dropped without a word: the model has no decoder of its own)
+      PACKPIPE_CHECK(mb.padded_dec_len == 0 || model.arch == cm::Architecture::EncoderDecoder,
+                     "{}: padded_dec_len {} for {}, a decoder-only model; expected 'rows padded_len [recompute]'",
+                     where, mb.padded_dec_len, model.name);
       ++next;
     }
     if (tok.size() > next) {
@@ -115,8 +119,8 @@ void run_schedule(const ScheduleOptionsCli& o) {
     if (o.input != "-") inputs.push_back(o.input);
     check_command_files(inputs, {{o.chrome_trace, "--chrome-trace"}});
   }
-  const auto mbs = read_microbatches(o.input);
   const auto cost = o.costs.make();
+  const auto mbs = read_microbatches(o.input, cost->model());
   const part::PipelineShape shape = o.shape_args.shape(cost.get());
   const auto vs = part::virtual_stages(cost->model(), shape);
   const sched::SimProblem problem = sched::make_sim_problem(sched::stage_cost_table(*cost, shape, vs, mbs), *cost, shape);

@@ -107,6 +107,9 @@ printf '4294967296 512\n' > "$tmp/rows.txt"
 expect_error "rows.txt:1: rows 4294967296 is too large; the largest accepted is 1048576" schedule "$tmp/rows.txt"
 printf -- '-4 512\n' > "$tmp/neg.txt"
 expect_error "neg.txt:1: rows must not be negative" schedule "$tmp/neg.txt"
+printf '4 512 128\n' > "$tmp/dec.txt"  # a decoder length for a decoder-only model: refused, not dropped
+expect_error "dec.txt:1: padded_dec_len 128 for gpt-1.3b, a decoder-only model" schedule "$tmp/dec.txt" --model gpt-1.3b
+"$pp" schedule "$tmp/dec.txt" --model t5-770m --stages 2 > /dev/null || fail "a decoder length for T5"
 printf '4 0\n' > "$tmp/zero.txt"
 expect_error "zero.txt:1: padded_len must be at least 1" schedule "$tmp/zero.txt"
 expect_error "is a directory; expected a regular file" schedule "$tmp"
