@@ -239,7 +239,7 @@ void define_results(py::module_& m) {
 
   auto g = py::reinterpret_borrow<BaselineClass>(m.attr("BaselineFigures"));
   g.def_property_readonly("family", [](const planner::BaselineFigures& x) { return x.baseline.family(); },
-                          "fixed, tokens, packing, packing-mask or wlb")
+                          "fixed, fixed-packed, tokens, packing, packing-mask, wlb or slicing")
       .def_property_readonly("setting", [](const planner::BaselineFigures& x) { return x.baseline.label(); },
                              "the method and its setting as a user reads it, e.g. 'packing (capacity 4096 x 2 rows)'")
       .def_property_readonly(
@@ -261,6 +261,9 @@ void define_results(py::module_& m) {
                             py::return_value_policy::reference_internal, self);
           },
           "MethodFigures under baseline_schedule: as run (1F1B over its order, by default) or packpipe's search")
+      .def_readonly("candidate", &planner::BaselineFigures::candidate,
+                    "whether its plan was a candidate for packpipe's (the dp method, and a layout "
+                    "PartitionOptions.layouts lists); False: reported only, and packpipe's plan may be slower")
       .def_readonly("scheduled", &planner::BaselineFigures::scheduled,
                     "whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch "
                     "count; figures.why says)");

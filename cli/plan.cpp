@@ -211,6 +211,7 @@ struct Planned {
   Sums sums;
   std::vector<part::Baseline> grid;  ///< the baseline settings (every iteration lists the same grid)
   std::vector<double> column_ms;     ///< per grid entry, its total over the run (infinite where one does not fit)
+  std::vector<char> candidate;       ///< per grid entry, BaselineFigures::candidate
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> spill{nullptr, &std::fclose};
   double wall_s = 0;
   int threads = 0;
@@ -246,7 +247,10 @@ void tally(Planned& p, const planner::IterationResult& r, const planner::Planner
   Sums& s = p.sums;
   if (p.rows == 0) {
     s.peak_mb.assign(static_cast<std::size_t>(po.shape.stages), 0.0);
-    for (const auto& b : r.baselines) p.grid.push_back(b.baseline);
+    for (const auto& b : r.baselines) {
+      p.grid.push_back(b.baseline);
+      p.candidate.push_back(b.candidate ? 1 : 0);
+    }
     p.column_ms.assign(p.grid.size(), 0.0);
   }
   ++p.rows;
@@ -368,14 +372,15 @@ struct Baselines {
 Baselines choose_baselines(const Planned& p, const planner::PlannerOptions& po) {
   Baselines b;
   if (!po.baselines) return b;
-  for (const auto& g : p.grid) {
+  for (std::size_t gi = 0; gi < p.grid.size(); ++gi) {
+    const part::Baseline& g = p.grid[gi];
     const std::string name = g.family();
     if (std::any_of(b.families.begin(), b.families.end(), [&](const auto& f) { return f.name == name; })) continue;
     Baselines::Family f;
     f.name = name;
     f.total_ms = std::numeric_limits<double>::infinity();
     f.layout = std::string(layout_name(g.layout));
-    f.candidate = po.partition.method == part::PartitionMethod::DP && has_layout(po.partition.layouts, g.layout);
+    f.candidate = p.candidate[gi] != 0;
     // The setting with the least total over the run (-1: none fits every iteration), as a user
     // tuning one setting for the run would pick.
     for (std::size_t c = 0; c < p.grid.size(); ++c) {

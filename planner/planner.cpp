@@ -668,6 +668,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     if (!o.baselines && !candidate) continue;
     BaselineFigures f;
     f.baseline = b;
+    f.candidate = candidate;
     f.figures.feasible = false;
     part::Partition bp;
     part::PartitionOptions bo = b.options(popt);

@@ -126,6 +126,9 @@ struct BaselineFigures {
   part::Baseline baseline;
   MethodFigures figures;  ///< under PlannerOptions::baseline_schedule
   bool scheduled = false; ///< false: its partition failed, or it cannot be run (figures.why)
+  /// Its plan was a candidate for packpipe's: the dp method, and a layout PartitionOptions::layouts
+  /// lists (the executor runs it). Otherwise reported only, and packpipe's plan may be slower.
+  bool candidate = false;
 };
 
 /// The plans and figures of one iteration.

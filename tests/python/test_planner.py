@@ -324,8 +324,9 @@ def test_min_gain_decides_between_packpipes_partition_and_the_best_baseline():
         lengths = np.clip(rng.lognormal(5.3, 1.0, 150), 8, 4096).astype(np.uint32)
         for g in (0.0, 0.02, 0.3):
             r = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, min_gain=g, seed=seed)
-            candidates = [b.figures.iteration_ms for b in r.baselines
-                          if b.figures.feasible and b.layout != "packed-mask"]
+            # (packed-mask is not among the default layouts: reported only)
+            assert all(b.candidate == (b.layout != "packed-mask") for b in r.baselines)
+            candidates = [b.figures.iteration_ms for b in r.baselines if b.figures.feasible and b.candidate]
             assert candidates and r.packpipe.iteration_ms <= min(candidates) * (1 + 1e-12)
             if not r.from_baseline:
                 assert r.packpipe.iteration_ms <= (1 - g) * min(candidates) * (1 + 1e-12), (seed, g)
@@ -366,3 +367,21 @@ def test_baseline_schedule_changes_the_report_never_the_plans():
     assert feasible > 10
     with pytest.raises(ValueError, match="baseline schedule 'fast'"):
         packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, baseline_schedule="fast")
+
+
+def test_packed_mask_listed_makes_its_baselines_candidates():
+    """With packed-mask among the layouts the executor runs, DynaPipe's packing-mask settings are candidates, so
+    the plan is never slower than one; a method the user names makes none a candidate."""
+    cost = gpt()
+    shape = PipelineShape(stages=4, layers_per_stage=4)
+    lengths = np.clip(np.random.default_rng(3).lognormal(4.0, 0.8, 400), 8, 1024).astype(np.uint32)
+    opts = packpipe.PartitionOptions(layouts=("padded", "packed-mask"))
+    r = packpipe.plan_batch(cost, lengths, shape=shape, options=opts, baselines=True, seed=3)
+    mask = [b for b in r.baselines if b.layout == "packed-mask"]
+    assert mask and all(b.candidate for b in mask)
+    assert not any(b.candidate for b in r.baselines if b.layout == "packed")  # (not listed)
+    feasible = [b.figures.iteration_ms for b in r.baselines if b.candidate and b.figures.feasible]
+    assert feasible and r.packpipe.iteration_ms <= min(feasible) * (1 + 1e-12)
+    named = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, seed=3,
+                                options=packpipe.PartitionOptions(method="dynapipe"))
+    assert named.baselines and not any(b.candidate for b in named.baselines)

@@ -1080,7 +1080,7 @@ class BaselineFigures:
     """One baseline of the grid (a method and its setting) on one global batch (read-only)."""
     @property
     def family(self) -> str:
-        """fixed, tokens, packing, packing-mask or wlb."""
+        """fixed, fixed-packed, tokens, packing, packing-mask, wlb or slicing."""
     @property
     def setting(self) -> str:
         """The method and its setting as a user reads it, e.g. 'packing (capacity 4096 x 2 rows)'."""
@@ -1102,6 +1102,9 @@ class BaselineFigures:
     @property
     def figures(self) -> MethodFigures:
         """MethodFigures under baseline_schedule: as run (1F1B over its order, by default) or packpipe's search."""
+    @property
+    def candidate(self) -> bool:
+        """Whether its plan was a candidate for packpipe's (the dp method, and a layout PartitionOptions.layouts lists); False: reported only, and packpipe's plan may be slower."""
     @property
     def scheduled(self) -> bool:
         """Whether a schedule ran (False: its partition failed, or its schedule cannot run the micro-batch count; figures.why says)."""
