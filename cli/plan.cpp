@@ -562,8 +562,8 @@ void run_plan(const PlanCliOptions& o) {
     // Written, as asked, but they will not run: say so where a script sees it, whatever the format.
     std::fprintf(stderr,
                  "packpipe: warning: %llu of %llu iterations have no plan within the memory limit (first: iteration "
-                 "%llu%s%s); their plans%s are the least-memory ones found and will not fit (more stages, tp, "
-                 "recompute or a larger limit would)\n",
+                 "%llu%s%s); their plans%s are over it and will not run as planned (more stages, tp, more "
+                 "recompute, --recompute full, or a larger limit may fit)\n",
                  static_cast<unsigned long long>(planned.sums.infeasible),
                  static_cast<unsigned long long>(planned.rows),
                  static_cast<unsigned long long>(planned.sums.first_infeasible),
