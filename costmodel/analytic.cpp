@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "costmodel/flops.h"
 
 namespace packpipe::costmodel {
 
@@ -361,10 +362,30 @@ LengthUse AnalyticCostModel::lengths_used(LayerKind kind) const {
   return {};
 }
 
+namespace {
+
+// A time that is not finite is the device's or the model's numbers, not a shape beyond them: an
+// Error (which the partition does not take for a shape it cannot run), naming both.
+[[gnu::noinline, gnu::cold]] void non_finite(const ModelSpec& m, const DeviceSpec& d, const Query& q, const LayerCost& c) {
+  PACKPIPE_THROW(::packpipe::Error,
+                 "the analytic cost model of {} on {} gives a forward of {} ms, a backward of {} ms and a recompute of "
+                 "{} ms for {} {} layer(s) of {} x {} tokens: check the device's figures (peak_tflops {}, hbm_gbps {}) "
+                 "and the model's", m.name, d.name, c.forward_ms, c.backward_ms, c.recompute_ms, q.num_layers,
+                 layer_kind_name(q.kind), q.mbs, q.seq, d.peak_tflops, d.hbm_gbps);
+}
+
+bool finite(const LayerCost& c) {
+  return std::isfinite(c.forward_ms) && std::isfinite(c.backward_ms) && std::isfinite(c.recompute_ms);
+}
+
+}  // namespace
+
 LayerCost AnalyticCostModel::query(const Query& q) const {
   RowPlan p;
   plan(q, p);
-  return row(p, q.mbs);
+  LayerCost c = row(p, q.mbs);
+  if (!finite(c)) non_finite(model_, device_, q, c);
+  return c;
 }
 
 std::int64_t AnalyticCostModel::memory_rows(const Query& q, std::int64_t count, LayerCost* out) const {
@@ -394,7 +415,10 @@ std::int64_t AnalyticCostModel::query_rows(const Query& q, std::int64_t count, L
   } catch (const InvalidArgument&) {
     return 0;
   }
-  for (std::int64_t k = 0; k < count; ++k) out[k] = row(p, q.mbs + k);
+  for (std::int64_t k = 0; k < count; ++k) {
+    out[k] = row(p, q.mbs + k);
+    if (!finite(out[k])) non_finite(model_, device_, q, out[k]);
+  }
   return count;
 }
 

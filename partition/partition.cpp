@@ -1437,6 +1437,37 @@ void record_new_share(const Run& r) {
   r.options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(r.windows_built);
 }
 
+// Every sample not dropped is planned exactly once: whole in one micro-batch, or in slices that
+// cover its (trained) tokens once. A partition that is not is packpipe's bug, never the user's:
+// lost or duplicated samples must not pass as a plan.
+void check_covers(const Partition& p, std::size_t n, const std::vector<std::uint32_t>& dropped,
+                  const std::vector<std::uint32_t>& input, const char* what) {
+  std::vector<std::uint64_t> covered(n, 0);
+  std::vector<char> whole(n, 0);
+  for (const MicroBatch& mb : p.microbatches) {
+    for (std::size_t k = 0; k < mb.samples.size(); ++k) {
+      const std::uint32_t s = mb.samples[k];
+      PACKPIPE_CHECK(s < n, "internal error: the {} partition plans sample {} of a batch of {}; please report this as "
+                     "a packpipe bug", what, s, n);
+      if (mb.has_slices()) {
+        covered[s] += mb.spans[k].length;
+      } else {
+        PACKPIPE_CHECK(!whole[s] && covered[s] == 0, "internal error: the {} partition plans sample {} twice; please "
+                       "report this as a packpipe bug", what, s);
+        whole[s] = 1;
+        covered[s] = input[s];
+      }
+    }
+  }
+  std::vector<char> gone(n, 0);
+  for (const std::uint32_t s : dropped) gone[s] = 1;
+  for (std::size_t s = 0; s < n; ++s) {
+    PACKPIPE_CHECK(gone[s] || whole[s] || covered[s] == input[s],
+                   "internal error: the {} partition plans {} of the {} tokens of sample {}; please report this as a "
+                   "packpipe bug", what, covered[s], input[s], s);
+  }
+}
+
 }  // namespace
 
 Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, const PipelineShape& shape,
@@ -1461,10 +1492,13 @@ Partition partition(const BatchLengths& lengths, const cm::CostModel& cost, cons
   result.dropped = std::move(r.dropped);
   result.lengths.input = std::move(r.len.in);
   if (encdec) result.lengths.target = std::move(r.len.tg);
+  const char* method = partition_method_name(options.method);
+  check_covers(result, lengths.size(), result.dropped, result.lengths.input, method);
   for (auto& alt : result.alternatives) {  // the same batch, cut otherwise
     alt.truncated = result.truncated;
     alt.dropped = result.dropped;
     alt.lengths = result.lengths;
+    check_covers(alt, lengths.size(), alt.dropped, alt.lengths.input, method);
   }
   return result;
 }

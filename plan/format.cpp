@@ -731,6 +731,11 @@ Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& 
 }
 
 std::string plan_to_json(const Plan& p, int indent, std::int64_t rank) {
+  PACKPIPE_CHECK_ARG(indent >= -1 && indent <= kMaxJsonIndent,
+                     "indent must be in [-1, {}] (-1: one line, 0: one value a line), found {}", kMaxJsonIndent, indent);
+  PACKPIPE_CHECK_ARG(rank >= -1 && (rank < 0 || static_cast<std::size_t>(rank) < p.streams.size()),
+                     "rank must be -1 (every rank) or one of the plan's {} ranks (0 to {}), found {}", p.streams.size(),
+                     static_cast<std::int64_t>(p.streams.size()) - 1, rank);
   Json j;
   j["format"] = "packpipe-plan";
   j["version"] = kPlanFormatVersion;

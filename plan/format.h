@@ -52,8 +52,11 @@ std::vector<std::uint8_t> encode_plan(const Plan& plan, const EncodeOptions& opt
 /// [data, data + size). `verify_checksum` false skips the checksum (fuzzing only). Round trip: encode_plan(decode_plan(encode_plan(p))) == encode_plan(p).
 Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& what = "plan", bool verify_checksum = true);
 
-/// The JSON form (one object, keys in a fixed order; shapes and instructions by name).
-/// Deterministic; plan_to_json(plan_from_json(j)) == j for any j that plan_to_json wrote.
+/// The most spaces plan_to_json indents a JSON level by (nlohmann's dump misbehaves far above it).
+inline constexpr int kMaxJsonIndent = 64;
+
+/// The JSON form (one object, keys in a fixed order; shapes and instructions by name). `indent`
+/// in [-1, kMaxJsonIndent] (-1: one line); a rank outside the plan is refused. Deterministic; plan_to_json(plan_from_json(j)) == j for any j that plan_to_json wrote.
 /// `rank` >= 0 keeps only that rank's stream (for `plan inspect --rank`); the result then no
 /// longer reads back as a whole plan.
 std::string plan_to_json(const Plan& plan, int indent = 1, std::int64_t rank = -1);

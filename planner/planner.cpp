@@ -841,6 +841,15 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
                                part::PartitionCache* cache) {
   check_planner_options(o);
   check_context_length(o.context, cost.model().arch == cm::Architecture::EncoderDecoder);
+  // A sample's loss tokens are some of its tokens.
+  if (lengths.loss.size() == lengths.size()) {
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      const std::uint64_t tokens =
+          std::uint64_t{lengths.input[s]} + (lengths.encoder_decoder() ? std::uint64_t{lengths.target[s]} : 0);
+      PACKPIPE_CHECK_ARG(lengths.loss[s] <= tokens, "iteration {}: loss_tokens[{}] is {}, more than the {} tokens of "
+                         "sample {}", iteration, s, lengths.loss[s], tokens, s);
+    }
+  }
   if (!over_context_length(lengths, o.context)) {
     return plan_within_context(lengths, refs, iteration, cost, vstages, o, cache, nullptr);
   }
