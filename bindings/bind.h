@@ -60,6 +60,11 @@ T signed_arg(const pybind11::handle& value, const char* arg) {
 /// (1, "yes", None), never a truth-value cast. Defined in bind_partition.cpp.
 bool bool_arg(const pybind11::handle& value, const char* arg);
 
+/// A path argument: str or os.PathLike, as str; TypeError naming `arg` otherwise (bind_io.cpp).
+std::string path_arg(const pybind11::handle& v, const std::string& arg);
+/// One path, or a sequence of them (None and "" skipped), as str; TypeError naming `arg` otherwise.
+std::vector<std::string> paths_arg(const pybind11::handle& v, const std::string& arg);
+
 /// A bool argument as Python gave it, whatever its type: a bound function takes it in place of a C++
 /// bool (def_ints does so for every bool parameter), so that pybind11 never casts it by its truth
 /// value, and converts it with bool_arg (or bool_of), which names the argument. Shown as

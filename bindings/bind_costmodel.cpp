@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <pybind11/stl.h>
@@ -62,18 +63,42 @@ py::dict model_dict(const cm::ModelSpec& m) {
 
 // A profile point from a Python tuple in the file's point_columns order; None is "not measured".
 cm::ProfilePoint point_from(const py::handle& h, std::size_t k) {
-  const py::tuple t = py::reinterpret_borrow<py::object>(h).cast<py::tuple>();
-  PACKPIPE_CHECK_ARG(t.size() == 11, "points[{}]: expected 11 values (kind, tp, rc, variant, mbs, seq, dec_seq, "
-                     "fwd_ms, bwd_ms, stored_bytes, peak_bytes), found {}", k, t.size());
-  auto num = [&](std::size_t i) { return t[i].is_none() ? cm::kNotMeasured : t[i].cast<double>(); };
+  static constexpr const char* kFields[] = {"kind", "tp", "rc", "variant", "mbs", "seq", "dec_seq",
+                                            "fwd_ms", "bwd_ms", "stored_bytes", "peak_bytes"};
+  PACKPIPE_CHECK_ARG(py::isinstance<py::tuple>(h) || py::isinstance<py::list>(h),
+                     "points[{}]: expected a tuple (kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, "
+                     "stored_bytes, peak_bytes), found {}", k, std::string(py::repr(h)));
+  const py::sequence t = py::reinterpret_borrow<py::sequence>(h);
+  PACKPIPE_CHECK_ARG(py::len(t) == 11, "points[{}]: expected 11 values (kind, tp, rc, variant, mbs, seq, dec_seq, "
+                     "fwd_ms, bwd_ms, stored_bytes, peak_bytes), found {}", k, py::len(t));
+  // Each value cast on its own, so a wrong type names its point and field.
+  auto as = [&](std::size_t i, auto type) {
+    using T = decltype(type);
+    try {
+      return t[i].cast<T>();
+    } catch (const py::cast_error&) {
+      PACKPIPE_THROW(::packpipe::InvalidArgument, "points[{}] {}: expected {}, found {}", k, kFields[i],
+                     std::is_same_v<T, std::string> ? "a name" : std::is_floating_point_v<T> ? "a number or None"
+                                                                                             : "an integer",
+                     std::string(py::repr(t[i])));
+    }
+  };
+  // A measured figure is a finite number; None is "not measured" (NaN would pass for it silently).
+  auto num = [&](std::size_t i) {
+    if (t[i].is_none()) return cm::kNotMeasured;
+    const double v = as(i, double{});
+    PACKPIPE_CHECK_ARG(std::isfinite(v), "points[{}] {} must be finite (None: not measured), found {}", k,
+                       kFields[i], v);
+    return v;
+  };
   cm::ProfilePoint p;
-  p.kind = cm::layer_kind_from_name(t[0].cast<std::string>());
-  p.tp = t[1].cast<std::int64_t>();
-  p.rc = cm::recompute_from_name(t[2].cast<std::string>());
-  p.variant = t[3].cast<std::int64_t>();
-  p.mbs = t[4].cast<std::int64_t>();
-  p.seq = t[5].cast<std::int64_t>();
-  p.dec_seq = t[6].cast<std::int64_t>();
+  p.kind = cm::layer_kind_from_name(as(0, std::string{}));
+  p.tp = as(1, std::int64_t{});
+  p.rc = cm::recompute_from_name(as(2, std::string{}));
+  p.variant = as(3, std::int64_t{});
+  p.mbs = as(4, std::int64_t{});
+  p.seq = as(5, std::int64_t{});
+  p.dec_seq = as(6, std::int64_t{});
   p.fwd_ms = num(7);
   p.bwd_ms = num(8);
   p.stored_bytes = num(9);

@@ -25,6 +25,8 @@ bool is_path(const py::handle& v) {
   return py::isinstance<py::str>(v) || py::hasattr(v, "__fspath__");
 }
 
+}  // namespace
+
 // A path argument: str or os.PathLike (os.fspath), as str; TypeError naming `arg` otherwise.
 std::string path_arg(const py::handle& v, const std::string& arg) {
   if (is_path(v)) {
@@ -58,6 +60,9 @@ std::vector<std::string> paths_arg(const py::handle& v, const std::string& arg) 
   }
   return kept;
 }
+
+namespace {
+
 
 // Outputs as (path, what) pairs: a mapping {what: path or None}, or paths (each named `what`).
 std::vector<std::pair<std::string, std::string>> outputs_arg(const py::handle& v, const std::string& what) {

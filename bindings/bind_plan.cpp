@@ -11,6 +11,7 @@
 
 #include "bindings/bind.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "costmodel/cost_model.h"
 #include "plan/export_pytorch.h"
 #include "plan/builder.h"
@@ -382,14 +383,23 @@ void define_plan(py::module_& m) {
                              "older file; loaders then read it unchecked)");
 
   py::reinterpret_borrow<py::class_<pl::PlanFileWriter, std::shared_ptr<pl::PlanFileWriter>>>(m.attr("PlanFileWriter"))
-      .def(py::init([](const std::string& path, const BoolArg& compress) {
+      .def(py::init([](const py::object& path_obj, const BoolArg& compress, const py::object& inputs) {
              pl::EncodeOptions o;
              o.compress = bool_of(compress, "compress");
+             const std::string path = path_arg(path_obj, "path");
+             // The files the plans come from must survive: a MultiTaskDataset stands for its manifest and
+             // every dataset file (dataset_files).
+             const py::module_ pp = py::module_::import("packpipe");
+             const py::object files =
+                 py::isinstance(inputs, pp.attr("MultiTaskDataset")) ? pp.attr("dataset_files")(inputs) : inputs;
+             check_output_is_not_input(path, paths_arg(files, "inputs"), "PlanFileWriter path");
              return std::make_shared<pl::PlanFileWriter>(path, o);
            }),
-           py::arg("path"), py::arg("compress") = false,
-           "Write plans to `path` atomically (it appears at close()). A PlanFileReader of the same path keeps "
-           "reading the file it opened; one opened after close() reads the new file")
+           py::arg("path"), py::arg("compress") = false, py::kw_only(), py::arg("inputs") = py::tuple(),
+           "Write plans to `path` (str or os.PathLike) atomically (it appears at close()). `inputs`: the files the "
+           "job reads (paths, or the MultiTaskDataset the plans index: its manifest and dataset files), which "
+           "`path` must not be (ValueError). A PlanFileReader of the same path keeps reading the file it opened; "
+           "one opened after close() reads the new file")
       .def("append", [](pl::PlanFileWriter& w, const pl::Plan& p) {
              py::gil_scoped_release release;
              w.append(p);

@@ -3,6 +3,7 @@
 // packpipe.Schedule with per-rank ops as zero-copy numpy structured arrays. Thin lambdas; every
 // check lives in C++; the GIL is released while simulating and searching.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -81,12 +83,29 @@ std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t 
   return std::move(a.values);
 }
 
+/// Every value of `v` (a (rows, cols) array row-major, or a vector when cols is 0) in [0, 1e15]
+/// (ms or bytes: sums of any count of them stay finite): the first one that is not is named by its index.
+void check_finite_nonnegative(const std::vector<double>& v, const char* arg, std::int64_t cols) {
+  constexpr double kMost = 1e15;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] >= 0 && v[i] <= kMost) continue;
+    const std::string at = cols > 0 ? fmt::format("[{}, {}]", i / static_cast<std::size_t>(cols),
+                                                  i % static_cast<std::size_t>(cols))
+                                    : fmt::format("[{}]", i);
+    PACKPIPE_THROW(::packpipe::InvalidArgument, "{}{} must be in [0, {:g}], found {}", arg, at, kMost, v[i]);
+  }
+}
+
 std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::object& backward,
                                       const py::object& backward_weight, const py::object& stored,
                                       const py::object& peak, const py::object& transfer,
                                       const py::object& static_bytes, const py::object& ranks_arg,
                                       double memory_limit_bytes) {
   const auto ranks = int_of<std::int64_t>(ranks_arg, "ranks");
+  constexpr std::int64_t kMaxRanks = std::int64_t{1} << 16;
+  PACKPIPE_CHECK_ARG(ranks >= 1 && ranks <= kMaxRanks, "ranks must be in [1, {}], found {}", kMaxRanks, ranks);
+  PACKPIPE_CHECK_ARG(std::isfinite(memory_limit_bytes) && memory_limit_bytes >= 0,
+                     "memory_limit_bytes must be finite and not negative (0: no limit), found {}", memory_limit_bytes);
   RealArray f = real_array_arg(forward, "forward_ms", 2);  // (micro-batches, virtual stages)
   const std::int64_t m = f.shape[0], V = f.shape[1];
   sched::StageCostTable t;
@@ -103,9 +122,18 @@ std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::objec
   } else {
     t.static_bytes = real_array_arg(static_bytes, "static_bytes", 1).values;
   }
+  check_finite_nonnegative(t.forward_ms, "forward_ms", V);
+  check_finite_nonnegative(t.backward_ms, "backward_ms", V);
+  check_finite_nonnegative(t.backward_weight_ms, "backward_weight_ms", V);
+  check_finite_nonnegative(t.stored_bytes, "stored_bytes", V);
+  check_finite_nonnegative(t.peak_bytes, "peak_bytes", V);
+  check_finite_nonnegative(t.static_bytes, "static_bytes", 0);
   auto out = std::make_shared<PyProblem>();
   out->problem = sched::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
-  if (!transfer.is_none()) out->problem.transfer_ms = matrix(transfer, "transfer_ms", m, V, false);
+  if (!transfer.is_none()) {
+    out->problem.transfer_ms = matrix(transfer, "transfer_ms", m, V, false);
+    check_finite_nonnegative(out->problem.transfer_ms, "transfer_ms", V);
+  }
   return out;
 }
 

@@ -1,6 +1,8 @@
 """What every entry point shares: one argument order (the cost model, the data, then shape= and
 options=) and lengths checked, never cast."""
 import inspect
+import json
+import os
 import re
 
 import numpy as np
@@ -221,3 +223,66 @@ def test_a_memory_limit_over_the_device_is_refused():
                                          r"of the device \(A100-40GB\)"):
         packpipe.plan_batch(packpipe.CostModel("gpt-1.3b", "A100-40GB"), [100, 200],
                             shape=packpipe.PipelineShape(stages=2, memory_mb=50000))
+
+
+def test_hostile_round_inputs_are_refused_by_name(tmp_path):
+    """Inputs a hostile round found crashing or passing silently: each is refused naming what is wrong."""
+    cm = packpipe.CostModel("gpt-350m", "A100-80GB")
+    shape = packpipe.PipelineShape(stages=2)
+    plan = packpipe.plan_batch(cm, [10, 20], shape=shape).plans[0]
+    assert json.loads(plan.to_json(indent=64))["ranks"] == 2
+    for indent in (65, 5000, 10**6):  # (a fixed buffer was read past its end: garbage, then SIGSEGV)
+        with pytest.raises(ValueError, match=rf"indent must be in \[-1, 64\].*found {indent}"):
+            plan.to_json(indent=indent)
+    with pytest.raises(ValueError, match=r"rank must be -1 \(every rank\) or one of the plan's 2 ranks .* found 99"):
+        plan.to_json(rank=99)
+    # A device whose figures make a time infinite: an error naming them, not every sample dropped.
+    device = dict(name="slow", peak_tflops=1e-300, memory_gb=16.0, hbm_gbps=1000.0, intra_node_gbps=100.0,
+                  intra_node_latency_us=10.0, inter_node_gbps=10.0, inter_node_latency_us=20.0, gpus_per_node=8)
+    (tmp_path / "slow.json").write_text(json.dumps(device))
+    slow = packpipe.CostModel("gpt-350m", str(tmp_path / "slow.json"))
+    for call in (lambda: packpipe.partition(slow, [100, 200, 50, 300], shape=shape),
+                 lambda: packpipe.plan_batch(slow, [100, 200, 50, 300], shape=shape)):
+        with pytest.raises(RuntimeError, match=r"gives a forward of inf ms.*check the device's figures \(peak_tflops"):
+            call()
+    # ScheduleProblem.from_costs: every time and size in [0, 1e15], a finite limit, a bounded rank count.
+    F = np.ones((4, 2))
+    for kw, message in [(dict(forward_ms=F * 1e308, backward_ms=F), r"forward_ms\[0, 0\] must be in \[0, 1e\+15\]"),
+                        (dict(forward_ms=F, backward_ms=F, transfer_ms=np.full((4, 2), np.nan)), r"transfer_ms\[0, 0\]"),
+                        (dict(forward_ms=F, backward_ms=F, static_bytes=np.full(2, np.nan)), r"static_bytes\[0\]"),
+                        (dict(forward_ms=F, backward_ms=F, stored_bytes=-F), r"stored_bytes\[0, 0\] .* found -1"),
+                        (dict(forward_ms=F, backward_ms=F, memory_limit_bytes=float("nan")), "memory_limit_bytes"),
+                        (dict(forward_ms=F, backward_ms=F, ranks=2**40), r"ranks must be in \[1, 65536\]")]:
+        with pytest.raises(ValueError, match=message):
+            packpipe.ScheduleProblem.from_costs(**{"ranks": 2, **kw})
+    # More loss tokens than a sample has.
+    with pytest.raises(ValueError, match=r"loss_tokens\[0\] is 105, more than the 100 tokens of sample 0"):
+        packpipe.plan_batch(cm, [100, 200, 300], shape=shape, loss_tokens=np.array([105, 205, 305]))
+    # A profile's NaN would read back as "not measured"; a wrong type names its point and field.
+    point = ["encoder", 1, "none", 0, 1, 64, 0, 1.0, 1.0, None, None]
+    for k, value, message in [(7, float("nan"), r"points\[0\] fwd_ms must be finite"),
+                              (1, "x", r"points\[0\] tp: expected an integer, found 'x'")]:
+        bad = list(point)
+        bad[k] = value
+        with pytest.raises(ValueError, match=message):
+            packpipe.write_profile(str(tmp_path / "p.json"), [tuple(bad)], model="gpt-350m")
+        assert not (tmp_path / "p.json").exists()
+
+
+def test_plan_file_writer_refuses_its_inputs(tmp_path):
+    """PlanFileWriter(inputs=): a path that is the manifest or a dataset file is refused before anything is written;
+    a pathlib.Path is taken."""
+    import shutil
+    demo = tmp_path / "demo"
+    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                 "data", "demo"), demo)
+    ds = packpipe.MultiTaskDataset(str(demo / "short.json"))
+    before = {f: open(f, "rb").read() for f in packpipe.dataset_files(ds) if os.path.exists(f)}
+    for path, inputs in [(demo / "short.json", ds), (demo / "demo_define_inputs_document.bin", ds),
+                         (str(demo / "short.json"), [str(demo / "short.json")])]:
+        with pytest.raises(ValueError, match="PlanFileWriter path .* is the input"):
+            packpipe.PlanFileWriter(path, inputs=inputs)
+    assert {f: open(f, "rb").read() for f in before} == before
+    with packpipe.PlanFileWriter(tmp_path / "plans.ppln", inputs=ds):
+        pass
+    assert (tmp_path / "plans.ppln").exists()

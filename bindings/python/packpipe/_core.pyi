@@ -817,7 +817,8 @@ class ScheduleProblem:
                    stored_bytes: Optional[_Costs] = None, peak_bytes: Optional[_Costs] = None,
                    transfer_ms: Optional[_Costs] = None, static_bytes: Optional[_Costs] = None, ranks: int = 1,
                    memory_limit_bytes: float = 0.0) -> "ScheduleProblem":
-        """From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1."""
+        """From (micro-batches, virtual stages) cost arrays; transfer_ms[mb, v]: v -> v + 1. Every time and size in
+        [0, 1e15], memory_limit_bytes finite (0: no limit), ranks in [1, 65536]: otherwise ValueError naming the entry."""
     @property
     def microbatches(self) -> int:
         """Micro-batches."""
@@ -1024,8 +1025,10 @@ class PlanFileReader:
 
 class PlanFileWriter:
     """Writes plans to one file, one iteration at a time."""
-    def __init__(self, path: str, compress: bool = False) -> None:
-        """Start a plan file (it appears at close())."""
+    def __init__(self, path: _Path, compress: bool = False, *,
+                 inputs: Union[_Path, Sequence[_Path], "MultiTaskDataset"] = ()) -> None:
+        """Start a plan file (it appears at close()); ValueError when `path` is one of `inputs` (paths, or the
+        MultiTaskDataset the plans index: its manifest and dataset files)."""
     def append(self, plan: Plan) -> None:
         """Append a plan."""
     def close(self) -> None:
