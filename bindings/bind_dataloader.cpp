@@ -282,13 +282,15 @@ void define_dataset_files(py::module_& m) {
 /// MultiTaskDataset: the tasks of a manifest, their lengths and samples.
 void define_multitask_dataset(py::module_& m) {
   auto mt = py::reinterpret_borrow<py::class_<dl::MultiTaskDataset>>(m.attr("MultiTaskDataset"));
-  mt.def(py::init([](const std::string& path) {
+  mt.def(py::init([](const py::object& path_obj) {
+           const std::string path = path_arg(path_obj, "path");
+           py::gil_scoped_release release;
            if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
              return std::make_unique<dl::MultiTaskDataset>(dl::load_manifest(path));
            }
            return std::make_unique<dl::MultiTaskDataset>(dl::MultiTaskDataset::from_prefix(path));
          }),
-         py::arg("path"), py::call_guard<py::gil_scoped_release>(), "Open a manifest .json or a dataset prefix.")
+         py::arg("path"), "Open a manifest .json or a dataset prefix (str or os.PathLike).")
       .def("__len__", [](const dl::MultiTaskDataset& d) {
         std::uint64_t n = 0;
         for (std::size_t t = 0; t < d.num_tasks(); ++t) n += d.task_size(t);

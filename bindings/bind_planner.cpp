@@ -487,6 +487,18 @@ void define_planner(py::module_& m) {
                                "index below its sample count ({})",
                                k, r.task, r.index, dataset.cast<const dl::MultiTaskDataset&>().manifest().path,
                                tasks.size(), r.task < tasks.size() ? tasks[r.task].samples : 0);
+            // The planned tokens are the sample's (from its offset): a loader would find them missing.
+            const auto& ds = dataset.cast<const dl::MultiTaskDataset&>();
+            const bool encdec = cost->model().arch == cm::Architecture::EncoderDecoder;
+            const std::uint64_t have = encdec ? ds.input_length(r) : ds.sample_tokens(r.task, r.index);
+            PACKPIPE_CHECK_ARG(std::uint64_t{r.offset} + b.input[k] <= have,
+                               "refs[{}] = ({}, {}, offset {}): input_lengths[{}] is {}, but the sample has {} {}tokens "
+                               "from that offset in dataset '{}'", k, r.task, r.index, r.offset, k, b.input[k],
+                               have > r.offset ? have - r.offset : 0, encdec ? "input " : "", ds.manifest().path);
+            PACKPIPE_CHECK_ARG(!encdec || b.target.empty() || b.target[k] <= ds.target_length(r),
+                               "refs[{}] = ({}, {}): target_lengths[{}] is {}, but the sample has {} target tokens in "
+                               "dataset '{}'", k, r.task, r.index, k, b.target.empty() ? 0 : b.target[k],
+                               ds.target_length(r), ds.manifest().path);
           }
         }
         const auto iter = count_arg<std::uint64_t>(iteration, "iteration");

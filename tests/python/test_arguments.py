@@ -286,3 +286,19 @@ def test_plan_file_writer_refuses_its_inputs(tmp_path):
     with packpipe.PlanFileWriter(tmp_path / "plans.ppln", inputs=ds):
         pass
     assert (tmp_path / "plans.ppln").exists()
+
+
+def test_refs_into_a_dataset_are_checked_against_its_lengths_and_paths_may_be_pathlike():
+    """plan_batch(dataset=, refs=): planned tokens past a sample's end are refused at the call, naming the ref
+    (before, only assembling the micro-batch noticed); MultiTaskDataset takes a pathlib.Path."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    ds = packpipe.MultiTaskDataset(root / "data" / "demo" / "short.json")
+    cm = packpipe.CostModel("gpt-350m", "A100-80GB")
+    with pytest.raises(ValueError, match=r"refs\[0\] = \(0, 0, offset 0\): input_lengths\[0\] is 5000, but the sample "
+                                         r"has \d+ tokens from that offset"):
+        packpipe.plan_batch(cm, [5000, 20], shape=packpipe.PipelineShape(stages=2), refs=[(0, 0), (0, 1)], dataset=ds)
+    inputs, targets = ds.lengths(0)  # the samples' own tokens plan
+    own = [int(inputs[k]) + int(targets[k]) for k in (0, 1)]
+    r = packpipe.plan_batch(cm, own, shape=packpipe.PipelineShape(stages=2), refs=[(0, 0), (0, 1)], dataset=ds)
+    assert r.samples == 2

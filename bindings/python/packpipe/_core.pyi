@@ -95,8 +95,8 @@ def compress_dataset(prefix: str, level: int = 3, frame_size: int = 262144) -> i
 
 class MultiTaskDataset:
     """The datasets of a multi-task manifest, opened."""
-    def __init__(self, path: str) -> None:
-        """Open a manifest .json or a dataset prefix."""
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Open a manifest .json or a dataset prefix (str or os.PathLike)."""
     def __len__(self) -> int:
         """Samples over every task."""
     @property
