@@ -56,7 +56,7 @@ def main(argv=None):
         planner = packpipe.plan_epoch(cost, dataset, shape=packpipe.PipelineShape(stages=STAGES, memory_mb=MEMORY_MB),
                                       global_batch_tokens=TOKENS, iterations=a.iterations,
                                       split_backward=False, tied_embedding=True)
-        with packpipe.PlanFileWriter(a.out) as writer:
+        with packpipe.PlanFileWriter(a.out, inputs=dataset) as writer:  # (refuses to write over what it reads)
             writer.expect_iterations(0, len(planner))  # the file says it is complete only if it holds them all
             for it in planner:
                 for plan in it.result.plans:  # one per data-parallel replica
