@@ -63,7 +63,6 @@ std::vector<std::string> paths_arg(const py::handle& v, const std::string& arg) 
 
 namespace {
 
-
 // Outputs as (path, what) pairs: a mapping {what: path or None}, or paths (each named `what`).
 std::vector<std::pair<std::string, std::string>> outputs_arg(const py::handle& v, const std::string& what) {
   std::vector<std::pair<std::string, std::string>> out;

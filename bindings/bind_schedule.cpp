@@ -85,7 +85,7 @@ std::vector<double> matrix(const py::object& obj, const char* arg, std::int64_t 
 
 /// Every value of `v` (a (rows, cols) array row-major, or a vector when cols is 0) in [0, 1e15]
 /// (ms or bytes: sums of any count of them stay finite): the first one that is not is named by its index.
-void check_finite_nonnegative(const std::vector<double>& v, const char* arg, std::int64_t cols) {
+void check_cost_values(const std::vector<double>& v, const char* arg, std::int64_t cols) {
   constexpr double kMost = 1e15;
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (v[i] >= 0 && v[i] <= kMost) continue;
@@ -122,17 +122,17 @@ std::shared_ptr<PyProblem> from_costs(const py::object& forward, const py::objec
   } else {
     t.static_bytes = real_array_arg(static_bytes, "static_bytes", 1).values;
   }
-  check_finite_nonnegative(t.forward_ms, "forward_ms", V);
-  check_finite_nonnegative(t.backward_ms, "backward_ms", V);
-  check_finite_nonnegative(t.backward_weight_ms, "backward_weight_ms", V);
-  check_finite_nonnegative(t.stored_bytes, "stored_bytes", V);
-  check_finite_nonnegative(t.peak_bytes, "peak_bytes", V);
-  check_finite_nonnegative(t.static_bytes, "static_bytes", 0);
+  check_cost_values(t.forward_ms, "forward_ms", V);
+  check_cost_values(t.backward_ms, "backward_ms", V);
+  check_cost_values(t.backward_weight_ms, "backward_weight_ms", V);
+  check_cost_values(t.stored_bytes, "stored_bytes", V);
+  check_cost_values(t.peak_bytes, "peak_bytes", V);
+  check_cost_values(t.static_bytes, "static_bytes", 0);
   auto out = std::make_shared<PyProblem>();
   out->problem = sched::make_sim_problem(std::move(t), ranks, cm::CommModel{}, 1, memory_limit_bytes);
   if (!transfer.is_none()) {
     out->problem.transfer_ms = matrix(transfer, "transfer_ms", m, V, false);
-    check_finite_nonnegative(out->problem.transfer_ms, "transfer_ms", V);
+    check_cost_values(out->problem.transfer_ms, "transfer_ms", V);
   }
   return out;
 }

@@ -212,6 +212,10 @@ struct StageLayout {
   std::int64_t decoder_layers = 0;
   bool has_embedding = false;
   bool has_postprocess = false;
+  bool operator==(const StageLayout& o) const {
+    return encoder_layers == o.encoder_layers && decoder_layers == o.decoder_layers &&
+           has_embedding == o.has_embedding && has_postprocess == o.has_postprocess;
+  }
 };
 
 /// The query of `num_layers` layers of `kind` for micro-batch `shape` (dec_seq dropped for a

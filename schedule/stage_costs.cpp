@@ -67,21 +67,15 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
   std::vector<std::size_t> same(vstages.size());
   for (std::size_t k = 0; k < vstages.size(); ++k) {
     same[k] = k;
-    const cm::StageLayout& a = vstages[k].layout;
-    for (std::size_t e = 0; e < k; ++e) {
-      const cm::StageLayout& b = vstages[e].layout;
-      if (a.encoder_layers == b.encoder_layers && a.decoder_layers == b.decoder_layers &&
-          a.has_embedding == b.has_embedding && a.has_postprocess == b.has_postprocess) {
-        same[k] = e;
-        break;
-      }
+    for (std::size_t e = 0; e < k && same[k] == k; ++e) {
+      if (vstages[e].layout == vstages[k].layout) same[k] = e;
     }
   }
   const bool calibrated = cost.calibration() != nullptr;  // (a table that may stop grows its columns below)
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     if (watch) {  // (a table that may stop grows entry by entry)
       const std::size_t n = (m + 1) * static_cast<std::size_t>(t.vstages);
-      each_column(t, cost.calibration() != nullptr, [n](std::vector<double>& c) { c.resize(n); });
+      each_column(t, calibrated, [n](std::vector<double>& c) { c.resize(n); });
     }
     const part::MicroBatch& mb = mbs[m];
     PACKPIPE_CHECK_ARG(mb.rows() > 0 && mb.padded_len > 0, "micro-batch {} is empty (rows {}, padded length {})", m,
@@ -94,13 +88,7 @@ bool fill_table(StageCostTable& t, const cm::CostModel& cost, const part::Pipeli
         continue;
       }
       const std::size_t j = t.at(static_cast<std::int64_t>(m), vstages[same[k]].index);
-      t.forward_ms[i] = t.forward_ms[j];
-      t.backward_ms[i] = t.backward_ms[j];
-      t.backward_weight_ms[i] = t.backward_weight_ms[j];
-      if (calibrated) t.backward_input_ms[i] = t.backward_input_ms[j];
-      t.stored_bytes[i] = t.stored_bytes[j];
-      t.peak_bytes[i] = t.peak_bytes[j];
-      t.send_bytes[i] = t.send_bytes[j];
+      each_column(t, calibrated, [i, j](std::vector<double>& c) { c[i] = c[j]; });
     }
     if (!watch) continue;
     // (makespan_lower_bounds' sum: virtual stages in index order, stage v on rank v mod S)

@@ -54,8 +54,8 @@ struct StageCostTable {
   /// The least time from the start of entry i's backward until its input gradient is out: I split,
   /// B whole (the lesser, when calibrated). The lower bounds' gradient chain.
   double least_input_ms(std::size_t i) const {
-    if (backward_input_ms.empty()) return backward_ms[i] - backward_weight_ms[i];
-    return backward_input_ms[i] < backward_ms[i] ? backward_input_ms[i] : backward_ms[i];
+    const double input = op_ms(pl::OpKind::BackwardInput, i);
+    return input < backward_ms[i] ? input : backward_ms[i];
   }
   /// What follows least_input_ms in least_backward_ms: W uncalibrated (the two sum to B).
   double least_weight_ms(std::size_t i) const {
