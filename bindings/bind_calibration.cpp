@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "common/file_io.h"
 #include "costmodel/calibration.h"
 #include "costmodel/measurements.h"
 
@@ -155,8 +156,16 @@ void define_measurement(py::module_& m) {
   m.def("parse_measurements", &cm::parse_measurements, py::arg("text"), py::arg("what") = "<measurements>",
         "Parses packpipe-measurements v1 JSON Lines read from `what`; errors name it, the line and the field");
   m.def("read_measurements", &cm::read_measurements, py::arg("path"), "Reads a measurement file");
-  m.def("write_measurements", &cm::write_measurements, py::arg("path"), py::arg("measurements"),
-        "Writes a measurement file atomically");
+  m.def(
+      "write_measurements",
+      [](const py::object& path_obj, const cm::MeasurementSet& measurements, const py::object& inputs) {
+        const std::string path = path_arg(path_obj, "path");
+        check_output_is_not_input(path, paths_arg(inputs, "inputs"), "write_measurements path");
+        cm::write_measurements(path, measurements);
+      },
+      py::arg("path"), py::arg("measurements"), py::kw_only(), py::arg("inputs") = py::tuple(),
+      "Writes a measurement file (str or os.PathLike) atomically; ValueError when `path` is one of `inputs` (the "
+      "files the job reads, such as the measurements it appends to: same inode through links and relative paths)");
 }
 
 void define_fit_options(py::module_& m) {

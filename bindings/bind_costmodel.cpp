@@ -290,8 +290,11 @@ void define_costmodel(py::module_& m) {
         "Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO");
   m.def(
       "write_profile",
-      [](const std::string& path, const py::list& points, const std::string& model, const std::string& device,
-         const std::vector<std::string>& notes, const std::vector<std::string>& sources, const std::string& attention) {
+      [](const py::object& path_obj, const py::list& points, const std::string& model, const std::string& device,
+         const std::vector<std::string>& notes, const std::vector<std::string>& sources, const std::string& attention,
+         const py::object& inputs) {
+        const std::string path = path_arg(path_obj, "path");
+        check_output_is_not_input(path, paths_arg(inputs, "inputs"), "write_profile path");
         cm::Profile p;
         if (!attention.empty()) p.attention = cm::attention_kernel_from_name(attention);
         p.model = model;
@@ -305,8 +308,9 @@ void define_costmodel(py::module_& m) {
       },
       py::arg("path"), py::arg("points"), py::arg("model") = "", py::arg("device") = "",
       py::arg("notes") = std::vector<std::string>{}, py::arg("sources") = std::vector<std::string>{},
-      py::arg("attention") = "",
-      "Writes packpipe's profile file (atomically): points are tuples (kind, tp, rc, variant, mbs, seq, dec_seq, "
+      py::arg("attention") = "", py::kw_only(), py::arg("inputs") = py::tuple(),
+      "Writes packpipe's profile file (str or os.PathLike, atomically; ValueError when it is one of `inputs`, the "
+      "files the job reads, by inode): points are tuples (kind, tp, rc, variant, mbs, seq, dec_seq, "
       "fwd_ms, bwd_ms, stored_bytes, peak_bytes), times per layer in ms, memory in bytes, None = not measured; "
       "attention the kernel they were measured with ('eager' or 'flash'; empty: eager)");
   m.def(

@@ -302,3 +302,30 @@ def test_refs_into_a_dataset_are_checked_against_its_lengths_and_paths_may_be_pa
     own = [int(inputs[k]) + int(targets[k]) for k in (0, 1)]
     r = packpipe.plan_batch(cm, own, shape=packpipe.PipelineShape(stages=2), refs=[(0, 0), (0, 1)], dataset=ds)
     assert r.samples == 2
+
+
+def test_measurement_and_profile_writers_refuse_their_inputs(tmp_path):
+    """write_measurements and write_profile take inputs= (as write_file_atomic and PlanFileWriter do) and refuse a
+    path that is one of them, through a hard link too, leaving it as it was; both take os.PathLike."""
+    import pathlib
+    ms = packpipe.MeasurementSet()
+    ms.model = "gpt-350m"
+    src = tmp_path / "measured.jsonl"
+    packpipe.write_measurements(src, ms)  # a pathlib.Path
+    before = src.read_bytes()
+    os.link(src, tmp_path / "linked.jsonl")
+    for out in (src, str(src), tmp_path / "linked.jsonl"):
+        with pytest.raises(ValueError, match="write_measurements path .* is the input"):
+            packpipe.write_measurements(out, ms, inputs=[str(src)])
+    assert src.read_bytes() == before
+    packpipe.write_measurements(tmp_path / "other.jsonl", ms, inputs=[str(src)])
+    assert packpipe.read_measurements(str(tmp_path / "other.jsonl")).model == "gpt-350m"
+    point = ("encoder", 1, "none", 0, 1, 128, 0, 1.0, 2.0, None, None)
+    prof = tmp_path / "p.json"
+    packpipe.write_profile(pathlib.Path(prof), [point], model="gpt-350m")
+    before = prof.read_bytes()
+    with pytest.raises(ValueError, match="write_profile path .* is the input"):
+        packpipe.write_profile(prof, [point, point], model="gpt-350m", inputs=prof)
+    assert prof.read_bytes() == before
+    with pytest.raises(TypeError, match="path"):
+        packpipe.write_profile(3, [point])

@@ -258,9 +258,10 @@ class CostModel:
 def static_memory(params: float, dp: int = 1, zero: int = 0) -> StaticMemory:
     """Mixed-precision Adam state of `params` parameters on one GPU under data parallelism and ZeRO stage `zero`."""
 
-def write_profile(path: str, points: List[Tuple[Any, ...]], model: str = "", device: str = "",
-                  notes: List[str] = ..., sources: List[str] = ..., attention: str = "") -> None:
-    """Write packpipe's profile file atomically (points: kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, stored_bytes, peak_bytes; attention: the kernel measured, empty: eager)."""
+def write_profile(path: Union[str, "os.PathLike[str]"], points: List[Tuple[Any, ...]], model: str = "",
+                  device: str = "", notes: List[str] = ..., sources: List[str] = ..., attention: str = "", *,
+                  inputs: Any = ...) -> None:
+    """Write packpipe's profile file atomically (points: kind, tp, rc, variant, mbs, seq, dec_seq, fwd_ms, bwd_ms, stored_bytes, peak_bytes; attention: the kernel measured, empty: eager); ValueError when path is one of inputs (by inode)."""
 
 def read_profile(paths: List[str]) -> Dict[str, Any]:
     """Profiles in any format packpipe reads, merged: model, device, points, notes, sources, attention (the kernel measured)."""
@@ -396,8 +397,9 @@ def parse_measurements(text: str, what: str = "<measurements>") -> MeasurementSe
 def read_measurements(path: str) -> MeasurementSet:
     """Read a measurement file."""
 
-def write_measurements(path: str, measurements: MeasurementSet) -> None:
-    """Write a measurement file atomically."""
+def write_measurements(path: Union[str, "os.PathLike[str]"], measurements: MeasurementSet, *,
+                       inputs: Any = ...) -> None:
+    """Write a measurement file atomically; ValueError when path is one of inputs (the files the job reads, by inode)."""
 
 class FitOptions:
     """How fit_calibration fits (the CLI's calibrate flags)."""
