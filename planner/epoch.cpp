@@ -155,7 +155,11 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
     dl::GlobalBatch g;
     for (;;) {
       if (epoch_count_ == first) first_state_ = probe.state();
-      if (epoch_count_ >= cap || !probe.next_batch(g)) break;
+      if (epoch_count_ >= cap) {
+        epoch_counted_ = false;  // epoch_iterations() counts the rest when asked
+        break;
+      }
+      if (!probe.next_batch(g)) break;
       ++epoch_count_;
     }
   }
@@ -164,6 +168,19 @@ EpochPlanner::EpochPlanner(const dl::MultiTaskDataset& data, const cm::CostModel
                      spec_.epoch, epoch_count_);
   count_ = epoch_count_ - spec_.first_iteration;
   if (spec_.iterations > 0) count_ = std::min(count_, spec_.iterations);
+}
+
+std::uint64_t EpochPlanner::epoch_iterations() const {
+  if (epoch_counted_) return epoch_count_;
+  std::call_once(whole_epoch_once_, [&] {
+    dl::Sampler probe(data_, spec_.sampler);
+    probe.set_epoch(spec_.epoch);
+    dl::GlobalBatch g;
+    std::uint64_t n = 0;
+    while (probe.next_batch(g)) ++n;
+    whole_epoch_count_ = n;
+  });
+  return whole_epoch_count_;
 }
 
 EpochPlanner::~EpochPlanner() = default;  // the queue stops the pipeline and joins its thread

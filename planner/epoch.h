@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -97,8 +98,9 @@ class EpochPlanner {
   /// Iterations this run plans: exact (arithmetic for sample-count batches, a dry run of a copy of
   /// the sampler for token budgets), after first_iteration and capped by `iterations`.
   std::uint64_t iterations() const { return count_; }
-  /// Iterations the epoch holds from its start, whatever first_iteration and iterations say.
-  std::uint64_t epoch_iterations() const { return epoch_count_; }
+  /// Iterations the epoch holds from its start, whatever first_iteration and iterations say (token
+  /// budgets capped by `iterations`: a dry run of the sampler over the rest of the epoch, once).
+  std::uint64_t epoch_iterations() const;
   /// The virtual stages planned for.
   const std::vector<part::VirtualStage>& vstages() const { return vstages_; }
   const PlannerOptions& options() const { return options_; }
@@ -129,6 +131,9 @@ class EpochPlanner {
   std::vector<part::VirtualStage> vstages_;
   bool encdec_ = false;
   std::uint64_t count_ = 0, epoch_count_ = 0;
+  bool epoch_counted_ = true;                  ///< epoch_count_ is the whole epoch's (else a cap)
+  mutable std::once_flag whole_epoch_once_;    ///< epoch_iterations' dry run to the end
+  mutable std::uint64_t whole_epoch_count_ = 0;
   dl::SamplerState first_state_;  ///< the sampler where spec_.first_iteration starts
   std::uint64_t delivered_ = 0;  ///< iterations next() delivered
   std::unique_ptr<Impl> impl_;

@@ -208,3 +208,20 @@ TEST_CASE("epoch planner: sample_batch is the planner's batch", "[interface]") {
   CHECK(b.refs == g.samples);
   REQUIRE_THROWS_WITH(sample_batch(demo(), s, 1u << 30, false), Catch::Matchers::Contains("past the end"));
 }
+
+TEST_CASE("epoch planner: epoch_iterations is the whole epoch's count under a token budget capped by iterations",
+          "[interface]") {
+  const cm::AnalyticCostModel gpt(cm::load_model("gpt-1.3b"), cm::load_device("A100-80GB"));
+  EpochSpec s = spec(0, 4096);
+  EpochPlanner whole(demo(), gpt, options(), s);
+  REQUIRE(whole.iterations() == whole.epoch_iterations());
+  REQUIRE(whole.epoch_iterations() > 4);
+  s.iterations = 2;
+  EpochPlanner capped(demo(), gpt, options(), s);
+  CHECK(capped.iterations() == 2);
+  CHECK(capped.epoch_iterations() == whole.epoch_iterations());  // was 2: the dry run stopped at the cap
+  s.first_iteration = 3;
+  EpochPlanner later(demo(), gpt, options(), s);
+  CHECK(later.iterations() == 2);
+  CHECK(later.epoch_iterations() == whole.epoch_iterations());
+}
