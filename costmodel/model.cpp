@@ -155,6 +155,19 @@ void refuse_aliases(const nlohmann::json& j, const std::vector<const char*>& key
                      given.size() > 1 ? given[1] : "");
 }
 
+/// A field the file must give (under one of `keys`, its aliases): refused naming it and what it is
+/// when none is there (rather than by the check of its default value).
+void require(const nlohmann::json& j, std::initializer_list<const char*> keys, const std::string& name,
+             const char* what) {
+  for (const char* k : keys) {
+    if (j.contains(k)) return;
+  }
+  std::string alias;
+  for (auto it = keys.begin() + 1; it < keys.end(); ++it) alias += fmt::format("{}'{}'", alias.empty() ? "" : ", ", *it);
+  PACKPIPE_THROW(InvalidArgument, "{}: missing field '{}'{} ({})", name, *keys.begin(),
+                 alias.empty() ? std::string() : " (or " + alias + ")", what);
+}
+
 /// The "attention" key of a model or device file, when given.
 std::optional<AttentionKernel> take_kernel(const nlohmann::json& j, const std::string& name) {
   if (!j.contains("attention")) return std::nullopt;
@@ -290,6 +303,16 @@ ModelSpec parse_model_json(const std::string& text, const std::string& name) {
                        "stages), found {}", name, v.dump());
     m.activation_dtype = v.get<std::string>();
   }
+  // (after the fields given are read: a field of the wrong type is named as such first)
+  if (!has_sides) {
+    require(j, {"num_layers"}, name, "the transformer layers of a decoder-only model; an encoder-decoder model gives "
+            "'encoder_layers' and 'decoder_layers'");
+  } else {
+    require(j, {"encoder_layers", "encoder_num_layers"}, name, "the encoder layers of an encoder-decoder model");
+    require(j, {"decoder_layers", "decoder_num_layers"}, name, "the decoder layers of an encoder-decoder model");
+  }
+  require(j, {"hidden", "hidden_size"}, name, "the model width");
+  require(j, {"heads", "num_attn_heads", "num_attention_heads"}, name, "the attention heads");
   validate(m);
   return m;
 }
@@ -341,6 +364,11 @@ DeviceSpec parse_device_json(const std::string& text, const std::string& name) {
   if (const auto [obj, prefix] = source(kAnalyticTpCommunication); obj != nullptr) {
     take(*obj, {kAnalyticTpCommunication}, d.analytic.tp_communication, name, prefix);
   }
+  require(j, {"peak_tflops"}, name, "the dense 16-bit matrix-multiply peak of one GPU, in TFLOP/s");
+  require(j, {"memory_gb"}, name, "the memory of one GPU, in GB");
+  require(j, {"hbm_gbps"}, name, "the memory bandwidth of one GPU, in GB/s");
+  require(j, {"intra_node_gbps"}, name, "the point-to-point bandwidth of one GPU inside a node, in GB/s");
+  require(j, {"inter_node_gbps"}, name, "the bandwidth of one GPU across nodes, in GB/s");
   validate(d);
   return d;
 }

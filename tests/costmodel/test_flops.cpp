@@ -68,6 +68,21 @@ TEST_CASE("model and device JSON files, and bad input", "[negative]") {
   REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layer": 2})", "m.json"), Catch::Matchers::Contains("unknown key 'num_layer'"));
   REQUIRE_THROWS_WITH(parse_device_json(R"({"peak_tflops": "fast"})", "d.json"),
                       Catch::Matchers::Contains("'peak_tflops' must be a number"));
+  // A required field left out is named as missing (it was reported by the check of its default: "num_layers
+  // must be positive, found 0"), with its aliases; a field of the wrong type is named first.
+  REQUIRE_THROWS_WITH(parse_model_json("{}", "m.json"), Catch::Matchers::Contains("m.json: missing field 'num_layers'"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "heads": 2})", "m.json"),
+                      Catch::Matchers::Contains("missing field 'hidden' (or 'hidden_size')"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden": 64})", "m.json"),
+                      Catch::Matchers::Contains("missing field 'heads'"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"encoder_layers": 2, "hidden": 64, "heads": 2})", "m.json"),
+                      Catch::Matchers::Contains("missing field 'decoder_layers'"));
+  REQUIRE_THROWS_WITH(parse_model_json(R"({"num_layers": 2, "hidden": "wide", "heads": 2})", "m.json"),
+                      Catch::Matchers::Contains("'hidden' must be an integer"));
+  REQUIRE_THROWS_WITH(parse_device_json("{}", "d.json"), Catch::Matchers::Contains("d.json: missing field 'peak_tflops'"));
+  REQUIRE_THROWS_WITH(parse_device_json(R"({"peak_tflops": 1, "memory_gb": 1, "hbm_gbps": 1, "intra_node_gbps": 1})", "d.json"),
+                      Catch::Matchers::Contains("missing field 'inter_node_gbps'"));
+  REQUIRE_NOTHROW(parse_model_json(R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2})", "m.json"));
   REQUIRE_THROWS_WITH(forward_flops(load_model("gpt-1.3b"), LayerKind::Decoder, 1, 16, 16),
                       Catch::Matchers::Contains("decoder-only"));
   REQUIRE_THROWS_WITH(forward_flops(load_model("gpt-1.3b"), LayerKind::Encoder, 0, 16),
