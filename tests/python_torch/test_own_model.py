@@ -387,3 +387,34 @@ def test_an_hf_style_model_trains_without_glue(tmp_path):
         pt.HFCausalLM(_FakeHF())(torch.zeros(1), it.microbatch(0))
     with pytest.raises(TypeError, match=r"not an HF-style model"):
         pt.HFCausalLM(OwnLM())
+
+
+def test_unshifted_labels_never_lose_a_slices_last_label(tmp_path):
+    """labels="unshifted" cannot hold a slice's last label (the next slice's first token, in another micro-batch):
+    the loader plans without slices (it lost one loss token per slice that continues: gradients off by 2e-3), refuses
+    options that must slice, and a plan file's iteration with a slice that continues is refused, naming it."""
+    from packpipe.torch import models
+    gpt = models.GPTConfig(vocab_size=96, hidden=16, layers=2, heads=2, dtype=torch.float64, seed=3, max_positions=4096)
+    cm = support.cost_model(gpt, tmp_path)
+    manifest = support.long_manifest(tmp_path)
+    kw = dict(cost_model=cm, iterations=1, shape=packpipe.PipelineShape(stages=1), global_batch_tokens=1500, seed=11,
+              dtype="fp64", calibrate=False)
+    sliced = packpipe.PartitionOptions(slicing="auto", min_slice_tokens=16)
+    counts = {}
+    for labels in ("shifted", "unshifted"):
+        it = next(iter(pt.PlanLoader(manifest, options=sliced, labels=labels, **kw)))
+        counts[labels] = (it.plan.global_loss_tokens, sum(
+            int(((b.labels if b.labels_shifted else b.labels[:, 1:]) != -100).sum()) for b in it.microbatches()))
+        assert any(len(m.get("prev", [])) for m in it.plan.microbatches) == (labels == "shifted")
+    assert counts["unshifted"][0] == counts["unshifted"][1]  # every planned loss token is in the labels
+    assert counts["shifted"][0] == counts["shifted"][1]
+    for opts in (packpipe.PartitionOptions(method="slicing", capacity=128), packpipe.PartitionOptions(oversize="slice")):
+        with pytest.raises(ValueError, match="labels='unshifted' cannot carry .* ask for slices"):
+            pt.PlanLoader(manifest, options=opts, labels="unshifted", **kw)
+    # a plan file written with slices, read with unshifted labels
+    path = str(tmp_path / "sliced.ppln")
+    with packpipe.PlanFileWriter(path) as w:
+        w.append(next(iter(pt.PlanLoader(manifest, options=packpipe.PartitionOptions(method="slicing", capacity=128),
+                                         **kw))).plan)
+    with pytest.raises(ValueError, match="iteration 0, micro-batch .*: labels='unshifted' cannot carry"):
+        next(iter(pt.PlanLoader(manifest, plan_file=path, labels="unshifted", calibrate=False)))

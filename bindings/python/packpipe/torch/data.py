@@ -317,6 +317,28 @@ class _Layout:
         return t
 
 
+def _without_slices(where: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """plan_epoch's keywords for labels="unshifted": slices off (a slice's last label is the next
+    slice's first token, which labels aligned with the inputs cannot hold); a plan that must slice
+    (method "slicing", oversize "slice") is refused, naming the setting."""
+    import copy
+    opts = kwargs.get("options")
+    if opts is None:
+        opts = packpipe.PartitionOptions()
+    elif not isinstance(opts, packpipe.PartitionOptions):
+        return kwargs  # plan_epoch names the wrong type
+    asked = [f"{k}={v!r}" for k, v in (("method", opts.method), ("oversize", opts.oversize)) if v == "slicing" or v == "slice"]
+    if asked:
+        raise ValueError(f"{where}: labels='unshifted' cannot carry the label of a slice's last token (the next slice's "
+                         f"first token, in another micro-batch), and the options ask for slices ({', '.join(asked)}): "
+                         f"load labels='shifted', or plan without slices")
+    if opts.slicing != "off":
+        opts = copy.copy(opts)
+        opts.slicing = "off"
+        kwargs = dict(kwargs, options=opts)
+    return kwargs
+
+
 def _unshifted(labels: torch.Tensor, positions: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Labels aligned with the inputs, as Hugging Face causal LMs take them: the shifted labels moved
     one position right within each row, ignore_index at each sample's first position (position 0)
@@ -352,6 +374,13 @@ class Iteration:
         self._layouts: Dict[int, _Layout] = {}
         if not labels_shifted:
             for (mb, _), tensors in self._loads.items():
+                continues = None if encdec else self.layout(mb).native(False).get("continues")
+                if continues is not None and np.any(continues):
+                    raise ValueError(
+                        f"iteration {self.iteration}, micro-batch {mb}: labels='unshifted' cannot carry the label of "
+                        f"a slice's last token (the next slice's first token, in another micro-batch): a model that "
+                        f"shifts the labels itself drops it. Load labels='shifted', or plan without slices "
+                        f"(PartitionOptions(slicing='off'))")
                 if "labels" in tensors:
                     tensors["labels"] = _unshifted(tensors["labels"],
                                                    self.layout(mb).tensor("position_ids", False, "cpu"), ignore_index)
@@ -511,7 +540,9 @@ class PlanLoader:
     ProcessGroups.create), or rank None (every rank's loads: LocalPipeline, one process) when
     torch.distributed is not initialised. ``labels="unshifted"`` loads labels aligned with the
     inputs (Hugging Face's convention; the default "shifted": labels[t] is the token after
-    input_ids[t]).
+    input_ids[t]); it plans without slices (``slicing="off"``: a slice's last label is the next
+    slice's first token, which a model that shifts the labels itself cannot see), refuses options
+    that must slice, and refuses a plan file's iteration that holds a slice that continues.
 
     Epochs follow ``DistributedSampler``: ``for it in loader`` runs one pass over the current epoch;
     call ``set_epoch(e)`` (on every rank, with the same e) before each epoch. A second pass without
@@ -549,6 +580,8 @@ class PlanLoader:
             split_backward = "zero-bubble" in (plan_epoch_kwargs.get("schedule"), plan_epoch_kwargs.get("schedule_family"))
         _check.boolean(where, "split_backward", split_backward)
         self.labels = _check.one_of(where, "labels", labels, ("shifted", "unshifted"))
+        if self.labels == "unshifted" and cost_model is not None:
+            plan_epoch_kwargs = _without_slices(where, plan_epoch_kwargs)
         if cost_model is not None:
             if dtype is None:
                 dtype = getattr(cost_model, "torch_dtype", None)
