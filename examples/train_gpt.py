@@ -166,7 +166,10 @@ def train(a):
     last_rank = distributed and rank == a.pp - 1 and replica == 0
     printer = (not distributed) or last_rank
     # The stage layout is known before the first iteration: build the stages, wrap them, then iterate.
-    stages = {v: model.stage(loader.stages[v]).to(device) for v in loader.my_stages}
+    # (tie: a rank holding the first and the last stage shares one tied weight between them)
+    stages = {}
+    for v in loader.my_stages:
+        stages[v] = model.stage(loader.stages[v], tie=stages.get(0)).to(device)
     if distributed:
         params = [p for m in stages.values() for p in m.parameters()]
         runner = pt.PipelineRunner(stages, models.gpt_loss, torch.optim.AdamW(params, lr=a.lr), groups=groups,

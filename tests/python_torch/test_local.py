@@ -27,7 +27,7 @@ def make_loader(tmp_path, cfg, *, pp, chunks=1, schedule="1f1b", method="dp", mb
                          tied_embedding=tied, schedule_fallback=True), packpipe.MultiTaskDataset(manifest)
 
 
-def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
+def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05, tie=False):
     """Runs the loader's iterations on a LocalPipeline of `full`'s stages (one SGD per pipeline rank,
     stepped by OPT_STEP) and the same SGD steps on `full` over each sample alone. Returns the
     relative error of the first iteration's gradients, of the parameters at the end, and the
@@ -40,7 +40,9 @@ def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05):
         plan = it.plan
         seen.append(plan.schedule)
         if pipe is None:
-            stages = {v: pipe_model.stage(plan.stages[v]) for v in range(plan.vstages)}
+            stages = {}
+            for v in range(plan.vstages):  # tie: the last stage shares the first's tied weight
+                stages[v] = pipe_model.stage(plan.stages[v], tie=stages.get(0) if tie else None)
             pipe = pt.LocalPipeline(stages, loss_fn, lambda ps: support.RecordingSGD(ps, lr, sink), dtype=torch.float64,
                                     timeout_s=60)
         ref_opt.zero_grad()
@@ -85,6 +87,26 @@ def test_tied_embedding_and_recompute(tmp_path):
     loader, data = make_loader(tmp_path, cfg, pp=4, schedule="1f1b", tied=True, recompute="full", iterations=2)
     g, p, _ = train_and_compare(loader, data, models.GPT(cfg), models.gpt_loss, False, "all")
     assert g <= 1e-10 and p <= 1e-10, (g, p)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_tied_embedding_with_both_ends_on_one_rank(tmp_path, pp):
+    """Interleaved stages on one rank put the first and the last stage together: the plan has no REDUCE_TIED, so
+    their modules must share one tied weight. Two copies (each got part of the gradient: off by 59% and 79%) are
+    refused, naming the stages; GPT.stage(spec, tie=) shares it and the gradients are the whole model's. With the
+    ends on two ranks, a shared weight is right too (REDUCE_TIED adds nothing in one process)."""
+    cfg = models.GPTConfig(vocab_size=96, hidden=16, layers=4, heads=2, dtype=torch.float64, seed=3,
+                           tied_embedding=True)
+    loader, data = make_loader(tmp_path, cfg, pp=pp, chunks=2, schedule="search", tied=True, iterations=2)
+    g, p, _ = train_and_compare(loader, data, models.GPT(cfg), models.gpt_loss, False, "all", tie=True)
+    assert g <= 1e-10 and p <= 1e-10, (g, p)
+    if pp == 1:
+        loader, data = make_loader(tmp_path, cfg, pp=pp, chunks=2, schedule="search", tied=True)
+        with pytest.raises(Exception, match="virtual stages 0 and 1 are both on pipeline rank 0, so the plan has no "
+                                            "REDUCE_TIED"):
+            train_and_compare(loader, data, models.GPT(cfg), models.gpt_loss, False, "all")
+    with pytest.raises(TypeError, match="tie must be a GPTStage"):
+        models.GPT(cfg).stage(loader.stages[0], tie="stage 0")
 
 
 @pytest.mark.parametrize("pp,schedule,method", [(2, "1f1b", "dp"), (4, "1f1b", "packing"), (4, "zero-bubble", "dp")])

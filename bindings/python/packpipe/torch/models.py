@@ -310,17 +310,24 @@ class GPT(nn.Module):
             x = layer(x, batch)
         return self.head(x)
 
-    def stage(self, spec: Dict[str, Any]) -> "GPTStage":
-        """The module of one virtual stage of a plan (an entry of Plan.stages): copies of its parts."""
-        return GPTStage(self, spec)
+    def stage(self, spec: Dict[str, Any], tie: Optional["GPTStage"] = None) -> "GPTStage":
+        """The module of one virtual stage of a plan (an entry of Plan.stages): copies of its parts.
+        With a tied embedding, ``tie`` (a stage built for the same pipeline rank, whose tied_weight
+        this one's embedding or head then shares) makes the first and the last stage of one rank hold
+        one Parameter, as a plan that puts both on one rank expects (it has no REDUCE_TIED)."""
+        return GPTStage(self, spec, tie)
 
 
 class GPTStage(nn.Module):
     """One pipeline stage of the reference GPT."""
 
-    def __init__(self, full: GPT, spec: Dict[str, Any]):
+    def __init__(self, full: GPT, spec: Dict[str, Any], tie: Optional["GPTStage"] = None):
         super().__init__()
         cfg = full.cfg
+        if tie is not None and not isinstance(tie, GPTStage):
+            raise TypeError(f"GPT.stage: tie must be a GPTStage (the stage whose tied weight to share), found "
+                            f"{type(tie).__name__}")
+        shared = tie.tied_weight if tie is not None and cfg.tied_embedding else None
         layers = _spec_range(spec, "layers" if "layers" in spec else "encoder_layers")
         if layers and (layers.stop > cfg.layers):
             raise ValueError(f"the plan's stage holds layers {layers.start}..{layers.stop - 1}; the model has "
@@ -331,10 +338,13 @@ class GPTStage(nn.Module):
         self.embed = copy.deepcopy(full.embed) if spec["embedding"] else None
         self.layers = nn.ModuleList(copy.deepcopy(full.layers[i]) for i in layers)
         self.head = copy.deepcopy(full.head) if spec["head"] else None
+        if shared is not None and self.embed is not None:
+            self.embed.tokens.weight = shared
         if cfg.tied_embedding and self.head is not None and self.embed is not None:
             self.head.proj.weight = self.embed.tokens.weight  # one stage holds both: tied for real
         elif cfg.tied_embedding and self.head is not None:
-            self.head.proj.weight = nn.Parameter(full.embed.tokens.weight.detach().clone())
+            self.head.proj.weight = shared if shared is not None else \
+                nn.Parameter(full.embed.tokens.weight.detach().clone())
         # The tied weight's copy on this stage (REDUCE_TIED sums its gradient between the two stages).
         self.tied_weight = (self.embed.tokens.weight if self.embed is not None else
                             self.head.proj.weight if self.head is not None else None) if cfg.tied_embedding else None

@@ -196,6 +196,7 @@ class TorchStageHandler(rt.StageHandler):
                              "with none); packpipe.torch needs plan format 2")
         if self.optimizer is None and (self._reduce_grad is not None or plan.tied_embedding):
             self._check_no_stale_gradients(plan)
+        self._check_tied_on_one_rank(plan, rank)
         self.state.clear()
         self.slices.clear()
         self._sliced_plan = plan_has_slices(plan)
@@ -203,6 +204,23 @@ class TorchStageHandler(rt.StageHandler):
         self.loss_sum = None
         self.heads = 0
         self.global_loss_tokens = plan.global_loss_tokens
+
+    def _check_tied_on_one_rank(self, plan, rank):
+        """A tied embedding whose first and last stages are on one rank has no REDUCE_TIED (the plan
+        leaves the sum to autograd): the two stage modules must hold one Parameter. Two copies would
+        each get part of the gradient and be stepped apart: refused, naming the stages."""
+        last = int(plan.vstages) - 1
+        if not plan.tied_embedding or last < 1 or not plan.stage_rank[0] == plan.stage_rank[last] == rank:
+            return
+        if 0 not in self.stages or last not in self.stages:
+            return
+        ends = [getattr(self.stages[v], "tied_weight", None) for v in (0, last)]
+        if ends[0] is not None and ends[1] is not None and ends[0] is not ends[1]:
+            raise ValueError(
+                f"{self.where}: iteration {plan.iteration}: virtual stages 0 and {last} are both on pipeline rank "
+                f"{rank}, so the plan has no REDUCE_TIED, but their tied_weight are two Parameters: each would get "
+                f"part of the tied weight's gradient and be stepped apart. Make them one Parameter (the reference "
+                f"GPT: model.stage(spec, tie=stages[0]) for the last stage)")
 
     def _check_no_stale_gradients(self, plan):
         """With optimizer=None the trainer steps and zeroes; gradients left from an earlier run would be
