@@ -176,36 +176,48 @@ class GradientAccumulation:
         module = self.model.module if ddp else self.model
         start = clock()
         synced = ops[last_bwd][1] if last_bwd >= 0 and not manual else -1  # DDP reduces in its backward
-        for i, (op, m) in enumerate(ops):
-            batch = batches[m]
-            sync = contextlib.nullcontext() if (not ddp or m == synced) else self.model.no_sync()
-            with sync:
-                t0 = clock()
-                if op == "FWD":
-                    mode = plan.microbatches[m]["recompute"][0]
-                    holds = store.forward(batch, m, 0) is not None
-                    full = mode == "full" or (mode == "selective" and (holds or not hasattr(
-                        module, "set_selective_recompute")))
-                    full_mode[m] = full
-                    if full:
-                        with torch.no_grad():
-                            loss = self._forward(batch, "none")
-                    else:
-                        loss = self._forward(batch, mode)
-                    losses[m] = loss
-                    fwd[m] = (t0, clock())
-                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-                else:
-                    loss = losses.pop(m)
-                    if full_mode[m]:
-                        store.forward(batch, m, 0)
-                        loss = self._forward(batch, "none")
-                    roots, grads = store.roots(m, 0)
-                    torch.autograd.backward([loss * scale] + roots, [None] + grads)
-                    store.release(m, 0)
-                    bwd[m] = (t0, clock())
+        # Gradients left in .grad (optimizer=None, the trainer has not zeroed): DDP adds this run's
+        # reduced gradients to them; the sum by hand must too, not reduce the old ones again.
+        kept = {}
         if manual:
-            _sum_gradients(module, self.model.process_group)
+            for p in module.parameters():
+                if p.grad is not None:
+                    kept[p] = p.grad
+                    p.grad = None
+        try:
+            for i, (op, m) in enumerate(ops):
+                batch = batches[m]
+                sync = contextlib.nullcontext() if (not ddp or m == synced) else self.model.no_sync()
+                with sync:
+                    t0 = clock()
+                    if op == "FWD":
+                        mode = plan.microbatches[m]["recompute"][0]
+                        holds = store.forward(batch, m, 0) is not None
+                        full = mode == "full" or (mode == "selective" and (holds or not hasattr(
+                            module, "set_selective_recompute")))
+                        full_mode[m] = full
+                        if full:
+                            with torch.no_grad():
+                                loss = self._forward(batch, "none")
+                        else:
+                            loss = self._forward(batch, mode)
+                        losses[m] = loss
+                        fwd[m] = (t0, clock())
+                        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                    else:
+                        loss = losses.pop(m)
+                        if full_mode[m]:
+                            store.forward(batch, m, 0)
+                            loss = self._forward(batch, "none")
+                        roots, grads = store.roots(m, 0)
+                        torch.autograd.backward([loss * scale] + roots, [None] + grads)
+                        store.release(m, 0)
+                        bwd[m] = (t0, clock())
+            if manual:
+                _sum_gradients(module, self.model.process_group)
+        finally:
+            for p, g in kept.items():
+                p.grad = g if p.grad is None else g.add_(p.grad)
         t_step = clock()
         if self.optimizer is not None:
             self.optimizer.step()
