@@ -59,9 +59,16 @@ Json dataset_info_json(const dl::IndexedDataset& ds) {
   std::vector<std::uint64_t> seq(ds.size());
   for (std::uint64_t i = 0; i < ds.size(); ++i) seq[i] = static_cast<std::uint64_t>(ds.sizes()[i]);
   std::vector<std::uint64_t> docs(ds.num_documents());
+  const auto S = static_cast<std::int64_t>(ds.size());
   for (std::uint64_t d = 0; d < ds.num_documents(); ++d) {
+    // (opening checks the first and the last entry only; a document's range is checked where it is
+    // read, as `dataset verify` checks them all)
+    const std::int64_t first = ds.doc_idx()[d], last = ds.doc_idx()[d + 1];
+    PACKPIPE_CHECK(first >= 0 && first <= last && last <= S,
+                   "{}.idx: doc_idx[{}] and doc_idx[{}]: expected a non-decreasing range within [0, {}], found [{}, "
+                   "{}] (`packpipe dataset verify` lists every problem)", ds.prefix(), d, d + 1, S, first, last);
     std::uint64_t t = 0;
-    for (auto i = ds.doc_idx()[d]; i < ds.doc_idx()[d + 1]; ++i) t += seq[static_cast<std::size_t>(i)];
+    for (auto i = first; i < last; ++i) t += seq[static_cast<std::size_t>(i)];
     docs[d] = t;
   }
   Json j;
@@ -709,10 +716,19 @@ void add_decompress_command(CLI::App* ds) {
   auto* cmd = ds->add_subcommand("decompress", "Write P.bin from P.bin.zst, checking every frame");
   auto prefix = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
+  auto force = std::make_shared<bool>(false);
   cmd->add_option("PREFIX", *prefix, "Dataset prefix")->required();
   cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->add_flag("--force", *force, "Replace an existing P.bin (whose content may differ from P.bin.zst's)");
   cmd->callback([=] {
     const std::string p = normalize_prefix(*prefix);
+    PACKPIPE_CHECK_ARG(*force || !file_exists(p + ".bin"),
+                       "{}.bin exists: decompressing would replace it with {}.bin.zst's content, which may differ "
+                       "(a stale .bin.zst); remove it, or pass --force", p, p);
+    // The compressed data against the index (the end of the last sequence), before anything is written.
+    dl::IndexedDataset::Options check;
+    check.compressed = true;
+    { const dl::IndexedDataset compressed(p, check); }
     const std::uint64_t n = dl::zstd_seekable_decompress(p + ".bin.zst", p + ".bin");
     if (*json) return print_json(Json{{"prefix", p}, {"bin_bytes", n}});
     std::printf("%s.bin: %s written, all frames checked\n", p.c_str(), human_bytes(n).c_str());

@@ -405,7 +405,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix, const Options& options
     index_.sizes = UnalignedArray<std::int32_t>(index_.owned_sizes.data(), index_.num_sequences);
   }
   const std::string plain = prefix + ".bin";
-  if (file_exists(plain)) {
+  if (file_exists(plain) && !options.compressed) {
     bin_ = open_plain_bin(plain);
   } else {
     bin_ = open_bin(prefix);  // .bin.zst, or an Error naming both candidates

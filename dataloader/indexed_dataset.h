@@ -144,6 +144,9 @@ class IndexedDataset {
     /// Check at open that every size fits the .bin and that the sizes fill it exactly (one pass
     /// over the 4-byte sizes). Off only for verify(), which reports every problem instead.
     bool check_sizes = true;
+    /// Open `<prefix>.bin.zst` even where `<prefix>.bin` exists (checking the compressed data
+    /// against the index: `dataset decompress`).
+    bool compressed = false;
   };
 
   /// Opens `<prefix>.idx` and `<prefix>.bin` (or `<prefix>.bin.zst`). Throws Error naming the file.

@@ -129,6 +129,30 @@ mv "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin"
 "$pp" dataset verify "$tmp/wordnet_mt_targets_document" > /dev/null || fail "verify .bin.zst"
 "$pp" dataset decompress "$tmp/wordnet_mt_targets_document" > /dev/null
 cmp "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin" || fail "decompress differs"
+# an existing .bin is not replaced without --force; a .bin.zst that does not match the index is refused
+# before anything is written (a stale .bin.zst had replaced a good .bin, exit 0)
+if "$pp" dataset decompress "$tmp/wordnet_mt_targets_document" 2> "$tmp/err.txt"; then fail "existing .bin replaced"; fi
+grep -q "wordnet_mt_targets_document.bin exists" "$tmp/err.txt" || fail "no refusal: $(cat "$tmp/err.txt")"
+cp "$tmp/wordnet_mt_targets_document.bin.zst" "$tmp/stale.bin.zst"
+cp "$fx/wordnet_mt_inputs_document.idx" "$tmp/stale.idx"
+if "$pp" dataset decompress "$tmp/stale" 2> "$tmp/err.txt"; then fail "stale .bin.zst decompressed"; fi
+grep -q "data size mismatch" "$tmp/err.txt" || fail "stale .bin.zst: $(cat "$tmp/err.txt")"
+[ ! -e "$tmp/stale.bin" ] || fail "stale .bin.zst left a .bin"
+"$pp" dataset decompress "$tmp/wordnet_mt_targets_document" --force > /dev/null || fail "--force"
+cmp "$tmp/wordnet_mt_targets_document.bin" "$tmp/orig.bin" || fail "decompress --force differs"
+
+# a document index out of order: info names it (it read past the sizes: a segfault, or garbage figures)
+for v in -1 4611686018427387904; do
+  cp "$fx/wordnet_gpt2_text_document.bin" "$tmp/badidx.bin"
+  /usr/bin/python3 -c "
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+S = struct.unpack_from('<Q', b, 18)[0]
+struct.pack_into('<q', b, 34 + 12 * S + 8 * 5, int(sys.argv[3]))
+open(sys.argv[2], 'wb').write(b)" "$fx/wordnet_gpt2_text_document.idx" "$tmp/badidx.idx" "$v"
+  if "$pp" dataset info "$tmp/badidx" --json > /dev/null 2> "$tmp/err.txt"; then fail "doc_idx $v accepted by info"; fi
+  grep -q "doc_idx\[5\]" "$tmp/err.txt" || fail "doc_idx $v: $(cat "$tmp/err.txt")"
+done
 
 # merge: inputs + targets = one dataset with 288 sequences
 "$pp" dataset merge "$fx/wordnet_mt_inputs_document" "$fx/wordnet_mt_targets_document" --output-prefix "$tmp/merged" --json > "$tmp/merge.json"
