@@ -605,6 +605,28 @@ struct IndexedDatasetBuilder::Impl {
   SpillFile modes;
   std::uint64_t last_doc_end = 0;
   bool finalized = false;
+  std::string failed;  ///< a call that failed part-way: the output holds a part of what it was to add
+
+  /// Runs a call's body after checking the builder is usable (a refusal before anything is
+  /// written leaves it as it was).
+  template <typename F>
+  void run(const std::string& prefix, const char* call, F&& body) {
+    PACKPIPE_CHECK_ARG(!finalized, "{}: {} after finalize()", prefix, call);
+    PACKPIPE_CHECK_ARG(failed.empty(), "{}: {} refused: an earlier call failed part-way ({}), so the dataset would "
+                       "be incomplete; make a new builder", prefix, call, failed);
+    body();
+  }
+  /// Runs what a call writes; a throw there leaves the builder unusable, naming the call:
+  /// finalize() would write a dataset with a part of what the call was to add.
+  template <typename F>
+  void writing(const char* call, F&& write) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      failed = fmt::format("{}: {}", call, e.what());
+      throw;
+    }
+  }
 };
 
 IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, DType dtype, bool with_modes)
@@ -619,29 +641,33 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, DType dt
 IndexedDatasetBuilder::~IndexedDatasetBuilder() = default;
 
 void IndexedDatasetBuilder::add_item(const void* tokens, std::uint64_t count, std::int8_t mode) {
-  PACKPIPE_CHECK_ARG(!impl_->finalized, "{}: add_item after finalize()", prefix_);
-  PACKPIPE_CHECK_ARG(count <= static_cast<std::uint64_t>(kInt32Max),
-                     "{}: sequence {} has {} tokens; Megatron sizes are int32 (at most {})", prefix_,
-                     num_sequences_, count, kInt32Max);
-  PACKPIPE_CHECK_ARG(count == 0 || tokens != nullptr, "{}: add_item: null tokens for {} tokens", prefix_,
-                     count);
-  const std::uint64_t bytes = count * dtype_size(dtype_);
-  const std::uint64_t end = add_checked(bin_bytes_, bytes, "the .bin size");
-  PACKPIPE_CHECK(end <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                 "{}.bin: size {} exceeds the int64 pointers of the format", prefix_, end);
-  impl_->bin.append(tokens, bytes);
-  impl_->sizes.put<std::int32_t>(static_cast<std::int32_t>(count));
-  impl_->pointers.put<std::int64_t>(static_cast<std::int64_t>(bin_bytes_));
-  if (with_modes_) impl_->modes.put<std::int8_t>(mode);
-  bin_bytes_ = end;
-  ++num_sequences_;
+  impl_->run(prefix_, "add_item", [&] {
+    PACKPIPE_CHECK_ARG(count <= static_cast<std::uint64_t>(kInt32Max),
+                       "{}: sequence {} has {} tokens; Megatron sizes are int32 (at most {})", prefix_,
+                       num_sequences_, count, kInt32Max);
+    PACKPIPE_CHECK_ARG(count == 0 || tokens != nullptr, "{}: add_item: null tokens for {} tokens", prefix_,
+                       count);
+    const std::uint64_t bytes = count * dtype_size(dtype_);
+    const std::uint64_t end = add_checked(bin_bytes_, bytes, "the .bin size");
+    PACKPIPE_CHECK(end <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                   "{}.bin: size {} exceeds the int64 pointers of the format", prefix_, end);
+    impl_->writing("add_item", [&] {
+      impl_->bin.append(tokens, bytes);
+      impl_->sizes.put<std::int32_t>(static_cast<std::int32_t>(count));
+      impl_->pointers.put<std::int64_t>(static_cast<std::int64_t>(bin_bytes_));
+      if (with_modes_) impl_->modes.put<std::int8_t>(mode);
+    });
+    bin_bytes_ = end;
+    ++num_sequences_;
+  });
 }
 
 void IndexedDatasetBuilder::end_document() {
-  PACKPIPE_CHECK_ARG(!impl_->finalized, "{}: end_document after finalize()", prefix_);
-  impl_->doc_idx.put<std::int64_t>(static_cast<std::int64_t>(num_sequences_));
-  impl_->last_doc_end = num_sequences_;
-  ++num_documents_;
+  impl_->run(prefix_, "end_document", [&] {
+    impl_->writing("end_document", [&] { impl_->doc_idx.put<std::int64_t>(static_cast<std::int64_t>(num_sequences_)); });
+    impl_->last_doc_end = num_sequences_;
+    ++num_documents_;
+  });
 }
 
 void IndexedDatasetBuilder::add_document(const void* tokens, const std::int64_t* lengths,
@@ -659,56 +685,66 @@ void IndexedDatasetBuilder::add_document(const void* tokens, const std::int64_t*
 }
 
 void IndexedDatasetBuilder::add_index(const std::string& other_prefix) {
-  PACKPIPE_CHECK_ARG(!impl_->finalized, "{}: add_index after finalize()", prefix_);
-  check_output_prefix_is_not_input(prefix_, {other_prefix});
-  const IndexedDataset other(other_prefix);
-  PACKPIPE_CHECK(other.dtype() == dtype_,
-                 "cannot add '{}' to '{}': dtype {} differs from the builder's {}", other_prefix,
-                 prefix_, dtype_name(other.dtype()), dtype_name(dtype_));
-  PACKPIPE_CHECK(other.size() == 0 || other.has_modes() == with_modes_,
-                 "cannot add '{}' to '{}': it {} sequence modes but the builder {}", other_prefix,
-                 prefix_, other.has_modes() ? "has" : "has no",
-                 with_modes_ ? "writes modes" : "writes none");
-  const std::uint64_t S = other.size();
-  const std::uint64_t base = bin_bytes_;
-  const std::uint64_t seq_base = num_sequences_;
-  const std::uint64_t other_bytes = other.bin().size();
-  const std::uint64_t end = add_checked(base, other_bytes, "the merged .bin size");
-  PACKPIPE_CHECK(end <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                 "{}.bin: size {} exceeds the int64 pointers of the format", prefix_, end);
-  // Arrays are streamed element by element through the spill buffers: constant memory.
-  for (std::uint64_t i = 0; i < S; ++i) {
-    const std::uint32_t len = other.length(i);
-    const std::uint64_t ptr = other.checked_pointer(i);  // chain-checked: equals the prefix sum
-    impl_->sizes.put<std::int32_t>(static_cast<std::int32_t>(len));
-    impl_->pointers.put<std::int64_t>(static_cast<std::int64_t>(base + ptr));
-    if (with_modes_) impl_->modes.put<std::int8_t>(other.modes()[i]);
-  }
-  const auto& docs = other.doc_idx();
-  std::int64_t prev = 0;
-  for (std::uint64_t k = 1; k < docs.size(); ++k) {
-    const std::int64_t d = docs[k];
-    PACKPIPE_CHECK(d >= prev && static_cast<std::uint64_t>(d) <= S,
-                   "{}.idx: doc_idx[{}]: expected a value in [{}, {}], found {}", other_prefix, k, prev,
-                   S, d);
-    impl_->doc_idx.put<std::int64_t>(static_cast<std::int64_t>(seq_base) + d);
-    prev = d;
-  }
-  std::vector<std::uint8_t> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(kCopyChunk, other_bytes)));
-  for (std::uint64_t off = 0; off < other_bytes;) {
-    const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), other_bytes - off);
-    other.bin().read(off, n, chunk.data());
-    impl_->bin.append(chunk.data(), static_cast<std::size_t>(n));
-    off += n;
-  }
-  bin_bytes_ = end;
-  num_sequences_ += S;
-  num_documents_ += other.num_documents();
-  if (other.num_documents() > 0) impl_->last_doc_end = seq_base + static_cast<std::uint64_t>(prev);
+  impl_->run(prefix_, "add_index", [&] {
+    // (the refusal keeps the builder from finishing too: it would write over the input it refused)
+    impl_->writing("add_index", [&] { check_output_prefix_is_not_input(prefix_, {other_prefix}); });
+    const IndexedDataset other(other_prefix);
+    PACKPIPE_CHECK(other.dtype() == dtype_,
+                   "cannot add '{}' to '{}': dtype {} differs from the builder's {}", other_prefix,
+                   prefix_, dtype_name(other.dtype()), dtype_name(dtype_));
+    PACKPIPE_CHECK(other.size() == 0 || other.has_modes() == with_modes_,
+                   "cannot add '{}' to '{}': it {} sequence modes but the builder {}", other_prefix,
+                   prefix_, other.has_modes() ? "has" : "has no",
+                   with_modes_ ? "writes modes" : "writes none");
+    const std::uint64_t S = other.size();
+    const std::uint64_t base = bin_bytes_;
+    const std::uint64_t seq_base = num_sequences_;
+    const std::uint64_t other_bytes = other.bin().size();
+    const std::uint64_t end = add_checked(base, other_bytes, "the merged .bin size");
+    PACKPIPE_CHECK(end <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                   "{}.bin: size {} exceeds the int64 pointers of the format", prefix_, end);
+    // The document index is checked before anything is written (O(documents)).
+    const auto& docs = other.doc_idx();
+    std::int64_t prev = 0;
+    for (std::uint64_t k = 1; k < docs.size(); ++k) {
+      const std::int64_t d = docs[k];
+      PACKPIPE_CHECK(d >= prev && static_cast<std::uint64_t>(d) <= S,
+                     "{}.idx: doc_idx[{}]: expected a value in [{}, {}], found {}", other_prefix, k, prev,
+                     S, d);
+      prev = d;
+    }
+    // Arrays are streamed element by element through the spill buffers: constant memory. (A
+    // pointer out of its chain, or a failed read, is found part-way.)
+    impl_->writing("add_index", [&] {
+      for (std::uint64_t i = 0; i < S; ++i) {
+        const std::uint32_t len = other.length(i);
+        const std::uint64_t ptr = other.checked_pointer(i);  // chain-checked: equals the prefix sum
+        impl_->sizes.put<std::int32_t>(static_cast<std::int32_t>(len));
+        impl_->pointers.put<std::int64_t>(static_cast<std::int64_t>(base + ptr));
+        if (with_modes_) impl_->modes.put<std::int8_t>(other.modes()[i]);
+      }
+      for (std::uint64_t k = 1; k < docs.size(); ++k) {
+        impl_->doc_idx.put<std::int64_t>(static_cast<std::int64_t>(seq_base) + docs[k]);
+      }
+      std::vector<std::uint8_t> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(kCopyChunk, other_bytes)));
+      for (std::uint64_t off = 0; off < other_bytes;) {
+        const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), other_bytes - off);
+        other.bin().read(off, n, chunk.data());
+        impl_->bin.append(chunk.data(), static_cast<std::size_t>(n));
+        off += n;
+      }
+    });
+    bin_bytes_ = end;
+    num_sequences_ += S;
+    num_documents_ += other.num_documents();
+    if (other.num_documents() > 0) impl_->last_doc_end = seq_base + static_cast<std::uint64_t>(prev);
+  });
 }
 
 void IndexedDatasetBuilder::finalize() {
   PACKPIPE_CHECK_ARG(!impl_->finalized, "{}: finalize() called twice", prefix_);
+  PACKPIPE_CHECK_ARG(impl_->failed.empty(), "{}: finalize refused: an earlier call failed part-way ({}), so the "
+                     "dataset would be incomplete; make a new builder", prefix_, impl_->failed);
   if (impl_->last_doc_end != num_sequences_) end_document();
   impl_->bin.close();
   impl_->sizes.close();

@@ -220,7 +220,7 @@ class IndexedDatasetBuilder {
   IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
 
   /// Appends one sequence of `count` tokens already in the builder's dtype (count < 2^31).
-  /// `mode` is stored only when the builder writes modes.
+  /// `mode` is stored only when the builder writes modes (ignored otherwise, as Megatron's writer does).
   void add_item(const void* tokens, std::uint64_t count, std::int8_t mode = 0);
   /// Closes the current document (Megatron end_document).
   void end_document();
@@ -232,7 +232,9 @@ class IndexedDatasetBuilder {
   /// data plus pointer shift, in constant memory (Megatron add_index).
   void add_index(const std::string& other_prefix);
   /// Writes `<prefix>.idx` (via a temporary file and rename) and closes `.bin`. Sequences added
-  /// after the last end_document() are closed as one document first. Further calls throw.
+  /// after the last end_document() are closed as one document first. Further calls throw, as does
+  /// every call after one that failed part-way (the output would hold a part of what it added) or
+  /// that refused the builder's own output as an input.
   void finalize();
 
   std::uint64_t num_sequences() const { return num_sequences_; }

@@ -364,3 +364,56 @@ def test_sample_out_of_range_or_bad_arguments_raise_python_errors():
                           ((0, 2**64), "index must be at most 18446744073709551615")]:
         with pytest.raises(ValueError, match=message):
             mt.sample(*args)
+
+
+def test_a_builder_whose_call_failed_refuses_to_finish(tmp_path, megatron):
+    """A call that fails part-way leaves the builder unusable: finalize() wrote a dataset with part of what the call
+    was to add (a corrupt index read part-way: a .idx that does not match its .bin), or over the dataset an
+    add_index refused as its own input (an empty dataset in its place). A refusal before anything is written (a
+    document index out of order, now checked first) leaves it usable."""
+    import shutil
+    import struct
+    src = megatron / "wordnet_gpt2_text_document"
+    raw = (src.parent / (src.name + ".idx")).read_bytes()
+    S = struct.unpack_from("<Q", raw, 18)[0]
+
+    def corrupt(name, offset, value):
+        b = bytearray(raw)
+        struct.pack_into("<q", b, offset, value)
+        (tmp_path / (name + ".idx")).write_bytes(bytes(b))
+        shutil.copy(str(src) + ".bin", tmp_path / (name + ".bin"))
+        return str(tmp_path / name)
+
+    docs = corrupt("docs", 34 + 12 * S + 8 * 5, -1)  # doc_idx[5]
+    chain = corrupt("chain", 34 + 4 * S + 8 * 7, 3)  # pointers[7], found while copying
+    b = packpipe.IndexedDatasetBuilder(str(tmp_path / "half"), np.uint16)
+    b.add_item(np.array([7, 8, 9], dtype=np.uint16))
+    b.end_document()
+    with pytest.raises(RuntimeError, match=r"doc_idx\[5\]"):
+        b.add_index(docs)
+    with pytest.raises(RuntimeError, match="pointer"):
+        b.add_index(chain)
+    for call in (lambda: b.finalize(), lambda: b.end_document(), lambda: b.add_item(np.array([1], np.uint16))):
+        with pytest.raises(ValueError, match="refused: an earlier call failed part-way \\(add_index: "):
+            call()
+    del b
+    assert not list(tmp_path.glob("half*")), list(tmp_path.glob("half*"))
+    b = packpipe.IndexedDatasetBuilder(str(tmp_path / "whole"), np.uint16)
+    b.add_item(np.array([7, 8, 9], dtype=np.uint16))
+    with pytest.raises(RuntimeError, match=r"doc_idx\[5\]"):
+        b.add_index(docs)
+    b.finalize()
+    whole = packpipe.IndexedDataset(str(tmp_path / "whole"))
+    assert len(whole) == 1 and list(whole[0]) == [7, 8, 9] and whole.verify() == []
+    # the builder's own output as its input
+    own = tmp_path / "own"
+    for ext in (".bin", ".idx"):
+        shutil.copy(str(src) + ext, str(own) + ext)
+    before = {ext: pathlib.Path(str(own) + ext).read_bytes() for ext in (".bin", ".idx")}
+    b = packpipe.IndexedDatasetBuilder(str(own), np.uint16)
+    with pytest.raises(ValueError, match="destroy the input"):
+        b.add_index(str(own))
+    with pytest.raises(ValueError, match="finalize refused"):
+        b.finalize()
+    del b
+    assert {ext: pathlib.Path(str(own) + ext).read_bytes() for ext in (".bin", ".idx")} == before
