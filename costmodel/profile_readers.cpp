@@ -1083,8 +1083,23 @@ ProfileFormat detect_profile_format(const std::string& name, const std::string& 
                  name, head.substr(0, 80));
 }
 
+namespace {
+void check_points(const Profile& p, const std::string& file);
+Profile parse_format(ProfileFormat f, const std::string& text, const std::string& name,
+                     const ProfileReadOptions& options);
+}  // namespace
+
 Profile parse_profile(ProfileFormat f, const std::string& text, const std::string& name,
                       const ProfileReadOptions& options) {
+  Profile p = parse_format(f, text, name, options);
+  check_points(p, name);
+  return p;
+}
+
+namespace {
+
+Profile parse_format(ProfileFormat f, const std::string& text, const std::string& name,
+                     const ProfileReadOptions& options) {
   switch (f) {
     case ProfileFormat::DynaPipeTiming: return parse_dynapipe_timing(text, name);
     case ProfileFormat::DynaPipeActivation: return parse_dynapipe_activation(text, name);
@@ -1101,6 +1116,8 @@ Profile parse_profile(ProfileFormat f, const std::string& text, const std::strin
   PACKPIPE_THROW(InvalidArgument, "unknown profile format {}", static_cast<int>(f));
 }
 
+}  // namespace
+
 Profile parse_profile(const std::string& text, const std::string& name, const ProfileReadOptions& options) {
   return parse_profile(detect_profile_format(name, text), text, name, options);
 }
@@ -1110,6 +1127,9 @@ namespace {
 // Every reader's points: a measured time is finite and positive (0 or NaN would make a partition
 // of 0 ms look feasible), measured memory finite and >= 0. The point is named by its key, which
 // is its row in the source file.
+constexpr double kMaxProfileMs = 1e9;      ///< a layer's time: 11 days
+constexpr double kMaxProfileBytes = 1e18;  ///< a layer's memory: an exabyte
+
 void check_points(const Profile& p, const std::string& file) {
   for (std::size_t i = 0; i < p.points.size(); ++i) {
     const ProfilePoint& x = p.points[i];
@@ -1117,13 +1137,15 @@ void check_points(const Profile& p, const std::string& file) {
       return fmt::format("{}: point {} ({} layers, tp {}, rc {}, mbs {}, seq {}{})", file, i, layer_kind_name(x.kind), x.tp,
                          recompute_name(x.rc), x.mbs, x.seq, x.dec_seq ? fmt::format(", dec_seq {}", x.dec_seq) : std::string());
     };
+    // Bounded far above any measurement, so that sums over layers and micro-batches stay finite (a
+    // time of 1e308 ms became an infinite stage time, printed as null).
     for (const auto& [v, what] : {std::pair{x.fwd_ms, "forward time (ms)"}, std::pair{x.bwd_ms, "backward time (ms)"}}) {
-      PACKPIPE_CHECK(std::isnan(v) || (std::isfinite(v) && v > 0), "{}: {} is {}; expected a finite time > 0", where(),
-                     what, v);
+      PACKPIPE_CHECK(std::isnan(v) || (v > 0 && v <= kMaxProfileMs), "{}: {} is {}; expected a time in (0, {:g}] ms",
+                     where(), what, v, kMaxProfileMs);
     }
     for (const auto& [v, what] : {std::pair{x.stored_bytes, "stored activation bytes"}, std::pair{x.peak_bytes, "peak bytes"}}) {
-      PACKPIPE_CHECK(std::isnan(v) || (std::isfinite(v) && v >= 0), "{}: {} is {}; expected a finite value >= 0",
-                     where(), what, v);
+      PACKPIPE_CHECK(std::isnan(v) || (v >= 0 && v <= kMaxProfileBytes), "{}: {} is {}; expected a value in [0, {:g}]",
+                     where(), what, v, kMaxProfileBytes);
     }
   }
 }
@@ -1162,8 +1184,7 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
         } catch (const Error&) {
           continue;  // README.txt, plan JSON, result tables: not profiles
         }
-        Profile one = parse_profile(fmt, text, f, options);
-        check_points(one, f);
+        Profile one = parse_profile(fmt, text, f, options);  // its points checked
         add(std::move(one));
         ++used;
       }
@@ -1171,7 +1192,6 @@ Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOp
     } else {
       PACKPIPE_CHECK(fs::exists(path, ec), "{}: no such file or folder", path);
       Profile one = parse_profile(read_whole(path), path, options);
-      check_points(one, path);
       add(std::move(one));
     }
   }

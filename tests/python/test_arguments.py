@@ -261,10 +261,12 @@ def test_hostile_round_inputs_are_refused_by_name(tmp_path):
     # A profile's NaN would read back as "not measured"; a wrong type names its point and field.
     point = ["encoder", 1, "none", 0, 1, 64, 0, 1.0, 1.0, None, None]
     for k, value, message in [(7, float("nan"), r"points\[0\] fwd_ms must be finite"),
-                              (1, "x", r"points\[0\] tp: expected an integer, found 'x'")]:
+                              (1, "x", r"points\[0\] tp: expected an integer, found 'x'"),
+                              (8, 1e308, r"backward time \(ms\) is 1e\+308; expected a time in \(0, 1e\+09\] ms"),
+                              (9, 1e30, r"stored activation bytes is 1e\+30; expected a value in \[0, 1e\+18\]")]:
         bad = list(point)
         bad[k] = value
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises((ValueError, RuntimeError), match=message):
             packpipe.write_profile(str(tmp_path / "p.json"), [tuple(bad)], model="gpt-350m")
         assert not (tmp_path / "p.json").exists()
 
