@@ -1384,10 +1384,16 @@ void PlanFileReader::open(const std::uint8_t* data, std::size_t size) {
                                 "rewrite it)"
                  : version > kPlanFileVersion ? " (written by a newer packpipe?)"
                                               : "");
+  const auto header_flags = rd_le(data + 6, 2);
+  PACKPIPE_CHECK(header_flags == 0, "{}: offset 6: field 'flags': expected 0 (no header flag is defined), found 0x{:x} "
+                 "(corrupt, or written by a newer packpipe?)", w, header_flags);
   const std::uint8_t* foot = data + size - kFooterSize;
-  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0 && rd_le(foot + 60, 4) == version,
-                 "{}: offset {}: field 'footer magic': expected 'PPLI' version {}, found {} (truncated, or the writer "
-                 "was not closed)", w, size - kFooterSize + 56, version, show_magic(foot + 56, 4));
+  PACKPIPE_CHECK(std::memcmp(foot + 56, kIndexMagic, 4) == 0,
+                 "{}: offset {}: field 'footer magic': expected 'PPLI', found {} (truncated, or the writer was not "
+                 "closed)", w, size - kFooterSize + 56, show_magic(foot + 56, 4));
+  PACKPIPE_CHECK(rd_le(foot + 60, 4) == version,
+                 "{}: offset {}: field 'footer version': expected {} (the header's), found {} (corrupt)", w,
+                 size - kFooterSize + 60, version, rd_le(foot + 60, 4));
   const std::uint64_t count = rd_le(foot, 8);
   const std::uint64_t index_offset = rd_le(foot + 8, 8);
   const std::uint64_t foot_at = size - kFooterSize;

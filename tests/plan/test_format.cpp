@@ -704,6 +704,16 @@ TEST_CASE("plan file format 3: the file records its plans' dataset once; plans o
   b[foot + 40] = static_cast<char>(b[foot + 40] | 4);
   reseal(b);
   REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'flags'") && Contains("unknown bits 0x4"));
+  // The header's flags (u16 at offset 6, none defined) and the footer's version, each named with what it found
+  // (the flags were never read: a bit flip there was the only one of the file's bytes a validate accepted).
+  for (const int at : {6, 7}) {
+    b = bytes;
+    b[static_cast<std::size_t>(at)] = static_cast<char>(b[static_cast<std::size_t>(at)] ^ 0x10);
+    REQUIRE_THROWS_WITH(open_bytes(b), Contains("offset 6: field 'flags': expected 0") && Contains("found 0x10"));
+  }
+  b = bytes;
+  b[b.size() - 1] = static_cast<char>(b[b.size() - 1] ^ 1);
+  REQUIRE_THROWS_WITH(open_bytes(b), Contains("field 'footer version': expected 3 (the header's), found 16777219"));
   b = bytes;
   b[record + 8] = 120;  // task count: more than the record holds
   reseal(b);
