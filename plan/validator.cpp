@@ -980,16 +980,21 @@ std::vector<Violation> validate_replicas(const std::vector<Plan>& replicas) {
   for (std::size_t k = 0; k < replicas.size(); ++k) {
     const Plan& p = replicas[k];
     const auto K = static_cast<std::int64_t>(k);
+    // (the list's position names the plan: its replica field may be the wrong one)
     auto same = [&](const char* field, auto a, auto b) {
-      if (a != b) add(K, fmt::format("{}: replica {} has {}, replica 0 has {} (one iteration, one pipeline)", field, k, a, b));
+      if (a != b) {
+        add(K, fmt::format("{}: plans[{}] has {}, expected {} (plans[0]'s: one iteration, one pipeline)", field, k, a, b));
+      }
     };
     same("iteration", p.iteration, first.iteration);
-    same("replica", p.replica, static_cast<std::uint32_t>(k));
+    if (p.replica != k) {
+      add(K, fmt::format("replica: plans[{}] has replica {}, expected {} (the plans in replica order)", k, p.replica, k));
+    }
     same("dp", p.dp, first.dp);
     same("ranks", p.ranks, first.ranks);
     same("vstages", p.vstages, first.vstages);
     same("global_tokens", p.global_tokens, first.global_tokens);
-    if (p.stage_rank != first.stage_rank) add(K, fmt::format("stage_rank: replica {} maps stages to ranks unlike replica 0", k));
+    if (p.stage_rank != first.stage_rank) add(K, fmt::format("stage_rank: plans[{}] maps stages to ranks unlike plans[0]", k));
     for (std::size_t m = 0; m < p.microbatches.size(); ++m) {
       const PlanMicroBatch& mb = p.microbatches[m];
       tokens += mb.tokens;

@@ -146,6 +146,13 @@ def test_validate_replicas():
     assert any("also in replica 0" in v["message"] and v["replica"] == 1 for v in bad)
     missing = packpipe.validate_replicas(good[:1])
     assert missing and missing[0]["replica"] == -1 and "expected dp = 2" in missing[0]["message"]
+    # the plans out of order, or one twice: named by their place in the list, with what each holds ("replica 0 has
+    # 1, replica 0 has 0" before)
+    swapped = [v["message"] for v in packpipe.validate_replicas([good[1], good[0]])]
+    assert "replica: plans[0] has replica 1, expected 0 (the plans in replica order)" in swapped
+    assert "replica: plans[1] has replica 0, expected 1 (the plans in replica order)" in swapped
+    twice = [v["message"] for v in packpipe.validate_replicas([good[0], good[0]])]
+    assert "replica: plans[1] has replica 0, expected 1 (the plans in replica order)" in twice
 
 
 def test_plan_json_refuses_unknown_and_duplicate_keys():
