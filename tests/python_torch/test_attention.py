@@ -213,3 +213,28 @@ def test_causal_attention_by_blocks_equals_the_masked_square(n, offset, monkeypa
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layouts", [("packed",), ("padded",)])
+def test_shapes_that_do_not_match_the_micro_batch_are_refused(tmp_path, layouts):
+    """q, k, v are checked against the micro-batch and each other: a row too many gave a row of zeros, positions past
+    the micro-batch zeros, one too few an IndexError, a shorter k was cut silently, a 3-D q a bare unpacking error and
+    batch=None an AttributeError."""
+    batch = next(batches(tmp_path, GPT, layouts))
+    g = torch.Generator().manual_seed(7)
+    q, k, v, _, _ = inputs(batch, g)
+    rows, n = batch.rows, batch.seq
+    attn.attention(q, k, v, batch, causal=True)  # the right shapes
+    r = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g)  # noqa: E731
+    for args, message in [((r(rows + 1, 2, n, 8), k, v), rf"q is \({rows + 1}, 2, {n}, 8\); micro-batch .* has {rows} "
+                                                          rf"rows of {n} tokens"),
+                          ((r(rows, 2, n + 5, 8), k, v), rf"expected \[{rows}, heads, {n}, head_dim\]"),
+                          ((r(rows, 2, n - 1, 8), k, v), rf"q is \({rows}, 2, {n - 1}, 8\)"),
+                          ((q, r(rows, 2, n - 1, 8), v), rf"k is \({rows}, 2, {n - 1}, 8\)"),
+                          ((q, k, r(rows, 2, n, 4)), "expected k and v of one shape"),
+                          ((q, r(rows, 3, n, 8), r(rows, 3, n, 8)), "q's heads a multiple of theirs"),
+                          ((q[0], k, v), r"q must be a 4-D tensor \[rows, heads, seq, head_dim\], found a 3-D tensor")]:
+        with pytest.raises(ValueError, match=message):
+            attn.attention(*args, batch, causal=True)
+    with pytest.raises(TypeError, match="batch must be a packpipe.torch.MicroBatch .* found NoneType"):
+        attn.attention(q, k, v, None, causal=True)

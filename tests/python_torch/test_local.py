@@ -42,7 +42,7 @@ def train_and_compare(loader, dataset, full, loss_fn, encdec, loss, lr=0.05, tie
         if pipe is None:
             stages = {}
             for v in range(plan.vstages):  # tie: the last stage shares the first's tied weight
-                stages[v] = pipe_model.stage(plan.stages[v], tie=stages.get(0) if tie else None)
+                stages[v] = pipe_model.stage(plan.stages[v], **({"tie": stages.get(0)} if tie else {}))
             pipe = pt.LocalPipeline(stages, loss_fn, lambda ps: support.RecordingSGD(ps, lr, sink), dtype=torch.float64,
                                     timeout_s=60)
         ref_opt.zero_grad()

@@ -295,6 +295,33 @@ def _sliced(q, k, v, batch, sl, causal: bool) -> torch.Tensor:
     return _unflatten(out, rows, n)
 
 
+def _check_qkv(where: str, q, k, v, batch, q_side: str, k_side: str) -> None:
+    """q, k, v against each other and against the micro-batch: [rows, heads, seq, head_dim] with the
+    micro-batch's rows and its `q_side` / `k_side` length ("seq" or "dec_seq"), k and v alike, q's
+    heads a multiple of k's (grouped-query attention). A ValueError names the tensor, what was
+    expected and what was found (a wrong shape gave zeros past the micro-batch, a cut key, or an
+    IndexError). Objects without rows and seq (MaskedBatch) are checked for consistency only."""
+    if batch is None or not hasattr(batch, "layout"):
+        raise TypeError(f"{where}: batch must be a packpipe.torch.MicroBatch (the micro-batch the stage module was "
+                        f"called with), found {type(batch).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            found = f"a {t.dim()}-D tensor {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{where}: {name} must be a 4-D tensor [rows, heads, seq, head_dim], found {found}")
+    rows = getattr(batch, "rows", None)
+    q_len, k_len = getattr(batch, q_side, None), getattr(batch, k_side, None)
+    for name, t, n in (("q", q, q_len), ("k", k, k_len), ("v", v, k_len)):
+        if rows is not None and n is not None and (t.shape[0] != rows or t.shape[2] != n):
+            raise ValueError(f"{where}: {name} is {tuple(t.shape)}; micro-batch {getattr(batch, 'index', '?')} has "
+                             f"{rows} rows of {n} tokens ({k_side if name != 'q' else q_side}): expected "
+                             f"[{rows}, heads, {n}, head_dim]")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"{where}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected k and v of one "
+                         f"shape, with q's rows and head_dim, and q's heads a multiple of theirs")
+    if q_side == k_side and k.shape[2] != q.shape[2]:
+        raise ValueError(f"{where}: q has {q.shape[2]} positions and k {k.shape[2]}: self-attention expects the same")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causal: bool,
               decoder: bool = False) -> torch.Tensor:
     """Self-attention of micro-batch `batch` in its layout; q, k, v [rows, heads, seq, head_dim]
@@ -304,6 +331,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch, *, causa
     call attention once per layer, in the same order in every micro-batch of a stage."""
     causal = _check.boolean("attention", "causal", causal)
     decoder = _check.boolean("attention", "decoder", decoder)
+    side = "dec_seq" if decoder else "seq"
+    _check_qkv("attention", q, k, v, batch, side, side)
     rows, heads, n, d = q.shape
     layout = getattr(batch, "layout", "padded")
     sl = getattr(batch, "_slices", None)
@@ -329,6 +358,7 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch) ->
     """Decoder-to-encoder attention: q [rows, heads, dec_seq, d] from the decoder rows, k and v
     [rows, heads, seq, d] from the encoder rows; each decoder sample attends to its own encoder
     sample. Returns q's shape."""
+    _check_qkv("cross_attention", q, k, v, batch, "dec_seq", "seq")
     rows, heads, n, d = q.shape
     layout = getattr(batch, "layout", "padded")
     if layout == "packed":
