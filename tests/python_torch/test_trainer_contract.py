@@ -302,3 +302,26 @@ def test_new_arguments_are_checked_where_they_enter(tmp_path):
 def test_model_configs_check_their_fields_where_they_enter(cls, field, value, message):
     with pytest.raises((TypeError, ValueError), match=message):
         cls(**{field: value})
+
+
+def test_another_ignore_index_reaches_packpipes_losses(tmp_path):
+    """PlanLoader(ignore_index=-1): MicroBatch.ignore_index carries it, and summed_token_loss, the loss check,
+    gpt_loss and loss_mask honour it (summed_token_loss crashed on label -1; gpt_loss folded it into the vocabulary
+    and trained on the ignored positions: 6.73 against 6.40), so the loss and gradients equal -100's."""
+    results = {}
+    for ignore in (-100, -1):
+        it = next(iter(loader(tmp_path, shape=packpipe.PipelineShape(stages=1), iterations=1, ignore_index=ignore)))
+        b = it.microbatch(0)
+        assert b.ignore_index == ignore and bool(((b.labels == ignore) == (b.loss_mask == 0)).all())
+        def summed_token_loss(out, batch):  # the dataset's ids folded into the small vocabulary, as gpt_loss does
+            keep = batch.labels == batch.ignore_index
+            return pt.summed_token_loss(out, batch, labels=torch.where(keep, batch.labels, batch.labels % 96))
+
+        for loss in (summed_token_loss, models.gpt_loss):
+            model = models.GPT(GPT).stage(it.plan.stages[0])
+            r = pt.GradientAccumulation(model, loss).run(it)
+            results[(ignore, loss.__name__)] = (r.loss, [p.grad.clone() for p in model.parameters()])
+    for name in ("summed_token_loss", "gpt_loss"):
+        (a, ga), (b, gb) = results[(-100, name)], results[(-1, name)]
+        assert a == pytest.approx(b, rel=1e-12)
+        assert all(torch.allclose(x, y, rtol=1e-10, atol=1e-14) for x, y in zip(ga, gb))

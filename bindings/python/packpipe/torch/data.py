@@ -40,7 +40,8 @@ class MicroBatch:
     (``loaded`` is the dict of what it holds; ``getattr(batch, "labels", None)`` tests for one).
     ``labels`` are shifted (``labels[t]`` is the token after ``input_ids[t]``) unless the loader was
     made with ``labels="unshifted"`` (``labels_shifted`` False: Hugging Face's convention, the
-    model shifts). Layout (every stage): ``layout`` ("padded": one sample a row; "packed": every
+    model shifts); positions without loss hold ``ignore_index`` (-100 unless the loader was given
+    another; packpipe's losses read it from the micro-batch). Layout (every stage): ``layout`` ("padded": one sample a row; "packed": every
     sample in one row, attended apart with varlen attention; "packed-mask": rows under a block
     mask), ``position_ids`` and ``segment_ids`` [rows, seq] (segments 1, 2, ... per sample within a
     row, 0 on padding), ``cu_seqlens`` (int32 sample boundaries over the flattened rows, starting at
@@ -52,8 +53,10 @@ class MicroBatch:
     """
 
     def __init__(self, layout: "_Layout", device, loaded: Optional[Dict[str, torch.Tensor]] = None,
-                 stage: Optional[int] = None, labels_shifted: bool = True):
+                 stage: Optional[int] = None, labels_shifted: bool = True, ignore_index: int = IGNORE_INDEX):
         labels_shifted = _check.boolean("MicroBatch", "labels_shifted", labels_shifted)
+        #: the label of positions without loss (PlanLoader(ignore_index=)): packpipe's losses read it
+        self.ignore_index: int = _check.integer("MicroBatch", "ignore_index", ignore_index, *_check.INT64)
         self._layout = layout
         self._device = device
         self._loaded = loaded or {}
@@ -101,7 +104,7 @@ class MicroBatch:
     def _with_labels(self, name: str, labels: torch.Tensor, loss_tokens: int) -> "MicroBatch":
         """A copy whose `name` tensor is `labels` and that counts `loss_tokens` (the loss check's probe)."""
         other = MicroBatch(self._layout, self._device, dict(self._loaded, **{name: labels}), self._stage,
-                           self.labels_shifted)
+                           self.labels_shifted, self.ignore_index)
         other.loss_tokens = loss_tokens
         return other
 
@@ -186,9 +189,10 @@ class MicroBatch:
         """Megatron's ``loss_mask``: float32 ``[rows, seq]``, 1 where ``labels`` (``decoder_labels`` for
         encoder-decoder micro-batches) carry loss, 0 elsewhere. Megatron's loss takes it beside labels
         that index the vocabulary everywhere: ``labels.clamp(min=0)`` (packpipe marks no-loss positions
-        -100, as PyTorch's and HF's cross-entropy expect)."""
+        ``ignore_index``, -100 unless the loader was given another, as PyTorch's and HF's cross-entropy
+        expect)."""
         labels = self.decoder_labels if self.encoder_decoder else self.labels
-        return (labels != -100).to(torch.float32)
+        return (labels != self.ignore_index).to(torch.float32)
 
     @property
     def decoder_position_ids(self) -> torch.Tensor:
@@ -363,6 +367,7 @@ class Iteration:
         self.plan: packpipe.Plan = native.plan
         self._encdec = encdec
         self.labels_shifted = labels_shifted
+        self.ignore_index = ignore_index
         self._loads: Dict[Tuple[int, int], Dict[str, torch.Tensor]] = {}
         with warnings.catch_warnings():
             # The arrays are read-only views of the loader's own memory, which nothing else uses:
@@ -432,7 +437,7 @@ class Iteration:
                 loaded = {}
                 for s in [s for (m, s) in sorted(self._loads) if m == mb]:
                     loaded.update({k: v.to(device) for k, v in self._loads[(mb, s)].items()})
-        return MicroBatch(lay, device, loaded, stage, self.labels_shifted)
+        return MicroBatch(lay, device, loaded, stage, self.labels_shifted, self.ignore_index)
 
     def microbatches(self, device="cpu") -> List[MicroBatch]:
         """Every micro-batch of this replica with every tensor this rank loads for it (microbatch(m)

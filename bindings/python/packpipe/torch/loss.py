@@ -29,7 +29,7 @@ def _labels_of(batch) -> torch.Tensor:
 
 def summed_token_loss(logits: torch.Tensor, batch, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Summed cross-entropy of `logits` [rows, seq, vocab] over the micro-batch's labels (labels not
-    IGNORE_INDEX): ``batch.labels`` (``batch.decoder_labels`` for an encoder-decoder micro-batch), or
+    its ``ignore_index``, IGNORE_INDEX unless the loader was given another): ``batch.labels`` (``batch.decoder_labels`` for an encoder-decoder micro-batch), or
     `labels` when given. Labels loaded with ``PlanLoader(labels="unshifted")`` (Hugging Face's
     convention) are shifted here: logits at t predict the label at t + 1. fp16 / bf16 logits are
     reduced in fp32. This is the loss packpipe's runners expect from a loss function."""
@@ -47,7 +47,13 @@ def summed_token_loss(logits: torch.Tensor, batch, labels: Optional[torch.Tensor
     flat = logits.reshape(-1, vocab)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
-    return F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return F.cross_entropy(flat, labels.reshape(-1), ignore_index=ignore_index_of(batch), reduction="sum")
+
+
+def ignore_index_of(batch) -> int:
+    """The label of positions without loss in `batch`: its ``ignore_index`` (PlanLoader(ignore_index=)),
+    else IGNORE_INDEX."""
+    return int(getattr(batch, "ignore_index", IGNORE_INDEX))
 
 
 # How far the loss of the two halves may be from the whole's, relative (low-precision losses sum
@@ -65,7 +71,8 @@ def check_summed_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str
     labels = batch.loaded.get(name)
     if labels is None:
         return False
-    positions = (labels != IGNORE_INDEX).reshape(-1).nonzero().reshape(-1)
+    ignore = ignore_index_of(batch)
+    positions = (labels != ignore).reshape(-1).nonzero().reshape(-1)
     if positions.numel() < 2:
         return False
     halves = (positions[0::2], positions[1::2])
@@ -74,7 +81,7 @@ def check_summed_loss(loss_fn: Callable, output: torch.Tensor, batch, where: str
         whole = _value(loss_fn(out, batch), where)
         parts = []
         for keep in halves:
-            masked = torch.full_like(labels, IGNORE_INDEX).reshape(-1)
+            masked = torch.full_like(labels, ignore).reshape(-1)
             masked[keep] = labels.reshape(-1)[keep]
             parts.append(_value(loss_fn(out, batch._with_labels(name, masked.view_as(labels), int(keep.numel()))),
                                 where))

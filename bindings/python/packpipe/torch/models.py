@@ -240,23 +240,23 @@ class Head(nn.Module):
         return self.proj(self.norm(x))
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy over the labels that are not IGNORE_INDEX (ids fold modulo the vocabulary)."""
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Summed cross-entropy over the labels that are not `ignore_index` (ids fold modulo the vocabulary)."""
     vocab = logits.shape[-1]
-    labels = torch.where(labels == IGNORE_INDEX, labels, torch.remainder(labels, vocab))
+    labels = torch.where(labels == ignore_index, labels, torch.remainder(labels, vocab))
     return F.cross_entropy(logits.reshape(-1, vocab).float() if logits.dtype in (torch.float16, torch.bfloat16)
-                           else logits.reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE_INDEX,
+                           else logits.reshape(-1, vocab), labels.reshape(-1), ignore_index=ignore_index,
                            reduction="sum")
 
 
 def gpt_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     """The loss function for the reference GPT: summed token loss over batch.labels."""
-    return token_loss(logits, batch.labels)
+    return token_loss(logits, batch.labels, getattr(batch, "ignore_index", IGNORE_INDEX))
 
 
 def t5_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     """The loss function for the reference T5: summed token loss over batch.decoder_labels."""
-    return token_loss(logits, batch.decoder_labels)
+    return token_loss(logits, batch.decoder_labels, getattr(batch, "ignore_index", IGNORE_INDEX))
 
 
 class MaskedBatch:
