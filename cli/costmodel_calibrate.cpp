@@ -23,8 +23,15 @@ namespace {
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
-// Every file's measurements, in the order given (the first file's header).
+// Every file's measurements, in the order given (the first file's header). A file given twice (by
+// inode: through links and relative paths) is refused: its measurements would count twice.
 cm::MeasurementSet read_all(const std::vector<std::string>& files) {
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      PACKPIPE_CHECK_ARG(!same_file(files[i], files[j]), "--measured: '{}' and '{}' are the same file; each file's "
+                         "measurements are read once (given twice, every op would count twice)", files[j], files[i]);
+    }
+  }
   cm::MeasurementSet set = cm::read_measurements(files.front());
   for (std::size_t i = 1; i < files.size(); ++i) set.append(cm::read_measurements(files[i]));
   return set;

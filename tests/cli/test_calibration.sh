@@ -75,6 +75,15 @@ assert all(x["iterations"] == count[x["schedule"]] and 1 <= x["factor"] <= 2 for
 assert c["schedules"] == r["schedules"]
 PY
 "$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.txt.json" | grep -q "error before" || fail "calibrate text"
+# a measurement file given twice (here through a hard link) is refused by calibrate and validate: every op counted twice
+ln "$tmp/m.jsonl" "$tmp/m.link.jsonl"
+for cmd in "calibrate -o $tmp/cal.twice.json" "validate"; do
+  if "$pp" costmodel $cmd --measured "$tmp/m.jsonl" "$tmp/m.link.jsonl" > /dev/null 2> "$tmp/err.txt"; then
+    fail "$cmd: a file given twice accepted"
+  fi
+  grep -q "m.link.jsonl' are the same file" "$tmp/err.txt" || fail "$cmd twice: $(cat "$tmp/err.txt")"
+done
+[ ! -e "$tmp/cal.twice.json" ] || fail "calibrate wrote from a file given twice"
 # An iteration line over ops of some ranks only (a merged or hand-cut file): the op fits are made,
 # and the report says why the schedule factors were not.
 $py - "$tmp/m.jsonl" "$tmp/partial.jsonl" <<'PY'
