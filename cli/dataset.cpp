@@ -308,6 +308,7 @@ Json run_build(const BuildOptions& o) {
                      "--paired-layout must be 'prefixes' or 'sequences', found '{}'", o.paired_layout);
   // Pass 1: validate, find the largest id (for --dtype auto) and each task's kind.
   std::int64_t max_id = 0;
+  std::string max_where;  // "file:line: " of the largest id
   std::uint64_t records = 0;
   std::map<std::string, bool> task_paired;
   std::map<std::string, std::uint64_t> task_line;  // first record of each task
@@ -329,16 +330,25 @@ Json run_build(const BuildOptions& o) {
       if (!rec.contains(key)) continue;
       for (auto id : ids_of(rec, key, o.input, line)) {
         PACKPIPE_CHECK_ARG(id >= 0, "{}:{}: negative token id {} in '{}'", o.input, line, id, key);
-        max_id = std::max(max_id, id);
+        if (id > max_id) {
+          max_id = id;
+          max_where = fmt::format("{}:{}: ", o.input, line);
+        }
       }
     }
     ++records;
   });
   PACKPIPE_CHECK_ARG(records > 0, "{}: no records", o.input);
-  if (o.append_eod >= 0) max_id = std::max(max_id, o.append_eod);
+  if (o.append_eod > max_id) {
+    max_id = o.append_eod;
+    max_where = "--append-eod: ";
+  }
   const dl::DType dt = o.dtype == "auto" ? dl::optimal_dtype(static_cast<std::uint64_t>(max_id) + 1)
                                          : dl::dtype_from_name(o.dtype);
-  PACKPIPE_CHECK_ARG(dl::fits_dtype(max_id, dt), "token id {} does not fit --dtype {}", max_id, dl::dtype_name(dt));
+  PACKPIPE_CHECK_ARG(dl::fits_dtype(max_id, dt), "{}token id {} does not fit {}", max_where, max_id,
+                     o.dtype == "auto" ? fmt::format("{} (--dtype auto chooses uint16 or int32, as Megatron's "
+                                                     "preprocessing does; give --dtype int64)", dl::dtype_name(dt))
+                                       : fmt::format("--dtype {}", dl::dtype_name(dt)));
   PACKPIPE_CHECK_ARG(o.split_by_task || task_order.size() == 1,
                      "{} holds {} tasks; pass --split-by-task to write one dataset per task", o.input,
                      task_order.size());

@@ -119,6 +119,13 @@ n=$("$pp" dataset sample "$root/data/demo/manifest.json" --global-batch-tokens 4
 printf '{"input_ids":[1,2]}\n{"input_ids":[1,-5]}\n' > "$tmp/bad.jsonl"
 if "$pp" dataset build --input "$tmp/bad.jsonl" --output-prefix "$tmp/bad" 2> "$tmp/err.txt"; then fail "negative id accepted"; fi
 grep -q "bad.jsonl:2" "$tmp/err.txt" || fail "error does not name line 2: $(cat "$tmp/err.txt")"
+# an id past what --dtype auto chooses: named at its line, with the --dtype to give (it named no line and a --dtype
+# the user had not given)
+printf '{"input_ids":[1]}\n{"input_ids":[4294967296]}\n' > "$tmp/wide.jsonl"
+if "$pp" dataset build --input "$tmp/wide.jsonl" --output-prefix "$tmp/wide" 2> "$tmp/err.txt"; then fail "wide id accepted"; fi
+grep -q "wide.jsonl:2: token id 4294967296 does not fit int32 (--dtype auto .* give --dtype int64)" "$tmp/err.txt" \
+  || fail "wide id: $(cat "$tmp/err.txt")"
+"$pp" dataset build --input "$tmp/wide.jsonl" --output-prefix "$tmp/wide" --dtype int64 > /dev/null || fail "int64 build"
 
 # compress / decompress: zstd -d gives back the exact .bin; reads through .bin.zst match
 cp "$fx/wordnet_mt_targets_document.idx" "$fx/wordnet_mt_targets_document.bin" "$tmp/"
