@@ -1,5 +1,6 @@
 // `packpipe plan inspect|validate|export`: read plan files (a multi-iteration plan file, one binary
 // plan, or a JSON plan), show an iteration's header and streams, validate every plan, export.
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -43,6 +44,18 @@ void write_text(const std::string& path, const std::string& text, const std::str
 
 }  // namespace
 
+// An iteration or rank as typed: negative (read as "not given"), or past int64 (which CLI11 would
+// clamp), refused by name with what was typed.
+const CLI::Validator kIndexRange(
+    [](std::string& text) -> std::string {
+      std::int64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, ec] = std::from_chars(text.data(), end, v);
+      if (ec != std::errc() || at != end || v < 0) return fmt::format("expected an integer in [0, 2^63), found '{}'", text);
+      return {};
+    },
+    "INDEX");
+
 void add_plan_file_commands(CLI::App& plan) {
   {
     auto* cmd = plan.add_subcommand("inspect", "Header, micro-batches and instruction streams of one iteration's plan");
@@ -51,10 +64,12 @@ void add_plan_file_commands(CLI::App& plan) {
     auto rank = std::make_shared<std::int64_t>(-1);
     auto json = std::make_shared<bool>(false);
     cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
-    cmd->add_option("--iteration", *iteration, "Iteration to show (default: the file's first plan)");
+    cmd->add_option("--iteration", *iteration, "Iteration to show (default: the file's first plan)")
+        ->check(kIndexRange);
     auto replica = std::make_shared<std::uint32_t>(0);
     cmd->add_option("--replica", *replica, "Data-parallel replica (default 0)");
-    cmd->add_option("--rank", *rank, "Show only this rank's stream");
+    cmd->add_option("--rank", *rank, "Show only this rank's stream")
+        ->check(kIndexRange);
     cmd->add_flag("--json", *json, "Print the plan's JSON form (one rank's stream with --rank)");
     cmd->callback([=] {
       const pl::PlanFileReader r(*file);
@@ -132,7 +147,8 @@ void add_plan_file_commands(CLI::App& plan) {
     auto json = std::make_shared<bool>(false);
     auto buffers = std::make_shared<bool>(false);
     cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
-    cmd->add_option("--iteration", *iteration, "Check only this iteration");
+    cmd->add_option("--iteration", *iteration, "Check only this iteration")
+        ->check(kIndexRange);
     cmd->add_flag("--count-buffers", *buffers, "Count communication buffers towards the memory limit");
     cmd->add_flag("--json", *json, "Print one JSON object");
     cmd->callback([=] {
@@ -223,13 +239,16 @@ void add_plan_file_commands(CLI::App& plan) {
     auto trace = std::make_shared<std::string>();
     auto csv = std::make_shared<std::string>();
     cmd->add_option("FILE", *file, "Plan file (.plans), one binary plan, or a JSON plan")->required();
-    cmd->add_option("--iteration", *iteration, "Iteration to export (default: the file's first plan)");
+    cmd->add_option("--iteration", *iteration, "Iteration to export (default: the file's first plan)")
+        ->check(kIndexRange);
     auto replica = std::make_shared<std::uint32_t>(0);
     cmd->add_option("--replica", *replica, "Data-parallel replica (default 0)");
     auto* t = cmd->add_option("--chrome-trace", *trace, "Write the simulated timeline as Chrome trace / Perfetto JSON");
     auto* c = cmd->add_option("--pytorch-csv", *csv,
                               "Write torch.distributed.pipelining compute_only CSV (micro-batches of one shape only)");
     t->excludes(c);
+    auto json = std::make_shared<bool>(false);
+    cmd->add_flag("--json", *json, "Print one JSON object (the plan exported and the file written)");
     cmd->callback([=] {
       PACKPIPE_CHECK_ARG(!trace->empty() || !csv->empty(), "plan export: pass --chrome-trace OUT or --pytorch-csv OUT");
       const pl::PlanFileReader r(*file);
@@ -237,8 +256,16 @@ void add_plan_file_commands(CLI::App& plan) {
       // The exporters index the plan's tables: a plan that decodes but is inconsistent is refused
       // with its violations instead of being exported (or crashing the exporter).
       pl::validate_or_throw(p);
+      const Json report{{"plan_file", *file},        {"iteration", p.iteration},     {"replica", p.replica},
+                        {"ranks", p.ranks},           {"microbatches", p.microbatches.size()},
+                        {"makespan_ms", p.makespan_ms}};
       if (!csv->empty()) {
         write_text(*csv, pl::pytorch_compute_csv(p), *file, "--pytorch-csv");
+        if (*json) {
+          Json j = report;
+          j["pytorch_csv"] = *csv;
+          return print_json(j);
+        }
         std::printf("wrote %s (iteration %llu, %u ranks, %zu micro-batches)\n", csv->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.microbatches.size());
       }
@@ -256,6 +283,11 @@ void add_plan_file_commands(CLI::App& plan) {
         pl::TraceOptions o;
         o.process_name = fmt::format("packpipe plan iteration {} ({})", p.iteration, p.schedule);
         write_text(*trace, pl::chrome_trace_json(s, o), *file, "--chrome-trace");
+        if (*json) {
+          Json j = report;
+          j["chrome_trace"] = *trace;
+          return print_json(j);
+        }
         std::printf("wrote %s (iteration %llu, %u ranks, %.3f ms simulated)\n", trace->c_str(),
                     static_cast<unsigned long long>(p.iteration), p.ranks, p.makespan_ms);
       }

@@ -81,6 +81,16 @@ if "$pp" plan export "$tmp/e.plans" 2> "$tmp/err"; then fail "export without out
 
 # export: Chrome trace of the simulated timeline
 "$pp" plan export "$tmp/e.plans" --iteration 11 --chrome-trace "$tmp/t.json" > "$tmp/out" || fail "export trace"
+"$pp" plan export "$tmp/e.plans" --iteration 11 --chrome-trace "$tmp/t2.json" --json > "$tmp/export.json" \
+  || fail "export --json"
+$py -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['iteration'] == 11 and j['chrome_trace'].endswith('t2.json'), j" \
+  "$tmp/export.json" || fail "export --json: $(cat "$tmp/export.json")"
+# an index typed negative or past int64 is refused by name (-1 read as 'not given'; 10^20 clamped)
+for bad in "inspect $tmp/e.plans --iteration -1" "validate $tmp/e.plans --iteration 99999999999999999999" \
+           "inspect $tmp/e.plans --rank -1" "export $tmp/e.plans --iteration -2 --chrome-trace $tmp/t3.json"; do
+  if "$pp" plan $bad > /dev/null 2> "$tmp/err"; then fail "plan $bad accepted"; fi
+  grep -q "expected an integer in \[0, 2^63), found '" "$tmp/err" || fail "plan $bad: $(cat "$tmp/err")"
+done
 $py - "$tmp/t.json" <<'PY' || fail "trace is Chrome trace JSON with one track per rank"
 import json, sys
 j = json.load(open(sys.argv[1]))
