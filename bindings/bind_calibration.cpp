@@ -203,7 +203,22 @@ void define_fit_options(py::module_& m) {
 // The ops of a MeasurementSet or of a sequence of Measurement objects.
 std::vector<cm::Measurement> ops_arg(const py::object& measurements) {
   if (py::isinstance<cm::MeasurementSet>(measurements)) return measurements.cast<const cm::MeasurementSet&>().ops;
-  return measurements.cast<std::vector<cm::Measurement>>();
+  // (a sequence of Measurement; anything else named, not pybind11's cast error)
+  std::vector<cm::Measurement> out;
+  if (py::isinstance<py::sequence>(measurements) && !py::isinstance<py::str>(measurements)) {
+    std::size_t k = 0;
+    for (const py::handle x : measurements) {
+      if (!py::isinstance<cm::Measurement>(x)) {
+        throw py::type_error(fmt::format("measurements[{}]: expected a Measurement, found {}", k,
+                                         std::string(py::str(py::type::of(x).attr("__name__")))));
+      }
+      out.push_back(x.cast<cm::Measurement>());
+      ++k;
+    }
+    return out;
+  }
+  throw py::type_error(fmt::format("measurements: expected a MeasurementSet or a sequence of Measurement, found {}",
+                                   std::string(py::str(py::type::of(measurements).attr("__name__")))));
 }
 
 void define_calibration_class(py::module_& m) {

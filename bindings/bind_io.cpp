@@ -31,7 +31,15 @@ bool is_path(const py::handle& v) {
 std::string path_arg(const py::handle& v, const std::string& arg) {
   if (is_path(v)) {
     const py::object p = py::module_::import("os").attr("fspath")(v);
-    if (py::isinstance<py::str>(p)) return p.cast<std::string>();
+    if (py::isinstance<py::str>(p)) {
+      // (a NUL ends the path the system sees, and every message that quotes it)
+      const py::object encoded = py::module_::import("os").attr("fsencode")(p);
+      const std::string path(py::reinterpret_borrow<py::bytes>(encoded));
+      if (path.find('\0') != std::string::npos) {
+        throw py::value_error(arg + ": a path cannot hold a NUL character, found " + std::string(py::repr(p)));
+      }
+      return path;
+    }
   }
   throw py::type_error(arg + ": expected a path (str or os.PathLike), found " +
                        std::string(py::str(py::type::of(v).attr("__name__"))));
@@ -85,7 +93,10 @@ std::vector<std::pair<std::string, std::string>> outputs_arg(const py::handle& v
 
 // The bytes of `data`: str as UTF-8, or any contiguous buffer (bytes, bytearray, memoryview).
 std::string data_arg(const py::handle& data) {
-  if (py::isinstance<py::str>(data)) return data.cast<std::string>();
+  if (py::isinstance<py::str>(data)) {
+    // (str.encode names a character UTF-8 cannot hold, such as a lone surrogate: UnicodeEncodeError)
+    return std::string(py::reinterpret_borrow<py::bytes>(data.attr("encode")("utf-8")));
+  }
   if (py::isinstance<py::bytes>(data)) return std::string(py::reinterpret_borrow<py::bytes>(data));
   if (PyObject_CheckBuffer(data.ptr()) != 0) {
     const py::bytes b = py::module_::import("builtins").attr("bytes")(data);

@@ -15,7 +15,13 @@ std::string with_location(const std::string& msg, const char* func, const char* 
       break;
     }
   }
-  return fmt::format("{} ({}, {}:{})", msg, func, short_file, line);
+  // A NUL quoted from the input (a name, a field) would end the message where what() is read as a
+  // C string (Python's exception, the CLI's stderr): shown as \0.
+  std::string text = msg;
+  for (std::size_t at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 2)) {
+    text.replace(at, 1, "\\0");
+  }
+  return fmt::format("{} ({}, {}:{})", text, func, short_file, line);
 }
 
 void assert_failed(const char* cond, const char* func, const char* file, int line) {

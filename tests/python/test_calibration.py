@@ -191,3 +191,23 @@ def test_schedule_factors_from_python():
     assert 1.1 * plain.makespan_ms < zb.makespan_ms <= 1.2 * plain.makespan_ms * (1 + 1e-9)
     assert [round(e - s, 9) for r in zb.timeline for (_, _, _, s, e) in r] == \
         [round(e - s, 9) for r in plain.timeline for (_, _, _, s, e) in r]
+
+
+def test_nul_characters_and_wrong_types_get_whole_named_errors(tmp_path):
+    """A NUL in a path is refused by name (the message stopped at it: "'a"); a NUL quoted from a file is shown as \\0
+    (the message ended there); a lone surrogate in written text is UnicodeEncodeError, and fit_calibration's
+    measurements of a wrong type a TypeError naming them (both were pybind11's cast error)."""
+    with pytest.raises(ValueError, match=r"path: a path cannot hold a NUL character, found 'a\\x00b'"):
+        packpipe.write_file_atomic("a\0b", "x")
+    with pytest.raises(ValueError, match=r"outputs\['--o'\]: a path cannot hold a NUL"):
+        packpipe.check_outputs({"--o": "a\0b"})
+    text = synthetic().to_jsonl().replace('"op":"F"', '"op":"F\\u0000x"', 1)
+    with pytest.raises(RuntimeError, match=r"unknown op 'F\\0x' \(expected"):
+        packpipe.parse_measurements(text, "m.jsonl")
+    with pytest.raises(UnicodeEncodeError):
+        packpipe.write_file_atomic(str(tmp_path / "o.txt"), "\ud800")
+    assert not (tmp_path / "o.txt").exists()
+    with pytest.raises(TypeError, match="measurements: expected a MeasurementSet or a sequence of Measurement, found int"):
+        packpipe.fit_calibration(CM, 5)
+    with pytest.raises(TypeError, match=r"measurements\[1\]: expected a Measurement, found str"):
+        packpipe.fit_calibration(CM, [synthetic().ops[0], "F"])
