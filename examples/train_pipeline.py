@@ -55,10 +55,7 @@ def main(argv=None):
                                iterations=a.iterations, tied_embedding=True,
                                shape=packpipe.PipelineShape(stages=a.pp, dp=world // a.pp, memory_mb=8))
     # The stage layout before the first iteration: this rank's virtual stages and their layer ranges.
-    # (tie: a rank holding the first and the last stage shares one tied weight between them)
-    stages = {}
-    for v in loader.my_stages:
-        stages[v] = model.stage(loader.stages[v], tie=stages.get(0))
+    stages = {v: model.stage(loader.stages[v]) for v in loader.my_stages}
     if distributed:
         params = list({id(p): p for m in stages.values() for p in m.parameters()}.values())
         runner = pt.PipelineRunner(stages, loss_fn, torch.optim.AdamW(params, lr=3e-3), pp=a.pp, dp=world // a.pp)
