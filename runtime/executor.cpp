@@ -116,6 +116,7 @@ struct Executor::State {
     c.ins = &ins;
     c.shape = shape_of(ins);
     c.out_shape = out_shape[i];
+    c.transport = &ex.transport_;
     if (ins.mb != pl::kNone) {
       require(ins.mb < p.microbatches.size(), "micro-batch out of range");
       c.mb = &p.microbatches[ins.mb];

@@ -12,6 +12,8 @@
 
 namespace packpipe::runtime {
 
+class Transport;
+
 /// What an instruction's handler call gets: where it is, the instruction, and the plan's tables for
 /// it. References are valid for the duration of the call.
 struct OpContext {
@@ -24,6 +26,9 @@ struct OpContext {
   const plan::PlanMicroBatch* mb = nullptr;    ///< the instruction's micro-batch, else null
   Recompute recompute = Recompute::None;       ///< the (micro-batch, stage)'s recompute mode (compute ops)
   double loss_weight = 0;                      ///< the micro-batch's loss weight (tokens / global tokens)
+  /// The rank's transport: a long handler call may poll `transport->abort_reason()` and return early
+  /// once another rank failed (the executor then stops with the pipeline's error). Null outside an executor.
+  const Transport* transport = nullptr;
 };
 
 /// Compute, loads and memory of one rank. Every method may throw: the executor aborts the pipeline

@@ -13,6 +13,7 @@
 
 #include "common/errors.h"
 #include "common/rng.h"
+#include "runtime/transport.h"
 
 namespace packpipe::runtime {
 
@@ -79,11 +80,17 @@ std::int64_t check_payload(const Buffer& b, std::uint64_t iteration, std::uint32
   return -1;
 }
 
-void wait_until(std::chrono::steady_clock::time_point deadline, double spin_us) {
+void wait_until(std::chrono::steady_clock::time_point deadline, double spin_us, const Transport* transport) {
   using namespace std::chrono;
   const auto spin = duration_cast<steady_clock::duration>(duration<double, std::micro>(std::max(0.0, spin_us)));
   const auto sleep_to = deadline - spin;
-  if (steady_clock::now() < sleep_to) std::this_thread::sleep_until(sleep_to);
+  // Sleeps in slices, polling for an abort: an op scaled to minutes or hours ends soon after another
+  // rank failed (the executor then stops with the pipeline's error), not when its time is up.
+  constexpr auto kSlice = milliseconds(20);
+  for (auto now = steady_clock::now(); now < sleep_to; now = steady_clock::now()) {
+    if (transport != nullptr && !transport->abort_reason().empty()) return;
+    std::this_thread::sleep_until(std::min(sleep_to, now + kSlice));
+  }
   while (steady_clock::now() < deadline) std::this_thread::yield();
 }
 
@@ -121,7 +128,7 @@ void ReplayHandler::compute(const OpContext& ctx, pl::OpKind kind) {
   // and fills it does are part of that time, not added to it.
   wait_until(op_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double, std::milli>(ms)),
-             o_.spin_us);
+             o_.spin_us, ctx.transport);
 }
 
 Buffer ReplayHandler::make(std::uint64_t bytes) { return host_buffer(bytes, o_.payload_bytes); }

@@ -81,7 +81,8 @@ class ReplayHandler : public StageHandler {
   std::uint64_t verified_ = 0;
 };
 
-/// Sleeps until `deadline`, polling the clock for its last `spin_us` microseconds.
-void wait_until(std::chrono::steady_clock::time_point deadline, double spin_us);
+/// Sleeps until `deadline`, polling the clock for its last `spin_us` microseconds; returns early once
+/// `transport` (when given) reports an abort.
+void wait_until(std::chrono::steady_clock::time_point deadline, double spin_us, const Transport* transport = nullptr);
 
 }  // namespace packpipe::runtime

@@ -67,5 +67,14 @@ err "--timeout: must be in \[0, 1000000000\] \(0: forever\), found 1e300" run "$
 err "--timeout: must be in .*found -0.5" run "$tmp/search.plan" --replay --timeout -0.5
 err "--time-scale: must be in .*found 1e7" run "$tmp/search.plan" --replay --time-scale 1e7
 err "--timeout" run "$tmp/search.plan" --replay --timeout 12abc
+# A rank times out while another replays an op scaled to hours: the abort reaches the sleeping op, and every
+# rank ends soon after the timeout (it slept to the op's end: killed after 60 s), naming the first failure.
+start=$(date +%s)
+rc=0
+timeout 120 "$pp" run "$tmp/search.plan" --replay --time-scale 100000 --timeout 1 > /dev/null 2> "$tmp/err" || rc=$?
+[[ $rc -ne 0 ]] || fail "a run past its timeout succeeded"
+[[ $rc -ne 124 ]] || fail "run --timeout 1 hung in a scaled op (killed after 120 s)"
+(( $(date +%s) - start < 60 )) || fail "run --timeout 1 took $(( $(date +%s) - start )) s to end"
+grep -q "stopped: the pipeline was aborted: .* timed out after 1 s" "$tmp/err" || fail "abort: $(cat "$tmp/err")"
 
 echo OK
