@@ -529,6 +529,24 @@ DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& ord
       out.best = std::move(r);
     }
   }
+  // Thinning keeps the least of each cluster of caps within `thin`: where every window time sits
+  // within `thin` of the least (a few short samples), no cap kept admits the window the longest
+  // sample needs. Then the caps thinned away are tried, least first, up to the first feasible one
+  // (the largest finite one admits every window of one sample). Batches that had a feasible cap
+  // keep their result.
+  if (!out.best.feasible && !taus.empty()) {
+    for (double tau : cand) {
+      if (!std::isfinite(tau)) break;
+      if (tau <= taus.back()) continue;
+      ++out.evaluations;
+      detail::CapResult r = detail::min_sum_under_cap(out.table, tau, ws);
+      if (!r.feasible) continue;
+      out.objective = detail::objective(shape, tau, r.sum);
+      out.tau = tau;
+      out.best = std::move(r);
+      break;
+    }
+  }
   return out;
 }
 

@@ -251,3 +251,16 @@ def test_evaluate_partition_keeps_slices():
     with pytest.raises(ValueError, match="sample 0: its slices"):
         packpipe.evaluate_partition(cm, np.array([900, 90, 260, 40, 333], dtype=np.uint32),
                                     microbatches=list(part.microbatches), shape=shape)
+
+
+@pytest.mark.parametrize("lens", [[100, 2], [9, 1], [16, 8], [100, 50], [1, 1, 9]])
+def test_dynapipe_plans_a_few_short_samples(lens):
+    """Every window time within dynapipe_thin_ms of the least (a few short samples): the thinned caps all refused the
+    longest sample's window, and DynaPipe's partition 'found no feasible plan in 40000 MB'. The caps thinned away are
+    tried when none kept fits; every sample is planned once."""
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")
+    for stages in (1, 2, 4):
+        r = packpipe.partition(cm, np.array(lens, np.uint32), shape=PipelineShape(stages=stages),
+                               options=PartitionOptions(method="dynapipe"))
+        assert sorted(s for mb in r.microbatches for s in mb.samples) == list(range(len(lens)))
+        assert np.isfinite(r.objective_ms) and r.objective_ms > 0
