@@ -529,24 +529,6 @@ DynaPipeOutcome dynapipe_dp(const Work& w, const std::vector<std::uint32_t>& ord
       out.best = std::move(r);
     }
   }
-  // Thinning keeps the least of each cluster of caps within `thin`: where every window time sits
-  // within `thin` of the least (a few short samples), no cap kept admits the window the longest
-  // sample needs. Then the caps thinned away are tried, least first, up to the first feasible one
-  // (the largest finite one admits every window of one sample). Batches that had a feasible cap
-  // keep their result.
-  if (!out.best.feasible && !taus.empty()) {
-    for (double tau : cand) {
-      if (!std::isfinite(tau)) break;
-      if (tau <= taus.back()) continue;
-      ++out.evaluations;
-      detail::CapResult r = detail::min_sum_under_cap(out.table, tau, ws);
-      if (!r.feasible) continue;
-      out.objective = detail::objective(shape, tau, r.sum);
-      out.tau = tau;
-      out.best = std::move(r);
-      break;
-    }
-  }
   return out;
 }
 
@@ -1331,24 +1313,31 @@ Partition partition_dynapipe(Run& r) {
   Partition result;
   bool done = r.ids.empty();
   std::int64_t evals = 0;
-  for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
-    for (cm::Recompute rc : rcs) {
-      if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budgets[bi], avail);
-      DynaPipeOutcome d = dynapipe_dp(r.len.w, order, r.coster, r.shape, rc, r.options.dynapipe_thin_ms,
-                                      r.options.pack_windows, r.second());
-      evals += d.evaluations;
-      r.windows_built += d.table.time_ms.size();
-      if (!d.best.feasible) continue;
-      Partition p = r.finish(windows_to_microbatches(r.len.w, order, d.table, d.best.cuts), static_cast<int>(rc),
-                             r.coster2.get());
-      p.order = order;
-      p.objective_ms = d.objective;
-      p.tau_ms = d.tau;
-      p.dynapipe_recompute = rc;
-      result = std::move(p);
-      done = true;
-      break;
+  // DynaPipe's caps thinned (the least of each cluster within dynapipe_thin_ms), then, only where no
+  // budget and mode found a plan, every cap: where every window time sits within the thinning of the
+  // least (a few short samples), no cap kept admits the window the longest sample needs, and
+  // DynaPipe's partition found no plan at all (lengths 100 and 2).
+  const double thin = r.options.dynapipe_thin_ms;
+  for (const double th : thin > 0 ? std::vector<double>{thin, 0.0} : std::vector<double>{0.0}) {
+    for (std::size_t bi = 0; bi < budgets.size() && !done; ++bi) {
+      for (cm::Recompute rc : rcs) {
+        if (r.basis == CostBasis::DynaPipe) r.coster.set_dynapipe_limits(budgets[bi], avail);
+        DynaPipeOutcome d = dynapipe_dp(r.len.w, order, r.coster, r.shape, rc, th, r.options.pack_windows, r.second());
+        evals += d.evaluations;
+        r.windows_built += d.table.time_ms.size();
+        if (!d.best.feasible) continue;
+        Partition p = r.finish(windows_to_microbatches(r.len.w, order, d.table, d.best.cuts), static_cast<int>(rc),
+                               r.coster2.get());
+        p.order = order;
+        p.objective_ms = d.objective;
+        p.tau_ms = d.tau;
+        p.dynapipe_recompute = rc;
+        result = std::move(p);
+        done = true;
+        break;
+      }
     }
+    if (done) break;
   }
   PACKPIPE_CHECK_ARG(done, "DynaPipe's partition found no feasible plan in {} MB", r.limit);
   if (r.ids.empty()) result = r.finish({});
