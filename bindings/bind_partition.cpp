@@ -492,8 +492,9 @@ void define_partition(py::module_& m) {
       "sample indices laid out as `layout`: 'padded', one row per sample, or 'packed', one varlen row) costed on "
       "a cost basis ('stages' or 'dynapipe'): a Partition with their shapes, recompute modes (the fastest that "
       "fits under options.recompute), times, memory and objective (S-1) max/c + sum/d, e.g. to put another "
-      "planner's micro-batches on packpipe's footing. ValueError naming a micro-batch that does not fit or an "
-      "index out of range.");
+      "planner's micro-batches on packpipe's footing. Samples in no micro-batch are listed in `dropped` (the "
+      "figures are the micro-batches'); ValueError naming a micro-batch that does not fit, an index out of range, "
+      "or a sample given twice.");
   m.def(
       "balanced_stage_layers",
       [](const std::shared_ptr<cm::CostModel>& cost, const part::PipelineShape& shape, const py::object& rows,

@@ -1532,9 +1532,35 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   }
   // Slices: each sample's pieces cover it back to back, in micro-batch order (slice_edges' checks).
   if (sliced) slice_edges(microbatches, lengths.input);
+  // No sample twice (whole in two micro-batches, or whole and in slices: figures of a batch with a
+  // sample repeated were returned as the batch's); a sample in no micro-batch is listed as dropped
+  // (the figures are those of the micro-batches given: a window of the batch may be costed alone).
+  const std::size_t n = lengths.size();
+  std::vector<std::int64_t> whole_in(n, -1);
+  std::vector<std::uint64_t> covered(n, 0);
+  for (std::size_t m = 0; m < microbatches.size(); ++m) {
+    const MicroBatch& mb = microbatches[m];
+    for (std::size_t k = 0; k < mb.samples.size(); ++k) {
+      const std::uint32_t s = mb.samples[k];
+      if (mb.has_slices()) {
+        PACKPIPE_CHECK_ARG(whole_in[s] < 0, "sample {} is whole in micro-batch {} and a slice in micro-batch {}: a "
+                           "partition holds each sample of the batch once", s, whole_in[s], m);
+        covered[s] += mb.spans[k].length;
+        continue;
+      }
+      PACKPIPE_CHECK_ARG(whole_in[s] < 0 && covered[s] == 0, "sample {} is in micro-batch {} and again in micro-batch "
+                         "{}: a partition holds each sample of the batch once", s, whole_in[s], m);
+      whole_in[s] = static_cast<std::int64_t>(m);
+    }
+  }
+  std::vector<std::uint32_t> left_out;
+  for (std::uint32_t s = 0; s < n; ++s) {
+    if (whole_in[s] < 0 && covered[s] == 0) left_out.push_back(s);
+  }
   Partition p = finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true,
                          options.count_multiple);
   p.lengths = lengths;  // (as partition() records them: what the slices were cut from)
+  p.dropped = std::move(left_out);
   return p;
 }
 

@@ -264,3 +264,16 @@ def test_dynapipe_plans_a_few_short_samples(lens):
                                options=PartitionOptions(method="dynapipe"))
         assert sorted(s for mb in r.microbatches for s in mb.samples) == list(range(len(lens)))
         assert np.isfinite(r.objective_ms) and r.objective_ms > 0
+
+
+def test_evaluate_partition_lists_samples_left_out_and_refuses_one_given_twice():
+    """Micro-batches that leave samples out are costed as given, and the samples are listed in dropped (it said
+    dropped == []); a sample in two micro-batches is refused, naming both (the batch's tokens were counted twice)."""
+    cm = packpipe.CostModel("gpt-1.3b", "A100-40GB")
+    L = np.array([100, 2, 300, 50], np.uint32)
+    part = packpipe.evaluate_partition(cm, L, microbatches=[[0, 1]], shape=PipelineShape(stages=2))
+    assert list(part.dropped) == [2, 3] and part.input_tokens == 102
+    whole = packpipe.evaluate_partition(cm, L, microbatches=[[0, 1], [2, 3]], shape=PipelineShape(stages=2))
+    assert list(whole.dropped) == [] and whole.input_tokens == 452
+    with pytest.raises(ValueError, match="sample 1 is in micro-batch 0 and again in micro-batch 1"):
+        packpipe.evaluate_partition(cm, L, microbatches=[[0, 1], [1, 2, 3]], shape=PipelineShape(stages=2))

@@ -740,7 +740,8 @@ def evaluate_partition(cost_model: CostModel, input_lengths: _Lengths, target_le
                        microbatches: List[Union[MicroBatch, _Lengths]], shape: PipelineShape = ...,
                        options: PartitionOptions = ..., basis: str = "stages", layout: str = "padded") -> Partition:
     """Given micro-batches (MicroBatch objects, or arrays of sample indices laid out as `layout`) costed on a
-    basis ('stages' or 'dynapipe'): a Partition."""
+    basis ('stages' or 'dynapipe'): a Partition; samples in no micro-batch are its `dropped`, a sample given
+    twice is a ValueError."""
 
 def balanced_stage_layers(cost_model: CostModel, shape: PipelineShape, rows: int, seq: int,
                           dec_seq: int = 0) -> List[int]:
