@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   }
   try {
     const dl::MultiTaskDataset data(dl::load_manifest(argv[1]));
-    dl::SamplerConfig cfg;
+    // The manifest's sampling (its split, task weights, samples_per_epoch), then this run's batches.
+    dl::SamplerConfig cfg = dl::sampler_config(data.manifest());
     cfg.seed = 1234;
     cfg.global_batch_tokens = 65536;
     dl::Sampler sampler(data, cfg);

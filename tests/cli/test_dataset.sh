@@ -170,3 +170,24 @@ grep -q '"sequences": 288' "$tmp/merge.json" || fail "merge count"
 if "$pp" dataset info "$tmp/nope" 2> "$tmp/err.txt"; then fail "missing dataset accepted"; fi
 grep -q "nope.idx" "$tmp/err.txt" || fail "missing file not named: $(cat "$tmp/err.txt")"
 echo "cli dataset tests: ok"
+
+# The C++ example samples what the manifest says (its split, weights and samples_per_epoch), as
+# `dataset sample` does: it sampled every sample of every split, unweighted.
+example="$(dirname "$pp")/examples/sample_batches"
+[ -x "$example" ] || fail "the example $example is not built beside packpipe"
+{
+  demo="$(cd "$(dirname "$0")/../.." && pwd)/data/demo"
+  printf '{"version": 1, "split": "10,45,45", "tasks": [{"name": "define", "inputs": "%s", "targets": "%s"}]}\n' \
+    "$demo/demo_define_inputs_document" "$demo/demo_define_targets_document" > "$tmp/split.json"
+  printf '{"version": 1, "samples_per_epoch": 3000, "tasks": [{"name": "define", "weight": 1, "inputs": "%s", "targets": "%s"}, {"name": "synonyms", "weight": 3, "inputs": "%s", "targets": "%s"}]}\n' \
+    "$demo/demo_define_inputs_document" "$demo/demo_define_targets_document" \
+    "$demo/demo_synonyms_inputs_document" "$demo/demo_synonyms_targets_document" > "$tmp/weights.json"
+  for m in split weights; do
+    got=$("$example" "$tmp/$m.json")
+    want=$("$pp" dataset sample "$tmp/$m.json" --global-batch-tokens 65536 --seed 1234 --json | /usr/bin/python3 -c "
+import json, sys
+b = json.load(sys.stdin)['batches']
+print(f'{len(b)} global batches, {sum(x[\"tokens\"] for x in b)} tokens in epoch 0')")
+    [ "$got" = "$want" ] || fail "example on $m.json: '$got', dataset sample: '$want'"
+  done
+}
