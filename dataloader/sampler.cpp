@@ -419,8 +419,14 @@ std::vector<SampleRef> shard_batch(const GlobalBatch& batch, const SampleSource&
   PACKPIPE_CHECK_ARG(rank < world, "shard_batch: rank {} (expected < world size {})", rank, world);
   using Load = std::pair<std::uint64_t, std::uint32_t>;  // (tokens so far, rank): ties to the lowest rank
   std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
-  for (std::uint32_t r = 0; r < world; ++r) heap.emplace(0, r);
+  // Only the first min(world, samples) ranks can receive a sample: rank r is the least loaded, ties
+  // to the lowest, only once ranks 0..r-1 hold tokens, which takes r samples before it. So the
+  // greedy over those ranks is the greedy over all of them, in O(samples) memory (a world of 2^31
+  // built a heap of 2^31 ranks).
+  const auto used = static_cast<std::uint32_t>(std::min<std::uint64_t>(world, batch.samples.size()));
   std::vector<SampleRef> out;
+  if (rank >= used) return out;
+  for (std::uint32_t r = 0; r < used; ++r) heap.emplace(0, r);
   for (const SampleRef& s : batch.samples) {
     Load l = heap.top();
     heap.pop();

@@ -677,6 +677,29 @@ TEST_CASE("shards of a batch are disjoint, cover the batch and balance tokens gr
   REQUIRE(*hi - *lo <= longest);
 }
 
+TEST_CASE("shard_batch over a world larger than the batch: the greedy over every rank, in O(samples)", "[interface]") {
+  std::mt19937_64 rng(Catch::rngSeed());
+  auto src = SyntheticSource::random(rng, 2, 200, 64);
+  Sampler s(src, token_config(rng(), 600));
+  GlobalBatch b;
+  REQUIRE(s.next_batch(b));
+  const auto n = static_cast<std::uint32_t>(b.samples.size());
+  // The reference: least loaded of every rank of the world, ties to the lowest.
+  const std::uint32_t world = n + 7;
+  std::vector<std::uint64_t> load(world, 0);
+  std::vector<std::vector<SampleRef>> want(world);
+  for (const auto& x : b.samples) {
+    const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    want[r].push_back(x);
+    load[r] += src.sample_tokens(x.task, x.index);
+  }
+  for (std::uint32_t r = 0; r < world; ++r) REQUIRE(shard_batch(b, src, r, world) == want[r]);
+  // A world of 2^32 - 1 ranks: the same shards, at once (it built a heap of every rank: 16 GB at 2^31).
+  const std::uint32_t huge = std::numeric_limits<std::uint32_t>::max();
+  for (std::uint32_t r = 0; r < n; ++r) REQUIRE(shard_batch(b, src, r, huge) == want[r]);
+  REQUIRE(shard_batch(b, src, huge - 1, huge).empty());
+}
+
 TEST_CASE("shard_batch rejects a bad rank or world", "[negative]") {
   SyntheticSource src({std::vector<std::uint32_t>(4, 1)});
   GlobalBatch b;
