@@ -1,8 +1,11 @@
 // packpipe command-line entry point: registers the subcommands and maps errors to exit codes.
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <string>
+#include <system_error>
 #include <exception>
 #include <stdexcept>
 
@@ -37,8 +40,26 @@ void check_numeric_options(CLI::App& app) {
                    : std::string();
       },
       "", "finite");
+  // A decimal integer past 64 bits: CLI11 saturates it (--seed 2^64 became 2^64 - 1 and
+  // --first-iteration 2^64 + 1 the last iteration), so it is refused with what was typed.
+  static const CLI::Validator in_64_bits(
+      [](std::string& v) -> std::string {
+        const auto p = v.find_first_not_of(" \t");
+        if (p == std::string::npos) return {};
+        const char* first = v.data() + p + (v[p] == '+' ? 1 : 0);
+        const char* last = v.data() + v.size();
+        std::int64_t i = 0;
+        std::uint64_t u = 0;
+        const bool negative = *first == '-';
+        const auto ec = negative ? std::from_chars(first, last, i).ec : std::from_chars(first, last, u).ec;
+        if (ec != std::errc::result_out_of_range) return {};
+        return negative ? "expected a value >= -9223372036854775808, found " + v
+                        : "expected a value <= 18446744073709551615, found " + v;
+      },
+      "", "64-bit");
   for (CLI::Option* opt : app.get_options()) {
     const std::string t = opt->get_type_name();
+    if (t == "INT" || t == "UINT") opt->check(in_64_bits);
     if (t == "UINT") opt->check(non_negative);
     if (t == "FLOAT" || t == "INT" || t == "UINT") opt->check(finite);
     if (t == "FLOAT") {

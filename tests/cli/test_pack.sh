@@ -129,4 +129,10 @@ expect_error "expected a value >= 0, found -1" pack "$tmp/one.txt" --capacity -1
 expect_error "capacity must be in \[1, 4294967295\]" pack "$tmp/one.txt" --capacity 4294967296
 expect_error "target-capacity must be in \[0, 4294967295\]" pack "$tmp/two.txt" --capacity 2048 \
   --target-capacity 99999999999
+# Past 64 bits, an integer option is refused with what was typed (the parser saturated it to 2^64 - 1), in
+# every subcommand (one check over every integer option).
+expect_error "--seed: expected a value <= 18446744073709551615, found 18446744073709551616" schedule --seed \
+  18446744073709551616 --stages 2
+expect_error "--capacity: expected a value <= 18446744073709551615, found 99999999999999999999999" pack "$tmp/one.txt" \
+  --capacity 99999999999999999999999
 echo "ok"
