@@ -265,7 +265,7 @@ void register_run_commands(CLI::App& app) {
       ->check(float_range(0, rt::kMaxTimeoutS, "0: forever"))
       ->capture_default_str();
   cmd->add_option("--first-iteration", o->first, "Start at this iteration");
-  cmd->add_option("--iterations", o->iterations, "Run at most this many iterations (default: all)");
+  cmd->add_option("--iterations", o->iterations, "Run at most this many iterations (0, the default: all)");
   cmd->add_option("--payload-bytes", o->payload_bytes, "Bytes of each tensor moved and checked (0: all of it)")
       ->capture_default_str();
   cmd->add_flag("--no-verify", o->no_verify, "Do not check payloads");
@@ -284,11 +284,17 @@ void register_run_commands(CLI::App& app) {
                   "Device the cost model describes (preset or .json file), recorded in the measurements' header")
       ->check(device_check());
   cmd->add_option("--device", o->device, "CUDA device (cuda, nccl)")->capture_default_str();
-  cmd->add_option("--rank", o->rank, "nccl: this process's pipeline rank");
-  cmd->add_option("--replica", o->replica, "nccl: the data-parallel replica whose plans this pipeline runs");
-  cmd->add_option("--nccl-id-file", o->nccl_id_file, "nccl: file through which rank 0 shares the NCCL unique id");
+  auto* rank = cmd->add_option("--rank", o->rank, "nccl: this process's pipeline rank");
+  auto* replica = cmd->add_option("--replica", o->replica, "nccl: the data-parallel replica whose plans this pipeline runs");
+  auto* id_file = cmd->add_option("--nccl-id-file", o->nccl_id_file,
+                                  "nccl: file through which rank 0 shares the NCCL unique id");
   cmd->add_flag("--json", o->json, "Print the report as one JSON object");
-  cmd->callback([o] {
+  cmd->callback([o, rank, replica, id_file] {
+    // (the other transports run every rank and replica of the plans: these would be ignored)
+    for (const CLI::Option* opt : {rank, replica, id_file}) {
+      PACKPIPE_CHECK_ARG(o->transport == "nccl" || opt->count() == 0, "{} is for --transport nccl (one process per "
+                         "rank); --transport {} runs every rank and replica of the plans", opt->get_name(), o->transport);
+    }
     const Json j = run_replay(*o);
     if (o->json) {
       std::printf("%s\n", j.dump(2).c_str());

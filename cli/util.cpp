@@ -132,8 +132,8 @@ void for_each_data_line(const std::string& text,
 
 std::uint64_t parse_unsigned_field(std::string_view field, std::uint64_t max, const std::string& where,
                                    std::string_view what) {
-  PACKPIPE_CHECK(!field.empty() && field.front() != '-', "{}: {} must not be negative, found '{}'", where, what,
-                 field);
+  PACKPIPE_CHECK(!field.empty(), "{}: {} is empty (a comma too many?)", where, what);
+  PACKPIPE_CHECK(field.front() != '-', "{}: {} must not be negative, found '{}'", where, what, field);
   std::uint64_t v = 0;
   bool overflow = false;
   for (const char c : field) {

@@ -20,7 +20,7 @@ double bigscience_tflops_per_gpu(double params, std::int64_t seq, std::int64_t g
   PACKPIPE_CHECK_ARG(params > 0 && std::isfinite(params), "params must be positive, found {}", params);
   PACKPIPE_CHECK_ARG(seq > 0, "seq must be positive, found {}", seq);
   PACKPIPE_CHECK_ARG(global_batch > 0, "global_batch must be positive, found {}", global_batch);
-  PACKPIPE_CHECK_ARG(iteration_s > 0 && std::isfinite(iteration_s), "iteration time must be positive, found {}",
+  PACKPIPE_CHECK_ARG(iteration_s > 0 && std::isfinite(iteration_s), "iteration time must be a finite number > 0 (seconds), found {}",
                      iteration_s);
   PACKPIPE_CHECK_ARG(gpus > 0, "gpus must be positive, found {}", gpus);
   PACKPIPE_CHECK_ARG(factor == 3 || factor == 4, "factor must be 3 (no recompute) or 4 (full recompute), found {}",
@@ -47,7 +47,7 @@ ThroughputReport throughput_report(double model_flops, double samples, double to
                      model_flops);
   PACKPIPE_CHECK_ARG(samples >= 0 && tokens >= 0, "samples and tokens must be non-negative, found {} and {}", samples,
                      tokens);
-  PACKPIPE_CHECK_ARG(iteration_s > 0 && std::isfinite(iteration_s), "iteration time must be positive, found {}",
+  PACKPIPE_CHECK_ARG(iteration_s > 0 && std::isfinite(iteration_s), "iteration time must be a finite number > 0 (seconds), found {}",
                      iteration_s);
   PACKPIPE_CHECK_ARG(gpus > 0, "gpus must be positive, found {}", gpus);
   validate(device);

@@ -311,6 +311,9 @@ Manifest parse_impl(const std::string& json_text, const std::string& name, const
 }  // namespace
 
 Manifest load_manifest(const std::string& path) {
+  std::error_code ec;
+  PACKPIPE_CHECK(!std::filesystem::is_directory(path, ec), "manifest '{}': is a directory (expected a JSON file)",
+                 path);
   std::ifstream in(path, std::ios::binary);
   PACKPIPE_CHECK(static_cast<bool>(in), "manifest '{}': cannot open file (expected a readable JSON file)", path);
   std::ostringstream ss;

@@ -22,10 +22,12 @@ RowTensors row_tensors(const Packing& packing, const std::uint32_t* lengths, std
   for (std::size_t r = 0; r < rows; ++r) {
     std::uint64_t used = 0;
     std::int32_t segment = 0;
+    // (the row's whole token count, checked before it is laid out: the message names what it holds)
+    std::uint64_t holds = 0;
+    for (auto k = packing.row_offsets[r]; k < packing.row_offsets[r + 1]; ++k) holds += lengths[packing.samples[k]];
+    PACKPIPE_CHECK_ARG(holds <= width, "row {} holds {} tokens, more than the padded length {}", r, holds, width);
     for (auto k = packing.row_offsets[r]; k < packing.row_offsets[r + 1]; ++k) {
       const std::uint32_t len = lengths[packing.samples[k]];
-      PACKPIPE_CHECK_ARG(used + len <= width, "row {} holds {} tokens, more than the padded length {}", r,
-                         used + len, width);
       ++segment;
       for (std::uint32_t p = 0; p < len; ++p) {
         t.position_ids[r * width + used + p] = static_cast<std::int32_t>(p);

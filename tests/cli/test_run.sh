@@ -54,6 +54,9 @@ err "transport: .*not in" run "$tmp/search.plan" --replay --transport carrier-pi
 err "time-scale" run "$tmp/search.plan" --replay --time-scale -1
 err "no plan at or after iteration 99" run "$tmp/search.plan" --replay --first-iteration 99
 err "needs --rank|--rank" run "$tmp/search.plan" --replay --transport nccl
+# nccl's options under another transport, which runs every rank and replica: refused, not ignored
+err "--rank is for --transport nccl" run "$tmp/search.plan" --replay --rank 7
+err "--replica is for --transport nccl" run "$tmp/search.plan" --replay --replica 5
 err "CUDA|cuda" run "$tmp/search.plan" --replay --transport cuda --device 7
 cp "$tmp/search.plan" "$tmp/copy.plan"
 err "is one of (its|the) inputs|input" run "$tmp/copy.plan" --replay --trace "$tmp/copy.plan"

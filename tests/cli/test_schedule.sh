@@ -119,6 +119,8 @@ grep -q "is a FIFO" "$tmp/err" || fail "FIFO: $(cat "$tmp/err")"
 # Shape options: bounded before anything is allocated from them.
 expect_error "--stages must be in \[1, 65536\], found 2147483647" schedule "$tmp/same.txt" --stages 2147483647
 expect_error "more than the 24 layers of 'gpt-1.3b'" schedule "$tmp/same.txt" --model gpt-1.3b --stages 4 --layers-per-stage 7
+# an empty field of --layer-split is named as empty (it said "must not be negative, found ''")
+expect_error "layers of a stage is empty (a comma too many?)" schedule "$tmp/same.txt" --model gpt-1.3b --stages 2 --layer-split 12,12,
 # --chrome-trace never overwrites an input (the micro-batch file, through a link too) and is written
 # atomically (no temporary left, the file complete).
 cp "$tmp/same.txt" "$tmp/in.txt"

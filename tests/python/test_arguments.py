@@ -331,3 +331,13 @@ def test_measurement_and_profile_writers_refuse_their_inputs(tmp_path):
     assert prof.read_bytes() == before
     with pytest.raises(TypeError, match="path"):
         packpipe.write_profile(3, [point])
+
+
+def test_second_hostile_round_messages(tmp_path):
+    """A directory as a manifest is named as one (it read as malformed JSON); a non-finite iteration time says
+    finite (it said 'must be positive, found inf')."""
+    (tmp_path / "m.json").mkdir()
+    with pytest.raises(RuntimeError, match="m.json': is a directory \\(expected a JSON file\\)"):
+        packpipe.MultiTaskDataset(str(tmp_path / "m.json"))
+    with pytest.raises(ValueError, match="iteration time must be a finite number > 0 \\(seconds\\), found inf"):
+        packpipe.throughput_report(1e15, 512, 512 * 2048, float("inf"), 4, "A100-40GB")

@@ -80,6 +80,9 @@ def test_row_tensors():
     assert wide["position_ids"].shape == (res.rows, 300)
     with pytest.raises(ValueError, match="more than the padded length"):
         res.row_tensors(padded_len=8)
+    # the message gives the row's whole token count (it gave the prefix that first passed the length: 4 of 9)
+    with pytest.raises(ValueError, match="row 0 holds 9 tokens, more than the padded length 1"):
+        packpipe.pack(np.array([3, 4, 2], np.uint32), 10).row_tensors(1)
 
 
 def test_pack_rejects_bad_arguments():
