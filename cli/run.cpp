@@ -194,7 +194,8 @@ Json run_replay(const RunCliOptions& o) {
   j["measured_ms"] = s.measured_ms;
   j["simulated_ms"] = s.simulated_ms;
   j["measured_over_simulated"] = s.simulated_ms > 0 ? Json(s.measured_ms / s.simulated_ms) : Json(nullptr);
-  j["median_ratio_per_plan"] = s.median_ratio;
+  // (no plan with a simulated time to compare with, e.g. --time-scale 0: no ratio, as above)
+  j["median_ratio_per_plan"] = s.simulated_ms > 0 ? Json(s.median_ratio) : Json(nullptr);
   Json ops = Json::object();
   for (const auto& [k, r, n] : s.op_ratios) ops[k] = Json{{"median_measured_over_planned", r}, {"count", n}};
   j["compute_ops"] = ops;

@@ -31,6 +31,8 @@ r = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
 assert r["iterations"] == 3 and r["ranks"] == 4 and r["dp"] == 2, r
 assert len(r["plans"]) == 6 and {p["replica"] for p in r["plans"]} == {0, 1}
 assert r["instructions"] > 0 and r["measured_ms"] > 0
+# time scale 0: nothing simulated to compare with, so no ratio (the per-plan median read 0.0)
+assert r["measured_over_simulated"] is None and r["median_ratio_per_plan"] is None, r
 names = {e["args"]["name"] for e in t["traceEvents"] if e["name"] == "process_name"}
 assert names == {"measured", "planned (simulated)"}, names
 ops = [e for e in t["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0 and e["cat"] in "FBIW"]
