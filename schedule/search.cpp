@@ -534,10 +534,28 @@ SearchResult search_schedule(const SimProblem& problem, const SearchOptions& opt
   SearchResult stats;
   bool ref_ok = false;
   Candidate c = fast_pass(problem, options, stats, ref_ok);
-  if (options.cutoff_ms < kInf && !c.have) {  // nothing the caller would keep
+  if (options.cutoff_ms < kInf && !c.have) {
+    // Nothing ranked under the cutoff in the passes' first phases: the search without a cutoff may
+    // still bring its best below it by local improvement (which starts from that best). So the
+    // result never depends on the cutoff: the search is run again without one, and its best kept
+    // when it ranks under the cutoff (with an incumbent under the cutoff, the two searches go alike).
+    // (Where the problem's lower bound at the least rank factor reaches the cutoff, nothing can.)
+    const double cutoff_rank = options.cutoff_ms * RankFactor(problem, options).largest() * (1 + kCutoffSlack);
     stats.lower_bound_ms = makespan_lower_bounds(problem).value();
-    stats.found_below_cutoff = false;
-    return stats;
+    const double least = *std::min_element(problem.kind_factor.begin(), problem.kind_factor.end());
+    Candidate d;
+    bool ok = false;
+    if (stats.lower_bound_ms * least < cutoff_rank) {
+      SearchOptions uncut = options;
+      uncut.cutoff_ms = kInf;
+      d = fast_pass(problem, uncut, stats, ok);
+    }
+    if (!d.have || !(d.makespan < cutoff_rank)) {  // nothing the caller would keep
+      stats.found_below_cutoff = false;
+      return stats;
+    }
+    c = std::move(d);
+    ref_ok = ok;
   }
   if (ref_ok || !options.recompute_table) return finish(problem, options, std::move(c), std::move(stats));
   // The reference would fall back: try the same modes and keep the best of everything seen, so the
