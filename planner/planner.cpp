@@ -624,13 +624,33 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
                          ref.offset > 0 ? fmt::format(" (its chunk from token {})", ref.offset) : std::string());
     };
   }
-  part::Partition split = part::partition(lengths, cost, o.shape, vstages, popt);
+  // A sample packpipe's own slicing cannot fit (its finer cuts keep more of the sample's keys and
+  // values) may still fit under a slicing baseline's longer slices: with candidates, their grid
+  // gets the batch before the refusal stands (it is raised when none plans it).
+  const bool candidates_may_plan =
+      o.partition.method == part::PartitionMethod::DP && o.partition.oversize == part::OversizePolicy::Slice;
+  part::Partition split;
+  std::optional<InvalidArgument> own_refused;
+  try {
+    split = part::partition(lengths, cost, o.shape, vstages, popt);
+  } catch (const InvalidArgument& e) {
+    if (!candidates_may_plan) throw;
+    own_refused.emplace(e);
+  }
   r.partition_ms = ms_since(t0);
   r.source = part::partition_method_name(o.partition.method);
+  // Every sample dropped by the oversize policy: nothing to plan (a plan of 0 tokens, which its own
+  // validator refuses, was written with exit status 0).
+  PACKPIPE_CHECK_ARG(own_refused || split.dropped.size() < lengths.size(),
+                     "iteration {}: every sample of the global batch was dropped by {} drop: none fits in the memory "
+                     "limit alone; use more stages or tp, a larger memory limit, recompute, or {} slice or truncate",
+                     iteration, o.partition.oversize_option, o.partition.oversize_option);
 
   // 2. Schedule per data-parallel replica.
   t0 = std::chrono::steady_clock::now();
-  Scheduled best = schedule_partition(split, cost, vstages, o, iteration, kInfMs, true);
+  Scheduled best;
+  best.figures.feasible = false;
+  if (!own_refused) best = schedule_partition(split, cost, vstages, o, iteration, kInfMs, true);
   // The dp method's other candidates (other micro-batch counts, sliced or not): its objective is
   // the 1F1B bound, and a schedule that fills bubbles may run another of them faster. The fastest
   // simulated is packpipe's plan (a candidate whose makespan lower bound cannot beat it is pruned).
@@ -739,6 +759,7 @@ IterationResult plan_within_context(const part::BatchLengths& lengths, const std
     }
   }
   r.candidates_ms = ms_since(t0);
+  if (own_refused && !r.from_baseline) throw *own_refused;  // no candidate planned the batch either
   r.packpipe = best.figures;
   partition_figures(split, r.packpipe);
   if (r.from_baseline) r.schedule_note = best.note;

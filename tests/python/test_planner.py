@@ -414,3 +414,24 @@ def test_packed_mask_listed_makes_its_baselines_candidates():
     named = packpipe.plan_batch(cost, lengths, shape=shape, baselines=True, seed=3,
                                 options=packpipe.PartitionOptions(method="dynapipe"))
     assert named.baselines and not any(b.candidate for b in named.baselines)
+
+
+def test_a_slicing_candidate_plans_what_packpipes_own_slices_cannot_fit():
+    """--oversize slice: packpipe's own slicing refused an 80,000-token sample (its finer cuts keep more of the
+    sample's keys and values) that a slicing baseline's 8192-token slices plan within memory; the candidates now get
+    the batch before the refusal stands, which it does when none plans it. A batch the oversize policy drops whole
+    is an error naming it (a plan of 0 tokens that its validator refuses was returned as feasible)."""
+    import random
+    rng = random.Random(5)
+    lengths = np.array([rng.randint(100, 1500) for _ in range(30)] + [80000], np.uint32)
+    cost = packpipe.CostModel("gpt-2.6b", "A100-80GB")
+    shape = PipelineShape(stages=8)
+    opts = packpipe.PartitionOptions(oversize="slice", recompute="none")
+    r = packpipe.plan_batch(cost, lengths, shape=shape, options=opts, validate=True)
+    assert r.from_baseline and r.source.startswith("slicing") and r.packpipe.feasible
+    assert r.tokens == int(lengths.sum()) and max(r.packpipe.peak_mb) <= 80000
+    with pytest.raises(ValueError, match="does not fit in 80000 MB alone, nor when cut into slices"):
+        packpipe.plan_batch(cost, np.array([200000, 300000], np.uint32), shape=shape, options=opts)
+    with pytest.raises(ValueError, match="every sample of the global batch was dropped by oversize drop"):
+        packpipe.plan_batch(cost, np.array([200000], np.uint32), shape=PipelineShape(stages=4),
+                            options=packpipe.PartitionOptions(oversize="drop"))
