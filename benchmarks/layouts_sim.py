@@ -238,10 +238,12 @@ def main():
         fam = s["families"]
         vp = fam.get("packing", {}).get("speedup")
         dm = fam.get("packing-mask", {}).get("speedup")
+        def ratio(x):  # (a family with no feasible setting on the set has no speed-up)
+            return f"{x:.3f}x" if x else "infeasible"
+
         print(f"{model:9s} {device:10s} S={stages} {kind:5s} packpipe {s['packpipe_s']:8.2f} s  "
-              f"best {b['speedup'] if b else float('nan'):.3f}x ({b['setting'] if b else '-'})  "
-              f"varlen packing {vp if vp else float('nan'):.3f}x  dense packing "
-              f"{dm if dm else float('nan'):.3f}x  plan {s['planning_ms_median']:.1f} ms (at most "
+              f"best {ratio(b['speedup'] if b else None)} ({b['setting'] if b else '-'})  "
+              f"varlen packing {ratio(vp)}  dense packing {ratio(dm)}  plan {s['planning_ms_median']:.1f} ms (at most "
               f"{100 * s['planning_share_max']:.2f}% of an iteration)  per batch "
               f"median {s['per_batch_speedup_median']:.3f}x min {s['per_batch_speedup_min']:.3f}x"
               + (f"  over Seq1F1B (1F1B) median {s['per_batch_over_seq1f1b_median']:.3f}x min "
