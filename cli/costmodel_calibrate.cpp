@@ -1,6 +1,7 @@
 // `packpipe costmodel calibrate`: fits a calibration of a cost model to measured op times and
 // writes it; `packpipe costmodel validate --measured`: a cost model against executed iterations.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,6 +23,22 @@ namespace cm = packpipe::costmodel;
 namespace {
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+// A replay's op times are the plan's own times scaled by its --time-scale (its header's source
+// says so): a fit to a replay at another scale than 1 scales the model by it (the README's recipe
+// at 0.01 gave a model 100x too fast, planned at an MFU of 4284%, with no word). Warned on stderr.
+void warn_scaled_replay(const cm::MeasurementHeader& h, const std::vector<std::string>& files) {
+  const std::string& src = h.source;
+  const auto at = src.find("--time-scale ");
+  if (src.find("--replay") == std::string::npos || at == std::string::npos) return;
+  const double scale = std::strtod(src.c_str() + at + 13, nullptr);
+  if (scale == 1.0) return;
+  std::fprintf(stderr,
+               "packpipe: warning: %s records a replay at --time-scale %g: its op times are the plan's own x %g, so "
+               "the fit scales the model by about %g; replay at --time-scale 1 to check the fit, or measure a "
+               "trainer (packpipe.torch) to calibrate\n",
+               files.front().c_str(), scale, scale, scale);
+}
 
 // Every file's measurements, in the order given (the first file's header). A file given twice (by
 // inode: through links and relative paths) is refused: its measurements would count twice.
@@ -84,6 +101,7 @@ Json run_calibrate(const CalibrateArgs& a) {
   PACKPIPE_CHECK_ARG(!set.ops.empty(), "{}: no op measurements to fit", fmt::join(a.measured, ", "));
   const CostModelArgs costs = resolve(a.costs, set.header);
   const std::shared_ptr<const cm::CostModel> base = costs.make();
+  warn_scaled_replay(set.header, a.measured);
   cm::Calibration cal = cm::fit_calibration(*base, set.ops, fit);
   // Iteration lines that name their schedule give the schedule factors (013). They are an addition
   // to the op fits: iterations that cannot be re-simulated leave them out, said in the report.

@@ -124,7 +124,8 @@ def setup(a, distributed, replica, rank):
     loader = pt.PlanLoader(data, cost_model=cost, replica=replica, rank=rank, iterations=a.iterations,
                            shape=shape, options=options, global_batch_tokens=a.global_batch_tokens, seed=a.seed,
                            schedule=a.schedule, schedule_fallback=True, split_backward=a.split_backward,
-                           loss=a.loss, dtype=a.dtype, tied_embedding=a.tied)
+                           loss=a.loss, dtype=a.dtype, tied_embedding=a.tied,
+                           calibrate=False)  # (the loader's own calibration: --calibrate-after below, or never)
     calibrator = None
     if a.calibrate_after:
         calibrator = pt.Calibrator(loader, fit_after=a.calibrate_after, refit_every=a.recalibrate_every,

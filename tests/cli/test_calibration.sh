@@ -45,7 +45,12 @@ assert all(i.get("schedule") in kinds for i in its), its
 PY
 
 # calibrate: the slope is the replay's scale, errors fall, the file is written
-"$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.json" --json > "$tmp/cal.report.json"
+"$pp" costmodel calibrate --measured "$tmp/m.jsonl" -o "$tmp/cal.json" --json > "$tmp/cal.report.json" \
+  2> "$tmp/cal.err"
+# a replay at a scale other than 1 is said to scale the model by it (the README's recipe at 0.01 fitted a
+# model 100x too fast without a word)
+grep -q "records a replay at --time-scale 0.05: .* scales the model by about 0.05" "$tmp/cal.err" \
+  || fail "no warning on a scaled replay: $(cat "$tmp/cal.err")"
 $py - "$tmp/cal.report.json" "$tmp/cal.json" <<'PY' || fail "calibrate report"
 import json, sys
 r = json.load(open(sys.argv[1])); c = json.load(open(sys.argv[2]))
