@@ -1275,6 +1275,14 @@ Partition partition_dp(Run& r) {
                          r.options.oversize_option);
     }
   }
+  // (a count that must be a multiple, interleaved 1F1B's stages x dp, may be what no partition of
+  // these samples reaches: said, rather than blaming the memory)
+  const auto multiple = static_cast<std::size_t>(std::max<std::int64_t>(1, r.options.count_multiple));
+  PACKPIPE_CHECK_ARG(done || r.ids.empty() || multiple <= 1 || r.ids.size() >= multiple,
+                     "no partition of the batch's {} samples into a multiple of {} micro-batches (interleaved 1F1B "
+                     "runs a multiple of stages x dp), at least one sample each, fits in {} MB; allow another "
+                     "schedule (the search, or --schedule-fallback), fewer replicas, or slices of long samples",
+                     r.ids.size(), multiple, r.limit);
   PACKPIPE_CHECK_ARG(done || r.ids.empty(), "no partition fits in {} MB", r.limit);
   if (r.ids.empty()) result = r.finish({});
   // The chosen micro-batches with their slices recomputed more, then the other candidates in the

@@ -435,3 +435,13 @@ def test_a_slicing_candidate_plans_what_packpipes_own_slices_cannot_fit():
     with pytest.raises(ValueError, match="every sample of the global batch was dropped by oversize drop"):
         packpipe.plan_batch(cost, np.array([200000], np.uint32), shape=PipelineShape(stages=4),
                             options=packpipe.PartitionOptions(oversize="drop"))
+
+
+def test_a_count_interleaved_1f1b_cannot_reach_is_named():
+    """Interleaved 1F1B with dp 2 runs a multiple of stages x dp micro-batches; 7 unsliced samples cannot fill 8:
+    said so, not 'no partition fits in 141000 MB' (the plan peaks at 14 GB with dp 1)."""
+    cost = packpipe.CostModel("gpt-350m", "H200")
+    lengths = np.array([2366, 232, 101, 1503, 219, 13281, 891], np.uint32)
+    with pytest.raises(ValueError, match="no partition of the batch's 7 samples into a multiple of 8 micro-batches"):
+        packpipe.plan_batch(cost, lengths, shape=PipelineShape(stages=4, chunks=2, dp=2), schedule_family="1f1b",
+                            options=packpipe.PartitionOptions(layouts=("packed",), slicing="off"))
