@@ -229,8 +229,12 @@ void define_options(py::module_& m) {
   def_named(cls, "slicing", &part::PartitionOptions::slicing, &part::slice_policy_name, &part::slice_policy_from_name,
             "dp, decoder-only: 'auto' (long samples may be cut into slices that pipeline) or 'off'");
   def_field(cls, "min_slice_tokens", &part::PartitionOptions::min_slice_tokens, "the shortest slice, tokens");
+  def_field(cls, "slices_refused", &part::PartitionOptions::slices_refused,
+            "non-empty: slices cannot run where the plan is executed, and why; the partition then cuts none, and a "
+            "sample that fits only sliced is refused with this reason (PlanLoader(labels='unshifted') sets it)");
   def_value(cls, {"method", "mbs", "tokens", "round_multiple", "recompute", "oversize", "cost_basis", "order",
-                  "pack_windows", "threads", "layouts", "layout", "capacity", "slicing", "min_slice_tokens"});
+                  "pack_windows", "threads", "layouts", "layout", "capacity", "slicing", "min_slice_tokens",
+                  "slices_refused"});
   // The repr round-trips through eval: layouts as a tuple of names (not "[n items]").
   cls.attr("__repr__") = py::cpp_function(
       [](const py::handle& self) {

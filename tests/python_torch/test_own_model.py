@@ -411,6 +411,11 @@ def test_unshifted_labels_never_lose_a_slices_last_label(tmp_path):
     for opts in (packpipe.PartitionOptions(method="slicing", capacity=128), packpipe.PartitionOptions(oversize="slice")):
         with pytest.raises(ValueError, match="labels='unshifted' cannot carry .* ask for slices"):
             pt.PlanLoader(manifest, options=opts, labels="unshifted", **kw)
+    # a sample too long for one micro-batch is not offered slices, which this loader refuses (the message
+    # suggested oversize slice), but told why not
+    small = dict(kw, shape=packpipe.PipelineShape(stages=1, memory_mb=8))
+    with pytest.raises(ValueError, match="truncate, drop, more stages.*slices, which are how .* cannot carry the label"):
+        next(iter(pt.PlanLoader(manifest, labels="unshifted", **small)))
     # a plan file written with slices, read with unshifted labels
     path = str(tmp_path / "sliced.ppln")
     with packpipe.PlanFileWriter(path) as w:

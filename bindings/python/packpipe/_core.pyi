@@ -589,6 +589,8 @@ class PartitionOptions:
     """dp, decoder-only: 'auto' (long samples may be cut into slices that pipeline) or 'off' (--slicing)."""
     min_slice_tokens: int
     """The shortest slice, tokens (--min-slice-tokens)."""
+    slices_refused: str
+    """Non-empty: slices cannot run where the plan is executed, and why (the partition cuts none)."""
     def __init__(self, *, method: str = "dp", mbs: int = 0, tokens: int = 0, round_multiple: int = 8,
                  recompute: str = "auto", oversize: str = "error", cost_basis: str = "auto", order: str = "auto",
                  pack_windows: bool = False, threads: int = 0, layouts: Sequence[str] = ("padded", "packed"),

@@ -336,9 +336,12 @@ def _without_slices(where: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"{where}: labels='unshifted' cannot carry the label of a slice's last token (the next slice's "
                          f"first token, in another micro-batch), and the options ask for slices ({', '.join(asked)}): "
                          f"load labels='shifted', or plan without slices")
-    if opts.slicing != "off":
+    if opts.slicing != "off" or not opts.slices_refused:
         opts = copy.copy(opts)
         opts.slicing = "off"
+        # (so that a sample too long for one micro-batch is refused with this reason, not offered slices)
+        opts.slices_refused = ("cannot carry the label of a slice's last token under labels='unshifted' (load "
+                               "labels='shifted' to allow them)")
         kwargs = dict(kwargs, options=opts)
     return kwargs
 
