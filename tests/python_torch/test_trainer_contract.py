@@ -79,6 +79,14 @@ def test_state_carries_the_epoch_and_resumes_where_it_stopped(tmp_path):
         iter(done)
     with pytest.raises(ValueError, match="other settings"):
         loader(tmp_path, iterations=4, seed=9).load_state_dict(state)
+    # a next iteration past the end of the pass (no state_dict() says that) is refused, and the loader keeps its
+    # place (it was taken, and the first iteration then said the pass had ended)
+    whole = loader(tmp_path, iterations=0)
+    past = dict(whole.state_dict(), epoch=1, next_iteration=10 ** 6)
+    with pytest.raises(ValueError, match=r"next_iteration'\] 1000000 is past the end of epoch 1's pass"):
+        whole.load_state_dict(past)
+    assert whole.state_dict()["epoch"] == 0 and whole.state_dict()["next_iteration"] == 0
+    assert next(iter(whole)).iteration == 0
 
 
 # ---- defaults and the stage layout ---------------------------------------------------------------

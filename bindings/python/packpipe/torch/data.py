@@ -718,12 +718,22 @@ class PlanLoader:
                              f"{self._first}")
         if calibration is not None and self.plan_file is not None:
             raise ValueError(f"{where}: the state has a calibration, but this loader reads a plan file")
+        before = (self.epoch, self._end, self._next, self._done, self._calibration)
         if epoch != self.epoch:
             self._end = None
         self.epoch = epoch
         self._set_model(calibration or None, "the loader state's calibration")
         self._next = nxt
-        self._done = nxt >= self._pass_end()
+        try:
+            end = self._pass_end()
+            why = None if nxt <= end else f"iteration {end}; a state saved at the end of a pass says {end}"
+        except ValueError as e:  # (the epoch's planner refuses a first iteration past its end)
+            end, why = None, str(e)
+        if why is not None:  # no state_dict() of this loader says that: refused, and the loader left as it was
+            self.epoch, self._end, self._next, self._done, old_calibration = before
+            self._set_model(old_calibration, "the loader's calibration")
+            raise ValueError(f"{where}: state['next_iteration'] {nxt} is past the end of epoch {epoch}'s pass ({why})")
+        self._done = nxt >= end
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass (``for it in loader``) run epoch `epoch`, from its first iteration, as
