@@ -1,10 +1,12 @@
 // packpipe command-line entry point: registers the subcommands and maps errors to exit codes.
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <string>
+#include <vector>
 #include <system_error>
 #include <exception>
 #include <stdexcept>
@@ -76,6 +78,90 @@ void check_numeric_options(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) check_numeric_options(*sub);
 }
 
+// Levenshtein distance between two short words (option and subcommand names).
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `names` to `word` when close enough to be a typo, else "".
+std::string closest(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t d = std::max<std::size_t>(2, word.size() / 3) + 1;
+  for (const std::string& n : names) {
+    const std::size_t e = edit_distance(word, n);
+    if (e < d) {
+      d = e;
+      best = n;
+    }
+  }
+  return best;
+}
+
+// CLI11's parse errors for a missing or unknown subcommand and for unknown arguments say neither
+// which word was wrong nor what was expected ("A subcommand is required"; "The following arguments
+// were not expected: 3 --iteration run.plan insepct"): these name the word, the command it was
+// given to, what that command takes, and the closest name. Other errors are CLI11's.
+int explain_parse_error(CLI::App& app, const CLI::ParseError& e) {
+  const bool need_sub = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+                        std::string(e.what()).find("ubcommand") != std::string::npos;
+  const bool extras = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+  if (!need_sub && !extras) return app.exit(e);
+  std::string path = "packpipe";
+  CLI::App* at = &app;
+  for (;;) {
+    const auto subs = at->get_subcommands();
+    if (subs.empty()) break;
+    at = subs.front();
+    path += " " + at->get_name();
+  }
+  std::vector<std::string> subs, opts;
+  for (const CLI::App* s : at->get_subcommands({})) subs.push_back(s->get_name());
+  for (const CLI::Option* o : at->get_options()) {
+    for (const std::string& n : o->get_lnames()) opts.push_back("--" + n);
+  }
+  const std::vector<std::string> rest = at->remaining();
+  // The word to name: a first plain word close to a subcommand (a mistyped one: the words after it
+  // belong to it), else an unknown option, else the first word.
+  std::string word;
+  for (const std::string& x : rest) {
+    if (!x.empty() && x[0] != '-') {
+      if (!closest(x, subs).empty()) word = x;
+      break;
+    }
+  }
+  for (const std::string& x : rest) {
+    if (!word.empty()) break;
+    if (!x.empty() && x[0] == '-') word = x.substr(0, x.find('='));
+  }
+  if (word.empty() && !rest.empty()) word = rest.front();
+  std::string msg;
+  if (!word.empty() && word[0] == '-') {
+    const std::string near = closest(word, opts);
+    msg = "unknown option '" + word + "' for `" + path + "`" + (near.empty() ? "" : "; did you mean " + near + "?");
+  } else if (!subs.empty()) {
+    std::string list;
+    for (const std::string& n : subs) list += (list.empty() ? "" : ", ") + n;
+    const std::string near = word.empty() ? std::string() : closest(word, subs);
+    msg = (word.empty() ? "`" + path + "` needs a subcommand" : "unknown subcommand '" + word + "' of `" + path + "`") +
+          ": expected one of " + list + (near.empty() ? "" : "; did you mean " + near + "?");
+  } else {
+    msg = std::string(e.what()) + " (`" + path + "`)";
+  }
+  std::fprintf(stderr, "packpipe: error: %s\nRun `%s --help` for more information.\n", msg.c_str(), path.c_str());
+  return e.get_exit_code();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,7 +193,7 @@ int main(int argc, char** argv) {
     check_numeric_options(app);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return explain_parse_error(app, e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "packpipe: error: %s\n", e.what());
     return 1;

@@ -36,5 +36,19 @@ for p in "${paths[@]}"; do
   done < <(grep -oE -- '--[a-z0-9-]+ (UINT|INT|FLOAT)' <<<"$help")
 done
 ((checked >= 40)) || { echo "FAIL: only $checked option checks ran"; exit 1; }
+
+# A mistyped subcommand or option is named, with what the command takes and the closest name (CLI11 said
+# "A subcommand is required", or listed the unexpected words in reverse).
+typo() {  # typo PATTERN ARGS...
+  local pat=$1; shift
+  local out rc=0
+  out=$("$CLI" "$@" 2>&1 >/dev/null) || rc=$?
+  if (( rc == 0 )) || ! grep -q -- "$pat" <<<"$out"; then echo "FAIL: $*: rc $rc: $out"; fail=1; fi
+}
+typo "unknown subcommand 'plann' of \`packpipe\`: expected one of .*plan.*; did you mean plan?" plann
+typo "unknown subcommand 'infos' of \`packpipe dataset\`: .*did you mean info?" dataset infos X
+typo "\`packpipe dataset\` needs a subcommand: expected one of info, verify" dataset
+typo "unknown option '--stage' for \`packpipe plan\`; did you mean --stages?" plan --stage 4
+typo "unknown subcommand 'insepct' of \`packpipe plan\`: .*did you mean inspect?" plan insepct x.plan --iteration 3
 echo "checked $checked option values over ${#paths[@]} subcommands"
 exit $fail
