@@ -16,6 +16,7 @@
 #include "common/file_io.h"
 #include "costmodel/measurements.h"
 #include "plan/format.h"
+#include "plan/validator.h"
 #include "planner/measure.h"
 #include "runtime/cuda.h"
 #include "runtime/local.h"
@@ -129,6 +130,18 @@ Json run_replay(const RunCliOptions& o) {
   if (!o.allow_incomplete) reader.require_complete("pass --allow-incomplete");
   const auto iterations = read_iterations(reader, o.first, o.iterations);
   PACKPIPE_CHECK_ARG(!iterations.empty(), "{}: no plan at or after iteration {}", o.file, o.first);
+  // Every plan checked once, before any rank starts (each rank's executor refuses an invalid plan
+  // too, and the error listed its violations once per rank).
+  for (const auto& replicas : iterations) {
+    for (const pl::Plan& p : replicas) {
+      try {
+        pl::validate_or_throw(p);
+      } catch (const std::exception& e) {
+        PACKPIPE_THROW(Error, "{}: iteration {}, replica {}: refusing to run an invalid plan: {}", o.file, p.iteration,
+                       p.replica, e.what());
+      }
+    }
+  }
   const pl::Plan& head = iterations.front().front();
 
   std::unique_ptr<rt::Transport> nccl;

@@ -56,6 +56,13 @@ err "transport: .*not in" run "$tmp/search.plan" --replay --transport carrier-pi
 err "time-scale" run "$tmp/search.plan" --replay --time-scale -1
 err "no plan at or after iteration 99" run "$tmp/search.plan" --replay --first-iteration 99
 err "needs --rank|--rank" run "$tmp/search.plan" --replay --transport nccl
+# An invalid plan is refused once, naming the file, the iteration and its violations, before any rank starts
+# (each rank's executor refused it too: the violations were listed once per rank)
+"$pp" plan inspect "$tmp/search.plan" --iteration 0 --replica 0 --json > "$tmp/it0.json"
+$py -c "import json,sys; j=json.load(open(sys.argv[1])); j['global_tokens']=0; json.dump(j, open(sys.argv[2],'w'))" \
+  "$tmp/it0.json" "$tmp/bad0.json"
+err "bad0.json: iteration 0, replica 0: refusing to run an invalid plan" run "$tmp/bad0.json" --replay --time-scale 0
+[[ $(grep -c "global_tokens" "$tmp/err") -eq 1 ]] || fail "violations listed more than once: $(cat "$tmp/err")"
 # nccl's options under another transport, which runs every rank and replica: refused, not ignored
 err "--rank is for --transport nccl" run "$tmp/search.plan" --replay --rank 7
 err "--replica is for --transport nccl" run "$tmp/search.plan" --replay --replica 5
