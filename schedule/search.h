@@ -20,7 +20,7 @@ namespace pl = ::packpipe::plan;
 
 /// A cutoff (SearchOptions::cutoff_ms) keeps candidates ranked up to this fraction over it: local
 /// improvement may bring one of them under it.
-constexpr double kCutoffSlack = 0.01;
+constexpr double kCutoffSlack = 0.05;
 
 struct SearchOptions {
   std::vector<ScheduleKind> schedules;  ///< candidates; empty: every kind the shape supports

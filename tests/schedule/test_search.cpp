@@ -433,7 +433,7 @@ TEST_CASE("search: a cutoff stops what cannot be kept, and keeps what the search
     }
     // At or under it: nothing, or a schedule ranked under the cutoff times the largest factor and
     // the slack.
-    for (double f : {1.0, 0.97}) {
+    for (double f : {1.0, 0.97, 0.9}) {
       SearchOptions c = o;
       c.cutoff_ms = u * f;
       const SearchResult r = search_schedule(s.problem, c);
