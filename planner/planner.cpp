@@ -856,6 +856,33 @@ void renumber_samples(IterationResult& r, const std::vector<std::uint32_t>& kept
 
 }  // namespace
 
+namespace {
+
+// plan_within_context; where recompute 'auto' gives a plan over the memory limit, the batch planned
+// again with full recompute, kept when that fits. The partition sizes micro-batches by 1F1B's
+// in-flight count, which a schedule holding more of them (GPipe: all) passes: full recompute keeps
+// the least (a gpt-350m plan at 43 GB over a 30 GB limit where full recompute fits, 29.9 GB).
+IterationResult plan_fitting(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
+                             std::uint64_t iteration, const cm::CostModel& cost,
+                             const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
+                             part::PartitionCache* cache, const std::vector<std::uint32_t>* positions) {
+  IterationResult r = plan_within_context(lengths, refs, iteration, cost, vstages, o, cache, positions);
+  if (r.packpipe.feasible || o.partition.recompute != part::RecomputePolicy::Auto) return r;
+  PlannerOptions full = o;
+  full.partition.recompute = part::RecomputePolicy::Full;
+  try {
+    IterationResult f = plan_within_context(lengths, refs, iteration, cost, vstages, full, cache, positions);
+    if (!f.packpipe.feasible) return r;
+    f.schedule_note = fmt::format("recompute auto gave a plan over the memory limit ({}); planned with full "
+                                  "recompute, which fits", r.packpipe.why.empty() ? "memory" : r.packpipe.why);
+    return f;
+  } catch (const InvalidArgument&) {
+    return r;
+  }
+}
+
+}  // namespace
+
 IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vector<SampleRef>* refs,
                                std::uint64_t iteration, const cm::CostModel& cost,
                                const std::vector<part::VirtualStage>& vstages, const PlannerOptions& o,
@@ -872,7 +899,7 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
     }
   }
   if (!over_context_length(lengths, o.context)) {
-    return plan_within_context(lengths, refs, iteration, cost, vstages, o, cache, nullptr);
+    return plan_fitting(lengths, refs, iteration, cost, vstages, o, cache, nullptr);
   }
   // Lengths given directly (plan_batch): truncate or drop to the context length first.
   part::BatchLengths limited = lengths;
@@ -884,8 +911,8 @@ IterationResult plan_iteration(const part::BatchLengths& lengths, const std::vec
   PACKPIPE_CHECK_ARG(limited.size() > 0, "iteration {}: every sample of the global batch is over {} {} ({} '{}')",
                      iteration, o.context.max_seq_len_option, o.context.max_seq_len, o.context.policy_option,
                      seq_policy_name(o.context.policy));
-  IterationResult r = plan_within_context(limited, refs != nullptr ? &limited_refs : nullptr, iteration, cost, vstages,
-                                          o, cache, &kept);
+  IterationResult r = plan_fitting(limited, refs != nullptr ? &limited_refs : nullptr, iteration, cost, vstages, o,
+                                   cache, &kept);
   if (context.dropped > 0) renumber_samples(r, kept, lengths.size());
   r.context = context;
   return r;

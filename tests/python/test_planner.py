@@ -445,3 +445,20 @@ def test_a_count_interleaved_1f1b_cannot_reach_is_named():
     with pytest.raises(ValueError, match="no partition of the batch's 7 samples into a multiple of 8 micro-batches"):
         packpipe.plan_batch(cost, lengths, shape=PipelineShape(stages=4, chunks=2, dp=2), schedule_family="1f1b",
                             options=packpipe.PartitionOptions(layouts=("packed",), slicing="off"))
+
+
+def test_recompute_auto_over_memory_is_planned_again_with_full_recompute():
+    """The partition sizes micro-batches by 1F1B's in-flight count; a GPipe plan holds all of them, so recompute
+    'auto' gave a plan at 43 GB over a 30 GB limit where full recompute fits (re-fuzz: 21 cases). Such a batch is
+    planned again with full recompute, kept when it fits, and the note says so."""
+    cost = packpipe.CostModel("gpt-350m", "A100-40GB")
+    lengths = np.array([16354, 1683, 864, 1708, 27994, 1061, 1521, 787, 2201, 2232, 457, 1564, 1938, 2276, 118, 1629,
+                        2326, 2027, 1500, 1844, 6140, 576, 11811, 1577, 596, 1314], np.uint32)
+    kw = dict(shape=PipelineShape(stages=3, chunks=2, memory_mb=30000), schedule_family="gpipe", min_gain=0.03,
+              seed=123268)
+    auto, full = (packpipe.plan_batch(cost, lengths, options=packpipe.PartitionOptions(
+        recompute=rc, oversize="truncate", layouts=("packed",), slicing="off"), **kw) for rc in ("auto", "full"))
+    assert full.packpipe.feasible and auto.packpipe.feasible
+    assert max(auto.packpipe.peak_mb) <= 30000 and all(p.validate()["ok"] for p in auto.plans)
+    assert [p.to_bytes() for p in auto.plans] == [p.to_bytes() for p in full.plans]
+    assert "recompute auto gave a plan over the memory limit" in auto.schedule_note
