@@ -1084,45 +1084,6 @@ ProfileFormat detect_profile_format(const std::string& name, const std::string& 
 }
 
 namespace {
-void check_points(const Profile& p, const std::string& file);
-Profile parse_format(ProfileFormat f, const std::string& text, const std::string& name,
-                     const ProfileReadOptions& options);
-}  // namespace
-
-Profile parse_profile(ProfileFormat f, const std::string& text, const std::string& name,
-                      const ProfileReadOptions& options) {
-  Profile p = parse_format(f, text, name, options);
-  check_points(p, name);
-  return p;
-}
-
-namespace {
-
-Profile parse_format(ProfileFormat f, const std::string& text, const std::string& name,
-                     const ProfileReadOptions& options) {
-  switch (f) {
-    case ProfileFormat::DynaPipeTiming: return parse_dynapipe_timing(text, name);
-    case ProfileFormat::DynaPipeActivation: return parse_dynapipe_activation(text, name);
-    case ProfileFormat::DynaPipeModelState: return parse_dynapipe_model_state(text, name);
-    case ProfileFormat::DynaPipeMicrobench: return parse_dynapipe_microbench(text, name);
-    case ProfileFormat::AcesoOps: return parse_aceso_ops(text, name, options);
-    case ProfileFormat::AcesoPrim: return parse_aceso_prim(text, name);
-    case ProfileFormat::AcesoP2P: return parse_aceso_p2p(text, name);
-    case ProfileFormat::Metis: return parse_metis(text, name, options);
-    case ProfileFormat::Aiob: return parse_aiob(text, name, options);
-    case ProfileFormat::AicbLog: return parse_aicb_log(text, name);
-    case ProfileFormat::Packpipe: return parse_packpipe(text, name);
-  }
-  PACKPIPE_THROW(InvalidArgument, "unknown profile format {}", static_cast<int>(f));
-}
-
-}  // namespace
-
-Profile parse_profile(const std::string& text, const std::string& name, const ProfileReadOptions& options) {
-  return parse_profile(detect_profile_format(name, text), text, name, options);
-}
-
-namespace {
 
 // Every reader's points: a measured time is finite and positive (0 or NaN would make a partition
 // of 0 ms look feasible), measured memory finite and >= 0. The point is named by its key, which
@@ -1150,7 +1111,36 @@ void check_points(const Profile& p, const std::string& file) {
   }
 }
 
+Profile parse_format(ProfileFormat f, const std::string& text, const std::string& name,
+                     const ProfileReadOptions& options) {
+  switch (f) {
+    case ProfileFormat::DynaPipeTiming: return parse_dynapipe_timing(text, name);
+    case ProfileFormat::DynaPipeActivation: return parse_dynapipe_activation(text, name);
+    case ProfileFormat::DynaPipeModelState: return parse_dynapipe_model_state(text, name);
+    case ProfileFormat::DynaPipeMicrobench: return parse_dynapipe_microbench(text, name);
+    case ProfileFormat::AcesoOps: return parse_aceso_ops(text, name, options);
+    case ProfileFormat::AcesoPrim: return parse_aceso_prim(text, name);
+    case ProfileFormat::AcesoP2P: return parse_aceso_p2p(text, name);
+    case ProfileFormat::Metis: return parse_metis(text, name, options);
+    case ProfileFormat::Aiob: return parse_aiob(text, name, options);
+    case ProfileFormat::AicbLog: return parse_aicb_log(text, name);
+    case ProfileFormat::Packpipe: return parse_packpipe(text, name);
+  }
+  PACKPIPE_THROW(InvalidArgument, "unknown profile format {}", static_cast<int>(f));
+}
+
 }  // namespace
+
+Profile parse_profile(ProfileFormat f, const std::string& text, const std::string& name,
+                      const ProfileReadOptions& options) {
+  Profile p = parse_format(f, text, name, options);
+  check_points(p, name);
+  return p;
+}
+
+Profile parse_profile(const std::string& text, const std::string& name, const ProfileReadOptions& options) {
+  return parse_profile(detect_profile_format(name, text), text, name, options);
+}
 
 Profile load_profiles(const std::vector<std::string>& paths, const ProfileReadOptions& options) {
   PACKPIPE_CHECK_ARG(!paths.empty(), "no profile paths given");

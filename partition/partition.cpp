@@ -1452,34 +1452,55 @@ void record_new_share(const Run& r) {
   r.options.cache->memo().last_new_share = static_cast<double>(rows) / static_cast<double>(r.windows_built);
 }
 
+// Per sample of a batch of `n`: the micro-batch holding it whole (-1: none) and the tokens its
+// slices cover. `twice(s, first, again)` is called, and must throw, for a sample found a second
+// time whole, or whole and in slices (first: the micro-batch it was first found in).
+struct SampleCover {
+  std::vector<std::int64_t> whole_in;
+  std::vector<std::uint64_t> sliced;
+};
+template <typename Twice>
+SampleCover sample_cover(const std::vector<MicroBatch>& mbs, std::size_t n, Twice&& twice) {
+  SampleCover c{std::vector<std::int64_t>(n, -1), std::vector<std::uint64_t>(n, 0)};
+  std::vector<std::int64_t> first(n, -1);
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    const MicroBatch& mb = mbs[m];
+    for (std::size_t k = 0; k < mb.samples.size(); ++k) {
+      const std::uint32_t s = mb.samples[k];
+      const auto at = static_cast<std::int64_t>(m);
+      if (c.whole_in[s] >= 0 || (!mb.has_slices() && c.sliced[s] > 0)) twice(s, first[s], at);
+      if (first[s] < 0) first[s] = at;
+      if (mb.has_slices()) {
+        c.sliced[s] += mb.spans[k].length;
+      } else {
+        c.whole_in[s] = at;
+      }
+    }
+  }
+  return c;
+}
+
 // Every sample not dropped is planned exactly once: whole in one micro-batch, or in slices that
 // cover its (trained) tokens once. A partition that is not is packpipe's bug, never the user's:
 // lost or duplicated samples must not pass as a plan.
 void check_covers(const Partition& p, std::size_t n, const std::vector<std::uint32_t>& dropped,
                   const std::vector<std::uint32_t>& input, const char* what) {
-  std::vector<std::uint64_t> covered(n, 0);
-  std::vector<char> whole(n, 0);
   for (const MicroBatch& mb : p.microbatches) {
-    for (std::size_t k = 0; k < mb.samples.size(); ++k) {
-      const std::uint32_t s = mb.samples[k];
+    for (const std::uint32_t s : mb.samples) {
       PACKPIPE_CHECK(s < n, "internal error: the {} partition plans sample {} of a batch of {}; please report this as "
                      "a packpipe bug", what, s, n);
-      if (mb.has_slices()) {
-        covered[s] += mb.spans[k].length;
-      } else {
-        PACKPIPE_CHECK(!whole[s] && covered[s] == 0, "internal error: the {} partition plans sample {} twice; please "
-                       "report this as a packpipe bug", what, s);
-        whole[s] = 1;
-        covered[s] = input[s];
-      }
     }
   }
+  const SampleCover c = sample_cover(p.microbatches, n, [&](std::uint32_t s, std::int64_t, std::int64_t) {
+    PACKPIPE_THROW(Error, "internal error: the {} partition plans sample {} twice; please report this as a packpipe "
+                   "bug", what, s);
+  });
   std::vector<char> gone(n, 0);
   for (const std::uint32_t s : dropped) gone[s] = 1;
   for (std::size_t s = 0; s < n; ++s) {
-    PACKPIPE_CHECK(gone[s] || whole[s] || covered[s] == input[s],
+    PACKPIPE_CHECK(gone[s] || c.whole_in[s] >= 0 || c.sliced[s] == input[s],
                    "internal error: the {} partition plans {} of the {} tokens of sample {}; please report this as a "
-                   "packpipe bug", what, covered[s], input[s], s);
+                   "packpipe bug", what, c.sliced[s], input[s], s);
   }
 }
 
@@ -1544,26 +1565,13 @@ Partition evaluate_partition(const BatchLengths& lengths, const cm::CostModel& c
   // sample repeated were returned as the batch's); a sample in no micro-batch is listed as dropped
   // (the figures are those of the micro-batches given: a window of the batch may be costed alone).
   const std::size_t n = lengths.size();
-  std::vector<std::int64_t> whole_in(n, -1);
-  std::vector<std::uint64_t> covered(n, 0);
-  for (std::size_t m = 0; m < microbatches.size(); ++m) {
-    const MicroBatch& mb = microbatches[m];
-    for (std::size_t k = 0; k < mb.samples.size(); ++k) {
-      const std::uint32_t s = mb.samples[k];
-      if (mb.has_slices()) {
-        PACKPIPE_CHECK_ARG(whole_in[s] < 0, "sample {} is whole in micro-batch {} and a slice in micro-batch {}: a "
-                           "partition holds each sample of the batch once", s, whole_in[s], m);
-        covered[s] += mb.spans[k].length;
-        continue;
-      }
-      PACKPIPE_CHECK_ARG(whole_in[s] < 0 && covered[s] == 0, "sample {} is in micro-batch {} and again in micro-batch "
-                         "{}: a partition holds each sample of the batch once", s, whole_in[s], m);
-      whole_in[s] = static_cast<std::int64_t>(m);
-    }
-  }
+  const SampleCover c = sample_cover(microbatches, n, [](std::uint32_t s, std::int64_t first, std::int64_t again) {
+    PACKPIPE_THROW(InvalidArgument, "sample {} is in micro-batch {} and again in micro-batch {}: a partition holds "
+                   "each sample of the batch once", s, first, again);
+  });
   std::vector<std::uint32_t> left_out;
   for (std::uint32_t s = 0; s < n; ++s) {
-    if (whole_in[s] < 0 && covered[s] == 0) left_out.push_back(s);
+    if (c.whole_in[s] < 0 && c.sliced[s] == 0) left_out.push_back(s);
   }
   Partition p = finalize(w, coster, shape, std::move(microbatches), options.recompute, -1, true,
                          options.count_multiple);

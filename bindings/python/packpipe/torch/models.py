@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from packpipe import _check
 from packpipe.torch import attention as attn
+from packpipe.torch.loss import ignore_index_of
 
 IGNORE_INDEX = -100
 
@@ -251,12 +252,12 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = I
 
 def gpt_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     """The loss function for the reference GPT: summed token loss over batch.labels."""
-    return token_loss(logits, batch.labels, getattr(batch, "ignore_index", IGNORE_INDEX))
+    return token_loss(logits, batch.labels, ignore_index_of(batch))
 
 
 def t5_loss(logits: torch.Tensor, batch) -> torch.Tensor:
     """The loss function for the reference T5: summed token loss over batch.decoder_labels."""
-    return token_loss(logits, batch.decoder_labels, getattr(batch, "ignore_index", IGNORE_INDEX))
+    return token_loss(logits, batch.decoder_labels, ignore_index_of(batch))
 
 
 class MaskedBatch:
